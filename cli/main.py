@@ -1,0 +1,41 @@
+"""`concierge` command: run, replay, bench, scripted-llm."""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = """usage: concierge COMMAND [ARGS]
+
+commands:
+  run                    start the whole system on this machine (make run)
+  replay SITE SESSION    print a conversation's timeline and its state after each turn
+  bench                  drive a fresh system with the scripted LLM and print figures (make bench)
+  scripted-llm           serve the scripted OpenAI-compatible LLM used by tests and bench
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command == "run":
+        from cli import run
+        return run.main(rest)
+    if command == "replay":
+        from cli import replay
+        return replay.main(rest)
+    if command == "bench":
+        from cli import bench
+        return bench.main(rest)
+    if command == "scripted-llm":
+        from cli import scripted_llm
+        scripted_llm.main(rest)
+        return 0
+    print(f"unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

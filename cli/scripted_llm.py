@@ -1,0 +1,130 @@
+"""A scripted OpenAI-compatible chat server: the only stand-in the tests and `make bench` use.
+
+It is a real HTTP server that streams `chat.completion.chunk` SSE like the real API.
+The answer is derived from the request, so tests can see what the model was sent:
+
+    "You said: <last user message>. I have <N> earlier messages of context. ..."
+
+Faults are scripted through `POST /_faults` with a list of objects consumed one per
+request, in order: `{"status": 503}` answers with that HTTP status; `{"break_after": 3}`
+drops the connection after 3 chunks; `{"delay_s": 2}` waits before answering.
+`GET /_requests` lists the requests received (newest last); `DELETE /_requests` clears
+them and any faults still queued.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+import uuid
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+
+class Script:
+    def __init__(self, ttft_ms: float, inter_token_ms: float, extra_words: int):
+        self.ttft_s = ttft_ms / 1000
+        self.inter_token_s = inter_token_ms / 1000
+        self.extra_words = extra_words
+        self.faults: list[dict] = []
+        self.requests: list[dict] = []
+
+    def answer(self, messages: list[dict]) -> str:
+        users = [m for m in messages if m.get("role") == "user"]
+        last = users[-1]["content"] if users else ""
+        earlier = len([m for m in messages if m.get("role") in ("user", "assistant")]) - 1
+        filler = " ".join(f"word{i}" for i in range(self.extra_words))
+        return f"You said: {last}. I have {max(earlier, 0)} earlier messages of context. {filler}".strip()
+
+
+def tokens_of(text: str) -> list[str]:
+    words = text.split(" ")
+    return [w if i == 0 else " " + w for i, w in enumerate(words)]
+
+
+def create_app(script: Script) -> Starlette:
+    async def completions(request: Request) -> Response:
+        body = await request.json()
+        script.requests.append(body)
+        fault = script.faults.pop(0) if script.faults else {}
+        if fault.get("delay_s"):
+            await asyncio.sleep(float(fault["delay_s"]))
+        if fault.get("status"):
+            return JSONResponse({"error": {"message": "scripted failure", "type": "server_error"}},
+                                status_code=int(fault["status"]))
+        model = body.get("model", "scripted")
+        text = script.answer(body.get("messages", []))
+        parts = tokens_of(text)
+        completion_id = f"chatcmpl-{uuid.uuid4().hex[:12]}"
+        if not body.get("stream"):
+            return JSONResponse({
+                "id": completion_id, "object": "chat.completion", "created": int(time.time()), "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": len(parts), "total_tokens": 10 + len(parts)},
+            })
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        break_after = fault.get("break_after")
+
+        def chunk(delta: dict, finish: str | None = None) -> bytes:
+            payload = {"id": completion_id, "object": "chat.completion.chunk", "created": int(time.time()),
+                       "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+            return f"data: {json.dumps(payload)}\n\n".encode()
+
+        async def stream():
+            await asyncio.sleep(script.ttft_s)
+            yield chunk({"role": "assistant", "content": ""})
+            for i, part in enumerate(parts):
+                if break_after is not None and i >= int(break_after):
+                    raise ConnectionResetError("scripted break")
+                if i:
+                    await asyncio.sleep(script.inter_token_s)
+                yield chunk({"content": part})
+            yield chunk({}, "stop")
+            if include_usage:
+                usage = {"id": completion_id, "object": "chat.completion.chunk", "created": int(time.time()),
+                         "model": model, "choices": [],
+                         "usage": {"prompt_tokens": 10, "completion_tokens": len(parts), "total_tokens": 10 + len(parts)}}
+                yield f"data: {json.dumps(usage)}\n\n".encode()
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    async def faults(request: Request) -> Response:
+        script.faults.extend(await request.json())
+        return JSONResponse({"queued": len(script.faults)})
+
+    async def requests(request: Request) -> Response:
+        if request.method == "DELETE":
+            script.requests.clear()
+            script.faults.clear()
+            return JSONResponse({"cleared": True})
+        return JSONResponse(script.requests)
+
+    async def models(_: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": "scripted", "object": "model"}]})
+
+    return Starlette(routes=[
+        Route("/v1/chat/completions", completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/_faults", faults, methods=["POST"]),
+        Route("/_requests", requests, methods=["GET", "DELETE"]),
+    ])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="concierge scripted-llm", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8100)
+    parser.add_argument("--ttft-ms", type=float, default=0.0, help="delay before the first chunk")
+    parser.add_argument("--inter-token-ms", type=float, default=0.0, help="delay between chunks")
+    parser.add_argument("--extra-words", type=int, default=8, help="filler words appended to every answer")
+    args = parser.parse_args(argv)
+    script = Script(args.ttft_ms, args.inter_token_ms, args.extra_words)
+    uvicorn.run(create_app(script), host=args.host, port=args.port, log_level="warning")

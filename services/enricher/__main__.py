@@ -1,0 +1,3 @@
+from services.enricher.main import main
+
+main()

@@ -1,0 +1,154 @@
+"""The HTTP API: chat over SSE, health, and read access to conversations."""
+
+from __future__ import annotations
+
+import json
+import logging
+from contextlib import asynccontextmanager
+
+import msgspec
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from shared import events as ev
+from shared import loader, logs, subjects, telemetry
+from shared.bus import Bus, ConcurrencyConflict, connect, topology_ready
+from shared.config import BusConfig, env_float
+from services.gateway.guard import SessionGuard
+from services.gateway.relay import TurnRelay
+from services.gateway.schemas import RequestError, check_id, decode_chat
+
+log = logging.getLogger(__name__)
+
+
+class GatewaySettings(msgspec.Struct, kw_only=True):
+    turn_deadline_s: float = 60.0
+
+    @classmethod
+    def from_env(cls) -> "GatewaySettings":
+        return cls(turn_deadline_s=env_float("TURN_DEADLINE_S", cls().turn_deadline_s))
+
+
+def sse(payload: dict) -> bytes:
+    return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+
+
+def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | None = None) -> FastAPI:
+    bus_config = bus_config or BusConfig.from_env()
+    settings = settings or GatewaySettings.from_env()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.bus = await connect(bus_config, name="gateway")
+        app.state.guard = SessionGuard(app.state.bus, ttl_s=settings.turn_deadline_s + 10)
+        try:
+            yield
+        finally:
+            await app.state.bus.close()
+
+    app = FastAPI(title="Concierge gateway", version="0.1.0", lifespan=lifespan)
+    tracer = telemetry.tracer("concierge.gateway")
+
+    @app.exception_handler(RequestError)
+    async def request_error(_: Request, exc: RequestError):
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.get("/healthz")
+    async def healthz():
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz(request: Request):
+        if await topology_ready(request.app.state.bus):
+            return {"status": "ready"}
+        return JSONResponse({"status": "not ready"}, status_code=503)
+
+    @app.post("/v1/chat")
+    async def chat(request: Request):
+        body = decode_chat(await request.body())
+        bus: Bus = request.app.state.bus
+        guard: SessionGuard = request.app.state.guard
+        site = body.site
+        session_id = body.session_id or ev.new_id()
+
+        hold = await guard.acquire(site, session_id)
+        if hold is None:
+            return JSONResponse(
+                {"error": "turn_in_progress", "detail": "this session already has a turn in progress"},
+                status_code=429,
+            )
+        relay = None
+        try:
+            with tracer.start_as_current_span("chat turn") as span:
+                state = await loader.load(bus, site, session_id)
+                turn = state.turn + 1
+                span.set_attributes({"concierge.site": site, "concierge.session": session_id, "concierge.turn": turn})
+                relay = TurnRelay(bus, site, session_id, turn, settings.turn_deadline_s)
+                await relay.open()
+                requested = ev.TurnRequested(
+                    event_id=ev.new_id(), site=site, session_id=session_id, turn=turn, ts=ev.now(),
+                    producer="gateway", message=body.message, visitor=body.visitor,
+                )
+                await bus.publish(requested, expected_subject_seq=state.turn_requested_seq)
+        except ConcurrencyConflict:
+            await _cleanup(relay, guard, site, session_id, hold)
+            return JSONResponse(
+                {"error": "conflict", "detail": "the conversation moved on while this turn started; retry"},
+                status_code=409,
+            )
+        except BaseException:
+            await _cleanup(relay, guard, site, session_id, hold)
+            raise
+
+        async def stream():
+            with logs.conversation(site, session_id, turn):
+                try:
+                    async for payload in relay.events():
+                        yield sse(payload)
+                finally:
+                    await _cleanup(relay, guard, site, session_id, hold)
+
+        return StreamingResponse(
+            stream(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Session-Id": session_id},
+        )
+
+    @app.get("/v1/conversations/{site}/{session_id}/events")
+    async def conversation_events(site: str, session_id: str, request: Request):
+        check_id("site", site)
+        check_id("session_id", session_id)
+        records = await request.app.state.bus.read(subjects.conversation(site, session_id))
+        if not records:
+            return _not_found(site, session_id)
+        payload = [
+            {"seq": r.seq, "subject": r.subject, "type": ev.event_type(r.event), "event": ev.to_builtins(r.event)}
+            for r in records
+        ]
+        return Response(msgspec.json.encode({"site": site, "session_id": session_id, "events": payload}),
+                        media_type="application/json")
+
+    @app.get("/v1/conversations/{site}/{session_id}/state")
+    async def conversation_state(site: str, session_id: str, request: Request):
+        check_id("site", site)
+        check_id("session_id", session_id)
+        state = await loader.load(request.app.state.bus, site, session_id)
+        if state.event_count == 0:
+            return _not_found(site, session_id)
+        return Response(msgspec.json.encode(state), media_type="application/json")
+
+    return app
+
+
+def _not_found(site: str, session_id: str) -> JSONResponse:
+    return JSONResponse({"error": "not_found", "detail": f"no conversation {site}/{session_id}"}, status_code=404)
+
+
+async def _cleanup(relay: TurnRelay | None, guard: SessionGuard, site: str, session_id: str, hold: int) -> None:
+    if relay is not None:
+        await relay.close()
+    try:
+        await guard.release(site, session_id, hold)
+    except Exception:
+        # The TTL frees it anyway; say so rather than fail the response.
+        log.exception("session guard release failed; it will expire by TTL")

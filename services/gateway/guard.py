@@ -1,0 +1,33 @@
+"""Per-session in-flight guard, shared by every gateway replica through a KV bucket.
+
+A turn holds `site.session` until it ends; a second request meanwhile is refused. The
+key carries a TTL, so a gateway that dies mid-turn cannot lock a session for ever.
+"""
+
+from __future__ import annotations
+
+from nats.js.errors import APIError, KeyWrongLastSequenceError
+
+from shared import subjects
+from shared.bus import Bus
+
+
+class SessionGuard:
+    def __init__(self, bus: Bus, ttl_s: float):
+        self.kv = bus.bucket(subjects.SESSION_GUARD_BUCKET)
+        self.ttl_s = max(1.0, ttl_s)
+
+    async def acquire(self, site: str, session_id: str) -> int | None:
+        """The guard's revision when acquired, None when a turn is already in flight."""
+        try:
+            return await self.kv.create(subjects.kv_key(site, session_id), b"1", msg_ttl=self.ttl_s)
+        except KeyWrongLastSequenceError:
+            return None
+
+    async def release(self, site: str, session_id: str, revision: int) -> None:
+        # Only our own hold: after a TTL expiry the key may belong to a newer turn.
+        try:
+            await self.kv.delete(subjects.kv_key(site, session_id), last=revision)
+        except APIError as exc:
+            if exc.err_code != 10071:  # wrong last sequence: not ours any more, leave it
+                raise

@@ -1,0 +1,3 @@
+from services.responder.main import main
+
+main()

@@ -1,0 +1,252 @@
+"""The bus: NATS connection, streams and KV buckets, publishing and reading the log.
+
+Everything here is I/O. Publishing always sets `Nats-Msg-Id` to the event id, so a
+repeated publish inside the dedupe window is dropped by the server; publishing a
+`TurnRequested` can also require that the conversation has not moved on (optimistic
+concurrency), so two gateways cannot start the same turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass, field
+
+import nats
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext, api
+from nats.js.errors import APIError, BadRequestError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.kv import KeyValue
+from nats.errors import NoRespondersError
+
+from shared import events as ev
+from shared import subjects
+from shared import telemetry
+from shared.config import BusConfig
+from shared.state import Record
+
+log = logging.getLogger(__name__)
+
+# JetStream's error code for a failed Nats-Expected-Last-Subject-Sequence check.
+_WRONG_LAST_SEQUENCE = 10071
+
+
+class ConcurrencyConflict(Exception):
+    """The conversation changed since it was read: someone else started this turn."""
+
+
+@dataclass
+class Bus:
+    nc: NATS
+    js: JetStreamContext
+    config: BusConfig
+    kv: dict[str, KeyValue] = field(default_factory=dict)
+
+    # --- publishing ---------------------------------------------------------------------
+
+    async def publish(self, event: ev.Envelope, expected_subject_seq: int | None = None) -> api.PubAck:
+        """Append an event to the conversation log. Returns the ack (its `seq`, `duplicate`)."""
+        subject = subjects.conv(event.site, event.session_id, ev.event_type(event))
+        headers = {"Nats-Msg-Id": event.event_id}
+        telemetry.inject(headers)
+        if expected_subject_seq is not None:
+            headers["Nats-Expected-Last-Subject-Sequence"] = str(expected_subject_seq)
+        try:
+            return await self.js.publish(subject, ev.encode(event), headers=headers, stream=subjects.CONV_STREAM)
+        except APIError as exc:
+            if exc.err_code == _WRONG_LAST_SEQUENCE:
+                raise ConcurrencyConflict(f"{subject}: expected last sequence {expected_subject_seq}") from exc
+            raise
+
+    async def publish_token(self, chunk: ev.TokenChunk) -> None:
+        """Token chunks go out as plain publishes: the TOKENS stream captures them for
+        later reading, and the gateway, already subscribed, gets them without a round trip."""
+        subject = subjects.tokens(chunk.site, chunk.session_id, chunk.turn)
+        await self.nc.publish(subject, ev.encode(chunk), headers={"Nats-Msg-Id": chunk.event_id})
+
+    async def dead_letter(self, node: str, msg: Msg, reason: str) -> None:
+        headers = {
+            "Concierge-Reason": reason[:1024],
+            "Concierge-Subject": msg.subject,
+            "Concierge-Node": node,
+        }
+        if msg.headers and "Nats-Msg-Id" in msg.headers:
+            headers["Nats-Msg-Id"] = f"dlq:{node}:{msg.headers['Nats-Msg-Id']}"
+        await self.js.publish(subjects.dlq(node), msg.data, headers=headers, stream=subjects.DLQ_STREAM)
+
+    # --- reading the log ----------------------------------------------------------------
+
+    async def read(self, filter_subject: str, after_seq: int = 0, batch: int = 256) -> list[Record]:
+        """All stored events on `filter_subject` with sequence > `after_seq`, in order.
+
+        Uses JetStream's batched direct get (one request per `batch` events) instead of
+        a consumer, so reading a conversation costs no server-side state.
+        """
+        records: list[Record] = []
+        async for seq, subject, data in self.read_raw(filter_subject, after_seq, batch):
+            try:
+                event = ev.decode(data)
+            except ev.BadEvent as exc:
+                log.error("undecodable event in log", extra={"subject": subject, "seq": seq, "error": str(exc)})
+                continue
+            records.append(Record(seq=seq, subject=subject, event=event))
+        return records
+
+    async def read_raw(self, filter_subject: str, after_seq: int = 0, batch: int = 256):
+        next_seq = after_seq + 1
+        api_subject = f"$JS.API.DIRECT.GET.{subjects.CONV_STREAM}"
+        while True:
+            inbox = self.nc.new_inbox()
+            sub = await self.nc.subscribe(inbox)
+            try:
+                request = {"seq": next_seq, "next_by_subj": filter_subject, "batch": batch}
+                await self.nc.publish(api_subject, json.dumps(request).encode(), reply=inbox)
+                got = 0
+                more = False
+                while True:
+                    msg = await sub.next_msg(timeout=self.config.request_timeout)
+                    status = msg.headers.get("Status") if msg.headers else None
+                    if status == "404":
+                        return
+                    if status == "204":  # end of batch
+                        more = got == batch
+                        break
+                    if status:
+                        raise RuntimeError(f"direct get on {filter_subject}: status {status} {msg.headers}")
+                    seq = int(msg.headers["Nats-Sequence"])
+                    got += 1
+                    next_seq = seq + 1
+                    yield seq, msg.headers["Nats-Subject"], msg.data
+                if not more:
+                    return
+            finally:
+                await sub.unsubscribe()
+
+    # --- key/value ----------------------------------------------------------------------
+
+    def bucket(self, name: str) -> KeyValue:
+        return self.kv[name]
+
+    async def close(self, timeout: float = 5.0) -> None:
+        """Drain (flush what was published, end subscriptions) when connected; otherwise,
+        or when draining takes too long, just close."""
+        if self.nc.is_closed:
+            return
+        if self.nc.is_connected:
+            try:
+                await asyncio.wait_for(self.nc.drain(), timeout)
+                return
+            except (asyncio.TimeoutError, nats.errors.Error):
+                log.warning("drain did not finish; closing")
+        await self.nc.close()
+
+
+async def connect(config: BusConfig, name: str) -> Bus:
+    """Connect with unlimited reconnects and make sure streams and buckets exist."""
+
+    async def on_disconnect():
+        log.warning("nats disconnected", extra={"client": name})
+
+    async def on_reconnect():
+        log.info("nats reconnected", extra={"client": name})
+
+    async def on_error(exc):
+        log.error("nats error", extra={"client": name, "error": repr(exc)})
+
+    nc = await nats.connect(
+        config.url,
+        name=name,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+        connect_timeout=config.request_timeout,
+        disconnected_cb=on_disconnect,
+        reconnected_cb=on_reconnect,
+        error_cb=on_error,
+    )
+    js = nc.jetstream(timeout=config.request_timeout)
+    bus = Bus(nc=nc, js=js, config=config)
+    await ensure_topology(bus)
+    return bus
+
+
+async def ensure_topology(bus: Bus) -> None:
+    """Create or update every stream and bucket. Safe to run from every replica at once."""
+    cfg = bus.config
+    await _ensure_stream(
+        bus.js,
+        api.StreamConfig(
+            name=subjects.CONV_STREAM,
+            subjects=["conv.>"],
+            storage=api.StorageType.FILE,
+            duplicate_window=cfg.dedupe_window_s,
+            allow_direct=True,
+            num_replicas=cfg.replicas,
+            max_age=cfg.conv_max_age_s or None,
+        ),
+    )
+    await _ensure_stream(
+        bus.js,
+        api.StreamConfig(
+            name=subjects.TOKENS_STREAM,
+            subjects=["tokens.>"],
+            storage=api.StorageType.MEMORY,
+            max_age=cfg.tokens_max_age_s,
+            max_bytes=cfg.tokens_max_bytes,
+            duplicate_window=min(cfg.dedupe_window_s, cfg.tokens_max_age_s),
+            allow_direct=True,
+            num_replicas=cfg.replicas,
+        ),
+    )
+    await _ensure_stream(
+        bus.js,
+        api.StreamConfig(
+            name=subjects.DLQ_STREAM,
+            subjects=["dlq.>"],
+            storage=api.StorageType.FILE,
+            max_age=cfg.dlq_max_age_s,
+            num_replicas=cfg.replicas,
+        ),
+    )
+    for bucket, ttl in (
+        (subjects.SITE_CONFIG_BUCKET, None),
+        (subjects.SESSION_GUARD_BUCKET, None),
+        (subjects.SNAPSHOT_BUCKET, cfg.snapshot_ttl_s or None),
+    ):
+        bus.kv[bucket] = await _ensure_bucket(bus.js, bucket, ttl, cfg.replicas)
+
+
+async def _ensure_stream(js: JetStreamContext, config: api.StreamConfig) -> None:
+    try:
+        await js.add_stream(config)
+    except BadRequestError as exc:
+        # Exists with another config (e.g. a changed retention): bring it up to date.
+        if exc.err_code == 10058:
+            await js.update_stream(config)
+        else:
+            raise
+
+
+async def _ensure_bucket(js: JetStreamContext, bucket: str, ttl: float | None, replicas: int) -> KeyValue:
+    try:
+        return await js.create_key_value(bucket=bucket, ttl=ttl, history=1, replicas=replicas)
+    except BadRequestError as exc:
+        if exc.err_code == 10058:
+            return await js.key_value(bucket)
+        raise
+
+
+async def topology_ready(bus: Bus) -> bool:
+    """True when connected and every stream exists: what /readyz reports."""
+    if not bus.nc.is_connected:
+        return False
+    try:
+        for name in (subjects.CONV_STREAM, subjects.TOKENS_STREAM, subjects.DLQ_STREAM):
+            await bus.js.stream_info(name)
+    except (NotFoundError, NoRespondersError, asyncio.TimeoutError, nats.errors.Error):
+        return False
+    return True
+
+
+__all__ = ["Bus", "ConcurrencyConflict", "KeyWrongLastSequenceError", "connect", "ensure_topology", "topology_ready"]

@@ -1,0 +1,153 @@
+"""Configuration from environment variables, read once at start-up.
+
+Every variable is listed in docs/operations.md. A bad value stops the process with a
+message naming the variable, rather than running with a surprise.
+"""
+
+from __future__ import annotations
+
+import os
+
+import msgspec
+
+
+class ConfigError(Exception):
+    pass
+
+
+def env_str(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number") from None
+
+
+def env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an integer") from None
+
+
+class BusConfig(msgspec.Struct, kw_only=True):
+    url: str = "nats://127.0.0.1:4222"
+    request_timeout: float = 5.0
+    replicas: int = 1
+    dedupe_window_s: float = 600.0
+    conv_max_age_s: float = 0.0  # 0: keep the conversation log forever
+    tokens_max_age_s: float = 600.0
+    tokens_max_bytes: int = 256 * 1024 * 1024
+    dlq_max_age_s: float = 14 * 24 * 3600.0
+    snapshot_ttl_s: float = 0.0
+    snapshot_every: int = 16  # write a snapshot when a load folded this many events past the last one
+
+    @classmethod
+    def from_env(cls) -> "BusConfig":
+        d = cls()
+        return cls(
+            url=env_str("NATS_URL", d.url),
+            request_timeout=env_float("NATS_REQUEST_TIMEOUT_S", d.request_timeout),
+            replicas=env_int("NATS_REPLICAS", d.replicas),
+            dedupe_window_s=env_float("CONV_DEDUPE_WINDOW_S", d.dedupe_window_s),
+            conv_max_age_s=env_float("CONV_MAX_AGE_S", d.conv_max_age_s),
+            tokens_max_age_s=env_float("TOKENS_MAX_AGE_S", d.tokens_max_age_s),
+            dlq_max_age_s=env_float("DLQ_MAX_AGE_S", d.dlq_max_age_s),
+            snapshot_every=env_int("SNAPSHOT_EVERY", d.snapshot_every),
+        )
+
+
+class ConsumerConfig(msgspec.Struct, kw_only=True):
+    """Delivery policy of one node's durable consumer."""
+
+    max_deliver: int = 4
+    ack_wait_s: float = 30.0
+    backoff_s: tuple[float, ...] = (0.5, 2.0, 5.0)
+    concurrency: int = 16
+    drain_timeout_s: float = 30.0
+
+    @classmethod
+    def from_env(cls, node: str) -> "ConsumerConfig":
+        """`CONSUMER_<NODE>_<FIELD>` beats `CONSUMER_<FIELD>` beats the default."""
+        d = cls()
+
+        def name(field: str) -> list[str]:
+            return [f"CONSUMER_{node.upper()}_{field}", f"CONSUMER_{field}"]
+
+        def pick(field: str, default, parse):
+            for var in name(field):
+                if os.environ.get(var):
+                    return parse(var, default)
+            return default
+
+        backoff = d.backoff_s
+        for var in name("BACKOFF_S"):
+            if os.environ.get(var):
+                try:
+                    backoff = tuple(float(x) for x in os.environ[var].split(","))
+                except ValueError:
+                    raise ConfigError(f"{var} must be comma-separated seconds") from None
+                break
+        config = cls(
+            max_deliver=pick("MAX_DELIVER", d.max_deliver, env_int),
+            ack_wait_s=pick("ACK_WAIT_S", d.ack_wait_s, env_float),
+            backoff_s=backoff,
+            concurrency=pick("CONCURRENCY", d.concurrency, env_int),
+            drain_timeout_s=pick("DRAIN_TIMEOUT_S", d.drain_timeout_s, env_float),
+        )
+        if config.max_deliver < 1 or config.concurrency < 1:
+            raise ConfigError(f"consumer {node}: max_deliver and concurrency must be >= 1")
+        return config
+
+
+LLM_ROLES = ("classifier", "answer", "redirect", "suggestions", "profiler")
+
+
+class LLMRoleConfig(msgspec.Struct, kw_only=True):
+    role: str
+    base_url: str
+    api_key: str
+    model: str
+    timeout_s: float = 30.0
+    max_retries: int = 3
+    backoff_base_s: float = 0.5
+    concurrency: int = 8
+
+    @classmethod
+    def from_env(cls, role: str) -> "LLMRoleConfig":
+        """`LLM_<ROLE>_<FIELD>` beats `LLM_<FIELD>`: one endpoint for all roles by default."""
+        if role not in LLM_ROLES:
+            raise ConfigError(f"unknown LLM role {role!r}; roles are {', '.join(LLM_ROLES)}")
+
+        def get(field: str, default: str) -> str:
+            return os.environ.get(f"LLM_{role.upper()}_{field}") or os.environ.get(f"LLM_{field}") or default
+
+        def num(field: str, default: float) -> float:
+            raw = get(field, "")
+            if not raw:
+                return default
+            try:
+                return float(raw)
+            except ValueError:
+                raise ConfigError(f"LLM_{field} / LLM_{role.upper()}_{field} must be a number, got {raw!r}") from None
+
+        defaults = cls(role=role, base_url="", api_key="", model="")
+        return cls(
+            role=role,
+            base_url=get("BASE_URL", ""),
+            api_key=get("API_KEY", "not-needed"),
+            model=get("MODEL", "default"),
+            timeout_s=num("TIMEOUT_S", defaults.timeout_s),
+            max_retries=int(num("MAX_RETRIES", defaults.max_retries)),
+            backoff_base_s=num("BACKOFF_BASE_S", defaults.backoff_base_s),
+            concurrency=int(num("CONCURRENCY", defaults.concurrency)),
+        )

@@ -1,0 +1,264 @@
+"""The consumer runner: how every node receives events.
+
+One named durable pull consumer per node, shared by all replicas of that node. A
+message is acked only after the handler returned and its output events are stored.
+A handler that raises is retried: `nak` with the configured backoff, up to
+`max_deliver` deliveries; a crash (no ack at all) is redelivered by the server after
+`ack_wait`. After the last attempt the runner appends a `TurnFailed` event to the
+conversation and copies the message to `dlq.<node>`; nothing ends in silence. A
+payload that does not decode is counted, logged with its subject, dead-lettered and
+terminated; it never reaches a handler and never stops the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Sequence
+
+import msgspec
+from nats.aio.msg import Msg
+from nats.js import api
+from nats.js.errors import BadRequestError
+
+from shared import events as ev
+from shared import logs, subjects, telemetry
+from shared.bus import Bus
+from shared.config import ConsumerConfig
+
+log = logging.getLogger(__name__)
+
+FETCH_TIMEOUT_S = 2.0
+
+
+class PermanentError(Exception):
+    """The handler knows a retry cannot help (bad input, an exhausted dependency)."""
+
+
+@dataclass
+class Context:
+    """What a handler gets besides its event: a way to make and send events."""
+
+    bus: Bus
+    node: str
+    cause: ev.Envelope
+    attempt: int
+    _llm_calls: int = 0
+
+    def follow(self, cls: type, key: str | None = None, **fields):
+        return ev.follow(self.cause, cls, self.node, key, **fields)
+
+    async def emit(self, event: ev.Envelope) -> None:
+        """Store an event now, before the handler returns (e.g. an LLM call record)."""
+        await self.bus.publish(event)
+
+    async def record_llm(self, call: msgspec.Struct) -> None:
+        """Store one LLM call (an `llm.CallRecord`); each attempt's calls keep their own ids."""
+        self._llm_calls += 1
+        fields = msgspec.structs.asdict(call)
+        await self.emit(self.follow(ev.LLMCallRecorded, key=f"llm-{self.attempt}-{self._llm_calls}", node=self.node, **fields))
+
+    async def token(self, index: int, content: str) -> None:
+        chunk = self.follow(
+            ev.TokenChunk, key=f"token-{self.attempt}-{index}", index=index, content=content, attempt=self.attempt
+        )
+        await self.bus.publish_token(chunk)
+
+
+Handler = Callable[[ev.Event, Context], Awaitable[Sequence[ev.Envelope]]]
+
+
+@dataclass(frozen=True)
+class Node:
+    """A graph node: which event types it consumes and the handler that reacts to them."""
+
+    name: str
+    consumes: tuple[str, ...]
+    handle: Handler
+
+
+@dataclass
+class Stats:
+    handled: int = 0
+    retried: int = 0
+    failed: int = 0
+    bad_events: int = 0
+    in_flight: int = 0
+
+
+@dataclass
+class ConsumerRunner:
+    bus: Bus
+    node: Node
+    config: ConsumerConfig
+    start_lookback_s: float = 300.0
+    stats: Stats = field(default_factory=Stats)
+    _tasks: set[asyncio.Task] = field(default_factory=set)
+    _loop_task: asyncio.Task | None = None
+    _advisory_sub: object | None = None
+    _stopping: bool = False
+
+    @property
+    def durable(self) -> str:
+        return self.node.name
+
+    def consumer_config(self) -> api.ConsumerConfig:
+        return api.ConsumerConfig(
+            durable_name=self.durable,
+            filter_subjects=[subjects.conv_of_type(t) for t in self.node.consumes],
+            ack_policy=api.AckPolicy.EXPLICIT,
+            # A node added to a running system picks up recent turns, not all of history.
+            deliver_policy=api.DeliverPolicy.BY_START_TIME,
+            opt_start_time=_rfc3339(time.time() - self.start_lookback_s),
+            max_deliver=self.config.max_deliver,
+            ack_wait=self.config.ack_wait_s,
+            max_ack_pending=max(self.config.concurrency * 4, 64),
+        )
+
+    async def start(self) -> None:
+        cfg = self.consumer_config()
+        try:
+            await self.bus.js.add_consumer(subjects.CONV_STREAM, cfg)
+        except BadRequestError as exc:
+            # Another replica made it first with a different start time; that consumer is ours.
+            log.info("consumer exists", extra={"node": self.durable, "detail": exc.description})
+        self._psub = await self.bus.js.pull_subscribe_bind(durable=self.durable, stream=subjects.CONV_STREAM)
+        advisory = f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{subjects.CONV_STREAM}.{self.durable}"
+        self._advisory_sub = await self.bus.nc.subscribe(advisory, queue=f"advisory-{self.durable}", cb=self._on_max_deliveries)
+        self._loop_task = asyncio.create_task(self._fetch_loop(), name=f"consumer-{self.durable}")
+        log.info("consumer started", extra={"node": self.durable, "consumes": list(self.node.consumes)})
+
+    async def stop(self) -> None:
+        """Stop fetching, let in-flight handlers finish (bounded), leave the rest to redelivery."""
+        self._stopping = True
+        if self._loop_task:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+        if self._advisory_sub and self.bus.nc.is_connected:
+            await self._advisory_sub.unsubscribe()
+        if self._tasks:
+            done, pending = await asyncio.wait(self._tasks, timeout=self.config.drain_timeout_s)
+            for task in pending:
+                task.cancel()
+        log.info("consumer stopped", extra={"node": self.durable, "stats": self.stats.__dict__})
+
+    async def _fetch_loop(self) -> None:
+        while not self._stopping:
+            free = self.config.concurrency - len(self._tasks)
+            if free <= 0:
+                await asyncio.wait(set(self._tasks), return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.sleep(0)  # let the done callbacks free the slots
+                continue
+            try:
+                msgs = await self._psub.fetch(batch=free, timeout=FETCH_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                continue
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("fetch failed", extra={"node": self.durable})
+                await asyncio.sleep(0.5)
+                continue
+            for msg in msgs:
+                task = asyncio.create_task(self._run(msg))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, msg: Msg) -> None:
+        self.stats.in_flight += 1
+        try:
+            await self.process(msg)
+        except Exception:
+            # Only bus trouble gets here (publishing the failure itself failed): the message
+            # stays unacked and comes back after ack_wait.
+            log.exception("message left for redelivery", extra={"node": self.durable, "subject": msg.subject})
+        finally:
+            self.stats.in_flight -= 1
+
+    async def process(self, msg: Msg) -> None:
+        attempt = msg.metadata.num_delivered
+        try:
+            event = ev.decode(msg.data)
+        except ev.BadEvent as exc:
+            self.stats.bad_events += 1
+            log.error("bad event dead-lettered", extra={"node": self.durable, "subject": msg.subject, "error": str(exc)})
+            await self.bus.dead_letter(self.durable, msg, str(exc))
+            await msg.term()
+            return
+
+        with logs.conversation(event.site, event.session_id, event.turn), telemetry.continued(msg.headers):
+            span_name = f"{self.durable} {ev.event_type(event)}"
+            with telemetry.tracer("concierge.consumer").start_as_current_span(span_name) as span:
+                span.set_attribute("concierge.attempt", attempt)
+                heartbeat = asyncio.create_task(self._keep_alive(msg))
+                try:
+                    ctx = Context(bus=self.bus, node=self.durable, cause=event, attempt=attempt)
+                    outputs = await self.node.handle(event, ctx)
+                    for out in outputs:
+                        await self.bus.publish(out)
+                except asyncio.CancelledError:
+                    raise
+                except PermanentError as exc:
+                    log.error("handler gave up", extra={"node": self.durable, "error": str(exc)})
+                    await self._give_up(msg, event, attempt, f"{type(exc).__name__}: {exc}")
+                    return
+                except Exception as exc:
+                    if attempt >= self.config.max_deliver:
+                        log.exception("last attempt failed", extra={"node": self.durable, "attempt": attempt})
+                        await self._give_up(msg, event, attempt, f"{type(exc).__name__}: {exc}")
+                    else:
+                        delay = self.config.backoff_s[min(attempt - 1, len(self.config.backoff_s) - 1)]
+                        log.warning(
+                            "handler failed, will retry",
+                            extra={"node": self.durable, "attempt": attempt, "retry_in_s": delay, "error": repr(exc)},
+                        )
+                        self.stats.retried += 1
+                        await msg.nak(delay=delay)
+                    return
+                finally:
+                    heartbeat.cancel()
+                await msg.ack()
+                self.stats.handled += 1
+
+    async def _keep_alive(self, msg: Msg) -> None:
+        """Long handlers (a streamed answer) tell the server they are alive, so only a dead
+        process gets its message redelivered."""
+        interval = max(self.config.ack_wait_s / 3, 0.2)
+        while True:
+            await asyncio.sleep(interval)
+            await msg.in_progress()
+
+    async def _give_up(self, msg: Msg, event: ev.Envelope, attempts: int, reason: str) -> None:
+        await self._record_failure(event, attempts, reason)
+        await self.bus.dead_letter(self.durable, msg, reason)
+        await msg.term()
+        self.stats.failed += 1
+
+    async def _record_failure(self, event: ev.Envelope, attempts: int, reason: str) -> None:
+        failed = ev.follow(
+            event, ev.TurnFailed, self.durable, key="failed", node=self.durable, reason=reason[:2000],
+            attempts=attempts, failed_event_id=event.event_id,
+        )
+        await self.bus.publish(failed)
+
+    async def _on_max_deliveries(self, advisory: Msg) -> None:
+        """The server gave up on a message whose handler never answered (the process died on
+        its last attempt). Make that failure visible like any other."""
+        try:
+            info = json.loads(advisory.data)
+            stored = await self.bus.js.get_msg(subjects.CONV_STREAM, seq=info["stream_seq"])
+            event = ev.decode(stored.data)
+        except Exception:
+            log.exception("could not handle max-deliveries advisory", extra={"node": self.durable})
+            return
+        reason = f"no answer from {self.durable} after {info.get('deliveries')} deliveries"
+        log.error("max deliveries reached", extra={"node": self.durable, "stream_seq": info["stream_seq"]})
+        await self._record_failure(event, int(info.get("deliveries", 0)), reason)
+        self.stats.failed += 1
+
+
+def _rfc3339(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int((ts % 1) * 1e6):06d}Z"

@@ -1,0 +1,222 @@
+"""The event contract: every fact about a conversation is one of these Structs.
+
+One tagged union (`Event`), JSON on the wire, decoded once where a message enters a
+service. Decoding is validation: anything that does not decode into the union is a
+`BadEvent` and goes to the dead-letter subject instead of into a handler.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from typing import Any, Literal, Union
+
+import msgspec
+
+SCHEMA_VERSION = 1
+
+UNKNOWN = "unknown"
+
+Route = Literal["ANSWER", "REDIRECT", "BOOKING"]
+
+
+class Envelope(msgspec.Struct, kw_only=True, tag_field="type", forbid_unknown_fields=False):
+    """Fields every event carries. `event_id` is the JetStream `Nats-Msg-Id`."""
+
+    event_id: str
+    site: str
+    session_id: str
+    turn: int
+    ts: float
+    causation_id: str | None = None
+    producer: str = ""
+    schema_version: int = SCHEMA_VERSION
+
+
+class VisitorProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Who the visitor is. "unknown" means no source has said anything yet."""
+
+    status: str = UNKNOWN
+    tier: str = UNKNOWN
+    source: str = UNKNOWN
+    ip: str = UNKNOWN
+    company_name: str = UNKNOWN
+    company_description: str = UNKNOWN
+    company_domain: str = UNKNOWN
+    sector: str = UNKNOWN
+    sub_sector: str = UNKNOWN
+    email: str = UNKNOWN
+    job_to_be_done: str = UNKNOWN
+    feature_list: str = UNKNOWN
+    intent: str = UNKNOWN
+    sector_confidence_level: str = UNKNOWN
+
+
+class TurnRequested(Envelope, tag="turn_requested"):
+    """The visitor sent a message; this starts turn `turn`."""
+
+    message: str
+    visitor: dict[str, Any] | None = None
+
+
+class IntentClassified(Envelope, tag="intent_classified"):
+    intent: str
+    confidence: float
+    classifier: str
+
+
+class InterestSignalsDetected(Envelope, tag="interest_signals_detected"):
+    signals: dict[str, bool] = {}
+    score: float = 0.0
+
+
+class RouteDecided(Envelope, tag="route_decided"):
+    route: Route
+    reason: str
+    intent: str = UNKNOWN
+    hack_increment: int = 0
+
+
+class EnrichmentCompleted(Envelope, tag="enrichment_completed"):
+    profile: VisitorProfile
+    sources: dict[str, str] = {}
+
+
+class ProfileInferred(Envelope, tag="profile_inferred"):
+    profile: VisitorProfile
+
+
+class DialogStateExtracted(Envelope, tag="dialog_state_extracted"):
+    """Flags seen in this turn (emoji markers, captured email, ...)."""
+
+    flags: dict[str, bool] = {}
+
+
+class FormFieldsExtracted(Envelope, tag="form_fields_extracted"):
+    values: dict[str, str] = {}
+
+
+class LLMCallRecorded(Envelope, tag="llm_call_recorded"):
+    """One call to an LLM, complete enough to replay it without the provider."""
+
+    node: str
+    role: str
+    model: str
+    base_url: str
+    messages: list[dict[str, Any]]
+    params: dict[str, Any] = {}
+    response_text: str = ""
+    usage: dict[str, int] = {}
+    latency_ms: float = 0.0
+    ttft_ms: float | None = None
+    attempts: int = 1
+    error: str | None = None
+
+
+class TokenChunk(Envelope, tag="token_chunk"):
+    """A piece of a streamed answer. Lives on `tokens.*`, not in the conversation log."""
+
+    index: int
+    content: str
+    attempt: int = 1
+
+
+class ResponseCompleted(Envelope, tag="response_completed"):
+    node: str
+    text: str
+    token_count: int
+    attempt: int = 1
+    fallback_used: bool = False
+
+
+class TurnCompleted(Envelope, tag="turn_completed"):
+    metadata: dict[str, Any] = {}
+
+
+class TurnFailed(Envelope, tag="turn_failed"):
+    """A node gave up on this turn after its last attempt. The gateway ends the SSE stream."""
+
+    node: str
+    reason: str
+    attempts: int
+    failed_event_id: str | None = None
+
+
+Event = Union[
+    TurnRequested,
+    IntentClassified,
+    InterestSignalsDetected,
+    RouteDecided,
+    EnrichmentCompleted,
+    ProfileInferred,
+    DialogStateExtracted,
+    FormFieldsExtracted,
+    LLMCallRecorded,
+    TokenChunk,
+    ResponseCompleted,
+    TurnCompleted,
+    TurnFailed,
+]
+
+EVENT_TYPES: dict[str, type[Envelope]] = {cls.__struct_config__.tag: cls for cls in Event.__args__}
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(Event)
+
+
+class BadEvent(Exception):
+    """A payload that is not a valid event. Carries why, for the dead-letter headers."""
+
+
+def encode(event: Envelope) -> bytes:
+    return _encoder.encode(event)
+
+
+def decode(payload: bytes) -> Event:
+    try:
+        return _decoder.decode(payload)
+    except msgspec.ValidationError as exc:
+        raise BadEvent(f"invalid event: {exc}") from exc
+    except msgspec.DecodeError as exc:
+        raise BadEvent(f"malformed payload: {exc}") from exc
+
+
+def event_type(event: Envelope) -> str:
+    return event.__struct_config__.tag
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def derived_id(cause_id: str, producer: str, key: str) -> str:
+    """A stable id for the `key`-th output of `producer` handling `cause_id`.
+
+    A redelivered input makes the same ids again, so JetStream's dedupe window drops
+    the repeats: handling an event twice gives one outcome.
+    """
+    digest = hashlib.blake2b(f"{cause_id}|{producer}|{key}".encode(), digest_size=16)
+    return digest.hexdigest()
+
+
+def now() -> float:
+    return time.time()
+
+
+def follow(cause: Envelope, cls: type[Envelope], producer: str, key: str | None = None, **fields: Any) -> Any:
+    """Build an event caused by `cause`: same conversation and turn, a derived id."""
+    return cls(
+        event_id=derived_id(cause.event_id, producer, key or cls.__struct_config__.tag),
+        site=cause.site,
+        session_id=cause.session_id,
+        turn=cause.turn,
+        ts=now(),
+        causation_id=cause.event_id,
+        producer=producer,
+        **fields,
+    )
+
+
+def to_builtins(event: Envelope) -> dict[str, Any]:
+    return msgspec.to_builtins(event)

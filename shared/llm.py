@@ -1,0 +1,140 @@
+"""LLM calls through the `openai` package, one configuration per role.
+
+Transient failures (rate limit, connection, timeout, 5xx) are retried with exponential
+backoff; others are not. A stream is only retried before its first token: once text
+has reached the visitor, a failure is final. Every call, successful or not, is handed
+to `record` as a `CallRecord`, which nodes store as an `LLMCallRecorded` event so a
+conversation can be replayed without the provider.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import msgspec
+import openai
+from openai import AsyncOpenAI
+
+from shared.config import LLM_ROLES, ConfigError, LLMRoleConfig
+from shared.consumer import PermanentError
+
+
+class LLMError(PermanentError):
+    """The call failed for good (after retries, or a non-retryable error)."""
+
+    def __init__(self, message: str, *, after_tokens: bool = False):
+        super().__init__(message)
+        self.after_tokens = after_tokens
+
+
+class CallRecord(msgspec.Struct, kw_only=True):
+    role: str
+    model: str
+    base_url: str
+    messages: list[dict[str, Any]]
+    params: dict[str, Any]
+    response_text: str = ""
+    usage: dict[str, int] = {}
+    latency_ms: float = 0.0
+    ttft_ms: float | None = None
+    attempts: int = 0
+    error: str | None = None
+
+
+Recorder = Callable[[CallRecord], Awaitable[None]]
+
+TRANSIENT = (openai.RateLimitError, openai.APIConnectionError, openai.InternalServerError)
+
+
+def is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, TRANSIENT):
+        return True
+    return isinstance(exc, openai.APIStatusError) and exc.status_code >= 500
+
+
+@dataclass
+class _Endpoint:
+    config: LLMRoleConfig
+    client: AsyncOpenAI
+    slots: asyncio.Semaphore
+
+
+@dataclass
+class LLMClient:
+    roles: dict[str, LLMRoleConfig]
+    _endpoints: dict[str, _Endpoint] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, roles: tuple[str, ...] = LLM_ROLES) -> "LLMClient":
+        return cls({role: LLMRoleConfig.from_env(role) for role in roles})
+
+    def endpoint(self, role: str) -> _Endpoint:
+        if role not in self._endpoints:
+            config = self.roles.get(role)
+            if config is None:
+                raise ConfigError(f"LLM role {role!r} is not configured")
+            if not config.base_url:
+                raise ConfigError(f"no LLM endpoint for role {role!r}: set LLM_BASE_URL (or LLM_{role.upper()}_BASE_URL)")
+            client = AsyncOpenAI(
+                base_url=config.base_url, api_key=config.api_key, timeout=config.timeout_s, max_retries=0
+            )
+            self._endpoints[role] = _Endpoint(config, client, asyncio.Semaphore(config.concurrency))
+        return self._endpoints[role]
+
+    async def stream(
+        self, role: str, messages: list[dict[str, Any]], record: Recorder, **params: Any
+    ) -> AsyncIterator[str]:
+        """Yield text deltas of a chat completion."""
+        ep = self.endpoint(role)
+        rec = CallRecord(
+            role=role, model=ep.config.model, base_url=ep.config.base_url, messages=messages, params=params
+        )
+        started = time.perf_counter()
+        parts: list[str] = []
+        try:
+            async with ep.slots:
+                for attempt in range(1, ep.config.max_retries + 2):
+                    rec.attempts = attempt
+                    try:
+                        stream = await ep.client.chat.completions.create(
+                            model=ep.config.model, messages=messages, stream=True, **params
+                        )
+                        async for chunk in stream:
+                            if chunk.usage:
+                                rec.usage = {
+                                    "prompt_tokens": chunk.usage.prompt_tokens,
+                                    "completion_tokens": chunk.usage.completion_tokens,
+                                }
+                            if not chunk.choices:
+                                continue
+                            delta = chunk.choices[0].delta.content
+                            if delta:
+                                if not parts:
+                                    rec.ttft_ms = (time.perf_counter() - started) * 1000
+                                parts.append(delta)
+                                yield delta
+                        break
+                    except (openai.OpenAIError, asyncio.TimeoutError) as exc:
+                        if parts:
+                            raise LLMError(f"{role} stream broke after {len(parts)} chunks: {exc}", after_tokens=True) from exc
+                        if not is_transient(exc) or attempt > ep.config.max_retries:
+                            raise LLMError(f"{role} call failed after {attempt} attempt(s): {exc}") from exc
+                        await asyncio.sleep(_backoff(ep.config.backoff_base_s, attempt))
+        except BaseException as exc:
+            rec.error = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            rec.response_text = "".join(parts)
+            rec.latency_ms = (time.perf_counter() - started) * 1000
+            await asyncio.shield(record(rec))
+
+    async def complete(self, role: str, messages: list[dict[str, Any]], record: Recorder, **params: Any) -> str:
+        return "".join([part async for part in self.stream(role, messages, record, **params)])
+
+
+def _backoff(base: float, attempt: int) -> float:
+    return base * (2 ** (attempt - 1)) * (0.8 + 0.4 * random.random())

@@ -1,0 +1,57 @@
+"""JSON logs, one object a line, carrying the site, session and turn being worked on."""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import os
+import sys
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+_conversation: contextvars.ContextVar[dict] = contextvars.ContextVar("conversation", default={})
+
+# Attributes every LogRecord has; anything else was passed with `extra=` and is logged.
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime", "color_message"}
+
+
+class JsonFormatter(logging.Formatter):
+    def __init__(self, service: str):
+        super().__init__()
+        self.service = service
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "service": self.service,
+            "logger": record.name,
+            "msg": record.getMessage(),
+            **_conversation.get(),
+        }
+        for key, value in record.__dict__.items():
+            if key not in _STANDARD and not key.startswith("_"):
+                entry[key] = value
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def setup(service: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter(service))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(os.environ.get("LOG_LEVEL", "INFO").upper())
+    logging.Formatter.converter = time.gmtime
+
+
+@contextmanager
+def conversation(site: str, session_id: str, turn: int) -> Iterator[None]:
+    token = _conversation.set({"site": site, "session_id": session_id, "turn": turn})
+    try:
+        yield
+    finally:
+        _conversation.reset(token)

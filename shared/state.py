@@ -1,0 +1,207 @@
+"""Conversation state is the fold of the conversation's event log.
+
+Pure functions only: `apply(state, record)` is the one transition, `fold(records)`
+repeats it. The reducers are the original system's: visitor profiles prefer known
+values over "unknown", dialog supervision keeps cumulative "ever" flags next to the
+latest turn's flags, interest signals replace, form collection merges values and
+keeps the highest turn seen.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import msgspec
+
+from shared import events as ev
+from shared.events import UNKNOWN, VisitorProfile
+
+
+class Message(msgspec.Struct, kw_only=True):
+    role: str
+    content: str
+    turn: int
+
+
+class DialogSupervisionState(msgspec.Struct, kw_only=True):
+    ever: dict[str, bool] = {}
+    latest: dict[str, bool] = {}
+    latest_turn: int = 0
+
+
+class InterestSignalsState(msgspec.Struct, kw_only=True):
+    signals: dict[str, bool] = {}
+    score: float = 0.0
+    turn: int = 0
+
+
+class FormCollectionState(msgspec.Struct, kw_only=True):
+    values: dict[str, str] = {}
+    max_turn: int = 0
+
+
+class TurnRecord(msgspec.Struct, kw_only=True):
+    turn: int
+    status: str = "requested"  # requested -> completed | failed
+    route: str | None = None
+    intent: str | None = None
+    response_attempt: int | None = None
+    fallback_used: bool = False
+    error: str | None = None
+    metadata: dict[str, Any] = {}
+
+
+class ConversationState(msgspec.Struct, kw_only=True):
+    site: str = ""
+    session_id: str = ""
+    turn: int = 0
+    last_seq: int = 0
+    turn_requested_seq: int = 0
+    event_count: int = 0
+    messages: list[Message] = []
+    turns: dict[int, TurnRecord] = {}
+    visitor_profile: VisitorProfile = msgspec.field(default_factory=VisitorProfile)
+    dialog: DialogSupervisionState = msgspec.field(default_factory=DialogSupervisionState)
+    interest: InterestSignalsState = msgspec.field(default_factory=InterestSignalsState)
+    form: FormCollectionState = msgspec.field(default_factory=FormCollectionState)
+    hack_count: int = 0
+    spam_count: int = 0
+    last_input: str = ""
+    llm_calls: int = 0
+
+
+class Record(msgspec.Struct, kw_only=True):
+    """An event as stored: its stream sequence and subject next to it."""
+
+    seq: int
+    subject: str
+    event: ev.Event
+
+
+# --- reducers ---------------------------------------------------------------------------
+
+
+def merge_visitor_profiles(old: VisitorProfile, new: VisitorProfile) -> VisitorProfile:
+    """Known beats "unknown"; between two known values the later one wins."""
+    merged = {}
+    for field in VisitorProfile.__struct_fields__:
+        value = getattr(new, field)
+        merged[field] = getattr(old, field) if _unknown(value) else value
+    return VisitorProfile(**merged)
+
+
+def _unknown(value: str) -> bool:
+    return value is None or value == "" or value.lower() == UNKNOWN
+
+
+def merge_dialog_supervision(
+    old: DialogSupervisionState, flags: dict[str, bool], turn: int
+) -> DialogSupervisionState:
+    ever = dict(old.ever)
+    for name, seen in flags.items():
+        ever[name] = ever.get(name, False) or seen
+    return DialogSupervisionState(ever=ever, latest=dict(flags), latest_turn=turn)
+
+
+def merge_interest_signals(
+    old: InterestSignalsState, signals: dict[str, bool], score: float, turn: int
+) -> InterestSignalsState:
+    return InterestSignalsState(signals=dict(signals), score=score, turn=turn)
+
+
+def merge_form_collection(old: FormCollectionState, values: dict[str, str], turn: int) -> FormCollectionState:
+    return FormCollectionState(values={**old.values, **values}, max_turn=max(old.max_turn, turn))
+
+
+# --- the transition ---------------------------------------------------------------------
+
+
+def _turn(state: ConversationState, turn: int) -> TurnRecord:
+    record = state.turns.get(turn)
+    if record is None:
+        record = TurnRecord(turn=turn)
+        state.turns[turn] = record
+    return record
+
+
+def apply(state: ConversationState, record: Record) -> ConversationState:
+    """Apply one stored event. Mutates and returns `state` (callers copy when they need to)."""
+    event = record.event
+    state.site = event.site
+    state.session_id = event.session_id
+    state.last_seq = record.seq
+    state.event_count += 1
+
+    match event:
+        case ev.TurnRequested():
+            normalized = event.message.strip().lower()
+            state.spam_count = state.spam_count + 1 if normalized == state.last_input else 0
+            state.last_input = normalized
+            state.turn = max(state.turn, event.turn)
+            state.turn_requested_seq = record.seq
+            state.messages.append(Message(role="user", content=event.message, turn=event.turn))
+            _turn(state, event.turn)
+        case ev.RouteDecided():
+            rec = _turn(state, event.turn)
+            rec.route = event.route
+            rec.intent = event.intent
+            state.hack_count += event.hack_increment
+        case ev.IntentClassified():
+            _turn(state, event.turn).intent = event.intent
+        case ev.InterestSignalsDetected():
+            state.interest = merge_interest_signals(state.interest, event.signals, event.score, event.turn)
+        case ev.EnrichmentCompleted() | ev.ProfileInferred():
+            state.visitor_profile = merge_visitor_profiles(state.visitor_profile, event.profile)
+        case ev.DialogStateExtracted():
+            state.dialog = merge_dialog_supervision(state.dialog, event.flags, event.turn)
+        case ev.FormFieldsExtracted():
+            state.form = merge_form_collection(state.form, event.values, event.turn)
+        case ev.LLMCallRecorded():
+            state.llm_calls += 1
+        case ev.ResponseCompleted():
+            rec = _turn(state, event.turn)
+            # A redelivered responder may answer again; the first stored answer is the turn's.
+            if rec.response_attempt is None:
+                rec.response_attempt = event.attempt
+                rec.fallback_used = event.fallback_used
+                state.messages.append(Message(role="assistant", content=event.text, turn=event.turn))
+        case ev.TurnCompleted():
+            rec = _turn(state, event.turn)
+            rec.status = "completed"
+            rec.metadata = dict(event.metadata)
+        case ev.TurnFailed():
+            rec = _turn(state, event.turn)
+            if rec.status != "completed":
+                rec.status = "failed"
+                rec.error = f"{event.node}: {event.reason}"
+    return state
+
+
+def fold(records: Iterable[Record], initial: ConversationState | None = None) -> ConversationState:
+    state = copy_state(initial) if initial is not None else ConversationState()
+    for record in records:
+        apply(state, record)
+    return state
+
+
+_state_encoder = msgspec.json.Encoder()
+_state_decoder = msgspec.json.Decoder(ConversationState)
+
+
+def encode_state(state: ConversationState) -> bytes:
+    return _state_encoder.encode(state)
+
+
+def decode_state(data: bytes) -> ConversationState:
+    return _state_decoder.decode(data)
+
+
+def copy_state(state: ConversationState) -> ConversationState:
+    return decode_state(encode_state(state))
+
+
+def history(state: ConversationState, before_turn: int | None = None) -> list[Message]:
+    """Messages of completed exchanges plus the current user message, in order."""
+    if before_turn is None:
+        return list(state.messages)
+    return [m for m in state.messages if m.turn <= before_turn]

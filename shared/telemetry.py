@@ -1,0 +1,58 @@
+"""OpenTelemetry traces whose context rides in NATS headers, so one turn is one trace.
+
+`OTEL_TRACES_EXPORTER` picks the exporter: `none` (default), `console`, or `otlp`
+(OTLP over HTTP; the standard `OTEL_EXPORTER_OTLP_*` variables configure it).
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from typing import Iterator, Mapping
+
+from opentelemetry import context, propagate, trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+
+_configured = False
+
+
+def setup(service: str) -> None:
+    global _configured
+    if _configured:
+        return
+    _configured = True
+    exporter_name = os.environ.get("OTEL_TRACES_EXPORTER", "none").strip().lower()
+    if exporter_name in ("", "none"):
+        return
+    provider = TracerProvider(resource=Resource.create({"service.name": f"concierge-{service}"}))
+    if exporter_name == "console":
+        exporter = ConsoleSpanExporter()
+    elif exporter_name == "otlp":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter()
+    else:
+        raise ValueError(f"OTEL_TRACES_EXPORTER={exporter_name!r}: use none, console or otlp")
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+
+
+def tracer(name: str) -> trace.Tracer:
+    return trace.get_tracer(name)
+
+
+def inject(headers: dict[str, str]) -> None:
+    """Put the current trace context into outgoing NATS headers."""
+    propagate.inject(headers)
+
+
+@contextmanager
+def continued(headers: Mapping[str, str] | None) -> Iterator[None]:
+    """Make the trace context carried by incoming headers current."""
+    token = context.attach(propagate.extract(dict(headers or {})))
+    try:
+        yield
+    finally:
+        context.detach(token)

