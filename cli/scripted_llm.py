@@ -7,7 +7,8 @@ The answer is derived from the request, so tests can see what the model was sent
 
 Faults are scripted through `POST /_faults` with a list of objects consumed one per
 request, in order: `{"status": 503}` answers with that HTTP status; `{"break_after": 3}`
-drops the connection after 3 chunks; `{"delay_s": 2}` waits before answering.
+drops the connection after 3 chunks; `{"delay_s": 2}` waits before answering;
+`{"inter_token_ms": 200}` streams that one answer slowly.
 `GET /_requests` lists the requests received (newest last); `DELETE /_requests` clears
 them and any faults still queued.
 """
@@ -70,6 +71,7 @@ def create_app(script: Script) -> Starlette:
             })
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         break_after = fault.get("break_after")
+        inter_token_s = float(fault["inter_token_ms"]) / 1000 if "inter_token_ms" in fault else script.inter_token_s
 
         def chunk(delta: dict, finish: str | None = None) -> bytes:
             payload = {"id": completion_id, "object": "chat.completion.chunk", "created": int(time.time()),
@@ -83,7 +85,7 @@ def create_app(script: Script) -> Starlette:
                 if break_after is not None and i >= int(break_after):
                     raise ConnectionResetError("scripted break")
                 if i:
-                    await asyncio.sleep(script.inter_token_s)
+                    await asyncio.sleep(inter_token_s)
                 yield chunk({"content": part})
             yield chunk({}, "stop")
             if include_usage:

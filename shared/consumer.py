@@ -22,7 +22,7 @@ from typing import Awaitable, Callable, Sequence
 import msgspec
 from nats.aio.msg import Msg
 from nats.js import api
-from nats.js.errors import BadRequestError
+from nats.js.errors import APIError, NotFoundError
 
 from shared import events as ev
 from shared import logs, subjects, telemetry
@@ -119,17 +119,30 @@ class ConsumerRunner:
         )
 
     async def start(self) -> None:
-        cfg = self.consumer_config()
-        try:
-            await self.bus.js.add_consumer(subjects.CONV_STREAM, cfg)
-        except BadRequestError as exc:
-            # Another replica made it first with a different start time; that consumer is ours.
-            log.info("consumer exists", extra={"node": self.durable, "detail": exc.description})
+        await self._ensure_consumer()
         self._psub = await self.bus.js.pull_subscribe_bind(durable=self.durable, stream=subjects.CONV_STREAM)
         advisory = f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{subjects.CONV_STREAM}.{self.durable}"
         self._advisory_sub = await self.bus.nc.subscribe(advisory, queue=f"advisory-{self.durable}", cb=self._on_max_deliveries)
         self._loop_task = asyncio.create_task(self._fetch_loop(), name=f"consumer-{self.durable}")
         log.info("consumer started", extra={"node": self.durable, "consumes": list(self.node.consumes)})
+
+    async def _ensure_consumer(self) -> None:
+        """Create the durable, or bring an existing one's delivery settings up to date while
+        keeping where it started (the server refuses to move a start time)."""
+        cfg = self.consumer_config()
+        try:
+            current = await self.bus.js.consumer_info(subjects.CONV_STREAM, self.durable)
+        except NotFoundError:
+            current = None
+        if current is not None:
+            cfg.deliver_policy = current.config.deliver_policy
+            cfg.opt_start_time = current.config.opt_start_time
+        try:
+            await self.bus.js.add_consumer(subjects.CONV_STREAM, cfg)
+        except APIError as exc:
+            # Another replica created it between our look and our create: that one is ours too.
+            await self.bus.js.consumer_info(subjects.CONV_STREAM, self.durable)
+            log.info("consumer created by a peer", extra={"node": self.durable, "detail": exc.description})
 
     async def stop(self) -> None:
         """Stop fetching, let in-flight handlers finish (bounded), leave the rest to redelivery."""

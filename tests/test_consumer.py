@@ -1,0 +1,254 @@
+"""The consumer runner against a real JetStream: ack, retry, dead-letter, idempotency."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from shared import events as ev
+from shared import subjects
+from shared.config import ConsumerConfig
+from shared.consumer import ConsumerRunner, Node, PermanentError
+
+
+def requested(site, session="s1", turn=1, event_id=None):
+    return ev.TurnRequested(event_id=event_id or ev.new_id(), site=site, session_id=session, turn=turn,
+                            ts=ev.now(), producer="test", message="hello")
+
+
+def fast(**over) -> ConsumerConfig:
+    return ConsumerConfig(**{"max_deliver": 3, "ack_wait_s": 2.0, "backoff_s": (0.05, 0.1), "concurrency": 4,
+                             "drain_timeout_s": 2.0, **over})
+
+
+async def wait_for(predicate, timeout=10.0):
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        result = await predicate()
+        if result:
+            return result
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+async def events_of(bus, site, session="s1"):
+    return [r.event for r in await bus.read(subjects.conversation(site, session))]
+
+
+def unique(name):
+    return f"{name}_{uuid.uuid4().hex[:8]}"
+
+
+def own(site, handle):
+    """Durables see every site's events; a test's handler acts only on its own site's."""
+
+    async def guarded(event, ctx):
+        if event.site != site:
+            return []
+        return await handle(event, ctx)
+
+    return guarded
+
+
+async def start(bus, node, config=None):
+    runner = ConsumerRunner(bus, node, config or fast(), start_lookback_s=5)
+    await runner.start()
+    return runner
+
+
+async def test_handler_output_is_stored_and_message_acked(bus, site):
+    async def handle(event, ctx):
+        return [ctx.follow(ev.RouteDecided, route="ANSWER", reason="test")]
+
+    runner = await start(bus, Node(unique("route"), ("turn_requested",), own(site, handle)))
+    try:
+        await bus.publish(requested(site))
+        stored = await wait_for(lambda: _find(bus, site, ev.RouteDecided))
+        assert stored.causation_id is not None and stored.turn == 1
+        info = await bus.js.consumer_info(subjects.CONV_STREAM, runner.durable)
+        await wait_for(lambda: _acked(bus, runner.durable))
+        assert info.config.max_deliver == 3
+    finally:
+        await runner.stop()
+
+
+async def test_failures_are_retried_with_backoff_then_succeed(bus, site):
+    attempts = []
+
+    async def handle(event, ctx):
+        attempts.append(ctx.attempt)
+        if ctx.attempt < 3:
+            raise RuntimeError("flaky dependency")
+        return [ctx.follow(ev.RouteDecided, route="ANSWER", reason="third time")]
+
+    runner = await start(bus, Node(unique("flaky"), ("turn_requested",), own(site, handle)))
+    try:
+        await bus.publish(requested(site))
+        await wait_for(lambda: _find(bus, site, ev.RouteDecided))
+        assert attempts == [1, 2, 3]
+        assert runner.stats.retried == 2 and runner.stats.failed == 0
+        assert not [e for e in await events_of(bus, site) if isinstance(e, ev.TurnFailed)]
+    finally:
+        await runner.stop()
+
+
+async def test_last_attempt_ends_in_failure_event_and_dead_letter(bus, site):
+    async def handle(event, ctx):
+        raise RuntimeError("always broken")
+
+    name = unique("broken")
+    runner = await start(bus, Node(name, ("turn_requested",), own(site, handle)))
+    try:
+        sent = requested(site)
+        await bus.publish(sent)
+        failed = await wait_for(lambda: _find(bus, site, ev.TurnFailed))
+        assert failed.node == name and failed.attempts == 3 and "always broken" in failed.reason
+        assert failed.failed_event_id == sent.event_id
+        dead = await bus.js.get_last_msg(subjects.DLQ_STREAM, subjects.dlq(name))
+        assert ev.decode(dead.data) == sent
+        assert dead.headers["Concierge-Subject"] == subjects.conv(site, "s1", "turn_requested")
+    finally:
+        await runner.stop()
+
+
+async def test_permanent_error_fails_at_once(bus, site):
+    calls = []
+
+    async def handle(event, ctx):
+        calls.append(ctx.attempt)
+        raise PermanentError("bad input")
+
+    runner = await start(bus, Node(unique("permanent"), ("turn_requested",), own(site, handle)))
+    try:
+        await bus.publish(requested(site))
+        failed = await wait_for(lambda: _find(bus, site, ev.TurnFailed))
+        assert failed.attempts == 1 and calls == [1]
+    finally:
+        await runner.stop()
+
+
+async def test_malformed_payload_is_dead_lettered_and_the_consumer_keeps_going(bus, site):
+    seen = []
+
+    async def handle(event, ctx):
+        seen.append(event.event_id)
+        return []
+
+    name = unique("sturdy")
+    runner = await start(bus, Node(name, ("turn_requested",), own(site, handle)))
+    try:
+        await bus.js.publish(subjects.conv(site, "s1", "turn_requested"), b'{"type":"turn_requested","turn":"x"}')
+        await bus.js.publish(subjects.conv(site, "s1", "turn_requested"), b"\xff not even json")
+        good = requested(site)
+        await bus.publish(good)
+        await wait_for(lambda: _true(seen))
+        assert seen == [good.event_id]
+        assert runner.stats.bad_events == 2
+        dead = await bus.js.get_last_msg(subjects.DLQ_STREAM, subjects.dlq(name))
+        assert dead.data == b"\xff not even json"
+        assert "malformed" in dead.headers["Concierge-Reason"]
+    finally:
+        await runner.stop()
+
+
+async def test_same_event_delivered_twice_gives_one_outcome(bus, site):
+    """A redelivery (here: the handler's ack is lost because it ran past ack_wait) makes the
+    same output ids, and JetStream's dedupe keeps one."""
+    runs = []
+
+    async def handle(event, ctx):
+        runs.append(ctx.attempt)
+        if ctx.attempt == 1:
+            await asyncio.sleep(1.5)  # longer than ack_wait and no heartbeat: the server redelivers
+        return [ctx.follow(ev.RouteDecided, route="ANSWER", reason=f"attempt {ctx.attempt}")]
+
+    node = Node(unique("slow"), ("turn_requested",), own(site, handle))
+    runner = ConsumerRunner(bus, node, fast(ack_wait_s=0.5), start_lookback_s=5)
+    runner._keep_alive = _no_heartbeat  # simulate a stalled handler that cannot say it is alive
+    await runner.start()
+    try:
+        await bus.publish(requested(site))
+        await wait_for(lambda: _true(len(runs) >= 2))
+        await asyncio.sleep(2.0)
+        decided = [e for e in await events_of(bus, site) if isinstance(e, ev.RouteDecided)]
+        assert len(decided) == 1
+        assert sorted(runs)[:2] == [1, 2]
+    finally:
+        await runner.stop()
+
+
+async def test_concurrency_limit_is_respected(bus, site):
+    active, peak = 0, 0
+
+    async def handle(event, ctx):
+        nonlocal active, peak
+        active += 1
+        peak = max(peak, active)
+        await asyncio.sleep(0.1)
+        active -= 1
+        return [ctx.follow(ev.RouteDecided, route="ANSWER", reason="ok")]
+
+    runner = await start(bus, Node(unique("limited"), ("turn_requested",), own(site, handle)), fast(concurrency=3))
+    try:
+        for i in range(12):
+            await bus.publish(requested(site, session=f"s{i}"))
+        await wait_for(lambda: _true(runner.stats.handled == 12), timeout=15)
+        assert peak == 3
+    finally:
+        await runner.stop()
+
+
+async def test_stop_lets_in_flight_handlers_finish(bus, site):
+    finished = []
+
+    async def handle(event, ctx):
+        await asyncio.sleep(0.5)
+        finished.append(event.event_id)
+        return [ctx.follow(ev.RouteDecided, route="ANSWER", reason="drained")]
+
+    runner = await start(bus, Node(unique("drain"), ("turn_requested",), own(site, handle)))
+    await bus.publish(requested(site))
+    await wait_for(lambda: _true(runner.stats.in_flight == 1))
+    await runner.stop()
+    assert len(finished) == 1
+    assert await _find(bus, site, ev.RouteDecided)
+
+
+async def _no_heartbeat(msg):
+    await asyncio.Event().wait()
+
+
+async def _true(value):
+    return value
+
+
+async def _find(bus, site, cls):
+    for event in await events_of(bus, site):
+        if isinstance(event, cls):
+            return event
+    return None
+
+
+async def _acked(bus, durable):
+    info = await bus.js.consumer_info(subjects.CONV_STREAM, durable)
+    return info.num_ack_pending == 0 and info.num_pending == 0
+
+
+async def test_handler_that_never_answers_ends_in_failure_event(bus, site):
+    """When every delivery times out (a process dying on each attempt), the server's
+    max-deliveries advisory is turned into a TurnFailed: no silent loss."""
+
+    async def handle(event, ctx):
+        await asyncio.sleep(30)
+        return []
+
+    node = Node(unique("hung"), ("turn_requested",), own(site, handle))
+    runner = ConsumerRunner(bus, node, fast(max_deliver=2, ack_wait_s=0.3, drain_timeout_s=0.1), start_lookback_s=5)
+    runner._keep_alive = _no_heartbeat
+    await runner.start()
+    try:
+        await bus.publish(requested(site))
+        failed = await wait_for(lambda: _find(bus, site, ev.TurnFailed), timeout=10)
+        assert failed.node == node.name and "2 deliveries" in failed.reason
+    finally:
+        await runner.stop()

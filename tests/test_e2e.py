@@ -1,0 +1,174 @@
+"""The whole system as processes: nats-server, five services, the scripted LLM, over HTTP SSE."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cli.sse import chat
+from cli.supervisor import free_port, make_system
+from tests.servers import ROOT
+
+DEADLINE_S = 15
+
+
+@pytest.fixture(scope="module")
+def system(llm):
+    with tempfile.TemporaryDirectory(prefix="concierge-e2e-") as data:
+        sys_ = make_system(Path(data), free_port(), free_port(), {
+            "LLM_BASE_URL": llm.base_url,
+            "LLM_MAX_RETRIES": "1",
+            "LLM_BACKOFF_BASE_S": "0.05",
+            "TURN_DEADLINE_S": str(DEADLINE_S),
+            "CONSUMER_ACK_WAIT_S": "2",
+            "CONSUMER_BACKOFF_S": "0.2,0.5",
+        })
+        try:
+            sys_.start_all()
+            yield sys_
+        finally:
+            sys_.stop()
+
+
+@pytest.fixture
+async def http():
+    async with httpx.AsyncClient(timeout=DEADLINE_S + 10) as client:
+        yield client
+
+
+async def test_two_turns_stream_and_remember(system, llm, http, site):
+    llm.clear()
+    first = await chat(http, system.gateway_url, {"site": site, "session_id": None, "message": "My name is Ada"})
+    assert first.status == 200
+    types = [e["type"] for e in first.events]
+    assert types[-1] == "complete" and types.count("complete") == 1 and set(types[:-1]) == {"token"}
+    assert first.text.startswith("You said: My name is Ada.")
+    session = first.final["session_id"]
+    assert first.final["turn"] == 1 and first.final["metadata"]["route"] == "ANSWER"
+
+    second = await chat(http, system.gateway_url, {"site": site, "session_id": session, "message": "What is my name?"})
+    assert second.final["type"] == "complete" and second.final["turn"] == 2
+    # Turn 2's prompt holds turn 1, taken from the event log.
+    sent = llm.requests()[-1]["messages"]
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
+    assert sent[1]["content"] == "My name is Ada" and sent[2]["content"] == first.text
+    assert "I have 2 earlier messages" in second.text
+
+    log = (await http.get(f"{system.gateway_url}/v1/conversations/{site}/{session}/events")).json()
+    kinds = [e["type"] for e in log["events"]]
+    for kind in ("turn_requested", "route_decided", "llm_call_recorded", "response_completed", "turn_completed"):
+        assert kinds.count(kind) == 2, kinds
+    assert all(e["event"]["site"] == site for e in log["events"])
+
+    state = (await http.get(f"{system.gateway_url}/v1/conversations/{site}/{session}/state")).json()
+    assert state["turn"] == 2 and state["turns"]["1"]["status"] == "completed" and len(state["messages"]) == 4
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"message": "hi"}, "site"),
+    ({"site": "bad site!", "message": "hi"}, "site"),
+    ({"site": "acme", "message": 42}, "message"),
+    ({"site": "acme", "message": "   "}, "message"),
+    ({"site": "acme", "message": "hi", "session_id": "a.b"}, "session_id"),
+    ({"site": "acme", "message": "x" * 15_001}, "message"),
+    ({"site": "acme", "message": "hi", "visitor": "not an object"}, "visitor"),
+])
+async def test_bad_requests_are_4xx_with_the_field(system, http, body, field):
+    response = await http.post(f"{system.gateway_url}/v1/chat", json=body)
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["field"] == field
+
+
+async def test_non_json_body_and_unknown_conversations(system, http, site):
+    response = await http.post(f"{system.gateway_url}/v1/chat", content=b"{nope",
+                               headers={"content-type": "application/json"})
+    assert response.status_code == 422
+    assert (await http.get(f"{system.gateway_url}/v1/conversations/{site}/nobody/events")).status_code == 404
+    assert (await http.get(f"{system.gateway_url}/v1/conversations/{site}/nobody/state")).status_code == 404
+    assert (await http.get(f"{system.gateway_url}/v1/conversations/{site}/bad.id/state")).status_code == 422
+
+
+async def test_health_and_readiness(system, http):
+    assert (await http.get(f"{system.gateway_url}/healthz")).json() == {"status": "ok"}
+    assert (await http.get(f"{system.gateway_url}/readyz")).json() == {"status": "ready"}
+
+
+async def test_second_request_while_a_turn_is_in_flight_gets_429(system, llm, http, site):
+    llm.clear()
+    llm.fail_next({"inter_token_ms": 100})
+    slow = asyncio.create_task(chat(http, system.gateway_url, {"site": site, "session_id": "busy", "message": "slow"}))
+    await asyncio.sleep(0.5)
+    response = await http.post(f"{system.gateway_url}/v1/chat", json={"site": site, "session_id": "busy", "message": "again"})
+    assert response.status_code == 429
+    assert (await slow).final["type"] == "complete"
+    after = await chat(http, system.gateway_url, {"site": site, "session_id": "busy", "message": "now"})
+    assert after.final["type"] == "complete" and after.final["turn"] == 2
+
+
+async def test_llm_failure_reaches_the_browser_as_an_error_event(system, llm, http, site):
+    llm.clear()
+    llm.fail_next({"status": 400})
+    started = time.monotonic()
+    result = await chat(http, system.gateway_url, {"site": site, "message": "this will fail"})
+    assert result.final["type"] == "error" and [e["type"] for e in result.events] == ["error"]
+    assert time.monotonic() - started < DEADLINE_S
+    llm.fail_next({"break_after": 3})
+    broken = await chat(http, system.gateway_url, {"site": site, "message": "this breaks midway"})
+    assert [e["type"] for e in broken.events] == ["token", "token", "token", "error"]
+
+
+async def test_responder_killed_mid_turn_never_leaves_the_stream_hanging(system, llm, http, site):
+    llm.clear()
+    llm.fail_next({"inter_token_ms": 150})
+    got_token = asyncio.Event()
+
+    async def on_event(event):
+        if event["type"] == "token":
+            got_token.set()
+
+    turn = asyncio.create_task(chat(http, system.gateway_url, {"site": site, "session_id": "killed", "message": "hello"},
+                                    on_event=on_event))
+    await asyncio.wait_for(got_token.wait(), 10)
+    system.kill("responder")
+    system.start_service("responder")
+    started = time.monotonic()
+    result = await turn
+    assert time.monotonic() - started < DEADLINE_S
+    assert result.final["type"] in ("complete", "error")
+    assert [e["type"] for e in result.events].count(result.final["type"]) == 1
+
+    # Redelivery finishes the turn in the log, and the session takes its next turn.
+    async def completed():
+        log = (await http.get(f"{system.gateway_url}/v1/conversations/{site}/killed/events")).json()
+        return [e for e in log["events"] if e["type"] == "turn_completed"]
+
+    deadline = time.monotonic() + DEADLINE_S
+    while not await completed() and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    assert await completed()
+    nxt = await chat(http, system.gateway_url, {"site": site, "session_id": "killed", "message": "still there?"})
+    assert nxt.final["type"] == "complete" and nxt.final["turn"] == 2
+
+
+async def test_replay_prints_timeline_and_state(system, http, site):
+    first = await chat(http, system.gateway_url, {"site": site, "session_id": "replayed", "message": "Replay me"})
+    assert first.final["type"] == "complete"
+    out = subprocess.run(
+        [sys.executable, "-m", "cli", "replay", site, "replayed", "--nats-url", system.nats_url],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert "turn_requested" in lines[0] and "message=Replay me" in lines[0] and "gateway" in lines[0]
+    assert any("route_decided" in line and "route=ANSWER" in line for line in lines)
+    assert any("state after turn 1" in line and '"1": "completed"' in line for line in lines)
+    missing = subprocess.run([sys.executable, "-m", "cli", "replay", site, "ghost", "--nats-url", system.nats_url],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1 and "no events" in missing.stderr

@@ -1,0 +1,75 @@
+"""The LLM client against the scripted OpenAI-compatible server over real HTTP."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.config import LLMRoleConfig
+from shared.llm import LLMClient, LLMError
+
+
+def client(llm, **over) -> LLMClient:
+    config = LLMRoleConfig(role="answer", base_url=llm.base_url, api_key="k", model="scripted",
+                           max_retries=over.pop("max_retries", 2), backoff_base_s=0.01, timeout_s=5, **over)
+    return LLMClient({"answer": config})
+
+
+MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "Ping"}]
+
+
+async def collect(c, records):
+    async def record(call):
+        records.append(call)
+
+    return [part async for part in c.stream("answer", MESSAGES, record, temperature=0.2)]
+
+
+async def test_stream_yields_tokens_and_records_the_call(llm):
+    llm.clear()
+    records = []
+    parts = await collect(client(llm), records)
+    text = "".join(parts)
+    assert text.startswith("You said: Ping.") and len(parts) > 3
+    (rec,) = records
+    assert rec.response_text == text and rec.attempts == 1 and rec.error is None
+    assert rec.messages == MESSAGES and rec.params == {"temperature": 0.2} and rec.model == "scripted"
+    assert rec.ttft_ms is not None and rec.latency_ms >= rec.ttft_ms
+
+
+async def test_transient_errors_are_retried(llm):
+    llm.clear()
+    llm.fail_next({"status": 503}, {"status": 429})
+    records = []
+    parts = await collect(client(llm), records)
+    assert "".join(parts).startswith("You said: Ping.")
+    assert records[0].attempts == 3
+    assert len(llm.requests()) == 3
+
+
+async def test_retries_are_bounded(llm):
+    llm.clear()
+    llm.fail_next({"status": 500}, {"status": 500}, {"status": 500})
+    records = []
+    with pytest.raises(LLMError, match="after 3 attempt"):
+        await collect(client(llm), records)
+    assert records[0].error and records[0].response_text == ""
+
+
+async def test_client_errors_are_not_retried(llm):
+    llm.clear()
+    llm.fail_next({"status": 400})
+    records = []
+    with pytest.raises(LLMError, match="after 1 attempt"):
+        await collect(client(llm), records)
+    assert len(llm.requests()) == 1
+
+
+async def test_a_stream_broken_after_tokens_is_not_retried(llm):
+    llm.clear()
+    llm.fail_next({"break_after": 3})
+    records = []
+    with pytest.raises(LLMError) as info:
+        await collect(client(llm), records)
+    assert info.value.after_tokens
+    assert len(llm.requests()) == 1
+    assert records[0].response_text  # what did arrive is on record
