@@ -72,7 +72,7 @@ class ConsumerConfig(msgspec.Struct, kw_only=True):
     max_deliver: int = 4
     ack_wait_s: float = 30.0
     backoff_s: tuple[float, ...] = (0.5, 2.0, 5.0)
-    concurrency: int = 16
+    concurrency: int = 32
     drain_timeout_s: float = 30.0
 
     @classmethod
@@ -120,7 +120,7 @@ class LLMRoleConfig(msgspec.Struct, kw_only=True):
     timeout_s: float = 30.0
     max_retries: int = 3
     backoff_base_s: float = 0.5
-    concurrency: int = 8
+    concurrency: int = 64
 
     @classmethod
     def from_env(cls, role: str) -> "LLMRoleConfig":

@@ -166,7 +166,9 @@ class ConsumerRunner:
                 await asyncio.sleep(0)  # let the done callbacks free the slots
                 continue
             try:
-                msgs = await self._psub.fetch(batch=free, timeout=FETCH_TIMEOUT_S)
+                # One at a time: nats-py's batched fetch waits to fill the batch, which would
+                # hold a ready message back for up to the fetch timeout.
+                msgs = await self._psub.fetch(batch=1, timeout=FETCH_TIMEOUT_S)
             except asyncio.TimeoutError:
                 continue
             except asyncio.CancelledError:

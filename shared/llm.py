@@ -51,9 +51,48 @@ TRANSIENT = (openai.RateLimitError, openai.APIConnectionError, openai.InternalSe
 
 
 def is_transient(exc: BaseException) -> bool:
-    if isinstance(exc, TRANSIENT):
+    if isinstance(exc, TRANSIENT) or isinstance(exc, (asyncio.TimeoutError, OSError)):
         return True
-    return isinstance(exc, openai.APIStatusError) and exc.status_code >= 500
+    if isinstance(exc, openai.APIStatusError):
+        return exc.status_code >= 500
+    # A transport error while reading the stream (the connection dropped) is a connection error.
+    return not isinstance(exc, (openai.OpenAIError, LLMError, msgspec.MsgspecError))
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class _Delta(msgspec.Struct):
+    content: str | None = None
+
+
+class _Choice(msgspec.Struct):
+    delta: _Delta = msgspec.field(default_factory=_Delta)
+
+
+class _Chunk(msgspec.Struct):
+    choices: list[_Choice] = []
+    usage: _Usage | None = None
+    error: dict | None = None
+
+
+_DONE = object()
+_chunk_decoder = msgspec.json.Decoder(_Chunk)
+
+
+def _parse_line(line: str):
+    """One SSE line of a chat completion stream: a chunk, `_DONE`, or None (not data)."""
+    if not line.startswith("data:"):
+        return None
+    data = line[5:].strip()
+    if data == "[DONE]":
+        return _DONE
+    chunk = _chunk_decoder.decode(data)
+    if chunk.error:
+        raise LLMError(f"provider error in stream: {chunk.error}")
+    return chunk
 
 
 @dataclass
@@ -100,25 +139,34 @@ class LLMClient:
                 for attempt in range(1, ep.config.max_retries + 2):
                     rec.attempts = attempt
                     try:
-                        stream = await ep.client.chat.completions.create(
-                            model=ep.config.model, messages=messages, stream=True, **params
-                        )
-                        async for chunk in stream:
-                            if chunk.usage:
-                                rec.usage = {
-                                    "prompt_tokens": chunk.usage.prompt_tokens,
-                                    "completion_tokens": chunk.usage.completion_tokens,
-                                }
-                            if not chunk.choices:
-                                continue
-                            delta = chunk.choices[0].delta.content
-                            if delta:
-                                if not parts:
-                                    rec.ttft_ms = (time.perf_counter() - started) * 1000
-                                parts.append(delta)
-                                yield delta
+                        # The raw SSE lines are decoded with msgspec: openai's per-chunk pydantic
+                        # models cost more CPU than everything else a token goes through.
+                        # The messages travel in `extra_body`: openai's request transform walks
+                        # every message's TypedDict and was the responder's largest CPU cost
+                        # on long conversations; the JSON sent is the same.
+                        async with ep.client.chat.completions.with_streaming_response.create(
+                            model=ep.config.model, messages=[], stream=True,
+                            extra_body={"messages": messages}, **params
+                        ) as response:
+                            async for line in response.iter_lines():
+                                chunk = _parse_line(line)
+                                if chunk is None:
+                                    continue
+                                if chunk is _DONE:
+                                    break
+                                if chunk.usage:
+                                    rec.usage = {
+                                        "prompt_tokens": chunk.usage.prompt_tokens,
+                                        "completion_tokens": chunk.usage.completion_tokens,
+                                    }
+                                delta = chunk.choices[0].delta.content if chunk.choices else None
+                                if delta:
+                                    if not parts:
+                                        rec.ttft_ms = (time.perf_counter() - started) * 1000
+                                    parts.append(delta)
+                                    yield delta
                         break
-                    except (openai.OpenAIError, asyncio.TimeoutError) as exc:
+                    except Exception as exc:
                         if parts:
                             raise LLMError(f"{role} stream broke after {len(parts)} chunks: {exc}", after_tokens=True) from exc
                         if not is_transient(exc) or attempt > ep.config.max_retries:

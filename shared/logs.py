@@ -45,6 +45,9 @@ def setup(service: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(os.environ.get("LOG_LEVEL", "INFO").upper())
+    # One line per HTTP request to the LLM is noise at INFO; failures still show as warnings.
+    for chatty in ("httpx", "httpx2", "httpcore", "httpcore2"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     logging.Formatter.converter = time.gmtime
 
 

@@ -103,8 +103,8 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
         async def stream():
             with logs.conversation(site, session_id, turn):
                 try:
-                    async for payload in relay.events():
-                        yield sse(payload)
+                    async for batch in relay.batches():
+                        yield b"".join(sse(payload) for payload in batch)
                 finally:
                     await _cleanup(relay, guard, site, session_id, hold)
 

@@ -48,83 +48,99 @@ class TurnRelay:
             await sub.unsubscribe()
         self._subs.clear()
 
-    async def events(self) -> AsyncIterator[dict]:
+    async def batches(self) -> AsyncIterator[list[dict]]:
+        """Payloads in order, grouped by what had already arrived: under load one write
+        carries several tokens instead of one write per token."""
         deadline = time.monotonic() + self.deadline_s
-        attempt: int | None = None
-        sent: list[str] = []
-        pending: dict[int, str] = {}
-        response: ev.ResponseCompleted | None = None
-        completed: ev.TurnCompleted | None = None
-
+        turn = _TurnProgress()
         while True:
             now = time.monotonic()
-            if completed is not None:
-                wait = min(deadline, completed_at + TOKEN_GRACE_S) - now
-            else:
-                wait = deadline - now
+            wait = deadline - now
+            if turn.completed is not None:
+                wait = min(deadline, turn.completed_at + TOKEN_GRACE_S) - now
             if wait <= 0:
-                if completed is not None:
-                    async for payload in self._finish(sent, response, completed):
-                        yield payload
-                    return
-                yield {"type": "error", "message": "The assistant did not answer in time. Please try again."}
+                if turn.completed is not None:
+                    yield turn.finish(self.session_id, self.turn)
+                else:
+                    yield [{"type": "error", "message": "The assistant did not answer in time. Please try again."}]
                 return
             try:
                 msg = await asyncio.wait_for(self.queue.get(), wait)
             except asyncio.TimeoutError:
                 continue
-            try:
-                event = ev.decode(msg.data)
-            except ev.BadEvent as exc:
-                log.error("undecodable event on relay", extra={"subject": msg.subject, "error": str(exc)})
-                continue
-            if event.turn != self.turn:
-                continue
-
-            match event:
-                case ev.TokenChunk():
-                    if attempt is None:
-                        attempt = event.attempt
-                    if event.attempt != attempt:
-                        if sent:
-                            yield _interrupted()
-                            return
-                        attempt, pending = event.attempt, {}
-                    pending[event.index] = event.content
-                    while len(sent) in pending:
-                        content = pending.pop(len(sent))
-                        sent.append(content)
-                        yield {"type": "token", "content": content}
-                case ev.ResponseCompleted():
-                    response = event
-                    if sent and attempt is not None and event.attempt != attempt:
-                        yield _interrupted()
-                        return
-                case ev.TurnCompleted():
-                    completed = event
-                    completed_at = time.monotonic()
-                case ev.TurnFailed():
-                    log.warning("turn failed", extra={"node": event.node, "reason": event.reason})
-                    yield {"type": "error", "message": "Sorry, something went wrong while answering. Please try again."}
-                    return
-                case _:
-                    pass
-
-            if completed is not None and (response is None or len(sent) >= response.token_count):
-                async for payload in self._finish(sent, response, completed):
-                    yield payload
+            out: list[dict] = []
+            done = self._take(msg, turn, out)
+            while not done and not self.queue.empty():
+                done = self._take(self.queue.get_nowait(), turn, out)
+            if not done and turn.ready_to_finish():
+                out.extend(turn.finish(self.session_id, self.turn))
+                done = True
+            if out:
+                yield out
+            if done:
                 return
 
-    async def _finish(self, sent: list[str], response: ev.ResponseCompleted | None, completed: ev.TurnCompleted):
+    def _take(self, msg, turn: "_TurnProgress", out: list[dict]) -> bool:
+        """Fold one bus message into the turn's progress; True when the stream must end."""
+        try:
+            event = ev.decode(msg.data)
+        except ev.BadEvent as exc:
+            log.error("undecodable event on relay", extra={"subject": msg.subject, "error": str(exc)})
+            return False
+        if event.turn != self.turn:
+            return False
+        match event:
+            case ev.TokenChunk():
+                if turn.attempt is None:
+                    turn.attempt = event.attempt
+                if event.attempt != turn.attempt:
+                    if turn.sent:
+                        out.append(_interrupted())
+                        return True
+                    turn.attempt, turn.pending = event.attempt, {}
+                turn.pending[event.index] = event.content
+                while len(turn.sent) in turn.pending:
+                    content = turn.pending.pop(len(turn.sent))
+                    turn.sent.append(content)
+                    out.append({"type": "token", "content": content})
+            case ev.ResponseCompleted():
+                turn.response = event
+                if turn.sent and turn.attempt is not None and event.attempt != turn.attempt:
+                    out.append(_interrupted())
+                    return True
+            case ev.TurnCompleted():
+                turn.completed = event
+                turn.completed_at = time.monotonic()
+            case ev.TurnFailed():
+                log.warning("turn failed", extra={"node": event.node, "reason": event.reason})
+                out.append({"type": "error", "message": "Sorry, something went wrong while answering. Please try again."})
+                return True
+        return False
+
+
+class _TurnProgress:
+    def __init__(self):
+        self.attempt: int | None = None
+        self.sent: list[str] = []
+        self.pending: dict[int, str] = {}
+        self.response: ev.ResponseCompleted | None = None
+        self.completed: ev.TurnCompleted | None = None
+        self.completed_at = 0.0
+
+    def ready_to_finish(self) -> bool:
+        return self.completed is not None and (self.response is None or len(self.sent) >= self.response.token_count)
+
+    def finish(self, session_id: str, turn: int) -> list[dict]:
         """Close the stream. Tokens lost on the way are made up from the stored answer."""
-        if response is not None:
-            so_far = "".join(sent)
-            if not response.text.startswith(so_far):
-                yield _interrupted()
-                return
-            if len(response.text) > len(so_far):
-                yield {"type": "token", "content": response.text[len(so_far):]}
-        yield {"type": "complete", "session_id": self.session_id, "turn": self.turn, "metadata": completed.metadata}
+        out: list[dict] = []
+        if self.response is not None:
+            so_far = "".join(self.sent)
+            if not self.response.text.startswith(so_far):
+                return [_interrupted()]
+            if len(self.response.text) > len(so_far):
+                out.append({"type": "token", "content": self.response.text[len(so_far):]})
+        out.append({"type": "complete", "session_id": session_id, "turn": turn, "metadata": self.completed.metadata})
+        return out
 
 
 def _interrupted() -> dict:

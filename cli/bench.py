@@ -1,0 +1,155 @@
+"""`concierge bench` (what `make bench` calls): figures for the whole turn path.
+
+Starts a fresh system (its own nats-server and the five services, as `make run` does)
+and the scripted LLM with a fixed time to first token, drives `--turns` chat turns
+from `--concurrency` concurrent sessions through HTTP SSE (each session waits
+`--think-ms` between its turns, like a visitor reading the answer), and measures:
+
+- ttft_overhead_ms: request sent → first SSE token, minus the scripted LLM's configured
+  first-token delay (what Concierge adds; the scripted server's own scheduling slack
+  counts against us);
+- replay_events_per_s: conversation logs read from JetStream and folded into state,
+  from the first event (no snapshots), events per second.
+
+The last line printed is one JSON object with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from cli.sse import chat
+from cli.supervisor import free_port, make_system, wait_http
+from shared import subjects
+from shared.bus import connect
+from shared.config import BusConfig
+from shared.state import fold
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    k = (len(ordered) - 1) * p / 100
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+async def drive(base_url: str, site: str, turns: int, concurrency: int, think_s: float = 0.0) -> tuple[list[dict], list[str]]:
+    per_session = max(1, turns // concurrency)
+    results: list[dict] = []
+    sessions: list[str] = []
+    limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency * 2)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+
+        async def conversation(i: int) -> None:
+            session = f"bench{i}"
+            sessions.append(session)
+            # Sessions start spread over one think time, as visitors do not all type at once.
+            await asyncio.sleep(think_s * i / concurrency)
+            for t in range(per_session):
+                if t:
+                    await asyncio.sleep(think_s)
+                r = await chat(client, base_url, {"site": site, "session_id": session,
+                                                  "message": f"Question {t} from visitor {i}"})
+                results.append({"status": r.status, "final": (r.final or {}).get("type"),
+                                "first_token_s": r.first_token_s, "total_s": r.total_s})
+
+        await asyncio.gather(*(conversation(i) for i in range(concurrency)))
+    return results, sessions
+
+
+async def replay_rate(nats_url: str, site: str, sessions: list[str], rounds: int) -> tuple[float, int]:
+    bus = await connect(BusConfig(url=nats_url), name="bench-replay")
+    try:
+        events = 0
+        started = time.perf_counter()
+        for _ in range(rounds):
+            for session in sessions:
+                records = await bus.read(subjects.conversation(site, session))
+                fold(records)
+                events += len(records)
+        elapsed = time.perf_counter() - started
+    finally:
+        await bus.close()
+    return events / elapsed, events
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="concierge bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--turns", type=int, default=240)
+    parser.add_argument("--concurrency", type=int, default=24)
+    parser.add_argument("--ttft-ms", type=float, default=100.0, help="scripted LLM time to first token")
+    parser.add_argument("--inter-token-ms", type=float, default=20.0, help="scripted LLM delay between chunks")
+    parser.add_argument("--think-ms", type=float, default=1000.0,
+                        help="pause between a session's turns (a visitor reading and typing); 0 = back to back")
+    parser.add_argument("--replay-rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+
+    llm_port = free_port()
+    llm = subprocess.Popen(
+        [sys.executable, "-m", "cli", "scripted-llm", "--port", str(llm_port), "--ttft-ms", str(args.ttft_ms),
+         "--inter-token-ms", str(args.inter_token_ms)],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    with tempfile.TemporaryDirectory(prefix="concierge-bench-") as data:
+        system = make_system(Path(data), free_port(), free_port(), {
+            "LLM_BASE_URL": f"http://127.0.0.1:{llm_port}/v1",
+        })
+        try:
+            wait_http(f"http://127.0.0.1:{llm_port}/v1/models", 30, llm)
+            system.start_all()
+            site = "bench"
+            print(f"system up; warming up, then {args.turns} turns from {args.concurrency} sessions "
+                  f"(scripted TTFT {args.ttft_ms:.0f} ms)", flush=True)
+            asyncio.run(drive(system.gateway_url, "warmup", args.concurrency, args.concurrency))
+            started = time.perf_counter()
+            results, sessions = asyncio.run(
+                drive(system.gateway_url, site, args.turns, args.concurrency, args.think_ms / 1000))
+            wall = time.perf_counter() - started
+            rate, replayed = asyncio.run(replay_rate(system.nats_url, site, sessions, args.replay_rounds))
+        finally:
+            system.stop()
+            llm.terminate()
+            llm.wait(10)
+
+    ok = [r for r in results if r["status"] == 200 and r["final"] == "complete" and r["first_token_s"] is not None]
+    overhead = [r["first_token_s"] * 1000 - args.ttft_ms for r in ok]
+    totals = [r["total_s"] * 1000 for r in ok]
+    figures = {
+        "turns": len(results),
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "concurrency": args.concurrency,
+        "scripted_ttft_ms": args.ttft_ms,
+        "scripted_inter_token_ms": args.inter_token_ms,
+        "think_ms": args.think_ms,
+        "ttft_overhead_ms_p50": round(percentile(overhead, 50), 2),
+        "ttft_overhead_ms_p99": round(percentile(overhead, 99), 2),
+        "ttft_overhead_ms_mean": round(statistics.fmean(overhead), 2) if overhead else None,
+        "turn_ms_p50": round(percentile(totals, 50), 1),
+        "turns_per_s": round(len(ok) / wall, 1),
+        "replay_events": replayed,
+        "replay_events_per_s": round(rate),
+        "cpus": os.cpu_count(),
+    }
+    print(f"completed {figures['completed']}/{figures['turns']} turns in {wall:.1f}s "
+          f"({figures['turns_per_s']} turns/s)")
+    print(f"TTFT overhead p50 {figures['ttft_overhead_ms_p50']} ms, p99 {figures['ttft_overhead_ms_p99']} ms")
+    print(f"replay: {replayed} events read and folded at {figures['replay_events_per_s']} events/s")
+    print(json.dumps(figures))
+    return 0 if figures["failed"] == 0 else 1
