@@ -63,6 +63,8 @@ class BusConfig(msgspec.Struct, kw_only=True):
             tokens_max_age_s=env_float("TOKENS_MAX_AGE_S", d.tokens_max_age_s),
             dlq_max_age_s=env_float("DLQ_MAX_AGE_S", d.dlq_max_age_s),
             snapshot_every=env_int("SNAPSHOT_EVERY", d.snapshot_every),
+            snapshot_ttl_s=env_float("SNAPSHOT_TTL_S", d.snapshot_ttl_s),
+            tokens_max_bytes=env_int("TOKENS_MAX_BYTES", d.tokens_max_bytes),
         )
 
 

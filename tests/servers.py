@@ -34,9 +34,9 @@ def docker_reachable() -> bool:
 @contextmanager
 def nats_server() -> Iterator[str]:
     if docker_reachable():
-        from testcontainers.nats import NatsContainer  # type: ignore
+        from testcontainers.community.nats import NatsContainer  # type: ignore
 
-        with NatsContainer("nats:2.11", jetstream=True) as container:
+        with NatsContainer("nats:2.11-alpine", jetstream=True) as container:
             yield container.nats_uri()
         return
     port = free_port()
