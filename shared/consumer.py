@@ -150,8 +150,11 @@ class ConsumerRunner:
         if self._loop_task:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
-        if self._advisory_sub and self.bus.nc.is_connected:
-            await self._advisory_sub.unsubscribe()
+        if self.bus.nc.is_connected:
+            # Messages fetched but not started stay unacked and are redelivered to a peer.
+            await self._psub.unsubscribe()
+            if self._advisory_sub:
+                await self._advisory_sub.unsubscribe()
         if self._tasks:
             done, pending = await asyncio.wait(self._tasks, timeout=self.config.drain_timeout_s)
             for task in pending:
