@@ -38,6 +38,8 @@ def summarize(event: ev.Envelope, width: int = 80) -> str:
     parts = []
     for name in fields:
         value = getattr(event, name)
+        if isinstance(value, float):
+            value = round(value, 1)
         text = value if isinstance(value, str) else json.dumps(msgspec.to_builtins(value), default=str)
         if len(text) > width:
             text = text[: width - 1] + "…"

@@ -110,8 +110,9 @@ class System:
                                    "-sd", str(store), "-n", "concierge"])
         wait_port(self.nats_port, 20, proc)
 
-    def start_service(self, name: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-        return self.spawn(name, [sys.executable, "-m", f"services.{name}"], env)
+    def start_service(self, service: str, env: dict[str, str] | None = None, name: str | None = None) -> subprocess.Popen:
+        """Start a service; a different `name` starts another replica of it."""
+        return self.spawn(name or service, [sys.executable, "-m", f"services.{service}"], env)
 
     def start_all(self, ready_timeout: float = 60) -> None:
         self.start_nats()

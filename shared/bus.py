@@ -147,7 +147,8 @@ async def connect(config: BusConfig, name: str) -> Bus:
     """Connect with unlimited reconnects and make sure streams and buckets exist."""
 
     async def on_disconnect():
-        log.warning("nats disconnected", extra={"client": name})
+        if not (nc.is_closed or nc.is_draining):
+            log.warning("nats disconnected", extra={"client": name})
 
     async def on_reconnect():
         log.info("nats reconnected", extra={"client": name})
@@ -155,7 +156,8 @@ async def connect(config: BusConfig, name: str) -> Bus:
     async def on_error(exc):
         log.error("nats error", extra={"client": name, "error": repr(exc)})
 
-    nc = await nats.connect(
+    nc = NATS()
+    await nc.connect(
         config.url,
         name=name,
         max_reconnect_attempts=-1,

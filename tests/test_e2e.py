@@ -172,3 +172,24 @@ async def test_replay_prints_timeline_and_state(system, http, site):
     missing = subprocess.run([sys.executable, "-m", "cli", "replay", site, "ghost", "--nats-url", system.nats_url],
                              cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert missing.returncode == 1 and "no events" in missing.stderr
+
+
+async def test_replicas_share_a_node_and_answer_each_turn_once(system, http, site):
+    system.start_service("responder", name="responder-2")
+    await asyncio.sleep(1.0)
+    results = await asyncio.gather(*(
+        chat(http, system.gateway_url, {"site": site, "session_id": f"r{i}", "message": f"hi {i}"}) for i in range(8)
+    ))
+    assert all(r.final["type"] == "complete" for r in results)
+    for i in range(8):
+        log = (await http.get(f"{system.gateway_url}/v1/conversations/{site}/r{i}/events")).json()
+        kinds = [e["type"] for e in log["events"]]
+        assert kinds.count("response_completed") == 1 and kinds.count("turn_completed") == 1
+
+
+async def test_bus_outage_is_503_and_not_ready(system, http, site):
+    """Last in this module: it stops the module's nats-server."""
+    system.kill("nats")
+    response = await http.post(f"{system.gateway_url}/v1/chat", json={"site": site, "message": "anyone?"})
+    assert response.status_code == 503 and response.json()["error"] == "unavailable"
+    assert (await http.get(f"{system.gateway_url}/readyz")).status_code == 503

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from contextlib import asynccontextmanager
 
 import msgspec
+import nats.errors
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -52,6 +54,14 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
     @app.exception_handler(RequestError)
     async def request_error(_: Request, exc: RequestError):
         return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(nats.errors.Error)
+    @app.exception_handler(asyncio.TimeoutError)
+    async def bus_unavailable(_: Request, exc: Exception):
+        # The bus is down or slow: the client may retry; this is not its mistake, nor a bug.
+        log.error("bus unavailable", extra={"error": repr(exc)})
+        return JSONResponse({"error": "unavailable", "detail": "the event bus is not reachable; retry shortly"},
+                            status_code=503, headers={"Retry-After": "2"})
 
     @app.get("/healthz")
     async def healthz():
