@@ -26,7 +26,7 @@ KEY_FIELDS = {
     "turn_requested": ("message",),
     "route_decided": ("route", "reason", "intent"),
     "intent_classified": ("intent", "confidence", "classifier"),
-    "llm_call_recorded": ("role", "model", "latency_ms", "attempts", "error"),
+    "llm_call_recorded": ("call.role", "call.model", "call.latency_ms", "call.attempts", "call.error"),
     "response_completed": ("token_count", "attempt", "fallback_used", "text"),
     "turn_completed": ("metadata",),
     "turn_failed": ("node", "reason", "attempts"),
@@ -37,7 +37,10 @@ def summarize(event: ev.Envelope, width: int = 80) -> str:
     fields = KEY_FIELDS.get(ev.event_type(event), ())
     parts = []
     for name in fields:
-        value = getattr(event, name)
+        value = event
+        for part in name.split("."):
+            value = getattr(value, part)
+        name = name.rsplit(".", 1)[-1]
         if isinstance(value, float):
             value = round(value, 1)
         text = value if isinstance(value, str) else json.dumps(msgspec.to_builtins(value), default=str)

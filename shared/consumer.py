@@ -19,7 +19,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Sequence
 
-import msgspec
 from nats.aio.msg import Msg
 from nats.js import api
 from nats.js.errors import APIError, NotFoundError
@@ -55,11 +54,10 @@ class Context:
         """Store an event now, before the handler returns (e.g. an LLM call record)."""
         await self.bus.publish(event)
 
-    async def record_llm(self, call: msgspec.Struct) -> None:
-        """Store one LLM call (an `llm.CallRecord`); each attempt's calls keep their own ids."""
+    async def record_llm(self, call: ev.LLMCall) -> None:
+        """Store one LLM call; each attempt's calls keep their own ids."""
         self._llm_calls += 1
-        fields = msgspec.structs.asdict(call)
-        await self.emit(self.follow(ev.LLMCallRecorded, key=f"llm-{self.attempt}-{self._llm_calls}", node=self.node, **fields))
+        await self.emit(self.follow(ev.LLMCallRecorded, key=f"llm-{self.attempt}-{self._llm_calls}", node=self.node, call=call))
 
     async def token(self, index: int, content: str) -> None:
         chunk = self.follow(

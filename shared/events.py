@@ -97,10 +97,9 @@ class FormFieldsExtracted(Envelope, tag="form_fields_extracted"):
     values: dict[str, str] = {}
 
 
-class LLMCallRecorded(Envelope, tag="llm_call_recorded"):
+class LLMCall(msgspec.Struct, kw_only=True):
     """One call to an LLM, complete enough to replay it without the provider."""
 
-    node: str
     role: str
     model: str
     base_url: str
@@ -110,8 +109,13 @@ class LLMCallRecorded(Envelope, tag="llm_call_recorded"):
     usage: dict[str, int] = {}
     latency_ms: float = 0.0
     ttft_ms: float | None = None
-    attempts: int = 1
+    attempts: int = 0
     error: str | None = None
+
+
+class LLMCallRecorded(Envelope, tag="llm_call_recorded"):
+    node: str
+    call: LLMCall
 
 
 class TokenChunk(Envelope, tag="token_chunk"):

@@ -3,7 +3,7 @@
 Transient failures (rate limit, connection, timeout, 5xx) are retried with exponential
 backoff; others are not. A stream is only retried before its first token: once text
 has reached the visitor, a failure is final. Every call, successful or not, is handed
-to `record` as a `CallRecord`, which nodes store as an `LLMCallRecorded` event so a
+to `record` as an `events.LLMCall`, which nodes store as an `LLMCallRecorded` event so a
 conversation can be replayed without the provider.
 """
 
@@ -21,6 +21,7 @@ from openai import AsyncOpenAI
 
 from shared.config import LLM_ROLES, ConfigError, LLMRoleConfig
 from shared.consumer import PermanentError
+from shared.events import LLMCall
 
 
 class LLMError(PermanentError):
@@ -31,21 +32,7 @@ class LLMError(PermanentError):
         self.after_tokens = after_tokens
 
 
-class CallRecord(msgspec.Struct, kw_only=True):
-    role: str
-    model: str
-    base_url: str
-    messages: list[dict[str, Any]]
-    params: dict[str, Any]
-    response_text: str = ""
-    usage: dict[str, int] = {}
-    latency_ms: float = 0.0
-    ttft_ms: float | None = None
-    attempts: int = 0
-    error: str | None = None
-
-
-Recorder = Callable[[CallRecord], Awaitable[None]]
+Recorder = Callable[[LLMCall], Awaitable[None]]
 
 TRANSIENT = (openai.RateLimitError, openai.APIConnectionError, openai.InternalServerError)
 
@@ -129,7 +116,7 @@ class LLMClient:
     ) -> AsyncIterator[str]:
         """Yield text deltas of a chat completion."""
         ep = self.endpoint(role)
-        rec = CallRecord(
+        rec = LLMCall(
             role=role, model=ep.config.model, base_url=ep.config.base_url, messages=messages, params=params
         )
         started = time.perf_counter()
