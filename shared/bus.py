@@ -17,7 +17,7 @@ import nats
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
-from nats.js.errors import APIError, BadRequestError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.errors import APIError, BadRequestError, NotFoundError
 from nats.js.kv import KeyValue
 from nats.errors import NoRespondersError
 
@@ -250,5 +250,3 @@ async def topology_ready(bus: Bus) -> bool:
         return False
     return True
 
-
-__all__ = ["Bus", "ConcurrencyConflict", "KeyWrongLastSequenceError", "connect", "ensure_topology", "topology_ready"]

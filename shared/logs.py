@@ -11,7 +11,7 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
-_conversation: contextvars.ContextVar[dict] = contextvars.ContextVar("conversation", default={})
+_conversation: contextvars.ContextVar[dict | None] = contextvars.ContextVar("conversation", default=None)
 
 # Attributes every LogRecord has; anything else was passed with `extra=` and is logged.
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime", "color_message"}
@@ -29,7 +29,7 @@ class JsonFormatter(logging.Formatter):
             "service": self.service,
             "logger": record.name,
             "msg": record.getMessage(),
-            **_conversation.get(),
+            **(_conversation.get() or {}),
         }
         for key, value in record.__dict__.items():
             if key not in _STANDARD and not key.startswith("_"):

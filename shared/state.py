@@ -199,9 +199,3 @@ def decode_state(data: bytes) -> ConversationState:
 def copy_state(state: ConversationState) -> ConversationState:
     return decode_state(encode_state(state))
 
-
-def history(state: ConversationState, before_turn: int | None = None) -> list[Message]:
-    """Messages of completed exchanges plus the current user message, in order."""
-    if before_turn is None:
-        return list(state.messages)
-    return [m for m in state.messages if m.turn <= before_turn]

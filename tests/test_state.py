@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from shared import events as ev
 from shared.events import VisitorProfile
 from shared.state import (
-    ConversationState, Record, copy_state, decode_state, encode_state, fold, merge_dialog_supervision,
+    Record, copy_state, decode_state, encode_state, fold, merge_dialog_supervision,
     merge_form_collection, merge_interest_signals, merge_visitor_profiles, DialogSupervisionState,
     FormCollectionState, InterestSignalsState,
 )
