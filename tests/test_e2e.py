@@ -52,6 +52,10 @@ async def test_two_turns_stream_and_remember(system, llm, http, site):
     assert first.text.startswith("You said: My name is Ada.")
     session = first.final["session_id"]
     assert first.final["turn"] == 1 and first.final["metadata"]["route"] == "ANSWER"
+    # The enricher named the visitor's company from the offline IP dataset (127.0.0.1 is the demo visitor).
+    profile = first.final["metadata"]["visitor_profile"]
+    assert profile["company_name"].startswith("Northwind") and profile["source"] == "ip_dataset"
+    assert profile["ip"] != "127.0.0.1" and len(profile["ip"]) == 16
 
     second = await chat(http, system.gateway_url, {"site": site, "session_id": session, "message": "What is my name?"})
     assert second.final["type"] == "complete" and second.final["turn"] == 2

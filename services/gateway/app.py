@@ -13,9 +13,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from shared import events as ev
-from shared import loader, logs, subjects, telemetry
+from shared import loader, logs, privacy, redis_client, subjects, telemetry
 from shared.bus import Bus, ConcurrencyConflict, connect, topology_ready
-from shared.config import BusConfig, env_float
+from shared.config import BusConfig, env_float, env_str
 from services.gateway.guard import SessionGuard
 from services.gateway.relay import TurnRelay
 from services.gateway.schemas import RequestError, check_id, decode_chat
@@ -42,11 +42,13 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.bus = await connect(bus_config, name="gateway")
+        app.state.redis = redis_client.connect()
         app.state.guard = SessionGuard(app.state.bus, ttl_s=settings.turn_deadline_s + 10)
         try:
             yield
         finally:
             await app.state.bus.close()
+            await app.state.redis.aclose()
 
     app = FastAPI(title="Concierge gateway", version="0.1.0", lifespan=lifespan)
     tracer = telemetry.tracer("concierge.gateway")
@@ -95,9 +97,10 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
                 span.set_attributes({"concierge.site": site, "concierge.session": session_id, "concierge.turn": turn})
                 relay = TurnRelay(bus, site, session_id, turn, settings.turn_deadline_s)
                 await relay.open()
+                digest = await _remember_ip(request, site, session_id)
                 requested = ev.TurnRequested(
                     event_id=ev.new_id(), site=site, session_id=session_id, turn=turn, ts=ev.now(),
-                    producer="gateway", message=body.message, visitor=body.visitor,
+                    producer="gateway", message=body.message, visitor=body.visitor, ip_hash=digest,
                 )
                 await bus.publish(requested, expected_subject_seq=state.turn_requested_seq)
         except ConcurrencyConflict:
@@ -148,6 +151,28 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
         return Response(msgspec.json.encode(state), media_type="application/json")
 
     return app
+
+
+def client_ip(request: Request) -> str | None:
+    """The visitor's address: the first X-Forwarded-For hop behind a trusted ingress."""
+    if env_str("TRUST_FORWARDED_FOR", "0") == "1":
+        forwarded = request.headers.get("x-forwarded-for", "")
+        if forwarded.strip():
+            return forwarded.split(",")[0].strip()
+    return request.client.host if request.client else None
+
+
+async def _remember_ip(request: Request, site: str, session_id: str) -> str | None:
+    """Keep the raw IP in Redis (short TTL) for enrichment; return the hash the event carries.
+    Redis trouble degrades enrichment and never blocks the turn."""
+    ip = client_ip(request)
+    if not ip:
+        return None
+    try:
+        await request.app.state.redis.set(privacy.raw_ip_key(site, session_id), ip, ex=int(privacy.RAW_IP_TTL_S))
+    except Exception as exc:
+        log.warning("raw ip not stored; enrichment will skip IP sources", extra={"error": repr(exc)})
+    return privacy.ip_hash(ip)
 
 
 def _not_found(site: str, session_id: str) -> JSONResponse:

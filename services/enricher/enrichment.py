@@ -1,0 +1,173 @@
+"""enrichment: which company is this visitor from?
+
+On a session's first turn, and again when the visitor sends new identifying data, the
+sources are tried in priority order until one returns a completed profile, all within
+one deadline. Every turn gets an `EnrichmentCompleted` (with `ran=False` when nothing
+needed doing) so that whoever waits for it never waits in vain. A REDIRECT or BOOKING
+route for the turn cancels unfinished work, and the event says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from shared import events as ev
+from shared import awaiter, privacy
+from shared.consumer import Context, Node
+from shared.state import merge_visitor_profiles
+from services.enricher.sources import CacheSource, Lookup, ReturningVisitorSource, SourceError
+
+log = logging.getLogger(__name__)
+
+NAME = "enrichment"
+IDENTIFYING = ("reveal", "email", "session_uuid")
+CANCELLING_ROUTES = ("REDIRECT", "BOOKING")
+
+
+@dataclass
+class Enricher:
+    redis: Any
+    cache: CacheSource
+    returning: ReturningVisitorSource
+    sources: list  # the rest, in priority order, after cache and returning visitor
+    deadline_s: float = 1.5
+
+    def chain(self, fresh: bool) -> list:
+        """`fresh`: the visitor sent new identifying data, so what was stored about them is
+        not asked first."""
+        return ([] if fresh else [self.cache, self.returning]) + self.sources
+
+    async def run(self, q: Lookup, chain: list, statuses: dict[str, str]) -> ev.VisitorProfile:
+        """Try `chain` in order; record each source's outcome in `statuses` as it goes."""
+        profile = ev.VisitorProfile()
+        started = time.monotonic()
+        for source in chain:
+            if profile.status == "completed":
+                statuses[source.name] = "skipped: an earlier source hit"
+                continue
+            remaining = self.deadline_s - (time.monotonic() - started)
+            if remaining <= 0:
+                statuses[source.name] = "skipped: deadline"
+                continue
+            statuses[source.name] = "running"
+            try:
+                async with asyncio.timeout(remaining):
+                    found = await source.lookup(q)
+            except TimeoutError:
+                statuses[source.name] = "timeout"
+                continue
+            except SourceError as exc:
+                text = str(exc)
+                statuses[source.name] = text if text.startswith(("failed", "timeout", "circuit")) else f"failed: {text}"
+                continue
+            except Exception as exc:  # a store (Redis) being down must not end the chain
+                statuses[source.name] = f"failed: {type(exc).__name__}"
+                log.warning("enrichment source failed", extra={"source": source.name, "error": repr(exc)})
+                continue
+            if found is None:
+                statuses[source.name] = "miss"
+                continue
+            statuses[source.name] = "hit" if found.status == "completed" else "partial"
+            profile = merge_visitor_profiles(profile, found)
+            if found.status == "completed":
+                profile = msgspec.structs.replace(profile, status="completed", source=found.source)
+        return profile
+
+    async def remember(self, q: Lookup, profile: ev.VisitorProfile, statuses: dict[str, str]) -> None:
+        if profile.status != "completed":
+            return
+        try:
+            if statuses.get(self.cache.name) != "hit":
+                await self.cache.store(q, profile)
+            if profile.source != self.returning.name:
+                await self.returning.store(q, profile)
+        except Exception as exc:
+            log.warning("enrichment result not cached", extra={"error": repr(exc)})
+
+
+def identity_fingerprint(visitor: dict | None) -> str | None:
+    if not visitor:
+        return None
+    present = {k: visitor[k] for k in IDENTIFYING if visitor.get(k)}
+    if not present:
+        return None
+    return hashlib.sha256(json.dumps(present, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def make_node(enricher: Enricher) -> Node:
+    async def handle(event: ev.TurnRequested, ctx: Context) -> list[ev.Envelope]:
+        visitor = event.visitor or {}
+        fingerprint = identity_fingerprint(visitor)
+        seen_key = f"concierge:enrich:seen:{event.site}:{event.session_id}"
+        new_identity = False
+        if fingerprint:
+            previous = await _safe(enricher.redis.get(seen_key))
+            new_identity = previous is None or previous.decode() != fingerprint
+        if event.turn != 1 and not new_identity:
+            return [ctx.follow(ev.EnrichmentCompleted, profile=ev.VisitorProfile(), ran=False)]
+
+        raw_ip = await _safe(enricher.redis.get(privacy.raw_ip_key(event.site, event.session_id)))
+        reveal = visitor.get("reveal") if isinstance(visitor.get("reveal"), dict) else None
+        q = Lookup(
+            site=event.site, session_id=event.session_id, ip_hash=event.ip_hash,
+            ip=raw_ip.decode() if raw_ip else None, reveal=reveal,
+            session_uuid=str(visitor["session_uuid"]) if visitor.get("session_uuid") else None,
+            email=str(visitor["email"]) if visitor.get("email") else None,
+        )
+        statuses: dict[str, str] = {}
+        chain = enricher.chain(fresh=event.turn != 1)
+        work = asyncio.create_task(enricher.run(q, chain, statuses))
+        cancelled = await _race_with_route(ctx, event, work)
+        if cancelled:
+            for name, status in statuses.items():
+                if status == "running":
+                    statuses[name] = "cancelled"
+            for source in chain:
+                statuses.setdefault(source.name, "cancelled")
+            return [ctx.follow(ev.EnrichmentCompleted, profile=ev.VisitorProfile(), sources=statuses,
+                               cancelled=True)]
+        profile = work.result()
+        if q.email and profile.email in ("", ev.UNKNOWN):
+            profile = msgspec.structs.replace(profile, email=q.email)
+        profile = msgspec.structs.replace(profile, ip=event.ip_hash or ev.UNKNOWN)
+        await enricher.remember(q, profile, statuses)
+        if fingerprint:
+            await _safe(enricher.redis.set(seen_key, fingerprint, ex=24 * 3600))
+        return [ctx.follow(ev.EnrichmentCompleted, profile=profile, sources=statuses)]
+
+    return Node(name=NAME, consumes=("turn_requested",), handle=handle)
+
+
+async def _race_with_route(ctx: Context, event: ev.TurnRequested, work: asyncio.Task) -> bool:
+    """Wait for `work`; True if this turn was routed away (REDIRECT/BOOKING) first."""
+    routed = asyncio.create_task(awaiter.turn_event(
+        ctx.bus, event.site, event.session_id, event.turn, "route_decided", timeout_s=3600,
+        match=lambda decided: decided.route in CANCELLING_ROUTES,
+    ))
+    try:
+        done, _ = await asyncio.wait({work, routed}, return_when=asyncio.FIRST_COMPLETED)
+        if work in done:
+            return False
+        work.cancel()
+        await asyncio.gather(work, return_exceptions=True)
+        return True
+    finally:
+        routed.cancel()
+        await asyncio.gather(routed, return_exceptions=True)
+
+
+async def _safe(awaitable):
+    """Redis reads and writes around the chain: trouble is logged, not fatal."""
+    try:
+        return await awaitable
+    except Exception as exc:
+        log.warning("redis unavailable for enrichment bookkeeping", extra={"error": repr(exc)})
+        return None

@@ -1,0 +1,226 @@
+"""Where a visitor's company can come from, in priority order.
+
+Each source answers a `Lookup` with a profile (status "completed" when it names the
+company), None for a miss, or raises `SourceError`. Remote sources run inside `Guarded`:
+their own timeout, retries with backoff, and a circuit breaker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import ipaddress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+import msgspec
+
+from shared import privacy
+from shared.events import UNKNOWN, VisitorProfile
+from services.enricher.breaker import CircuitBreaker
+
+PROFILE_FIELDS = set(VisitorProfile.__struct_fields__)
+
+
+class SourceError(Exception):
+    """The source answered wrongly (bad status, malformed body) or not at all."""
+
+
+@dataclass(frozen=True)
+class Lookup:
+    site: str
+    session_id: str
+    ip_hash: str | None
+    ip: str | None  # raw, from Redis only; never logged or put in an event
+    reveal: dict[str, Any] | None
+    session_uuid: str | None
+    email: str | None
+
+
+class Source(Protocol):
+    name: str
+
+    async def lookup(self, q: Lookup) -> VisitorProfile | None: ...
+
+
+def profile_from(data: dict[str, Any], source: str) -> VisitorProfile:
+    """A provider's JSON object → profile; unknown keys are ignored, values must be strings."""
+    if not isinstance(data, dict):
+        raise SourceError("malformed response: not a JSON object")
+    fields = {k: v for k, v in data.items() if k in PROFILE_FIELDS and k not in ("ip", "source", "status")}
+    if any(not isinstance(v, str) for v in fields.values()):
+        raise SourceError("malformed response: profile values must be strings")
+    named = fields.get("company_name", UNKNOWN) not in ("", UNKNOWN)
+    return VisitorProfile(**fields, source=source, status="completed" if named else "partial")
+
+
+_profile_decoder = msgspec.json.Decoder(VisitorProfile)
+
+
+@dataclass
+class CacheSource:
+    """Profiles found in the last `ttl_s`, by IP hash (or session when there is no IP)."""
+
+    redis: Any
+    ttl_s: float = 600.0
+    name: str = "cache"
+
+    def key(self, q: Lookup) -> str:
+        return privacy.cache_key(q.site, q.ip_hash or f"session-{q.session_id}")
+
+    async def lookup(self, q: Lookup) -> VisitorProfile | None:
+        data = await self.redis.get(self.key(q))
+        return _profile_decoder.decode(data) if data else None
+
+    async def store(self, q: Lookup, profile: VisitorProfile) -> None:
+        await self.redis.set(self.key(q), msgspec.json.encode(profile), ex=int(self.ttl_s))
+
+
+@dataclass
+class ReturningVisitorSource:
+    """Completed profiles of earlier sessions from the same (hashed) IP."""
+
+    redis: Any
+    ttl_s: float = 30 * 24 * 3600.0
+    name: str = "returning_visitor"
+
+    async def lookup(self, q: Lookup) -> VisitorProfile | None:
+        if not q.ip_hash:
+            return None
+        data = await self.redis.get(privacy.returning_key(q.site, q.ip_hash))
+        if not data:
+            return None
+        return msgspec.structs.replace(_profile_decoder.decode(data), source=self.name)
+
+    async def store(self, q: Lookup, profile: VisitorProfile) -> None:
+        if q.ip_hash:
+            await self.redis.set(privacy.returning_key(q.site, q.ip_hash), msgspec.json.encode(profile),
+                                 ex=int(self.ttl_s))
+
+
+@dataclass
+class RevealSource:
+    """What the widget found in the browser (`visitor.reveal`)."""
+
+    name: str = "reveal"
+
+    async def lookup(self, q: Lookup) -> VisitorProfile | None:
+        if not q.reveal:
+            return None
+        data = dict(q.reveal)
+        if "company" in data and "company_name" not in data:
+            data["company_name"] = data.pop("company")
+        if "domain" in data and "company_domain" not in data:
+            data["company_domain"] = data.pop("domain")
+        return profile_from(data, self.name)
+
+
+@dataclass
+class SessionProviderSource:
+    """A session-identification API: POST {"session_uuid"} → profile JSON."""
+
+    url: str
+    api_key: str
+    client: httpx.AsyncClient
+    name: str = "session_provider"
+
+    async def lookup(self, q: Lookup) -> VisitorProfile | None:
+        if not q.session_uuid:
+            return None
+        response = await self.client.post(self.url, json={"session_uuid": q.session_uuid},
+                                          headers={"Authorization": f"Bearer {self.api_key}"})
+        return _http_profile(response, self.name)
+
+
+@dataclass
+class IpApiSource:
+    """A server-side IP enrichment API: GET ?ip=… → profile JSON."""
+
+    url: str
+    api_key: str
+    client: httpx.AsyncClient
+    name: str = "ip_api"
+
+    async def lookup(self, q: Lookup) -> VisitorProfile | None:
+        if not q.ip:
+            return None
+        response = await self.client.get(self.url, params={"ip": q.ip},
+                                         headers={"Authorization": f"Bearer {self.api_key}"})
+        return _http_profile(response, self.name)
+
+
+def _http_profile(response: httpx.Response, name: str) -> VisitorProfile | None:
+    if response.status_code == 404:
+        return None
+    if response.status_code >= 400:
+        raise SourceError(f"HTTP {response.status_code}")
+    try:
+        data = response.json()
+    except ValueError:
+        raise SourceError("malformed response: not JSON") from None
+    return profile_from(data, name)
+
+
+@dataclass
+class IpDatasetSource:
+    """The offline server-side source: a CSV of IP ranges → companies."""
+
+    path: Path
+    name: str = "ip_dataset"
+    _ranges: list[tuple[Any, dict[str, str]]] = field(default_factory=list)
+
+    def __post_init__(self):
+        with open(self.path, newline="") as f:
+            for row in csv.DictReader(f):
+                network = ipaddress.ip_network(row.pop("cidr"))
+                self._ranges.append((network, row))
+        # Most specific range first.
+        self._ranges.sort(key=lambda item: item[0].prefixlen, reverse=True)
+
+    async def lookup(self, q: Lookup) -> VisitorProfile | None:
+        if not q.ip:
+            return None
+        try:
+            address = ipaddress.ip_address(q.ip)
+        except ValueError:
+            raise SourceError("not an IP address") from None
+        for network, row in self._ranges:
+            if address.version == network.version and address in network:
+                return profile_from(row, self.name)
+        return None
+
+
+@dataclass
+class Guarded:
+    """A remote source with its timeout, retries and circuit breaker."""
+
+    source: Source
+    timeout_s: float = 0.8
+    retries: int = 1
+    backoff_s: float = 0.05
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
+
+    @property
+    def name(self) -> str:
+        return self.source.name
+
+    async def lookup(self, q: Lookup) -> VisitorProfile | None:
+        if not self.breaker.allow():
+            raise SourceError("circuit open")
+        last = "failed"
+        for attempt in range(self.retries + 1):
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    profile = await self.source.lookup(q)
+                self.breaker.success()
+                return profile
+            except TimeoutError:
+                last = "timeout"
+            except (SourceError, httpx.HTTPError) as exc:
+                last = f"failed: {exc}" if str(exc) else f"failed: {type(exc).__name__}"
+            if attempt < self.retries:
+                await asyncio.sleep(self.backoff_s * (2 ** attempt))
+        self.breaker.failure()
+        raise SourceError(last)

@@ -1,0 +1,243 @@
+"""Enrichment against a real Redis and a local HTTP server playing the providers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import httpx
+import pytest
+
+from shared import events as ev
+from shared import privacy, redis_client, subjects
+from shared.config import ConsumerConfig
+from shared.consumer import ConsumerRunner, Node
+from services.enricher import enrichment
+from services.enricher.breaker import CircuitBreaker
+from services.enricher.main import DATASET
+from services.enricher.sources import (
+    CacheSource, Guarded, IpApiSource, IpDatasetSource, Lookup, ReturningVisitorSource, RevealSource,
+    SessionProviderSource,
+)
+from tests.providers import provider_server
+from tests.servers import redis_server
+from tests.test_consumer import own, wait_for, _true
+
+
+@pytest.fixture(scope="module")
+def redis_url():
+    with redis_server() as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def providers():
+    with provider_server() as p:
+        yield p
+
+
+@pytest.fixture
+async def redis(redis_url):
+    r = redis_client.connect(redis_url)
+    yield r
+    await r.aclose()
+
+
+@pytest.fixture
+async def client():
+    async with httpx.AsyncClient() as c:
+        yield c
+
+
+def lookup(site="acme", ip="127.0.0.1", reveal=None, session_uuid=None, session=None):
+    return Lookup(site=site, session_id=session or uuid.uuid4().hex, ip_hash=privacy.ip_hash(ip) if ip else None,
+                  ip=ip, reveal=reveal, session_uuid=session_uuid, email=None)
+
+
+def make(redis, sources, deadline_s=1.5):
+    return enrichment.Enricher(redis=redis, cache=CacheSource(redis), returning=ReturningVisitorSource(redis),
+                               sources=sources, deadline_s=deadline_s)
+
+
+async def run(enricher, q, fresh=False):
+    statuses: dict[str, str] = {}
+    profile = await enricher.run(q, enricher.chain(fresh), statuses)
+    await enricher.remember(q, profile, statuses)
+    return profile, statuses
+
+
+def provider(kind, providers, client, path, **guard):
+    cls = SessionProviderSource if kind == "session" else IpApiSource
+    return Guarded(cls(f"{providers.url}/{path}", "secret", client), **{"timeout_s": 0.5, "retries": 1, **guard})
+
+
+async def test_first_completed_source_wins_in_priority_order(redis, providers, client):
+    site = f"s{uuid.uuid4().hex[:8]}"
+    session_provider = provider("session", providers, client, "fast")
+    before = providers.hits["fast"]
+    e = make(redis, [RevealSource(), session_provider, IpDatasetSource(DATASET)])
+    profile, statuses = await run(e, lookup(site, reveal={"company": "Reveal Corp", "sector": "Media"},
+                                            session_uuid="u1"))
+    assert profile.company_name == "Reveal Corp" and profile.source == "reveal" and profile.status == "completed"
+    assert list(statuses) == ["cache", "returning_visitor", "reveal", "session_provider", "ip_dataset"]
+    assert statuses["cache"] == "miss" and statuses["returning_visitor"] == "miss" and statuses["reveal"] == "hit"
+    assert statuses["session_provider"].startswith("skipped") and providers.hits["fast"] == before
+
+
+async def test_session_provider_then_cache_then_returning_visitor(redis, providers, client):
+    site = f"s{uuid.uuid4().hex[:8]}"
+    e = make(redis, [RevealSource(), provider("session", providers, client, "fast"), IpDatasetSource(DATASET)])
+    q = lookup(site, ip="198.51.100.7", session_uuid="u-42")
+    profile, statuses = await run(e, q)
+    assert profile.company_name == "Hooli" and statuses["session_provider"] == "hit"
+    assert providers.seen[-1]["auth"] == "Bearer secret" and "u-42" in providers.seen[-1]["body"]
+
+    again, statuses = await run(e, q)
+    assert statuses["cache"] == "hit" and again.company_name == "Hooli"
+
+    # A later session from the same IP: the cache entry is gone, the returning-visitor lookup knows it.
+    await redis.delete(privacy.cache_key(site, q.ip_hash))
+    later = lookup(site, ip="198.51.100.7")
+    profile, statuses = await run(e, later)
+    assert statuses["cache"] == "miss" and statuses["returning_visitor"] == "hit"
+    assert profile.company_name == "Hooli" and profile.source == "returning_visitor"
+
+
+async def test_offline_dataset_names_the_demo_visitor(redis):
+    e = make(redis, [RevealSource(), IpDatasetSource(DATASET)])
+    profile, statuses = await run(e, lookup(f"s{uuid.uuid4().hex[:8]}", ip="127.0.0.1"))
+    assert profile.company_name.startswith("Northwind") and statuses["ip_dataset"] == "hit"
+    profile, statuses = await run(e, lookup(f"s{uuid.uuid4().hex[:8]}", ip="10.9.9.9"))
+    assert profile.status == "unknown" and statuses["ip_dataset"] == "miss"
+
+
+async def test_slow_source_never_holds_the_turn_past_the_deadline(redis, providers, client):
+    slow = provider("ip", providers, client, "slow", timeout_s=5.0, retries=0)
+    e = make(redis, [slow, IpDatasetSource(DATASET)], deadline_s=0.3)
+    started = time.monotonic()
+    profile, statuses = await run(e, lookup(f"s{uuid.uuid4().hex[:8]}", ip="203.0.113.9"))
+    assert time.monotonic() - started < 0.6
+    assert statuses["ip_api"] == "timeout" and statuses["ip_dataset"] == "skipped: deadline"
+
+
+async def test_source_timeout_skips_to_the_next_source(redis, providers, client):
+    slow = provider("ip", providers, client, "slow", timeout_s=0.2, retries=0)
+    e = make(redis, [slow, IpDatasetSource(DATASET)], deadline_s=1.5)
+    profile, statuses = await run(e, lookup(f"s{uuid.uuid4().hex[:8]}", ip="203.0.113.9"))
+    assert statuses["ip_api"] == "timeout" and statuses["ip_dataset"] == "hit"
+    assert profile.company_name == "Acme Retail"
+
+
+async def test_failing_source_is_retried_then_skipped(redis, providers, client):
+    before = providers.hits["fail"]
+    failing = provider("ip", providers, client, "fail", retries=1)
+    e = make(redis, [failing, IpDatasetSource(DATASET)])
+    profile, statuses = await run(e, lookup(f"s{uuid.uuid4().hex[:8]}", ip="192.0.2.1"))
+    assert providers.hits["fail"] - before == 2
+    assert statuses["ip_api"] == "failed: HTTP 500" and profile.company_name == "Globex Manufacturing"
+
+
+@pytest.mark.parametrize("path, why", [("malformed", "not JSON"), ("badvalues", "must be strings")])
+async def test_malformed_answers_are_skipped_and_recorded(redis, providers, client, path, why):
+    e = make(redis, [provider("ip", providers, client, path, retries=0), IpDatasetSource(DATASET)])
+    profile, statuses = await run(e, lookup(f"s{uuid.uuid4().hex[:8]}", ip="192.0.2.1"))
+    assert why in statuses["ip_api"] and statuses["ip_dataset"] == "hit"
+
+
+async def test_open_circuit_skips_the_source_without_calling_it(redis, providers, client):
+    failing = provider("ip", providers, client, "fail", retries=0, breaker=CircuitBreaker(threshold=2, reset_after_s=60))
+    e = make(redis, [failing])
+    for _ in range(2):
+        _, statuses = await run(e, lookup(f"s{uuid.uuid4().hex[:8]}", ip="192.0.2.1"))
+        assert statuses["ip_api"].startswith("failed")
+    before = providers.hits["fail"]
+    _, statuses = await run(e, lookup(f"s{uuid.uuid4().hex[:8]}", ip="192.0.2.1"))
+    assert statuses["ip_api"] == "circuit open" and providers.hits["fail"] == before
+
+
+def test_breaker_half_opens_after_the_reset_time():
+    now = [0.0]
+    b = CircuitBreaker(threshold=2, reset_after_s=10, clock=lambda: now[0])
+    b.failure(), b.failure()
+    assert b.state == "open" and not b.allow()
+    now[0] = 10.0
+    assert b.state == "half-open" and b.allow()
+    b.failure()
+    assert b.state == "open"
+    now[0] = 20.0
+    b.success()
+    assert b.state == "closed"
+
+
+# --- the node, through the bus --------------------------------------------------------------
+
+
+def fast_consumer() -> ConsumerConfig:
+    return ConsumerConfig(max_deliver=2, ack_wait_s=5, backoff_s=(0.05,), concurrency=8, drain_timeout_s=2)
+
+
+async def start_node(bus, enricher, site):
+    node = enrichment.make_node(enricher)
+    runner = ConsumerRunner(bus, Node(f"enrich_{uuid.uuid4().hex[:6]}", node.consumes, own(site, node.handle)),
+                            fast_consumer(), start_lookback_s=5)
+    await runner.start()
+    return runner
+
+
+def turn(site, session, n, visitor=None, ip="127.0.0.1"):
+    return ev.TurnRequested(event_id=ev.new_id(), site=site, session_id=session, turn=n, ts=ev.now(),
+                            producer="test", message="hello", visitor=visitor,
+                            ip_hash=privacy.ip_hash(ip) if ip else None)
+
+
+async def enrichments(bus, site, session):
+    return [r.event for r in await bus.read(subjects.conv(site, session, "enrichment_completed"))]
+
+
+async def test_node_enriches_first_turn_and_keeps_raw_ip_out_of_events(bus, redis, site):
+    runner = await start_node(bus, make(redis, [RevealSource(), IpDatasetSource(DATASET)]), site)
+    try:
+        await redis.set(privacy.raw_ip_key(site, "v1"), "127.0.0.1", ex=60)
+        await bus.publish(turn(site, "v1", 1))
+        (done,) = await wait_for(lambda: enrichments(bus, site, "v1"))
+        assert done.ran and done.profile.company_name.startswith("Northwind")
+        assert done.profile.ip == privacy.ip_hash("127.0.0.1")
+
+        await bus.publish(turn(site, "v1", 2))  # nothing new: no enrichment run, but an answer
+        await wait_for(lambda: _len_at_least(enrichments(bus, site, "v1"), 2))
+        second = (await enrichments(bus, site, "v1"))[1]
+        assert not second.ran and second.profile.company_name == "unknown"
+
+        await bus.publish(turn(site, "v1", 3, visitor={"reveal": {"company": "NewCo"}}))  # new identifying data
+        await wait_for(lambda: _len_at_least(enrichments(bus, site, "v1"), 3))
+        third = (await enrichments(bus, site, "v1"))[2]
+        assert third.ran and third.profile.company_name == "NewCo"
+        assert "cache" not in third.sources and "returning_visitor" not in third.sources
+
+        raw = b"".join([r.event.__class__.__name__.encode() + ev.encode(r.event)
+                        for r in await bus.read(subjects.conversation(site, "v1"))])
+        assert b"127.0.0.1" not in raw
+    finally:
+        await runner.stop()
+
+
+async def test_redirect_route_cancels_unfinished_enrichment(bus, redis, providers, client, site):
+    slow = provider("ip", providers, client, "slow", timeout_s=5.0, retries=0)
+    runner = await start_node(bus, make(redis, [slow], deadline_s=5.0), site)
+    try:
+        await redis.set(privacy.raw_ip_key(site, "c1"), "192.0.2.5", ex=60)
+        requested = turn(site, "c1", 1, ip="192.0.2.5")
+        await bus.publish(requested)
+        await asyncio.sleep(0.3)
+        started = time.monotonic()
+        await bus.publish(ev.follow(requested, ev.RouteDecided, "router", route="REDIRECT", reason="support"))
+        (done,) = await wait_for(lambda: enrichments(bus, site, "c1"))
+        assert time.monotonic() - started < 1.0
+        assert done.cancelled and done.sources["ip_api"] == "cancelled"
+    finally:
+        await runner.stop()
+
+
+async def _len_at_least(coro, n):
+    return len(await coro) >= n
