@@ -8,7 +8,8 @@ The answer is derived from the request, so tests can see what the model was sent
 Faults are scripted through `POST /_faults` with a list of objects consumed one per
 request, in order: `{"status": 503}` answers with that HTTP status; `{"break_after": 3}`
 drops the connection after 3 chunks; `{"delay_s": 2}` waits before answering;
-`{"inter_token_ms": 200}` streams that one answer slowly.
+`{"inter_token_ms": 200}` streams that one answer slowly; `{"reply": "..."}` answers
+that exact text.
 `GET /_requests` lists the requests received (newest last); `DELETE /_requests` clears
 them and any faults still queued.
 """
@@ -60,7 +61,7 @@ def create_app(script: Script) -> Starlette:
             return JSONResponse({"error": {"message": "scripted failure", "type": "server_error"}},
                                 status_code=int(fault["status"]))
         model = body.get("model", "scripted")
-        text = script.answer(body.get("messages", []))
+        text = fault["reply"] if "reply" in fault else script.answer(body.get("messages", []))
         parts = tokens_of(text)
         completion_id = f"chatcmpl-{uuid.uuid4().hex[:12]}"
         if not body.get("stream"):

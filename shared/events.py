@@ -91,6 +91,7 @@ class EnrichmentCompleted(Envelope, tag="enrichment_completed"):
 
 class ProfileInferred(Envelope, tag="profile_inferred"):
     profile: VisitorProfile
+    method: str = "local"  # local | llm
 
 
 class DialogStateExtracted(Envelope, tag="dialog_state_extracted"):

@@ -1,5 +1,6 @@
 """Enricher service: visitor enrichment (which company?) from cache, returning visitors,
-browser reveal data, a session-identification provider and an IP source."""
+browser reveal data, a session-identification provider and an IP source; then the
+visitor profiler (what are they trying to do?)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from pathlib import Path
 import httpx
 
 from shared import redis_client, service
-from shared.config import env_float, env_int, env_str
-from services.enricher import enrichment
+from shared.config import ConfigError, env_float, env_int, env_str
+from shared.llm import LLMClient
+from services.enricher import enrichment, profiler
 from services.enricher.breaker import CircuitBreaker
 from services.enricher.sources import (
     CacheSource, Guarded, IpApiSource, IpDatasetSource, ReturningVisitorSource, RevealSource,
@@ -53,7 +55,11 @@ def build_enricher(redis, client: httpx.AsyncClient) -> enrichment.Enricher:
 
 async def nodes(bus):
     enricher = build_enricher(redis_client.connect(), httpx.AsyncClient())
-    return [enrichment.make_node(enricher)]
+    backend = env_str("PROFILER_BACKEND", "local")
+    if backend not in ("local", "llm"):
+        raise ConfigError(f"PROFILER_BACKEND={backend!r}: use local or llm")
+    llm = LLMClient.from_env(("profiler",)) if backend == "llm" else None
+    return [enrichment.make_node(enricher), profiler.make_node(llm)]
 
 
 def main() -> None:
