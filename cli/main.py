@@ -11,6 +11,7 @@ commands:
   replay SITE SESSION    print a conversation's timeline and its state after each turn
   bench                  drive a fresh system with the scripted LLM and print figures (make bench)
   scripted-llm           serve the scripted OpenAI-compatible LLM used by tests and bench
+  erase-visitor          forget a visitor: redact their events, delete their cached data
 """
 
 
@@ -29,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     if command == "bench":
         from cli import bench
         return bench.main(rest)
+    if command == "erase-visitor":
+        from cli import erase
+        return erase.main(rest)
     if command == "scripted-llm":
         from cli import scripted_llm
         scripted_llm.main(rest)

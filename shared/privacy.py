@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 
+import msgspec
+
+from shared import events as ev
 from shared.config import env_float, env_str
 
 # A deployment sets its own secret, so hashes cannot be reversed by hashing all IPv4s.
@@ -32,3 +36,62 @@ def cache_key(site: str, ip_digest: str) -> str:
 
 def returning_key(site: str, ip_digest: str) -> str:
     return f"concierge:enrich:visitor:{site}:{ip_digest}"
+
+
+def seen_key(site: str, session_id: str) -> str:
+    return f"concierge:enrich:seen:{site}:{session_id}"
+
+
+REDACTED = "[redacted]"
+_EMAIL_RE = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}")
+
+
+def _scrub(text: str) -> str:
+    return _EMAIL_RE.sub(REDACTED, text)
+
+
+def redact(event: ev.Envelope) -> tuple[ev.Envelope, list[str]]:
+    """The event with its personal data removed, and the names of the fields it touched.
+
+    Personal data: the visitor object the widget sent, IP hashes, e-mail addresses in
+    profiles, and e-mail addresses written in free text (messages, prompts, answers)."""
+    changes: dict = {}
+    match event:
+        case ev.TurnRequested():
+            if event.visitor:
+                changes["visitor"] = None
+            if event.ip_hash:
+                changes["ip_hash"] = REDACTED
+            if _scrub(event.message) != event.message:
+                changes["message"] = _scrub(event.message)
+        case ev.EnrichmentCompleted() | ev.ProfileInferred():
+            profile = event.profile
+            fixed = msgspec.structs.replace(
+                profile,
+                ip=REDACTED if profile.ip not in ("", ev.UNKNOWN) else profile.ip,
+                email=REDACTED if profile.email not in ("", ev.UNKNOWN) else profile.email,
+            )
+            if fixed != profile:
+                changes["profile"] = fixed
+        case ev.LLMCallRecorded():
+            call = event.call
+            messages = [{**m, "content": _scrub(m["content"])} if isinstance(m.get("content"), str) else m
+                        for m in call.messages]
+            fixed = msgspec.structs.replace(call, messages=messages, response_text=_scrub(call.response_text))
+            if fixed != call:
+                changes["call"] = fixed
+        case ev.ResponseCompleted():
+            if _scrub(event.text) != event.text:
+                changes["text"] = _scrub(event.text)
+        case ev.FormFieldsExtracted():
+            if event.values:
+                changes["values"] = {k: REDACTED for k in event.values}
+        case ev.TurnCompleted():
+            profile = event.metadata.get("visitor_profile")
+            if isinstance(profile, dict) and any(profile.get(k) not in (None, "", ev.UNKNOWN) for k in ("ip", "email")):
+                cleaned = {**profile, **{k: REDACTED for k in ("ip", "email")
+                                         if profile.get(k) not in (None, "", ev.UNKNOWN)}}
+                changes["metadata"] = {**event.metadata, "visitor_profile": cleaned}
+    if not changes:
+        return event, []
+    return msgspec.structs.replace(event, **changes), sorted(changes)

@@ -106,7 +106,7 @@ def make_node(enricher: Enricher) -> Node:
     async def handle(event: ev.TurnRequested, ctx: Context) -> list[ev.Envelope]:
         visitor = event.visitor or {}
         fingerprint = identity_fingerprint(visitor)
-        seen_key = f"concierge:enrich:seen:{event.site}:{event.session_id}"
+        seen_key = privacy.seen_key(event.site, event.session_id)
         new_identity = False
         if fingerprint:
             previous = await _safe(enricher.redis.get(seen_key))

@@ -1,0 +1,142 @@
+"""`concierge erase-visitor --site SITE (--session ID ... | --ip ADDRESS)`: forget a visitor.
+
+The visitor is every session of the site that shares an IP hash with the sessions (or
+the IP) given. For each of those sessions:
+- the conversation log is rewritten with personal data redacted (`shared.privacy.redact`):
+  the events are read, the session's subjects purged, and the redacted events appended
+  again in their original order with their original ids;
+- the state snapshot, the token chunks and the session's dead letters are removed;
+- Redis: the raw IP, the enrichment cache, the returning-visitor profile and the
+  identity fingerprint are deleted.
+It prints what it touched. Sessions with a turn in flight are refused (run it again
+later), so no turn is written into a log that is being rewritten.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+
+from nats.js.errors import KeyWrongLastSequenceError
+
+from shared import events as ev
+from shared import privacy, redis_client, subjects
+from shared.bus import Bus, connect
+from shared.config import BusConfig
+
+
+class Busy(Exception):
+    pass
+
+
+async def sessions_of(bus: Bus, site: str, ip_hashes: set[str]) -> set[str]:
+    found = set()
+    for record in await bus.read(f"conv.{site}.*.turn_requested"):
+        if record.event.ip_hash in ip_hashes:
+            found.add(record.event.session_id)
+    return found
+
+
+async def erase_session(bus: Bus, redis, site: str, session_id: str, report: dict) -> set[str]:
+    """Erase one session; returns the IP hashes it had."""
+    guards = bus.bucket(subjects.SESSION_GUARD_BUCKET)
+    hold = await _hold(guards, site, session_id)
+    try:
+        records = await bus.read(subjects.conversation(site, session_id))
+        hashes = {r.event.ip_hash for r in records if isinstance(r.event, ev.TurnRequested) and r.event.ip_hash}
+        fields = 0
+        redacted = []
+        for record in records:
+            clean, touched = privacy.redact(record.event)
+            fields += len(touched)
+            redacted.append(clean)
+        if records:
+            await bus.js.purge_stream(subjects.CONV_STREAM, subject=subjects.conversation(site, session_id))
+            for event in redacted:
+                subject = subjects.conv(site, session_id, ev.event_type(event))
+                await bus.js.publish(subject, ev.encode(event), stream=subjects.CONV_STREAM,
+                                     headers={"Nats-Msg-Id": f"{event.event_id}:erased"})
+        await bus.js.purge_stream(subjects.TOKENS_STREAM, subject=f"tokens.{site}.{session_id}.>")
+        try:
+            await bus.bucket(subjects.SNAPSHOT_BUCKET).purge(subjects.kv_key(site, session_id))
+        except Exception as exc:  # no snapshot is fine
+            report["notes"].append(f"snapshot {site}/{session_id}: {exc!r}")
+        dead = await _delete_dead_letters(bus, site, session_id)
+        keys = [privacy.raw_ip_key(site, session_id), privacy.seen_key(site, session_id),
+                privacy.cache_key(site, f"session-{session_id}")]
+        deleted = await redis.delete(*keys)
+        report["sessions"][session_id] = {"events_rewritten": len(records), "fields_redacted": fields,
+                                          "dead_letters_deleted": dead, "redis_keys_deleted": deleted}
+        return hashes
+    finally:
+        if hold is not None:
+            await guards.delete(subjects.kv_key(site, session_id), last=hold)
+
+
+async def _hold(guards, site: str, session_id: str) -> int:
+    try:
+        return await guards.create(subjects.kv_key(site, session_id), b"erasing", msg_ttl=120)
+    except KeyWrongLastSequenceError:
+        raise Busy(f"{site}/{session_id} has a turn in flight; try again when it is idle") from None
+
+
+async def _delete_dead_letters(bus: Bus, site: str, session_id: str) -> int:
+    info = await bus.js.stream_info(subjects.DLQ_STREAM)
+    deleted = 0
+    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        try:
+            msg = await bus.js.get_msg(subjects.DLQ_STREAM, seq)
+        except Exception:
+            continue  # already deleted
+        subject = (msg.headers or {}).get("Concierge-Subject", "")
+        if subject.startswith(f"conv.{site}.{session_id}."):
+            await bus.js.delete_msg(subjects.DLQ_STREAM, seq)
+            deleted += 1
+    return deleted
+
+
+async def erase(config: BusConfig, redis_url: str | None, site: str, sessions: list[str], ip: str | None) -> dict:
+    bus = await connect(config, name="erase")
+    redis = redis_client.connect(redis_url)
+    report: dict = {"site": site, "sessions": {}, "ip_hashes": [], "notes": []}
+    try:
+        hashes = {privacy.ip_hash(ip)} if ip else set()
+        done: set[str] = set()
+        todo = set(sessions) | (await sessions_of(bus, site, hashes) if hashes else set())
+        while todo:  # each erased session may reveal another IP hash, hence more sessions
+            for session_id in sorted(todo):
+                hashes |= await erase_session(bus, redis, site, session_id, report)
+                done.add(session_id)
+            todo = (await sessions_of(bus, site, hashes)) - done
+        for digest in sorted(hashes):
+            n = await redis.delete(privacy.cache_key(site, digest), privacy.returning_key(site, digest))
+            report["ip_hashes"].append({"ip_hash": digest, "redis_keys_deleted": n})
+    finally:
+        await redis.aclose()
+        await bus.close()
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="concierge erase-visitor", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--site", required=True)
+    parser.add_argument("--session", action="append", default=[], help="a session of the visitor (repeatable)")
+    parser.add_argument("--ip", help="the visitor's IP address (finds their sessions by its hash)")
+    parser.add_argument("--nats-url", default=None)
+    parser.add_argument("--redis-url", default=None)
+    args = parser.parse_args(argv)
+    if not args.session and not args.ip:
+        parser.error("give --session or --ip")
+    config = BusConfig.from_env()
+    if args.nats_url:
+        config.url = args.nats_url
+    try:
+        report = asyncio.run(erase(config, args.redis_url, args.site, args.session, args.ip))
+    except Busy as exc:
+        print(f"refused: {exc}", file=sys.stderr)
+        return 3
+    print(json.dumps(report, indent=2))
+    return 0

@@ -1,0 +1,82 @@
+"""Erasing a visitor: every session sharing their IP hash is redacted, caches are emptied."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared import events as ev
+from shared import privacy, redis_client, subjects
+from shared.config import BusConfig
+from shared.events import LLMCall, VisitorProfile
+from cli import erase
+from tests.servers import redis_server
+
+
+@pytest.fixture(scope="module")
+def redis_url():
+    with redis_server() as url:
+        yield url
+
+
+async def conversation(bus, site, session, ip):
+    digest = privacy.ip_hash(ip)
+    req = ev.TurnRequested(event_id=ev.new_id(), site=site, session_id=session, turn=1, ts=ev.now(),
+                           producer="gateway", message="I'm ada@example.com, call me",
+                           visitor={"email": "ada@example.com", "reveal": {"company": "Acme"}}, ip_hash=digest)
+    events = [
+        req,
+        ev.follow(req, ev.EnrichmentCompleted, "enrichment",
+                  profile=VisitorProfile(company_name="Acme", ip=digest, email="ada@example.com", status="completed")),
+        ev.follow(req, ev.LLMCallRecorded, "answer_writer", node="answer_writer",
+                  call=LLMCall(role="answer", model="m", base_url="u",
+                               messages=[{"role": "user", "content": "I'm ada@example.com, call me"}],
+                               response_text="Sure, ada@example.com")),
+        ev.follow(req, ev.ResponseCompleted, "answer_writer", node="answer_writer", text="Sure, ada@example.com",
+                  token_count=3),
+        ev.follow(req, ev.TurnCompleted, "finalize", metadata={"visitor_profile": {"ip": digest, "email": "ada@example.com",
+                                                                                  "company_name": "Acme"}}),
+    ]
+    for e in events:
+        await bus.publish(e)
+    return [e.event_id for e in events]
+
+
+async def test_erase_visitor_everywhere(bus, nats_url, redis_url, site):
+    ip = "192.0.2.77"
+    digest = privacy.ip_hash(ip)
+    first_ids = await conversation(bus, site, "first", ip)
+    await conversation(bus, site, "second", ip)        # same visitor, later session
+    other_ids = await conversation(bus, site, "other", "198.51.100.1")
+    redis = redis_client.connect(redis_url)
+    try:
+        for key in (privacy.raw_ip_key(site, "first"), privacy.cache_key(site, digest),
+                    privacy.returning_key(site, digest), privacy.seen_key(site, "second")):
+            await redis.set(key, b"x")
+
+        report = await erase.erase(BusConfig(url=nats_url), redis_url, site, ["first"], None)
+
+        assert set(report["sessions"]) == {"first", "second"}
+        assert report["sessions"]["first"]["events_rewritten"] == 5
+        assert report["sessions"]["first"]["fields_redacted"] >= 7
+        for session in ("first", "second"):
+            records = await bus.read(subjects.conversation(site, session))
+            blob = b"".join(ev.encode(r.event) for r in records)
+            assert b"ada@example.com" not in blob and digest.encode() not in blob
+            assert b"Acme" in blob  # the company is not personal data
+        kept = await bus.read(subjects.conversation(site, "first"))
+        assert [r.event.event_id for r in kept] == first_ids  # same events, same order
+        untouched = await bus.read(subjects.conversation(site, "other"))
+        assert [r.event.event_id for r in untouched] == other_ids
+        assert b"ada@example.com" in ev.encode(untouched[0].event)
+        for key in (privacy.raw_ip_key(site, "first"), privacy.cache_key(site, digest),
+                    privacy.returning_key(site, digest), privacy.seen_key(site, "second")):
+            assert not await redis.exists(key), key
+    finally:
+        await redis.aclose()
+
+
+async def test_erase_refuses_a_session_with_a_turn_in_flight(bus, nats_url, redis_url, site):
+    await conversation(bus, site, "busy", "192.0.2.8")
+    await bus.bucket(subjects.SESSION_GUARD_BUCKET).create(subjects.kv_key(site, "busy"), b"1", msg_ttl=30)
+    with pytest.raises(erase.Busy):
+        await erase.erase(BusConfig(url=nats_url), redis_url, site, ["busy"], None)
