@@ -12,6 +12,7 @@ commands:
   bench                  drive a fresh system with the scripted LLM and print figures (make bench)
   scripted-llm           serve the scripted OpenAI-compatible LLM used by tests and bench
   erase-visitor          forget a visitor: redact their events, delete their cached data
+  loadtest SERVICE       one service alone under a set rate (enricher)
 """
 
 
@@ -30,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     if command == "bench":
         from cli import bench
         return bench.main(rest)
+    if command == "loadtest":
+        from cli import loadtest
+        return loadtest.main(rest)
     if command == "erase-visitor":
         from cli import erase
         return erase.main(rest)

@@ -34,6 +34,7 @@ async def serve(service: str, make_nodes: NodeFactory) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)
     log.info("service ready", extra={"nodes": [n.name for n in nodes]})
     await stop.wait()
 
@@ -41,6 +42,13 @@ async def serve(service: str, make_nodes: NodeFactory) -> None:
     await asyncio.gather(*(runner.stop() for runner in runners))
     await bus.close()
     log.info("stopped")
+
+
+def _dump_tasks() -> None:
+    """SIGUSR1: log where every task is waiting (what is this node doing right now?)."""
+    for task in asyncio.all_tasks():
+        stack = "".join(f"{f.f_code.co_filename}:{f.f_lineno} {f.f_code.co_name}\n" for f in task.get_stack(limit=12))
+        log.warning("task", extra={"task": task.get_name(), "stack": stack})
 
 
 def main(service: str, make_nodes: NodeFactory) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 
 from shared import events as ev
-from shared import awaiter, privacy
+from shared import privacy, subjects
 from shared.consumer import Context, Node
 from shared.state import merge_visitor_profiles
 from services.enricher.sources import CacheSource, Lookup, ReturningVisitorSource, SourceError
@@ -147,21 +147,35 @@ def make_node(enricher: Enricher) -> Node:
 
 
 async def _race_with_route(ctx: Context, event: ev.TurnRequested, work: asyncio.Task) -> bool:
-    """Wait for `work`; True if this turn was routed away (REDIRECT/BOOKING) first."""
-    routed = asyncio.create_task(awaiter.turn_event(
-        ctx.bus, event.site, event.session_id, event.turn, "route_decided", timeout_s=3600,
-        match=lambda decided: decided.route in CANCELLING_ROUTES,
-    ))
+    """Wait for `work`; True if this turn was routed away (REDIRECT/BOOKING) first, in which
+    case `work` was cancelled."""
+    routed = []
+
+    def route_away(decided: ev.Envelope) -> None:
+        if decided.turn == event.turn and decided.route in CANCELLING_ROUTES and not routed:
+            routed.append(decided.route)
+            work.cancel()
+
+    async def on_route(msg):
+        try:
+            route_away(ev.decode(msg.data))
+        except ev.BadEvent:
+            pass
+
+    subject = subjects.conv(event.site, event.session_id, "route_decided")
+    # Subscribe first, then look in the log: a route stored in between is seen either way.
+    sub = await ctx.bus.nc.subscribe(subject, cb=on_route)
     try:
-        done, _ = await asyncio.wait({work, routed}, return_when=asyncio.FIRST_COMPLETED)
-        if work in done:
-            return False
-        work.cancel()
-        await asyncio.gather(work, return_exceptions=True)
-        return True
+        for record in await ctx.bus.read(subject):
+            route_away(record.event)
+        try:
+            await work
+        except asyncio.CancelledError:
+            if not routed:
+                raise  # we are being stopped ourselves
+        return bool(routed)
     finally:
-        routed.cancel()
-        await asyncio.gather(routed, return_exceptions=True)
+        await sub.unsubscribe()
 
 
 async def _safe(awaitable):

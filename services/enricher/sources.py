@@ -130,7 +130,7 @@ class SessionProviderSource:
         if not q.session_uuid:
             return None
         response = await self.client.post(self.url, json={"session_uuid": q.session_uuid},
-                                          headers={"Authorization": f"Bearer {self.api_key}"})
+                                          headers=_auth(self.api_key))
         return _http_profile(response, self.name)
 
 
@@ -146,9 +146,12 @@ class IpApiSource:
     async def lookup(self, q: Lookup) -> VisitorProfile | None:
         if not q.ip:
             return None
-        response = await self.client.get(self.url, params={"ip": q.ip},
-                                         headers={"Authorization": f"Bearer {self.api_key}"})
+        response = await self.client.get(self.url, params={"ip": q.ip}, headers=_auth(self.api_key))
         return _http_profile(response, self.name)
+
+
+def _auth(api_key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 def _http_profile(response: httpx.Response, name: str) -> VisitorProfile | None:
