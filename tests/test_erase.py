@@ -80,3 +80,12 @@ async def test_erase_refuses_a_session_with_a_turn_in_flight(bus, nats_url, redi
     await bus.bucket(subjects.SESSION_GUARD_BUCKET).create(subjects.kv_key(site, "busy"), b"1", msg_ttl=30)
     with pytest.raises(erase.Busy):
         await erase.erase(BusConfig(url=nats_url), redis_url, site, ["busy"], None)
+
+
+async def test_erase_by_ip_finds_the_visitors_sessions(bus, nats_url, redis_url, site):
+    await conversation(bus, site, "a", "192.0.2.99")
+    await conversation(bus, site, "b", "192.0.2.99")
+    await conversation(bus, site, "c", "192.0.2.100")
+    report = await erase.erase(BusConfig(url=nats_url), redis_url, site, [], "192.0.2.99")
+    assert set(report["sessions"]) == {"a", "b"}
+    assert report["ip_hashes"][0]["ip_hash"] == privacy.ip_hash("192.0.2.99")
