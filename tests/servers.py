@@ -16,7 +16,7 @@ from typing import Iterator
 
 import httpx
 
-from cli.supervisor import free_port, nats_server_binary, wait_http, wait_port
+from cli.supervisor import free_port, nats_server_binary, redis_server_binary, wait_http, wait_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,6 +32,20 @@ def docker_reachable() -> bool:
 
 
 @contextmanager
+def _local_server(argv_for_port, prefix: str) -> Iterator[int]:
+    """A server binary on a free loopback port with a throwaway data directory."""
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix=prefix) as store:
+        proc = subprocess.Popen(argv_for_port(port, store), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_port(port, 20, proc)
+            yield port
+        finally:
+            proc.terminate()
+            proc.wait(10)
+
+
+@contextmanager
 def nats_server() -> Iterator[str]:
     if docker_reachable():
         from testcontainers.community.nats import NatsContainer  # type: ignore
@@ -39,18 +53,9 @@ def nats_server() -> Iterator[str]:
         with NatsContainer("nats:2.11-alpine", jetstream=True) as container:
             yield container.nats_uri()
         return
-    port = free_port()
-    with tempfile.TemporaryDirectory(prefix="concierge-nats-") as store:
-        proc = subprocess.Popen(
-            [nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", store],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        try:
-            wait_port(port, 20, proc)
-            yield f"nats://127.0.0.1:{port}"
-        finally:
-            proc.terminate()
-            proc.wait(10)
+    argv = lambda port, store: [nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", store]  # noqa: E731
+    with _local_server(argv, "concierge-nats-") as port:
+        yield f"nats://127.0.0.1:{port}"
 
 
 class ScriptedLLM:
@@ -94,17 +99,7 @@ def redis_server() -> Iterator[str]:
         with RedisContainer("redis:7-alpine") as container:
             yield f"redis://{container.get_container_host_ip()}:{container.get_exposed_port(6379)}/0"
         return
-    from cli.supervisor import redis_server_binary
-
-    port = free_port()
-    with tempfile.TemporaryDirectory(prefix="concierge-redis-") as store:
-        proc = subprocess.Popen(
-            [redis_server_binary(), "--bind", "127.0.0.1", "--port", str(port), "--dir", store, "--save", ""],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        try:
-            wait_port(port, 20, proc)
-            yield f"redis://127.0.0.1:{port}/0"
-        finally:
-            proc.terminate()
-            proc.wait(10)
+    argv = lambda port, store: [redis_server_binary(), "--bind", "127.0.0.1", "--port", str(port),  # noqa: E731
+                                "--dir", store, "--save", ""]
+    with _local_server(argv, "concierge-redis-") as port:
+        yield f"redis://127.0.0.1:{port}/0"

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from shared import events as ev
-from shared import privacy, redis_client, subjects
+from shared import privacy, subjects
 from shared.config import ConsumerConfig
 from shared.consumer import ConsumerRunner, Node
 from services.enricher import enrichment
@@ -21,27 +21,13 @@ from services.enricher.sources import (
     SessionProviderSource,
 )
 from tests.providers import provider_server
-from tests.servers import redis_server
-from tests.test_consumer import own, wait_for, _true
-
-
-@pytest.fixture(scope="module")
-def redis_url():
-    with redis_server() as url:
-        yield url
+from tests.test_consumer import own, wait_for
 
 
 @pytest.fixture(scope="module")
 def providers():
     with provider_server() as p:
         yield p
-
-
-@pytest.fixture
-async def redis(redis_url):
-    r = redis_client.connect(redis_url)
-    yield r
-    await r.aclose()
 
 
 @pytest.fixture

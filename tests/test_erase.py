@@ -9,13 +9,6 @@ from shared import privacy, redis_client, subjects
 from shared.config import BusConfig
 from shared.events import LLMCall, VisitorProfile
 from cli import erase
-from tests.servers import redis_server
-
-
-@pytest.fixture(scope="module")
-def redis_url():
-    with redis_server() as url:
-        yield url
 
 
 async def conversation(bus, site, session, ip):
