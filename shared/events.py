@@ -61,6 +61,15 @@ class TurnRequested(Envelope, tag="turn_requested"):
     ip_hash: str | None = None  # never the raw IP: see shared/privacy.py
 
 
+class TurnBlocked(Envelope, tag="turn_blocked"):
+    """The abuse gate refused this turn before any LLM call; `reply` is what the visitor read."""
+
+    reason: str  # hack | spam | length
+    reply: str
+    message_chars: int
+    language: str = "en"
+
+
 class IntentClassified(Envelope, tag="intent_classified"):
     intent: str
     confidence: float
@@ -156,6 +165,7 @@ class TurnFailed(Envelope, tag="turn_failed"):
 
 Event = Union[
     TurnRequested,
+    TurnBlocked,
     IntentClassified,
     InterestSignalsDetected,
     RouteDecided,

@@ -42,7 +42,7 @@ class FormCollectionState(msgspec.Struct, kw_only=True):
 
 class TurnRecord(msgspec.Struct, kw_only=True):
     turn: int
-    status: str = "requested"  # requested -> completed | failed
+    status: str = "requested"  # requested -> completed | failed; or blocked
     route: str | None = None
     intent: str | None = None
     response_attempt: int | None = None
@@ -141,6 +141,13 @@ def apply(state: ConversationState, record: Record) -> ConversationState:
             state.turn_requested_seq = record.seq
             state.messages.append(Message(role="user", content=event.message, turn=event.turn))
             _turn(state, event.turn)
+        case ev.TurnBlocked():
+            # A blocked turn uses its number but leaves the spam counters as they were, so
+            # repeating the message stays blocked and a different one unblocks.
+            state.turn = max(state.turn, event.turn)
+            rec = _turn(state, event.turn)
+            rec.status = "blocked"
+            rec.error = event.reason
         case ev.RouteDecided():
             rec = _turn(state, event.turn)
             rec.route = event.route

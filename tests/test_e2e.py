@@ -29,6 +29,7 @@ def system(llm):
             "TURN_DEADLINE_S": str(DEADLINE_S),
             "CONSUMER_ACK_WAIT_S": "2",
             "CONSUMER_BACKOFF_S": "0.2,0.5",
+            "RATE_LIMIT_PER_IP_PER_MIN": "10000",  # every test request comes from 127.0.0.1
         })
         try:
             sys_.start_all()
@@ -81,13 +82,65 @@ async def test_two_turns_stream_and_remember(system, llm, http, site):
     ({"site": "acme", "message": 42}, "message"),
     ({"site": "acme", "message": "   "}, "message"),
     ({"site": "acme", "message": "hi", "session_id": "a.b"}, "session_id"),
-    ({"site": "acme", "message": "x" * 15_001}, "message"),
+    ({"site": "acme", "message": "x" * 100_001}, "message"),
     ({"site": "acme", "message": "hi", "visitor": "not an object"}, "visitor"),
 ])
 async def test_bad_requests_are_4xx_with_the_field(system, http, body, field):
     response = await http.post(f"{system.gateway_url}/v1/chat", json=body)
     assert response.status_code == 422
     assert response.json()["detail"][0]["field"] == field
+
+
+async def test_abuse_gate_blocks_before_any_llm_call(system, llm, http, site):
+    llm.clear()
+
+    async def say(message, session="spam"):
+        return await chat(http, system.gateway_url, {"site": site, "session_id": session, "message": message})
+
+    for _ in range(3):
+        assert (await say("hello")).final["metadata"].get("blocked") is None
+    calls = len(llm.requests())
+    fourth = await say(" Hello ")
+    assert fourth.final["metadata"]["blocked"] == "spam" and "same message" in fourth.text
+    assert len(llm.requests()) == calls  # no LLM call for a blocked turn
+    assert (await say("hello")).final["metadata"]["blocked"] == "spam"
+    unblocked = await say("What does it cost?")
+    assert "blocked" not in unblocked.final["metadata"] and unblocked.text.startswith("You said: What does it cost?")
+
+    long = await say("x" * 15_001, session="long")
+    assert long.final["metadata"]["blocked"] == "length"
+
+    log = (await http.get(f"{system.gateway_url}/v1/conversations/{site}/spam/events")).json()
+    blocked = [e["event"] for e in log["events"] if e["type"] == "turn_blocked"]
+    assert [b["reason"] for b in blocked] == ["spam", "spam"] and [b["turn"] for b in blocked] == [4, 5]
+
+
+async def test_two_hack_turns_block_the_session_for_good(system, http, site):
+    from shared.bus import connect
+    from shared.config import BusConfig
+    from shared import events as ev
+
+    first = await chat(http, system.gateway_url, {"site": site, "session_id": "hacker", "message": "hi"})
+    assert first.final["type"] == "complete"
+    bus = await connect(BusConfig(url=system.nats_url), name="test-hack")
+    try:
+        for turn in (1, 1):  # what the router records for HACK intents (issue #3 emits these)
+            await bus.publish(ev.RouteDecided(event_id=ev.new_id(), site=site, session_id="hacker", turn=turn,
+                                              ts=ev.now(), route="REDIRECT", reason="hack", intent="HACK",
+                                              hack_increment=1))
+    finally:
+        await bus.close()
+    blocked = await _chat_with(http, system.gateway_url, {"site": site, "session_id": "hacker", "message": "ok?"},
+                               {"accept-language": "de-DE,de;q=0.9"})
+    assert blocked.final["metadata"]["blocked"] == "hack" and "Sitzung" in blocked.text
+
+
+async def _chat_with(http, base_url, payload, headers):
+    client = httpx.AsyncClient(timeout=DEADLINE_S + 10, headers=headers)
+    try:
+        return await chat(client, base_url, payload)
+    finally:
+        await client.aclose()
 
 
 async def test_non_json_body_and_unknown_conversations(system, http, site):

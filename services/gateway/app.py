@@ -15,8 +15,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from shared import events as ev
 from shared import loader, logs, privacy, redis_client, subjects, telemetry
 from shared.bus import Bus, ConcurrencyConflict, connect, topology_ready
-from shared.config import BusConfig, env_float, env_str
+from shared.config import BusConfig, env_float, env_int, env_str
+from services.gateway import abuse_gate
 from services.gateway.guard import SessionGuard
+from services.gateway.rate_limit import RateLimiter
 from services.gateway.relay import TurnRelay
 from services.gateway.schemas import RequestError, check_id, decode_chat
 
@@ -25,10 +27,17 @@ log = logging.getLogger(__name__)
 
 class GatewaySettings(msgspec.Struct, kw_only=True):
     turn_deadline_s: float = 60.0
+    rate_per_ip_per_min: int = 30
+    rate_per_site_per_min: int = 1200
 
     @classmethod
     def from_env(cls) -> "GatewaySettings":
-        return cls(turn_deadline_s=env_float("TURN_DEADLINE_S", cls().turn_deadline_s))
+        d = cls()
+        return cls(
+            turn_deadline_s=env_float("TURN_DEADLINE_S", d.turn_deadline_s),
+            rate_per_ip_per_min=env_int("RATE_LIMIT_PER_IP_PER_MIN", d.rate_per_ip_per_min),
+            rate_per_site_per_min=env_int("RATE_LIMIT_PER_SITE_PER_MIN", d.rate_per_site_per_min),
+        )
 
 
 def sse(payload: dict) -> bytes:
@@ -43,6 +52,7 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
     async def lifespan(app: FastAPI):
         app.state.bus = await connect(bus_config, name="gateway")
         app.state.redis = redis_client.connect()
+        app.state.limiter = RateLimiter(app.state.redis, settings.rate_per_ip_per_min, settings.rate_per_site_per_min)
         app.state.guard = SessionGuard(app.state.bus, ttl_s=settings.turn_deadline_s + 10)
         try:
             yield
@@ -82,7 +92,13 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
         guard: SessionGuard = request.app.state.guard
         site = body.site
         session_id = body.session_id or ev.new_id()
+        ip = client_ip(request)
+        digest = privacy.ip_hash(ip) if ip else None
 
+        wait = await request.app.state.limiter.retry_after(site, digest)
+        if wait is not None:
+            return JSONResponse({"error": "rate_limited", "detail": f"too many requests; retry in {wait} s"},
+                                status_code=429, headers={"Retry-After": str(wait)})
         hold = await guard.acquire(site, session_id)
         if hold is None:
             return JSONResponse(
@@ -95,9 +111,21 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
                 state = await loader.load(bus, site, session_id)
                 turn = state.turn + 1
                 span.set_attributes({"concierge.site": site, "concierge.session": session_id, "concierge.turn": turn})
+                blocked = abuse_gate.check(state, body.message)
+                if blocked is not None:
+                    lang = abuse_gate.language(body.visitor, request.headers.get("accept-language"))
+                    event = ev.TurnBlocked(
+                        event_id=ev.new_id(), site=site, session_id=session_id, turn=turn, ts=ev.now(),
+                        producer="gateway", reason=blocked, reply=abuse_gate.reply(blocked, lang),
+                        message_chars=len(body.message), language=lang,
+                    )
+                    await bus.publish(event)
+                    await _cleanup(None, guard, site, session_id, hold)
+                    return _blocked_response(event)
                 relay = TurnRelay(bus, site, session_id, turn, settings.turn_deadline_s)
                 await relay.open()
-                digest = await _remember_ip(request, site, session_id)
+                if ip:
+                    await _remember_ip(request, site, session_id, ip)
                 requested = ev.TurnRequested(
                     event_id=ev.new_id(), site=site, session_id=session_id, turn=turn, ts=ev.now(),
                     producer="gateway", message=body.message, visitor=body.visitor, ip_hash=digest,
@@ -162,17 +190,28 @@ def client_ip(request: Request) -> str | None:
     return request.client.host if request.client else None
 
 
-async def _remember_ip(request: Request, site: str, session_id: str) -> str | None:
-    """Keep the raw IP in Redis (short TTL) for enrichment; return the hash the event carries.
+async def _remember_ip(request: Request, site: str, session_id: str, ip: str) -> None:
+    """Keep the raw IP in Redis (short TTL) for enrichment; events carry only its hash.
     Redis trouble degrades enrichment and never blocks the turn."""
-    ip = client_ip(request)
-    if not ip:
-        return None
     try:
         await request.app.state.redis.set(privacy.raw_ip_key(site, session_id), ip, ex=int(privacy.RAW_IP_TTL_S))
     except Exception as exc:
         log.warning("raw ip not stored; enrichment will skip IP sources", extra={"error": repr(exc)})
-    return privacy.ip_hash(ip)
+
+
+def _blocked_response(event: ev.TurnBlocked) -> StreamingResponse:
+    """A blocked turn streams like any other: the reply, then `complete` saying why."""
+    payloads = [
+        {"type": "token", "content": event.reply},
+        {"type": "complete", "session_id": event.session_id, "turn": event.turn,
+         "metadata": {"blocked": event.reason, "route": None}},
+    ]
+
+    async def stream():
+        yield b"".join(sse(p) for p in payloads)
+
+    return StreamingResponse(stream(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Session-Id": event.session_id})
 
 
 def _not_found(site: str, session_id: str) -> JSONResponse:

@@ -1,0 +1,77 @@
+"""Abuse gate rules (pure) and the Redis rate limiter."""
+
+from __future__ import annotations
+
+import uuid
+
+from shared import events as ev
+from shared.state import Record, fold
+from services.gateway import abuse_gate
+from services.gateway.rate_limit import RateLimiter
+
+
+def state_after(*messages, hacks=0, blocked_after=()):
+    events = []
+    for turn, message in enumerate(messages, start=1):
+        kind = ev.TurnBlocked if turn in blocked_after else ev.TurnRequested
+        common = dict(event_id=ev.new_id(), site="a", session_id="s", turn=turn, ts=1.0)
+        if kind is ev.TurnBlocked:
+            events.append(ev.TurnBlocked(**common, reason="spam", reply="r", message_chars=len(message)))
+        else:
+            events.append(ev.TurnRequested(**common, message=message))
+    for _ in range(hacks):
+        events.append(ev.RouteDecided(event_id=ev.new_id(), site="a", session_id="s", turn=1, ts=1.0,
+                                      route="REDIRECT", reason="hack", intent="HACK", hack_increment=1))
+    return fold([Record(seq=i + 1, subject="x", event=e) for i, e in enumerate(events)])
+
+
+def test_the_fourth_identical_message_is_blocked_and_a_different_one_unblocks():
+    assert abuse_gate.check(state_after(), "hello") is None
+    assert abuse_gate.check(state_after("hello"), "Hello ") is None
+    assert abuse_gate.check(state_after("hello", "hello"), "hello") is None
+    assert abuse_gate.check(state_after("hello", "hello", "HELLO"), "hello") == "spam"
+    # Blocked turns do not reset the count: the fifth is blocked too ...
+    assert abuse_gate.check(state_after("hello", "hello", "hello", "hello", blocked_after=(4,)), "hello") == "spam"
+    # ... and a different message goes through.
+    assert abuse_gate.check(state_after("hello", "hello", "hello", "hello", blocked_after=(4,)), "pricing?") is None
+
+
+def test_two_hack_turns_block_for_good_and_outrank_the_rest():
+    assert abuse_gate.check(state_after("x", hacks=1), "hi") is None
+    assert abuse_gate.check(state_after("x", hacks=2), "a perfectly fine question") == "hack"
+    assert abuse_gate.check(state_after("hello", "hello", "hello", hacks=2), "hello" * 4000) == "hack"
+
+
+def test_spam_outranks_length_and_length_blocks_long_messages():
+    long = "y" * (abuse_gate.MAX_MESSAGE_CHARS + 1)
+    assert abuse_gate.check(state_after(), long) == "length"
+    assert abuse_gate.check(state_after(), "y" * abuse_gate.MAX_MESSAGE_CHARS) is None
+    assert abuse_gate.check(state_after(long, long, long), long) == "spam"
+
+
+def test_replies_are_localized():
+    assert abuse_gate.language({"language": "fr-FR"}, None) == "fr"
+    assert abuse_gate.language(None, "nl-BE,nl;q=0.9,en;q=0.8") == "nl"
+    assert abuse_gate.language(None, "ja,ko") == "en"
+    for reason in ("hack", "spam", "length"):
+        replies = {abuse_gate.reply(reason, lang) for lang in abuse_gate.LANGUAGES}
+        assert len(replies) == len(abuse_gate.LANGUAGES)
+
+
+async def test_rate_limit_per_ip_and_per_site(redis):
+    site = f"rl{uuid.uuid4().hex[:6]}"
+    limiter = RateLimiter(redis, per_ip=3, per_site=5)
+    now = 60 * 16_667 + 20.0  # 20 s into a window
+    assert [await limiter.retry_after(site, "ipA", now) for _ in range(3)] == [None, None, None]
+    assert await limiter.retry_after(site, "ipA", now) == 41  # the window ends in 40 s
+    assert await limiter.retry_after(site, "ipB", now) is None  # another visitor: fine ...
+    assert await limiter.retry_after(site, "ipC", now) == 41  # ... until the site's own limit
+    assert await limiter.retry_after(site, "ipA", now + 60) is None  # next window
+
+
+async def test_rate_limit_lets_requests_through_when_redis_is_down():
+    from shared import redis_client
+
+    dead = redis_client.connect("redis://127.0.0.1:1/0")
+    assert await RateLimiter(dead, 1, 1).retry_after("x", "y") is None
+    await dead.aclose()
