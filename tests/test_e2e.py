@@ -250,3 +250,20 @@ async def test_bus_outage_is_503_and_not_ready(system, http, site):
     response = await http.post(f"{system.gateway_url}/v1/chat", json={"site": site, "message": "anyone?"})
     assert response.status_code == 503 and response.json()["error"] == "unavailable"
     assert (await http.get(f"{system.gateway_url}/readyz")).status_code == 503
+
+
+async def test_client_disconnect_releases_the_session_guard(system, llm, http, site):
+    llm.clear()
+    llm.fail_next({"inter_token_ms": 500})  # the full answer takes ~10 s; the guard must free long before
+    async with http.stream("POST", f"{system.gateway_url}/v1/chat",
+                           json={"site": site, "session_id": "gone", "message": "slow one"}) as response:
+        async for line in response.aiter_lines():
+            if line.startswith("data: "):
+                break  # first token seen: the visitor closes the tab
+    deadline = time.monotonic() + 5
+    status = 429
+    while status == 429 and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+        status = (await http.post(f"{system.gateway_url}/v1/chat",
+                                  json={"site": site, "session_id": "gone", "message": "back again"})).status_code
+    assert status == 200
