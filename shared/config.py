@@ -119,6 +119,9 @@ class LLMRoleConfig(msgspec.Struct, kw_only=True):
     base_url: str
     api_key: str
     model: str
+    fallback_base_url: str = ""
+    fallback_api_key: str = ""
+    fallback_model: str = ""
     timeout_s: float = 30.0
     max_retries: int = 3
     backoff_base_s: float = 0.5
@@ -148,6 +151,9 @@ class LLMRoleConfig(msgspec.Struct, kw_only=True):
             base_url=get("BASE_URL", ""),
             api_key=get("API_KEY", "not-needed"),
             model=get("MODEL", "default"),
+            fallback_base_url=get("FALLBACK_BASE_URL", ""),
+            fallback_api_key=get("FALLBACK_API_KEY", ""),
+            fallback_model=get("FALLBACK_MODEL", ""),
             timeout_s=num("TIMEOUT_S", defaults.timeout_s),
             max_retries=int(num("MAX_RETRIES", defaults.max_retries)),
             backoff_base_s=num("BACKOFF_BASE_S", defaults.backoff_base_s),

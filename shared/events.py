@@ -127,6 +127,7 @@ class LLMCall(msgspec.Struct, kw_only=True):
     ttft_ms: float | None = None
     attempts: int = 0
     error: str | None = None
+    fallback_used: bool = False  # answered (or last tried) by the role's fallback endpoint
 
 
 class LLMCallRecorded(Envelope, tag="llm_call_recorded"):

@@ -10,6 +10,7 @@ conversation can be replayed without the provider.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from dataclasses import dataclass, field
@@ -23,13 +24,16 @@ from shared.config import LLM_ROLES, ConfigError, LLMRoleConfig
 from shared.consumer import PermanentError
 from shared.events import LLMCall
 
+log = logging.getLogger(__name__)
+
 
 class LLMError(PermanentError):
     """The call failed for good (after retries, or a non-retryable error)."""
 
-    def __init__(self, message: str, *, after_tokens: bool = False):
+    def __init__(self, message: str, *, after_tokens: bool = False, transient: bool = False):
         super().__init__(message)
         self.after_tokens = after_tokens
+        self.transient = transient
 
 
 Recorder = Callable[[LLMCall], Awaitable[None]]
@@ -84,7 +88,10 @@ def _parse_line(line: str):
 
 @dataclass
 class _Endpoint:
-    config: LLMRoleConfig
+    name: str  # primary | fallback
+    base_url: str
+    model: str
+    config: LLMRoleConfig  # timeouts, retries, concurrency
     client: AsyncOpenAI
     slots: asyncio.Semaphore
 
@@ -92,73 +99,53 @@ class _Endpoint:
 @dataclass
 class LLMClient:
     roles: dict[str, LLMRoleConfig]
-    _endpoints: dict[str, _Endpoint] = field(default_factory=dict)
+    _endpoints: dict[str, list[_Endpoint]] = field(default_factory=dict)
 
     @classmethod
     def from_env(cls, roles: tuple[str, ...] = LLM_ROLES) -> "LLMClient":
         return cls({role: LLMRoleConfig.from_env(role) for role in roles})
 
-    def endpoint(self, role: str) -> _Endpoint:
+    def endpoints(self, role: str) -> list[_Endpoint]:
+        """The role's primary endpoint, then its fallback when one is configured."""
         if role not in self._endpoints:
             config = self.roles.get(role)
             if config is None:
                 raise ConfigError(f"LLM role {role!r} is not configured")
             if not config.base_url:
                 raise ConfigError(f"no LLM endpoint for role {role!r}: set LLM_BASE_URL (or LLM_{role.upper()}_BASE_URL)")
-            client = AsyncOpenAI(
-                base_url=config.base_url, api_key=config.api_key, timeout=config.timeout_s, max_retries=0
-            )
-            self._endpoints[role] = _Endpoint(config, client, asyncio.Semaphore(config.concurrency))
+            targets = [("primary", config.base_url, config.api_key, config.model)]
+            if config.fallback_base_url:
+                targets.append(("fallback", config.fallback_base_url, config.fallback_api_key or config.api_key,
+                                config.fallback_model or config.model))
+            self._endpoints[role] = [
+                _Endpoint(name, url, model, config,
+                          AsyncOpenAI(base_url=url, api_key=key, timeout=config.timeout_s, max_retries=0),
+                          asyncio.Semaphore(config.concurrency))
+                for name, url, key, model in targets
+            ]
         return self._endpoints[role]
 
     async def stream(
         self, role: str, messages: list[dict[str, Any]], record: Recorder, **params: Any
     ) -> AsyncIterator[str]:
-        """Yield text deltas of a chat completion."""
-        ep = self.endpoint(role)
-        rec = LLMCall(
-            role=role, model=ep.config.model, base_url=ep.config.base_url, messages=messages, params=params
-        )
+        """Yield text deltas of a chat completion: from the primary endpoint, or from the
+        fallback when the primary fails transiently (connection, timeout, 5xx) before any text."""
+        endpoints = self.endpoints(role)
+        rec = LLMCall(role=role, model=endpoints[0].model, base_url=endpoints[0].base_url, messages=messages,
+                      params=params)
         started = time.perf_counter()
         parts: list[str] = []
         try:
-            async with ep.slots:
-                for attempt in range(1, ep.config.max_retries + 2):
-                    rec.attempts = attempt
-                    try:
-                        # The raw SSE lines are decoded with msgspec: openai's per-chunk pydantic
-                        # models cost more CPU than everything else a token goes through.
-                        # The messages travel in `extra_body`: openai's request transform walks
-                        # every message's TypedDict and was the responder's largest CPU cost
-                        # on long conversations; the JSON sent is the same.
-                        async with ep.client.chat.completions.with_streaming_response.create(
-                            model=ep.config.model, messages=[], stream=True,
-                            extra_body={"messages": messages}, **params
-                        ) as response:
-                            async for line in response.iter_lines():
-                                chunk = _parse_line(line)
-                                if chunk is None:
-                                    continue
-                                if chunk is _DONE:
-                                    break
-                                if chunk.usage:
-                                    rec.usage = {
-                                        "prompt_tokens": chunk.usage.prompt_tokens,
-                                        "completion_tokens": chunk.usage.completion_tokens,
-                                    }
-                                delta = chunk.choices[0].delta.content if chunk.choices else None
-                                if delta:
-                                    if not parts:
-                                        rec.ttft_ms = (time.perf_counter() - started) * 1000
-                                    parts.append(delta)
-                                    yield delta
-                        break
-                    except Exception as exc:
-                        if parts:
-                            raise LLMError(f"{role} stream broke after {len(parts)} chunks: {exc}", after_tokens=True) from exc
-                        if not is_transient(exc) or attempt > ep.config.max_retries:
-                            raise LLMError(f"{role} call failed after {attempt} attempt(s): {exc}") from exc
-                        await asyncio.sleep(_backoff(ep.config.backoff_base_s, attempt))
+            for ep in endpoints:
+                rec.model, rec.base_url, rec.fallback_used = ep.model, ep.base_url, ep.name == "fallback"
+                try:
+                    async for delta in self._stream_endpoint(ep, messages, params, rec, parts, started):
+                        yield delta
+                    return
+                except LLMError as exc:
+                    if exc.after_tokens or not exc.transient or ep is endpoints[-1]:
+                        raise
+                    log.warning("primary LLM endpoint failed; using the fallback", extra={"role": role, "error": str(exc)})
         except BaseException as exc:
             rec.error = f"{type(exc).__name__}: {exc}"
             raise
@@ -166,6 +153,48 @@ class LLMClient:
             rec.response_text = "".join(parts)
             rec.latency_ms = (time.perf_counter() - started) * 1000
             await asyncio.shield(record(rec))
+
+    async def _stream_endpoint(self, ep: _Endpoint, messages, params, rec: LLMCall, parts: list[str],
+                               started: float) -> AsyncIterator[str]:
+        role = rec.role
+        async with ep.slots:
+            for attempt in range(1, ep.config.max_retries + 2):
+                rec.attempts += 1
+                try:
+                    # The raw SSE lines are decoded with msgspec: openai's per-chunk pydantic
+                    # models cost more CPU than everything else a token goes through.
+                    # The messages travel in `extra_body`: openai's request transform walks
+                    # every message's TypedDict and was the responder's largest CPU cost
+                    # on long conversations; the JSON sent is the same.
+                    async with ep.client.chat.completions.with_streaming_response.create(
+                        model=ep.model, messages=[], stream=True, extra_body={"messages": messages}, **params
+                    ) as response:
+                        async for line in response.iter_lines():
+                            chunk = _parse_line(line)
+                            if chunk is None:
+                                continue
+                            if chunk is _DONE:
+                                break
+                            if chunk.usage:
+                                rec.usage = {
+                                    "prompt_tokens": chunk.usage.prompt_tokens,
+                                    "completion_tokens": chunk.usage.completion_tokens,
+                                }
+                            delta = chunk.choices[0].delta.content if chunk.choices else None
+                            if delta:
+                                if not parts:
+                                    rec.ttft_ms = (time.perf_counter() - started) * 1000
+                                parts.append(delta)
+                                yield delta
+                    return
+                except Exception as exc:
+                    if parts:
+                        raise LLMError(f"{role} stream broke after {len(parts)} chunks: {exc}", after_tokens=True) from exc
+                    transient = is_transient(exc)
+                    if not transient or attempt > ep.config.max_retries:
+                        raise LLMError(f"{role} call to the {ep.name} endpoint failed after {attempt} attempt(s): {exc}",
+                                       transient=transient) from exc
+                    await asyncio.sleep(_backoff(ep.config.backoff_base_s, attempt))
 
     async def complete(self, role: str, messages: list[dict[str, Any]], record: Recorder, **params: Any) -> str:
         return "".join([part async for part in self.stream(role, messages, record, **params)])

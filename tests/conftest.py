@@ -35,6 +35,13 @@ def llm():
         yield server
 
 
+@pytest.fixture(scope="session")
+def fallback_llm():
+    """A second scripted provider, configured as the fallback endpoint."""
+    with scripted_llm() as server:
+        yield server
+
+
 @pytest.fixture
 async def bus(nats_url):
     b = await connect(BusConfig(url=nats_url, dedupe_window_s=120), name="test")

@@ -20,10 +20,11 @@ DEADLINE_S = 15
 
 
 @pytest.fixture(scope="module")
-def system(llm):
+def system(llm, fallback_llm):
     with tempfile.TemporaryDirectory(prefix="concierge-e2e-") as data:
         sys_ = make_system(Path(data), free_port(), free_port(), {
             "LLM_BASE_URL": llm.base_url,
+            "LLM_FALLBACK_BASE_URL": fallback_llm.base_url,
             "LLM_MAX_RETRIES": "1",
             "LLM_BACKOFF_BASE_S": "0.05",
             "TURN_DEADLINE_S": str(DEADLINE_S),
@@ -181,6 +182,16 @@ async def test_llm_failure_reaches_the_browser_as_an_error_event(system, llm, ht
     assert [e["type"] for e in broken.events] == ["token", "token", "token", "error"]
 
 
+async def test_fallback_endpoint_is_used_and_reported(system, llm, fallback_llm, http, site):
+    llm.clear(), fallback_llm.clear()
+    llm.fail_next({"status": 503}, {"status": 503})  # the primary's first try and its one retry
+    result = await chat(http, system.gateway_url, {"site": site, "message": "anyone home?"})
+    assert result.final["type"] == "complete" and result.final["metadata"]["fallback_used"] is True
+    assert len(fallback_llm.requests()) == 1
+    normal = await chat(http, system.gateway_url, {"site": site, "message": "and now?"})
+    assert normal.final["metadata"]["fallback_used"] is False
+
+
 async def test_responder_killed_mid_turn_never_leaves_the_stream_hanging(system, llm, http, site):
     llm.clear()
     llm.fail_next({"inter_token_ms": 150})
@@ -244,14 +255,6 @@ async def test_replicas_share_a_node_and_answer_each_turn_once(system, http, sit
         assert kinds.count("response_completed") == 1 and kinds.count("turn_completed") == 1
 
 
-async def test_bus_outage_is_503_and_not_ready(system, http, site):
-    """Last in this module: it stops the module's nats-server."""
-    system.kill("nats")
-    response = await http.post(f"{system.gateway_url}/v1/chat", json={"site": site, "message": "anyone?"})
-    assert response.status_code == 503 and response.json()["error"] == "unavailable"
-    assert (await http.get(f"{system.gateway_url}/readyz")).status_code == 503
-
-
 async def test_client_disconnect_releases_the_session_guard(system, llm, http, site):
     llm.clear()
     llm.fail_next({"inter_token_ms": 500})  # the full answer takes ~10 s; the guard must free long before
@@ -267,3 +270,11 @@ async def test_client_disconnect_releases_the_session_guard(system, llm, http, s
         status = (await http.post(f"{system.gateway_url}/v1/chat",
                                   json={"site": site, "session_id": "gone", "message": "back again"})).status_code
     assert status == 200
+
+
+async def test_bus_outage_is_503_and_not_ready(system, http, site):
+    """Last in this module: it stops the module's nats-server."""
+    system.kill("nats")
+    response = await http.post(f"{system.gateway_url}/v1/chat", json={"site": site, "message": "anyone?"})
+    assert response.status_code == 503 and response.json()["error"] == "unavailable"
+    assert (await http.get(f"{system.gateway_url}/readyz")).status_code == 503

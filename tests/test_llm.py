@@ -8,6 +8,13 @@ from shared.config import LLMRoleConfig
 from shared.llm import LLMClient, LLMError
 
 
+def client_with_fallback(llm, fallback) -> LLMClient:
+    config = LLMRoleConfig(role="answer", base_url=llm.base_url, api_key="k", model="scripted", max_retries=1,
+                           backoff_base_s=0.01, timeout_s=5, fallback_base_url=fallback.base_url,
+                           fallback_model="backup")
+    return LLMClient({"answer": config})
+
+
 def client(llm, **over) -> LLMClient:
     config = LLMRoleConfig(role="answer", base_url=llm.base_url, api_key="k", model="scripted",
                            max_retries=over.pop("max_retries", 2), backoff_base_s=0.01, timeout_s=5, **over)
@@ -73,3 +80,25 @@ async def test_a_stream_broken_after_tokens_is_not_retried(llm):
     assert info.value.after_tokens
     assert len(llm.requests()) == 1
     assert records[0].response_text  # what did arrive is on record
+
+
+async def test_fallback_endpoint_answers_when_the_primary_is_down(llm, fallback_llm):
+    llm.clear(), fallback_llm.clear()
+    llm.fail_next({"status": 503}, {"status": 502})
+    records = []
+    parts = await collect(client_with_fallback(llm, fallback_llm), records)
+    assert "".join(parts).startswith("You said: Ping.")
+    (rec,) = records
+    assert rec.fallback_used and rec.model == "backup" and rec.base_url == fallback_llm.base_url
+    assert rec.attempts == 3 and len(fallback_llm.requests()) == 1
+
+
+async def test_no_fallback_for_client_errors_or_after_tokens(llm, fallback_llm):
+    llm.clear(), fallback_llm.clear()
+    llm.fail_next({"status": 400})
+    with pytest.raises(LLMError):
+        await collect(client_with_fallback(llm, fallback_llm), [])
+    llm.fail_next({"break_after": 2})
+    with pytest.raises(LLMError):
+        await collect(client_with_fallback(llm, fallback_llm), [])
+    assert fallback_llm.requests() == []

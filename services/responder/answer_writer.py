@@ -37,11 +37,18 @@ def make_node(llm: LLMClient, system_template: str | None = None) -> Node:
         state = await loader.load(ctx.bus, event.site, event.session_id)
         messages = build_messages(state, event.turn, template.format(site=event.site))
         parts: list[str] = []
-        async for delta in llm.stream("answer", messages, ctx.record_llm, temperature=0.3):
+        calls = []
+
+        async def record(call):
+            calls.append(call)
+            await ctx.record_llm(call)
+
+        async for delta in llm.stream("answer", messages, record, temperature=0.3):
             await ctx.token(len(parts), delta)
             parts.append(delta)
         completed = ctx.follow(
-            ev.ResponseCompleted, node=NAME, text="".join(parts), token_count=len(parts), attempt=ctx.attempt
+            ev.ResponseCompleted, node=NAME, text="".join(parts), token_count=len(parts), attempt=ctx.attempt,
+            fallback_used=any(call.fallback_used for call in calls),
         )
         return [completed]
 
