@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -109,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="concierge-bench-") as data:
         system = make_system(Path(data), free_port(), free_port(), {
             "LLM_BASE_URL": f"http://127.0.0.1:{llm_port}/v1",
+            # Every simulated visitor comes from 127.0.0.1: the per-IP limit would stop the
+            # bench, not measure anything. The per-site limit stays on, above the offered load.
+            "RATE_LIMIT_PER_IP_PER_MIN": "0",
+            "RATE_LIMIT_PER_SITE_PER_MIN": "100000",
         })
         try:
             wait_http(f"http://127.0.0.1:{llm_port}/v1/models", 30, llm)
@@ -134,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         "turns": len(results),
         "completed": len(ok),
         "failed": len(results) - len(ok),
+        "failures": dict(Counter(f"{r['status']}/{r['final']}" for r in results if r not in ok)),
         "concurrency": args.concurrency,
         "scripted_ttft_ms": args.ttft_ms,
         "scripted_inter_token_ms": args.inter_token_ms,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 from contextlib import asynccontextmanager
@@ -53,6 +54,7 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
         app.state.bus = await connect(bus_config, name="gateway")
         app.state.redis = redis_client.connect()
         app.state.limiter = RateLimiter(app.state.redis, settings.rate_per_ip_per_min, settings.rate_per_site_per_min)
+        gc.freeze()  # as in shared/service.py: start-up objects out of the GC's way
         app.state.guard = SessionGuard(app.state.bus, ttl_s=settings.turn_deadline_s + 10)
         try:
             yield
