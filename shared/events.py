@@ -113,6 +113,19 @@ class FormFieldsExtracted(Envelope, tag="form_fields_extracted"):
     values: dict[str, str] = {}
 
 
+class SuggestionsRouted(Envelope, tag="suggestions_routed"):
+    """Which suggester should run: `follow_up` (questions the visitor may ask next) or
+    `answers` (options for answering the question the reply just asked)."""
+
+    kind: str
+
+
+class SuggestionsGenerated(Envelope, tag="suggestions_generated"):
+    kind: str  # follow_up | answers | none
+    suggestions: list[str] = []
+    error: str | None = None
+
+
 class LLMCall(msgspec.Struct, kw_only=True):
     """One call to an LLM, complete enough to replay it without the provider."""
 
@@ -174,6 +187,8 @@ Event = Union[
     ProfileInferred,
     DialogStateExtracted,
     FormFieldsExtracted,
+    SuggestionsRouted,
+    SuggestionsGenerated,
     LLMCallRecorded,
     TokenChunk,
     ResponseCompleted,

@@ -199,6 +199,33 @@ class LLMClient:
     async def complete(self, role: str, messages: list[dict[str, Any]], record: Recorder, **params: Any) -> str:
         return "".join([part async for part in self.stream(role, messages, record, **params)])
 
+    async def structured(self, role: str, messages: list[dict[str, Any]], record: Recorder, cls: type, **params: Any):
+        """A `cls` Struct from the model: JSON-schema output, decoded with msgspec; one repair
+        round (the invalid answer and the decode error go back to the model), then
+        `msgspec.ValidationError` / `DecodeError` for the caller to handle."""
+        response_format = {"type": "json_schema",
+                           "json_schema": {"name": cls.__name__.lower(), "schema": object_schema(cls)}}
+        decoder = msgspec.json.Decoder(cls)
+        text = await self.complete(role, messages, record, response_format=response_format, **params)
+        try:
+            return decoder.decode(text)
+        except msgspec.MsgspecError as exc:
+            repair = messages + [
+                {"role": "assistant", "content": text},
+                {"role": "user", "content": f"That was not valid JSON for the schema ({exc}). "
+                                            "Answer with the JSON object only."},
+            ]
+            text = await self.complete(role, repair, record, response_format=response_format, **params)
+            return decoder.decode(text)
+
+
+def object_schema(cls: type) -> dict:
+    """msgspec's JSON schema of a Struct as the object itself (providers want no top-level $ref)."""
+    schema = msgspec.json.schema(cls)
+    if "$ref" in schema:
+        schema = {**schema["$defs"][schema["$ref"].rsplit("/", 1)[-1]], "$defs": schema["$defs"]}
+    return schema
+
 
 def _backoff(base: float, attempt: int) -> float:
     return base * (2 ** (attempt - 1)) * (0.8 + 0.4 * random.random())

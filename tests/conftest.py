@@ -36,6 +36,13 @@ def llm():
 
 
 @pytest.fixture(scope="session")
+def suggestions_llm():
+    """The provider behind the `suggestions` role, apart so tests can script its JSON."""
+    with scripted_llm() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
 def fallback_llm():
     """A second scripted provider, configured as the fallback endpoint."""
     with scripted_llm() as server:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import tempfile
@@ -20,11 +21,12 @@ DEADLINE_S = 15
 
 
 @pytest.fixture(scope="module")
-def system(llm, fallback_llm):
+def system(llm, fallback_llm, suggestions_llm):
     with tempfile.TemporaryDirectory(prefix="concierge-e2e-") as data:
         sys_ = make_system(Path(data), free_port(), free_port(), {
             "LLM_BASE_URL": llm.base_url,
             "LLM_FALLBACK_BASE_URL": fallback_llm.base_url,
+            "LLM_SUGGESTIONS_BASE_URL": suggestions_llm.base_url,
             "LLM_MAX_RETRIES": "1",
             "LLM_BACKOFF_BASE_S": "0.05",
             "TURN_DEADLINE_S": str(DEADLINE_S),
@@ -69,8 +71,11 @@ async def test_two_turns_stream_and_remember(system, llm, http, site):
 
     log = (await http.get(f"{system.gateway_url}/v1/conversations/{site}/{session}/events")).json()
     kinds = [e["type"] for e in log["events"]]
-    for kind in ("turn_requested", "route_decided", "llm_call_recorded", "response_completed", "turn_completed"):
+    for kind in ("turn_requested", "route_decided", "response_completed", "dialog_state_extracted",
+                 "form_fields_extracted", "suggestions_generated", "turn_completed"):
         assert kinds.count(kind) == 2, kinds
+    roles = [e["event"]["call"]["role"] for e in log["events"] if e["type"] == "llm_call_recorded"]
+    assert roles.count("answer") == 2 and "suggestions" in roles
     assert all(e["event"]["site"] == site for e in log["events"])
 
     state = (await http.get(f"{system.gateway_url}/v1/conversations/{site}/{session}/state")).json()
@@ -180,6 +185,31 @@ async def test_llm_failure_reaches_the_browser_as_an_error_event(system, llm, ht
     llm.fail_next({"break_after": 3})
     broken = await chat(http, system.gateway_url, {"site": site, "message": "this breaks midway"})
     assert [e["type"] for e in broken.events] == ["token", "token", "token", "error"]
+
+
+async def test_follow_ups_answers_and_form_values_reach_the_browser(system, llm, suggestions_llm, http, site):
+    llm.clear(), suggestions_llm.clear()
+    suggestions_llm.fail_next({"reply": json.dumps({"suggestions": ["What does it cost?", "Do you have SSO?",
+                                                                    "What does it cost?", "Is there a trial?"]})})
+    first = await chat(http, system.gateway_url, {"site": site, "session_id": "pp",
+                                                  "message": "Hi, I'm Ada, reach me at ada@example.com"})
+    meta = first.final["metadata"]
+    assert meta["suggested_follow_ups"] == ["What does it cost?", "Do you have SSO?", "Is there a trial?"]
+    assert meta["suggested_answers"] == [] and meta["form_values"] == {"email": "ada@example.com", "name": "Ada"}
+    assert meta["dialog_flags"]["email_captured"] is True
+    assert suggestions_llm.requests()[0]["response_format"]["type"] == "json_schema"
+
+    llm.fail_next({"reply": "Happy to help. Which CRM do you use today?"})
+    suggestions_llm.fail_next({"reply": json.dumps({"suggestions": ["Salesforce", "HubSpot", "None yet"]})})
+    second = await chat(http, system.gateway_url, {"site": site, "session_id": "pp", "message": "Integrations?"})
+    meta = second.final["metadata"]
+    assert meta["suggested_answers"] == ["Salesforce", "HubSpot", "None yet"] and meta["suggested_follow_ups"] == []
+    assert meta["dialog_flags"]["asked_visitor"] is True
+
+    # Unusable suggestions (twice not JSON) leave the lists empty; the turn still completes.
+    suggestions_llm.fail_next({"reply": "no"}, {"reply": "still no"})
+    third = await chat(http, system.gateway_url, {"site": site, "session_id": "pp", "message": "ok"})
+    assert third.final["type"] == "complete" and third.final["metadata"]["suggested_follow_ups"] == []
 
 
 async def test_fallback_endpoint_is_used_and_reported(system, llm, fallback_llm, http, site):

@@ -75,19 +75,6 @@ def apply_inference(known: VisitorProfile, inferred: Inferred) -> VisitorProfile
     )
 
 
-_inferred_decoder = msgspec.json.Decoder(Inferred)
-
-
-def _object_schema(cls) -> dict:
-    schema = msgspec.json.schema(cls)
-    if "$ref" in schema:  # msgspec puts named Structs in $defs; providers want the object itself
-        schema = schema["$defs"][schema["$ref"].rsplit("/", 1)[-1]]
-    return schema
-
-
-SCHEMA = {"type": "json_schema", "json_schema": {"name": "visitor_profile", "schema": _object_schema(Inferred)}}
-
-
 async def infer_with_llm(llm: LLMClient, ctx: Context, state: ConversationState, template: str) -> Inferred:
     transcript = "\n".join(f"{m.role}: {m.content}" for m in state.messages)
     messages = [
@@ -95,15 +82,7 @@ async def infer_with_llm(llm: LLMClient, ctx: Context, state: ConversationState,
         {"role": "user", "content": f"Known profile: {msgspec.json.encode(state.visitor_profile).decode()}\n\n"
                                     f"Conversation:\n{transcript}"},
     ]
-    text = await llm.complete("profiler", messages, ctx.record_llm, temperature=0, response_format=SCHEMA)
-    try:
-        return _inferred_decoder.decode(text)
-    except msgspec.MsgspecError as exc:
-        repair = messages + [{"role": "assistant", "content": text},
-                             {"role": "user", "content": f"That was not valid JSON for the schema ({exc}). "
-                                                         "Answer with the JSON object only."}]
-        text = await llm.complete("profiler", repair, ctx.record_llm, temperature=0, response_format=SCHEMA)
-        return _inferred_decoder.decode(text)
+    return await llm.structured("profiler", messages, ctx.record_llm, Inferred, temperature=0)
 
 
 def make_node(llm: LLMClient | None = None, rules: dict | None = None) -> Node:

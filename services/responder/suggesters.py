@@ -1,0 +1,56 @@
+"""follow_up_suggester and answer_suggester: clickable suggestions under a reply.
+
+Each consumes `SuggestionsRouted` and acts on its own kind. They ask the `suggestions`
+LLM role for a JSON list; a failed or unusable answer gives an empty list with the
+error recorded, never a failed turn.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+from shared import events as ev
+from shared import loader
+from shared.consumer import Context, Node
+from shared.llm import LLMClient, LLMError
+
+PROMPTS = Path(__file__).parent / "prompts"
+HISTORY_MESSAGES = 6
+MAX_SUGGESTIONS = 3
+MAX_CHARS = 120
+
+
+class Suggestions(msgspec.Struct):
+    suggestions: list[str]
+
+
+def clean(raw: list[str]) -> list[str]:
+    seen, out = set(), []
+    for text in raw:
+        text = " ".join(str(text).split())[:MAX_CHARS]
+        if text and text.lower() not in seen:
+            seen.add(text.lower())
+            out.append(text)
+    return out[:MAX_SUGGESTIONS]
+
+
+def make_node(kind: str, llm: LLMClient) -> Node:
+    name = {"follow_up": "follow_up_suggester", "answers": "answer_suggester"}[kind]
+    system = (PROMPTS / f"{name}.md").read_text()
+
+    async def handle(event: ev.SuggestionsRouted, ctx: Context) -> list[ev.Envelope]:
+        if event.kind != kind:
+            return []
+        state = await loader.load(ctx.bus, event.site, event.session_id)
+        recent = [m for m in state.messages if m.turn <= event.turn][-HISTORY_MESSAGES:]
+        transcript = "\n".join(f"{m.role}: {m.content}" for m in recent)
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": transcript}]
+        try:
+            got = await llm.structured("suggestions", messages, ctx.record_llm, Suggestions, temperature=0.4)
+        except (LLMError, msgspec.MsgspecError) as exc:
+            return [ctx.follow(ev.SuggestionsGenerated, kind=kind, error=str(exc)[:500])]
+        return [ctx.follow(ev.SuggestionsGenerated, kind=kind, suggestions=clean(got.suggestions))]
+
+    return Node(name=name, consumes=("suggestions_routed",), handle=handle)
