@@ -5,6 +5,8 @@ The answer is derived from the request, so tests can see what the model was sent
 
     "You said: <last user message>. I have <N> earlier messages of context. ..."
 
+A request with a JSON-schema `response_format` gets a small object that satisfies it.
+
 Faults are scripted through `POST /_faults` with a list of objects consumed one per
 request, in order: `{"status": 503}` answers with that HTTP status; `{"break_after": 3}`
 drops the connection after 3 chunks; `{"delay_s": 2}` waits before answering;
@@ -45,6 +47,22 @@ class Script:
         return f"You said: {last}. I have {max(earlier, 0)} earlier messages of context. {filler}".strip()
 
 
+def conforming(schema: dict) -> dict:
+    """A small object that satisfies a (flat) JSON schema: what a model following it returns."""
+    out = {}
+    for name, prop in schema.get("properties", {}).items():
+        kind = prop.get("type")
+        if kind == "array":
+            out[name] = [f"Scripted {name} {i}" for i in (1, 2)]
+        elif kind in ("number", "integer"):
+            out[name] = 0
+        elif kind == "boolean":
+            out[name] = False
+        else:
+            out[name] = "unknown"
+    return out
+
+
 def tokens_of(text: str) -> list[str]:
     words = text.split(" ")
     return [w if i == 0 else " " + w for i, w in enumerate(words)]
@@ -61,7 +79,12 @@ def create_app(script: Script) -> Starlette:
             return JSONResponse({"error": {"message": "scripted failure", "type": "server_error"}},
                                 status_code=int(fault["status"]))
         model = body.get("model", "scripted")
-        text = fault["reply"] if "reply" in fault else script.answer(body.get("messages", []))
+        if "reply" in fault:
+            text = fault["reply"]
+        elif (body.get("response_format") or {}).get("type") == "json_schema":
+            text = json.dumps(conforming(body["response_format"]["json_schema"]["schema"]))
+        else:
+            text = script.answer(body.get("messages", []))
         parts = tokens_of(text)
         completion_id = f"chatcmpl-{uuid.uuid4().hex[:12]}"
         if not body.get("stream"):
