@@ -69,6 +69,20 @@ class _Chunk(msgspec.Struct):
     error: dict | None = None
 
 
+class _Message(msgspec.Struct):
+    content: str | None = None
+
+
+class _WholeChoice(msgspec.Struct):
+    message: _Message = msgspec.field(default_factory=_Message)
+
+
+class _Completion(msgspec.Struct):
+    choices: list[_WholeChoice] = []
+    usage: _Usage | None = None
+
+
+_completion_decoder = msgspec.json.Decoder(_Completion)
 _DONE = object()
 _chunk_decoder = msgspec.json.Decoder(_Chunk)
 
@@ -126,10 +140,11 @@ class LLMClient:
         return self._endpoints[role]
 
     async def stream(
-        self, role: str, messages: list[dict[str, Any]], record: Recorder, **params: Any
+        self, role: str, messages: list[dict[str, Any]], record: Recorder, *, _whole: bool = False, **params: Any
     ) -> AsyncIterator[str]:
         """Yield text deltas of a chat completion: from the primary endpoint, or from the
-        fallback when the primary fails transiently (connection, timeout, 5xx) before any text."""
+        fallback when the primary fails transiently (connection, timeout, 5xx) before any text.
+        (`_whole`: one non-streamed request, yielded as a single piece; see `complete`.)"""
         endpoints = self.endpoints(role)
         rec = LLMCall(role=role, model=endpoints[0].model, base_url=endpoints[0].base_url, messages=messages,
                       params=params)
@@ -139,7 +154,7 @@ class LLMClient:
             for ep in endpoints:
                 rec.model, rec.base_url, rec.fallback_used = ep.model, ep.base_url, ep.name == "fallback"
                 try:
-                    async for delta in self._stream_endpoint(ep, messages, params, rec, parts, started):
+                    async for delta in self._stream_endpoint(ep, messages, params, rec, parts, started, _whole):
                         yield delta
                     return
                 except LLMError as exc:
@@ -155,7 +170,7 @@ class LLMClient:
             await asyncio.shield(record(rec))
 
     async def _stream_endpoint(self, ep: _Endpoint, messages, params, rec: LLMCall, parts: list[str],
-                               started: float) -> AsyncIterator[str]:
+                               started: float, whole: bool) -> AsyncIterator[str]:
         role = rec.role
         async with ep.slots:
             for attempt in range(1, ep.config.max_retries + 2):
@@ -167,8 +182,19 @@ class LLMClient:
                     # every message's TypedDict and was the responder's largest CPU cost
                     # on long conversations; the JSON sent is the same.
                     async with ep.client.chat.completions.with_streaming_response.create(
-                        model=ep.model, messages=[], stream=True, extra_body={"messages": messages}, **params
+                        model=ep.model, messages=[], stream=not whole, extra_body={"messages": messages}, **params
                     ) as response:
+                        if whole:
+                            body = _completion_decoder.decode(await response.read())
+                            if body.usage:
+                                rec.usage = {"prompt_tokens": body.usage.prompt_tokens,
+                                             "completion_tokens": body.usage.completion_tokens}
+                            text = body.choices[0].message.content if body.choices else None
+                            if text:
+                                rec.ttft_ms = (time.perf_counter() - started) * 1000
+                                parts.append(text)
+                                yield text
+                            return
                         async for line in response.iter_lines():
                             chunk = _parse_line(line)
                             if chunk is None:
@@ -197,7 +223,9 @@ class LLMClient:
                     await asyncio.sleep(_backoff(ep.config.backoff_base_s, attempt))
 
     async def complete(self, role: str, messages: list[dict[str, Any]], record: Recorder, **params: Any) -> str:
-        return "".join([part async for part in self.stream(role, messages, record, **params)])
+        """The whole answer in one non-streamed request: for callers that read it all anyway
+        (structured output), far less client CPU than parsing a stream of chunks."""
+        return "".join([part async for part in self.stream(role, messages, record, _whole=True, **params)])
 
     async def structured(self, role: str, messages: list[dict[str, Any]], record: Recorder, cls: type, **params: Any):
         """A `cls` Struct from the model: JSON-schema output, decoded with msgspec; one repair
