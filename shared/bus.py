@@ -94,6 +94,14 @@ class Bus:
             records.append(Record(seq=seq, subject=subject, event=event))
         return records
 
+    async def last(self, subject: str) -> ev.Event | None:
+        """The newest stored event on one subject (a direct get), or None."""
+        try:
+            msg = await self.js.get_msg(subjects.CONV_STREAM, subject=subject, direct=True)
+        except NotFoundError:
+            return None
+        return ev.decode(msg.data)
+
     async def read_raw(self, filter_subject: str, after_seq: int = 0, batch: int = 256):
         next_seq = after_seq + 1
         api_subject = f"$JS.API.DIRECT.GET.{subjects.CONV_STREAM}"

@@ -49,6 +49,7 @@ class TurnRecord(msgspec.Struct, kw_only=True):
     fallback_used: bool = False
     error: str | None = None
     metadata: dict[str, Any] = {}
+    seen: list[str] = []  # event types stored for this turn, in arrival order
 
 
 class ConversationState(msgspec.Struct, kw_only=True):
@@ -131,6 +132,9 @@ def apply(state: ConversationState, record: Record) -> ConversationState:
     state.session_id = event.session_id
     state.last_seq = record.seq
     state.event_count += 1
+    seen = _turn(state, event.turn).seen
+    if ev.event_type(event) not in seen:
+        seen.append(ev.event_type(event))
 
     match event:
         case ev.TurnRequested():

@@ -8,12 +8,9 @@ a slow or missing one delays the close a little and never blocks it.
 
 from __future__ import annotations
 
-import asyncio
-
 import msgspec
 
 from shared import awaiter, events as ev
-from shared import loader
 from shared.config import env_float
 from shared.consumer import Context, Node
 from shared.state import ConversationState
@@ -40,11 +37,7 @@ def metadata(state: ConversationState, turn: int, suggestions: ev.SuggestionsGen
 
 
 async def handle(event: ev.SuggestionsGenerated, ctx: Context) -> list[ev.Envelope]:
-    await asyncio.gather(*(
-        awaiter.turn_event(ctx.bus, event.site, event.session_id, event.turn, kind, timeout_s=WAIT_S)
-        for kind in GATHERED
-    ))
-    state = await loader.load(ctx.bus, event.site, event.session_id)
+    state = await awaiter.turn_state(ctx.bus, event.site, event.session_id, event.turn, set(GATHERED), WAIT_S)
     return [ctx.follow(ev.TurnCompleted, metadata=metadata(state, event.turn, event))]
 
 

@@ -15,8 +15,8 @@ import tomllib
 from pathlib import Path
 
 from shared import events as ev
-from shared import loader
-from shared.consumer import Context, Node
+from shared import subjects
+from shared.consumer import Context, Node, PermanentError
 
 MARKERS: dict[str, str] = tomllib.loads((Path(__file__).parent / "data" / "dialog_markers.toml").read_text())["markers"]
 
@@ -53,18 +53,21 @@ def form_values(user_message: str) -> dict[str, str]:
     return values
 
 
-def _user_message(state, turn: int) -> str:
-    return next((m.content for m in state.messages if m.turn == turn and m.role == "user"), "")
+async def _user_message(ctx: Context, event: ev.Envelope) -> str:
+    """This turn's message: the session's newest TurnRequested (no next turn can start
+    before this one completes)."""
+    requested = await ctx.bus.last(subjects.conv(event.site, event.session_id, "turn_requested"))
+    if requested is None or requested.turn != event.turn:
+        raise PermanentError(f"no TurnRequested for turn {event.turn}")
+    return requested.message
 
 
 async def extract_dialog_state(event: ev.ResponseCompleted, ctx: Context) -> list[ev.Envelope]:
-    state = await loader.load(ctx.bus, event.site, event.session_id)
-    return [ctx.follow(ev.DialogStateExtracted, flags=dialog_flags(_user_message(state, event.turn), event.text))]
+    return [ctx.follow(ev.DialogStateExtracted, flags=dialog_flags(await _user_message(ctx, event), event.text))]
 
 
 async def extract_form_fields(event: ev.ResponseCompleted, ctx: Context) -> list[ev.Envelope]:
-    state = await loader.load(ctx.bus, event.site, event.session_id)
-    return [ctx.follow(ev.FormFieldsExtracted, values=form_values(_user_message(state, event.turn)))]
+    return [ctx.follow(ev.FormFieldsExtracted, values=form_values(await _user_message(ctx, event)))]
 
 
 async def route_suggestions(event: ev.ResponseCompleted, ctx: Context) -> list[ev.Envelope]:
