@@ -8,14 +8,16 @@ just means a longer fold.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 
 import msgspec
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, BadRequestError
 
+from shared import events as ev
 from shared import subjects
 from shared.bus import Bus
 from shared.events import SCHEMA_VERSION
-from shared.state import ConversationState, fold
+from shared.state import ConversationState, copy_state, fold
 
 log = logging.getLogger(__name__)
 
@@ -62,16 +64,60 @@ async def write_snapshot(bus: Bus, state: ConversationState, revision: int | Non
     return True
 
 
+class FoldCache:
+    """The last folded state of recently used conversations, in this process.
+
+    Only a starting point: every load still reads the log after the cached sequence, so a
+    cached state is never stale, just shorter to bring up to date. It matters because
+    JetStream finds a conversation's next events by scanning the stream from the start
+    sequence: reading from a recent sequence is cheap, reading from an old one is not.
+    """
+
+    def __init__(self, size: int = 4096):
+        self.size = size
+        self._states: OrderedDict[tuple[str, str], ConversationState] = OrderedDict()
+
+    def get(self, site: str, session_id: str) -> ConversationState | None:
+        state = self._states.get((site, session_id))
+        if state is not None:
+            self._states.move_to_end((site, session_id))
+        return state
+
+    def put(self, state: ConversationState) -> None:
+        key = (state.site, state.session_id)
+        cached = self._states.get(key)
+        if cached is None or cached.last_seq <= state.last_seq:
+            self._states[key] = copy_state(state)
+            self._states.move_to_end(key)
+            while len(self._states) > self.size:
+                self._states.popitem(last=False)
+
+
+_cache = FoldCache()
+
+
 async def load(bus: Bus, site: str, session_id: str, use_snapshot: bool = True) -> ConversationState:
-    snapshot, revision = await read_snapshot(bus, site, session_id) if use_snapshot else (None, None)
-    after = snapshot.last_seq if snapshot else 0
+    start = _cache.get(site, session_id) if use_snapshot else None
+    revision = None
+    if start is None and use_snapshot:
+        start, revision = await read_snapshot(bus, site, session_id)
+    after = start.last_seq if start else 0
     tail = await bus.read(subjects.conversation(site, session_id), after_seq=after)
-    state = fold(tail, initial=snapshot)
+    if start is not None and any(isinstance(r.event, ev.TurnRequested) and r.event.turn <= start.turn for r in tail):
+        # Turns we have already folded, appended again: the log was rewritten (a visitor's
+        # erasure). Fold it from the beginning.
+        start = None
+        tail = await bus.read(subjects.conversation(site, session_id))
+    state = fold(tail, initial=start)
     if not state.site:
         state.site, state.session_id = site, session_id
-    if use_snapshot and tail and len(tail) >= bus.config.snapshot_every:
-        try:
-            await write_snapshot(bus, state, revision)
-        except Exception:
-            log.exception("snapshot write failed", extra={"site": site, "session_id": session_id})
+    if use_snapshot:
+        _cache.put(state)
+        if tail and len(tail) >= bus.config.snapshot_every:
+            if revision is None:
+                _, revision = await read_snapshot(bus, site, session_id)
+            try:
+                await write_snapshot(bus, state, revision)
+            except Exception:
+                log.exception("snapshot write failed", extra={"site": site, "session_id": session_id})
     return state

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shared import events as ev
-from shared import privacy, redis_client, subjects
+from shared import loader, privacy, redis_client, subjects
 from shared.config import BusConfig
 from shared.events import LLMCall, VisitorProfile
 from cli import erase
@@ -46,7 +46,11 @@ async def test_erase_visitor_everywhere(bus, nats_url, redis_url, site):
                     privacy.returning_key(site, digest), privacy.seen_key(site, "second")):
             await redis.set(key, b"x")
 
+        before = await loader.load(bus, site, "first")  # this process now has the fold cached
         report = await erase.erase(BusConfig(url=nats_url), redis_url, site, ["first"], None)
+        after = await loader.load(bus, site, "first")
+        assert len(after.messages) == len(before.messages) == 2 and after.event_count == 5
+        assert "ada@example.com" not in after.messages[0].content
 
         assert set(report["sessions"]) == {"first", "second"}
         assert report["sessions"]["first"]["events_rewritten"] == 5
