@@ -54,8 +54,8 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
         app.state.bus = await connect(bus_config, name="gateway")
         app.state.redis = redis_client.connect()
         app.state.limiter = RateLimiter(app.state.redis, settings.rate_per_ip_per_min, settings.rate_per_site_per_min)
-        gc.freeze()  # as in shared/service.py: start-up objects out of the GC's way
         app.state.guard = SessionGuard(app.state.bus, ttl_s=settings.turn_deadline_s + 10)
+        gc.freeze()  # as in shared/service.py: start-up objects out of the GC's way
         try:
             yield
         finally:
