@@ -8,43 +8,62 @@ goes on without it when it is late.
 from __future__ import annotations
 
 import asyncio
+import time
 from shared import events as ev
 from shared import loader, subjects
 from shared.bus import Bus
-from shared.state import ConversationState
+from shared.state import ConversationState, Record, apply
+
+RECHECK_S = 0.05
 
 
 async def turn_state(bus: Bus, site: str, session_id: str, turn: int, wanted: set[str],
                      timeout_s: float) -> ConversationState:
-    """The conversation's state once `wanted` event types of `turn` are stored, or when
-    `timeout_s` has passed, whichever is first. One subscription, one or two loads."""
-    arrived: set[str] = set()
+    """The conversation's state with the `wanted` event types of `turn` in it, or without
+    those still missing when `timeout_s` has passed. One subscription, one load, more loads
+    only while waiting.
+
+    A subscriber can hear of an event a moment before the stream has stored it; such an
+    event is folded into the returned state directly (the returned state is the caller's
+    own copy, so no cache ever holds an event the log does not)."""
+    heard: dict[str, ev.Envelope] = {}
     complete = asyncio.Event()
     missing: set[str] = set(wanted)
 
     async def on_message(msg):
         kind = msg.subject.rsplit(".", 1)[-1]
-        if kind in missing:
+        if kind in missing and kind not in heard:
             try:
                 event = ev.decode(msg.data)
             except ev.BadEvent:
                 return
             if event.turn == turn:
-                arrived.add(kind)
-                if missing <= arrived:
+                heard[kind] = event
+                if missing <= heard.keys():
                     complete.set()
 
     sub = await bus.nc.subscribe(subjects.conversation(site, session_id), cb=on_message)
     try:
         state = await loader.load(bus, site, session_id)
-        record = state.turns.get(turn)
-        missing -= set(record.seen if record else ())
-        if not missing or missing <= arrived:
-            return state
-        try:
-            await asyncio.wait_for(complete.wait(), timeout_s)
-        except asyncio.TimeoutError:
-            pass
-        return await loader.load(bus, site, session_id)
+        missing -= _seen(state, turn)
+        deadline = time.monotonic() + timeout_s
+        while missing and not missing <= heard.keys() and (remaining := deadline - time.monotonic()) > 0:
+            try:
+                await asyncio.wait_for(complete.wait(), min(remaining, RECHECK_S))
+            except asyncio.TimeoutError:
+                # An event published just before we subscribed, and stored just after we
+                # looked, reaches neither: look at the log again.
+                state = await loader.load(bus, site, session_id)
+                missing -= _seen(state, turn)
+        seen = _seen(state, turn)
+        for kind, event in heard.items():
+            if kind not in seen:
+                apply(state, Record(seq=state.last_seq, subject=subjects.conv(site, session_id, kind), event=event))
+        return state
     finally:
         await sub.unsubscribe()
+
+
+def _seen(state: ConversationState, turn: int) -> set[str]:
+    record = state.turns.get(turn)
+    return set(record.seen) if record else set()

@@ -162,6 +162,7 @@ class ResponseCompleted(Envelope, tag="response_completed"):
     token_count: int
     attempt: int = 1
     fallback_used: bool = False
+    late_inputs: list[str] = []  # background results the answer went without (past their deadline)
 
 
 class TurnCompleted(Envelope, tag="turn_completed"):

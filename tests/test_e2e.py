@@ -33,6 +33,7 @@ def system(llm, fallback_llm, suggestions_llm):
             "CONSUMER_ACK_WAIT_S": "2",
             "CONSUMER_BACKOFF_S": "0.2,0.5",
             "RATE_LIMIT_PER_IP_PER_MIN": "10000",  # every test request comes from 127.0.0.1
+            "ANSWER_WAIT_S": "0.5",
         })
         try:
             sys_.start_all()
@@ -63,6 +64,8 @@ async def test_two_turns_stream_and_remember(system, llm, http, site):
 
     second = await chat(http, system.gateway_url, {"site": site, "session_id": session, "message": "What is my name?"})
     assert second.final["type"] == "complete" and second.final["turn"] == 2
+    # The answer waited for the visitor's enrichment: the system prompt knows the company.
+    assert "company name: Northwind Logistics" in llm.requests()[0]["messages"][0]["content"]
     # Turn 2's prompt holds turn 1, taken from the event log.
     sent = llm.requests()[-1]["messages"]
     assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
@@ -74,6 +77,7 @@ async def test_two_turns_stream_and_remember(system, llm, http, site):
     for kind in ("turn_requested", "route_decided", "response_completed", "dialog_state_extracted",
                  "form_fields_extracted", "suggestions_generated", "turn_completed"):
         assert kinds.count(kind) == 2, kinds
+    assert all(e["event"]["late_inputs"] == [] for e in log["events"] if e["type"] == "response_completed")
     roles = [e["event"]["call"]["role"] for e in log["events"] if e["type"] == "llm_call_recorded"]
     assert roles.count("answer") == 2 and "suggestions" in roles
     assert all(e["event"]["site"] == site for e in log["events"])

@@ -1,0 +1,57 @@
+"""answer_writer waits for the turn's background results, but never past its deadline."""
+
+from __future__ import annotations
+
+import time
+
+from shared import events as ev
+from shared import subjects
+from shared.config import LLMRoleConfig
+from shared.consumer import ConsumerRunner, Node
+from shared.events import VisitorProfile
+from shared.llm import LLMClient
+from services.responder import answer_writer
+from tests.test_consumer import fast, own, unique, wait_for
+
+
+async def run_turn(bus, site, llm, background=()):
+    client = LLMClient({"answer": LLMRoleConfig(role="answer", base_url=llm.base_url, api_key="k", model="m")})
+    node = answer_writer.make_node(client)
+    runner = ConsumerRunner(bus, Node(unique("aw"), node.consumes, own(site, node.handle)), fast(), start_lookback_s=5)
+    await runner.start()
+    try:
+        req = ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="a1", turn=1, ts=ev.now(),
+                               producer="test", message="What do you do?")
+        await bus.publish(req)
+        for event in background:
+            await bus.publish(ev.follow(req, *event[:2], **event[2]))
+        started = time.monotonic()
+        await bus.publish(ev.follow(req, ev.RouteDecided, "router", route="ANSWER", reason="t"))
+
+        async def done():
+            return [r.event for r in await bus.read(subjects.conv(site, "a1", "response_completed"))]
+
+        (completed,) = await wait_for(done)
+        return completed, time.monotonic() - started
+    finally:
+        await runner.stop()
+
+
+async def test_late_background_results_are_named_and_do_not_block(bus, site, llm, monkeypatch):
+    monkeypatch.setattr(answer_writer, "WAIT_S", 0.3)
+    llm.clear()
+    completed, elapsed = await run_turn(bus, site, llm)
+    assert completed.late_inputs == ["enrichment_completed", "profile_inferred"]
+    assert elapsed < 0.3 + 2.0
+    assert "What we know about the visitor" not in llm.requests()[-1]["messages"][0]["content"]
+
+
+async def test_profile_reaches_the_prompt_when_ready(bus, site, llm):
+    llm.clear()
+    completed, _ = await run_turn(bus, site, llm, background=[
+        (ev.EnrichmentCompleted, "enrichment", {"profile": VisitorProfile(company_name="Globex", sector="Manufacturing")}),
+        (ev.ProfileInferred, "visitor_profiler", {"profile": VisitorProfile(job_to_be_done="Automate quotes")}),
+    ])
+    assert completed.late_inputs == []
+    system = llm.requests()[-1]["messages"][0]["content"]
+    assert "company name: Globex" in system and "job to be done: Automate quotes" in system
