@@ -101,6 +101,20 @@ async def test_bad_requests_are_4xx_with_the_field(system, http, body, field):
     assert response.json()["detail"][0]["field"] == field
 
 
+async def test_same_session_id_on_two_sites_are_two_conversations(system, llm, http, site):
+    other = site + "b"
+    llm.clear()
+    a = await chat(http, system.gateway_url, {"site": site, "session_id": "shared-id", "message": "secret of A"})
+    b = await chat(http, system.gateway_url, {"site": other, "session_id": "shared-id", "message": "hello from B"})
+    assert a.final["turn"] == 1 and b.final["turn"] == 1
+    assert all("secret of A" not in m["content"] for m in llm.requests()[-1]["messages"])
+    for tenant, mine in ((site, "secret of A"), (other, "hello from B")):
+        log = (await http.get(f"{system.gateway_url}/v1/conversations/{tenant}/shared-id/events")).json()
+        assert {e["event"]["site"] for e in log["events"]} == {tenant}
+        state = (await http.get(f"{system.gateway_url}/v1/conversations/{tenant}/shared-id/state")).json()
+        assert [m["content"] for m in state["messages"] if m["role"] == "user"] == [mine]
+
+
 async def test_abuse_gate_blocks_before_any_llm_call(system, llm, http, site):
     llm.clear()
 
