@@ -227,3 +227,13 @@ async def test_redirect_route_cancels_unfinished_enrichment(bus, redis, provider
 
 async def _len_at_least(coro, n):
     return len(await coro) >= n
+
+
+async def test_one_sites_visitors_are_never_another_sites(redis, providers, client):
+    a, b = f"a{uuid.uuid4().hex[:8]}", f"b{uuid.uuid4().hex[:8]}"
+    e = make(redis, [RevealSource()])
+    profile, _ = await run(e, lookup(a, ip="192.0.2.50", reveal={"company": "Secret Corp"}))
+    assert profile.company_name == "Secret Corp"
+    profile, statuses = await run(e, lookup(b, ip="192.0.2.50"))  # same visitor IP, other tenant
+    assert statuses["cache"] == "miss" and statuses["returning_visitor"] == "miss"
+    assert profile.company_name == "unknown"
