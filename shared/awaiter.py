@@ -26,6 +26,8 @@ async def turn_state(bus: Bus, site: str, session_id: str, turn: int, wanted: se
     A subscriber can hear of an event a moment before the stream has stored it; such an
     event is folded into the returned state directly (the returned state is the caller's
     own copy, so no cache ever holds an event the log does not)."""
+    if timeout_s <= 0:  # not waiting: no subscription to set up and tear down on the hot path
+        return await loader.load(bus, site, session_id)
     heard: dict[str, ev.Envelope] = {}
     complete = asyncio.Event()
     missing: set[str] = set(wanted)

@@ -29,8 +29,10 @@ from shared.state import Record
 
 log = logging.getLogger(__name__)
 
-# JetStream's error code for a failed Nats-Expected-Last-Subject-Sequence check.
-_WRONG_LAST_SEQUENCE = 10071
+# JetStream error codes: a failed Nats-Expected-Last-Subject-Sequence check; a stream or
+# bucket that already exists with another configuration.
+WRONG_LAST_SEQUENCE = 10071
+ALREADY_EXISTS = 10058
 
 
 class ConcurrencyConflict(Exception):
@@ -56,7 +58,7 @@ class Bus:
         try:
             return await self.js.publish(subject, ev.encode(event), headers=headers, stream=subjects.CONV_STREAM)
         except APIError as exc:
-            if exc.err_code == _WRONG_LAST_SEQUENCE:
+            if exc.err_code == WRONG_LAST_SEQUENCE:
                 raise ConcurrencyConflict(f"{subject}: expected last sequence {expected_subject_seq}") from exc
             raise
 
@@ -232,7 +234,7 @@ async def _ensure_stream(js: JetStreamContext, config: api.StreamConfig) -> None
         await js.add_stream(config)
     except BadRequestError as exc:
         # Exists with another config (e.g. a changed retention): bring it up to date.
-        if exc.err_code == 10058:
+        if exc.err_code == ALREADY_EXISTS:
             await js.update_stream(config)
         else:
             raise
@@ -242,7 +244,7 @@ async def _ensure_bucket(js: JetStreamContext, bucket: str, ttl: float | None, r
     try:
         return await js.create_key_value(bucket=bucket, ttl=ttl, history=1, replicas=replicas)
     except BadRequestError as exc:
-        if exc.err_code == 10058:
+        if exc.err_code == ALREADY_EXISTS:
             return await js.key_value(bucket)
         raise
 

@@ -21,10 +21,6 @@ SNAPSHOT_BUCKET = "state_snapshots"
 TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
-def valid_token(value: str) -> bool:
-    return bool(TOKEN_RE.match(value))
-
-
 def conv(site: str, session_id: str, event_type: str) -> str:
     return f"conv.{site}.{session_id}.{event_type}"
 

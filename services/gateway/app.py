@@ -41,6 +41,11 @@ class GatewaySettings(msgspec.Struct, kw_only=True):
         )
 
 
+def sse_headers(session_id: str) -> dict[str, str]:
+    # No proxy buffering: an ingress must pass each token on as it comes.
+    return {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Session-Id": session_id}
+
+
 def sse(payload: dict) -> bytes:
     return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
 
@@ -154,7 +159,7 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
         return StreamingResponse(
             stream(),
             media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Session-Id": session_id},
+            headers=sse_headers(session_id),
         )
 
     @app.get("/v1/conversations/{site}/{session_id}/events")
@@ -212,8 +217,7 @@ def _blocked_response(event: ev.TurnBlocked) -> StreamingResponse:
     async def stream():
         yield b"".join(sse(p) for p in payloads)
 
-    return StreamingResponse(stream(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Session-Id": event.session_id})
+    return StreamingResponse(stream(), media_type="text/event-stream", headers=sse_headers(event.session_id))
 
 
 def _not_found(site: str, session_id: str) -> JSONResponse:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from nats.js.errors import APIError, KeyWrongLastSequenceError
 
 from shared import subjects
-from shared.bus import Bus
+from shared.bus import WRONG_LAST_SEQUENCE, Bus
 
 
 class SessionGuard:
@@ -29,5 +29,5 @@ class SessionGuard:
         try:
             await self.kv.delete(subjects.kv_key(site, session_id), last=revision)
         except APIError as exc:
-            if exc.err_code != 10071:  # wrong last sequence: not ours any more, leave it
+            if exc.err_code != WRONG_LAST_SEQUENCE:  # not ours any more: leave it
                 raise
