@@ -12,7 +12,9 @@ commands:
   bench                  drive a fresh system with the scripted LLM and print figures (make bench)
   scripted-llm           serve the scripted OpenAI-compatible LLM used by tests and bench
   erase-visitor          forget a visitor: redact their events, delete their cached data
-  loadtest SERVICE       one service alone under a set rate (enricher)
+  loadtest SERVICE       one service alone under a set rate (enricher, router)
+  eval intent|skills|all run the router's evals on labeled JSONL (make eval)
+  sites check [DIR]      validate the site config files (default: sites/)
 """
 
 
@@ -34,6 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     if command == "loadtest":
         from cli import loadtest
         return loadtest.main(rest)
+    if command == "eval":
+        from cli import evals
+        return evals.main(rest)
+    if command == "sites":
+        from cli import sites
+        return sites.main(rest)
     if command == "erase-visitor":
         from cli import erase
         return erase.main(rest)

@@ -73,12 +73,33 @@ class TurnBlocked(Envelope, tag="turn_blocked"):
 class IntentClassified(Envelope, tag="intent_classified"):
     intent: str
     confidence: float
-    classifier: str
+    classifier: str  # the backend that decided: local | llm (cascade records which one answered)
+    scores: dict[str, float] = {}  # the local model's class probabilities, when it ran
+    latency_ms: float = 0.0
+    note: str = ""  # e.g. why an input was classified without a model (empty, emoji only)
 
 
 class InterestSignalsDetected(Envelope, tag="interest_signals_detected"):
     signals: dict[str, bool] = {}
-    score: float = 0.0
+    score: float = 0.0  # cumulative across the conversation, 0..1
+    turn_score: float = 0.0  # this turn's contribution
+    classifier: str = "local"
+
+
+class SkillsSelected(Envelope, tag="skills_selected"):
+    """How the response should end, as proposed from intent, signals and history."""
+
+    skills: list[str] = []
+    classifier: str = "local"
+    intent: str = UNKNOWN  # the intent the selection was made with (its own estimate)
+
+
+class SkillsApplied(Envelope, tag="skills_applied"):
+    """The skills the response handler must apply, after the deterministic rules."""
+
+    skills: list[str] = []
+    rules: list[str] = []  # which rules changed the selection, in order
+    qualification_question: str | None = None  # post-conversion: the question to ask now
 
 
 class RouteDecided(Envelope, tag="route_decided"):
@@ -86,6 +107,24 @@ class RouteDecided(Envelope, tag="route_decided"):
     reason: str
     intent: str = UNKNOWN
     hack_increment: int = 0
+    # Which rule decided: DEFAULT, DEMO_REQUESTED, INTEREST_THRESHOLD, PAUSE / EXIT / STAY
+    # (mid-booking), STOP (STOP_BOOKING ends the flow), POST_CONVERSION, REDIRECT_<INTENT>.
+    branch: str = ""
+
+
+class BookingProgressed(Envelope, tag="booking_progressed"):
+    """The booking flow asked for `pending_field` (None: nothing left to ask)."""
+
+    pending_field: str | None = None
+    collected: dict[str, str] = {}
+    done: bool = False
+
+
+class LeadCaptured(Envelope, tag="lead_captured"):
+    """The first e-mail address of the conversation was captured."""
+
+    email: str
+    capture_context: str = "in_chat_booking"
 
 
 class EnrichmentCompleted(Envelope, tag="enrichment_completed"):
@@ -183,7 +222,11 @@ Event = Union[
     TurnBlocked,
     IntentClassified,
     InterestSignalsDetected,
+    SkillsSelected,
+    SkillsApplied,
     RouteDecided,
+    BookingProgressed,
+    LeadCaptured,
     EnrichmentCompleted,
     ProfileInferred,
     DialogStateExtracted,

@@ -119,6 +119,10 @@ class LLMClient:
     def from_env(cls, roles: tuple[str, ...] = LLM_ROLES) -> "LLMClient":
         return cls({role: LLMRoleConfig.from_env(role) for role in roles})
 
+    def configured(self, role: str) -> bool:
+        config = self.roles.get(role)
+        return bool(config and config.base_url)
+
     def endpoints(self, role: str) -> list[_Endpoint]:
         """The role's primary endpoint, then its fallback when one is configured."""
         if role not in self._endpoints:

@@ -86,6 +86,12 @@ def redact(event: ev.Envelope) -> tuple[ev.Envelope, list[str]]:
         case ev.FormFieldsExtracted():
             if event.values:
                 changes["values"] = {k: REDACTED for k in event.values}
+        case ev.BookingProgressed():
+            if event.collected:
+                changes["collected"] = {k: REDACTED for k in event.collected}
+        case ev.LeadCaptured():
+            if event.email != REDACTED:
+                changes["email"] = REDACTED
         case ev.TurnCompleted():
             profile = event.metadata.get("visitor_profile")
             if isinstance(profile, dict) and any(profile.get(k) not in (None, "", ev.UNKNOWN) for k in ("ip", "email")):

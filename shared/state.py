@@ -40,11 +40,27 @@ class FormCollectionState(msgspec.Struct, kw_only=True):
     max_turn: int = 0
 
 
+class BookingState(msgspec.Struct, kw_only=True):
+    """The in-chat booking flow: started by a BOOKING route, ended by STOP, EXIT or a
+    captured lead."""
+
+    active: bool = False
+    started_turn: int = 0
+    pending_field: str | None = None  # the field the bot asked for last
+    collected: dict[str, str] = {}
+    lead_captured: bool = False
+    lead_turn: int = 0
+
+
 class TurnRecord(msgspec.Struct, kw_only=True):
     turn: int
     status: str = "requested"  # requested -> completed | failed; or blocked
     route: str | None = None
+    branch: str | None = None
     intent: str | None = None
+    intent_confidence: float | None = None
+    skills_selected: list[str] | None = None
+    skills: list[str] | None = None  # as applied
     response_attempt: int | None = None
     fallback_used: bool = False
     error: str | None = None
@@ -65,6 +81,9 @@ class ConversationState(msgspec.Struct, kw_only=True):
     dialog: DialogSupervisionState = msgspec.field(default_factory=DialogSupervisionState)
     interest: InterestSignalsState = msgspec.field(default_factory=InterestSignalsState)
     form: FormCollectionState = msgspec.field(default_factory=FormCollectionState)
+    booking: BookingState = msgspec.field(default_factory=BookingState)
+    last_cta_turn: int = 0  # the last turn whose applied skills proposed a demo or asked for an e-mail
+    qualification_asked: list[str] = []  # post-conversion questions already asked
     hack_count: int = 0
     spam_count: int = 0
     last_input: str = ""
@@ -114,6 +133,21 @@ def merge_form_collection(old: FormCollectionState, values: dict[str, str], turn
     return FormCollectionState(values={**old.values, **values}, max_turn=max(old.max_turn, turn))
 
 
+CTA_SKILLS = frozenset({"propose_demo", "collect_email"})
+
+
+def apply_route_to_booking(old: BookingState, event: ev.RouteDecided) -> BookingState:
+    booking = msgspec.structs.replace(old)
+    if event.branch in ("STOP", "EXIT"):
+        booking.active = False
+        booking.pending_field = None
+    elif event.route == "BOOKING" and not booking.lead_captured:
+        if not booking.active:
+            booking.active = True
+            booking.started_turn = event.turn
+    return booking
+
+
 # --- the transition ---------------------------------------------------------------------
 
 
@@ -155,12 +189,38 @@ def apply(state: ConversationState, record: Record) -> ConversationState:
         case ev.RouteDecided():
             rec = _turn(state, event.turn)
             rec.route = event.route
+            rec.branch = event.branch
             rec.intent = event.intent
             state.hack_count += event.hack_increment
+            state.booking = apply_route_to_booking(state.booking, event)
         case ev.IntentClassified():
-            _turn(state, event.turn).intent = event.intent
+            rec = _turn(state, event.turn)
+            rec.intent = event.intent
+            rec.intent_confidence = event.confidence
         case ev.InterestSignalsDetected():
             state.interest = merge_interest_signals(state.interest, event.signals, event.score, event.turn)
+        case ev.SkillsSelected():
+            _turn(state, event.turn).skills_selected = list(event.skills)
+        case ev.SkillsApplied():
+            _turn(state, event.turn).skills = list(event.skills)
+            if CTA_SKILLS & set(event.skills):
+                state.last_cta_turn = max(state.last_cta_turn, event.turn)
+            if event.qualification_question and event.qualification_question not in state.qualification_asked:
+                state.qualification_asked.append(event.qualification_question)
+        case ev.BookingProgressed():
+            booking = state.booking
+            booking.pending_field = event.pending_field
+            booking.collected = {**booking.collected, **event.collected}
+            if event.done:
+                booking.active = False
+                booking.pending_field = None
+        case ev.LeadCaptured():
+            booking = state.booking
+            if not booking.lead_captured:
+                booking.lead_captured = True
+                booking.lead_turn = event.turn
+            booking.active = False
+            booking.pending_field = None
         case ev.EnrichmentCompleted() | ev.ProfileInferred():
             state.visitor_profile = merge_visitor_profiles(state.visitor_profile, event.profile)
         case ev.DialogStateExtracted():

@@ -1,11 +1,40 @@
-"""Router service: turns a `TurnRequested` into a `RouteDecided`."""
+"""Router service: analyses each turn (intent, buying signals, skills) in parallel, routes
+it (ANSWER / REDIRECT / BOOKING) and applies the skill rules. It also keeps the site
+configs in the `site_config` bucket in step with `SITES_DIR`."""
 
+import asyncio
+import logging
+from pathlib import Path
+
+from services.router import (intent_classifier, intent_router, interest_signals_detector, skill_applier,
+                             skill_selector)
+from services.router.runtime import RouterParts
 from shared import service
-from services.router import intent_router
+from shared.config import env_str
+from shared.llm import LLMClient
+from shared.site_config import SiteConfigSync
+
+log = logging.getLogger(__name__)
+_sync: SiteConfigSync | None = None
 
 
 async def nodes(bus):
-    return [intent_router.node]
+    global _sync
+    sites = Path(env_str("SITES_DIR", "sites"))
+    if sites.is_dir():
+        _sync = SiteConfigSync(bus, sites)
+        await _sync.start()
+    else:
+        log.info("no SITES_DIR: every site runs on the default config", extra={"dir": str(sites)})
+    llm = LLMClient.from_env(("classifier",))
+    parts = await asyncio.to_thread(RouterParts.build, bus, llm if llm.configured("classifier") else None)
+    return [
+        intent_classifier.make_node(parts),
+        interest_signals_detector.make_node(parts),
+        skill_selector.make_node(parts),
+        intent_router.make_node(parts),
+        skill_applier.make_node(parts),
+    ]
 
 
 def main() -> None:

@@ -1,0 +1,30 @@
+"""`concierge eval intent|skills|all`: the router's evals (see services/router/evaluation.py)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="concierge eval")
+    parser.add_argument("which", choices=("intent", "skills", "all"))
+    parser.add_argument("--dataset", type=Path, help="JSONL file (default: the shipped evaluation set)")
+    parser.add_argument("--backend", choices=("local", "llm", "cascade"), default="local",
+                        help="intent classifier backend (default: local, the embedded default)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    from services.router import evaluation
+
+    if args.dataset is not None and not args.dataset.is_file():
+        parser.error(f"--dataset {args.dataset}: no such file")
+    if args.which == "intent":
+        return evaluation.eval_intent(args.dataset or evaluation.EVAL, args.backend)
+    if args.which == "skills":
+        return evaluation.eval_skills(args.dataset or evaluation.SKILLS_EVAL)
+    if args.dataset is not None:
+        parser.error("eval all runs the shipped datasets; use eval intent|skills --dataset FILE for one file")
+    skills = evaluation.eval_skills()
+    intent = evaluation.eval_intent(evaluation.EVAL, args.backend)  # last, so its JSON is the last line
+    return max(skills, intent)

@@ -1,0 +1,160 @@
+"""Intent classification behind one interface, three backends.
+
+- local: `LocalIntentModel` (MiniLM embedding + character n-grams → logistic regression);
+- llm: the `classifier` LLM role answers a JSON schema (msgspec decode, one repair retry);
+- cascade: local first, the LLM only when the local confidence is below the threshold.
+
+`ROUTER_CLASSIFIER` picks the deployment's backend (default `local`); a site may override
+it in its config. Every result names the backend that decided. A message with no words
+(empty, whitespace, emoji or punctuation only) is classified by rule, without a model, and
+says so in `note`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from pathlib import Path
+from typing import Awaitable, Callable, Literal
+
+import msgspec
+
+from services.router.local_model import INTENTS, LocalIntentModel
+from shared import prompts
+from shared.config import env_float, env_str
+from shared.embeddings import Embedder
+from shared.llm import LLMClient, LLMError
+from shared.site_config import SiteConfig
+
+log = logging.getLogger(__name__)
+
+PROMPTS = Path(__file__).parent / "prompts"
+MAX_CHARS = 2000  # longer messages are classified on their beginning
+WORD_RE = re.compile(r"\w", re.UNICODE)
+HISTORY_TURNS = 4
+
+Intent = Literal["LEARN", "CONTEXT", "SUPPORT", "OFFTOPIC", "OTHER", "BOOKING", "STOP_BOOKING", "HACK"]
+Recorder = Callable[[object], Awaitable[None]]
+
+
+class IntentOutput(msgspec.Struct, kw_only=True):
+    intent: Intent
+    confidence: float = 0.5
+
+
+class IntentResult(msgspec.Struct, kw_only=True):
+    intent: str
+    confidence: float
+    classifier: str
+    scores: dict[str, float] = {}
+    note: str = ""
+    latency_ms: float = 0.0
+    llm_calls: int = 0
+
+
+def normalize(message: str) -> str:
+    return " ".join(message.split())[:MAX_CHARS]
+
+
+def has_words(message: str) -> bool:
+    return bool(WORD_RE.search(message))
+
+
+def transcript(history: list[dict], limit: int = HISTORY_TURNS * 2) -> str:
+    lines = [f"{m.get('role', 'user')}: {str(m.get('content', ''))[:500]}" for m in history[-limit:]]
+    return "\n".join(lines) if lines else "(no earlier messages)"
+
+
+async def _no_record(call) -> None:
+    return None
+
+
+class IntentClassifier:
+    def __init__(self, model: LocalIntentModel | None, llm: LLMClient | None, backend: str | None = None,
+                 threshold: float | None = None):
+        self.model = model
+        self.llm = llm
+        self.backend = backend or env_str("ROUTER_CLASSIFIER", "local")
+        if self.backend not in ("local", "llm", "cascade"):
+            raise ValueError(f"ROUTER_CLASSIFIER={self.backend!r}: must be local, llm or cascade")
+        self.threshold = threshold if threshold is not None else env_float("ROUTER_CASCADE_THRESHOLD", 0.5)
+
+    @property
+    def embedder(self) -> Embedder | None:
+        return self.model.embedder if self.model else None
+
+    async def local(self, message: str) -> IntentResult:
+        text = normalize(message)
+        vector = await self.model.embedder.aembed(text)
+        scores = self.model.probabilities(text, vector)
+        best = max(scores, key=scores.get)
+        return IntentResult(intent=best, confidence=round(scores[best], 4), classifier="local",
+                            scores={k: round(v, 4) for k, v in scores.items()})
+
+    async def with_llm(self, site: str, config: SiteConfig, message: str, history: list[dict],
+                       record: Recorder) -> IntentResult:
+        system = prompts.compose(PROMPTS / "intent_classifier.md", site, config)
+        user = f"Conversation so far:\n{transcript(history)}\n\nLatest visitor message:\n{normalize(message)}"
+        out = await self.llm.structured("classifier", [{"role": "system", "content": system},
+                                                       {"role": "user", "content": user}], record, IntentOutput,
+                                        temperature=0.0)
+        return IntentResult(intent=out.intent, confidence=round(min(max(out.confidence, 0.0), 1.0), 4), classifier="llm")
+
+    async def classify(self, site: str, config: SiteConfig, message: str,
+                       history: list[dict] | Callable[[], Awaitable[list[dict]]] | None = None,
+                       record: Recorder = _no_record) -> IntentResult:
+        """`history` may be a coroutine function: then it is only called when the LLM is."""
+        started = time.perf_counter()
+        result = await self._classify(site, config, message, history, record)
+        result.latency_ms = round((time.perf_counter() - started) * 1000, 3)
+        return result
+
+    async def _classify(self, site, config, message, history, record) -> IntentResult:
+        if not has_words(message):
+            note = "empty message" if not message.strip() else "no words (emoji or punctuation only)"
+            return IntentResult(intent="OFFTOPIC", confidence=1.0, classifier="rule", note=note)
+        backend = config.classifier.backend or self.backend
+        threshold = config.classifier.cascade_threshold or self.threshold
+        if backend == "llm" or self.model is None:
+            return await self._llm_or(None, site, config, message, history, record)
+        local = await self.local(message)
+        if backend == "cascade" and local.confidence < threshold:
+            return await self._llm_or(local, site, config, message, history, record)
+        return local
+
+    async def _llm_or(self, fallback: IntentResult | None, site, config, message, history, record) -> IntentResult:
+        calls = 0
+
+        async def counting(call):
+            nonlocal calls
+            calls += 1
+            await record(call)
+
+        if self.llm is None:
+            if fallback is not None:
+                fallback.note = "no LLM configured: the local result stands"
+                return fallback
+            raise LLMError("the llm intent backend needs an LLM endpoint (LLM_BASE_URL)")
+        try:
+            if callable(history):
+                history = await history()
+            result = await self.with_llm(site, config, message, history or [], counting)
+            if fallback is not None:
+                result.scores = fallback.scores
+                result.note = f"local confidence {fallback.confidence} < threshold"
+            result.llm_calls = calls
+            return result
+        except (LLMError, msgspec.MsgspecError) as exc:
+            if fallback is None and self.model is not None:
+                fallback = await self.local(message)
+            if fallback is None:
+                raise
+            fallback.note = f"LLM failed ({type(exc).__name__}): the local result stands"
+            fallback.llm_calls = calls
+            log.warning("LLM intent classification failed; using the local model", extra={"error": str(exc)[:200]})
+            return fallback
+
+
+def known_intent(intent: str) -> bool:
+    return intent in INTENTS

@@ -1,0 +1,60 @@
+"""The routing table: given what this turn's analysis found and where the conversation
+stands, where does the turn go? Pure and deterministic; the rules, in order:
+
+| # | when                                                       | route    | branch             |
+|---|------------------------------------------------------------|----------|--------------------|
+| 1 | intent HACK (counts toward the gateway's block at 2)       | REDIRECT | EXIT mid-booking, REDIRECT_HACK otherwise |
+| 2 | STOP_BOOKING with a booking flow under way                  | BOOKING  | STOP (the flow ends politely) |
+| 3 | STOP_BOOKING with no flow                                   | ANSWER   | NOTHING_TO_STOP    |
+| 4 | flow under way, the message carries an e-mail, or BOOKING / CONTEXT (answering the field) | BOOKING | STAY |
+| 5 | flow under way, LEARN (a product question)                  | ANSWER   | PAUSE (the flow stays open) |
+| 6 | flow under way, SUPPORT / OFFTOPIC / OTHER                  | REDIRECT | EXIT (the flow ends) |
+| 7 | lead captured, LEARN / CONTEXT / BOOKING                    | ANSWER   | POST_CONVERSION    |
+| 8 | intent BOOKING                                              | BOOKING  | DEMO_REQUESTED     |
+| 9 | LEARN / CONTEXT, cumulative score ≥ site threshold and the skills propose a demo | BOOKING | INTEREST_THRESHOLD |
+| 10| LEARN / CONTEXT                                             | ANSWER   | DEFAULT            |
+| 11| SUPPORT / OFFTOPIC / OTHER                                  | REDIRECT | REDIRECT_<INTENT>  |
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from services.router.skills import EMAIL_RE
+from shared.state import BookingState
+
+
+class Decision(msgspec.Struct, kw_only=True, frozen=True):
+    route: str
+    branch: str
+    reason: str
+    hack_increment: int = 0
+
+
+def decide(*, intent: str, message: str, score: float, threshold: float, skills: list[str],
+           booking: BookingState) -> Decision:
+    active = booking.active and not booking.lead_captured
+    if intent == "HACK":
+        return Decision(route="REDIRECT", branch="EXIT" if active else "REDIRECT_HACK", hack_increment=1,
+                        reason="prompt-injection or data-extraction attempt" + (", booking flow left" if active else ""))
+    if intent == "STOP_BOOKING":
+        if active:
+            return Decision(route="BOOKING", branch="STOP", reason="the visitor wants out of the booking flow")
+        return Decision(route="ANSWER", branch="NOTHING_TO_STOP", reason="STOP_BOOKING with no booking flow under way")
+    if active:
+        if EMAIL_RE.search(message) or intent in ("BOOKING", "CONTEXT"):
+            field = booking.pending_field or "the booking"
+            return Decision(route="BOOKING", branch="STAY", reason=f"answering the active booking field: {field}")
+        if intent == "LEARN":
+            return Decision(route="ANSWER", branch="PAUSE", reason="product question mid-booking: answered, flow kept")
+        return Decision(route="REDIRECT", branch="EXIT", reason=f"{intent} mid-booking: the flow ends")
+    if booking.lead_captured and intent in ("LEARN", "CONTEXT", "BOOKING"):
+        return Decision(route="ANSWER", branch="POST_CONVERSION", reason="lead already captured: qualification, not booking")
+    if intent == "BOOKING":
+        return Decision(route="BOOKING", branch="DEMO_REQUESTED", reason="the visitor asked for a demo or a call")
+    if intent in ("LEARN", "CONTEXT"):
+        if score >= threshold and "propose_demo" in skills:
+            return Decision(route="BOOKING", branch="INTEREST_THRESHOLD",
+                            reason=f"interest score {score:.2f} ≥ {threshold:.2f} and skills propose a demo")
+        return Decision(route="ANSWER", branch="DEFAULT", reason=f"{intent}: answered from the knowledge base")
+    return Decision(route="REDIRECT", branch=f"REDIRECT_{intent}", reason=f"{intent}: redirected")

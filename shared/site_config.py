@@ -1,0 +1,255 @@
+"""Per-site configuration: `sites/<site>.toml` files → the `site_config` KV bucket → every
+service.
+
+A file is validated against `SiteConfig` (unknown keys and wrong types are errors); an
+invalid file is refused with a message naming the file and the field, and the last good
+config of that site stays in the bucket. `SiteConfigSync` loads the directory at start and
+polls it for changes (a ConfigMap mounted in Kubernetes, the repo's `sites/` on one
+machine); `SiteConfigs` is the read side, a small cache in front of the bucket. A site
+without a file gets the defaults below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import tomllib
+from pathlib import Path
+
+import msgspec
+from nats.js.errors import KeyNotFoundError
+
+from shared import subjects
+from shared.bus import Bus
+from shared.config import env_float
+
+log = logging.getLogger(__name__)
+
+SKILLS = ("propose_demo", "collect_email", "ask_qualifying_question", "suggest_follow_up", "share_resource")
+
+
+class Strict(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class Interest(Strict):
+    threshold: float = 0.6  # cumulative interest score at which the bot may steer to booking
+
+
+class CTA(Strict):
+    label: str = "Book a demo"
+    url: str = ""
+    booking_url: str = ""
+    first_turn: int = 2  # no unsolicited demo/email ask before this turn
+    cooldown_turns: int = 2  # turns between two unsolicited asks
+
+
+class FormField(Strict):
+    name: str
+    label: str = ""
+    required: bool = True
+    kind: str = "text"  # text | email | phone | choice
+    choices: list[str] = []
+
+
+class Booking(Strict):
+    fields: list[FormField] = msgspec.field(default_factory=lambda: [
+        FormField(name="email", label="Work email", kind="email"),
+    ])
+
+
+class Qualification(Strict):
+    questions: list[str] = []  # asked one per turn once a lead is captured
+
+
+class Skills(Strict):
+    enabled: list[str] = msgspec.field(default_factory=lambda: list(SKILLS))
+
+
+class Redirects(Strict):
+    support: str = ""
+    careers: str = ""
+    press: str = ""
+    partnerships: str = ""
+    investors: str = ""
+
+
+class Classifier(Strict):
+    backend: str = ""  # local | llm | cascade; empty: the deployment's default
+    cascade_threshold: float = 0.0  # 0: the deployment's default
+
+
+class SiteConfig(Strict):
+    name: str = ""
+    languages: list[str] = msgspec.field(default_factory=lambda: ["en"])
+    instructions: str = ""  # the client's own instructions: the third prompt level
+    interest: Interest = msgspec.field(default_factory=Interest)
+    cta: CTA = msgspec.field(default_factory=CTA)
+    booking: Booking = msgspec.field(default_factory=Booking)
+    qualification: Qualification = msgspec.field(default_factory=Qualification)
+    skills: Skills = msgspec.field(default_factory=Skills)
+    redirects: Redirects = msgspec.field(default_factory=Redirects)
+    classifier: Classifier = msgspec.field(default_factory=Classifier)
+    version: str = ""  # set by the sync: the file's content hash
+
+
+class SiteConfigError(ValueError):
+    pass
+
+
+def _check(config: SiteConfig) -> None:
+    if not 0.0 <= config.interest.threshold <= 1.0:
+        raise SiteConfigError("interest.threshold: must be between 0 and 1")
+    unknown = [s for s in config.skills.enabled if s not in SKILLS]
+    if unknown:
+        raise SiteConfigError(f"skills.enabled: unknown skill {unknown[0]!r} (known: {', '.join(SKILLS)})")
+    if config.classifier.backend not in ("", "local", "llm", "cascade"):
+        raise SiteConfigError("classifier.backend: must be local, llm or cascade")
+    if config.cta.first_turn < 1 or config.cta.cooldown_turns < 0:
+        raise SiteConfigError("cta.first_turn must be ≥ 1 and cta.cooldown_turns ≥ 0")
+    names = [f.name for f in config.booking.fields]
+    if len(set(names)) != len(names):
+        raise SiteConfigError("booking.fields: two fields share a name")
+    for i, f in enumerate(config.booking.fields):
+        if f.kind not in ("text", "email", "phone", "choice"):
+            raise SiteConfigError(f"booking.fields[{i}].kind: must be text, email, phone or choice")
+
+
+def parse(path: Path) -> SiteConfig:
+    """Read and validate one file; errors name the file and the field."""
+    import hashlib
+
+    try:
+        raw = path.read_bytes()
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise SiteConfigError(f"{path}: {exc}") from None
+    try:
+        config = msgspec.convert(data, SiteConfig)
+        _check(config)
+    except msgspec.ValidationError as exc:
+        # msgspec says e.g. "Expected `float`, got `str` - at `$.interest.threshold`"
+        raise SiteConfigError(f"{path}: {exc}") from None
+    except SiteConfigError as exc:
+        raise SiteConfigError(f"{path}: {exc}") from None
+    config.version = hashlib.sha256(raw).hexdigest()[:16]
+    return config
+
+
+def site_of(path: Path) -> str:
+    site = path.stem
+    if not subjects.TOKEN_RE.match(site):
+        raise SiteConfigError(f"{path}: the file name must be a site id ([A-Za-z0-9_-], ≤ 64 chars)")
+    return site
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(SiteConfig)
+
+
+class SiteConfigSync:
+    """Files → bucket. Runs at start and then every `poll_s`; only changed files are
+    re-read and only changed configs are written."""
+
+    def __init__(self, bus: Bus, directory: Path, poll_s: float | None = None):
+        self.bus = bus
+        self.directory = directory
+        self.poll_s = poll_s if poll_s is not None else env_float("SITES_POLL_S", 1.0)
+        self._mtimes: dict[Path, float] = {}
+        self._task: asyncio.Task | None = None
+        self.errors: dict[str, str] = {}  # file → last error, for tests and /readyz-style checks
+
+    async def sync_once(self) -> dict[str, str]:
+        """One pass; returns {site: "loaded" | "unchanged" | "refused: …" | "removed"}."""
+        kv = await self.bus.js.key_value(subjects.SITE_CONFIG_BUCKET)
+        result: dict[str, str] = {}
+        present = set()
+        for path in sorted(self.directory.glob("*.toml")):
+            present.add(path)
+            try:
+                mtime = path.stat().st_mtime_ns
+            except OSError:
+                continue
+            if self._mtimes.get(path) == mtime:
+                continue
+            self._mtimes[path] = mtime
+            try:
+                site = site_of(path)
+                config = parse(path)
+            except SiteConfigError as exc:
+                self.errors[str(path)] = str(exc)
+                result[path.stem] = f"refused: {exc}"
+                log.error("site config refused; the last good config stays active", extra={"error": str(exc)})
+                continue
+            self.errors.pop(str(path), None)
+            current = await _get(kv, site)
+            if current is not None and current.version == config.version:
+                result[site] = "unchanged"
+                continue
+            await kv.put(site, _encoder.encode(config))
+            result[site] = "loaded"
+            log.info("site config loaded", extra={"site_id": site, "file": str(path), "version": config.version})
+        for path in list(self._mtimes):
+            if path not in present:
+                del self._mtimes[path]
+                self.errors.pop(str(path), None)
+                try:
+                    await kv.delete(path.stem)
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+                result[path.stem] = "removed"
+                log.info("site config removed (defaults apply)", extra={"site_id": path.stem})
+        return result
+
+    async def start(self) -> None:
+        await self.sync_once()
+        self._task = asyncio.create_task(self._poll(), name="site-config-sync")
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_s)
+            try:
+                await self.sync_once()
+            except Exception:  # noqa: BLE001 - a bus hiccup must not end the watch
+                log.exception("site config sync failed; retrying")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+
+
+async def _get(kv, site: str) -> SiteConfig | None:
+    try:
+        entry = await kv.get(site)
+    except KeyNotFoundError:
+        return None
+    if entry is None or not entry.value:
+        return None
+    return _decoder.decode(entry.value)
+
+
+class SiteConfigs:
+    """Read side: `await configs.get(site)`, cached for `ttl_s` (SITE_CONFIG_TTL_S)."""
+
+    def __init__(self, bus: Bus, ttl_s: float | None = None):
+        self.bus = bus
+        self.ttl_s = ttl_s if ttl_s is not None else env_float("SITE_CONFIG_TTL_S", 2.0)
+        self._cache: dict[str, tuple[float, SiteConfig]] = {}
+        self._kv = None
+
+    async def get(self, site: str) -> SiteConfig:
+        hit = self._cache.get(site)
+        now = time.monotonic()
+        if hit is not None and now - hit[0] < self.ttl_s:
+            return hit[1]
+        try:
+            if self._kv is None:
+                self._kv = await self.bus.js.key_value(subjects.SITE_CONFIG_BUCKET)
+            config = await _get(self._kv, site) or SiteConfig()
+        except Exception:  # noqa: BLE001 - the bucket unreachable: keep what we had
+            if hit is not None:
+                return hit[1]
+            raise
+        self._cache[site] = (now, config)
+        return config
