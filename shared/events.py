@@ -165,6 +165,28 @@ class SuggestionsGenerated(Envelope, tag="suggestions_generated"):
     error: str | None = None
 
 
+class WebhookRecorded(Envelope, tag="webhook_recorded"):
+    """The lead-capture webhook's outcome, whatever it was."""
+
+    target: str  # the URL (no secret in it)
+    ok: bool
+    status: int | None = None
+    attempts: int = 0
+    error: str | None = None
+    skipped: bool = False  # no webhook configured
+
+
+class AnalyticsRecorded(Envelope, tag="analytics_recorded"):
+    """An analytics event: sent to a PostHog-compatible capture API when one is
+    configured, recorded here either way."""
+
+    event_name: str
+    properties: dict[str, Any] = {}
+    sent: bool = False
+    ok: bool = False
+    error: str | None = None
+
+
 class LLMCall(msgspec.Struct, kw_only=True):
     """One call to an LLM, complete enough to replay it without the provider."""
 
@@ -227,6 +249,8 @@ Event = Union[
     RouteDecided,
     BookingProgressed,
     LeadCaptured,
+    WebhookRecorded,
+    AnalyticsRecorded,
     EnrichmentCompleted,
     ProfileInferred,
     DialogStateExtracted,

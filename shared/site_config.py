@@ -75,6 +75,10 @@ class Redirects(Strict):
     investors: str = ""
 
 
+class Lead(Strict):
+    webhook_url: str = ""  # where captured leads are POSTed (HMAC-signed); empty: LEAD_WEBHOOK_URL
+
+
 class Classifier(Strict):
     backend: str = ""  # local | llm | cascade; empty: the deployment's default
     cascade_threshold: float = 0.0  # 0: the deployment's default
@@ -91,6 +95,7 @@ class SiteConfig(Strict):
     skills: Skills = msgspec.field(default_factory=Skills)
     redirects: Redirects = msgspec.field(default_factory=Redirects)
     classifier: Classifier = msgspec.field(default_factory=Classifier)
+    lead: Lead = msgspec.field(default_factory=Lead)
     version: str = ""  # set by the sync: the file's content hash
 
 

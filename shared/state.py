@@ -41,8 +41,8 @@ class FormCollectionState(msgspec.Struct, kw_only=True):
 
 
 class BookingState(msgspec.Struct, kw_only=True):
-    """The in-chat booking flow: started by a BOOKING route, ended by STOP, EXIT or a
-    captured lead."""
+    """The in-chat booking flow: started by a BOOKING route, ended by STOP, EXIT or its
+    last field (BookingProgressed.done). A captured lead stays captured."""
 
     active: bool = False
     started_turn: int = 0
@@ -61,6 +61,7 @@ class TurnRecord(msgspec.Struct, kw_only=True):
     intent_confidence: float | None = None
     skills_selected: list[str] | None = None
     skills: list[str] | None = None  # as applied
+    qualification_question: str | None = None
     response_attempt: int | None = None
     fallback_used: bool = False
     error: str | None = None
@@ -202,7 +203,9 @@ def apply(state: ConversationState, record: Record) -> ConversationState:
         case ev.SkillsSelected():
             _turn(state, event.turn).skills_selected = list(event.skills)
         case ev.SkillsApplied():
-            _turn(state, event.turn).skills = list(event.skills)
+            rec = _turn(state, event.turn)
+            rec.skills = list(event.skills)
+            rec.qualification_question = event.qualification_question
             if CTA_SKILLS & set(event.skills):
                 state.last_cta_turn = max(state.last_cta_turn, event.turn)
             if event.qualification_question and event.qualification_question not in state.qualification_asked:
@@ -219,8 +222,6 @@ def apply(state: ConversationState, record: Record) -> ConversationState:
             if not booking.lead_captured:
                 booking.lead_captured = True
                 booking.lead_turn = event.turn
-            booking.active = False
-            booking.pending_field = None
         case ev.EnrichmentCompleted() | ev.ProfileInferred():
             state.visitor_profile = merge_visitor_profiles(state.visitor_profile, event.profile)
         case ev.DialogStateExtracted():

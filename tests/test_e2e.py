@@ -50,11 +50,11 @@ async def http():
 
 async def test_two_turns_stream_and_remember(system, llm, http, site):
     llm.clear()
-    first = await chat(http, system.gateway_url, {"site": site, "session_id": None, "message": "My name is Ada"})
+    first = await chat(http, system.gateway_url, {"site": site, "session_id": None, "message": "My name is Ada. What integrations do you offer?"})
     assert first.status == 200
     types = [e["type"] for e in first.events]
     assert types[-1] == "complete" and types.count("complete") == 1 and set(types[:-1]) == {"token"}
-    assert first.text.startswith("You said: My name is Ada.")
+    assert first.text.startswith("You said: My name is Ada. What integrations")
     session = first.final["session_id"]
     assert first.final["turn"] == 1 and first.final["metadata"]["route"] == "ANSWER"
     # The enricher named the visitor's company from the offline IP dataset (127.0.0.1 is the demo visitor).
@@ -62,14 +62,14 @@ async def test_two_turns_stream_and_remember(system, llm, http, site):
     assert profile["company_name"].startswith("Northwind") and profile["source"] == "ip_dataset"
     assert profile["ip"] != "127.0.0.1" and len(profile["ip"]) == 16
 
-    second = await chat(http, system.gateway_url, {"site": site, "session_id": session, "message": "What is my name?"})
+    second = await chat(http, system.gateway_url, {"site": site, "session_id": session, "message": "What is my name, and do you integrate with Slack?"})
     assert second.final["type"] == "complete" and second.final["turn"] == 2
     # The answer waited for the visitor's enrichment: the system prompt knows the company.
     assert "company name: Northwind Logistics" in llm.requests()[0]["messages"][0]["content"]
     # Turn 2's prompt holds turn 1, taken from the event log.
     sent = llm.requests()[-1]["messages"]
     assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
-    assert sent[1]["content"] == "My name is Ada" and sent[2]["content"] == first.text
+    assert sent[1]["content"] == "My name is Ada. What integrations do you offer?" and sent[2]["content"] == first.text
     assert "I have 2 earlier messages" in second.text
 
     log = (await http.get(f"{system.gateway_url}/v1/conversations/{site}/{session}/events")).json()
@@ -274,7 +274,7 @@ async def test_responder_killed_mid_turn_never_leaves_the_stream_hanging(system,
 
 
 async def test_replay_prints_timeline_and_state(system, http, site):
-    first = await chat(http, system.gateway_url, {"site": site, "session_id": "replayed", "message": "Replay me"})
+    first = await chat(http, system.gateway_url, {"site": site, "session_id": "replayed", "message": "Replay me: what does the Pro plan cost?"})
     assert first.final["type"] == "complete"
     out = subprocess.run(
         [sys.executable, "-m", "cli", "replay", site, "replayed", "--nats-url", system.nats_url],
@@ -282,7 +282,7 @@ async def test_replay_prints_timeline_and_state(system, http, site):
     )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert "turn_requested" in lines[0] and "message=Replay me" in lines[0] and "gateway" in lines[0]
+    assert "turn_requested" in lines[0] and "message=Replay me: what does the Pro plan cost?" in lines[0] and "gateway" in lines[0]
     assert any("route_decided" in line and "route=ANSWER" in line for line in lines)
     assert any("state after turn 1" in line and '"1": "completed"' in line for line in lines)
     missing = subprocess.run([sys.executable, "-m", "cli", "replay", site, "ghost", "--nats-url", system.nats_url],

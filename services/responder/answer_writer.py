@@ -14,21 +14,32 @@ from pathlib import Path
 
 import msgspec
 
-from shared import awaiter
+from services.responder.streaming import stream_llm
+from shared import awaiter, prompts
 from shared import events as ev
 from shared.config import env_float
 from shared.consumer import Context, Node
 from shared.llm import LLMClient
+from shared.site_config import SiteConfig, SiteConfigs
 from shared.state import ConversationState
 
 NAME = "answer_writer"
-PROMPT = Path(__file__).parent / "prompts" / "answer_system.md"
+PROMPT = Path(__file__).parent / "prompts" / "answer.md"
 # Off by default: waiting for the profile (two hops after the turn starts) costs ~8-10 ms of
 # time to first token at p50 under `make bench`; a deployment that wants the profile in every
 # first answer sets it (e.g. 0.3). Late inputs are named in ResponseCompleted either way.
 WAIT_S = env_float("ANSWER_WAIT_S", 0.0)
+# The applied skills come one hop after the route (skill_applier is deterministic): a short wait.
+SKILLS_WAIT_S = env_float("ANSWER_SKILLS_WAIT_S", 0.25)
 AWAITED = ("enrichment_completed", "profile_inferred")
 PROFILE_FIELDS = ("company_name", "company_description", "sector", "sub_sector", "job_to_be_done", "feature_list")
+SKILL_TEXT = {
+    "propose_demo": "End by offering a short demo with the team, marked with 📅.",
+    "collect_email": "Ask for their work e-mail so the team can follow up, marked with ✉️.",
+    "ask_qualifying_question": "End with one short question about their business (team size, current tools or needs), marked with ❓.",
+    "share_resource": "Point to the relevant page if the sources give one, marked with 🔗.",
+    "suggest_follow_up": "You may mention one related topic they could ask about next.",
+}
 
 
 def visitor_context(state: ConversationState) -> str:
@@ -38,7 +49,20 @@ def visitor_context(state: ConversationState) -> str:
     if not known:
         return ""
     lines = "\n".join(f"- {k.replace('_', ' ')}: {v}" for k, v in known.items())
-    return f"\n\nWhat we know about the visitor (use it to make the answer relevant; do not recite it):\n{lines}"
+    return f"\nWhat we know about the visitor (use it to make the answer relevant; do not recite it):\n{lines}\n"
+
+
+def skills_context(state: ConversationState, turn: int) -> str:
+    record = state.turns.get(turn)
+    skills = (record.skills if record and record.skills is not None else None) or ["suggest_follow_up"]
+    question = record.qualification_question if record else None
+    lines = []
+    for skill in skills:
+        if skill == "ask_qualifying_question" and question:
+            lines.append(f"End by asking exactly this question, marked with ❓: {question}")
+        elif skill in SKILL_TEXT:
+            lines.append(SKILL_TEXT[skill])
+    return "\n".join(f"- {line}" for line in lines) if lines else "- End plainly, with no call to action."
 
 
 def build_messages(state: ConversationState, turn: int, system_prompt: str) -> list[dict]:
@@ -50,31 +74,21 @@ def build_messages(state: ConversationState, turn: int, system_prompt: str) -> l
     return messages
 
 
-def make_node(llm: LLMClient, system_template: str | None = None) -> Node:
-    template = system_template if system_template is not None else PROMPT.read_text()
-
+def make_node(llm: LLMClient, configs: SiteConfigs | None = None) -> Node:
     async def handle(event: ev.RouteDecided, ctx: Context) -> list[ev.Envelope]:
         if event.route != "ANSWER":
             return []
-        state = await awaiter.turn_state(ctx.bus, event.site, event.session_id, event.turn, set(AWAITED), WAIT_S)
+        state = await awaiter.turn_state(ctx.bus, event.site, event.session_id, event.turn, {"skills_applied"},
+                                         SKILLS_WAIT_S)
+        if WAIT_S > 0:
+            state = await awaiter.turn_state(ctx.bus, event.site, event.session_id, event.turn, set(AWAITED), WAIT_S)
         record_of_turn = state.turns.get(event.turn)
-        late = [kind for kind in AWAITED if not record_of_turn or kind not in record_of_turn.seen]
-        system = template.format(site=event.site) + visitor_context(state)
+        seen = set(record_of_turn.seen) if record_of_turn else set()
+        late = [kind for kind in (*AWAITED, "skills_applied") if kind not in seen]
+        config = await configs.get(event.site) if configs else SiteConfig()
+        system = prompts.compose(PROMPT, event.site, config, visitor=visitor_context(state),
+                                 skills=skills_context(state, event.turn))
         messages = build_messages(state, event.turn, system)
-        parts: list[str] = []
-        calls = []
-
-        async def record(call):
-            calls.append(call)
-            await ctx.record_llm(call)
-
-        async for delta in llm.stream("answer", messages, record, temperature=0.3):
-            await ctx.token(len(parts), delta)
-            parts.append(delta)
-        completed = ctx.follow(
-            ev.ResponseCompleted, node=NAME, text="".join(parts), token_count=len(parts), attempt=ctx.attempt,
-            fallback_used=any(call.fallback_used for call in calls), late_inputs=late,
-        )
-        return [completed]
+        return [await stream_llm(ctx, llm, "answer", NAME, messages, late_inputs=late, temperature=0.3)]
 
     return Node(name=NAME, consumes=("route_decided",), handle=handle)

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import msgspec
 
+from services.responder.booking_handler import booking_url
 from shared import awaiter, events as ev
 from shared.config import env_float
 from shared.consumer import Context, Node
+from shared.site_config import SiteConfig, SiteConfigs
 from shared.state import ConversationState
 
 NAME = "finalize"
@@ -20,25 +22,47 @@ WAIT_S = env_float("FINALIZE_WAIT_S", 0.5)
 GATHERED = ("dialog_state_extracted", "form_fields_extracted", "enrichment_completed")
 
 
-def metadata(state: ConversationState, turn: int, suggestions: ev.SuggestionsGenerated) -> dict:
+def cta_overrides(state: ConversationState, config: SiteConfig) -> dict[str, str]:
+    """The booking link with what the visitor gave us (form fields and booking answers)
+    as query parameters, for the widget's CTA button; empty when there is nothing to add."""
+    values = {k: v for k, v in {**state.form.values, **state.booking.collected}.items()
+              if k in {f.name for f in config.booking.fields} | {"email", "name", "company", "phone"}}
+    if not values or not (config.cta.booking_url or config.cta.url):
+        return {}
+    return {"booking_url": booking_url(config, values)}
+
+
+def metadata(state: ConversationState, turn: int, suggestions: ev.SuggestionsGenerated,
+             config: SiteConfig | None = None) -> dict:
     record = state.turns.get(turn)
+    config = config or SiteConfig()
     return {
         "route": record.route if record else None,
+        "branch": record.branch if record else None,
         "intent": record.intent if record else None,
         "fallback_used": bool(record and record.fallback_used),
         "visitor_profile": msgspec.to_builtins(state.visitor_profile),
         "suggested_follow_ups": suggestions.suggestions if suggestions.kind == "follow_up" else [],
         "suggested_answers": suggestions.suggestions if suggestions.kind == "answers" else [],
         "form_values": dict(state.form.values),
-        # Booking URLs come with site configuration (issue #3); until then there is nothing to override.
-        "cta_url_overrides": {},
+        "cta_url_overrides": cta_overrides(state, config),
+        "cta": {"label": config.cta.label, "url": config.cta.booking_url or config.cta.url} if (
+            config.cta.booking_url or config.cta.url) else None,
+        "skill_selection_state": {
+            "selected": (record.skills_selected if record else None) or [],
+            "applied": (record.skills if record else None) or [],
+            "qualification_question": record.qualification_question if record else None,
+        },
+        "booking": {"active": state.booking.active, "pending_field": state.booking.pending_field,
+                    "lead_captured": state.booking.lead_captured},
         "dialog_flags": dict(state.dialog.latest) if state.dialog.latest_turn == turn else {},
     }
 
 
-async def handle(event: ev.SuggestionsGenerated, ctx: Context) -> list[ev.Envelope]:
-    state = await awaiter.turn_state(ctx.bus, event.site, event.session_id, event.turn, set(GATHERED), WAIT_S)
-    return [ctx.follow(ev.TurnCompleted, metadata=metadata(state, event.turn, event))]
+def make_node(configs: SiteConfigs | None = None) -> Node:
+    async def handle(event: ev.SuggestionsGenerated, ctx: Context) -> list[ev.Envelope]:
+        state = await awaiter.turn_state(ctx.bus, event.site, event.session_id, event.turn, set(GATHERED), WAIT_S)
+        config = await configs.get(event.site) if configs else SiteConfig()
+        return [ctx.follow(ev.TurnCompleted, metadata=metadata(state, event.turn, event, config))]
 
-
-node = Node(name=NAME, consumes=("suggestions_generated",), handle=handle)
+    return Node(name=NAME, consumes=("suggestions_generated",), handle=handle)

@@ -1,21 +1,28 @@
-"""Responder service: writes the answer, post-processes it (dialog state, form fields,
-suggestions) and closes the turn."""
+"""Responder service: replies to each turn by its route (answer_writer, redirect_handler,
+booking_handler), post-processes the reply (dialog state, form fields, suggestions),
+notifies about captured leads and closes the turn."""
 
 from shared import service
 from shared.llm import LLMClient
-from services.responder import answer_writer, finalize, post_processing, suggesters
+from shared.site_config import SiteConfigs
+from services.responder import (answer_writer, booking_handler, finalize, lead_notifier, post_processing,
+                                redirect_handler, suggesters)
 
 
 async def nodes(bus):
-    llm = LLMClient.from_env(("answer", "suggestions"))
+    llm = LLMClient.from_env(("answer", "redirect", "suggestions"))
+    configs = SiteConfigs(bus)
     return [
-        answer_writer.make_node(llm),
+        answer_writer.make_node(llm, configs),
+        redirect_handler.make_node(llm, configs),
+        booking_handler.make_node(llm, configs),
         post_processing.dialog_state_extractor,
         post_processing.form_field_extractor,
         post_processing.suggestion_router,
         suggesters.make_node("follow_up", llm),
         suggesters.make_node("answers", llm),
-        finalize.node,
+        lead_notifier.make_node(configs),
+        finalize.make_node(configs),
     ]
 
 

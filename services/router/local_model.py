@@ -56,7 +56,7 @@ class LocalIntentModel:
         self.embedder = embedder
         self.vectorizer = vectorizer
         self.classifier = classifier
-        self.classes: list[str] = list(classifier.classes_)
+        self.classes: list[str] = [str(c) for c in classifier.classes_]  # numpy.str_ does not encode
 
     @classmethod
     def load_or_train(cls, embedder: Embedder, train: Path = TRAIN) -> "LocalIntentModel":

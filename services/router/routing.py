@@ -9,7 +9,7 @@ stands, where does the turn go? Pure and deterministic; the rules, in order:
 | 4 | flow under way, the message carries an e-mail, or BOOKING / CONTEXT (answering the field) | BOOKING | STAY |
 | 5 | flow under way, LEARN (a product question)                  | ANSWER   | PAUSE (the flow stays open) |
 | 6 | flow under way, SUPPORT / OFFTOPIC / OTHER                  | REDIRECT | EXIT (the flow ends) |
-| 7 | lead captured, LEARN / CONTEXT / BOOKING                    | ANSWER   | POST_CONVERSION    |
+| 7 | lead captured (flow over), LEARN / CONTEXT / BOOKING         | ANSWER   | POST_CONVERSION    |
 | 8 | intent BOOKING                                              | BOOKING  | DEMO_REQUESTED     |
 | 9 | LEARN / CONTEXT, cumulative score ≥ site threshold and the skills propose a demo | BOOKING | INTEREST_THRESHOLD |
 | 10| LEARN / CONTEXT                                             | ANSWER   | DEFAULT            |
@@ -33,7 +33,7 @@ class Decision(msgspec.Struct, kw_only=True, frozen=True):
 
 def decide(*, intent: str, message: str, score: float, threshold: float, skills: list[str],
            booking: BookingState) -> Decision:
-    active = booking.active and not booking.lead_captured
+    active = booking.active
     if intent == "HACK":
         return Decision(route="REDIRECT", branch="EXIT" if active else "REDIRECT_HACK", hack_increment=1,
                         reason="prompt-injection or data-extraction attempt" + (", booking flow left" if active else ""))

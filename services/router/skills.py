@@ -92,7 +92,7 @@ def apply(selected: list[str], *, intent: str, route: str, branch: str, turn: in
     elif skills & set(CTA) and override and (turn < config.cta.first_turn or (
             state.last_cta_turn and turn - state.last_cta_turn <= config.cta.cooldown_turns)):
         rules.append("signal_override")
-    if state.booking.lead_captured:
+    if state.booking.lead_captured and not state.booking.active:
         if skills & set(CTA):
             skills -= set(CTA)
             rules.append("post_conversion")

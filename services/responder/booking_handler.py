@@ -1,0 +1,138 @@
+"""booking_handler: the in-chat booking flow (BOOKING turns).
+
+Each turn it takes what the visitor gave (an e-mail address, validated; the answer to the
+field it asked last), asks for the next required field of the site's booking form, and,
+when everything is there, gives the booking link with the collected values as query
+parameters. The first captured e-mail also yields `LeadCaptured` (the lead_notifier node
+sends the webhook and the analytics event). STOP leaves the flow politely.
+
+The reply comes from the fast `redirect` LLM role, told exactly what to say; the data
+(what was collected, what is next, the link) is decided here, not by the model.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from urllib.parse import urlencode, urlsplit, urlunsplit, parse_qsl
+
+from services.responder.streaming import stream_llm
+from shared import events as ev
+from shared import loader, prompts
+from shared.consumer import Context, Node
+from shared.llm import LLMClient
+from shared.site_config import FormField, SiteConfig, SiteConfigs
+from shared.state import ConversationState
+
+NAME = "booking_handler"
+PROMPT = Path(__file__).parent / "prompts" / "booking.md"
+EMAIL_RE = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
+LOOSE_EMAIL_RE = re.compile(r"\S+@\S*")
+PHONE_RE = re.compile(r"^\+?[\d ().-]{7,20}$")
+MAX_VALUE = 120
+
+
+def booking_url(config: SiteConfig, values: dict[str, str]) -> str:
+    """The site's booking URL with the collected values as query parameters (existing
+    parameters kept)."""
+    base = config.cta.booking_url or config.cta.url
+    if not base:
+        return ""
+    parts = urlsplit(base)
+    query = dict(parse_qsl(parts.query))
+    query.update({k: v for k, v in values.items() if v})
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+def parse_answer(field: FormField, message: str) -> tuple[str | None, str | None]:
+    """(value, problem) for the visitor's answer to `field`."""
+    text = " ".join(message.split())
+    if field.kind == "email":
+        match = EMAIL_RE.search(text)
+        if match:
+            return match.group(0).lower(), None
+        return None, "not_an_email" if LOOSE_EMAIL_RE.search(text) else "no_email"
+    if field.kind == "phone":
+        return (text, None) if PHONE_RE.match(text) else (None, "not_a_phone")
+    if field.kind == "choice":
+        for choice in field.choices:
+            if choice.lower() in text.lower():
+                return choice, None
+        return None, "not_a_choice"
+    return (text[:MAX_VALUE], None) if text else (None, "empty")
+
+
+def next_field(config: SiteConfig, collected: dict[str, str]) -> FormField | None:
+    for field in config.booking.fields:
+        if field.required and field.name not in collected:
+            return field
+    return None
+
+
+def _message_of(state: ConversationState, turn: int) -> str:
+    for m in reversed(state.messages):
+        if m.turn == turn and m.role == "user":
+            return m.content
+    return ""
+
+
+def plan(state: ConversationState, turn: int, branch: str, config: SiteConfig) -> tuple[dict, str, FormField | None, str]:
+    """What this turn collects, what the reply must say, the next field, and the link."""
+    message = _message_of(state, turn)
+    collected = dict(state.booking.collected)
+    new: dict[str, str] = {}
+    problem = None
+    email = EMAIL_RE.search(message)
+    if email:
+        new["email"] = email.group(0).lower()
+    pending = next((f for f in config.booking.fields if f.name == state.booking.pending_field), None)
+    if pending is not None and branch == "STAY" and pending.name not in new:
+        value, problem = parse_answer(pending, message)
+        if value is not None:
+            new[pending.name] = value
+    collected.update(new)
+    upcoming = next_field(config, collected)
+    link = booking_url(config, collected)
+    thanks = "Thank the visitor for the details. " if new else ""
+    if problem in ("not_an_email", "not_a_phone") and pending is not None:
+        step = (f"The visitor's {pending.label or pending.name} does not look valid ({message.strip()[:80]!r}). "
+                f"Say so kindly and ask for it again.")
+    elif problem == "not_a_choice" and pending is not None:
+        step = f"Ask again for the {pending.label or pending.name}, offering these options: {', '.join(pending.choices)}."
+    elif upcoming is not None:
+        label = upcoming.label or upcoming.name
+        options = f" Options: {', '.join(upcoming.choices)}." if upcoming.choices else ""
+        first = state.booking.started_turn in (0, turn)  # the flow starts with this turn's route
+        start = "Say you'd be glad to set up a demo. " if first else ""
+        step = f"{start}{thanks}Ask for their {label}, and nothing else.{options}"
+    else:
+        step = (f"{thanks}Everything needed for the demo is collected. Tell them they can pick a time "
+                f"with this link (write it out exactly): {link}" if link else
+                f"{thanks}Everything needed for the demo is collected. Tell them the team will be in touch shortly.")
+    return new, step, upcoming, link
+
+
+def make_node(llm: LLMClient, configs: SiteConfigs) -> Node:
+    async def handle(event: ev.RouteDecided, ctx: Context) -> list[ev.Envelope]:
+        if event.route != "BOOKING":
+            return []
+        state = await loader.load(ctx.bus, event.site, event.session_id)
+        config = await configs.get(event.site)
+        message = _message_of(state, event.turn)
+        outputs: list[ev.Envelope] = []
+        if event.branch == "STOP":
+            step = ("The visitor does not want to book a demo now. Acknowledge it politely in one sentence, "
+                    "say they can ask for a demo any time, and offer to keep answering their questions.")
+            outputs.append(ctx.follow(ev.BookingProgressed, pending_field=None, done=True))
+        else:
+            new, step, upcoming, _ = plan(state, event.turn, event.branch, config)
+            outputs.append(ctx.follow(ev.BookingProgressed, pending_field=upcoming.name if upcoming else None,
+                                      collected=new, done=upcoming is None))
+            if "email" in new and not state.booking.lead_captured:
+                outputs.append(ctx.follow(ev.LeadCaptured, email=new["email"], capture_context="in_chat_booking"))
+        system = prompts.compose(PROMPT, event.site, config, step=step)
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": message}]
+        completed = await stream_llm(ctx, llm, "redirect", NAME, messages, temperature=0.3, max_tokens=200)
+        return outputs + [completed]
+
+    return Node(name=NAME, consumes=("route_decided",), handle=handle)

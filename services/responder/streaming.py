@@ -1,0 +1,39 @@
+"""How every response handler sends its reply: tokens to `tokens.<site>.<session>.<turn>`
+as they come, then the whole text once as `ResponseCompleted`."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from shared import events as ev
+from shared.consumer import Context
+from shared.llm import LLMClient
+
+WORD_RE = re.compile(r"\S+\s*|\s+")
+
+
+async def stream_llm(ctx: Context, llm: LLMClient, role: str, node: str, messages: list[dict], *,
+                     late_inputs: list[str] | None = None, **params: Any) -> ev.ResponseCompleted:
+    parts: list[str] = []
+    calls = []
+
+    async def record(call):
+        calls.append(call)
+        await ctx.record_llm(call)
+
+    async for delta in llm.stream(role, messages, record, **params):
+        await ctx.token(len(parts), delta)
+        parts.append(delta)
+    return ctx.follow(ev.ResponseCompleted, node=node, text="".join(parts), token_count=len(parts),
+                      attempt=ctx.attempt, fallback_used=any(call.fallback_used for call in calls),
+                      late_inputs=late_inputs or [])
+
+
+async def stream_text(ctx: Context, node: str, text: str) -> ev.ResponseCompleted:
+    """A reply that needs no model (fixed, localized texts), streamed word by word so the
+    browser sees it the same way as any other reply."""
+    parts = WORD_RE.findall(text)
+    for index, part in enumerate(parts):
+        await ctx.token(index, part)
+    return ctx.follow(ev.ResponseCompleted, node=node, text=text, token_count=len(parts), attempt=ctx.attempt)
