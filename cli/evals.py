@@ -19,10 +19,15 @@ def main(argv: list[str]) -> int:
 
     if args.dataset is not None and not args.dataset.is_file():
         parser.error(f"--dataset {args.dataset}: no such file")
-    if args.which == "intent":
-        return evaluation.eval_intent(args.dataset or evaluation.EVAL, args.backend)
-    if args.which == "skills":
-        return evaluation.eval_skills(args.dataset or evaluation.SKILLS_EVAL)
+    try:
+        if args.which == "intent":
+            return evaluation.eval_intent(args.dataset or evaluation.EVAL, args.backend)
+        if args.which == "skills":
+            return evaluation.eval_skills(args.dataset or evaluation.SKILLS_EVAL)
+    except ValueError as exc:  # a malformed dataset: say where, no traceback
+        import sys
+        print(f"concierge eval: {exc}", file=sys.stderr)
+        return 2
     if args.dataset is not None:
         parser.error("eval all runs the shipped datasets; use eval intent|skills --dataset FILE for one file")
     skills = evaluation.eval_skills()

@@ -52,7 +52,12 @@ def conforming(schema: dict) -> dict:
     out = {}
     for name, prop in schema.get("properties", {}).items():
         kind = prop.get("type")
-        if kind == "array":
+        items = prop.get("items") or {}
+        if "enum" in prop:
+            out[name] = prop["enum"][0]
+        elif kind == "array" and "enum" in items:
+            out[name] = items["enum"][:1]
+        elif kind == "array":
             out[name] = [f"Scripted {name} {i}" for i in (1, 2)]
         elif kind in ("number", "integer"):
             out[name] = 0

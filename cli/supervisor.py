@@ -200,6 +200,7 @@ def make_system(data_dir: Path, nats_port: int, gateway_port: int, extra_env: di
         "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
         "GATEWAY_HOST": "127.0.0.1",
         "GATEWAY_PORT": str(gateway_port),
+        "SITES_DIR": os.environ.get("SITES_DIR", str(root / "sites")),
         **extra_env,
     }
     return System(data_dir=data_dir, nats_port=nats_port, redis_port=redis_port, gateway_port=gateway_port,

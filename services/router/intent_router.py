@@ -37,6 +37,7 @@ def make_node(parts: RouterParts) -> Node:
             threshold=config.interest.threshold,
             skills=record.skills_selected or [],
             booking=state.booking,
+            confidence=record.intent_confidence if record.intent_confidence is not None else 1.0,
         )
         decided = ctx.follow(ev.RouteDecided, key="route", route=decision.route, reason=decision.reason,
                              intent=record.intent or ev.UNKNOWN, hack_increment=decision.hack_increment,

@@ -3,10 +3,11 @@ stands, where does the turn go? Pure and deterministic; the rules, in order:
 
 | # | when                                                       | route    | branch             |
 |---|------------------------------------------------------------|----------|--------------------|
+| 0 | flow under way, an unsure HACK (< 0.6) that answers the field | BOOKING | STAY |
 | 1 | intent HACK (counts toward the gateway's block at 2)       | REDIRECT | EXIT mid-booking, REDIRECT_HACK otherwise |
 | 2 | STOP_BOOKING with a booking flow under way                  | BOOKING  | STOP (the flow ends politely) |
 | 3 | STOP_BOOKING with no flow                                   | ANSWER   | NOTHING_TO_STOP    |
-| 4 | flow under way, the message carries an e-mail, or BOOKING / CONTEXT (answering the field) | BOOKING | STAY |
+| 4 | flow under way and the message answers the field: an e-mail (even a malformed one when the e-mail was asked), BOOKING / CONTEXT, or a short statement the classifier is unsure of | BOOKING | STAY |
 | 5 | flow under way, LEARN (a product question)                  | ANSWER   | PAUSE (the flow stays open) |
 | 6 | flow under way, SUPPORT / OFFTOPIC / OTHER                  | REDIRECT | EXIT (the flow ends) |
 | 7 | lead captured (flow over), LEARN / CONTEXT / BOOKING         | ANSWER   | POST_CONVERSION    |
@@ -31,9 +32,25 @@ class Decision(msgspec.Struct, kw_only=True, frozen=True):
     hack_increment: int = 0
 
 
+SHORT_ANSWER_WORDS = 8
+UNSURE = 0.6
+
+
+def answers_field(intent: str, confidence: float, message: str, booking: BookingState) -> bool:
+    if EMAIL_RE.search(message) or intent in ("BOOKING", "CONTEXT"):
+        return True
+    if booking.pending_field == "email" and "@" in message:
+        return True  # a malformed address: the booking handler asks again
+    short = len(message.split()) <= SHORT_ANSWER_WORDS and "?" not in message
+    return bool(booking.pending_field) and short and confidence < UNSURE  # "Acme Corp", "11-50"
+
+
 def decide(*, intent: str, message: str, score: float, threshold: float, skills: list[str],
-           booking: BookingState) -> Decision:
+           booking: BookingState, confidence: float = 1.0) -> Decision:
     active = booking.active
+    if active and intent == "HACK" and confidence < UNSURE and answers_field(intent, confidence, message, booking):
+        # "ada@example" looks odd to the classifier; in a booking flow it is an answer, not an attack.
+        return Decision(route="BOOKING", branch="STAY", reason="an unsure HACK that answers the active booking field")
     if intent == "HACK":
         return Decision(route="REDIRECT", branch="EXIT" if active else "REDIRECT_HACK", hack_increment=1,
                         reason="prompt-injection or data-extraction attempt" + (", booking flow left" if active else ""))
@@ -42,7 +59,7 @@ def decide(*, intent: str, message: str, score: float, threshold: float, skills:
             return Decision(route="BOOKING", branch="STOP", reason="the visitor wants out of the booking flow")
         return Decision(route="ANSWER", branch="NOTHING_TO_STOP", reason="STOP_BOOKING with no booking flow under way")
     if active:
-        if EMAIL_RE.search(message) or intent in ("BOOKING", "CONTEXT"):
+        if answers_field(intent, confidence, message, booking):
             field = booking.pending_field or "the booking"
             return Decision(route="BOOKING", branch="STAY", reason=f"answering the active booking field: {field}")
         if intent == "LEARN":

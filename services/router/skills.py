@@ -34,7 +34,9 @@ def select(intent: str, signals: dict[str, bool], score: float, state: Conversat
     what the conversation already holds."""
     skills: set[str] = set()
     interested = score >= config.interest.threshold
-    if intent == "BOOKING" or signals.get("demo_interest"):
+    if intent in ("HACK", "OFFTOPIC", "STOP_BOOKING"):
+        pass  # end plainly
+    elif intent == "BOOKING" or signals.get("demo_interest"):
         skills |= {"propose_demo", "collect_email"}
     elif intent in ("LEARN", "CONTEXT"):
         skills.add("suggest_follow_up")
@@ -46,7 +48,6 @@ def select(intent: str, signals: dict[str, bool], score: float, state: Conversat
                 skills.add("collect_email")
     elif intent in ("SUPPORT", "OTHER"):
         skills.add("share_resource")
-    # OFFTOPIC, HACK, STOP_BOOKING: end plainly.
     if email_known(state):
         skills.discard("collect_email")
     enabled = set(config.skills.enabled)
