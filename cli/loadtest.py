@@ -123,10 +123,14 @@ def scenario(name: str, env: dict[str, str], rate: float, seconds: float, same_i
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="concierge loadtest", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("service", choices=["enricher"])
+    parser.add_argument("service", choices=["enricher", "router"])
     parser.add_argument("--rate", type=float, default=100.0, help="turns per second offered")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--provider-delay-ms", type=float, default=300.0)
+    args, _ = parser.parse_known_args(argv)
+    if args.service == "router":
+        from cli import loadtest_router
+        return loadtest_router.main([a for a in (argv or []) if a != "router"])
     args = parser.parse_args(argv)
 
     results = {"service": args.service}

@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass, field
 
 import nats
+import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
@@ -45,6 +46,9 @@ class Bus:
     js: JetStreamContext
     config: BusConfig
     kv: dict[str, KeyValue] = field(default_factory=dict)
+    _read_prefix: str | None = None
+    _read_counter: int = 0
+    _read_queues: dict[str, asyncio.Queue] = field(default_factory=dict)
 
     # --- publishing ---------------------------------------------------------------------
 
@@ -104,19 +108,41 @@ class Bus:
             return None
         return ev.decode(msg.data)
 
+    async def _read_inbox(self) -> str:
+        """One long-lived reply subscription for every log read (replies routed by the last
+        token of the reply subject), instead of a subscribe/unsubscribe pair per read:
+        two fewer protocol writes per read, which is most of a read's cost."""
+        if self._read_prefix is None:
+            prefix = self.nc.new_inbox()
+
+            async def route(msg):
+                queue = self._read_queues.get(msg.subject.rsplit(".", 1)[-1])
+                if queue is not None:
+                    queue.put_nowait(msg)
+
+            await self.nc.subscribe(f"{prefix}.*", cb=route)
+            self._read_prefix = prefix
+        return self._read_prefix
+
     async def read_raw(self, filter_subject: str, after_seq: int = 0, batch: int = 256):
         next_seq = after_seq + 1
         api_subject = f"$JS.API.DIRECT.GET.{subjects.CONV_STREAM}"
+        prefix = await self._read_inbox()
         while True:
-            inbox = self.nc.new_inbox()
-            sub = await self.nc.subscribe(inbox)
+            self._read_counter += 1
+            token = str(self._read_counter)
+            queue: asyncio.Queue = asyncio.Queue()
+            self._read_queues[token] = queue
             try:
                 request = {"seq": next_seq, "next_by_subj": filter_subject, "batch": batch}
-                await self.nc.publish(api_subject, json.dumps(request).encode(), reply=inbox)
+                await self.nc.publish(api_subject, json.dumps(request).encode(), reply=f"{prefix}.{token}")
                 got = 0
                 more = False
                 while True:
-                    msg = await sub.next_msg(timeout=self.config.request_timeout)
+                    try:
+                        msg = await asyncio.wait_for(queue.get(), self.config.request_timeout)
+                    except asyncio.TimeoutError:
+                        raise nats.errors.TimeoutError from None
                     status = msg.headers.get("Status") if msg.headers else None
                     if status == "404":
                         return
@@ -132,7 +158,7 @@ class Bus:
                 if not more:
                     return
             finally:
-                await sub.unsubscribe()
+                self._read_queues.pop(token, None)
 
     # --- key/value ----------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 LOCAL_MODEL = "all-MiniLM-L6-v2"
 DIM = 384
 MAX_TOKENS = 256  # the model's max_seq_length
+MAX_BATCH = 16
 
 
 def cache_dir() -> Path:
@@ -135,6 +136,8 @@ class Embedder:
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._cache_size = cache_size
         self._inflight: dict[str, asyncio.Future] = {}
+        self._queue: list[str] = []
+        self._drainer: asyncio.Task | None = None
         self._executor = ThreadPoolExecutor(max_workers=max(1, env_int("EMBEDDINGS_WORKERS", 1)), thread_name_prefix="embed")
         self._lock = threading.Lock()
         self._session = None
@@ -194,24 +197,41 @@ class Embedder:
         return out
 
     async def aembed(self, text: str) -> np.ndarray:
+        """One text's vector, off the event loop. Requests that arrive while a batch is
+        being embedded form the next batch (no added wait at low load, fewer model calls
+        under load); one computation per distinct text in flight; recent texts cached."""
         cached = self._cache.get(text)
         if cached is not None:
             self._cache.move_to_end(text)
             return cached
         pending = self._inflight.get(text)
-        if pending is not None:
-            return await asyncio.shield(pending)
+        if pending is None:
+            pending = asyncio.get_running_loop().create_future()
+            self._inflight[text] = pending
+            self._queue.append(text)
+            if self._drainer is None or self._drainer.done():
+                self._drainer = asyncio.create_task(self._drain(), name="embed-batches")
+        return await asyncio.shield(pending)
+
+    async def _drain(self) -> None:
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._executor, lambda: self.embed([text])[0])
-        self._inflight[text] = future
-        try:
-            vector = await future
-        finally:
-            self._inflight.pop(text, None)
-        self._cache[text] = vector
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
-        return vector
+        while self._queue:
+            batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
+            try:
+                vectors = await loop.run_in_executor(self._executor, self.embed, batch)
+            except Exception as exc:  # noqa: BLE001 - every waiter hears of it
+                for text in batch:
+                    future = self._inflight.pop(text, None)
+                    if future is not None and not future.done():
+                        future.set_exception(exc)
+                continue
+            for text, vector in zip(batch, vectors):
+                self._cache[text] = vector
+                future = self._inflight.pop(text, None)
+                if future is not None and not future.done():
+                    future.set_result(vector)
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
 
 
 _shared: Embedder | None = None

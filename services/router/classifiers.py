@@ -12,6 +12,7 @@ says so in `note`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -33,6 +34,7 @@ PROMPTS = Path(__file__).parent / "prompts"
 MAX_CHARS = 2000  # longer messages are classified on their beginning
 WORD_RE = re.compile(r"\w", re.UNICODE)
 HISTORY_TURNS = 4
+RECENT = 2048  # local results kept per process
 
 Intent = Literal["LEARN", "CONTEXT", "SUPPORT", "OFFTOPIC", "OTHER", "BOOKING", "STOP_BOOKING", "HACK"]
 Recorder = Callable[[object], Awaitable[None]]
@@ -79,18 +81,44 @@ class IntentClassifier:
         if self.backend not in ("local", "llm", "cascade"):
             raise ValueError(f"ROUTER_CLASSIFIER={self.backend!r}: must be local, llm or cascade")
         self.threshold = threshold if threshold is not None else env_float("ROUTER_CASCADE_THRESHOLD", 0.5)
+        self._recent: dict[str, IntentResult] = {}
+        self._pending: dict[str, asyncio.Future] = {}
+        # The n-gram-only stage decides alone at or above this confidence (1.01: never).
+        self.fast_path = env_float("ROUTER_FAST_PATH_CONFIDENCE", 0.6)
 
     @property
     def embedder(self) -> Embedder | None:
         return self.model.embedder if self.model else None
 
     async def local(self, message: str) -> IntentResult:
+        """The local model's answer; the three analysis nodes ask it for the same message, so
+        recent answers are kept (a copy is returned: callers annotate their result)."""
         text = normalize(message)
-        vector = await self.model.embedder.aembed(text)
-        scores = self.model.probabilities(text, vector)
+        cached = self._recent.get(text)
+        if cached is None:
+            pending = self._pending.get(text)
+            if pending is None:
+                pending = asyncio.ensure_future(self._local_uncached(text))
+                self._pending[text] = pending
+                pending.add_done_callback(lambda _f, t=text: self._pending.pop(t, None))
+            cached = await asyncio.shield(pending)
+        return msgspec.structs.replace(cached, scores=dict(cached.scores))
+
+    async def _local_uncached(self, text: str) -> IntentResult:
+        ngrams = self.model.ngrams(text)
+        scores = self.model.fast_probabilities(ngrams)
+        note = "n-gram fast path"
+        if max(scores.values()) < self.fast_path:
+            vector = await self.model.embedder.aembed(text)
+            scores = self.model.probabilities(text, vector, ngrams)
+            note = ""
         best = max(scores, key=scores.get)
-        return IntentResult(intent=best, confidence=round(scores[best], 4), classifier="local",
-                            scores={k: round(v, 4) for k, v in scores.items()})
+        result = IntentResult(intent=best, confidence=round(scores[best], 4), classifier="local",
+                              scores={k: round(v, 4) for k, v in scores.items()}, note=note)
+        self._recent[text] = result
+        if len(self._recent) > RECENT:
+            self._recent.pop(next(iter(self._recent)))
+        return result
 
     async def with_llm(self, site: str, config: SiteConfig, message: str, history: list[dict],
                        record: Recorder) -> IntentResult:

@@ -32,7 +32,7 @@ EVAL = DATA / "intents_eval.jsonl"
 INTENTS = ("LEARN", "CONTEXT", "SUPPORT", "OFFTOPIC", "OTHER", "BOOKING", "STOP_BOOKING", "HACK")
 EMBEDDING_WEIGHT = 0.5
 C = 16.0
-MODEL_VERSION = "1"  # bump when the features change
+MODEL_VERSION = "2"  # bump when the features change
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -52,11 +52,20 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 class LocalIntentModel:
-    def __init__(self, embedder: Embedder, vectorizer, classifier):
+    """Two stages: an n-gram-only classifier first (a fraction of a millisecond); when it
+    is sure (`fast_probabilities` ≥ the fast-path threshold) its answer stands, otherwise
+    the sentence embedding is computed and the full classifier decides."""
+
+    def __init__(self, embedder: Embedder, vectorizer, classifier, fast_classifier):
         self.embedder = embedder
         self.vectorizer = vectorizer
         self.classifier = classifier
+        self.fast_classifier = fast_classifier
+        self._fast_coef_t = np.ascontiguousarray(fast_classifier.coef_.T)
+        self._fast_intercept = fast_classifier.intercept_.copy()
         self.classes: list[str] = [str(c) for c in classifier.classes_]  # numpy.str_ does not encode
+        self._coef_t = np.ascontiguousarray(classifier.coef_.T)
+        self._intercept = classifier.intercept_.copy()
 
     @classmethod
     def load_or_train(cls, embedder: Embedder, train: Path = TRAIN) -> "LocalIntentModel":
@@ -65,15 +74,15 @@ class LocalIntentModel:
         if cached.exists():
             try:
                 with open(cached, "rb") as f:
-                    vectorizer, classifier = pickle.load(f)
-                return cls(embedder, vectorizer, classifier)
+                    vectorizer, classifier, fast_classifier = pickle.load(f)
+                return cls(embedder, vectorizer, classifier, fast_classifier)
             except Exception:  # noqa: BLE001 - a stale or broken cache: retrain
                 log.warning("intent model cache unreadable; retraining", extra={"path": str(cached)})
         model = cls.train(embedder, read_jsonl(train))
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_suffix(".tmp")
         with open(tmp, "wb") as f:
-            pickle.dump((model.vectorizer, model.classifier), f)
+            pickle.dump((model.vectorizer, model.classifier, model.fast_classifier), f)
         tmp.replace(cached)
         return model
 
@@ -94,12 +103,26 @@ class LocalIntentModel:
         features = hstack([csr_matrix(vectors * EMBEDDING_WEIGHT), ngrams]).tocsr()
         classifier = LogisticRegression(C=C, max_iter=3000)
         classifier.fit(features, labels)
+        fast_classifier = LogisticRegression(C=C, max_iter=3000)
+        fast_classifier.fit(ngrams, labels)
         log.info("intent model trained", extra={"examples": len(rows), "seconds": round(time.monotonic() - started, 2)})
-        return cls(embedder, vectorizer, classifier)
+        return cls(embedder, vectorizer, classifier, fast_classifier)
 
-    def features(self, text: str, vector: np.ndarray):
-        return hstack([csr_matrix(vector.reshape(1, -1) * EMBEDDING_WEIGHT), self.vectorizer.transform([text])]).tocsr()
+    def ngrams(self, text: str):
+        return self.vectorizer.transform([text])
 
-    def probabilities(self, text: str, vector: np.ndarray) -> dict[str, float]:
-        probs = self.classifier.predict_proba(self.features(text, vector))[0]
+    def fast_probabilities(self, ngrams) -> dict[str, float]:
+        return self._softmax(np.asarray(ngrams @ self._fast_coef_t).ravel() + self._fast_intercept)
+
+    def probabilities(self, text: str, vector: np.ndarray, ngrams=None) -> dict[str, float]:
+        ngrams = self.ngrams(text) if ngrams is None else ngrams
+        features = hstack([csr_matrix(vector.reshape(1, -1) * EMBEDDING_WEIGHT), ngrams]).tocsr()
+        return self._softmax(np.asarray(features @ self._coef_t).ravel() + self._intercept)
+
+    def _softmax(self, logits: np.ndarray) -> dict[str, float]:
+        """Computed directly: sklearn's predict_proba validates its input on every call,
+        which costs more than the arithmetic for one message."""
+        logits = logits - logits.max()
+        probs = np.exp(logits)
+        probs /= probs.sum()
         return {label: float(p) for label, p in zip(self.classes, probs)}
