@@ -7,7 +7,9 @@ from `--concurrency` concurrent sessions through HTTP SSE (each session waits
 
 - ttft_overhead_ms: request sent → first SSE token, minus the scripted LLM's configured
   first-token delay (what Concierge adds; the scripted server's own scheduling slack
-  counts against us);
+  counts against us), for ANSWER turns (product questions), and per route: two in three
+  sessions ask product questions (ANSWER), one in six writes support requests (REDIRECT),
+  one in six asks for a demo and then answers the booking questions (BOOKING);
 - replay_events_per_s: conversation logs read from JetStream and folded into state,
   from the first event (no snapshots), events per second.
 
@@ -40,6 +42,17 @@ from shared.state import fold
 ROOT = Path(__file__).resolve().parent.parent
 
 
+QUESTIONS = ["What integrations do you offer?", "How does the scheduling engine work?", "Do you integrate with Salesforce?",
+             "Is there an API I can use?", "Does the mobile app work offline?", "Where is my data hosted?",
+             "Can I export my data to CSV?", "How long does onboarding take?", "Do you support single sign-on?",
+             "What kind of reports can I build?"]
+SUPPORT = ["I can't log in to my account", "The HubSpot sync stopped working", "My invoice shows the wrong seats",
+           "The app crashes when I open the calendar", "Password reset emails never arrive"]
+BOOKING = ["I'd like to book a demo", "visitor{i}@example.com", "Company {i}", "Does the mobile app work offline?",
+           "What integrations do you offer?"]
+SCRIPTS = [QUESTIONS, QUESTIONS[3:] + QUESTIONS[:3], QUESTIONS[6:] + QUESTIONS[:6], QUESTIONS[::-1], SUPPORT, BOOKING]
+
+
 def percentile(values: list[float], p: float) -> float:
     ordered = sorted(values)
     if not ordered:
@@ -61,12 +74,15 @@ async def drive(base_url: str, site: str, turns: int, concurrency: int, think_s:
             sessions.append(session)
             # Sessions start spread over one think time, as visitors do not all type at once.
             await asyncio.sleep(think_s * i / concurrency)
+            script = SCRIPTS[i % len(SCRIPTS)]
             for t in range(per_session):
                 if t:
                     await asyncio.sleep(think_s)
                 r = await chat(client, base_url, {"site": site, "session_id": session,
-                                                  "message": f"Question {t} from visitor {i}"})
-                results.append({"status": r.status, "final": (r.final or {}).get("type"),
+                                                  "message": script[t % len(script)].format(i=i, t=t)})
+                final = r.final or {}
+                results.append({"status": r.status, "final": final.get("type"),
+                                "route": (final.get("metadata") or {}).get("route"),
                                 "first_token_s": r.first_token_s, "total_s": r.total_s})
 
         await asyncio.gather(*(conversation(i) for i in range(concurrency)))
@@ -133,7 +149,13 @@ def main(argv: list[str] | None = None) -> int:
             llm.wait(10)
 
     ok = [r for r in results if r["status"] == 200 and r["final"] == "complete" and r["first_token_s"] is not None]
-    overhead = [r["first_token_s"] * 1000 - args.ttft_ms for r in ok]
+    overhead = [r["first_token_s"] * 1000 - args.ttft_ms for r in ok if r["route"] == "ANSWER"]
+    by_route = {}
+    for route in ("ANSWER", "REDIRECT", "BOOKING"):
+        values = [r["first_token_s"] * 1000 - args.ttft_ms for r in ok if r["route"] == route]
+        if values:
+            by_route[route] = {"turns": len(values), "p50": round(percentile(values, 50), 2),
+                               "p99": round(percentile(values, 99), 2)}
     totals = [r["total_s"] * 1000 for r in ok]
     figures = {
         "turns": len(results),
@@ -147,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         "ttft_overhead_ms_p50": round(percentile(overhead, 50), 2),
         "ttft_overhead_ms_p99": round(percentile(overhead, 99), 2),
         "ttft_overhead_ms_mean": round(statistics.fmean(overhead), 2) if overhead else None,
+        "ttft_overhead_ms_by_route": by_route,
         "turn_ms_p50": round(percentile(totals, 50), 1),
         "turns_per_s": round(len(ok) / wall, 1),
         "replay_events": replayed,
@@ -155,7 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(f"completed {figures['completed']}/{figures['turns']} turns in {wall:.1f}s "
           f"({figures['turns_per_s']} turns/s)")
-    print(f"TTFT overhead p50 {figures['ttft_overhead_ms_p50']} ms, p99 {figures['ttft_overhead_ms_p99']} ms")
+    print(f"TTFT overhead (ANSWER) p50 {figures['ttft_overhead_ms_p50']} ms, p99 {figures['ttft_overhead_ms_p99']} ms")
+    for route, f in by_route.items():
+        print(f"  {route:<8} {f['turns']:>4} turns  TTFT overhead p50 {f['p50']} ms  p99 {f['p99']} ms")
     print(f"replay: {replayed} events read and folded at {figures['replay_events_per_s']} events/s")
     print(json.dumps(figures))
     return 0 if figures["failed"] == 0 else 1

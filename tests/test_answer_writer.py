@@ -41,7 +41,7 @@ async def test_late_background_results_are_named_and_do_not_block(bus, site, llm
     monkeypatch.setattr(answer_writer, "WAIT_S", 0.3)
     llm.clear()
     completed, elapsed = await run_turn(bus, site, llm)
-    assert completed.late_inputs == ["enrichment_completed", "profile_inferred", "skills_applied"]
+    assert completed.late_inputs == ["enrichment_completed", "profile_inferred"]
     assert elapsed < 0.3 + 2.0
     assert "What we know about the visitor" not in llm.requests()[-1]["messages"][0]["content"]
 
@@ -52,6 +52,6 @@ async def test_profile_reaches_the_prompt_when_ready(bus, site, llm):
         (ev.EnrichmentCompleted, "enrichment", {"profile": VisitorProfile(company_name="Globex", sector="Manufacturing")}),
         (ev.ProfileInferred, "visitor_profiler", {"profile": VisitorProfile(job_to_be_done="Automate quotes")}),
     ])
-    assert completed.late_inputs == ["skills_applied"]  # no router in this test
+    assert completed.late_inputs == []
     system = llm.requests()[-1]["messages"][0]["content"]
     assert "company name: Globex" in system and "job to be done: Automate quotes" in system

@@ -8,7 +8,8 @@ import asyncio
 import msgspec
 import pytest
 
-from services.router import intent_router, routing, skill_applier, skills as sk
+from services.router import intent_router, routing, skill_applier
+from shared import skills as sk
 from services.router import intent_classifier, interest_signals_detector, skill_selector
 from services.router import signals as sig
 from services.router.classifiers import IntentClassifier
@@ -131,9 +132,15 @@ async def test_routing_table(bus, site, parts, situation, intent, message, score
             await runner.stop()
 
 
-async def test_one_decision_per_turn_however_the_analyses_race(bus, site, parts):
+async def test_one_decision_per_turn_with_two_router_replicas(bus, site, parts):
     session = unique("race")
-    runners = await _runners(bus, site, [intent_router.make_node(parts), intent_router.make_node(parts)])
+    node = intent_router.make_node(parts)
+    shared_name = unique("intent_router")  # replicas share one durable consumer
+    runners = []
+    for _ in range(2):
+        runner = ConsumerRunner(bus, Node(shared_name, node.consumes, own(site, node.handle)), fast(), start_lookback_s=5)
+        await runner.start()
+        runners.append(runner)
     try:
         req = _turn(site, session, 1, "What integrations do you offer?")
         await bus.publish(req)
@@ -422,3 +429,21 @@ def test_short_unsure_answers_stay_in_the_flow_and_clear_intents_leave_it():
     leave = routing.decide(intent="SUPPORT", confidence=0.9, message="I can't log in", score=0, threshold=0.6,
                            skills=[], booking=booking)
     assert (stay.route, stay.branch) == ("BOOKING", "STAY") and (leave.route, leave.branch) == ("REDIRECT", "EXIT")
+
+
+def test_applied_skills_are_the_same_before_and_after_skills_applied_is_folded():
+    """answer_writer recomputes the applied skills when SkillsApplied is not stored yet:
+    the result must not depend on whether it is."""
+    from shared.state import Record, apply
+    config = SiteConfig(qualification=Qualification(questions=["Team size?", "Current tool?"]))
+    state = _state(booking=BookingState(lead_captured=True), last_cta_turn=2)
+    req = ev.TurnRequested(event_id="r4", site="s", session_id="x", turn=4, ts=0.0, message="Pricing?")
+    for event in (req, ev.follow(req, ev.SkillsSelected, "sel", skills=["propose_demo", "suggest_follow_up"])):
+        apply(state, Record(seq=1, subject="x", event=event))
+    route = ev.follow(req, ev.RouteDecided, "router", route="ANSWER", reason="t", intent="LEARN",
+                      branch="POST_CONVERSION")
+    apply(state, Record(seq=2, subject="x", event=route))
+    before = sk.apply_for_turn(state, route, config)
+    apply(state, Record(seq=3, subject="x", event=ev.follow(route, ev.SkillsApplied, "applier", skills=before[0],
+                                                           rules=before[1], qualification_question=before[2])))
+    assert sk.apply_for_turn(state, route, config) == before and before[2] == "Team size?"

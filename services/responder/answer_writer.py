@@ -16,6 +16,7 @@ import msgspec
 
 from services.responder.streaming import stream_llm
 from shared import awaiter, prompts
+from shared import skills as sk
 from shared import events as ev
 from shared.config import env_float
 from shared.consumer import Context, Node
@@ -29,8 +30,6 @@ PROMPT = Path(__file__).parent / "prompts" / "answer.md"
 # time to first token at p50 under `make bench`; a deployment that wants the profile in every
 # first answer sets it (e.g. 0.3). Late inputs are named in ResponseCompleted either way.
 WAIT_S = env_float("ANSWER_WAIT_S", 0.0)
-# The applied skills come one hop after the route (skill_applier is deterministic): a short wait.
-SKILLS_WAIT_S = env_float("ANSWER_SKILLS_WAIT_S", 0.25)
 AWAITED = ("enrichment_completed", "profile_inferred")
 PROFILE_FIELDS = ("company_name", "company_description", "sector", "sub_sector", "job_to_be_done", "feature_list")
 SKILL_TEXT = {
@@ -52,10 +51,17 @@ def visitor_context(state: ConversationState) -> str:
     return f"\nWhat we know about the visitor (use it to make the answer relevant; do not recite it):\n{lines}\n"
 
 
-def skills_context(state: ConversationState, turn: int) -> str:
-    record = state.turns.get(turn)
-    skills = (record.skills if record and record.skills is not None else None) or ["suggest_follow_up"]
-    question = record.qualification_question if record else None
+def applied_skills(state: ConversationState, route: ev.RouteDecided, config: SiteConfig) -> tuple[list[str], str | None]:
+    """The turn's SkillsApplied when stored; otherwise the same deterministic rules run
+    here (shared/skills.py), so the answer does not wait one more hop for them."""
+    record = state.turns.get(route.turn)
+    if record is not None and record.skills is not None:
+        return record.skills, record.qualification_question
+    skills, _, question = sk.apply_for_turn(state, route, config)
+    return skills, question
+
+
+def skills_context(skills: list[str], question: str | None) -> str:
     lines = []
     for skill in skills:
         if skill == "ask_qualifying_question" and question:
@@ -78,16 +84,14 @@ def make_node(llm: LLMClient, configs: SiteConfigs | None = None) -> Node:
     async def handle(event: ev.RouteDecided, ctx: Context) -> list[ev.Envelope]:
         if event.route != "ANSWER":
             return []
-        state = await awaiter.turn_state(ctx.bus, event.site, event.session_id, event.turn, {"skills_applied"},
-                                         SKILLS_WAIT_S)
-        if WAIT_S > 0:
-            state = await awaiter.turn_state(ctx.bus, event.site, event.session_id, event.turn, set(AWAITED), WAIT_S)
+        state = await awaiter.turn_state(ctx.bus, event.site, event.session_id, event.turn, set(AWAITED), WAIT_S)
         record_of_turn = state.turns.get(event.turn)
         seen = set(record_of_turn.seen) if record_of_turn else set()
-        late = [kind for kind in (*AWAITED, "skills_applied") if kind not in seen]
+        late = [kind for kind in AWAITED if kind not in seen]
         config = await configs.get(event.site) if configs else SiteConfig()
+        skills, question = applied_skills(state, event, config)
         system = prompts.compose(PROMPT, event.site, config, visitor=visitor_context(state),
-                                 skills=skills_context(state, event.turn))
+                                 skills=skills_context(skills, question))
         messages = build_messages(state, event.turn, system)
         return [await stream_llm(ctx, llm, "answer", NAME, messages, late_inputs=late, temperature=0.3)]
 

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from services.router import signals as sig
-from services.router import skills as sk
+from shared import skills as sk
 from services.router.classifiers import IntentClassifier, has_words
 from services.router.local_model import EVAL, INTENTS, LocalIntentModel, read_jsonl
 from shared.embeddings import shared_embedder

@@ -21,10 +21,16 @@ NAME = "interest_signals_detector"
 PROMPT = Path(__file__).parent / "prompts" / "interest_signals.md"
 
 
-async def local_signals(parts: RouterParts, message: str, visitor_messages: int) -> dict[str, bool]:
-    scores = {}
+async def local_intent_scores(parts: RouterParts, message: str) -> dict[str, float]:
     if has_words(message) and parts.classifier.model is not None:
-        scores = (await parts.classifier.local(message)).scores
+        return (await parts.classifier.local(message)).scores
+    return {}
+
+
+async def local_signals(parts: RouterParts, message: str, visitor_messages: int,
+                        scores: dict[str, float] | None = None) -> dict[str, bool]:
+    if scores is None:
+        scores = await local_intent_scores(parts, message)
     return sig.detect(parts.rules, normalize(message), visitor_messages, scores)
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import msgspec
 
-from services.router.skills import EMAIL_RE
+from shared.skills import EMAIL_RE
 from shared.state import BookingState
 
 

@@ -5,7 +5,7 @@ qualification questions). See skills.apply."""
 
 from __future__ import annotations
 
-from services.router import skills as sk
+from shared import skills as sk
 from services.router.runtime import RouterParts
 from shared import events as ev
 from shared import loader
@@ -17,12 +17,8 @@ NAME = "skill_applier"
 def make_node(parts: RouterParts) -> Node:
     async def handle(event: ev.RouteDecided, ctx: Context) -> list[ev.Envelope]:
         state = await loader.load(ctx.bus, event.site, event.session_id)
-        record = state.turns.get(event.turn)
         config = await parts.configs.get(event.site)
-        signals = state.interest.signals if state.interest.turn == event.turn else {}
-        applied, rules, question = sk.apply(
-            (record.skills_selected if record else None) or [], intent=event.intent, route=event.route,
-            branch=event.branch, turn=event.turn, signals=signals, state=state, config=config)
+        applied, rules, question = sk.apply_for_turn(state, event, config)
         return [ctx.follow(ev.SkillsApplied, skills=applied, rules=rules, qualification_question=question)]
 
     return Node(name=NAME, consumes=("route_decided",), handle=handle)

@@ -16,7 +16,7 @@ from typing import Literal
 import msgspec
 
 from services.router import signals as sig
-from services.router import skills as sk
+from shared import skills as sk
 from services.router.classifiers import Intent, has_words, normalize, transcript
 from services.router.interest_signals_detector import local_signals
 from services.router.runtime import RouterParts, history_of

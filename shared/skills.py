@@ -1,6 +1,11 @@
 """Response-ending skills: which ones a turn calls for (selection) and the deterministic
 rules that turn the selection into what the handler applies (application).
 
+Shared because two services run the same pure rules: the router's skill_applier records
+the applied skills as `SkillsApplied`, and the responder's answer_writer computes them
+itself when that event is not stored yet, rather than wait one more hop before the first
+token (same inputs, same function, same result).
+
 Skills: propose_demo, collect_email, ask_qualifying_question, suggest_follow_up,
 share_resource; `none` when no skill applies.
 """
@@ -8,9 +13,15 @@ share_resource; `none` when no skill applies.
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
+
+import msgspec
 
 from shared.site_config import SiteConfig
 from shared.state import ConversationState
+
+if TYPE_CHECKING:
+    from shared.events import RouteDecided
 
 NONE = "none"
 CTA = ("propose_demo", "collect_email")
@@ -83,15 +94,19 @@ def apply(selected: list[str], *, intent: str, route: str, branch: str, turn: in
         skills.discard("collect_email")
         rules.append("email_known")
     override = forced or bool(signals.get("timeline"))
+    # This turn's own SkillsApplied may already be folded in (answer_writer recomputing it):
+    # only earlier turns count for the cooldown. If it asked, the rules allowed it, so the
+    # earlier ask was outside the cooldown either way.
+    last_cta = state.last_cta_turn if state.last_cta_turn < turn else 0
     if skills & set(CTA) and not override:
         if turn < config.cta.first_turn:
             skills -= set(CTA)
             rules.append("cta_too_early")
-        elif state.last_cta_turn and turn - state.last_cta_turn <= config.cta.cooldown_turns:
+        elif last_cta and turn - last_cta <= config.cta.cooldown_turns:
             skills -= set(CTA)
             rules.append("cta_cooldown")
     elif skills & set(CTA) and override and (turn < config.cta.first_turn or (
-            state.last_cta_turn and turn - state.last_cta_turn <= config.cta.cooldown_turns)):
+            last_cta and turn - last_cta <= config.cta.cooldown_turns)):
         rules.append("signal_override")
     if state.booking.lead_captured and not state.booking.active:
         if skills & set(CTA):
@@ -113,3 +128,16 @@ def apply(selected: list[str], *, intent: str, route: str, branch: str, turn: in
     if question and "ask_qualifying_question" not in skills:
         question = None
     return _ordered(skills), rules, question
+
+
+def apply_for_turn(state: ConversationState, route: "RouteDecided", config: SiteConfig
+                   ) -> tuple[list[str], list[str], str | None]:
+    """`apply` with its inputs taken from the conversation state at this turn's route.
+    Reads only what precedes the route (the analyses and earlier turns), so it gives the
+    same result whenever it runs after the route is stored."""
+    record = state.turns.get(route.turn)
+    signals = state.interest.signals if state.interest.turn == route.turn else {}
+    asked = [q for q in state.qualification_asked if not record or q != record.qualification_question]
+    before = msgspec.structs.replace(state, qualification_asked=asked) if asked != state.qualification_asked else state
+    return apply((record.skills_selected if record else None) or [], intent=route.intent, route=route.route,
+                 branch=route.branch, turn=route.turn, signals=signals, state=before, config=config)
