@@ -75,6 +75,20 @@ class Redirects(Strict):
     investors: str = ""
 
 
+class Persona(Strict):
+    """Who the assistant sounds like, and how much (0: not at all; see shared/persona.py)."""
+
+    weight: float = 0.0
+    name: str = ""
+    tone: str = ""  # basic tone, e.g. "warm and practical"
+    descriptors: list[str] = []
+    explanation_approach: str = ""
+    signature_phrases: list[str] = []
+    vocabulary: list[str] = []
+    style_markers: list[str] = []
+    summary: str = ""
+
+
 class Lead(Strict):
     webhook_url: str = ""  # where captured leads are POSTed (HMAC-signed); empty: LEAD_WEBHOOK_URL
 
@@ -96,6 +110,7 @@ class SiteConfig(Strict):
     redirects: Redirects = msgspec.field(default_factory=Redirects)
     classifier: Classifier = msgspec.field(default_factory=Classifier)
     lead: Lead = msgspec.field(default_factory=Lead)
+    persona: Persona = msgspec.field(default_factory=Persona)
     version: str = ""  # set by the sync: the file's content hash
 
 
@@ -106,6 +121,8 @@ class SiteConfigError(ValueError):
 def _check(config: SiteConfig) -> None:
     if not 0.0 <= config.interest.threshold <= 1.0:
         raise SiteConfigError("interest.threshold: must be between 0 and 1")
+    if not 0.0 <= config.persona.weight <= 1.0:
+        raise SiteConfigError("persona.weight: must be between 0 and 1")
     unknown = [s for s in config.skills.enabled if s not in SKILLS]
     if unknown:
         raise SiteConfigError(f"skills.enabled: unknown skill {unknown[0]!r} (known: {', '.join(SKILLS)})")

@@ -14,9 +14,17 @@ from services.responder import answer_writer
 from tests.test_consumer import fast, own, unique, wait_for
 
 
-async def run_turn(bus, site, llm, background=()):
+class FixedConfigs:
+    def __init__(self, config):
+        self.config = config
+
+    async def get(self, site):
+        return self.config
+
+
+async def run_turn(bus, site, llm, background=(), config=None):
     client = LLMClient({"answer": LLMRoleConfig(role="answer", base_url=llm.base_url, api_key="k", model="m")})
-    node = answer_writer.make_node(client)
+    node = answer_writer.make_node(client, FixedConfigs(config) if config else None)
     runner = ConsumerRunner(bus, Node(unique("aw"), node.consumes, own(site, node.handle)), fast(), start_lookback_s=5)
     await runner.start()
     try:
@@ -55,3 +63,16 @@ async def test_profile_reaches_the_prompt_when_ready(bus, site, llm):
     assert completed.late_inputs == []
     system = llm.requests()[-1]["messages"][0]["content"]
     assert "company name: Globex" in system and "job to be done: Automate quotes" in system
+
+
+async def test_site_persona_shapes_the_prompt_and_temperature(bus, site, llm):
+    from shared.site_config import Persona, SiteConfig
+    llm.clear()
+    config = SiteConfig(name="Tidewise", instructions="Mention the free trial when relevant.",
+                        persona=Persona(weight=0.85, name="Captain Ada", tone="warm", vocabulary=["crew"]))
+    await run_turn(bus, site, llm, config=config)
+    request = llm.requests()[-1]
+    system = request["messages"][0]["content"]
+    assert "Speak in Captain Ada's voice" in system and "crew" in system
+    assert "Mention the free trial" in system and "Tidewise" in system
+    assert request["temperature"] == 0.47

@@ -15,7 +15,7 @@ from pathlib import Path
 import msgspec
 
 from services.responder.streaming import stream_llm
-from shared import awaiter, prompts
+from shared import awaiter, persona, prompts
 from shared import skills as sk
 from shared import events as ev
 from shared.config import env_float
@@ -91,8 +91,9 @@ def make_node(llm: LLMClient, configs: SiteConfigs | None = None) -> Node:
         config = await configs.get(event.site) if configs else SiteConfig()
         skills, question = applied_skills(state, event, config)
         system = prompts.compose(PROMPT, event.site, config, visitor=visitor_context(state),
-                                 skills=skills_context(skills, question))
+                                 skills=skills_context(skills, question), persona=persona.block(config.persona))
         messages = build_messages(state, event.turn, system)
-        return [await stream_llm(ctx, llm, "answer", NAME, messages, late_inputs=late, temperature=0.3)]
+        return [await stream_llm(ctx, llm, "answer", NAME, messages, late_inputs=late,
+                                 temperature=persona.temperature(config.persona))]
 
     return Node(name=NAME, consumes=("route_decided",), handle=handle)
