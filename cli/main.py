@@ -15,6 +15,8 @@ commands:
   loadtest SERVICE       one service alone under a set rate (enricher, router)
   eval intent|skills|all run the router's evals on labeled JSONL (make eval)
   sites check [DIR]      validate the site config files (default: sites/)
+  ingest --site SITE PATH...      add files (md, txt, html, pdf) to a site's knowledge base
+  docs list|delete --site SITE    a site's documents
 """
 
 
@@ -42,6 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     if command == "sites":
         from cli import sites
         return sites.main(rest)
+    if command == "ingest":
+        from cli import ingest
+        return ingest.main(rest)
+    if command == "docs":
+        from cli import ingest
+        return ingest.docs_main(rest)
     if command == "erase-visitor":
         from cli import erase
         return erase.main(rest)

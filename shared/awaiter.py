@@ -15,6 +15,8 @@ from shared.bus import Bus
 from shared.state import ConversationState, Record, apply
 
 RECHECK_S = 0.05
+# Routes that answer without background results: work still running for them is wasted.
+CANCELLING_ROUTES = ("REDIRECT", "BOOKING")
 
 
 async def turn_state(bus: Bus, site: str, session_id: str, turn: int, wanted: set[str],
@@ -69,3 +71,36 @@ async def turn_state(bus: Bus, site: str, session_id: str, turn: int, wanted: se
 def _seen(state: ConversationState, turn: int) -> set[str]:
     record = state.turns.get(turn)
     return set(record.seen) if record else set()
+
+
+async def race_with_route(bus: Bus, event: ev.Envelope, work: asyncio.Task) -> bool:
+    """Wait for `work`; True if this turn was routed away (REDIRECT/BOOKING) first, in which
+    case `work` was cancelled. Background nodes (enrichment, retrieval) use it so a turn that
+    does not need their result does not pay for it."""
+    routed = []
+
+    def route_away(decided: ev.Envelope) -> None:
+        if decided.turn == event.turn and decided.route in CANCELLING_ROUTES and not routed:
+            routed.append(decided.route)
+            work.cancel()
+
+    async def on_route(msg):
+        try:
+            route_away(ev.decode(msg.data))
+        except ev.BadEvent:
+            pass
+
+    subject = subjects.conv(event.site, event.session_id, "route_decided")
+    # Subscribe first, then look in the log: a route stored in between is seen either way.
+    sub = await bus.nc.subscribe(subject, cb=on_route)
+    try:
+        for record in await bus.read(subject):
+            route_away(record.event)
+        try:
+            await work
+        except asyncio.CancelledError:
+            if not routed:
+                raise  # we are being stopped ourselves
+        return bool(routed)
+    finally:
+        await sub.unsubscribe()

@@ -142,6 +142,36 @@ class ProfileInferred(Envelope, tag="profile_inferred"):
     method: str = "local"  # local | llm
 
 
+class RetrievedDocument(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One retrieved piece of the site's knowledge base, numbered so the answer can cite
+    `[n]` and the browser can link it."""
+
+    n: int
+    document_type: str  # chunk | entity | relationship
+    title: str
+    source: str  # the document's URL, or its file when it has none
+    snippet: str  # a short excerpt for the browser
+    content: str  # what the answer's prompt gets
+    doc_id: str = ""
+    rerank_score: float | None = None
+
+
+class RetrievalCompleted(Envelope, tag="retrieval_completed"):
+    """What the retriever found for this turn. Always emitted (empty, cancelled or failed
+    included), so whoever waits for it never waits in vain."""
+
+    documents: list[RetrievedDocument] = []
+    mode: str = "mix"
+    query: str = ""  # the text searched (the message, with history for follow-ups)
+    keywords: dict[str, list[str]] = {}  # high_level / low_level, and who extracted them
+    found: dict[str, int] = {}  # per document type, before reranking or limiting
+    selection: str = "all"  # rerank:<provider> | limiter | all
+    fallback: str | None = None  # why the reranker was not used although enabled
+    cancelled: bool = False
+    error: str | None = None
+    latency_ms: float = 0.0
+
+
 class DialogStateExtracted(Envelope, tag="dialog_state_extracted"):
     """Flags seen in this turn (emoji markers, captured email, ...)."""
 
@@ -253,6 +283,7 @@ Event = Union[
     AnalyticsRecorded,
     EnrichmentCompleted,
     ProfileInferred,
+    RetrievalCompleted,
     DialogStateExtracted,
     FormFieldsExtracted,
     SuggestionsRouted,

@@ -26,6 +26,8 @@ from shared.config import env_float
 
 log = logging.getLogger(__name__)
 
+RETRIEVAL_MODES = ("global", "local", "hybrid", "mix", "naive")
+RERANK_PROVIDERS = ("cohere", "jina")
 SKILLS = ("propose_demo", "collect_email", "ask_qualifying_question", "suggest_follow_up", "share_resource")
 
 
@@ -98,6 +100,21 @@ class Classifier(Strict):
     cascade_threshold: float = 0.0  # 0: the deployment's default
 
 
+class Retrieval(Strict):
+    """Per-site overrides of the retriever's deployment settings (RETRIEVAL_* variables);
+    a key left out keeps the deployment's value."""
+
+    mode: str | None = None  # global | local | hybrid | mix | naive
+    rerank_enabled: bool | None = None
+    limiter_enabled: bool | None = None
+    rerank_top_k: int | None = None
+    rerank_provider: str | None = None  # cohere | jina
+    rerank_model: str | None = None
+    relationships_enabled: bool | None = None
+    graph_top_k: int | None = None
+    chunk_top_k: int | None = None
+
+
 class SiteConfig(Strict):
     name: str = ""
     languages: list[str] = msgspec.field(default_factory=lambda: ["en"])
@@ -111,6 +128,7 @@ class SiteConfig(Strict):
     classifier: Classifier = msgspec.field(default_factory=Classifier)
     lead: Lead = msgspec.field(default_factory=Lead)
     persona: Persona = msgspec.field(default_factory=Persona)
+    retrieval: Retrieval = msgspec.field(default_factory=Retrieval)
     version: str = ""  # set by the sync: the file's content hash
 
 
@@ -130,6 +148,14 @@ def _check(config: SiteConfig) -> None:
         raise SiteConfigError("classifier.backend: must be local, llm or cascade")
     if config.cta.first_turn < 1 or config.cta.cooldown_turns < 0:
         raise SiteConfigError("cta.first_turn must be ≥ 1 and cta.cooldown_turns ≥ 0")
+    r = config.retrieval
+    if r.mode is not None and r.mode not in RETRIEVAL_MODES:
+        raise SiteConfigError(f"retrieval.mode: must be one of {', '.join(RETRIEVAL_MODES)}")
+    if r.rerank_provider is not None and r.rerank_provider not in RERANK_PROVIDERS:
+        raise SiteConfigError(f"retrieval.rerank_provider: must be one of {', '.join(RERANK_PROVIDERS)}")
+    for key in ("rerank_top_k", "graph_top_k", "chunk_top_k"):
+        if getattr(r, key) is not None and getattr(r, key) < 1:
+            raise SiteConfigError(f"retrieval.{key}: must be ≥ 1")
     names = [f.name for f in config.booking.fields]
     if len(set(names)) != len(names):
         raise SiteConfigError("booking.fields: two fields share a name")

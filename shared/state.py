@@ -66,6 +66,7 @@ class TurnRecord(msgspec.Struct, kw_only=True):
     fallback_used: bool = False
     error: str | None = None
     metadata: dict[str, Any] = {}
+    sources: list[ev.RetrievedDocument] | None = None  # None: no retrieval stored for the turn
     seen: list[str] = []  # event types stored for this turn, in arrival order
 
 
@@ -224,6 +225,10 @@ def apply(state: ConversationState, record: Record) -> ConversationState:
                 booking.lead_turn = event.turn
         case ev.EnrichmentCompleted() | ev.ProfileInferred():
             state.visitor_profile = merge_visitor_profiles(state.visitor_profile, event.profile)
+        case ev.RetrievalCompleted():
+            rec = _turn(state, event.turn)
+            if rec.sources is None:  # a redelivered retrieval: the first stored one counts
+                rec.sources = list(event.documents)
         case ev.DialogStateExtracted():
             state.dialog = merge_dialog_supervision(state.dialog, event.flags, event.turn)
         case ev.FormFieldsExtracted():

@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 
 from shared import events as ev
-from shared import privacy, subjects
+from shared import awaiter, privacy
 from shared.consumer import Context, Node
 from shared.state import merge_visitor_profiles
 from services.enricher.sources import CacheSource, Lookup, ReturningVisitorSource, SourceError
@@ -29,7 +29,6 @@ log = logging.getLogger(__name__)
 
 NAME = "enrichment"
 IDENTIFYING = ("reveal", "email", "session_uuid")
-CANCELLING_ROUTES = ("REDIRECT", "BOOKING")
 
 
 @dataclass
@@ -125,7 +124,7 @@ def make_node(enricher: Enricher) -> Node:
         statuses: dict[str, str] = {}
         chain = enricher.chain(fresh=event.turn != 1)
         work = asyncio.create_task(enricher.run(q, chain, statuses))
-        cancelled = await _race_with_route(ctx, event, work)
+        cancelled = await awaiter.race_with_route(ctx.bus, event, work)
         if cancelled:
             for name, status in statuses.items():
                 if status == "running":
@@ -144,38 +143,6 @@ def make_node(enricher: Enricher) -> Node:
         return [ctx.follow(ev.EnrichmentCompleted, profile=profile, sources=statuses)]
 
     return Node(name=NAME, consumes=("turn_requested",), handle=handle)
-
-
-async def _race_with_route(ctx: Context, event: ev.TurnRequested, work: asyncio.Task) -> bool:
-    """Wait for `work`; True if this turn was routed away (REDIRECT/BOOKING) first, in which
-    case `work` was cancelled."""
-    routed = []
-
-    def route_away(decided: ev.Envelope) -> None:
-        if decided.turn == event.turn and decided.route in CANCELLING_ROUTES and not routed:
-            routed.append(decided.route)
-            work.cancel()
-
-    async def on_route(msg):
-        try:
-            route_away(ev.decode(msg.data))
-        except ev.BadEvent:
-            pass
-
-    subject = subjects.conv(event.site, event.session_id, "route_decided")
-    # Subscribe first, then look in the log: a route stored in between is seen either way.
-    sub = await ctx.bus.nc.subscribe(subject, cb=on_route)
-    try:
-        for record in await ctx.bus.read(subject):
-            route_away(record.event)
-        try:
-            await work
-        except asyncio.CancelledError:
-            if not routed:
-                raise  # we are being stopped ourselves
-        return bool(routed)
-    finally:
-        await sub.unsubscribe()
 
 
 async def _safe(awaitable):

@@ -1,11 +1,22 @@
-"""Retriever service. It connects, owns its consumers' lifecycle, and hosts no node yet:
-its nodes arrive with their issue (see docs/architecture.md, "Not built yet")."""
+"""Retriever service: the `retrieval` node over the sites' knowledge bases (LightRAG on
+Qdrant, one workspace per site)."""
 
+from __future__ import annotations
+
+from services.retriever import rerank, retrieval
+from services.retriever.knowledge import KnowledgeBase
+from services.retriever.settings import RetrievalSettings
 from shared import service
+from shared.embeddings import shared_embedder
+from shared.site_config import SiteConfigs
 
 
 async def nodes(bus):
-    return []
+    settings = RetrievalSettings.from_env()
+    kb = KnowledgeBase.from_env(shared_embedder()).open()
+    retriever = retrieval.Retriever(kb=kb, base=settings, rerankers=rerank.from_env(settings.rerank_timeout_s),
+                                    llm=retrieval.keyword_llm_from_env())
+    return [retrieval.make_node(retriever, SiteConfigs(bus))]
 
 
 def main() -> None:

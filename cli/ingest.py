@@ -1,0 +1,123 @@
+"""`concierge ingest --site SITE PATH...` and `concierge docs list|delete --site SITE`.
+
+Ingest reads Markdown, text, HTML and PDF files (a directory: every such file under it),
+chunks them, extracts entities and relationships offline and stores them in the site's
+knowledge base (KB_DIR, Qdrant local mode or QDRANT_URL). An unchanged file adds nothing;
+a changed one replaces its earlier content. A file that cannot be read is reported by name
+and skipped; the others are still ingested (exit status 1 if any was skipped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+from shared import logs
+
+
+def _open_kb():
+    from services.retriever.knowledge import KnowledgeBase, KnowledgeBaseLocked
+    from shared.embeddings import shared_embedder
+
+    try:
+        return KnowledgeBase.from_env(shared_embedder()).open()
+    except KnowledgeBaseLocked as exc:
+        print(f"concierge: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+async def ingest(site: str, paths: list[Path], quiet: bool = False) -> dict[str, int]:
+    from tqdm import tqdm
+
+    from services.retriever import documents
+
+    files = documents.collect(paths)
+    missing = [p for p in paths if not p.exists()]
+    counts = {"added": 0, "replaced": 0, "unchanged": 0, "skipped": len(missing), "chunks": 0}
+    for path in missing:
+        print(f"skipped {path}: no such file or directory", file=sys.stderr)
+    kb = _open_kb()
+    started = time.monotonic()
+    try:
+        bar = tqdm(files, unit="file", desc=f"ingest {site}", disable=quiet or len(files) < 2, file=sys.stderr)
+        for path in bar:
+            try:
+                doc = documents.read(site, path, _name(path, paths))
+            except documents.UnreadableDocument as exc:
+                counts["skipped"] += 1
+                bar.write(f"skipped {exc}", file=sys.stderr)
+                continue
+            outcome = await kb.ingest(site, doc)
+            counts[outcome] += 1
+            if outcome != "unchanged":
+                counts["chunks"] += len(kb.registry(site)[doc.doc_id]["chunks"])
+    finally:
+        await kb.close()
+    seconds = time.monotonic() - started
+    counts["seconds"] = round(seconds, 2)
+    counts["chunks_per_s"] = round(counts["chunks"] / seconds, 1) if seconds > 0 else 0.0
+    return counts
+
+
+def _name(path: Path, roots: list[Path]) -> str:
+    """How a document is known: its path relative to the directory given, else as given."""
+    for root in roots:
+        if root.is_dir():
+            try:
+                return str(path.relative_to(root.parent))
+            except ValueError:
+                continue
+    return str(path)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="concierge ingest", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--site", required=True)
+    parser.add_argument("paths", nargs="+", type=Path)
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    logs.setup("ingest")
+    counts = asyncio.run(ingest(args.site, args.paths, args.quiet))
+    print(f"{args.site}: {counts['added']} added, {counts['replaced']} replaced, {counts['unchanged']} unchanged, "
+          f"{counts['skipped']} skipped; {counts['chunks']} chunks in {counts['seconds']} s "
+          f"({counts['chunks_per_s']} chunks/s)")
+    return 1 if counts["skipped"] else 0
+
+
+def docs_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="concierge docs", description="list or delete a site's documents")
+    sub = parser.add_subparsers(dest="action", required=True)
+    listing = sub.add_parser("list")
+    listing.add_argument("--site", required=True)
+    delete = sub.add_parser("delete")
+    delete.add_argument("--site", required=True)
+    delete.add_argument("documents", nargs="+", help="document ids or paths, as `docs list` shows them")
+    args = parser.parse_args(argv)
+    logs.setup("docs")
+    return asyncio.run(_docs(args))
+
+
+async def _docs(args) -> int:
+    kb = _open_kb()
+    try:
+        records = kb.documents(args.site)
+        if args.action == "list":
+            for r in records:
+                print(f"{r['doc_id']}  {len(r['chunks']):>4} chunks  {r['path']}  ({r['title']}; {r['source']})")
+            print(f"{len(records)} documents")
+            return 0
+        status = 0
+        for wanted in args.documents:
+            match = next((r for r in records if wanted in (r["doc_id"], r["path"])), None)
+            if match is None or not await kb.delete(args.site, match["doc_id"]):
+                print(f"no document {wanted!r} on site {args.site}", file=sys.stderr)
+                status = 1
+            else:
+                print(f"deleted {match['path']} ({match['doc_id']})")
+        return status
+    finally:
+        await kb.close()

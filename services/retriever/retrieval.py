@@ -1,0 +1,243 @@
+"""retrieval: what the site's knowledge base says about this turn's message.
+
+On `TurnRequested`: the search text (the message; for a short follow-up such as "and with
+Salesforce?", the visitor's previous message too) → keywords (offline, or the `classifier`
+LLM role with RETRIEVAL_KEYWORDS=llm) → LightRAG on the site's own workspace (chunks by
+vector search, entities and relationships from the graph, per the mode) → the reranker
+(when enabled; the limiter if it fails) or the type-based limiter (when enabled) or
+everything → `RetrievalCompleted` with the documents numbered 1..N for `[N]` citations.
+
+A REDIRECT or BOOKING route for the turn cancels a retrieval still running; the event
+says `cancelled`. A knowledge base that fails twice gives a `RetrievalCompleted` with the
+error: the answer goes on without sources rather than the turn failing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from services.retriever import extraction, limiter
+from services.retriever.knowledge import KnowledgeBase
+from services.retriever.rerank import Reranker, RerankError
+from services.retriever.settings import RetrievalSettings
+from shared import awaiter, loader, prompts
+from shared import events as ev
+from shared.config import env_str
+from shared.consumer import Context, Node
+from shared.llm import LLMClient, LLMError
+from shared.site_config import SiteConfig, SiteConfigs
+
+log = logging.getLogger(__name__)
+
+NAME = "retrieval"
+KEYWORDS_PROMPT = Path(__file__).parent / "prompts" / "keywords.md"
+FOLLOW_UP_WORDS = 6  # a message this short is read with the previous one
+FOLLOW_UP_START = re.compile(r"^\s*(and|what about|how about|also|et|y|und|e|en)\b", re.IGNORECASE)
+SNIPPET_CHARS = 240
+ATTEMPTS = 2
+RETRY_BACKOFF_S = 0.2
+
+
+class Keywords(msgspec.Struct, kw_only=True):
+    high_level: list[str] = []
+    low_level: list[str] = []
+
+
+@dataclass
+class Candidate:
+    document_type: str
+    title: str
+    source: str
+    content: str
+    doc_id: str
+    score: float | None = None
+
+    def text(self) -> str:
+        return f"{self.title}\n{self.content}"
+
+
+@dataclass
+class Retrieved:
+    documents: list[ev.RetrievedDocument]
+    keywords: dict[str, list[str]]
+    found: dict[str, int]
+    selection: str
+    fallback: str | None = None
+    errors: list[str] = field(default_factory=list)
+
+
+def search_text(previous: str | None, message: str) -> str:
+    """The message, with the visitor's previous message in front when this one is a short
+    follow-up that means little alone."""
+    message = " ".join(message.split())
+    if previous and (len(message.split()) <= FOLLOW_UP_WORDS or FOLLOW_UP_START.match(message)):
+        return f"{' '.join(previous.split())} {message}"
+    return message
+
+
+def previous_message(state, turn: int) -> str | None:
+    earlier = [m.content for m in state.messages if m.role == "user" and m.turn < turn]
+    return earlier[-1] if earlier else None
+
+
+def candidates(kb: KnowledgeBase, site: str, found: dict[str, list[dict]]) -> dict[str, list[Candidate]]:
+    """LightRAG's records → candidates with a title and a source for the browser."""
+    out: dict[str, list[Candidate]] = {t: [] for t in limiter.TYPES}
+    for item in found["chunk"]:
+        record = kb.document(site, item.get("file_path", ""))
+        head, _, body = item["content"].partition("\n")
+        section = head.split(" — ", 1)[1] if " — " in head else ""
+        title = (record["title"] if record else head) + (f" — {section}" if section else "")
+        out["chunk"].append(Candidate("chunk", title, record["source"] if record else "", body or head,
+                                      record["doc_id"] if record else ""))
+    for item in found["entity"]:
+        record = kb.document(site, item.get("file_path", ""))
+        out["entity"].append(Candidate("entity", item["entity_name"], record["source"] if record else "",
+                                       item.get("description", ""), record["doc_id"] if record else ""))
+    for item in found["relationship"]:
+        record = kb.document(site, item.get("file_path", ""))
+        out["relationship"].append(Candidate("relationship", f"{item['src_id']} — {item['tgt_id']}",
+                                             record["source"] if record else "", item.get("description", ""),
+                                             record["doc_id"] if record else ""))
+    return out
+
+
+async def select(settings: RetrievalSettings, rerankers: dict[str, Reranker], query: str,
+                 by_type: dict[str, list[Candidate]]) -> tuple[list[Candidate], str, str | None]:
+    """(documents kept, how they were chosen, why the reranker was not used if it was
+    meant to be)."""
+    if not settings.relationships_enabled:
+        by_type = {**by_type, "relationship": []}
+    fallback = None
+    if settings.rerank_enabled:
+        reranker = rerankers.get(settings.rerank_provider)
+        everything = [c for t in limiter.TYPES for c in by_type[t]]
+        if reranker is None:
+            fallback = f"reranker {settings.rerank_provider} not configured"
+        elif everything:
+            try:
+                ranked = await reranker.rerank(query, [c.text() for c in everything], settings.rerank_top_k,
+                                               settings.rerank_model)
+                kept = [everything[i] for i, _ in ranked]
+                for (_, score), c in zip(ranked, kept):
+                    c.score = score
+                return kept, f"rerank:{reranker.provider}", None
+            except RerankError as exc:
+                fallback = str(exc)
+                log.warning("reranker failed; using the limiter", extra={"error": fallback})
+        else:
+            return [], f"rerank:{settings.rerank_provider}", None
+    if settings.limiter_enabled or fallback:
+        kept = limiter.limit(settings.mode, settings.rerank_top_k, by_type)
+        return [c for t in limiter.TYPES for c in kept[t]], "limiter", fallback
+    return [c for t in limiter.TYPES for c in by_type[t]], "all", fallback
+
+
+def numbered(kept: list[Candidate]) -> list[ev.RetrievedDocument]:
+    return [ev.RetrievedDocument(n=i, document_type=c.document_type, title=c.title, source=c.source,
+                                 snippet=_snippet(c.content), content=c.content, doc_id=c.doc_id,
+                                 rerank_score=None if c.score is None else round(c.score, 4))
+            for i, c in enumerate(kept, start=1)]
+
+
+def _snippet(text: str) -> str:
+    flat = " ".join(text.replace("**", "").split())
+    return flat if len(flat) <= SNIPPET_CHARS else flat[:SNIPPET_CHARS].rsplit(" ", 1)[0] + "…"
+
+
+@dataclass
+class Retriever:
+    kb: KnowledgeBase
+    base: RetrievalSettings
+    rerankers: dict[str, Reranker]
+    llm: LLMClient | None = None  # keyword extraction by LLM, when configured
+
+    async def keywords(self, site: str, query: str, config: SiteConfig, record) -> tuple[Keywords, str, str | None]:
+        if self.llm is not None:
+            system = prompts.compose(KEYWORDS_PROMPT, site, config)
+            try:
+                found = await self.llm.structured("classifier", [{"role": "system", "content": system},
+                                                                 {"role": "user", "content": query}],
+                                                  record, Keywords, temperature=0.0)
+                if found.high_level or found.low_level:
+                    return found, "llm", None
+                error = "llm: no keywords"
+            except (LLMError, msgspec.MsgspecError) as exc:
+                error = f"llm: {exc}"[:300]
+        else:
+            error = None
+        high, low = extraction.query_keywords(query, self.kb.entity_names(site))
+        return Keywords(high_level=high, low_level=low), "offline", error
+
+    async def retrieve(self, site: str, query: str, config: SiteConfig, record) -> Retrieved:
+        settings = self.base.for_site(config)
+        words, extractor, keyword_error = await self.keywords(site, query, config, record)
+        errors = [keyword_error] if keyword_error else []
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                found = await self.kb.query(site, query, mode=settings.mode, high_level=words.high_level,
+                                            low_level=words.low_level, graph_top_k=settings.graph_top_k,
+                                            chunk_top_k=settings.chunk_top_k)
+                break
+            except Exception as exc:  # noqa: BLE001 - storage trouble: retry once, then report it
+                errors.append(f"knowledge base: {type(exc).__name__}: {exc}"[:300])
+                if attempt == ATTEMPTS:
+                    raise KnowledgeBaseError("; ".join(errors)) from exc
+                await asyncio.sleep(RETRY_BACKOFF_S * attempt)
+        by_type = candidates(self.kb, site, found)
+        kept, selection, fallback = await select(settings, self.rerankers, query, by_type)
+        return Retrieved(documents=numbered(kept),
+                         keywords={"high_level": words.high_level, "low_level": words.low_level,
+                                   "extractor": [extractor]},
+                         found={t: len(v) for t, v in by_type.items()}, selection=selection, fallback=fallback,
+                         errors=errors)
+
+
+class KnowledgeBaseError(Exception):
+    pass
+
+
+def make_node(retriever: Retriever, configs: SiteConfigs | None = None) -> Node:
+    async def handle(event: ev.TurnRequested, ctx: Context) -> list[ev.Envelope]:
+        started = time.perf_counter()
+        config = await configs.get(event.site) if configs else SiteConfig()
+        mode = retriever.base.for_site(config).mode
+
+        def done(**fields) -> ev.RetrievalCompleted:
+            return ctx.follow(ev.RetrievalCompleted, mode=mode,
+                              latency_ms=round((time.perf_counter() - started) * 1000, 2), **fields)
+
+        if not event.message.strip():
+            return [done(error="empty message: nothing to search for")]
+        state = await loader.load(ctx.bus, event.site, event.session_id)
+        query = search_text(previous_message(state, event.turn), event.message)
+        work = asyncio.create_task(retriever.retrieve(event.site, query, config, ctx.record_llm))
+        try:
+            cancelled = await awaiter.race_with_route(ctx.bus, event, work)
+        except KnowledgeBaseError as exc:
+            log.error("retrieval failed", extra={"site": event.site, "error": str(exc)})
+            return [done(query=query, error=str(exc))]
+        if cancelled:
+            return [done(query=query, cancelled=True)]
+        result = work.result()
+        return [done(query=query, documents=result.documents, keywords=result.keywords, found=result.found,
+                     selection=result.selection, fallback=result.fallback,
+                     error="; ".join(result.errors) or None)]
+
+    return Node(name=NAME, consumes=("turn_requested",), handle=handle)
+
+
+def keyword_llm_from_env() -> LLMClient | None:
+    backend = env_str("RETRIEVAL_KEYWORDS", "offline")
+    if backend not in ("offline", "llm"):
+        from shared.config import ConfigError
+
+        raise ConfigError(f"RETRIEVAL_KEYWORDS={backend!r}: use offline or llm")
+    return LLMClient.from_env(("classifier",)) if backend == "llm" else None
