@@ -34,8 +34,8 @@ async def ingest(site: str, paths: list[Path], quiet: bool = False) -> dict[str,
 
     from services.retriever import documents
 
-    files = documents.collect(paths)
     missing = [p for p in paths if not p.exists()]
+    files = documents.collect([p for p in paths if p.exists()])
     counts = {"added": 0, "replaced": 0, "unchanged": 0, "skipped": len(missing), "chunks": 0}
     for path in missing:
         print(f"skipped {path}: no such file or directory", file=sys.stderr)

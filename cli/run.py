@@ -10,11 +10,14 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 from cli.supervisor import make_system
+
+DEMO_KB = Path(__file__).resolve().parent.parent / "knowledge" / "demo"
 
 MISSING_LLM = """\
 Concierge needs an OpenAI-compatible LLM endpoint to answer, and none is configured.
@@ -56,6 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     try:
         started = time.monotonic()
+        print(f"ingesting the demo knowledge base ({DEMO_KB}) for site demo "
+              f"(store {system.env['KB_DIR']}; unchanged files are skipped)", flush=True)
+        ingest = subprocess.run([sys.executable, "-m", "cli", "ingest", "--site", "demo", "--quiet", str(DEMO_KB)],
+                                env=system.env)
+        if ingest.returncode != 0:
+            print("start-up failed: the demo knowledge base could not be ingested (see above)", file=sys.stderr)
+            return 1
         system.start_all()
         print(f"services up in {time.monotonic() - started:.1f}s: router, retriever, enricher, responder, gateway")
         print(f"  LLM endpoint: {os.environ['LLM_BASE_URL']}")

@@ -201,6 +201,7 @@ def make_system(data_dir: Path, nats_port: int, gateway_port: int, extra_env: di
         "GATEWAY_HOST": "127.0.0.1",
         "GATEWAY_PORT": str(gateway_port),
         "SITES_DIR": os.environ.get("SITES_DIR", str(root / "sites")),
+        "KB_DIR": os.environ.get("KB_DIR", str(data_dir / "kb")),
         **extra_env,
     }
     return System(data_dir=data_dir, nats_port=nats_port, redis_port=redis_port, gateway_port=gateway_port,

@@ -140,3 +140,57 @@ class WebhookReceiver:
 
     def close(self) -> None:
         self.server.shutdown()
+
+
+class RerankServer:
+    """A local HTTP server playing a reranking provider, in both wire formats (Jina's
+    `/v1/rerank`, Cohere's `/v2/rerank`): scores each document by the words it shares with
+    the query. `fail_with` makes it answer that status; `delay_s` makes it slow."""
+
+    def __init__(self):
+        import http.server
+        import json
+        import re
+        import threading
+        import time
+
+        self.requests: list[dict] = []
+        self.fail_with: int | None = None
+        self.delay_s = 0.0
+        server_state = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server's naming
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                server_state.requests.append({"path": self.path, "body": body})
+                time.sleep(server_state.delay_s)
+                if server_state.fail_with:
+                    self.send_response(server_state.fail_with)
+                    self.end_headers()
+                    self.wfile.write(b'{"message": "overloaded"}')
+                    return
+                words = set(re.findall(r"\w+", body["query"].lower()))
+                scores = [len(words & set(re.findall(r"\w+", d.lower()))) / (1 + len(words)) for d in body["documents"]]
+                order = sorted(range(len(scores)), key=lambda i: -scores[i])[: body.get("top_n") or len(scores)]
+                answer = {"id": "r1", "results": [{"index": i, "relevance_score": scores[i]} for i in order],
+                          "meta": {"api_version": {"version": "2"}}}
+                data = json.dumps(answer).encode()
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except BrokenPipeError:
+                    pass  # the client gave up (the timeout test)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()

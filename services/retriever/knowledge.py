@@ -80,7 +80,31 @@ def _register_storage() -> None:
     from lightrag.kg.qdrant_impl import QdrantVectorDBStorage
 
     class ConciergeQdrantStorage(QdrantVectorDBStorage):
-        """LightRAG's Qdrant storage with the knowledge base's client (server or local)."""
+        """LightRAG's Qdrant storage with the knowledge base's client (server or local).
+
+        The workspace is always the site: LightRAG would let QDRANT_WORKSPACE put every
+        site in one workspace, which would undo the isolation. In local mode each site
+        also gets its own collections: qdrant-client's local mode evaluates payload
+        filters point by point in Python over the whole collection, so one shared
+        collection would make every site's search as slow as all sites' data."""
+
+        def __post_init__(self):
+            super().__post_init__()
+            self.effective_workspace = self.workspace
+            self._per_site = bool(self.global_config["vector_db_storage_cls_kwargs"].get("collection_per_site"))
+            if self._per_site:
+                self.final_namespace = f"{self.final_namespace}_{self.workspace}"
+
+        async def query(self, query: str, top_k: int, query_embedding: list[float] = None) -> list[dict[str, Any]]:
+            if not self._per_site:
+                return await super().query(query, top_k, query_embedding)
+            if query_embedding is None:
+                query_embedding = (await self.embedding_func([query], context="query"))[0]
+            # The collection holds this site's points only: no payload filter to evaluate.
+            points = self._client.query_points(collection_name=self.final_namespace, query=query_embedding,
+                                               limit=top_k, with_payload=True,
+                                               score_threshold=self.cosine_better_than_threshold).points
+            return [{**p.payload, "distance": p.score, "created_at": p.payload.get("created_at")} for p in points]
 
         async def initialize(self):
             if self._client is None:
@@ -213,7 +237,7 @@ class KnowledgeBase:
             kv_storage="JsonKVStorage",
             doc_status_storage="JsonDocStatusStorage",
             vector_db_storage_cls_kwargs={"cosine_better_than_threshold": self.cosine_threshold,
-                                          "client_key": self._key},
+                                          "client_key": self._key, "collection_per_site": not self.qdrant_url},
             enable_llm_cache=False,
         )
 

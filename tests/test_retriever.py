@@ -1,0 +1,314 @@
+"""The retriever: tenant isolation in storage, the type-based limiter, reranking and its
+fallback, ingestion (unchanged / changed / deleted / unreadable files), and the node on
+the bus (numbered documents, follow-ups, cancellation by the route)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from services.retriever import documents, limiter
+from services.retriever.knowledge import KnowledgeBase
+from services.retriever.rerank import CohereReranker, JinaReranker
+from services.retriever.retrieval import Candidate, Retriever, make_node, search_text, select
+from services.retriever.settings import RetrievalSettings
+from shared import events as ev
+from shared.consumer import ConsumerRunner, Node
+from shared.embeddings import shared_embedder
+from shared.site_config import SiteConfig
+from tests.servers import RerankServer
+from tests.test_consumer import events_of, fast, own, unique, wait_for
+
+# Three sites sell a product of the same name with different facts; each fact carries a
+# marker word no other site uses, so any leak is visible in the text.
+SITES = {
+    "iso_north": ("amber", "$19", "Salesforce", "Frankfurt"),
+    "iso_south": ("cobalt", "$49", "HubSpot", "Virginia"),
+    "iso_west": ("violet", "$99", "Pipedrive", "Sydney"),
+}
+QUESTIONS = ["How much does Acme Sync cost?", "Which CRM does Acme Sync integrate with?",
+             "Where is Acme Sync data hosted?", "Tell me about the Acme Sync mobile app", "Is there a free trial?"]
+
+
+def write_site_docs(root: Path, site: str) -> list[Path]:
+    marker, price, crm, region = SITES[site]
+    folder = root / site
+    folder.mkdir(parents=True)
+    (folder / "pricing.md").write_text(
+        f"# Acme Sync pricing\n\n## Plans\nAcme Sync costs {price} per user per month ({marker} plan). "
+        f"The Acme Sync free trial lasts 14 days ({marker}).\n")
+    (folder / "integrations.md").write_text(
+        f"# Acme Sync integrations\n\n## CRM\nAcme Sync integrates with {crm} ({marker} edition). "
+        f"Acme Sync Mobile shows {crm} contacts to field teams ({marker}).\n")
+    (folder / "security.md").write_text(
+        f"# Acme Sync security\n\n## Hosting\nAcme Sync data is hosted in {region} ({marker} region). "
+        f"Acme Sync encrypts data at rest ({marker}).\n")
+    return [folder / "pricing.md", folder / "integrations.md", folder / "security.md"]
+
+
+@pytest.fixture(scope="module")
+async def kb(tmp_path_factory):
+    root = tmp_path_factory.mktemp("kb")
+    base = KnowledgeBase(root / "store", shared_embedder()).open()
+    for site in SITES:
+        for path in write_site_docs(root / "docs", site):
+            assert await base.ingest(site, documents.read(site, path, path.name)) == "added"
+    yield base
+    await base.close()
+
+
+def texts(result) -> list[str]:
+    return [f"{d.title} {d.content} {d.snippet}" for d in result.documents]
+
+
+# --- isolation --------------------------------------------------------------------------
+
+
+async def test_concurrent_queries_never_return_another_sites_documents(kb):
+    async def ask(site: str, question: str, mode: str):
+        retriever = Retriever(kb=kb, base=RetrievalSettings(mode=mode, limiter_enabled=False), rerankers={})
+        return site, await retriever.retrieve(site, question, SiteConfig(), _no_record)
+
+    jobs = [ask(site, q, mode) for site in SITES for q in QUESTIONS for mode in ("mix", "hybrid", "local", "global", "naive")]
+    results = await asyncio.gather(*jobs)
+    seen_documents = 0
+    for site, result in results:
+        own_marker = SITES[site][0]
+        others = [SITES[s][0] for s in SITES if s != site] + [v for s in SITES if s != site for v in SITES[s][1:]]
+        own_ids = set(kb.registry(site))
+        for doc in result.documents:
+            seen_documents += 1
+            text = f"{doc.title} {doc.content}"
+            assert not any(word in text for word in others), (site, text)
+            assert doc.doc_id in own_ids, (site, doc.doc_id)
+        if result.documents:
+            assert any(own_marker in t for t in texts(result))
+    assert seen_documents > 200  # the queries did find things: the check above had work to do
+
+
+async def test_every_vector_of_a_site_carries_its_workspace(kb):
+    for site in SITES:
+        collections = [c.name for c in kb._client.get_collections().collections if c.name.endswith(f"_{site}")]
+        assert len(collections) == 3  # chunks, entities, relationships: the site's own
+        for name in collections:
+            points, _ = kb._client.scroll(name, limit=1000, with_payload=True)
+            assert points and {p.payload["workspace_id"] for p in points} == {site}
+
+
+async def test_a_site_with_no_knowledge_base_gets_nothing(kb):
+    retriever = Retriever(kb=kb, base=RetrievalSettings(), rerankers={})
+    result = await retriever.retrieve("iso_empty", "How much does Acme Sync cost?", SiteConfig(), _no_record)
+    assert result.documents == [] and result.found == {"chunk": 0, "entity": 0, "relationship": 0}
+
+
+# --- ingestion --------------------------------------------------------------------------
+
+
+async def test_unchanged_file_adds_nothing_changed_file_replaces_deleted_file_leaves(kb, tmp_path):
+    site = "iso_edit"
+    path = tmp_path / "plans.md"
+    path.write_text("# Plans\n\n## Price\nThe Orbit plan costs $10 per seat (saffron).\n")
+    assert await kb.ingest(site, documents.read(site, path, "plans.md")) == "added"
+    assert await kb.ingest(site, documents.read(site, path, "plans.md")) == "unchanged"
+    path.write_text("# Plans\n\n## Price\nThe Orbit plan costs $12 per seat (indigo).\n")
+    assert await kb.ingest(site, documents.read(site, path, "plans.md")) == "replaced"
+    retriever = Retriever(kb=kb, base=RetrievalSettings(limiter_enabled=False), rerankers={})
+    result = await retriever.retrieve(site, "How much is the Orbit plan?", SiteConfig(), _no_record)
+    joined = " ".join(texts(result))
+    assert "indigo" in joined and "saffron" not in joined
+    assert len(kb.documents(site)) == 1
+    assert await kb.delete(site, documents.doc_id_for(site, "plans.md"))
+    result = await retriever.retrieve(site, "How much is the Orbit plan?", SiteConfig(), _no_record)
+    assert result.documents == []
+
+
+async def test_an_entity_shared_by_two_documents_survives_the_deletion_of_one(kb, tmp_path):
+    site = "iso_shared"
+    (tmp_path / "a.md").write_text("# A\n\n## Sync\nZephyr Link connects to Salesforce every hour (topaz).\n")
+    (tmp_path / "b.md").write_text("# B\n\n## Mobile\nZephyr Link works offline on phones (jade).\n")
+    for name in ("a.md", "b.md"):
+        await kb.ingest(site, documents.read(site, tmp_path / name, name))
+    await kb.delete(site, documents.doc_id_for(site, "a.md"))
+    retriever = Retriever(kb=kb, base=RetrievalSettings(mode="local", limiter_enabled=False), rerankers={})
+    result = await retriever.retrieve(site, "What is Zephyr Link?", SiteConfig(), _no_record)
+    entities = [d for d in result.documents if d.document_type == "entity" and d.title == "Zephyr Link"]
+    assert entities and "jade" in entities[0].content and "topaz" not in entities[0].content
+    assert all("topaz" not in t for t in texts(result))
+
+
+async def test_cli_ingest_reports_unreadable_files_and_ingests_the_rest(tmp_path, monkeypatch, capsys):
+    from cli import ingest
+
+    monkeypatch.setenv("KB_DIR", str(tmp_path / "kb"))
+    good = tmp_path / "docs" / "good.md"
+    good.parent.mkdir()
+    good.write_text("# Good\n\nThe Nimbus plan includes reporting.\n")
+    (tmp_path / "docs" / "broken.pdf").write_bytes(b"not a pdf at all")
+    (tmp_path / "docs" / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    counts = await ingest.ingest("iso_cli", [tmp_path / "docs", tmp_path / "missing.md"], quiet=True)
+    err = capsys.readouterr().err
+    assert counts["added"] == 1 and counts["skipped"] == 3 and counts["chunks"] >= 1
+    assert "broken.pdf" in err and "latin1.txt" in err and "missing.md" in err
+    again = await ingest.ingest("iso_cli", [tmp_path / "docs"], quiet=True)
+    assert again["added"] == 0 and again["unchanged"] == 1
+
+
+def test_documents_read_markdown_html_and_front_matter(tmp_path):
+    md = tmp_path / "p.md"
+    md.write_text("---\ntitle: Prices\nurl: https://x.example/pricing\n---\n# Ignored\n\n## Plans\nStarter $5.\n")
+    doc = documents.read("s", md, "p.md")
+    assert (doc.title, doc.source, doc.sections) == ("Prices", "https://x.example/pricing", [("Plans", "Starter $5.")])
+    html = tmp_path / "p.html"
+    html.write_text("<html><head><title>Help</title><link rel='canonical' href='https://x.example/help'></head>"
+                    "<body><nav>menu</nav><h1>Help</h1><h2>Hours</h2><p>9 to 5</p><script>x()</script></body></html>")
+    doc = documents.read("s", html, "p.html")
+    assert (doc.title, doc.source, doc.sections) == ("Help", "https://x.example/help", [("Hours", "9 to 5")])
+
+
+# --- limiter and reranking --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode,expected", [
+    ("global", {"chunk": 6, "entity": 7, "relationship": 7}),
+    ("local", {"chunk": 12, "entity": 4, "relationship": 4}),
+    ("hybrid", {"chunk": 6, "entity": 6, "relationship": 8}),
+    ("mix", {"chunk": 6, "entity": 6, "relationship": 8}),
+    ("naive", {"chunk": 20, "entity": 0, "relationship": 0}),
+])
+def test_limiter_splits_the_budget_by_mode(mode, expected):
+    assert limiter.allocate(mode, 20, {"chunk": 50, "entity": 50, "relationship": 50}) == expected
+
+
+def test_limiter_gives_unused_places_to_the_other_types():
+    take = limiter.allocate("mix", 20, {"chunk": 2, "entity": 50, "relationship": 50})
+    assert take["chunk"] == 2 and sum(take.values()) == 20 and take["relationship"] > take["entity"]
+    assert limiter.allocate("local", 20, {"chunk": 3, "entity": 4, "relationship": 100}) == \
+        {"chunk": 3, "entity": 4, "relationship": 13}
+    assert limiter.allocate("mix", 20, {"chunk": 3, "entity": 2, "relationship": 1}) == \
+        {"chunk": 3, "entity": 2, "relationship": 1}
+    naive = limiter.allocate("naive", 5, {"chunk": 2, "entity": 9, "relationship": 9})
+    assert naive["chunk"] == 2 and sum(naive.values()) == 5
+
+
+def by_type(n=10):
+    return {t: [Candidate(t, f"{t} {i}", "src", f"{t} text {i} pricing" if i == 3 else f"{t} text {i}", "d")
+                for i in range(n)] for t in limiter.TYPES}
+
+
+async def test_without_reranker_or_limiter_everything_is_returned():
+    kept, selection, fallback = await select(RetrievalSettings(limiter_enabled=False), {}, "q", by_type())
+    assert len(kept) == 30 and selection == "all" and fallback is None
+    kept, _, _ = await select(RetrievalSettings(limiter_enabled=False, relationships_enabled=False), {}, "q", by_type())
+    assert len(kept) == 20 and all(c.document_type != "relationship" for c in kept)
+
+
+@pytest.fixture
+def rerank_server():
+    server = RerankServer()
+    yield server
+    server.close()
+
+
+@pytest.mark.parametrize("provider", ["jina", "cohere"])
+async def test_reranker_scores_all_types_together_and_keeps_top_k(rerank_server, provider):
+    reranker = (JinaReranker("k", f"{rerank_server.base_url}/v1/rerank") if provider == "jina"
+                else CohereReranker("k", rerank_server.base_url))
+    settings = RetrievalSettings(rerank_enabled=True, rerank_provider=provider, rerank_top_k=5)
+    kept, selection, fallback = await select(settings, {provider: reranker}, "relationship text pricing", by_type())
+    assert selection == f"rerank:{provider}" and fallback is None and len(kept) == 5
+    assert kept[0].title == "relationship 3" and kept[0].score == max(c.score for c in kept)
+    body = rerank_server.requests[-1]["body"]
+    assert len(body["documents"]) == 30 and body["top_n"] == 5 and body["model"] == "rerank-v3.5"
+
+
+@pytest.mark.parametrize("failure", ["status", "timeout"])
+async def test_reranker_failure_falls_back_to_the_limiter_and_says_so(rerank_server, failure):
+    if failure == "status":
+        rerank_server.fail_with = 503
+    else:
+        rerank_server.delay_s = 1.0
+    reranker = JinaReranker("k", f"{rerank_server.base_url}/v1/rerank", timeout_s=0.3)
+    settings = RetrievalSettings(rerank_enabled=True, rerank_provider="jina", rerank_top_k=20, mode="mix")
+    kept, selection, fallback = await select(settings, {"jina": reranker}, "q", by_type(50))
+    assert selection == "limiter" and fallback and "jina" in fallback
+    assert [c.document_type for c in kept].count("relationship") == 8 and len(kept) == 20
+    assert all(c.score is None for c in kept)
+
+
+async def test_reranker_enabled_but_not_configured_uses_the_limiter():
+    kept, selection, fallback = await select(RetrievalSettings(rerank_enabled=True, rerank_provider="cohere"), {},
+                                             "q", by_type(50))
+    assert selection == "limiter" and "not configured" in fallback and len(kept) == 20
+
+
+# --- the node on the bus ----------------------------------------------------------------
+
+
+def test_short_follow_ups_are_read_with_the_previous_message():
+    assert search_text("Do you integrate with QuickBooks?", "and with Salesforce?") == \
+        "Do you integrate with QuickBooks? and with Salesforce?"
+    assert search_text("Hi", "What does the Growth plan include for large teams of technicians?") == \
+        "What does the Growth plan include for large teams of technicians?"
+    assert search_text(None, "pricing?") == "pricing?"
+
+
+async def run_node(bus, kb, site):
+    retriever = Retriever(kb=kb, base=RetrievalSettings(), rerankers={})
+    node = make_node(retriever)
+    runner = ConsumerRunner(bus, Node(unique("retrieval"), node.consumes, own(site, node.handle)), fast(),
+                            start_lookback_s=5)
+    await runner.start()
+    return runner
+
+
+def turn(site, message, session="s1", turn_no=1):
+    return ev.TurnRequested(event_id=ev.new_id(), site=site, session_id=session, turn=turn_no, ts=ev.now(),
+                            producer="test", message=message)
+
+
+async def retrieval_of(bus, site, session, turn_no=1):
+    async def found():
+        done = [e for e in await events_of(bus, site, session) if isinstance(e, ev.RetrievalCompleted)
+                and e.turn == turn_no]
+        return done[0] if done else None
+    return await wait_for(found)
+
+
+async def test_node_emits_numbered_documents_of_the_site(bus, kb):
+    site = "iso_north"
+    runner = await run_node(bus, kb, site)
+    try:
+        session = unique("s")
+        await bus.publish(turn(site, "How much does Acme Sync cost?", session))
+        done = await retrieval_of(bus, site, session)
+        assert done.documents and [d.n for d in done.documents] == list(range(1, len(done.documents) + 1))
+        assert done.selection == "limiter" and done.mode == "mix" and not done.cancelled
+        assert any("$19" in d.content for d in done.documents)
+        assert all(d.source in {"pricing.md", "integrations.md", "security.md"} for d in done.documents)
+        await bus.publish(turn(site, "and the hosting?", session, turn_no=2))
+        follow_up = await retrieval_of(bus, site, session, 2)
+        assert follow_up.query == "How much does Acme Sync cost? and the hosting?"
+        await bus.publish(turn(site, "   ", unique("s")))
+    finally:
+        await runner.stop()
+
+
+async def test_a_redirect_or_booking_route_cancels_retrieval(bus, kb):
+    site = "iso_south"
+    runner = await run_node(bus, kb, site)
+    try:
+        session = unique("s")
+        request = turn(site, "How much does Acme Sync cost?", session)
+        route = ev.follow(request, ev.RouteDecided, "test", route="REDIRECT", reason="support", intent="SUPPORT")
+        await bus.publish(route)  # the router was faster than the retrieval
+        await bus.publish(request)
+        done = await retrieval_of(bus, site, session)
+        assert done.cancelled and done.documents == []
+    finally:
+        await runner.stop()
+
+
+async def _no_record(_call) -> None:
+    return None
