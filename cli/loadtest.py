@@ -123,7 +123,7 @@ def scenario(name: str, env: dict[str, str], rate: float, seconds: float, same_i
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="concierge loadtest", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("service", choices=["enricher", "router"])
+    parser.add_argument("service", choices=["enricher", "router", "retriever"])
     parser.add_argument("--rate", type=float, default=100.0, help="turns per second offered")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--provider-delay-ms", type=float, default=300.0)
@@ -131,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.service == "router":
         from cli import loadtest_router
         return loadtest_router.main([a for a in (argv or []) if a != "router"])
+    if args.service == "retriever":
+        from cli import loadtest_retriever
+        return loadtest_retriever.main([a for a in (argv or []) if a != "retriever"])
     args = parser.parse_args(argv)
 
     results = {"service": args.service}

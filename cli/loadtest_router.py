@@ -43,9 +43,15 @@ def variants(seed: int):
     return out
 
 
-async def drive(nats_url: str, rate: float, seconds: float, turns_per_session: int, tag: str) -> dict:
-    messages = variants(hash(tag) & 0xFFFF)
-    bus = await connect(BusConfig(url=nats_url), name="loadtest-router")
+async def drive(nats_url: str, rate: float, seconds: float, turns_per_session: int, tag: str,
+                messages: list[str] | None = None, sites: tuple[str, ...] = (SITE,), answer: str = "route_decided",
+                label=lambda event: f"{event.route}/{event.branch}") -> dict:
+    """Publish `TurnRequested` at `rate` per second for `seconds` and time each turn to its
+    `answer` event (any single-service load test: the router's RouteDecided, the
+    retriever's RetrievalCompleted); sessions take turns among `sites`; `label` counts the
+    answers by kind."""
+    messages = messages or variants(hash(tag) & 0xFFFF)
+    bus = await connect(BusConfig(url=nats_url), name="loadtest")
     sent: dict[tuple[str, int], float] = {}
     latencies: list[float] = []
     routes: Counter = Counter()
@@ -58,12 +64,12 @@ async def drive(nats_url: str, rate: float, seconds: float, turns_per_session: i
         started = sent.pop((event.session_id, event.turn), None)
         if started is not None:
             latencies.append((time.perf_counter() - started) * 1000)
-            routes[f"{event.route}/{event.branch}"] += 1
+            routes[label(event)] += 1
             last_done[0] = time.perf_counter()
             if len(latencies) >= total:
                 done.set()
 
-    sub = await bus.nc.subscribe(f"conv.{SITE}.*.route_decided", cb=on_route)
+    sub = await bus.nc.subscribe(f"conv.{sites[0] if len(sites) == 1 else '*'}.*.{answer}", cb=on_route)
     began = time.perf_counter()
     try:
         for i in range(total):
@@ -72,9 +78,10 @@ async def drive(nats_url: str, rate: float, seconds: float, turns_per_session: i
             if delay > 0:
                 await asyncio.sleep(delay)
             session, turn = f"{tag}-{i // turns_per_session}", i % turns_per_session + 1
+            site = sites[(i // turns_per_session) % len(sites)]
             message = messages[i % len(messages)]
             sent[(session, turn)] = time.perf_counter()
-            await bus.publish(ev.TurnRequested(event_id=ev.new_id(), site=SITE, session_id=session, turn=turn,
+            await bus.publish(ev.TurnRequested(event_id=ev.new_id(), site=site, session_id=session, turn=turn,
                                                ts=ev.now(), producer="loadtest", message=message))
         try:
             await asyncio.wait_for(done.wait(), 30)

@@ -12,7 +12,7 @@ commands:
   bench                  drive a fresh system with the scripted LLM and print figures (make bench)
   scripted-llm           serve the scripted OpenAI-compatible LLM used by tests and bench
   erase-visitor          forget a visitor: redact their events, delete their cached data
-  loadtest SERVICE       one service alone under a set rate (enricher, router)
+  loadtest SERVICE       one service alone under a set rate (enricher, router, retriever)
   eval intent|skills|all run the router's evals on labeled JSONL (make eval)
   sites check [DIR]      validate the site config files (default: sites/)
   ingest --site SITE PATH...      add files (md, txt, html, pdf) to a site's knowledge base

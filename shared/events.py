@@ -156,6 +156,20 @@ class RetrievedDocument(msgspec.Struct, kw_only=True, omit_defaults=True):
     rerank_score: float | None = None
 
 
+def public_sources(documents: list[RetrievedDocument]) -> list[dict[str, Any]]:
+    """What the browser gets of the sources: enough to show and link them, not their text."""
+    return [{"n": d.n, "title": d.title, "url": d.source, "snippet": d.snippet, "document_type": d.document_type,
+             **({"rerank_score": d.rerank_score} if d.rerank_score is not None else {})} for d in documents]
+
+
+class SourcesAttached(Envelope, tag="sources_attached"):
+    """The sources an answer may cite, sent on the turn's token subject before its first
+    token (the browser shows them as numbered links). Not in the conversation log: the
+    log has `RetrievalCompleted` and `ResponseCompleted.sources`."""
+
+    sources: list[dict[str, Any]] = []
+
+
 class RetrievalCompleted(Envelope, tag="retrieval_completed"):
     """What the retriever found for this turn. Always emitted (empty, cancelled or failed
     included), so whoever waits for it never waits in vain."""
@@ -254,6 +268,7 @@ class ResponseCompleted(Envelope, tag="response_completed"):
     attempt: int = 1
     fallback_used: bool = False
     late_inputs: list[str] = []  # background results the answer went without (past their deadline)
+    sources: list[int] = []  # the numbers of the retrieved documents the answer was given to cite
 
 
 class TurnCompleted(Envelope, tag="turn_completed"):
@@ -284,6 +299,7 @@ Event = Union[
     EnrichmentCompleted,
     ProfileInferred,
     RetrievalCompleted,
+    SourcesAttached,
     DialogStateExtracted,
     FormFieldsExtracted,
     SuggestionsRouted,

@@ -67,6 +67,7 @@ class TurnRecord(msgspec.Struct, kw_only=True):
     error: str | None = None
     metadata: dict[str, Any] = {}
     sources: list[ev.RetrievedDocument] | None = None  # None: no retrieval stored for the turn
+    sources_cited: list[int] = []  # the documents the answer was given (ResponseCompleted.sources)
     seen: list[str] = []  # event types stored for this turn, in arrival order
 
 
@@ -241,6 +242,7 @@ def apply(state: ConversationState, record: Record) -> ConversationState:
             if rec.response_attempt is None:
                 rec.response_attempt = event.attempt
                 rec.fallback_used = event.fallback_used
+                rec.sources_cited = list(event.sources)
                 state.messages.append(Message(role="assistant", content=event.text, turn=event.turn))
         case ev.TurnCompleted():
             rec = _turn(state, event.turn)

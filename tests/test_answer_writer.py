@@ -47,16 +47,19 @@ async def run_turn(bus, site, llm, background=(), config=None):
 
 async def test_late_background_results_are_named_and_do_not_block(bus, site, llm, monkeypatch):
     monkeypatch.setattr(answer_writer, "WAIT_S", 0.3)
+    monkeypatch.setattr(answer_writer, "RETRIEVAL_WAIT_S", 0.2)
     llm.clear()
     completed, elapsed = await run_turn(bus, site, llm)
-    assert completed.late_inputs == ["enrichment_completed", "profile_inferred"]
+    assert completed.late_inputs == ["retrieval_completed", "enrichment_completed", "profile_inferred"]
     assert elapsed < 0.3 + 2.0
+    assert completed.sources == [] and "No knowledge-base documents were found" in llm.requests()[-1]["messages"][0]["content"]
     assert "What we know about the visitor" not in llm.requests()[-1]["messages"][0]["content"]
 
 
 async def test_profile_reaches_the_prompt_when_ready(bus, site, llm):
     llm.clear()
     completed, _ = await run_turn(bus, site, llm, background=[
+        (ev.RetrievalCompleted, "retrieval", {"documents": []}),
         (ev.EnrichmentCompleted, "enrichment", {"profile": VisitorProfile(company_name="Globex", sector="Manufacturing")}),
         (ev.ProfileInferred, "visitor_profiler", {"profile": VisitorProfile(job_to_be_done="Automate quotes")}),
     ])
@@ -76,3 +79,28 @@ async def test_site_persona_shapes_the_prompt_and_temperature(bus, site, llm):
     assert "Speak in Captain Ada's voice" in system and "crew" in system
     assert "Mention the free trial" in system and "Tidewise" in system
     assert request["temperature"] == 0.47
+
+
+async def test_retrieved_sources_are_numbered_in_the_prompt_and_sent_before_the_first_token(bus, site, llm):
+    llm.clear()
+    docs = [ev.RetrievedDocument(n=1, document_type="chunk", title="Pricing — Plans", source="https://x.example/pricing",
+                                 snippet="Starter costs $29", content="The Starter plan costs $29 per technician."),
+            ev.RetrievedDocument(n=2, document_type="entity", title="QuickBooks", source="https://x.example/integrations",
+                                 snippet="QuickBooks sync", content="QuickBooks: invoices sync every 10 minutes.")]
+    heard = []
+
+    async def on_token(msg):
+        heard.append(ev.decode(msg.data))
+
+    sub = await bus.nc.subscribe(f"tokens.{site}.a1.1", cb=on_token)
+    try:
+        completed, _ = await run_turn(bus, site, llm, background=[(ev.RetrievalCompleted, "retrieval", {"documents": docs})])
+    finally:
+        await sub.unsubscribe()
+    system = llm.requests()[-1]["messages"][0]["content"]
+    assert "[1] Pricing — Plans: The Starter plan costs $29" in system and "[2] QuickBooks:" in system
+    assert "cite the ones you use as [n]" in system
+    assert completed.sources == [1, 2] and "retrieval_completed" not in completed.late_inputs
+    assert isinstance(heard[0], ev.SourcesAttached) and all(isinstance(e, ev.TokenChunk) for e in heard[1:])
+    assert [s["n"] for s in heard[0].sources] == [1, 2] and heard[0].sources[0]["url"] == "https://x.example/pricing"
+    assert "content" not in heard[0].sources[0]

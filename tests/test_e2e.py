@@ -49,6 +49,9 @@ def system(llm, fallback_llm, suggestions_llm, webhook):
             "LEAD_WEBHOOK_BACKOFF_S": "0.05",
         })
         try:
+            # The demo site's knowledge base, as `make run` ingests it (the retriever opens it at start).
+            subprocess.run([sys.executable, "-m", "cli", "ingest", "--site", "demo", "--quiet",
+                            str(ROOT / "knowledge" / "demo")], env=sys_.env, check=True, cwd=ROOT)
             sys_.start_all()
             yield sys_
         finally:
@@ -97,6 +100,23 @@ async def test_two_turns_stream_and_remember(system, llm, http, site):
 
     state = (await http.get(f"{system.gateway_url}/v1/conversations/{site}/{session}/state")).json()
     assert state["turn"] == 2 and state["turns"]["1"]["status"] == "completed" and len(state["messages"]) == 4
+
+
+async def test_answer_from_the_knowledge_base_sends_sources_then_cited_tokens(system, llm, http):
+    llm.clear()
+    llm.fail_next({"reply": "Tidewise connects to QuickBooks Online and Xero [1], and to Salesforce [2]."})
+    reply = await chat(http, system.gateway_url, {"site": "demo", "session_id": f"kb-{time.time_ns()}",
+                                                  "message": "What integrations do you offer?"})
+    types = [e["type"] for e in reply.events]
+    assert types[0] == "sources" and types[-1] == "complete" and set(types[1:-1]) == {"token"}, types
+    sources = reply.events[0]["sources"]
+    assert [s["n"] for s in sources] == list(range(1, len(sources) + 1))
+    assert any(s["url"] == "https://tidewise.example/integrations" for s in sources)
+    assert "[1]" in reply.text
+    meta = reply.final["metadata"]
+    assert meta["route"] == "ANSWER" and meta["sources"] == sources
+    system_prompt = llm.requests()[-1]["messages"][0]["content"]
+    assert "## Sources" in system_prompt and "QuickBooks" in system_prompt and "[1] " in system_prompt
 
 
 @pytest.mark.parametrize("body, field", [

@@ -103,6 +103,10 @@ class TurnRelay:
                     content = turn.pending.pop(len(turn.sent))
                     turn.sent.append(content)
                     out.append({"type": "token", "content": content})
+            case ev.SourcesAttached():
+                if not turn.sent and not turn.sources_sent:  # sources come before the first token, once
+                    turn.sources_sent = True
+                    out.append({"type": "sources", "sources": event.sources})
             case ev.ResponseCompleted():
                 turn.response = event
                 if turn.sent and turn.attempt is not None and event.attempt != turn.attempt:
@@ -122,6 +126,7 @@ class _TurnProgress:
     def __init__(self):
         self.attempt: int | None = None
         self.sent: list[str] = []
+        self.sources_sent = False
         self.pending: dict[int, str] = {}
         self.response: ev.ResponseCompleted | None = None
         self.completed: ev.TurnCompleted | None = None

@@ -10,6 +10,7 @@ visitor's enrichment and profile); what is not there is left out of the prompt a
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import msgspec
@@ -18,7 +19,7 @@ from services.responder.streaming import stream_llm
 from shared import awaiter, persona, prompts
 from shared import skills as sk
 from shared import events as ev
-from shared.config import env_float
+from shared.config import env_float, env_int
 from shared.consumer import Context, Node
 from shared.llm import LLMClient
 from shared.site_config import SiteConfig, SiteConfigs
@@ -31,6 +32,11 @@ PROMPT = Path(__file__).parent / "prompts" / "answer.md"
 # first answer sets it (e.g. 0.3). Late inputs are named in ResponseCompleted either way.
 WAIT_S = env_float("ANSWER_WAIT_S", 0.0)
 AWAITED = ("enrichment_completed", "profile_inferred")
+# Retrieval has its own deadline: an answer without the knowledge base is a poor answer, so
+# it is worth waiting for (mix mode takes tens of milliseconds), but never for ever.
+RETRIEVAL_WAIT_S = env_float("ANSWER_RETRIEVAL_WAIT_S", 2.0)
+MAX_SOURCES = env_int("ANSWER_MAX_SOURCES", 10)  # the first N retrieved documents go into the prompt
+SOURCE_CHARS = 700
 PROFILE_FIELDS = ("company_name", "company_description", "sector", "sub_sector", "job_to_be_done", "feature_list")
 SKILL_TEXT = {
     "propose_demo": "End by offering a short demo with the team, marked with 📅.",
@@ -71,6 +77,15 @@ def skills_context(skills: list[str], question: str | None) -> str:
     return "\n".join(f"- {line}" for line in lines) if lines else "- End plainly, with no call to action."
 
 
+def sources_context(documents: list[ev.RetrievedDocument]) -> str:
+    if not documents:
+        return ("\n## Sources\nNo knowledge-base documents were found for this question. Do not guess facts about "
+                "the company; say you are not sure and offer to connect the visitor with the team.\n")
+    lines = [f"[{d.n}] {d.title}: {' '.join(d.content.split())[:SOURCE_CHARS]}" for d in documents]
+    return ("\n## Sources\nAnswer from these sources only, and cite the ones you use as [n] right after the "
+            "sentence they support:\n" + "\n".join(lines) + "\n")
+
+
 def build_messages(state: ConversationState, turn: int, system_prompt: str) -> list[dict]:
     """The system prompt, then every exchange before `turn`, then this turn's message."""
     messages = [{"role": "system", "content": system_prompt}]
@@ -84,16 +99,23 @@ def make_node(llm: LLMClient, configs: SiteConfigs | None = None) -> Node:
     async def handle(event: ev.RouteDecided, ctx: Context) -> list[ev.Envelope]:
         if event.route != "ANSWER":
             return []
-        state = await awaiter.turn_state(ctx.bus, event.site, event.session_id, event.turn, set(AWAITED), WAIT_S)
+        started = time.monotonic()
+        state = await awaiter.turn_state(ctx.bus, event.site, event.session_id, event.turn,
+                                         {"retrieval_completed"}, RETRIEVAL_WAIT_S)
+        if WAIT_S > 0:  # the visitor's enrichment and profile, on their own deadline
+            state = await awaiter.turn_state(ctx.bus, event.site, event.session_id, event.turn, set(AWAITED),
+                                             max(0.0, WAIT_S - (time.monotonic() - started)))
         record_of_turn = state.turns.get(event.turn)
         seen = set(record_of_turn.seen) if record_of_turn else set()
-        late = [kind for kind in AWAITED if kind not in seen]
+        late = [kind for kind in ("retrieval_completed", *AWAITED) if kind not in seen]
+        documents = (record_of_turn.sources or [])[:MAX_SOURCES] if record_of_turn else []
         config = await configs.get(event.site) if configs else SiteConfig()
         skills, question = applied_skills(state, event, config)
         system = prompts.compose(PROMPT, event.site, config, visitor=visitor_context(state),
-                                 skills=skills_context(skills, question), persona=persona.block(config.persona))
+                                 skills=skills_context(skills, question), persona=persona.block(config.persona),
+                                 sources=sources_context(documents))
         messages = build_messages(state, event.turn, system)
-        return [await stream_llm(ctx, llm, "answer", NAME, messages, late_inputs=late,
+        return [await stream_llm(ctx, llm, "answer", NAME, messages, late_inputs=late, sources=documents,
                                  temperature=persona.temperature(config.persona))]
 
     return Node(name=NAME, consumes=("route_decided",), handle=handle)

@@ -56,6 +56,8 @@ def metadata(state: ConversationState, turn: int, suggestions: ev.SuggestionsGen
         "booking": {"active": state.booking.active, "pending_field": state.booking.pending_field,
                     "lead_captured": state.booking.lead_captured},
         "dialog_flags": dict(state.dialog.latest) if state.dialog.latest_turn == turn else {},
+        "sources": ev.public_sources([d for d in (record.sources or []) if d.n in record.sources_cited])
+        if record else [],
     }
 
 

@@ -14,7 +14,13 @@ WORD_RE = re.compile(r"\S+\s*|\s+")
 
 
 async def stream_llm(ctx: Context, llm: LLMClient, role: str, node: str, messages: list[dict], *,
-                     late_inputs: list[str] | None = None, **params: Any) -> ev.ResponseCompleted:
+                     late_inputs: list[str] | None = None, sources: list[ev.RetrievedDocument] | None = None,
+                     **params: Any) -> ev.ResponseCompleted:
+    """Stream the model's answer as tokens. `sources` go out first, on the same subject, so
+    the browser has them before the first token that cites one."""
+    if sources:
+        await ctx.bus.publish_token(ctx.follow(ev.SourcesAttached, key=f"sources-{ctx.attempt}",
+                                               sources=ev.public_sources(sources)))
     parts: list[str] = []
     calls = []
 
@@ -27,7 +33,7 @@ async def stream_llm(ctx: Context, llm: LLMClient, role: str, node: str, message
         parts.append(delta)
     return ctx.follow(ev.ResponseCompleted, node=node, text="".join(parts), token_count=len(parts),
                       attempt=ctx.attempt, fallback_used=any(call.fallback_used for call in calls),
-                      late_inputs=late_inputs or [])
+                      late_inputs=late_inputs or [], sources=[d.n for d in sources or []])
 
 
 async def stream_text(ctx: Context, node: str, text: str) -> ev.ResponseCompleted:

@@ -1,0 +1,132 @@
+"""`concierge loadtest retriever`: the retriever service alone, on a large knowledge base.
+
+Generates a knowledge base of `--sites` sites × `--docs` documents of `--sections`
+sections each (fictional B2B products with features, prices, integrations and regions;
+every section a chunk, so the defaults give 5,000 chunks), ingests it the way `concierge
+ingest` does and reports chunks/s; then starts nats-server and one retriever process on
+that knowledge base, publishes `TurnRequested` questions about the sites' content at
+`--rate` per second for `--seconds`, and times each to its `RetrievalCompleted` (mix mode,
+the limiter, offline keywords: the embedded defaults). The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import tempfile
+import time
+from pathlib import Path
+
+from cli.loadtest_router import drive
+from cli.supervisor import free_port, make_system
+
+PRODUCTS = ["Atlas", "Beacon", "Cedar", "Delta", "Ember", "Fjord", "Granite", "Harbor", "Iris", "Juniper",
+            "Kestrel", "Lumen", "Meridian", "Nimbus", "Orchid", "Pioneer", "Quarry", "Raven", "Summit", "Tundra"]
+FEATURES = ["scheduling", "dispatch", "invoicing", "reporting", "inventory", "payroll", "routing", "quotes",
+            "contracts", "analytics", "forecasting", "approvals", "timesheets", "onboarding", "audits"]
+TOOLS = ["Salesforce", "HubSpot", "QuickBooks", "Xero", "Slack", "Zapier", "Stripe", "Okta", "Jira", "Zendesk",
+         "Pipedrive", "NetSuite", "Shopify", "Twilio", "Workday"]
+REGIONS = ["Frankfurt", "Virginia", "Sydney", "Tokyo", "Dublin", "Toronto", "Singapore", "Paris"]
+QUESTION_TEMPLATES = ["How much does {product} {feature} cost?", "Does {product} integrate with {tool}?",
+                      "Where is {product} data hosted?", "What does the {feature} module of {product} do?",
+                      "Can {product} sync {feature} with {tool}?", "Is there a free trial of {product}?"]
+
+
+def make_corpus(root: Path, sites: int, docs: int, sections: int, seed: int = 7) -> list[str]:
+    rng = random.Random(seed)
+    names = [f"load{n:02d}" for n in range(sites)]
+    for site in names:
+        folder = root / site
+        folder.mkdir(parents=True)
+        for d in range(docs):
+            product = rng.choice(PRODUCTS)
+            lines = [f"# {product} {rng.choice(FEATURES).title()} guide {d}", ""]
+            for s in range(sections):
+                feature, tool, region = rng.choice(FEATURES), rng.choice(TOOLS), rng.choice(REGIONS)
+                price = rng.randint(5, 400)
+                lines += [f"## {feature.title()} part {s}",
+                          f"The {product} {feature} module costs ${price} per user per month for the {site} edition. "
+                          f"It integrates with {tool} and syncs {feature} records every {rng.randint(1, 60)} minutes. "
+                          f"Data for {feature} is hosted in {region}, encrypted with AES-256, and kept for "
+                          f"{rng.randint(7, 90)} days. Teams of {rng.randint(2, 500)} people use {product} "
+                          f"{feature} with {tool} to cut manual work by {rng.randint(5, 60)} percent.", ""]
+            (folder / f"doc{d:03d}.md").write_text("\n".join(lines))
+    return names
+
+
+def questions(count: int, seed: int = 11) -> list[str]:
+    rng = random.Random(seed)
+    return [rng.choice(QUESTION_TEMPLATES).format(product=rng.choice(PRODUCTS), feature=rng.choice(FEATURES),
+                                                  tool=rng.choice(TOOLS)) + f" (ref {i})" for i in range(count)]
+
+
+async def ingest_corpus(corpus: Path, kb_dir: Path, sites: list[str]) -> dict:
+    from services.retriever import documents
+    from services.retriever.knowledge import KnowledgeBase
+    from shared.embeddings import Embedder
+
+    kb = KnowledgeBase(kb_dir, Embedder()).open()
+    chunks, started = 0, time.monotonic()
+    try:
+        for site in sites:
+            for path in documents.collect([corpus / site]):
+                await kb.ingest(site, documents.read(site, path, path.name))
+            chunks += sum(len(r["chunks"]) for r in kb.documents(site))
+            print(f"  {site}: {len(kb.documents(site))} documents, {chunks} chunks so far "
+                  f"({time.monotonic() - started:.0f} s)", flush=True)
+    finally:
+        await kb.close()
+    seconds = time.monotonic() - started
+    return {"chunks": chunks, "ingest_s": round(seconds, 1), "chunks_per_s": round(chunks / seconds, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="concierge loadtest retriever", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rate", type=float, default=10.0, help="queries per second offered")
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--sites", type=int, default=10)
+    parser.add_argument("--docs", type=int, default=25, help="documents per site")
+    parser.add_argument("--sections", type=int, default=20, help="sections (≈ chunks) per document")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="concierge-load-retriever-") as data:
+        data_dir = Path(data)
+        sites = make_corpus(data_dir / "corpus", args.sites, args.docs, args.sections)
+        print(f"ingesting {args.sites} sites × {args.docs} documents × {args.sections} sections", flush=True)
+        ingest = asyncio.run(ingest_corpus(data_dir / "corpus", data_dir / "kb", sites))
+        print(f"ingested {ingest['chunks']} chunks in {ingest['ingest_s']} s ({ingest['chunks_per_s']} chunks/s)",
+              flush=True)
+        system = make_system(data_dir, free_port(), free_port(), {"LOG_LEVEL": "WARNING", "KB_DIR": str(data_dir / "kb")})
+        try:
+            system.start_nats()
+            started = time.monotonic()
+            system.start_service("retriever")
+            asked = questions(int(args.rate * args.seconds) + 400)
+            warm = {"routed": 0}
+            while warm["routed"] == 0 and time.monotonic() - started < 120:
+                warm = asyncio.run(drive(system.nats_url, 2, 1, 1, f"warm{time.time_ns()}", asked[:2], tuple(sites),
+                                         "retrieval_completed", _label))
+            print(f"retriever ready in {time.monotonic() - started:.1f} s", flush=True)
+            asyncio.run(drive(system.nats_url, args.rate / 2, 3, 1, "warmup", asked[-300:], tuple(sites),
+                              "retrieval_completed", _label))
+            result = asyncio.run(drive(system.nats_url, args.rate, args.seconds, 1, f"run{time.time_ns()}",
+                                       asked[:-300], tuple(sites), "retrieval_completed", _label))
+        finally:
+            system.stop()
+    result = {"service": "retriever", "mode": "mix", "sites": args.sites, **ingest,
+              "offered_per_s": result["offered_per_s"], "sent": result["sent"], "answered": result["routed"],
+              "queries_per_s": result["turns_per_s"], "p50_ms": result["p50_ms"], "p99_ms": result["p99_ms"],
+              "outcomes": result["routes"]}
+    print(json.dumps(result))
+    return 0 if result["answered"] == result["sent"] else 1
+
+
+def _label(event) -> str:
+    if event.cancelled:
+        return "cancelled"
+    if event.error:
+        return "error"
+    return "documents" if event.documents else "empty"
+
