@@ -4,9 +4,10 @@ Generates a knowledge base of `--sites` sites × `--docs` documents of `--sectio
 sections each (fictional B2B products with features, prices, integrations and regions;
 every section a chunk, so the defaults give 5,000 chunks), ingests it the way `concierge
 ingest` does and reports chunks/s; then starts nats-server and one retriever process on
-that knowledge base, publishes `TurnRequested` questions about the sites' content at
-`--rate` per second for `--seconds`, and times each to its `RetrievalCompleted` (mix mode,
-the limiter, offline keywords: the embedded defaults). The last line is one JSON object.
+that knowledge base, publishes `TurnRequested` questions about the sites' content at each
+of `--rates` per second for `--seconds`, and times each to its `RetrievalCompleted` (mix
+mode, the limiter, offline keywords: the embedded defaults; `--variant` runs again with
+other retriever settings). One JSON line per run at the end.
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ async def ingest_corpus(corpus: Path, kb_dir: Path, sites: list[str]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="concierge loadtest retriever", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rate", type=float, default=10.0, help="queries per second offered")
+    parser.add_argument("--rates", default="5,10", help="queries per second offered, one run each")
+    parser.add_argument("--variant", default="", help="also run with these retriever settings, e.g. RETRIEVAL_GRAPH_TOP_K=20")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--sites", type=int, default=10)
     parser.add_argument("--docs", type=int, default=25, help="documents per site")
@@ -98,29 +100,39 @@ def main(argv: list[str] | None = None) -> int:
         ingest = asyncio.run(ingest_corpus(data_dir / "corpus", data_dir / "kb", sites))
         print(f"ingested {ingest['chunks']} chunks in {ingest['ingest_s']} s ({ingest['chunks_per_s']} chunks/s)",
               flush=True)
-        system = make_system(data_dir, free_port(), free_port(), {"LOG_LEVEL": "WARNING", "KB_DIR": str(data_dir / "kb")})
-        try:
-            system.start_nats()
-            started = time.monotonic()
-            system.start_service("retriever")
-            asked = questions(int(args.rate * args.seconds) + 400)
-            warm = {"routed": 0}
-            while warm["routed"] == 0 and time.monotonic() - started < 120:
-                warm = asyncio.run(drive(system.nats_url, 2, 1, 1, f"warm{time.time_ns()}", asked[:2], tuple(sites),
-                                         "retrieval_completed", _label))
-            print(f"retriever ready in {time.monotonic() - started:.1f} s", flush=True)
-            asyncio.run(drive(system.nats_url, args.rate / 2, 3, 1, "warmup", asked[-300:], tuple(sites),
-                              "retrieval_completed", _label))
-            result = asyncio.run(drive(system.nats_url, args.rate, args.seconds, 1, f"run{time.time_ns()}",
-                                       asked[:-300], tuple(sites), "retrieval_completed", _label))
-        finally:
-            system.stop()
-    result = {"service": "retriever", "mode": "mix", "sites": args.sites, **ingest,
-              "offered_per_s": result["offered_per_s"], "sent": result["sent"], "answered": result["routed"],
-              "queries_per_s": result["turns_per_s"], "p50_ms": result["p50_ms"], "p99_ms": result["p99_ms"],
-              "outcomes": result["routes"]}
-    print(json.dumps(result))
-    return 0 if result["answered"] == result["sent"] else 1
+        runs = []
+        for overrides in [{}] + ([dict(kv.split("=", 1) for kv in args.variant.split(","))] if args.variant else []):
+            for rate in (float(r) for r in args.rates.split(",")):
+                runs.append((overrides, rate, _run(data_dir, sites, rate, args.seconds, overrides)))
+    for overrides, rate, result in runs:
+        print(json.dumps({"service": "retriever", "mode": "mix", "sites": args.sites, **ingest,
+                          "settings": overrides or "defaults", "offered_per_s": rate, "sent": result["sent"],
+                          "answered": result["routed"], "queries_per_s": result["turns_per_s"],
+                          "p50_ms": result["p50_ms"], "p99_ms": result["p99_ms"], "outcomes": result["routes"]}))
+    return 0 if all(r["routed"] == r["sent"] for _, _, r in runs) else 1
+
+
+def _run(data_dir: Path, sites: list[str], rate: float, seconds: float, overrides: dict[str, str]) -> dict:
+    """One retriever process (with `overrides` in its environment) under `rate` queries/s."""
+    system = make_system(data_dir / f"run-{time.time_ns()}", free_port(), free_port(),
+                         {"LOG_LEVEL": "WARNING", "KB_DIR": str(data_dir / "kb"), **overrides})
+    try:
+        system.start_nats()
+        started = time.monotonic()
+        system.start_service("retriever")
+        asked = questions(int(rate * seconds) + 400, seed=int(rate * 100) + len(overrides))
+        warm = {"routed": 0}
+        while warm["routed"] == 0 and time.monotonic() - started < 120:
+            warm = asyncio.run(drive(system.nats_url, 2, 1, 1, f"warm{time.time_ns()}", asked[:2], tuple(sites),
+                                     "retrieval_completed", _label))
+        print(f"retriever ready in {time.monotonic() - started:.1f} s ({overrides or 'defaults'}, {rate}/s)",
+              flush=True)
+        asyncio.run(drive(system.nats_url, rate / 2, 3, 1, "warmup", asked[-300:], tuple(sites),
+                          "retrieval_completed", _label))
+        return asyncio.run(drive(system.nats_url, rate, seconds, 1, f"run{time.time_ns()}", asked[:-300],
+                                 tuple(sites), "retrieval_completed", _label))
+    finally:
+        system.stop()
 
 
 def _label(event) -> str:

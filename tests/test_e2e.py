@@ -435,3 +435,56 @@ async def test_bus_outage_is_503_and_not_ready(system, http, site):
     response = await http.post(f"{system.gateway_url}/v1/chat", json={"site": site, "message": "anyone?"})
     assert response.status_code == 503 and response.json()["error"] == "unavailable"
     assert (await http.get(f"{system.gateway_url}/readyz")).status_code == 503
+
+
+CHROMIUM = next((p for p in ("/usr/bin/chromium", "/usr/bin/chromium-browser") if Path(p).exists()), None)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium not installed (Debian package `chromium`): browser test skipped")
+async def test_browser_asks_sees_streamed_answer_sources_and_follow_up(system, llm, suggestions_llm):
+    """The demo page in headless Chromium: ask, see the streamed answer with its sources and
+    follow-ups, click a follow-up, get a second answer; a screenshot is kept in artifacts/."""
+    from playwright.async_api import async_playwright
+
+    llm.clear(), suggestions_llm.clear()
+    llm.fail_next({"reply": "Tidewise connects to QuickBooks Online and Xero [1], and to Salesforce and HubSpot [2].",
+                   "inter_token_ms": 30},
+                  {"reply": "Yes: Tidewise Mobile works offline and syncs when back online [1]."})
+    suggestions_llm.fail_next({"reply": json.dumps({"suggestions": ["Does the mobile app work offline?",
+                                                                    "How much does the Growth plan cost?"]})},
+                              {"reply": json.dumps({"suggestions": ["Is there a free trial?"]})})
+    artifacts = ROOT / "artifacts"
+    artifacts.mkdir(exist_ok=True)
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"])
+        try:
+            page = await browser.new_page(viewport={"width": 1200, "height": 800})
+            await page.goto(system.gateway_url + "/")
+            await page.click("[data-testid=cw-launch]")
+            await page.fill("[data-testid=cw-input]", "What integrations do you offer?")
+            await page.press("[data-testid=cw-input]", "Enter")
+            bot = page.locator("[data-testid=cw-bot]").first
+            # Streamed: part of the answer is on screen before the whole of it.
+            await page.wait_for_function(
+                "() => { const b = document.querySelector('[data-testid=cw-bot]');"
+                " return b && b.textContent.includes('QuickBooks') && !b.textContent.includes('HubSpot'); }",
+                timeout=15000)
+            await page.wait_for_selector("[data-testid=cw-follow-ups] button", timeout=15000)
+            assert "HubSpot" in await bot.text_content()
+            cite = bot.locator("a.cw-cite").first
+            assert (await cite.text_content()) == "[1]" and (await cite.get_attribute("href")).startswith("https://")
+            sources = await page.locator("[data-testid=cw-sources] a").all_text_contents()
+            assert sources and any("Integrations" in s for s in sources)
+            await page.locator("[data-testid=cw-follow-ups] button", has_text="offline").click()
+            await page.wait_for_function(
+                "() => document.querySelectorAll('[data-testid=cw-bot]').length === 2 &&"
+                " document.querySelectorAll('[data-testid=cw-bot]')[1].textContent.includes('works offline')",
+                timeout=15000)
+            await page.screenshot(path=str(artifacts / "browser-chat.png"))
+            # A reload resumes the conversation from the session kept in the browser.
+            await page.reload()
+            await page.wait_for_function("() => document.querySelectorAll('.cw-msg').length >= 4", timeout=15000)
+        finally:
+            await browser.close()

@@ -7,11 +7,13 @@ import gc
 import json
 import logging
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import msgspec
 import nats.errors
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 
 from shared import events as ev
 from shared import loader, logs, privacy, redis_client, subjects, telemetry
@@ -24,6 +26,7 @@ from services.gateway.relay import TurnRelay
 from services.gateway.schemas import RequestError, check_id, decode_chat
 
 log = logging.getLogger(__name__)
+STATIC = Path(__file__).parent / "static"  # the demo page and the embeddable widget
 
 
 class GatewaySettings(msgspec.Struct, kw_only=True):
@@ -81,6 +84,20 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
         log.error("bus unavailable", extra={"error": repr(exc)})
         return JSONResponse({"error": "unavailable", "detail": "the event bus is not reachable; retry shortly"},
                             status_code=503, headers={"Retry-After": "2"})
+
+    cors = [o.strip() for o in env_str("GATEWAY_CORS_ORIGINS", "*").split(",") if o.strip()]
+    if cors:  # the widget runs on customers' pages: their origins call the chat API
+        app.add_middleware(CORSMiddleware, allow_origins=cors, allow_methods=["GET", "POST"],
+                           allow_headers=["content-type"], expose_headers=["X-Session-Id", "Retry-After"])
+
+    @app.get("/", include_in_schema=False)
+    async def demo_page():
+        return FileResponse(STATIC / "index.html", media_type="text/html")
+
+    @app.get("/widget.js", include_in_schema=False)
+    async def widget():
+        return FileResponse(STATIC / "widget.js", media_type="text/javascript",
+                            headers={"Cache-Control": "public, max-age=300"})
 
     @app.get("/healthz")
     async def healthz():

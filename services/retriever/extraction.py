@@ -154,8 +154,8 @@ def extract(doc: SourceDocument, chunks: list[Chunk]) -> Extraction:
 
 def query_keywords(query: str, entity_names: list[str]) -> tuple[list[str], list[str]]:
     """(high-level, low-level) keywords of a query, without an LLM."""
-    lowered = query.lower()
-    low = [n for n in entity_names if len(n) > 2 and re.search(rf"(?<!\w){re.escape(n.lower())}(?!\w)", lowered)]
+    padded = f" {' '.join(m.group(0) for m in WORD.finditer(query.lower()))} "
+    low = [n for n in entity_names if len(n) > 2 and f" {' '.join(WORD.findall(n.lower()))} " in padded]
     low += [n for n in names_in(query) if n.lower() not in STOP and n not in low]
     content = [w for w in (m.group(0).lower() for m in WORD.finditer(query)) if w not in STOP and len(w) > 1]
     high = [" ".join(content)] if content else []

@@ -21,6 +21,7 @@ it; names that other documents share are written again from those documents.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -44,6 +45,8 @@ log = logging.getLogger(__name__)
 STORAGE_NAME = "ConciergeQdrantStorage"
 _CLIENTS: dict[str, Any] = {}  # the Qdrant client of each open KnowledgeBase, by key
 SEP = "<SEP>"  # LightRAG's separator between the sources of a merged graph field
+MAX_DESCRIPTION_CHARS = 600
+UNBOUNDED_TOKENS = 10_000_000
 
 
 class UnknownSite(Exception):
@@ -66,7 +69,14 @@ class MiniLMTokenizer:
         self._tokenizer.no_padding()
 
     def encode(self, content: str) -> list[int]:
-        return self._tokenizer.encode(content, add_special_tokens=False).ids
+        # LightRAG counts the tokens of every entity and relationship description it
+        # considers, on every query: the same texts again and again, so they are cached.
+        return list(self._encode(content))
+
+    @functools.lru_cache(maxsize=50_000)  # noqa: B019 - one tokenizer per process, never freed
+    def _encode(self, content: str) -> tuple[int, ...]:
+        # encode_batch_fast: the same ids without the character offsets, half the time.
+        return tuple(self._tokenizer.encode_batch_fast([content], add_special_tokens=False)[0].ids)
 
     def decode(self, tokens: list[int]) -> str:
         return self._tokenizer.decode(tokens)
@@ -253,8 +263,13 @@ class KnowledgeBase:
         rag = await self._rag(site)
         if rag is None:
             return empty
+        # LightRAG trims its context to token budgets meant for an LLM prompt, bisecting with
+        # the tokenizer over the whole rendered context (most of a query's CPU on a large
+        # graph). Here the reranker or the limiter chooses what is kept, and the answer's
+        # prompt has its own cap, so the budgets are set out of reach: one count each.
         param = QueryParam(mode=mode, top_k=graph_top_k, chunk_top_k=chunk_top_k, hl_keywords=high_level,
-                           ll_keywords=low_level, enable_rerank=False)
+                           ll_keywords=low_level, enable_rerank=False, max_entity_tokens=UNBOUNDED_TOKENS,
+                           max_relation_tokens=UNBOUNDED_TOKENS, max_total_tokens=UNBOUNDED_TOKENS)
         result = await rag.aquery_data(text, param)
         data = result.get("data") or {}
         return {"chunk": data.get("chunks", []), "entity": data.get("entities", []),
@@ -372,7 +387,7 @@ class KnowledgeBase:
                 continue
             first = docs[0]["entities"][name]
             entities.append({"entity_name": name, "entity_type": first["type"],
-                             "description": "\n".join(d["entities"][name]["description"] for d in docs),
+                             "description": _merged(d["entities"][name]["description"] for d in docs),
                              "source_id": anchor(docs[0], first["chunk"]),
                              "file_path": SEP.join(d["doc_id"] for d in docs)})
         for key in sorted(relations):
@@ -382,12 +397,25 @@ class KnowledgeBase:
             a, _, b = key.partition(SEP)
             first = docs[0]["relations"][key]
             edges.append({"src_id": a, "tgt_id": b, "keywords": first["keywords"],
-                          "description": "\n".join(d["relations"][key]["description"] for d in docs),
+                          "description": _merged(d["relations"][key]["description"] for d in docs),
                           "source_id": anchor(docs[0], first["chunk"]),
                           "file_path": SEP.join(d["doc_id"] for d in docs)})
         if chunks or entities or edges:
             await rag.ainsert_custom_kg({"chunks": list(chunks.values()), "entities": entities,
                                          "relationships": edges}, full_doc_id=own_doc)
+
+
+def _merged(descriptions) -> str:
+    """A name's descriptions from every document naming it, up to MAX_DESCRIPTION_CHARS.
+    (LightRAG summarises long descriptions with an LLM; offline they are cut instead, so a
+    name that every document mentions does not drag a page of text into every query.)"""
+    out, size = [], 0
+    for text in dict.fromkeys(descriptions):
+        if size + len(text) > MAX_DESCRIPTION_CHARS and out:
+            break
+        out.append(text)
+        size += len(text) + 1
+    return "\n".join(out)[:MAX_DESCRIPTION_CHARS]
 
 
 def _embedding_function(embedder: Embedder):

@@ -1,0 +1,240 @@
+/* Concierge chat widget: one script a site embeds.
+ *
+ *   <script src="https://concierge.example/widget.js" data-site="demo"></script>
+ *
+ * data-site (required): the site id. data-api (optional): the gateway's URL (default: where
+ * this script came from). The session id is kept in localStorage per site, so a reload
+ * resumes the conversation. No dependencies, no CDN.
+ */
+(function () {
+  "use strict";
+  var script = document.currentScript;
+  var site = script.getAttribute("data-site");
+  var api = (script.getAttribute("data-api") || new URL(script.src).origin).replace(/\/$/, "");
+  var storeKey = "concierge:" + site + ":session";
+  if (!site) { console.error("concierge widget: data-site is required"); return; }
+
+  var css = [
+    ".cw-launch{position:fixed;right:24px;bottom:24px;border:0;border-radius:28px;padding:14px 20px;background:#0b5cad;color:#fff;font:600 15px system-ui;cursor:pointer;box-shadow:0 4px 14px #0003;z-index:2147483000}",
+    ".cw-panel{position:fixed;right:24px;bottom:88px;width:370px;max-width:calc(100vw - 32px);height:560px;max-height:calc(100vh - 120px);display:none;flex-direction:column;background:#fff;border-radius:14px;box-shadow:0 8px 30px #0004;font:14px/1.45 system-ui;color:#1b1f24;z-index:2147483000;overflow:hidden}",
+    ".cw-panel.cw-open{display:flex}",
+    ".cw-head{display:flex;align-items:center;justify-content:space-between;padding:12px 14px;background:#0b5cad;color:#fff;font-weight:600}",
+    ".cw-head button{background:transparent;border:1px solid #fff8;color:#fff;border-radius:6px;padding:3px 8px;cursor:pointer;font-size:12px}",
+    ".cw-log{flex:1;overflow-y:auto;padding:12px;display:flex;flex-direction:column;gap:8px}",
+    ".cw-msg{max-width:85%;padding:8px 11px;border-radius:12px;white-space:pre-wrap;word-wrap:break-word}",
+    ".cw-user{align-self:flex-end;background:#0b5cad;color:#fff}",
+    ".cw-bot{align-self:flex-start;background:#f0f3f7}",
+    ".cw-notice{align-self:center;background:#fff4e5;color:#7a4300;border:1px solid #f3c78a;font-size:13px}",
+    ".cw-error{align-self:center;background:#fde8e8;color:#8a1c1c;border:1px solid #f0a8a8;font-size:13px}",
+    ".cw-sources{align-self:flex-start;font-size:12px;color:#4a5563;max-width:85%}",
+    ".cw-sources a{color:#0b5cad;margin-right:8px}",
+    ".cw-cite{color:#0b5cad;font-size:11px;vertical-align:super;text-decoration:none}",
+    ".cw-chips{display:flex;flex-wrap:wrap;gap:6px;align-self:flex-start}",
+    ".cw-chips button,.cw-cta{border:1px solid #0b5cad;background:#fff;color:#0b5cad;border-radius:14px;padding:5px 10px;cursor:pointer;font-size:13px;text-decoration:none}",
+    ".cw-cta{background:#0b5cad;color:#fff;align-self:flex-start}",
+    ".cw-form{display:flex;gap:6px;padding:10px;border-top:1px solid #e3e7ec}",
+    ".cw-form input{flex:1;border:1px solid #c9d1da;border-radius:8px;padding:8px}",
+    ".cw-form button{border:0;background:#0b5cad;color:#fff;border-radius:8px;padding:8px 12px;cursor:pointer}",
+    ".cw-form button:disabled{opacity:.5;cursor:default}"
+  ].join("\n");
+  var style = document.createElement("style");
+  style.textContent = css;
+  document.head.appendChild(style);
+
+  function el(tag, cls, text) {
+    var node = document.createElement(tag);
+    if (cls) node.className = cls;
+    if (text != null) node.textContent = text;
+    return node;
+  }
+
+  var launch = el("button", "cw-launch", "Chat with us");
+  launch.setAttribute("data-testid", "cw-launch");
+  var panel = el("div", "cw-panel");
+  panel.setAttribute("role", "dialog");
+  var head = el("div", "cw-head");
+  head.appendChild(el("span", null, "Ask us anything"));
+  var reset = el("button", null, "New conversation");
+  reset.setAttribute("data-testid", "cw-new");
+  head.appendChild(reset);
+  var log = el("div", "cw-log");
+  log.setAttribute("data-testid", "cw-log");
+  var form = el("form", "cw-form");
+  var input = el("input");
+  input.placeholder = "Type your question…";
+  input.setAttribute("data-testid", "cw-input");
+  input.maxLength = 15000;
+  var send = el("button", null, "Send");
+  send.type = "submit";
+  form.appendChild(input);
+  form.appendChild(send);
+  panel.appendChild(head);
+  panel.appendChild(log);
+  panel.appendChild(form);
+  document.body.appendChild(panel);
+  document.body.appendChild(launch);
+
+  var busy = false;
+  launch.addEventListener("click", function () {
+    panel.classList.toggle("cw-open");
+    if (panel.classList.contains("cw-open")) input.focus();
+  });
+  reset.addEventListener("click", function () {
+    localStorage.removeItem(storeKey);
+    log.textContent = "";
+    input.type = "text";
+    input.placeholder = "Type your question…";
+  });
+  form.addEventListener("submit", function (e) {
+    e.preventDefault();
+    var text = input.value.trim();
+    if (text && !busy) ask(text);
+  });
+
+  function scroll() { log.scrollTop = log.scrollHeight; }
+
+  // "[2]" in the answer becomes a link to source 2.
+  function renderCitations(node, text, sources) {
+    var byN = {};
+    (sources || []).forEach(function (s) { byN[s.n] = s; });
+    node.textContent = "";
+    var parts = text.split(/(\[\d+\])/);
+    parts.forEach(function (part) {
+      var m = /^\[(\d+)\]$/.exec(part);
+      if (m && byN[m[1]]) {
+        var a = el("a", "cw-cite", "[" + m[1] + "]");
+        a.href = byN[m[1]].url; a.target = "_blank"; a.rel = "noopener";
+        a.title = byN[m[1]].title;
+        node.appendChild(a);
+      } else {
+        node.appendChild(document.createTextNode(part));
+      }
+    });
+  }
+
+  function showSources(sources) {
+    if (!sources || !sources.length) return;
+    var box = el("div", "cw-sources");
+    box.setAttribute("data-testid", "cw-sources");
+    box.appendChild(document.createTextNode("Sources: "));
+    var seen = {};
+    sources.forEach(function (s) {
+      var key = s.url + "|" + s.title;
+      if (seen[key]) return;
+      seen[key] = true;
+      var a = el("a", null, "[" + s.n + "] " + s.title);
+      a.href = s.url; a.target = "_blank"; a.rel = "noopener";
+      box.appendChild(a);
+    });
+    log.appendChild(box);
+  }
+
+  function chips(items, testid) {
+    if (!items || !items.length) return;
+    var box = el("div", "cw-chips");
+    box.setAttribute("data-testid", testid);
+    items.forEach(function (text) {
+      var b = el("button", null, text);
+      b.type = "button";
+      b.addEventListener("click", function () { if (!busy) ask(text); });
+      box.appendChild(b);
+    });
+    log.appendChild(box);
+  }
+
+  function finish(meta) {
+    meta = meta || {};
+    showSources(meta.sources);
+    chips(meta.suggested_follow_ups, "cw-follow-ups");
+    chips(meta.suggested_answers, "cw-answers");
+    var booking = (meta.cta_url_overrides || {}).booking_url || (meta.cta && meta.cta.url);
+    if (booking && (meta.route === "BOOKING" || (meta.skill_selection_state || {}).applied &&
+        meta.skill_selection_state.applied.indexOf("propose_demo") >= 0)) {
+      var cta = el("a", "cw-cta", (meta.cta && meta.cta.label) || "Book a demo");
+      cta.href = booking; cta.target = "_blank"; cta.rel = "noopener";
+      cta.setAttribute("data-testid", "cw-cta");
+      log.appendChild(cta);
+    }
+    var wantsEmail = meta.booking && meta.booking.active && meta.booking.pending_field === "email";
+    input.type = wantsEmail ? "email" : "text";
+    input.placeholder = wantsEmail ? "Your work e-mail" : "Type your question…";
+  }
+
+  function ask(text) {
+    busy = true; send.disabled = true;
+    input.value = "";
+    log.appendChild(el("div", "cw-msg cw-user", text));
+    var bot = el("div", "cw-msg cw-bot", "…");
+    bot.setAttribute("data-testid", "cw-bot");
+    log.appendChild(bot);
+    scroll();
+    var answer = "", sources = [], started = false;
+    fetch(api + "/v1/chat", {
+      method: "POST",
+      headers: {"content-type": "application/json"},
+      body: JSON.stringify({site: site, session_id: localStorage.getItem(storeKey), message: text})
+    }).then(function (resp) {
+      if (resp.status === 429) throw new Error("One message at a time, please — or wait a moment and try again.");
+      if (!resp.ok) return resp.json().then(function (b) {
+        throw new Error((b.detail && b.detail[0] && b.detail[0].message) || b.detail || "The assistant is unavailable.");
+      });
+      var sid = resp.headers.get("X-Session-Id");
+      if (sid) localStorage.setItem(storeKey, sid);
+      var reader = resp.body.getReader(), decoder = new TextDecoder(), buffer = "";
+      function pump() {
+        return reader.read().then(function (chunk) {
+          if (chunk.done) return;
+          buffer += decoder.decode(chunk.value, {stream: true});
+          var events = buffer.split("\n\n");
+          buffer = events.pop();
+          events.forEach(function (block) {
+            var line = block.split("\n").filter(function (l) { return l.indexOf("data: ") === 0; })[0];
+            if (!line) return;
+            var event = JSON.parse(line.slice(6));
+            if (event.type === "sources") { sources = event.sources; }
+            else if (event.type === "token") {
+              if (!started) { started = true; answer = ""; }
+              answer += event.content;
+              renderCitations(bot, answer, sources);
+            } else if (event.type === "complete") {
+              if (event.session_id) localStorage.setItem(storeKey, event.session_id);
+              var meta = event.metadata || {};
+              if (meta.blocked) bot.className = "cw-msg cw-notice";
+              if (!started) bot.textContent = answer || "";
+              finish(meta);
+            } else if (event.type === "error") {
+              bot.className = "cw-msg cw-error";
+              bot.textContent = event.message;
+            }
+            scroll();
+          });
+          return pump();
+        });
+      }
+      return pump();
+    }).catch(function (err) {
+      bot.className = "cw-msg cw-error";
+      bot.textContent = err.message || "The assistant is unavailable.";
+    }).then(function () {
+      busy = false; send.disabled = false; scroll();
+    });
+  }
+
+  // Resume: the conversation's messages come back from its state.
+  var saved = localStorage.getItem(storeKey);
+  if (saved) {
+    fetch(api + "/v1/conversations/" + encodeURIComponent(site) + "/" + encodeURIComponent(saved) + "/state")
+      .then(function (r) { return r.ok ? r.json() : null; })
+      .then(function (state) {
+        if (!state) return;
+        (state.messages || []).forEach(function (m) {
+          var node = el("div", "cw-msg " + (m.role === "user" ? "cw-user" : "cw-bot"));
+          var turn = (state.turns || {})[String(m.turn)] || {};
+          renderCitations(node, m.content, (turn.metadata || {}).sources);
+          log.appendChild(node);
+        });
+        if ((state.messages || []).length) panel.classList.add("cw-open");
+        scroll();
+      });
+  }
+})();
