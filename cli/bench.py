@@ -9,7 +9,8 @@ from `--concurrency` concurrent sessions through HTTP SSE (each session waits
   first-token delay (what Concierge adds; the scripted server's own scheduling slack
   counts against us), for ANSWER turns (product questions), and per route: two in three
   sessions ask product questions (ANSWER), one in six writes support requests (REDIRECT),
-  one in six asks for a demo and then answers the booking questions (BOOKING);
+  one in six asks for a demo and then answers the booking questions (BOOKING); the bench
+  site holds the demo knowledge base, so ANSWER turns wait for a real retrieval;
 - replay_events_per_s: conversation logs read from JetStream and folded into state,
   from the first event (no snapshots), events per second.
 
@@ -133,8 +134,12 @@ def main(argv: list[str] | None = None) -> int:
         })
         try:
             wait_http(f"http://127.0.0.1:{llm_port}/v1/models", 30, llm)
-            system.start_all()
             site = "bench"
+            # The bench site answers from the demo knowledge base, so ANSWER turns wait for a
+            # real retrieval (mix mode) as they do on `make run`.
+            subprocess.run([sys.executable, "-m", "cli", "ingest", "--site", site, "--quiet",
+                            str(ROOT / "knowledge" / "demo")], env=system.env, cwd=ROOT, check=True)
+            system.start_all()
             print(f"system up; warming up, then {args.turns} turns from {args.concurrency} sessions "
                   f"(scripted TTFT {args.ttft_ms:.0f} ms)", flush=True)
             asyncio.run(drive(system.gateway_url, "warmup", args.concurrency, args.concurrency))

@@ -11,6 +11,7 @@ commands:
   replay SITE SESSION    print a conversation's timeline and its state after each turn
   bench                  drive a fresh system with the scripted LLM and print figures (make bench)
   scripted-llm           serve the scripted OpenAI-compatible LLM used by tests and bench
+  llm-bench              time to first token and tokens/s of the embedded model (or --base-url)
   erase-visitor          forget a visitor: redact their events, delete their cached data
   loadtest SERVICE       one service alone under a set rate (enricher, router, retriever)
   eval intent|skills|all run the router's evals on labeled JSONL (make eval)
@@ -53,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     if command == "erase-visitor":
         from cli import erase
         return erase.main(rest)
+    if command == "llm-bench":
+        from cli import llm_bench
+        return llm_bench.main(rest)
     if command == "scripted-llm":
         from cli import scripted_llm
         scripted_llm.main(rest)
