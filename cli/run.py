@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         llm_port = free_port()
         llm_url = f"http://127.0.0.1:{llm_port}/v1"
-    extra = {} if model is None else {"LLM_BASE_URL": llm_url, "LLM_API_KEY": "local", "LLM_MODEL": local_llm.MODEL_NAME}
+    extra = {} if model is None else {"LLM_BASE_URL": llm_url, "LLM_API_KEY": "local", "LLM_MODEL": local_llm.MODEL_NAME,
+                                      "LLM_JSON_MODE": "json_object"}
     system = make_system(args.data_dir.resolve(), args.nats_port, args.port, extra, redis_port=args.redis_port)
     print(f"starting nats-server (JetStream, store {system.data_dir / 'nats'}) on {system.nats_url}", flush=True)
     stop = {"now": False}

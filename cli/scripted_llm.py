@@ -5,7 +5,8 @@ The answer is derived from the request, so tests can see what the model was sent
 
     "You said: <last user message>. I have <N> earlier messages of context. ..."
 
-A request with a JSON-schema `response_format` gets a small object that satisfies it.
+A request with a JSON-schema `response_format` (OpenAI's `json_schema`, or llama-cpp-python's
+`json_object` with a `schema`) gets a small object that satisfies it.
 
 Faults are scripted through `POST /_faults` with a list of objects consumed one per
 request, in order: `{"status": 503}` answers with that HTTP status; `{"break_after": 3}`
@@ -88,6 +89,8 @@ def create_app(script: Script) -> Starlette:
             text = fault["reply"]
         elif (body.get("response_format") or {}).get("type") == "json_schema":
             text = json.dumps(conforming(body["response_format"]["json_schema"]["schema"]))
+        elif (body.get("response_format") or {}).get("type") == "json_object" and "schema" in body["response_format"]:
+            text = json.dumps(conforming(body["response_format"]["schema"]))  # llama-cpp-python's form
         else:
             text = script.answer(body.get("messages", []))
         parts = tokens_of(text)

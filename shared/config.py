@@ -126,6 +126,9 @@ class LLMRoleConfig(msgspec.Struct, kw_only=True):
     max_retries: int = 3
     backoff_base_s: float = 0.5
     concurrency: int = 64
+    # How structured output is asked for: OpenAI's `json_schema` response format, or
+    # `json_object` with the schema beside it (llama-cpp-python's server, the embedded LLM).
+    json_mode: str = "json_schema"
 
     @classmethod
     def from_env(cls, role: str) -> "LLMRoleConfig":
@@ -158,4 +161,11 @@ class LLMRoleConfig(msgspec.Struct, kw_only=True):
             max_retries=int(num("MAX_RETRIES", defaults.max_retries)),
             backoff_base_s=num("BACKOFF_BASE_S", defaults.backoff_base_s),
             concurrency=int(num("CONCURRENCY", defaults.concurrency)),
+            json_mode=_json_mode(get("JSON_MODE", defaults.json_mode)),
         )
+
+
+def _json_mode(value: str) -> str:
+    if value not in ("json_schema", "json_object"):
+        raise ConfigError(f"LLM_JSON_MODE={value!r}: use json_schema or json_object")
+    return value

@@ -235,8 +235,11 @@ class LLMClient:
         """A `cls` Struct from the model: JSON-schema output, decoded with msgspec; one repair
         round (the invalid answer and the decode error go back to the model), then
         `msgspec.ValidationError` / `DecodeError` for the caller to handle."""
-        response_format = {"type": "json_schema",
-                           "json_schema": {"name": cls.__name__.lower(), "schema": object_schema(cls)}}
+        schema = object_schema(cls)
+        if self.roles[role].json_mode == "json_object":
+            response_format = {"type": "json_object", "schema": schema}
+        else:
+            response_format = {"type": "json_schema", "json_schema": {"name": cls.__name__.lower(), "schema": schema}}
         decoder = msgspec.json.Decoder(cls)
         text = await self.complete(role, messages, record, response_format=response_format, **params)
         try:

@@ -102,3 +102,23 @@ async def test_no_fallback_for_client_errors_or_after_tokens(llm, fallback_llm):
     with pytest.raises(LLMError):
         await collect(client_with_fallback(llm, fallback_llm), [])
     assert fallback_llm.requests() == []
+
+
+@pytest.mark.parametrize("json_mode", ["json_schema", "json_object"])
+async def test_structured_output_in_either_request_form(llm, json_mode):
+    import msgspec
+
+    class Pick(msgspec.Struct):
+        options: list[str]
+
+    llm.clear()
+    picked = await client(llm, json_mode=json_mode).structured("answer", MESSAGES, _ignore, Pick)
+    assert isinstance(picked, Pick)
+    sent = llm.requests()[-1]["response_format"]
+    assert sent["type"] == json_mode
+    schema = sent["json_schema"]["schema"] if json_mode == "json_schema" else sent["schema"]
+    assert schema["properties"]["options"]["type"] == "array"
+
+
+async def _ignore(_call):
+    return None
