@@ -95,19 +95,26 @@ def _paragraphs(text: str, count_tokens: Callable[[str], int], budget: int) -> l
     return out
 
 
-def names_in(text: str) -> list[str]:
-    """Capitalised names and bold terms, in order of appearance, without everyday words."""
+def names_in(text: str, known: set[str] | None = None) -> list[str]:
+    """Capitalised names and bold terms, in order of appearance, without everyday words.
+    A single capitalised word that opens the text is a name only if it is in `known`
+    (names seen elsewhere), since any word is capitalised there ("Office users are free")."""
     found: list[str] = []
     for match in BOLD.finditer(text):
         found.append(match.group(1).strip())
-    for match in NAME.finditer(BOLD.sub(lambda m: m.group(1), text)):
+    plain = BOLD.sub(lambda m: m.group(1), text)
+    for match in NAME.finditer(plain):
         words = match.group(1).strip(" .'-").split()
         while words and words[0].lower() in COMMON:
             words = words[1:]
         while words and words[-1].lower() in COMMON:
             words = words[:-1]
-        if words and not (len(words) == 1 and len(words[0]) < 2):
-            found.append(" ".join(words))
+        if not words or (len(words) == 1 and len(words[0]) < 2):
+            continue
+        opening = not plain[:match.start()].strip(" -*#>\"'(")
+        if len(words) == 1 and opening and known is not None and words[0] not in known:
+            continue
+        found.append(" ".join(words))
     seen: set[str] = set()
     return [n for n in found if not (n.lower() in seen or seen.add(n.lower()))]
 
@@ -117,6 +124,10 @@ def extract(doc: SourceDocument, chunks: list[Chunk]) -> Extraction:
     mentions: dict[str, list[str]] = {}
     first_chunk: dict[str, str] = {}
     kinds: dict[str, str] = {}
+    # Names the document uses mid-sentence or in several words: a sentence-opening word
+    # counts as a name only if it is one of these.
+    known = {n for c in chunks for sentence in SENTENCE.split(c.content.partition("\n")[2])
+             for n in names_in(sentence, known=set())}
     for c in chunks:
         head, _, body = c.content.partition("\n")
         topic = head.split(" — ", 1)[1].strip() if " — " in head else ""
@@ -127,7 +138,7 @@ def extract(doc: SourceDocument, chunks: list[Chunk]) -> Extraction:
         for sentence in (s.strip(" -*") for s in SENTENCE.split(body)):
             if len(sentence) < 3:
                 continue
-            names = names_in(sentence)[:6]
+            names = names_in(sentence, known)[:6]
             for name in names:
                 kinds.setdefault(name, "term")
                 first_chunk.setdefault(name, c.alias)

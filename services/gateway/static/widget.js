@@ -112,18 +112,27 @@
     });
   }
 
+  // One link per source page, with the numbers that point to it: "Integrations [1][3]".
   function showSources(sources) {
     if (!sources || !sources.length) return;
+    var pages = [], byUrl = {};
+    sources.forEach(function (s) {
+      var page = byUrl[s.url];
+      if (!page) {
+        page = byUrl[s.url] = {url: s.url, label: null, numbers: []};
+        pages.push(page);
+      }
+      if (!page.label && s.document_type === "chunk") page.label = s.title.split(" — ")[0];
+      page.numbers.push(s.n);
+    });
     var box = el("div", "cw-sources");
     box.setAttribute("data-testid", "cw-sources");
     box.appendChild(document.createTextNode("Sources: "));
-    var seen = {};
-    sources.forEach(function (s) {
-      var key = s.url + "|" + s.title;
-      if (seen[key]) return;
-      seen[key] = true;
-      var a = el("a", null, "[" + s.n + "] " + s.title);
-      a.href = s.url; a.target = "_blank"; a.rel = "noopener";
+    pages.slice(0, 5).forEach(function (page) {
+      var a = el("a", null, (page.label || page.url) + " " + page.numbers.slice(0, 4).map(function (n) {
+        return "[" + n + "]";
+      }).join(""));
+      a.href = page.url; a.target = "_blank"; a.rel = "noopener";
       box.appendChild(a);
     });
     log.appendChild(box);
