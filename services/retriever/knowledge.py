@@ -317,7 +317,8 @@ class KnowledgeBase:
         async with self._locks[site]:
             registry = self.registry(site)
             old = registry.get(doc.doc_id)
-            if old is not None and old["content_hash"] == doc.content_hash:
+            if old is not None and old["content_hash"] == doc.content_hash \
+                    and old.get("extraction") == extraction.VERSION:
                 return "unchanged"
             loop = asyncio.get_running_loop()
             chunks = await loop.run_in_executor(None, extraction.chunk, doc, self.count_tokens)
@@ -336,7 +337,7 @@ class KnowledgeBase:
                 if a in entities and b in entities and a != b:
                     relations[f"{min(a, b)}{SEP}{max(a, b)}"] = data
             record = {"doc_id": doc.doc_id, "title": doc.title, "source": doc.source, "path": doc.path,
-                      "content_hash": doc.content_hash, "ingested_at": time.time(),
+                      "content_hash": doc.content_hash, "extraction": extraction.VERSION, "ingested_at": time.time(),
                       "chunks": {c.alias: c.content for c in chunks}, "entities": entities, "relations": relations}
             affected = await self._remove(rag, registry, doc.doc_id) if old is not None else (set(), set())
             registry[doc.doc_id] = record
