@@ -76,7 +76,13 @@ def onnx_path() -> Path:
             if target != base:
                 from onnxruntime.quantization import QuantType, quantize_dynamic
 
-                quantize_dynamic(str(base), str(tmp), weight_type=QuantType.QInt8)
+                root = logging.getLogger()
+                level = root.level
+                root.setLevel(logging.WARNING)  # onnxruntime logs every tensor it skips at INFO on the root logger
+                try:
+                    quantize_dynamic(str(base), str(tmp), weight_type=QuantType.QInt8)
+                finally:
+                    root.setLevel(level)
                 tmp.replace(target)
             log.info("embedding model exported", extra={"seconds": round(time.monotonic() - started, 1)})
     return target
