@@ -2,7 +2,7 @@
 OpenAI-compatible server from PyPI, serving a small instruct model that also comes from
 PyPI, pinned by version and sha256.
 
-- Server: `llama-cpp-python[server]` (MIT). It compiles llama.cpp from source (about 12
+- Server: `llama-cpp-python[server]` (MIT). It compiles llama.cpp from source (about 4
   minutes on 2 cores), so the wheel is built once into `<cache>/wheels` and installed from
   there on later runs (seconds).
 - Model: SmolLM2-135M-Instruct, Q4_1 GGUF (Apache-2.0), shipped inside the
@@ -60,7 +60,7 @@ def ensure_server() -> None:
     wheels = cache_dir() / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
     if not list(wheels.glob(f"llama_cpp_python-{LLAMA_CPP_VERSION}-*.whl")):
-        _say(f"building llama.cpp (llama-cpp-python {LLAMA_CPP_VERSION}) from source, once: about 12 minutes on "
+        _say(f"building llama.cpp (llama-cpp-python {LLAMA_CPP_VERSION}) from source, once: about 4 minutes on "
              f"2 cores; the wheel is kept in {wheels} so later runs start in seconds")
         started = time.monotonic()
         _pip("wheel", "--no-deps", "-w", str(wheels), f"llama-cpp-python=={LLAMA_CPP_VERSION}")
