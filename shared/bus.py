@@ -66,9 +66,10 @@ class Bus:
                 raise ConcurrencyConflict(f"{subject}: expected last sequence {expected_subject_seq}") from exc
             raise
 
-    async def publish_token(self, chunk: ev.TokenChunk) -> None:
-        """Token chunks go out as plain publishes: the TOKENS stream captures them for
-        later reading, and the gateway, already subscribed, gets them without a round trip."""
+    async def publish_token(self, chunk: ev.TokenChunk | ev.SourcesAttached) -> None:
+        """Token chunks (and the sources sent ahead of them) go out as plain publishes: the
+        TOKENS stream captures them for later reading, and the gateway, already subscribed,
+        gets them without a round trip."""
         subject = subjects.tokens(chunk.site, chunk.session_id, chunk.turn)
         await self.nc.publish(subject, ev.encode(chunk), headers={"Nats-Msg-Id": chunk.event_id})
 

@@ -230,6 +230,12 @@ def apply(state: ConversationState, record: Record) -> ConversationState:
             rec = _turn(state, event.turn)
             if rec.sources is None:  # a redelivered retrieval: the first stored one counts
                 rec.sources = list(event.documents)
+                # Only the newest turn keeps the documents' text (its answer and finalize use
+                # it); earlier turns' sources stay in the log and, without text, in their
+                # TurnCompleted metadata, so snapshots do not grow with every turn.
+                for other in state.turns.values():
+                    if other.turn < event.turn and other.sources:
+                        other.sources = []
         case ev.DialogStateExtracted():
             state.dialog = merge_dialog_supervision(state.dialog, event.flags, event.turn)
         case ev.FormFieldsExtracted():

@@ -130,3 +130,19 @@ def test_initial_state_is_not_mutated_by_fold(log):
     kept = copy_state(initial)
     fold(log[3:], initial=initial)
     assert initial == kept
+
+
+def test_only_the_newest_turn_keeps_its_retrieved_text():
+    from shared import events as ev
+    from shared.state import Record, fold
+
+    def retrieval(turn: int, n_docs: int) -> ev.RetrievalCompleted:
+        docs = [ev.RetrievedDocument(n=i, document_type="chunk", title=f"t{i}", source="s", snippet="x", content="text")
+                for i in range(1, n_docs + 1)]
+        return ev.RetrievalCompleted(event_id=f"r{turn}", site="a", session_id="s", turn=turn, ts=0.0, documents=docs)
+
+    state = fold([Record(seq=1, subject="conv.a.s.retrieval_completed", event=retrieval(1, 3)),
+                  Record(seq=2, subject="conv.a.s.retrieval_completed", event=retrieval(1, 5))])
+    assert len(state.turns[1].sources) == 3  # a redelivery does not replace what was stored
+    state = fold([Record(seq=3, subject="conv.a.s.retrieval_completed", event=retrieval(2, 2))], state)
+    assert state.turns[1].sources == [] and len(state.turns[2].sources) == 2
