@@ -12,6 +12,7 @@ commands:
   bench                  drive a fresh system with the scripted LLM and print figures (make bench)
   scripted-llm           serve the scripted OpenAI-compatible LLM used by tests and bench
   llm-bench              time to first token and tokens/s of the embedded model (or --base-url)
+  first-run              time a fresh clone's `make run` to its first answer
   erase-visitor          forget a visitor: redact their events, delete their cached data
   loadtest SERVICE       one service alone under a set rate (enricher, router, retriever)
   eval intent|skills|all run the router's evals on labeled JSONL (make eval)
@@ -54,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     if command == "erase-visitor":
         from cli import erase
         return erase.main(rest)
+    if command == "first-run":
+        from cli import first_run
+        return first_run.main(rest)
     if command == "llm-bench":
         from cli import llm_bench
         return llm_bench.main(rest)

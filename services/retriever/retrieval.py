@@ -90,22 +90,21 @@ def previous_message(state, turn: int) -> str | None:
 def candidates(kb: KnowledgeBase, site: str, found: dict[str, list[dict]]) -> dict[str, list[Candidate]]:
     """LightRAG's records → candidates with a title and a source for the browser."""
     out: dict[str, list[Candidate]] = {t: [] for t in limiter.TYPES}
-    for item in found["chunk"]:
+
+    def add(kind: str, item: dict, title: str, content: str) -> None:
         record = kb.document(site, item.get("file_path", ""))
+        out[kind].append(Candidate(kind, title, record["source"] if record else "", content,
+                                   record["doc_id"] if record else ""))
+
+    for item in found["chunk"]:
         head, _, body = item["content"].partition("\n")
         section = head.split(" — ", 1)[1] if " — " in head else ""
-        title = (record["title"] if record else head) + (f" — {section}" if section else "")
-        out["chunk"].append(Candidate("chunk", title, record["source"] if record else "", body or head,
-                                      record["doc_id"] if record else ""))
+        record = kb.document(site, item.get("file_path", ""))
+        add("chunk", item, (record["title"] if record else head) + (f" — {section}" if section else ""), body or head)
     for item in found["entity"]:
-        record = kb.document(site, item.get("file_path", ""))
-        out["entity"].append(Candidate("entity", item["entity_name"], record["source"] if record else "",
-                                       item.get("description", ""), record["doc_id"] if record else ""))
+        add("entity", item, item["entity_name"], item.get("description", ""))
     for item in found["relationship"]:
-        record = kb.document(site, item.get("file_path", ""))
-        out["relationship"].append(Candidate("relationship", f"{item['src_id']} — {item['tgt_id']}",
-                                             record["source"] if record else "", item.get("description", ""),
-                                             record["doc_id"] if record else ""))
+        add("relationship", item, f"{item['src_id']} — {item['tgt_id']}", item.get("description", ""))
     return out
 
 
