@@ -53,7 +53,8 @@ async def ingest(site: str, paths: list[Path], quiet: bool = False) -> dict[str,
             outcome = await kb.ingest(site, doc)
             counts[outcome] += 1
             if outcome != "unchanged":
-                counts["chunks"] += len(kb.registry(site)[doc.doc_id]["chunks"])
+                record = kb.registry(site)[doc.doc_id]
+                counts["chunks"] += record.get("chunk_count", len(record["chunks"]))
     finally:
         await kb.close()
     seconds = time.monotonic() - started
@@ -107,7 +108,8 @@ async def _docs(args) -> int:
         records = kb.documents(args.site)
         if args.action == "list":
             for r in records:
-                print(f"{r['doc_id']}  {len(r['chunks']):>4} chunks  {r['path']}  ({r['title']}; {r['source']})")
+                chunks = r.get("chunk_count", len(r["chunks"]))
+                print(f"{r['doc_id']}  {chunks:>4} chunks  {r['path']}  ({r['title']}; {r['source']}; extraction {r.get('extraction', 1)})")
             print(f"{len(records)} documents")
             return 0
         status = 0

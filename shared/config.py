@@ -111,7 +111,7 @@ class ConsumerConfig(msgspec.Struct, kw_only=True):
         return config
 
 
-LLM_ROLES = ("classifier", "answer", "redirect", "suggestions", "profiler")
+LLM_ROLES = ("classifier", "answer", "redirect", "suggestions", "profiler", "extraction")
 
 
 class LLMRoleConfig(msgspec.Struct, kw_only=True):

@@ -312,3 +312,37 @@ async def test_a_redirect_or_booking_route_cancels_retrieval(bus, kb):
 
 async def _no_record(_call) -> None:
     return None
+
+
+async def test_with_an_extraction_llm_documents_go_through_lightrags_own_pipeline(tmp_path, llm):
+    """RETRIEVAL_EXTRACTION=llm: LightRAG chunks the document and asks the `extraction` role
+    for entities and relationships (here the scripted LLM, whose replies hold none, so the
+    chunks are what is searched); replace and delete work the same way."""
+    from shared.config import LLMRoleConfig
+    from shared.llm import LLMClient
+
+    client = LLMClient({"extraction": LLMRoleConfig(role="extraction", base_url=llm.base_url, api_key="k",
+                                                    model="scripted", max_retries=0, timeout_s=10)})
+    base = KnowledgeBase(tmp_path / "kb", shared_embedder(), extraction_llm=client).open()
+    try:
+        site = "iso_llm"
+        path = tmp_path / "faq.md"
+        path.write_text("# FAQ\n\n## Trial\nThe Comet plan has a free trial of 21 days (garnet).\n")
+        llm.clear()
+        assert await base.ingest(site, documents.read(site, path, "faq.md")) == "added"
+        assert any("garnet" in str(r["messages"]) for r in llm.requests())  # the LLM was asked to extract
+        assert base.registry(site)[documents.doc_id_for(site, "faq.md")]["chunk_count"] >= 1
+        assert await base.ingest(site, documents.read(site, path, "faq.md")) == "unchanged"
+        retriever = Retriever(kb=base, base=RetrievalSettings(mode="naive", limiter_enabled=False), rerankers={})
+        found = await retriever.retrieve(site, "How long is the Comet free trial?", SiteConfig(), _no_record)
+        assert any("garnet" in d.content for d in found.documents)
+        path.write_text("# FAQ\n\n## Trial\nThe Comet plan has a free trial of 30 days (amber).\n")
+        assert await base.ingest(site, documents.read(site, path, "faq.md")) == "replaced"
+        found = await retriever.retrieve(site, "How long is the Comet free trial?", SiteConfig(), _no_record)
+        joined = " ".join(d.content for d in found.documents)
+        assert "amber" in joined and "garnet" not in joined
+        assert await base.delete(site, documents.doc_id_for(site, "faq.md"))
+        found = await retriever.retrieve(site, "How long is the Comet free trial?", SiteConfig(), _no_record)
+        assert found.documents == []
+    finally:
+        await base.close()

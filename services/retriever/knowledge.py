@@ -37,8 +37,9 @@ import numpy as np
 from services.retriever import extraction
 from services.retriever.documents import SourceDocument
 from shared import subjects
-from shared.config import env_float, env_str
+from shared.config import ConfigError, env_float, env_str
 from shared.embeddings import Embedder, _model_dir
+from shared.llm import LLMClient
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,8 @@ STORAGE_NAME = "ConciergeQdrantStorage"
 _CLIENTS: dict[str, Any] = {}  # the Qdrant client of each open KnowledgeBase, by key
 SEP = "<SEP>"  # LightRAG's separator between the sources of a merged graph field
 MAX_DESCRIPTION_CHARS = 600
+LLM_CHUNK_WORDS = 160  # ≈ 210 MiniLM tokens: under the 256 the embedding model reads
+LLM_CHUNK_OVERLAP_WORDS = 20
 UNBOUNDED_TOKENS = 10_000_000
 
 
@@ -143,8 +146,13 @@ def _register_storage() -> None:
 
 
 class KnowledgeBase:
-    def __init__(self, root: Path, embedder: Embedder, qdrant_url: str = "", qdrant_api_key: str = ""):
+    def __init__(self, root: Path, embedder: Embedder, qdrant_url: str = "", qdrant_api_key: str = "",
+                 extraction_llm: LLMClient | None = None):
         self.root = root
+        # With an LLM for the `extraction` role, documents go through LightRAG's own
+        # pipeline (its chunking, its LLM entity and relationship extraction); otherwise
+        # through the offline extractor and `ainsert_custom_kg`.
+        self.extraction_llm = extraction_llm
         self.embedder = embedder
         self.qdrant_url = qdrant_url
         self.qdrant_api_key = qdrant_api_key
@@ -160,8 +168,12 @@ class KnowledgeBase:
 
     @classmethod
     def from_env(cls, embedder: Embedder) -> "KnowledgeBase":
+        mode = env_str("RETRIEVAL_EXTRACTION", "offline")
+        if mode not in ("offline", "llm"):
+            raise ConfigError(f"RETRIEVAL_EXTRACTION={mode!r}: use offline or llm")
         return cls(Path(env_str("KB_DIR", ".data/kb")).resolve(), embedder,
-                   env_str("QDRANT_URL", ""), env_str("QDRANT_API_KEY", ""))
+                   env_str("QDRANT_URL", ""), env_str("QDRANT_API_KEY", ""),
+                   LLMClient.from_env(("extraction",)) if mode == "llm" else None)
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -257,7 +269,9 @@ class KnowledgeBase:
             workspace=site,
             embedding_func=EmbeddingFunc(embedding_dim=self.embedder.dim, func=_embedding_function(self.embedder),
                                          model_name=re.sub(r"[^a-z0-9]+", "_", self.embedder.name.lower())),
-            llm_model_func=_no_llm,
+            llm_model_func=_llm_function(self.extraction_llm) if self.extraction_llm else _no_llm,
+            chunk_token_size=LLM_CHUNK_WORDS,  # LightRAG's chunking (LLM mode) counts words here
+            chunk_overlap_token_size=LLM_CHUNK_OVERLAP_WORDS,
             tokenizer=Tokenizer("words", self._tokenizer),
             vector_storage=STORAGE_NAME,
             graph_storage="NetworkXStorage",
@@ -317,9 +331,11 @@ class KnowledgeBase:
         async with self._locks[site]:
             registry = self.registry(site)
             old = registry.get(doc.doc_id)
-            if old is not None and old["content_hash"] == doc.content_hash \
-                    and old.get("extraction") == extraction.VERSION:
+            method = "llm" if self.extraction_llm else extraction.VERSION
+            if old is not None and old["content_hash"] == doc.content_hash and old.get("extraction") == method:
                 return "unchanged"
+            if self.extraction_llm:
+                return await self._ingest_with_llm(site, doc, registry, old)
             loop = asyncio.get_running_loop()
             chunks = await loop.run_in_executor(None, extraction.chunk, doc, self.count_tokens)
             found = extraction.extract(doc, chunks)
@@ -339,7 +355,7 @@ class KnowledgeBase:
             record = {"doc_id": doc.doc_id, "title": doc.title, "source": doc.source, "path": doc.path,
                       "content_hash": doc.content_hash, "extraction": extraction.VERSION, "ingested_at": time.time(),
                       "chunks": {c.alias: c.content for c in chunks}, "entities": entities, "relations": relations}
-            affected = await self._remove(rag, registry, doc.doc_id) if old is not None else (set(), set())
+            affected = await self._take_out(rag, registry, doc.doc_id) if old is not None else (set(), set())
             registry[doc.doc_id] = record
             await self._write(rag, registry, set(entities) | affected[0], set(relations) | affected[1],
                               own_doc=doc.doc_id)
@@ -352,10 +368,36 @@ class KnowledgeBase:
             if doc_id not in registry:
                 return False
             rag = await self._rag(site, create=True)
-            names, relations = await self._remove(rag, registry, doc_id)
+            names, relations = await self._take_out(rag, registry, doc_id)
             await self._write(rag, registry, names, relations, own_doc=None)
             self._save_registry(site)
             return True
+
+    async def _ingest_with_llm(self, site: str, doc: SourceDocument, registry: dict, old: dict | None) -> str:
+        """LightRAG's own pipeline: its chunking and its LLM entity/relationship extraction."""
+        rag = await self._rag(site, create=True)
+        if old is not None:
+            names, relations = await self._take_out(rag, registry, doc.doc_id)
+            await self._write(rag, registry, names, relations, own_doc=None)
+        text = "\n\n".join([f"# {doc.title}"] + [f"## {h}\n{t}" if h else t for h, t in doc.sections])
+        await rag.ainsert(text, ids=[doc.doc_id], file_paths=[doc.doc_id])
+        status = await rag.doc_status.get_by_id(doc.doc_id) or {}
+        if str(status.get("status", "")).lower().endswith("failed"):
+            raise RuntimeError(f"{doc.path}: LightRAG could not process it: {status.get('error_msg', status)}")
+        registry[doc.doc_id] = {"doc_id": doc.doc_id, "title": doc.title, "source": doc.source, "path": doc.path,
+                                "content_hash": doc.content_hash, "extraction": "llm", "ingested_at": time.time(),
+                                "chunk_count": int(status.get("chunks_count") or 0),
+                                "chunks": {}, "entities": {}, "relations": {}}
+        self._save_registry(site)
+        return "replaced" if old is not None else "added"
+
+    async def _take_out(self, rag, registry: dict, doc_id: str) -> tuple[set[str], set[str]]:
+        """Remove a document, whichever way it was ingested."""
+        if registry[doc_id].get("extraction") == "llm":
+            registry.pop(doc_id)
+            await rag.adelete_by_doc_id(doc_id)
+            return set(), set()
+        return await self._remove(rag, registry, doc_id)
 
     async def _remove(self, rag, registry: dict, doc_id: str) -> tuple[set[str], set[str]]:
         """Take a document out; returns the entity names and relationships that other
@@ -448,6 +490,23 @@ def _embedding_function(embedder: Embedder):
         return await loop.run_in_executor(None, embedder.embed_many, list(texts))
 
     return embed
+
+
+def _llm_function(llm: LLMClient):
+    """LightRAG's LLM hook on the `extraction` role. Ingestion belongs to no conversation,
+    so the calls are logged rather than stored as events."""
+
+    async def complete(prompt: str, system_prompt: str | None = None, history_messages: list | None = None,
+                       **_: Any) -> str:
+        messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + \
+            list(history_messages or []) + [{"role": "user", "content": prompt}]
+        return await llm.complete("extraction", messages, _log_call, temperature=0.0)
+
+    return complete
+
+
+async def _log_call(call) -> None:
+    log.debug("extraction LLM call", extra={"model": call.model, "latency_ms": call.latency_ms, "error": call.error})
 
 
 async def _no_llm(*_: Any, **__: Any) -> str:
