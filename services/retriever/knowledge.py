@@ -12,7 +12,9 @@ a server). LightRAG's Qdrant storage only knows how to make a client from a URL,
 registered here under another name with the client given to it.
 
 Documents are added with `ainsert_custom_kg` (chunks, entities and relationships made
-offline by extraction.py). `<KB_DIR>/<site>/documents.json` records what each document
+offline by extraction.py), or, with an LLM for the `extraction` role
+(RETRIEVAL_EXTRACTION=llm), through LightRAG's own `ainsert` (its chunking and LLM
+extraction; removed with `adelete_by_doc_id`). `<KB_DIR>/<site>/documents.json` records what each document
 added, so re-ingesting an unchanged file does nothing and a changed or deleted file takes
 its chunks, and the entities and relationships no other document of the site names, with
 it; names that other documents share are written again from those documents.

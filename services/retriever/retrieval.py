@@ -90,21 +90,20 @@ def previous_message(state, turn: int) -> str | None:
 def candidates(kb: KnowledgeBase, site: str, found: dict[str, list[dict]]) -> dict[str, list[Candidate]]:
     """LightRAG's records → candidates with a title and a source for the browser."""
     out: dict[str, list[Candidate]] = {t: [] for t in limiter.TYPES}
-
-    def add(kind: str, item: dict, title: str, content: str) -> None:
-        record = kb.document(site, item.get("file_path", ""))
-        out[kind].append(Candidate(kind, title, record["source"] if record else "", content,
-                                   record["doc_id"] if record else ""))
-
-    for item in found["chunk"]:
-        head, _, body = item["content"].partition("\n")
-        section = head.split(" — ", 1)[1] if " — " in head else ""
-        record = kb.document(site, item.get("file_path", ""))
-        add("chunk", item, (record["title"] if record else head) + (f" — {section}" if section else ""), body or head)
-    for item in found["entity"]:
-        add("entity", item, item["entity_name"], item.get("description", ""))
-    for item in found["relationship"]:
-        add("relationship", item, f"{item['src_id']} — {item['tgt_id']}", item.get("description", ""))
+    for kind, items in (("chunk", found["chunk"]), ("entity", found["entity"]),
+                        ("relationship", found["relationship"])):
+        for item in items:
+            record = kb.document(site, item.get("file_path", ""))
+            if kind == "chunk":
+                head, _, body = item["content"].partition("\n")
+                section = f" — {head.split(' — ', 1)[1]}" if " — " in head else ""
+                title, content = (record["title"] if record else head) + section, body or head
+            elif kind == "entity":
+                title, content = item["entity_name"], item.get("description", "")
+            else:
+                title, content = f"{item['src_id']} — {item['tgt_id']}", item.get("description", "")
+            out[kind].append(Candidate(kind, title, record["source"] if record else "", content,
+                                       record["doc_id"] if record else ""))
     return out
 
 
