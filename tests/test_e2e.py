@@ -43,7 +43,10 @@ def system(llm, fallback_llm, suggestions_llm, webhook):
             "CONSUMER_ACK_WAIT_S": "2",
             "CONSUMER_BACKOFF_S": "0.2,0.5",
             "RATE_LIMIT_PER_IP_PER_MIN": "10000",  # every test request comes from 127.0.0.1
-            "ANSWER_WAIT_S": "0.5",
+            # Deadlines far beyond a loaded CI machine's cold first turn: these tests check that
+            # the answer has its inputs; the degraded path has its own test (test_answer_writer.py).
+            "ANSWER_WAIT_S": "5",
+            "ANSWER_RETRIEVAL_WAIT_S": "5",
             "LEAD_WEBHOOK_URL": webhook.url,
             "LEAD_WEBHOOK_SECRET": WEBHOOK_SECRET,
             "LEAD_WEBHOOK_BACKOFF_S": "0.05",
@@ -93,7 +96,8 @@ async def test_two_turns_stream_and_remember(system, llm, http, site):
     for kind in ("turn_requested", "route_decided", "response_completed", "dialog_state_extracted",
                  "form_fields_extracted", "suggestions_generated", "turn_completed"):
         assert kinds.count(kind) == 2, kinds
-    assert all(e["event"]["late_inputs"] == [] for e in log["events"] if e["type"] == "response_completed")
+    late = [e["event"]["late_inputs"] for e in log["events"] if e["type"] == "response_completed"]
+    assert late == [[], []], late
     roles = [e["event"]["call"]["role"] for e in log["events"] if e["type"] == "llm_call_recorded"]
     assert roles.count("answer") == 2 and "suggestions" in roles
     assert all(e["event"]["site"] == site for e in log["events"])
