@@ -138,6 +138,23 @@ async def test_an_entity_shared_by_two_documents_survives_the_deletion_of_one(kb
     assert all("topaz" not in t for t in texts(result))
 
 
+async def test_graph_batch_reads_answer_like_lightrags_one_by_one_defaults(kb):
+    from lightrag.base import BaseGraphStorage
+
+    graph = (await kb._rag("iso_north")).chunk_entity_relation_graph
+    assert type(graph).__name__ == "ConciergeGraphStorage"
+    nodes = await graph.get_all_labels() + ["No Such Entity"]
+    edges = [(e["source"], e["target"]) for e in await graph.get_all_edges()]
+    edges += [(t, s) for s, t in edges]  # either direction: the graph is undirected
+    assert len(nodes) > 3 and edges  # the site's graph has something to read
+    pairs = [{"src": s, "tgt": t} for s, t in edges] + [{"src": "No Such Entity", "tgt": nodes[0]}]
+    degree_pairs = edges + [("No Such Entity", nodes[0])]
+    for method, arg in (("get_nodes_batch", nodes), ("node_degrees_batch", nodes),
+                        ("get_nodes_edges_batch", nodes), ("get_edges_batch", pairs),
+                        ("edge_degrees_batch", degree_pairs)):
+        assert await getattr(graph, method)(arg) == await getattr(BaseGraphStorage, method)(graph, arg), method
+
+
 async def test_cli_ingest_reports_unreadable_files_and_ingests_the_rest(tmp_path, monkeypatch, capsys):
     from cli import ingest
 
