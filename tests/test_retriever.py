@@ -138,10 +138,25 @@ async def test_an_entity_shared_by_two_documents_survives_the_deletion_of_one(kb
     assert all("topaz" not in t for t in texts(result))
 
 
-async def test_graph_batch_reads_answer_like_lightrags_one_by_one_defaults(kb):
+async def test_storage_reads_answer_like_lightrags_own(kb):
+    """The knowledge base's storages override a few of LightRAG's reads for speed: the
+    graph's batch reads, the key-value store's copies, the vector read without payloads."""
     from lightrag.base import BaseGraphStorage
+    from lightrag.kg.json_kv_impl import JsonKVStorage
+    from lightrag.kg.qdrant_impl import QdrantVectorDBStorage
 
-    graph = (await kb._rag("iso_north")).chunk_entity_relation_graph
+    rag = await kb._rag("iso_north")
+    chunk_ids = list(rag.text_chunks._data) + ["chunk-missing"]
+    assert len(chunk_ids) > 3
+    assert await rag.text_chunks.get_by_ids(chunk_ids) == await JsonKVStorage.get_by_ids(rag.text_chunks, chunk_ids)
+    copied = (await rag.text_chunks.get_by_ids(chunk_ids[:1]))[0]
+    copied["content"] = "changed"
+    assert (await rag.text_chunks.get_by_ids(chunk_ids[:1]))[0]["content"] != "changed"
+    vectors = await rag.chunks_vdb.get_vectors_by_ids(chunk_ids)
+    assert len(vectors) == len(chunk_ids) - 1
+    assert vectors == await QdrantVectorDBStorage.get_vectors_by_ids(rag.chunks_vdb, chunk_ids)
+
+    graph = rag.chunk_entity_relation_graph
     assert type(graph).__name__ == "ConciergeGraphStorage"
     nodes = await graph.get_all_labels() + ["No Such Entity"]
     edges = [(e["source"], e["target"]) for e in await graph.get_all_edges()]

@@ -29,6 +29,7 @@ import os
 import re
 import threading
 import time
+import uuid
 import warnings
 from collections import defaultdict
 from pathlib import Path
@@ -47,6 +48,7 @@ log = logging.getLogger(__name__)
 
 STORAGE_NAME = "ConciergeQdrantStorage"
 GRAPH_STORAGE_NAME = "ConciergeGraphStorage"
+KV_STORAGE_NAME = "ConciergeKVStorage"
 _CLIENTS: dict[str, Any] = {}  # the Qdrant client of each open KnowledgeBase, by key
 SEP = "<SEP>"  # LightRAG's separator between the sources of a merged graph field
 MAX_DESCRIPTION_CHARS = 600
@@ -103,8 +105,9 @@ class WordTokenizer:
 
 def _register_storage() -> None:
     from lightrag.kg import STORAGE_IMPLEMENTATIONS, STORAGES
+    from lightrag.kg.json_kv_impl import JsonKVStorage
     from lightrag.kg.networkx_impl import NetworkXStorage
-    from lightrag.kg.qdrant_impl import QdrantVectorDBStorage
+    from lightrag.kg.qdrant_impl import QdrantVectorDBStorage, compute_mdhash_id_for_qdrant
 
     class ConciergeQdrantStorage(QdrantVectorDBStorage):
         """LightRAG's Qdrant storage with the knowledge base's client (server or local).
@@ -132,6 +135,23 @@ def _register_storage() -> None:
                                                limit=top_k, with_payload=True,
                                                score_threshold=self.cosine_better_than_threshold).points
             return [{**p.payload, "distance": p.score, "created_at": p.payload.get("created_at")} for p in points]
+
+        async def get_vectors_by_ids(self, ids: list[str]) -> dict[str, list[float]]:
+            if not self._per_site or self._pending_vector_docs or self._pending_vector_deletes:
+                return await super().get_vectors_by_ids(ids)
+            # Nothing buffered (the query path): read the vectors without their payloads,
+            # which qdrant-client's local mode would deep-copy point by point only for
+            # LightRAG to read the id back out of them.
+            by_point = {compute_mdhash_id_for_qdrant(i, prefix=self.effective_workspace): i for i in ids}
+            points = self._client.retrieve(collection_name=self.final_namespace, ids=list(by_point),
+                                           with_vectors=True, with_payload=False)
+            found = {}
+            for point in points:
+                original = by_point.get(uuid.UUID(str(point.id)).hex)
+                if original is not None and point.vector is not None:
+                    vector = point.vector
+                    found[original] = vector.tolist() if isinstance(vector, np.ndarray) else vector
+            return found
 
         async def initialize(self):
             if self._client is None:
@@ -179,13 +199,45 @@ def _register_storage() -> None:
             graph = await self._get_graph()
             return {n: list(graph.edges(n)) if graph.has_node(n) else [] for n in node_ids}
 
+    class ConciergeKVStorage(JsonKVStorage):
+        """LightRAG's JSON key-value store, copying what it returns as JSON data.
+
+        `get_by_ids` deep-copies every record so callers cannot change the stored one;
+        `copy.deepcopy`'s memo and dispatch were a tenth of a mix query's CPU (a few
+        hundred chunk records per query). Records are JSON (dicts, lists, strings,
+        numbers), so copying the dicts and lists gives the same protection."""
+
+        async def get_by_ids(self, ids: list[str]) -> list[dict[str, Any] | None]:
+            async with self._storage_lock:
+                results: list[dict[str, Any] | None] = []
+                for id_ in ids:
+                    data = self._data.get(id_, None)
+                    if data:
+                        record = _json_copy(data)
+                        record.setdefault("create_time", 0)
+                        record.setdefault("update_time", 0)
+                        record["_id"] = id_
+                        results.append(record)
+                    else:
+                        results.append(None)
+                return results
+
     for name, cls, kind in ((STORAGE_NAME, ConciergeQdrantStorage, "VECTOR_STORAGE"),
-                            (GRAPH_STORAGE_NAME, ConciergeGraphStorage, "GRAPH_STORAGE")):
+                            (GRAPH_STORAGE_NAME, ConciergeGraphStorage, "GRAPH_STORAGE"),
+                            (KV_STORAGE_NAME, ConciergeKVStorage, "KV_STORAGE")):
         globals()[name] = cls
         STORAGES[name] = __name__
         implementations = STORAGE_IMPLEMENTATIONS[kind]["implementations"]
         if name not in implementations:
             implementations.append(name)
+
+
+def _json_copy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _json_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_copy(v) for v in value]
+    return value
 
 
 class KnowledgeBase:
@@ -318,7 +370,7 @@ class KnowledgeBase:
             tokenizer=Tokenizer("words", self._tokenizer),
             vector_storage=STORAGE_NAME,
             graph_storage=GRAPH_STORAGE_NAME,
-            kv_storage="JsonKVStorage",
+            kv_storage=KV_STORAGE_NAME,
             doc_status_storage="JsonDocStatusStorage",
             vector_db_storage_cls_kwargs={"cosine_better_than_threshold": self.cosine_threshold,
                                           "client_key": self._key, "collection_per_site": not self.qdrant_url},
