@@ -29,7 +29,6 @@ import os
 import re
 import threading
 import time
-import uuid
 import warnings
 from collections import defaultdict
 from pathlib import Path
@@ -107,7 +106,7 @@ def _register_storage() -> None:
     from lightrag.kg import STORAGE_IMPLEMENTATIONS, STORAGES
     from lightrag.kg.json_kv_impl import JsonKVStorage
     from lightrag.kg.networkx_impl import NetworkXStorage
-    from lightrag.kg.qdrant_impl import QdrantVectorDBStorage, compute_mdhash_id_for_qdrant
+    from lightrag.kg.qdrant_impl import QdrantVectorDBStorage, _normalize_qdrant_point_id, compute_mdhash_id_for_qdrant
 
     class ConciergeQdrantStorage(QdrantVectorDBStorage):
         """LightRAG's Qdrant storage with the knowledge base's client (server or local).
@@ -147,7 +146,7 @@ def _register_storage() -> None:
                                            with_vectors=True, with_payload=False)
             found = {}
             for point in points:
-                original = by_point.get(uuid.UUID(str(point.id)).hex)
+                original = by_point.get(_normalize_qdrant_point_id(point.id))
                 if original is not None and point.vector is not None:
                     vector = point.vector
                     found[original] = vector.tolist() if isinstance(vector, np.ndarray) else vector
