@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -33,7 +34,7 @@ from pathlib import Path
 
 import httpx
 
-from cli.sse import chat
+from cli.sse import Conversation
 from cli.supervisor import free_port, make_system, wait_http
 from shared import subjects
 from shared.bus import connect
@@ -71,16 +72,16 @@ async def drive(base_url: str, site: str, turns: int, concurrency: int, think_s:
     async with httpx.AsyncClient(timeout=120, limits=limits) as client:
 
         async def conversation(i: int) -> None:
-            session = f"bench{i}"
-            sessions.append(session)
+            visitor = Conversation(client, base_url, site)
             # Sessions start spread over one think time, as visitors do not all type at once.
             await asyncio.sleep(think_s * i / concurrency)
             script = SCRIPTS[i % len(SCRIPTS)]
             for t in range(per_session):
                 if t:
                     await asyncio.sleep(think_s)
-                r = await chat(client, base_url, {"site": site, "session_id": session,
-                                                  "message": script[t % len(script)].format(i=i, t=t)})
+                r = await visitor.say(script[t % len(script)].format(i=i, t=t))
+                if t == 0 and visitor.session_id:
+                    sessions.append(visitor.session_id)
                 final = r.final or {}
                 results.append({"status": r.status, "final": final.get("type"),
                                 "route": (final.get("metadata") or {}).get("route"),
@@ -125,7 +126,13 @@ def main(argv: list[str] | None = None) -> int:
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     with tempfile.TemporaryDirectory(prefix="concierge-bench-") as data:
+        # Only configured sites are served: the bench and warm-up sites are the demo site's config.
+        sites = Path(data) / "sites"
+        sites.mkdir()
+        for name in ("bench", "warmup"):
+            shutil.copy(ROOT / "sites" / "demo.toml", sites / f"{name}.toml")
         system = make_system(Path(data), free_port(), free_port(), {
+            "SITES_DIR": str(sites),
             "LLM_BASE_URL": f"http://127.0.0.1:{llm_port}/v1",
             # Every simulated visitor comes from 127.0.0.1: the per-IP limit would stop the
             # bench, not measure anything. The per-site limit stays on, above the offered load.

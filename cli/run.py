@@ -76,6 +76,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  redis:        {system.redis_url} (store {system.data_dir / 'redis'})")
         print(f"  logs:         {system.log_dir}/<service>.log")
         print(f"  gateway:      {system.gateway_url}  (POST /v1/chat, GET /readyz)")
+        token_note = ("from ADMIN_TOKEN" if os.environ.get("ADMIN_TOKEN")
+                      else f"in {system.data_dir / 'admin-token'}")
+        print(f"  operator token ({token_note}) for the operator endpoints:")
+        print(f"    curl -H \"Authorization: Bearer $(cat {system.data_dir / 'admin-token'})\" "
+              f"{system.gateway_url}/v1/conversations/demo/<session_id>/events" if not os.environ.get("ADMIN_TOKEN")
+              else f"    curl -H \"Authorization: Bearer $ADMIN_TOKEN\" "
+                   f"{system.gateway_url}/v1/conversations/demo/<session_id>/events")
         print(f"Ready in {time.monotonic() - started:.1f} s. Open {system.gateway_url}/ and chat with the demo "
               "company's assistant, or try:")
         print(f"  curl -N -H 'content-type: application/json' -d '{{\"site\":\"demo\",\"message\":\"Hello\"}}' "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -186,6 +187,17 @@ class System:
                 proc.wait()
 
 
+def secret_file(path: Path) -> str:
+    """A random secret kept in `path` (created once, readable by its owner only), so a
+    restart keeps visitors' session tokens and the operator's token valid."""
+    if path.exists():
+        return path.read_text().strip()
+    value = secrets.token_urlsafe(32)
+    path.touch(mode=0o600)
+    path.write_text(value + "\n")
+    return value
+
+
 def make_system(data_dir: Path, nats_port: int, gateway_port: int, extra_env: dict[str, str],
                 redis_port: int | None = None) -> System:
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -202,6 +214,9 @@ def make_system(data_dir: Path, nats_port: int, gateway_port: int, extra_env: di
         "GATEWAY_PORT": str(gateway_port),
         "SITES_DIR": os.environ.get("SITES_DIR", str(root / "sites")),
         "KB_DIR": os.environ.get("KB_DIR", str(data_dir / "kb")),
+        # One machine's defaults; a deployment sets its own (docs/security.md).
+        "SESSION_TOKEN_SECRET": os.environ.get("SESSION_TOKEN_SECRET") or secret_file(data_dir / "session-token-secret"),
+        "ADMIN_TOKEN": os.environ.get("ADMIN_TOKEN") or secret_file(data_dir / "admin-token"),
         **extra_env,
     }
     return System(data_dir=data_dir, nats_port=nats_port, redis_port=redis_port, gateway_port=gateway_port,

@@ -5,19 +5,22 @@ A file is validated against `SiteConfig` (unknown keys and wrong types are error
 invalid file is refused with a message naming the file and the field, and the last good
 config of that site stays in the bucket. `SiteConfigSync` loads the directory at start and
 polls it for changes (a ConfigMap mounted in Kubernetes, the repo's `sites/` on one
-machine); `SiteConfigs` is the read side, a small cache in front of the bucket. A site
-without a file gets the defaults below.
+machine); `SiteConfigs` is the read side, a small cache in front of the bucket. Inside the
+pipeline a site without a file gets the defaults below; the gateway serves only sites that
+have one (`SiteConfigs.find`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import tomllib
 from pathlib import Path
 
 import msgspec
+import nats.js.errors
 from nats.js.errors import KeyNotFoundError
 
 from shared import subjects
@@ -117,6 +120,12 @@ class Retrieval(Strict):
 
 class SiteConfig(Strict):
     name: str = ""
+    # Browser origins (scheme://host[:port]) whose pages may call this site's visitor
+    # endpoints (CORS); the gateway's own origin always may. "*" allows any (not advised).
+    allowed_origins: list[str] = []
+    # SHA-256 (hex) of this site's operator API keys (`concierge sites key`): the keys
+    # themselves are never in the file. Several entries let a key be rotated without a gap.
+    operator_key_sha256: list[str] = []
     languages: list[str] = msgspec.field(default_factory=lambda: ["en"])
     instructions: str = ""  # the client's own instructions: the third prompt level
     interest: Interest = msgspec.field(default_factory=Interest)
@@ -136,7 +145,19 @@ class SiteConfigError(ValueError):
     pass
 
 
+_ORIGIN_RE = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?\Z")
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
+
+
 def _check(config: SiteConfig) -> None:
+    for origin in config.allowed_origins:
+        if origin != "*" and not _ORIGIN_RE.match(origin):
+            raise SiteConfigError(f"allowed_origins: {origin!r} is not an origin "
+                                  "(scheme://host[:port], no path, no trailing slash) or \"*\"")
+    for digest in config.operator_key_sha256:
+        if not _SHA256_RE.match(digest):
+            raise SiteConfigError("operator_key_sha256: each entry is a key's SHA-256 in lowercase hex "
+                                  "(`concierge sites key --site SITE` prints one)")
     if not 0.0 <= config.interest.threshold <= 1.0:
         raise SiteConfigError("interest.threshold: must be between 0 and 1")
     if not 0.0 <= config.persona.weight <= 1.0:
@@ -283,21 +304,42 @@ class SiteConfigs:
     def __init__(self, bus: Bus, ttl_s: float | None = None):
         self.bus = bus
         self.ttl_s = ttl_s if ttl_s is not None else env_float("SITE_CONFIG_TTL_S", 2.0)
-        self._cache: dict[str, tuple[float, SiteConfig]] = {}
+        self._cache: dict[str, tuple[float, SiteConfig | None]] = {}
+        self._sites: tuple[float, list[str]] | None = None
         self._kv = None
 
     async def get(self, site: str) -> SiteConfig:
+        """The site's config, or the defaults when it has none."""
+        return await self.find(site) or SiteConfig()
+
+    async def find(self, site: str) -> SiteConfig | None:
+        """The site's config, or None when the site is not configured."""
         hit = self._cache.get(site)
         now = time.monotonic()
         if hit is not None and now - hit[0] < self.ttl_s:
             return hit[1]
         try:
-            if self._kv is None:
-                self._kv = await self.bus.js.key_value(subjects.SITE_CONFIG_BUCKET)
-            config = await _get(self._kv, site) or SiteConfig()
+            config = await _get(await self._bucket(), site)
         except Exception:  # noqa: BLE001 - the bucket unreachable: keep what we had
             if hit is not None:
                 return hit[1]
             raise
         self._cache[site] = (now, config)
         return config
+
+    async def configured(self) -> list[str]:
+        """Every configured site, cached like the configs."""
+        now = time.monotonic()
+        if self._sites is not None and now - self._sites[0] < self.ttl_s:
+            return self._sites[1]
+        try:
+            names = await (await self._bucket()).keys()
+        except nats.js.errors.NoKeysError:
+            names = []
+        self._sites = (now, sorted(names))
+        return self._sites[1]
+
+    async def _bucket(self):
+        if self._kv is None:
+            self._kv = await self.bus.js.key_value(subjects.SITE_CONFIG_BUCKET)
+        return self._kv

@@ -18,7 +18,8 @@ SESSION_GUARD_BUCKET = "session_guards"
 SNAPSHOT_BUCKET = "state_snapshots"
 
 # Site and session ids become subject tokens, so they may not contain '.', '*', '>' or spaces.
-TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# `\Z`, not `$`: `$` also matches before a trailing newline, and "demo\n" is not a site.
+TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
 
 
 def conv(site: str, session_id: str, event_type: str) -> str:

@@ -194,3 +194,21 @@ class RerankServer:
 
     def close(self) -> None:
         self.server.shutdown()
+
+
+async def configure_site(nats_url: str, site: str, **fields) -> None:
+    """Make `site` a configured site (the gateway serves no other), as the router's sync of
+    a `sites/<site>.toml` file would: its config in the site_config bucket."""
+    import msgspec
+
+    from shared import subjects
+    from shared.bus import connect
+    from shared.config import BusConfig
+    from shared.site_config import SiteConfig
+
+    bus = await connect(BusConfig(url=nats_url), name="test-sites")
+    try:
+        kv = await bus.js.key_value(subjects.SITE_CONFIG_BUCKET)
+        await kv.put(site, msgspec.json.encode(SiteConfig(**fields)))
+    finally:
+        await bus.close()

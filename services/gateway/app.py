@@ -1,4 +1,9 @@
-"""The HTTP API: chat over SSE, health, and read access to conversations."""
+"""The HTTP API: chat over SSE, health, the visitor's own conversation, and operator reads.
+
+Two kinds of caller (docs/security.md): visitors, who own a conversation by its session
+token (sessions.py) and see only what the widget shows (visitor_view.py), from the origins
+their site allows (cors.py); and operators, with a bearer token (operators.py).
+"""
 
 from __future__ import annotations
 
@@ -11,22 +16,29 @@ from pathlib import Path
 
 import msgspec
 import nats.errors
-from fastapi import FastAPI, Request
-from fastapi.middleware.cors import CORSMiddleware
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 
 from shared import events as ev
 from shared import loader, logs, privacy, redis_client, subjects, telemetry
 from shared.bus import Bus, ConcurrencyConflict, connect, topology_ready
 from shared.config import BusConfig, env_float, env_int, env_str
-from services.gateway import abuse_gate
+from shared.site_config import SiteConfig, SiteConfigs
+from services.gateway import abuse_gate, visitor_view
+from services.gateway.cors import SiteCORS, origin_allowed
 from services.gateway.guard import SessionGuard
+from services.gateway.openapi import (CHAT_OPENAPI, CHAT_RESPONSES, OPERATOR_RESPONSES, VISITOR_READ_RESPONSES,
+                                      SessionId, SiteId, TokenHeader, bearer)
+from services.gateway.operators import Operator, OperatorAuth, Unauthorized
 from services.gateway.rate_limit import RateLimiter
 from services.gateway.relay import TurnRelay
-from services.gateway.schemas import RequestError, check_id, decode_chat
+from services.gateway.schemas import RequestError, decode_chat, read_body
+from services.gateway.sessions import SessionTokens
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"  # the demo page and the embeddable widget
+VISITOR_PATHS = ("/v1/chat", "/v1/sites/")  # CORS for these only, from the sites' allowed_origins
 
 
 class GatewaySettings(msgspec.Struct, kw_only=True):
@@ -44,9 +56,18 @@ class GatewaySettings(msgspec.Struct, kw_only=True):
         )
 
 
-def sse_headers(session_id: str) -> dict[str, str]:
+def sse_headers(session_id: str, session_token: str) -> dict[str, str]:
     # No proxy buffering: an ingress must pass each token on as it comes.
-    return {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Session-Id": session_id}
+    return {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Session-Id": session_id,
+            "X-Session-Token": session_token}
+
+
+def _for_visitor(payload: dict, session_token: str) -> dict:
+    """`complete` carries the conversation's token and only the metadata the widget shows."""
+    if payload.get("type") != "complete":
+        return payload
+    return {**payload, "metadata": visitor_view.public_metadata(payload.get("metadata")),
+            "session_token": session_token}
 
 
 def sse(payload: dict) -> bytes:
@@ -56,6 +77,7 @@ def sse(payload: dict) -> bytes:
 def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | None = None) -> FastAPI:
     bus_config = bus_config or BusConfig.from_env()
     settings = settings or GatewaySettings.from_env()
+    tokens = SessionTokens.from_env()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -63,6 +85,8 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
         app.state.redis = redis_client.connect()
         app.state.limiter = RateLimiter(app.state.redis, settings.rate_per_ip_per_min, settings.rate_per_site_per_min)
         app.state.guard = SessionGuard(app.state.bus, ttl_s=settings.turn_deadline_s + 10)
+        app.state.sites = SiteConfigs(app.state.bus)
+        app.state.operators = OperatorAuth(app.state.sites)
         gc.freeze()  # as in shared/service.py: start-up objects out of the GC's way
         try:
             yield
@@ -70,12 +94,25 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
             await app.state.bus.close()
             await app.state.redis.aclose()
 
-    app = FastAPI(title="Concierge gateway", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(title="Concierge gateway", version="0.2.0", lifespan=lifespan,
+                  description="Visitor endpoints (chat over SSE, the visitor's own conversation) and "
+                              "operator endpoints (bearer token). See docs/security.md.")
     tracer = telemetry.tracer("concierge.gateway")
 
     @app.exception_handler(RequestError)
     async def request_error(_: Request, exc: RequestError):
         return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError):
+        detail = [{"field": ".".join(str(p) for p in e.get("loc", ())[1:]) or None, "message": e.get("msg", "")}
+                  for e in exc.errors()]
+        return JSONResponse({"error": "invalid_request", "detail": detail}, status_code=422)
+
+    @app.exception_handler(Unauthorized)
+    async def unauthorized(_: Request, exc: Unauthorized):
+        return JSONResponse({"error": "unauthorized", "detail": exc.detail}, status_code=401,
+                            headers={"WWW-Authenticate": "Bearer"})
 
     @app.exception_handler(nats.errors.Error)
     @app.exception_handler(asyncio.TimeoutError)
@@ -85,10 +122,33 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
         return JSONResponse({"error": "unavailable", "detail": "the event bus is not reachable; retry shortly"},
                             status_code=503, headers={"Retry-After": "2"})
 
-    cors = [o.strip() for o in env_str("GATEWAY_CORS_ORIGINS", "*").split(",") if o.strip()]
-    if cors:  # the widget runs on customers' pages: their origins call the chat API
-        app.add_middleware(CORSMiddleware, allow_origins=cors, allow_methods=["GET", "POST"],
-                           allow_headers=["content-type"], expose_headers=["X-Session-Id", "Retry-After"])
+    async def known_origins() -> set[str]:
+        sites: SiteConfigs = app.state.sites
+        origins: set[str] = set()
+        for site in await sites.configured():
+            config = await sites.find(site)
+            origins.update(config.allowed_origins if config else ())
+        return origins
+
+    app.add_middleware(SiteCORS, known_origins=known_origins, path_prefixes=VISITOR_PATHS)
+
+    async def configured_site(request: Request, site: str) -> SiteConfig:
+        config = await request.app.state.sites.find(site)
+        if config is None:
+            raise RequestError("site", f"site {site!r} is not configured on this deployment", status=404)
+        if not origin_allowed(request.headers.get("origin"), request.headers.get("host"), config):
+            raise RequestError(None, f"the origin {request.headers.get('origin')} may not use site {site!r}; "
+                                     "add it to the site's allowed_origins", status=403)
+        return config
+
+    def require_token(site: str, session_id: str, token: str | None) -> None:
+        if not tokens.verify(site, session_id, token):
+            raise RequestError("session_token", "this conversation needs its session token (X-Session-Token, "
+                                                "or session_token in the body): the one its last answer carried",
+                               status=403)
+
+    async def operator(request: Request, credentials=Depends(bearer)) -> Operator:
+        return await request.app.state.operators.authenticate(request.headers.get("authorization"))
 
     @app.get("/", include_in_schema=False)
     async def demo_page():
@@ -103,19 +163,27 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
     async def healthz():
         return {"status": "ok"}
 
-    @app.get("/readyz")
+    @app.get("/readyz", responses={503: {"description": "the bus or its streams are not there"}})
     async def readyz(request: Request):
         if await topology_ready(request.app.state.bus):
             return {"status": "ready"}
         return JSONResponse({"status": "not ready"}, status_code=503)
 
-    @app.post("/v1/chat")
-    async def chat(request: Request):
-        body = decode_chat(await request.body())
+    @app.post("/v1/chat", openapi_extra=CHAT_OPENAPI, responses=CHAT_RESPONSES, response_class=StreamingResponse)
+    async def chat(request: Request, x_session_token: TokenHeader = None):
+        """One visitor turn, answered as server-sent events: `sources`, `token`..., then one
+        `complete` (with the conversation's `session_token`) or one `error`."""
+        body = decode_chat(await read_body(request))
         bus: Bus = request.app.state.bus
         guard: SessionGuard = request.app.state.guard
         site = body.site
-        session_id = body.session_id or ev.new_id()
+        await configured_site(request, site)
+        if body.session_id is None:
+            session_id = ev.new_id()  # always the server's: a visitor cannot pick someone else's
+        else:
+            session_id = body.session_id
+            require_token(site, session_id, x_session_token or body.session_token)
+        session_token = tokens.issue(site, session_id)
         ip = client_ip(request)
         digest = privacy.ip_hash(ip) if ip else None
 
@@ -135,9 +203,10 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
                 state = await loader.load(bus, site, session_id)
                 turn = state.turn + 1
                 span.set_attributes({"concierge.site": site, "concierge.session": session_id, "concierge.turn": turn})
+                visitor = msgspec.to_builtins(body.visitor) if body.visitor is not None else None
                 blocked = abuse_gate.check(state, body.message)
                 if blocked is not None:
-                    lang = abuse_gate.language(body.visitor, request.headers.get("accept-language"))
+                    lang = abuse_gate.language(visitor, request.headers.get("accept-language"))
                     event = ev.TurnBlocked(
                         event_id=ev.new_id(), site=site, session_id=session_id, turn=turn, ts=ev.now(),
                         producer="gateway", reason=blocked, reply=abuse_gate.reply(blocked, lang),
@@ -145,14 +214,14 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
                     )
                     await bus.publish(event)
                     await _cleanup(None, guard, site, session_id, hold)
-                    return _blocked_response(event)
+                    return _blocked_response(event, session_token)
                 relay = TurnRelay(bus, site, session_id, turn, settings.turn_deadline_s)
                 await relay.open()
                 if ip:
                     await _remember_ip(request, site, session_id, ip)
                 requested = ev.TurnRequested(
                     event_id=ev.new_id(), site=site, session_id=session_id, turn=turn, ts=ev.now(),
-                    producer="gateway", message=body.message, visitor=body.visitor, ip_hash=digest,
+                    producer="gateway", message=body.message, visitor=visitor, ip_hash=digest,
                 )
                 await bus.publish(requested, expected_subject_seq=state.turn_requested_seq)
         except ConcurrencyConflict:
@@ -169,20 +238,33 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
             with logs.conversation(site, session_id, turn):
                 try:
                     async for batch in relay.batches():
-                        yield b"".join(sse(payload) for payload in batch)
+                        yield b"".join(sse(_for_visitor(payload, session_token)) for payload in batch)
                 finally:
                     await _cleanup(relay, guard, site, session_id, hold)
 
         return StreamingResponse(
             stream(),
             media_type="text/event-stream",
-            headers=sse_headers(session_id),
+            headers=sse_headers(session_id, session_token),
         )
 
-    @app.get("/v1/conversations/{site}/{session_id}/events")
-    async def conversation_events(site: str, session_id: str, request: Request):
-        check_id("site", site)
-        check_id("session_id", session_id)
+    @app.get("/v1/sites/{site}/conversations/{session_id}", responses=VISITOR_READ_RESPONSES)
+    async def visitor_conversation(request: Request, site: SiteId, session_id: SessionId,
+                                   x_session_token: TokenHeader = None):
+        """The visitor's own conversation, as the widget shows it (X-Session-Token required)."""
+        await configured_site(request, site)
+        require_token(site, session_id, x_session_token)
+        state = await loader.load(request.app.state.bus, site, session_id)
+        if state.event_count == 0:
+            return _not_found(site, session_id)
+        return Response(msgspec.json.encode(visitor_view.conversation(state)), media_type="application/json")
+
+    @app.get("/v1/conversations/{site}/{session_id}/events", responses=OPERATOR_RESPONSES)
+    async def conversation_events(request: Request, site: SiteId, session_id: SessionId,
+                                  who: Operator = Depends(operator)):
+        """A conversation's whole event log (operators: ADMIN_TOKEN or the site's API key)."""
+        if not who.sees(site):
+            return _not_found(site, session_id)
         records = await request.app.state.bus.read(subjects.conversation(site, session_id))
         if not records:
             return _not_found(site, session_id)
@@ -193,10 +275,12 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
         return Response(msgspec.json.encode({"site": site, "session_id": session_id, "events": payload}),
                         media_type="application/json")
 
-    @app.get("/v1/conversations/{site}/{session_id}/state")
-    async def conversation_state(site: str, session_id: str, request: Request):
-        check_id("site", site)
-        check_id("session_id", session_id)
+    @app.get("/v1/conversations/{site}/{session_id}/state", responses=OPERATOR_RESPONSES)
+    async def conversation_state(request: Request, site: SiteId, session_id: SessionId,
+                                 who: Operator = Depends(operator)):
+        """A conversation's folded state (operators: ADMIN_TOKEN or the site's API key)."""
+        if not who.sees(site):
+            return _not_found(site, session_id)
         state = await loader.load(request.app.state.bus, site, session_id)
         if state.event_count == 0:
             return _not_found(site, session_id)
@@ -223,18 +307,19 @@ async def _remember_ip(request: Request, site: str, session_id: str, ip: str) ->
         log.warning("raw ip not stored; enrichment will skip IP sources", extra={"error": repr(exc)})
 
 
-def _blocked_response(event: ev.TurnBlocked) -> StreamingResponse:
+def _blocked_response(event: ev.TurnBlocked, session_token: str) -> StreamingResponse:
     """A blocked turn streams like any other: the reply, then `complete` saying why."""
     payloads = [
         {"type": "token", "content": event.reply},
         {"type": "complete", "session_id": event.session_id, "turn": event.turn,
-         "metadata": {"blocked": event.reason, "route": None}},
+         "metadata": {"blocked": event.reason, "route": None}, "session_token": session_token},
     ]
 
     async def stream():
         yield b"".join(sse(p) for p in payloads)
 
-    return StreamingResponse(stream(), media_type="text/event-stream", headers=sse_headers(event.session_id))
+    return StreamingResponse(stream(), media_type="text/event-stream",
+                             headers=sse_headers(event.session_id, session_token))
 
 
 def _not_found(site: str, session_id: str) -> JSONResponse:

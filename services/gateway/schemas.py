@@ -1,9 +1,14 @@
-"""What the HTTP API accepts, as Structs: decoding the body is validating it."""
+"""What the HTTP API accepts, as Structs: decoding the body is validating it.
+
+Every limit is here, so nothing unbounded reaches the bus: the body's size (checked while it
+is read, 413), each field's length, the `visitor` object's shape. A body that is not UTF-8,
+not JSON, nested too deep, or not of this shape is a 422 naming the problem.
+"""
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated
 
 import msgspec
 
@@ -12,15 +17,35 @@ from shared.subjects import TOKEN_RE
 # Longer than this is not a chat message and is refused as a bad request; between the abuse
 # gate's limit (15,000) and this, the message is recorded as a blocked turn.
 MAX_BODY_MESSAGE_CHARS = 100_000
+# A request body above this is refused (413) before it is read whole: the longest message
+# (100,000 characters, up to 4 bytes each in UTF-8) and a full visitor object fit.
+MAX_BODY_BYTES = 512 * 1024
 
 Id = Annotated[str, msgspec.Meta(pattern=TOKEN_RE.pattern, description="letters, digits, '-' or '_'; 1-64")]
+Short = Annotated[str, msgspec.Meta(max_length=256)]
+Url = Annotated[str, msgspec.Meta(max_length=2048)]
+Token = Annotated[str, msgspec.Meta(max_length=256, description="the session_token of the conversation's last `complete`")]
+
+
+class Visitor(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """What the widget may tell about the visitor; all optional, all bounded."""
+
+    language: Annotated[str, msgspec.Meta(max_length=35)] | None = None  # a BCP 47 tag, e.g. "de-CH"
+    email: Annotated[str, msgspec.Meta(max_length=254)] | None = None
+    session_uuid: Short | None = None  # a session-identification provider's id
+    # What a browser-side reveal script found, e.g. {"company": "Acme", "domain": "acme.com"}.
+    reveal: Annotated[dict[Annotated[str, msgspec.Meta(max_length=64)], Short],
+                      msgspec.Meta(max_length=20)] | None = None
+    page_url: Url | None = None
+    referrer: Url | None = None
 
 
 class ChatRequest(msgspec.Struct, forbid_unknown_fields=True):
     site: Id
     message: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_BODY_MESSAGE_CHARS)]
-    session_id: Id | None = None
-    visitor: dict[str, Any] | None = None
+    session_id: Id | None = None  # null or absent: a new conversation (the server names it)
+    session_token: Token | None = None  # or the X-Session-Token header
+    visitor: Visitor | None = None
 
 
 class RequestError(Exception):
@@ -34,6 +59,18 @@ class RequestError(Exception):
 
     def body(self) -> dict:
         return {"error": "invalid_request", "detail": [{"field": self.field, "message": self.message}]}
+
+
+class ErrorDetail(msgspec.Struct):
+    field: str | None
+    message: str
+
+
+class ErrorBody(msgspec.Struct):
+    """Every 4xx/5xx answer: a code, and a detail (the fields concerned, or a sentence)."""
+
+    error: str
+    detail: list[ErrorDetail] | str
 
 
 _FIELD_RE = re.compile(r"at `\$\.?([^`]*)`")
@@ -50,6 +87,10 @@ def decode_chat(body: bytes) -> ChatRequest:
         raise RequestError(field, text) from None
     except msgspec.DecodeError as exc:
         raise RequestError(None, f"body is not valid JSON: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise RequestError(None, f"body is not valid UTF-8 (byte {exc.start})") from None
+    except RecursionError:
+        raise RequestError(None, "body is nested too deeply") from None
     if not request.message.strip():
         raise RequestError("message", "message is empty")
     return request
@@ -62,4 +103,21 @@ def _missing_field(text: str) -> str | None:
 
 def check_id(field: str, value: str) -> None:
     if not TOKEN_RE.match(value):
-        raise RequestError(field, f"{field} must match {TOKEN_RE.pattern}")
+        raise RequestError(field, f"{field} must be letters, digits, '-' or '_' (1-64)")
+
+
+async def read_body(request, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The request body, refused with 413 as soon as it passes `limit` (never read whole)."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise RequestError(None, "Content-Length is not a number", status=400)
+        if int(declared) > limit:
+            raise RequestError(None, f"body is larger than {limit} bytes", status=413)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(None, f"body is larger than {limit} bytes", status=413)
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -3,8 +3,10 @@
  *   <script src="https://concierge.example/widget.js" data-site="demo"></script>
  *
  * data-site (required): the site id. data-api (optional): the gateway's URL (default: where
- * this script came from). The session id is kept in localStorage per site, so a reload
- * resumes the conversation. No dependencies, no CDN.
+ * this script came from). The session id and its token (the conversation's only key: the
+ * gateway refuses a session id without it) are kept in localStorage per site, so a reload
+ * resumes the conversation. The page's origin must be in the site's `allowed_origins`.
+ * No dependencies, no CDN.
  */
 (function () {
   "use strict";
@@ -12,6 +14,7 @@
   var site = script.getAttribute("data-site");
   var api = (script.getAttribute("data-api") || new URL(script.src).origin).replace(/\/$/, "");
   var storeKey = "concierge:" + site + ":session";
+  var tokenKey = "concierge:" + site + ":token";
   if (!site) { console.error("concierge widget: data-site is required"); return; }
 
   var css = [
@@ -81,6 +84,7 @@
   });
   reset.addEventListener("click", function () {
     localStorage.removeItem(storeKey);
+    localStorage.removeItem(tokenKey);
     log.textContent = "";
     input.type = "text";
     input.placeholder = "Type your question…";
@@ -178,17 +182,24 @@
     log.appendChild(bot);
     scroll();
     var answer = "", sources = [], started = false;
+    var session = localStorage.getItem(storeKey), token = localStorage.getItem(tokenKey);
+    if (!session || !token) session = null;  // no token: the conversation cannot be resumed, start anew
     fetch(api + "/v1/chat", {
       method: "POST",
       headers: {"content-type": "application/json"},
-      body: JSON.stringify({site: site, session_id: localStorage.getItem(storeKey), message: text})
+      body: JSON.stringify({site: site, session_id: session, session_token: session ? token : null, message: text})
     }).then(function (resp) {
+      if (resp.status === 403 && session) {  // the token is no longer valid: start a new conversation
+        localStorage.removeItem(storeKey);
+        localStorage.removeItem(tokenKey);
+        throw new Error("This conversation could not be resumed. Please send your message again.");
+      }
       if (resp.status === 429) throw new Error("One message at a time, please — or wait a moment and try again.");
       if (!resp.ok) return resp.json().then(function (b) {
         throw new Error((b.detail && b.detail[0] && b.detail[0].message) || b.detail || "The assistant is unavailable.");
       });
-      var sid = resp.headers.get("X-Session-Id");
-      if (sid) localStorage.setItem(storeKey, sid);
+      var sid = resp.headers.get("X-Session-Id"), stoken = resp.headers.get("X-Session-Token");
+      if (sid && stoken) { localStorage.setItem(storeKey, sid); localStorage.setItem(tokenKey, stoken); }
       var reader = resp.body.getReader(), decoder = new TextDecoder(), buffer = "";
       function pump() {
         return reader.read().then(function (chunk) {
@@ -206,7 +217,10 @@
               answer += event.content;
               renderCitations(bot, answer, sources);
             } else if (event.type === "complete") {
-              if (event.session_id) localStorage.setItem(storeKey, event.session_id);
+              if (event.session_id && event.session_token) {
+                localStorage.setItem(storeKey, event.session_id);
+                localStorage.setItem(tokenKey, event.session_token);
+              }
               var meta = event.metadata || {};
               if (meta.blocked) bot.className = "cw-msg cw-notice";
               if (!started) bot.textContent = answer || "";
@@ -229,20 +243,24 @@
     });
   }
 
-  // Resume: the conversation's messages come back from its state.
-  var saved = localStorage.getItem(storeKey);
-  if (saved) {
-    fetch(api + "/v1/conversations/" + encodeURIComponent(site) + "/" + encodeURIComponent(saved) + "/state")
+  // Resume: the visitor's own view of the conversation (its token required).
+  var saved = localStorage.getItem(storeKey), savedToken = localStorage.getItem(tokenKey);
+  if (saved && savedToken) {
+    fetch(api + "/v1/sites/" + encodeURIComponent(site) + "/conversations/" + encodeURIComponent(saved),
+          {headers: {"X-Session-Token": savedToken}})
       .then(function (r) { return r.ok ? r.json() : null; })
-      .then(function (state) {
-        if (!state) return;
-        (state.messages || []).forEach(function (m) {
+      .then(function (view) {
+        if (!view) return;
+        (view.messages || []).forEach(function (m) {
           var node = el("div", "cw-msg " + (m.role === "user" ? "cw-user" : "cw-bot"));
-          var turn = (state.turns || {})[String(m.turn)] || {};
-          renderCitations(node, m.content, (turn.metadata || {}).sources);
+          if (m.role === "assistant") node.setAttribute("data-testid", "cw-bot");
+          renderCitations(node, m.content, m.sources);
           log.appendChild(node);
         });
-        if ((state.messages || []).length) panel.classList.add("cw-open");
+        if ((view.messages || []).length) {
+          panel.classList.add("cw-open");
+          finish(view.last);
+        }
         scroll();
       });
   }

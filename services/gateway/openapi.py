@@ -1,0 +1,62 @@
+"""The API's description in /openapi.json: the request schemas come from the same msgspec
+Structs that decode the bodies (schemas.py), so the spec cannot drift from what is enforced,
+and schema-based fuzzers (the schemathesis run in tests/test_hostile.py) reach every endpoint."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+from fastapi import Header, Path
+from fastapi.security import HTTPBearer
+
+from services.gateway.schemas import ChatRequest, ErrorBody
+
+# Python's `\Z` is not in JSON Schema's (ECMA-262) regex dialect; there `$` already means
+# the end of the text.
+ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+
+SiteId = Annotated[str, Path(pattern=ID_PATTERN, description="a configured site")]
+SessionId = Annotated[str, Path(pattern=ID_PATTERN, description="a conversation's id")]
+TokenHeader = Annotated[str | None, Header(max_length=256, description="the conversation's session token")]
+bearer = HTTPBearer(auto_error=False, description="ADMIN_TOKEN, or the site's API key (ck_<site>_...)")
+
+
+def _inline(schema: Any, defs: dict) -> Any:
+    """msgspec's schema with its `$defs` references inlined (an operation has no `$defs`)."""
+    if isinstance(schema, dict):
+        if "$ref" in schema:
+            return _inline(defs[schema["$ref"].rsplit("/", 1)[-1]], defs)
+        return {k: _inline(v, defs) for k, v in schema.items()}
+    if isinstance(schema, list):
+        return [_inline(v, defs) for v in schema]
+    if isinstance(schema, str):
+        return schema.replace("\\Z", "$")
+    return schema
+
+
+def schema_of(struct: type) -> dict:
+    full = msgspec.json.schema(struct)
+    return _inline(full, full.get("$defs", {}))
+
+
+ERROR = {"application/json": {"schema": schema_of(ErrorBody)}}
+
+
+def _errors(**codes: str) -> dict:
+    return {int(code[1:]): {"description": text, "content": ERROR} for code, text in codes.items()}
+
+
+CHAT_OPENAPI = {"requestBody": {"required": True, "content": {"application/json": {"schema": schema_of(ChatRequest)}}}}
+CHAT_RESPONSES = {
+    200: {"description": "server-sent events: sources, token..., then complete (with session_token) or error",
+          "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+    **_errors(s403="a session id without its token, or an origin the site does not allow",
+              s404="the site is not configured", s409="the conversation moved on; retry",
+              s413="the body is too large", s422="the body is not valid (the field and why)",
+              s429="rate limited, or a turn of this session is in flight", s503="the event bus is not reachable"),
+}
+VISITOR_READ_RESPONSES = _errors(s403="no or a wrong session token", s404="no such site or conversation",
+                                 s422="a malformed id", s503="the event bus is not reachable")
+OPERATOR_RESPONSES = _errors(s401="no or a wrong bearer token", s404="no such conversation for this operator",
+                             s422="a malformed id", s503="the event bus is not reachable")

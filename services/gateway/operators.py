@@ -1,0 +1,69 @@
+"""Who may read a conversation's internals: operators, by bearer token.
+
+- the deployment's operator token (ADMIN_TOKEN) sees every site;
+- a site's API key (`ck_<site>_<secret>`, made by `concierge sites key`) sees only its
+  site. The site's config holds the key's SHA-256, never the key; a key is checked
+  against the hashes of the site named in it, so a valid key of another site is known
+  as such (and that site's data answers 404, as if it did not exist).
+
+Comparisons are constant-time. No token or a wrong one: 401.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+import msgspec
+
+from shared.config import env_str
+from shared.site_config import SiteConfigs
+from shared.subjects import TOKEN_RE
+
+KEY_PREFIX = "ck_"
+
+
+class Unauthorized(Exception):
+    def __init__(self, detail: str):
+        super().__init__(detail)
+        self.detail = detail
+
+
+class Operator(msgspec.Struct, frozen=True):
+    site: str | None  # None: the deployment operator, every site
+
+    def sees(self, site: str) -> bool:
+        return self.site is None or self.site == site
+
+
+def key_sha256(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def site_of_key(key: str) -> str | None:
+    """The site a per-site key names: `ck_<site>_<secret>` (the secret has no '_')."""
+    if not key.startswith(KEY_PREFIX):
+        return None
+    site, sep, secret = key[len(KEY_PREFIX):].rpartition("_")
+    return site if sep and secret and TOKEN_RE.match(site) else None
+
+
+class OperatorAuth:
+    def __init__(self, configs: SiteConfigs, admin_token: str | None = None):
+        self.configs = configs
+        self.admin_token = env_str("ADMIN_TOKEN", "") if admin_token is None else admin_token
+
+    async def authenticate(self, authorization: str | None) -> Operator:
+        scheme, _, token = (authorization or "").partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise Unauthorized("operator endpoints need 'Authorization: Bearer <ADMIN_TOKEN or the site's API key>'")
+        if self.admin_token and hmac.compare_digest(token.encode(), self.admin_token.encode()):
+            return Operator(site=None)
+        site = site_of_key(token)
+        if site is not None:
+            config = await self.configs.find(site)
+            digest = key_sha256(token)
+            if config is not None and any(hmac.compare_digest(digest, known) for known in config.operator_key_sha256):
+                return Operator(site=site)
+        raise Unauthorized("the bearer token is not an operator token or a site API key")

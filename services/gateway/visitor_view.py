@@ -1,0 +1,35 @@
+"""What a visitor may see of their own conversation: what the widget shows, nothing else.
+
+Never the prompts, the LLM calls, the site's config, IP hashes or what enrichment found
+out about the visitor's company; those are for operators (operators.py). A whitelist, so
+a field added to the turn's metadata later stays private until it is named here.
+"""
+
+from __future__ import annotations
+
+from shared.state import ConversationState
+
+PUBLIC_METADATA = (
+    "route", "branch", "intent", "fallback_used", "blocked", "sources", "suggested_follow_ups",
+    "suggested_answers", "form_values", "cta", "cta_url_overrides", "skill_selection_state",
+    "booking", "dialog_flags",
+)
+
+
+def public_metadata(metadata: dict | None) -> dict:
+    return {key: metadata[key] for key in PUBLIC_METADATA if key in (metadata or {})}
+
+
+def conversation(state: ConversationState) -> dict:
+    """The messages (answers with their sources) and the newest turn's widget state."""
+    messages = []
+    for message in state.messages:
+        item = {"role": message.role, "content": message.content, "turn": message.turn}
+        if message.role == "assistant":
+            record = state.turns.get(message.turn)
+            item["sources"] = (record.metadata.get("sources") or []) if record else []
+        messages.append(item)
+    completed = [t for t, record in state.turns.items() if record.status == "completed"]
+    last = public_metadata(state.turns[max(completed)].metadata) if completed else {}
+    return {"site": state.site, "session_id": state.session_id, "turn": state.turn, "messages": messages,
+            "last": last}
