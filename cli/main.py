@@ -17,6 +17,7 @@ commands:
   loadtest SERVICE       one service alone under a set rate (enricher, router, retriever)
   eval intent|skills|all run the router's evals on labeled JSONL (make eval)
   sites check [DIR]      validate the site config files (default: sites/)
+  sites webhook-secret --site SITE   print the secret SITE's lead webhooks are signed with
   ingest --site SITE PATH...      add files (md, txt, html, pdf) to a site's knowledge base
   docs list|delete --site SITE    a site's documents
 """
