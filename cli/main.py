@@ -18,6 +18,7 @@ commands:
   eval intent|skills|all run the router's evals on labeled JSONL (make eval)
   sites check [DIR]      validate the site config files (default: sites/)
   sites key --site SITE  make an operator API key for one site (its hash goes in the site file)
+  sites webhook-secret --site SITE   print the secret SITE's lead webhooks are signed with
   ingest --site SITE PATH...      add files (md, txt, html, pdf) to a site's knowledge base
   docs list|delete --site SITE    a site's documents
 """

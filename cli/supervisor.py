@@ -217,6 +217,8 @@ def make_system(data_dir: Path, nats_port: int, gateway_port: int, extra_env: di
         # One machine's defaults; a deployment sets its own (docs/security.md).
         "SESSION_TOKEN_SECRET": os.environ.get("SESSION_TOKEN_SECRET") or secret_file(data_dir / "session-token-secret"),
         "ADMIN_TOKEN": os.environ.get("ADMIN_TOKEN") or secret_file(data_dir / "admin-token"),
+        "LEAD_WEBHOOK_SECRET": os.environ.get("LEAD_WEBHOOK_SECRET") or secret_file(data_dir / "lead-webhook-secret"),
+        "IP_HASH_SECRET": os.environ.get("IP_HASH_SECRET") or secret_file(data_dir / "ip-hash-secret"),
         **extra_env,
     }
     return System(data_dir=data_dir, nats_port=nats_port, redis_port=redis_port, gateway_port=gateway_port,

@@ -217,7 +217,8 @@ class WebhookRecorded(Envelope, tag="webhook_recorded"):
     status: int | None = None
     attempts: int = 0
     error: str | None = None
-    skipped: bool = False  # no webhook configured
+    skipped: bool = False  # nothing sent: no webhook configured, or a duplicate
+    duplicate_of: str | None = None  # the LeadCaptured that owns this conversation's lead
 
 
 class AnalyticsRecorded(Envelope, tag="analytics_recorded"):

@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 RETRIEVAL_MODES = ("global", "local", "hybrid", "mix", "naive")
 RERANK_PROVIDERS = ("cohere", "jina")
+ENV_NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 SKILLS = ("propose_demo", "collect_email", "ask_qualifying_question", "suggest_follow_up", "share_resource")
 
 
@@ -95,7 +96,10 @@ class Persona(Strict):
 
 
 class Lead(Strict):
-    webhook_url: str = ""  # where captured leads are POSTed (HMAC-signed); empty: LEAD_WEBHOOK_URL
+    webhook_url: str = ""  # where captured leads are POSTed (signed); empty: LEAD_WEBHOOK_URL
+    # The environment variable holding this site's webhook secret (never the secret itself:
+    # these files live in git); empty: one derived from LEAD_WEBHOOK_SECRET and the site id.
+    webhook_secret_env: str = ""
 
 
 class Classifier(Strict):
@@ -177,6 +181,9 @@ def _check(config: SiteConfig) -> None:
     for key in ("rerank_top_k", "graph_top_k", "chunk_top_k"):
         if getattr(r, key) is not None and getattr(r, key) < 1:
             raise SiteConfigError(f"retrieval.{key}: must be ≥ 1")
+    if config.lead.webhook_secret_env and not ENV_NAME_RE.match(config.lead.webhook_secret_env):
+        raise SiteConfigError("lead.webhook_secret_env: must name an environment variable (A-Z, 0-9, _), "
+                              "not hold the secret")
     names = [f.name for f in config.booking.fields]
     if len(set(names)) != len(names):
         raise SiteConfigError("booking.fields: two fields share a name")

@@ -16,6 +16,7 @@ DLQ_STREAM = "DLQ"
 SITE_CONFIG_BUCKET = "site_config"
 SESSION_GUARD_BUCKET = "session_guards"
 SNAPSHOT_BUCKET = "state_snapshots"
+LEAD_CLAIM_BUCKET = "lead_claims"
 
 # Site and session ids become subject tokens, so they may not contain '.', '*', '>' or spaces.
 # `\Z`, not `$`: `$` also matches before a trailing newline, and "demo\n" is not a site.

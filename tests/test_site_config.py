@@ -38,6 +38,7 @@ def test_the_shipped_demo_config_is_valid():
     ('[skills]\nenabled = ["dance"]', "skills.enabled"),
     ('[[booking.fields]]\nlabel = "no name"', "name"),
     ('name = "unterminated', "demo.toml"),
+    ('[lead]\nwebhook_secret_env = "whsec_c2VjcmV0"', "lead.webhook_secret_env"),  # the secret, not its variable
 ])
 def test_invalid_files_are_refused_naming_file_and_field(tmp_path, text, field):
     path = tmp_path / "demo.toml"
@@ -78,6 +79,28 @@ async def test_sync_loads_keeps_last_good_and_follows_changes(bus, tmp_path):
     finally:
         await sync.stop()
     assert (await configs.get("never-configured")) == SiteConfig()
+
+
+def test_webhook_secret_command_prints_the_site_secret(tmp_path):
+    import os
+
+    from shared import webhook_secret
+
+    (tmp_path / "own.toml").write_text('[lead]\nwebhook_secret_env = "LEAD_WEBHOOK_SECRET_OWN"\n')
+    own_key = webhook_secret.new()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LEAD_WEBHOOK_SECRET": "deployment", "LEAD_WEBHOOK_SECRET_OWN": own_key}
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "cli", "sites", "webhook-secret", "--dir", str(tmp_path), *args],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+
+    derived = run("--site", "acme")  # no file: the defaults, a key derived for this site
+    assert derived.returncode == 0 and derived.stdout.strip() == webhook_secret.derive("deployment", "acme")
+    assert run("--site", "own").stdout.strip() == own_key
+    del env["LEAD_WEBHOOK_SECRET_OWN"]
+    missing = run("--site", "own")
+    assert missing.returncode == 1 and "LEAD_WEBHOOK_SECRET_OWN is not set" in missing.stderr
+    assert run("--site", "../own").returncode == 2
 
 
 async def _sleep(s):

@@ -1,10 +1,16 @@
 """lead_notifier: tells the outside world about a captured lead (on `LeadCaptured`).
 
-- Webhook: POST JSON to the site's `lead.webhook_url` (or LEAD_WEBHOOK_URL), signed with
-  HMAC-SHA256 of the body under LEAD_WEBHOOK_SECRET in `X-Concierge-Signature:
-  sha256=<hex>`, with `X-Concierge-Event-Id` for the receiver's dedupe. Retried with
+- Webhook: POST JSON to the site's `lead.webhook_url` (or LEAD_WEBHOOK_URL), signed the
+  Standard Webhooks way (standardwebhooks.com): `webhook-id` (the lead's, the same on every
+  attempt and every copy), `webhook-timestamp` (this attempt's), `webhook-signature`
+  (`v1,` + base64 HMAC-SHA256 of `id.timestamp.body` under the site's secret, see
+  shared/webhook_secret.py). A receiver verifies it, rejects stale timestamps (replays) and
+  drops repeated ids. No secret, no POST: an unsigned lead is never sent. Retried with
   exponential backoff on connection errors, timeouts, 429 and 5xx (LEAD_WEBHOOK_ATTEMPTS,
   LEAD_WEBHOOK_BACKOFF_S); the outcome is stored as `WebhookRecorded` whatever it is.
+- One lead, one delivery: the first `LeadCaptured` of a conversation claims its lead
+  (lead_claims.py); a copy with another event id records `WebhookRecorded(skipped,
+  duplicate_of=<owner>)` and sends nothing, neither webhook nor analytics.
 - Analytics: a `lead_captured` event to a PostHog-compatible capture API (POSTHOG_HOST,
   POSTHOG_API_KEY) when configured; stored as `AnalyticsRecorded` either way.
 
@@ -14,17 +20,19 @@ It runs apart from the reply, so a slow CRM never delays the visitor.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import json
 import logging
 import random
+import time
+from datetime import datetime, timezone
 
 import httpx
 import msgspec
+from standardwebhooks.webhooks import Webhook
 
+from services.responder.lead_claims import LeadClaims, Outcome, lead_id
 from shared import events as ev
-from shared import loader
+from shared import loader, webhook_secret
 from shared.config import env_float, env_int, env_str
 from shared.consumer import Context, Node
 from shared.site_config import SiteConfigs
@@ -34,16 +42,21 @@ log = logging.getLogger(__name__)
 NAME = "lead_notifier"
 
 
-def sign(secret: str, body: bytes) -> str:
-    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+def signed_headers(signer: Webhook, msg_id: str, body: bytes, now: float) -> dict[str, str]:
+    timestamp = int(now)
+    signature = signer.sign(msg_id, datetime.fromtimestamp(timestamp, timezone.utc), body.decode())
+    return {"Content-Type": "application/json", "webhook-id": msg_id, "webhook-timestamp": str(timestamp),
+            "webhook-signature": signature}
 
 
-async def post_webhook(client: httpx.AsyncClient, url: str, body: bytes, headers: dict, attempts: int,
-                       backoff_s: float) -> tuple[bool, int | None, int, str | None]:
+async def post_webhook(client: httpx.AsyncClient, url: str, body: bytes, signer: Webhook, msg_id: str,
+                       attempts: int, backoff_s: float) -> tuple[bool, int | None, int, str | None]:
     status, error = None, None
     for attempt in range(1, attempts + 1):
         try:
-            response = await client.post(url, content=body, headers=headers)
+            # Signed per attempt: a retry carries a fresh timestamp, so it passes a receiver's
+            # replay window however long the backoff was.
+            response = await client.post(url, content=body, headers=signed_headers(signer, msg_id, body, time.time()))
             status = response.status_code
             if 200 <= status < 300:
                 return True, status, attempt, None
@@ -57,37 +70,46 @@ async def post_webhook(client: httpx.AsyncClient, url: str, body: bytes, headers
     return False, status, attempts, error
 
 
-def make_node(configs: SiteConfigs, client: httpx.AsyncClient | None = None) -> Node:
+def make_node(configs: SiteConfigs, claims: LeadClaims, client: httpx.AsyncClient | None = None) -> Node:
     http = client or httpx.AsyncClient(timeout=env_float("LEAD_WEBHOOK_TIMEOUT_S", 5.0))
 
-    async def handle(event: ev.LeadCaptured, ctx: Context) -> list[ev.Envelope]:
+    async def deliver(event: ev.LeadCaptured, ctx: Context) -> Outcome:
         config = await configs.get(event.site)
-        state = await loader.load(ctx.bus, event.site, event.session_id)
         url = config.lead.webhook_url or env_str("LEAD_WEBHOOK_URL", "")
-        outputs: list[ev.Envelope] = []
-        if url:
-            payload = {
-                "event": "lead.captured", "event_id": event.event_id, "site": event.site,
-                "session_id": event.session_id, "turn": event.turn, "ts": event.ts,
-                "email": event.email, "capture_context": event.capture_context,
-                "collected": dict(state.booking.collected),
-                "visitor_profile": msgspec.to_builtins(state.visitor_profile),
-            }
-            body = json.dumps(payload, separators=(",", ":")).encode()
-            headers = {"Content-Type": "application/json", "X-Concierge-Event-Id": event.event_id}
-            secret = env_str("LEAD_WEBHOOK_SECRET", "")
-            if secret:
-                headers["X-Concierge-Signature"] = sign(secret, body)
-            ok, status, attempts, error = await post_webhook(
-                http, url, body, headers, max(1, env_int("LEAD_WEBHOOK_ATTEMPTS", 4)),
-                env_float("LEAD_WEBHOOK_BACKOFF_S", 0.5))
-            if not ok:
-                log.error("lead webhook failed", extra={"target": url, "status": status, "error": error})
-            outputs.append(ctx.follow(ev.WebhookRecorded, target=url, ok=ok, status=status, attempts=attempts,
-                                      error=error))
-        else:
-            outputs.append(ctx.follow(ev.WebhookRecorded, target="", ok=False, skipped=True,
-                                      error="no webhook configured"))
+        if not url:
+            return Outcome(target="", ok=False, skipped=True, error="no webhook configured")
+        try:
+            signer = Webhook(webhook_secret.for_site(event.site, config.lead))
+        except webhook_secret.WebhookSecretError as exc:
+            log.error("lead webhook not sent: no secret", extra={"target": url, "error": str(exc)})
+            return Outcome(target=url, ok=False, error=str(exc))
+        state = await loader.load(ctx.bus, event.site, event.session_id)
+        payload = {
+            "event": "lead.captured", "event_id": event.event_id, "site": event.site,
+            "session_id": event.session_id, "turn": event.turn, "ts": event.ts,
+            "email": event.email, "capture_context": event.capture_context,
+            "collected": dict(state.booking.collected),
+            "visitor_profile": msgspec.to_builtins(state.visitor_profile),
+        }
+        body = json.dumps(payload, separators=(",", ":")).encode()
+        ok, status, attempts, error = await post_webhook(
+            http, url, body, signer, lead_id(event.site, event.session_id),
+            max(1, env_int("LEAD_WEBHOOK_ATTEMPTS", 4)), env_float("LEAD_WEBHOOK_BACKOFF_S", 0.5))
+        if not ok:
+            log.error("lead webhook failed", extra={"target": url, "status": status, "error": error})
+        return Outcome(target=url, ok=ok, status=status, attempts=attempts, error=error)
+
+    async def handle(event: ev.LeadCaptured, ctx: Context) -> list[ev.Envelope]:
+        claim = await claims.claim(event.site, event.session_id, event.event_id)
+        if claim.owner != event.event_id:
+            log.info("duplicate lead not sent", extra={"event_id": event.event_id, "duplicate_of": claim.owner})
+            return [ctx.follow(ev.WebhookRecorded, target="", ok=False, skipped=True, error="duplicate lead",
+                               duplicate_of=claim.owner)]
+        outcome = claim.outcome  # set: delivered before, by this event, whose ack was lost
+        if outcome is None:
+            outcome = await deliver(event, ctx)
+            await claims.settle(event.site, event.session_id, event.event_id, outcome)
+        outputs: list[ev.Envelope] = [ctx.follow(ev.WebhookRecorded, **msgspec.structs.asdict(outcome))]
         properties = {"site": event.site, "capture_context": event.capture_context, "turn": event.turn}
         host, key = env_str("POSTHOG_HOST", ""), env_str("POSTHOG_API_KEY", "")
         sent, ok, error = False, False, None

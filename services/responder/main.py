@@ -7,6 +7,7 @@ from shared.llm import LLMClient
 from shared.site_config import SiteConfigs
 from services.responder import (answer_writer, booking_handler, finalize, lead_notifier, post_processing,
                                 redirect_handler, suggesters)
+from services.responder.lead_claims import LeadClaims
 
 
 async def nodes(bus):
@@ -21,7 +22,7 @@ async def nodes(bus):
         post_processing.suggestion_router,
         suggesters.make_node("follow_up", llm),
         suggesters.make_node("answers", llm),
-        lead_notifier.make_node(configs),
+        lead_notifier.make_node(configs, LeadClaims(bus)),
         finalize.make_node(configs),
     ]
 

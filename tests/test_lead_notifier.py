@@ -1,0 +1,174 @@
+"""The lead webhook against a real JetStream and a real HTTP receiver: Standard Webhooks
+signatures a receiver can verify (and reject when tampered or replayed late), one secret
+per site, and one delivery per lead whatever copies of its event the bus carries."""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+import pytest
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+
+from services.responder import lead_notifier
+from services.responder.lead_claims import LeadClaims, lead_id
+from shared import events as ev
+from shared import subjects, webhook_secret
+from shared.consumer import Context, Node
+from shared.site_config import Lead, SiteConfig, SiteConfigs
+from tests.servers import WebhookReceiver
+from tests.test_consumer import events_of, fast, own, start, unique, wait_for
+
+DEPLOYMENT_SECRET = "deployment-secret"
+
+
+@pytest.fixture
+def receiver(monkeypatch):
+    server = WebhookReceiver()
+    monkeypatch.setenv("LEAD_WEBHOOK_URL", server.url)
+    monkeypatch.setenv("LEAD_WEBHOOK_SECRET", DEPLOYMENT_SECRET)
+    monkeypatch.setenv("LEAD_WEBHOOK_BACKOFF_S", "0.01")
+    yield server
+    server.close()
+
+
+def lead(site, session="s1", turn=2, email="ada@example.com"):
+    return ev.LeadCaptured(event_id=ev.new_id(), site=site, session_id=session, turn=turn, ts=ev.now(),
+                           producer="test", email=email)
+
+
+async def running(bus, site):
+    """The lead_notifier node on a durable of its own, acting on this test's site only."""
+    node = lead_notifier.make_node(SiteConfigs(bus, ttl_s=0), LeadClaims(bus))
+    return await start(bus, Node(unique(lead_notifier.NAME), node.consumes, own(site, node.handle)), fast())
+
+
+async def recorded(bus, site, count, session="s1"):
+    async def found():
+        events = [e for e in await events_of(bus, site, session) if isinstance(e, ev.WebhookRecorded)]
+        return events if len(events) >= count else None
+
+    return await wait_for(found)
+
+
+async def test_the_signature_verifies_and_a_tampered_body_or_a_late_replay_fails(bus, site, receiver):
+    runner = await running(bus, site)
+    try:
+        captured = lead(site)
+        await bus.publish(captured)
+        (outcome,) = await recorded(bus, site, 1)
+    finally:
+        await runner.stop()
+    assert outcome.ok and outcome.attempts == 1
+    (request,) = receiver.requests
+    headers, body = request["headers"], request["body"]
+    assert headers["webhook-id"] == lead_id(site, "s1")
+    assert abs(int(headers["webhook-timestamp"]) - time.time()) < 30
+    assert "X-Concierge-Signature" not in headers  # the old unsigned-timestamp scheme is gone
+
+    secret = webhook_secret.derive(DEPLOYMENT_SECRET, site)
+    payload = Webhook(secret).verify(body, headers)
+    assert payload["email"] == "ada@example.com" and payload["event_id"] == captured.event_id
+    with pytest.raises(WebhookVerificationError):
+        Webhook(secret).verify(body.replace(b"ada@", b"eve@"), headers)
+    with pytest.raises(WebhookVerificationError):  # another tenant's key does not verify it
+        Webhook(webhook_secret.derive(DEPLOYMENT_SECRET, site + "x")).verify(body, headers)
+    # The same request replayed ten minutes later: a valid signature, but for a stale timestamp.
+    late = lead_notifier.signed_headers(Webhook(secret), headers["webhook-id"], body, time.time() - 600)
+    with pytest.raises(WebhookVerificationError, match="too old"):
+        Webhook(secret).verify(body, late)
+
+
+def test_each_site_has_its_own_secret(monkeypatch):
+    monkeypatch.setenv("LEAD_WEBHOOK_SECRET", DEPLOYMENT_SECRET)
+    demo, other = webhook_secret.for_site("demo", Lead()), webhook_secret.for_site("other", Lead())
+    assert demo != other and demo.startswith("whsec_") and len(Webhook(demo)._whsecret) == 32
+    assert demo == webhook_secret.for_site("demo", Lead())  # stable: the customer's copy stays valid
+    monkeypatch.setenv("LEAD_WEBHOOK_SECRET", "rotated")
+    assert webhook_secret.for_site("demo", Lead()) != demo  # rotating the deployment secret rotates all derived ones
+
+    own_key = webhook_secret.new()
+    monkeypatch.setenv("LEAD_WEBHOOK_SECRET_DEMO", own_key)
+    assert webhook_secret.for_site("demo", Lead(webhook_secret_env="LEAD_WEBHOOK_SECRET_DEMO")) == own_key
+    monkeypatch.setenv("LEAD_WEBHOOK_SECRET_DEMO", "hunter2")
+    with pytest.raises(webhook_secret.WebhookSecretError, match="LEAD_WEBHOOK_SECRET_DEMO") as info:
+        webhook_secret.for_site("demo", Lead(webhook_secret_env="LEAD_WEBHOOK_SECRET_DEMO"))
+    assert "hunter2" not in str(info.value)
+    monkeypatch.delenv("LEAD_WEBHOOK_SECRET_DEMO")
+    with pytest.raises(webhook_secret.WebhookSecretError, match="LEAD_WEBHOOK_SECRET_DEMO is not set"):
+        webhook_secret.for_site("demo", Lead(webhook_secret_env="LEAD_WEBHOOK_SECRET_DEMO"))
+    monkeypatch.delenv("LEAD_WEBHOOK_SECRET")
+    with pytest.raises(webhook_secret.WebhookSecretError, match="LEAD_WEBHOOK_SECRET is not set"):
+        webhook_secret.for_site("demo", Lead())
+
+
+async def test_a_site_naming_its_own_secret_is_signed_with_it(bus, site, receiver, monkeypatch):
+    own_key = webhook_secret.new()
+    monkeypatch.setenv("LEAD_WEBHOOK_SECRET_T", own_key)
+    kv = await bus.js.key_value(subjects.SITE_CONFIG_BUCKET)
+    await kv.put(site, msgspec.json.encode(SiteConfig(lead=Lead(webhook_secret_env="LEAD_WEBHOOK_SECRET_T"))))
+    runner = await running(bus, site)
+    try:
+        await bus.publish(lead(site))
+        (outcome,) = await recorded(bus, site, 1)
+    finally:
+        await runner.stop()
+    assert outcome.ok
+    (request,) = receiver.requests
+    assert Webhook(own_key).verify(request["body"], request["headers"])["site"] == site
+    with pytest.raises(WebhookVerificationError):
+        Webhook(webhook_secret.derive(DEPLOYMENT_SECRET, site)).verify(request["body"], request["headers"])
+
+
+async def test_without_a_secret_nothing_is_sent(bus, site, receiver, monkeypatch):
+    monkeypatch.delenv("LEAD_WEBHOOK_SECRET")
+    runner = await running(bus, site)
+    try:
+        await bus.publish(lead(site))
+        (outcome,) = await recorded(bus, site, 1)
+    finally:
+        await runner.stop()
+    assert not outcome.ok and not outcome.skipped and "LEAD_WEBHOOK_SECRET is not set" in outcome.error
+    assert receiver.requests == []
+
+
+async def test_a_duplicate_lead_with_a_new_event_id_is_posted_once(bus, site, receiver):
+    receiver.reset(fail_first=1)  # the first attempt fails: the duplicate must not add a delivery either
+    first, copy = lead(site), lead(site, turn=3, email="ada@example.org")  # two booking turns racing
+    runner = await running(bus, site)
+    try:
+        await bus.publish(first)
+        await bus.publish(copy)
+        outcomes = await recorded(bus, site, 2)
+    finally:
+        await runner.stop()
+    (sent,) = [o for o in outcomes if not o.skipped]
+    (skipped,) = [o for o in outcomes if o.skipped]
+    assert sent.ok and sent.attempts == 2 and len(receiver.requests) == 2  # one failure retried, one success
+    assert skipped.duplicate_of == sent.causation_id  # the skip names the lead's owner
+    assert {sent.causation_id, skipped.causation_id} == {first.event_id, copy.event_id}
+    ids = {r["headers"]["webhook-id"] for r in receiver.requests}
+    assert ids == {lead_id(site, "s1")}
+    analytics = [e for e in await events_of(bus, site) if isinstance(e, ev.AnalyticsRecorded)]
+    assert len(analytics) == 1  # the lead is counted once too
+
+
+async def test_a_lead_claimed_but_not_sent_is_sent_once_on_redelivery(bus, site, receiver):
+    """A process that died between claiming and POSTing leaves a claim without an outcome;
+    the redelivered event owns that claim and sends. A redelivery after the outcome was
+    stored (the ack was lost) reports it again and sends nothing."""
+    claims = LeadClaims(bus)
+    captured = lead(site)
+    assert (await claims.claim(site, "s1", captured.event_id)).outcome is None  # the dead process's claim
+    runner = await running(bus, site)
+    try:
+        await bus.publish(captured)
+        (outcome,) = await recorded(bus, site, 1)
+    finally:
+        await runner.stop()
+    assert outcome.ok and len(receiver.requests) == 1
+
+    node = lead_notifier.make_node(SiteConfigs(bus, ttl_s=0), claims)
+    again = await node.handle(captured, Context(bus=bus, node=runner.durable, cause=captured, attempt=2))
+    assert len(receiver.requests) == 1
+    assert again[0] == msgspec.structs.replace(outcome, ts=again[0].ts)  # the same event: JetStream drops the copy
