@@ -117,7 +117,7 @@ async def test_nobody_writes_into_a_conversation_without_its_token(system, sites
     for payload in attempts:
         response = await http.post(f"{system.gateway_url}/v1/chat", json=payload)
         assert response.status_code == 403, payload
-        assert response.json()["detail"][0]["field"] == "session_token"
+        assert response.json()["error"] == "forbidden" and response.json()["detail"][0]["field"] == "session_token"
     # Two injection attempts cannot block someone else's session either.
     for _ in range(2):
         response = await http.post(f"{system.gateway_url}/v1/chat", json={
@@ -154,7 +154,8 @@ async def test_the_visitor_reads_back_only_what_the_widget_shows(system, sites, 
 
 async def test_only_configured_sites_are_served(system, http):
     response = await http.post(f"{system.gateway_url}/v1/chat", json={"site": "nosuchsite", "message": "hi"})
-    assert response.status_code == 404 and "not configured" in response.json()["detail"][0]["message"]
+    assert response.status_code == 404 and response.json()["error"] == "not_found"
+    assert "not configured" in response.json()["detail"][0]["message"]
 
 
 async def test_cors_only_for_the_sites_origins(system, sites, http):

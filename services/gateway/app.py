@@ -33,7 +33,7 @@ from services.gateway.openapi import (CHAT_OPENAPI, CHAT_RESPONSES, OPERATOR_RES
 from services.gateway.operators import Operator, OperatorAuth, Unauthorized
 from services.gateway.rate_limit import RateLimiter
 from services.gateway.relay import TurnRelay
-from services.gateway.schemas import RequestError, decode_chat, read_body
+from services.gateway.schemas import MAX_BODY_BYTES, RequestError, decode_chat, read_body
 from services.gateway.sessions import SessionTokens
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,7 @@ class GatewaySettings(msgspec.Struct, kw_only=True):
     turn_deadline_s: float = 60.0
     rate_per_ip_per_min: int = 30
     rate_per_site_per_min: int = 1200
+    max_body_bytes: int = MAX_BODY_BYTES
 
     @classmethod
     def from_env(cls) -> "GatewaySettings":
@@ -53,6 +54,7 @@ class GatewaySettings(msgspec.Struct, kw_only=True):
             turn_deadline_s=env_float("TURN_DEADLINE_S", d.turn_deadline_s),
             rate_per_ip_per_min=env_int("RATE_LIMIT_PER_IP_PER_MIN", d.rate_per_ip_per_min),
             rate_per_site_per_min=env_int("RATE_LIMIT_PER_SITE_PER_MIN", d.rate_per_site_per_min),
+            max_body_bytes=env_int("GATEWAY_MAX_BODY_BYTES", d.max_body_bytes),
         )
 
 
@@ -173,7 +175,7 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
     async def chat(request: Request, x_session_token: TokenHeader = None):
         """One visitor turn, answered as server-sent events: `sources`, `token`..., then one
         `complete` (with the conversation's `session_token`) or one `error`."""
-        body = decode_chat(await read_body(request))
+        body = decode_chat(await read_body(request, settings.max_body_bytes))
         bus: Bus = request.app.state.bus
         guard: SessionGuard = request.app.state.guard
         site = body.site

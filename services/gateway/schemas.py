@@ -57,8 +57,11 @@ class RequestError(Exception):
         self.message = message
         self.status = status
 
+    CODES = {403: "forbidden", 404: "not_found", 413: "too_large"}
+
     def body(self) -> dict:
-        return {"error": "invalid_request", "detail": [{"field": self.field, "message": self.message}]}
+        code = self.CODES.get(self.status, "invalid_request")
+        return {"error": code, "detail": [{"field": self.field, "message": self.message}]}
 
 
 class ErrorDetail(msgspec.Struct):
