@@ -89,7 +89,9 @@ class Bus:
         """All stored events on `filter_subject` with sequence > `after_seq`, in order.
 
         Uses JetStream's batched direct get (one request per `batch` events) instead of
-        a consumer, so reading a conversation costs no server-side state.
+        a consumer, so reading a conversation costs no server-side state. Events that do not
+        decode, or whose envelope disagrees with their subject, are logged and left out:
+        no state is folded from them.
         """
         records: list[Record] = []
         async for seq, subject, data in self.read_raw(filter_subject, after_seq, batch):
@@ -98,16 +100,24 @@ class Bus:
             except ev.BadEvent as exc:
                 log.error("undecodable event in log", extra={"subject": subject, "seq": seq, "error": str(exc)})
                 continue
+            if mismatch := ev.subject_mismatch(event, subject):
+                log.error("event on the wrong subject skipped", extra={"subject": subject, "seq": seq, "error": mismatch})
+                continue
             records.append(Record(seq=seq, subject=subject, event=event))
         return records
 
     async def last(self, subject: str) -> ev.Event | None:
-        """The newest stored event on one subject (a direct get), or None."""
+        """The newest stored event on one subject (a direct get), or None (also when that
+        event's envelope disagrees with the subject: it is logged, not trusted)."""
         try:
             msg = await self.js.get_msg(subjects.CONV_STREAM, subject=subject, direct=True)
         except NotFoundError:
             return None
-        return ev.decode(msg.data)
+        event = ev.decode(msg.data)
+        if mismatch := ev.subject_mismatch(event, msg.subject or subject):
+            log.error("event on the wrong subject ignored", extra={"subject": subject, "error": mismatch})
+            return None
+        return event
 
     async def _read_inbox(self) -> str:
         """One long-lived reply subscription for every log read (replies routed by the last

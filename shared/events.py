@@ -14,6 +14,8 @@ from typing import Any, Literal, Union
 
 import msgspec
 
+from shared import subjects
+
 SCHEMA_VERSION = 1
 
 UNKNOWN = "unknown"
@@ -336,6 +338,12 @@ def decode(payload: bytes) -> Event:
 
 def event_type(event: Envelope) -> str:
     return event.__struct_config__.tag
+
+
+def subject_mismatch(event: Envelope, subject: str) -> str | None:
+    """Why `event` does not belong on `subject` (None: it does). Readers check this before
+    trusting an event's site and session: see `subjects.envelope_mismatch`."""
+    return subjects.envelope_mismatch(subject, event.site, event.session_id, event_type(event), event.turn)
 
 
 def new_id() -> str:

@@ -151,6 +151,44 @@ async def test_malformed_payload_is_dead_lettered_and_the_consumer_keeps_going(b
         await runner.stop()
 
 
+async def test_event_whose_envelope_disagrees_with_its_subject_is_dead_lettered(bus, site):
+    """A publish on one conversation's subject carrying another site's (or session's, or
+    type's) envelope is never handled: handlers would act, and write, as the envelope says."""
+    seen = []
+
+    victim = f"{site}v"
+
+    async def handle(event, ctx):
+        if event.site not in (site, victim):  # other tests' events; the victim's must never come
+            return []
+        seen.append(event.event_id)
+        return [ctx.follow(ev.IntentClassified, intent="LEARN", confidence=1.0, classifier="rule")]
+
+    name = unique("strict")
+    runner = await start(bus, Node(name, ("turn_requested",), handle))
+    try:
+        crafted = [requested(victim), requested(site, session="other"), requested(site)]
+        subjects_of = [subjects.conv(site, "s1", "turn_requested")] * 2 + [subjects.conv(site, "s1", "intent_classified")]
+        for event, subject in zip(crafted, subjects_of):
+            await bus.js.publish(subject, ev.encode(event), stream=subjects.CONV_STREAM)
+        good = requested(site)
+        await bus.publish(good)
+        await wait_for(lambda: _true(seen))
+        await asyncio.sleep(0.3)
+        assert seen == [good.event_id]
+        assert runner.stats.mismatched == 2  # the third is not on this node's subjects
+        dead = await bus.js.get_last_msg(subjects.DLQ_STREAM, subjects.dlq(name))
+        assert dead.headers["Concierge-Subject"] == subjects.conv(site, "s1", "turn_requested")
+        assert "envelope disagrees with subject" in dead.headers["Concierge-Reason"]
+        assert "session_id 'other'" in dead.headers["Concierge-Reason"]
+        assert await bus.read(subjects.conversation(victim, "s1")) == []  # nothing written as the victim
+        stored = await bus.read(subjects.conversation(site, "s1"))
+        assert [r.event.event_id for r in stored] == [good.event_id, stored[1].event.event_id]
+        assert isinstance(stored[1].event, ev.IntentClassified)  # crafted ones are left out of every read
+    finally:
+        await runner.stop()
+
+
 async def test_same_event_delivered_twice_gives_one_outcome(bus, site):
     """A redelivery (here: the handler's ack is lost because it ran past ack_wait) makes the
     same output ids, and JetStream's dedupe keeps one."""
