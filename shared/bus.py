@@ -190,8 +190,16 @@ class Bus:
         await self.nc.close()
 
 
+class BusRefused(Exception):
+    """The NATS server refused this process's credentials: a configuration error that no
+    retry mends (the start-up connect would otherwise retry for ever)."""
+
+
 async def connect(config: BusConfig, name: str) -> Bus:
-    """Connect with unlimited reconnects and make sure streams and buckets exist."""
+    """Connect with unlimited reconnects and make sure streams and buckets exist. Credentials
+    come from `config` (NATS_CREDS, NATS_NKEY_SEED, NATS_USER/NATS_PASSWORD or NATS_TOKEN);
+    a server that refuses them at start raises `BusRefused` instead of being retried."""
+    refused: asyncio.Future = asyncio.get_running_loop().create_future()
 
     async def on_disconnect():
         if not (nc.is_closed or nc.is_draining):
@@ -202,9 +210,11 @@ async def connect(config: BusConfig, name: str) -> Bus:
 
     async def on_error(exc):
         log.error("nats error", extra={"client": name, "error": repr(exc)})
+        if "authorization violation" in str(exc).lower() and not refused.done():
+            refused.set_result(exc)
 
     nc = NATS()
-    await nc.connect(
+    connecting = asyncio.ensure_future(nc.connect(
         config.url,
         name=name,
         max_reconnect_attempts=-1,
@@ -213,7 +223,16 @@ async def connect(config: BusConfig, name: str) -> Bus:
         disconnected_cb=on_disconnect,
         reconnected_cb=on_reconnect,
         error_cb=on_error,
-    )
+        **config.connect_options(),
+    ))
+    await asyncio.wait({connecting, refused}, return_when=asyncio.FIRST_COMPLETED)
+    if not connecting.done():
+        connecting.cancel()
+        await asyncio.gather(connecting, return_exceptions=True)
+        await nc.close()
+        raise BusRefused(f"NATS at {config.url} refused {name}'s credentials (auth: {config.auth_method()}): "
+                         f"{refused.result()}")
+    connecting.result()
     js = nc.jetstream(timeout=config.request_timeout)
     bus = Bus(nc=nc, js=js, config=config)
     await ensure_topology(bus)
