@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 # bucket that already exists with another configuration.
 WRONG_LAST_SEQUENCE = 10071
 ALREADY_EXISTS = 10058
+DEFAULT_MAX_PAYLOAD = 1024 * 1024  # nats-server's default
 
 
 class ConcurrencyConflict(Exception):
@@ -51,6 +52,13 @@ class Bus:
     _read_queues: dict[str, asyncio.Queue] = field(default_factory=dict)
 
     # --- publishing ---------------------------------------------------------------------
+
+    @property
+    def max_event_bytes(self) -> int:
+        """How big an event may be encoded: three quarters of the server's `max_payload`
+        (1 MiB when the server did not say), leaving room for headers and for the server's
+        limit being lowered later."""
+        return (self.nc.max_payload or DEFAULT_MAX_PAYLOAD) * 3 // 4
 
     async def publish(self, event: ev.Envelope, expected_subject_seq: int | None = None) -> api.PubAck:
         """Append an event to the conversation log. Returns the ack (its `seq`, `duplicate`)."""

@@ -180,6 +180,9 @@ class LLMRoleConfig(msgspec.Struct, kw_only=True):
     # How structured output is asked for: OpenAI's `json_schema` response format, or
     # `json_object` with the schema beside it (llama-cpp-python's server, the embedded LLM).
     json_mode: str = "json_schema"
+    # The conversation history a prompt of this role may carry (shared/history.py: ~4
+    # characters a token, oldest turns dropped first, the current turn always kept).
+    history_tokens: int = 8000
 
     @classmethod
     def from_env(cls, role: str) -> "LLMRoleConfig":
@@ -213,7 +216,14 @@ class LLMRoleConfig(msgspec.Struct, kw_only=True):
             backoff_base_s=num("BACKOFF_BASE_S", defaults.backoff_base_s),
             concurrency=int(num("CONCURRENCY", defaults.concurrency)),
             json_mode=_json_mode(get("JSON_MODE", defaults.json_mode)),
+            history_tokens=_non_negative(role, "HISTORY_TOKENS", int(num("HISTORY_TOKENS", defaults.history_tokens))),
         )
+
+
+def _non_negative(role: str, field: str, value: int) -> int:
+    if value < 0:
+        raise ConfigError(f"LLM_{field} / LLM_{role.upper()}_{field} must be >= 0, got {value}")
+    return value
 
 
 def _json_mode(value: str) -> str:

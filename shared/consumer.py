@@ -56,9 +56,15 @@ class Context:
         await self.bus.publish(event)
 
     async def record_llm(self, call: ev.LLMCall) -> None:
-        """Store one LLM call; each attempt's calls keep their own ids."""
+        """Store one LLM call; each attempt's calls keep their own ids. A call too big for
+        the bus is stored truncated (`call.truncated`), never failing the turn."""
         self._llm_calls += 1
-        await self.emit(self.follow(ev.LLMCallRecorded, key=f"llm-{self.attempt}-{self._llm_calls}", node=self.node, call=call))
+        record = self.follow(ev.LLMCallRecorded, key=f"llm-{self.attempt}-{self._llm_calls}", node=self.node, call=call)
+        record = ev.fit_llm_call(record, self.bus.max_event_bytes)
+        if record.call.truncated:
+            log.warning("LLM call record truncated to fit the bus",
+                        extra={"node": self.node, "role": call.role, "chars_cut": record.call.truncated})
+        await self.emit(record)
 
     async def token(self, index: int, content: str) -> None:
         chunk = self.follow(

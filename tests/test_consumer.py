@@ -291,3 +291,27 @@ async def test_handler_that_never_answers_ends_in_failure_event(bus, site):
         assert failed.node == node.name and "2 deliveries" in failed.reason
     finally:
         await runner.stop()
+
+
+async def test_an_llm_call_record_is_cut_to_the_servers_max_payload(site):
+    """The limit comes from the server's own `max_payload`, not from a constant."""
+    from shared.bus import connect
+    from shared.config import BusConfig
+    from shared.consumer import Context
+    from tests.servers import nats_server_with_config
+
+    with nats_server_with_config("max_payload: 65536") as url:
+        bus = await connect(BusConfig(url=url), name="small")
+        try:
+            assert bus.nc.max_payload == 65536 and bus.max_event_bytes == 49152
+            cause = requested(site)
+            await bus.publish(cause)
+            ctx = Context(bus=bus, node="answer_writer", cause=cause, attempt=1)
+            await ctx.record_llm(ev.LLMCall(role="answer", model="m", base_url="http://x",
+                                            messages=[{"role": "user", "content": "q" * 200_000}],
+                                            response_text="fine"))
+            (stored,) = [r.event for r in await bus.read(subjects.conv(site, "s1", "llm_call_recorded"))]
+            assert stored.call.truncated > 150_000 and stored.call.response_text == "fine"
+            assert stored.call.messages[0]["content"].endswith(f"…[truncated {stored.call.truncated} chars]")
+        finally:
+            await bus.close()
