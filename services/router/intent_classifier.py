@@ -16,7 +16,7 @@ def make_node(parts: RouterParts) -> Node:
 
         async def history():
             state = await loader.load(ctx.bus, event.site, event.session_id)
-            return history_of(state, event.turn, parts.llm.history_tokens("classifier"))
+            return history_of(state, event.turn, parts.classifier.llm.history_tokens("classifier"))
 
         result = await parts.classifier.classify(event.site, config, event.message, history, ctx.record_llm)
         return [ctx.follow(ev.IntentClassified, intent=result.intent, confidence=result.confidence,
