@@ -41,7 +41,7 @@ async def turn_state(bus: Bus, site: str, session_id: str, turn: int, wanted: se
                 event = ev.decode(msg.data)
             except ev.BadEvent:
                 return
-            if event.turn == turn:
+            if event.turn == turn and ev.subject_mismatch(event, msg.subject) is None:
                 heard[kind] = event
                 if missing <= heard.keys():
                     complete.set()
@@ -86,9 +86,11 @@ async def race_with_route(bus: Bus, event: ev.Envelope, work: asyncio.Task) -> b
 
     async def on_route(msg):
         try:
-            route_away(ev.decode(msg.data))
+            decided = ev.decode(msg.data)
         except ev.BadEvent:
-            pass
+            return
+        if ev.subject_mismatch(decided, msg.subject) is None:
+            route_away(decided)
 
     subject = subjects.conv(event.site, event.session_id, "route_decided")
     # Subscribe first, then look in the log: a route stored in between is seen either way.

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 # bucket that already exists with another configuration.
 WRONG_LAST_SEQUENCE = 10071
 ALREADY_EXISTS = 10058
+DEFAULT_MAX_PAYLOAD = 1024 * 1024  # nats-server's default
 
 
 class ConcurrencyConflict(Exception):
@@ -51,6 +52,13 @@ class Bus:
     _read_queues: dict[str, asyncio.Queue] = field(default_factory=dict)
 
     # --- publishing ---------------------------------------------------------------------
+
+    @property
+    def max_event_bytes(self) -> int:
+        """How big an event may be encoded: three quarters of the server's `max_payload`
+        (1 MiB when the server did not say), leaving room for headers and for the server's
+        limit being lowered later."""
+        return (self.nc.max_payload or DEFAULT_MAX_PAYLOAD) * 3 // 4
 
     async def publish(self, event: ev.Envelope, expected_subject_seq: int | None = None) -> api.PubAck:
         """Append an event to the conversation log. Returns the ack (its `seq`, `duplicate`)."""
@@ -89,7 +97,9 @@ class Bus:
         """All stored events on `filter_subject` with sequence > `after_seq`, in order.
 
         Uses JetStream's batched direct get (one request per `batch` events) instead of
-        a consumer, so reading a conversation costs no server-side state.
+        a consumer, so reading a conversation costs no server-side state. Events that do not
+        decode, or whose envelope disagrees with their subject, are logged and left out:
+        no state is folded from them.
         """
         records: list[Record] = []
         async for seq, subject, data in self.read_raw(filter_subject, after_seq, batch):
@@ -98,16 +108,24 @@ class Bus:
             except ev.BadEvent as exc:
                 log.error("undecodable event in log", extra={"subject": subject, "seq": seq, "error": str(exc)})
                 continue
+            if mismatch := ev.subject_mismatch(event, subject):
+                log.error("event on the wrong subject skipped", extra={"subject": subject, "seq": seq, "error": mismatch})
+                continue
             records.append(Record(seq=seq, subject=subject, event=event))
         return records
 
     async def last(self, subject: str) -> ev.Event | None:
-        """The newest stored event on one subject (a direct get), or None."""
+        """The newest stored event on one subject (a direct get), or None (also when that
+        event's envelope disagrees with the subject: it is logged, not trusted)."""
         try:
             msg = await self.js.get_msg(subjects.CONV_STREAM, subject=subject, direct=True)
         except NotFoundError:
             return None
-        return ev.decode(msg.data)
+        event = ev.decode(msg.data)
+        if mismatch := ev.subject_mismatch(event, msg.subject or subject):
+            log.error("event on the wrong subject ignored", extra={"subject": subject, "error": mismatch})
+            return None
+        return event
 
     async def _read_inbox(self) -> str:
         """One long-lived reply subscription for every log read (replies routed by the last
@@ -180,8 +198,16 @@ class Bus:
         await self.nc.close()
 
 
+class BusRefused(Exception):
+    """The NATS server refused this process's credentials: a configuration error that no
+    retry mends (the start-up connect would otherwise retry for ever)."""
+
+
 async def connect(config: BusConfig, name: str) -> Bus:
-    """Connect with unlimited reconnects and make sure streams and buckets exist."""
+    """Connect with unlimited reconnects and make sure streams and buckets exist. Credentials
+    come from `config` (NATS_CREDS, NATS_NKEY_SEED, NATS_USER/NATS_PASSWORD or NATS_TOKEN);
+    a server that refuses them at start raises `BusRefused` instead of being retried."""
+    refused: asyncio.Future = asyncio.get_running_loop().create_future()
 
     async def on_disconnect():
         if not (nc.is_closed or nc.is_draining):
@@ -192,9 +218,11 @@ async def connect(config: BusConfig, name: str) -> Bus:
 
     async def on_error(exc):
         log.error("nats error", extra={"client": name, "error": repr(exc)})
+        if "authorization violation" in str(exc).lower() and not refused.done():
+            refused.set_result(exc)
 
     nc = NATS()
-    await nc.connect(
+    connecting = asyncio.ensure_future(nc.connect(
         config.url,
         name=name,
         max_reconnect_attempts=-1,
@@ -203,7 +231,16 @@ async def connect(config: BusConfig, name: str) -> Bus:
         disconnected_cb=on_disconnect,
         reconnected_cb=on_reconnect,
         error_cb=on_error,
-    )
+        **config.connect_options(),
+    ))
+    await asyncio.wait({connecting, refused}, return_when=asyncio.FIRST_COMPLETED)
+    if not connecting.done():
+        connecting.cancel()
+        await asyncio.gather(connecting, return_exceptions=True)
+        await nc.close()
+        raise BusRefused(f"NATS at {config.url} refused {name}'s credentials (auth: {config.auth_method()}): "
+                         f"{refused.result()}")
+    connecting.result()
     js = nc.jetstream(timeout=config.request_timeout)
     bus = Bus(nc=nc, js=js, config=config)
     await ensure_topology(bus)

@@ -50,11 +50,55 @@ class BusConfig(msgspec.Struct, kw_only=True):
     dlq_max_age_s: float = 14 * 24 * 3600.0
     snapshot_ttl_s: float = 0.0
     snapshot_every: int = 16  # write a snapshot when a load folded this many events past the last one
+    # Credentials, at most one kind: a .creds file (JWT + nkey seed), an nkey seed file, a
+    # user and password, or a token. None: the embedded default, an open server on loopback.
+    creds_file: str = ""
+    nkey_seed_file: str = ""
+    user: str = ""
+    password: str = ""
+    token: str = ""
+
+    def __repr__(self) -> str:
+        # Configs end up in logs and tracebacks; secrets must not.
+        return f"BusConfig(url={self.url!r}, auth={self.auth_method()!r})"
+
+    def auth_method(self) -> str:
+        """Which credentials the connection presents: creds, nkey, user, token or none."""
+        for method, value in (("creds", self.creds_file), ("nkey", self.nkey_seed_file), ("user", self.user),
+                              ("token", self.token)):
+            if value:
+                return method
+        return "none"
+
+    def connect_options(self) -> dict:
+        """The credentials as nats-py `connect` options."""
+        return {"creds": {"user_credentials": self.creds_file}, "nkey": {"nkeys_seed": self.nkey_seed_file},
+                "user": {"user": self.user, "password": self.password}, "token": {"token": self.token},
+                "none": {}}[self.auth_method()]
+
+    def check_credentials(self) -> None:
+        """One kind of credentials, complete and readable; a mistake stops the process at
+        start rather than as an endless reconnect loop."""
+        given = [name for name, value in (("NATS_CREDS", self.creds_file), ("NATS_NKEY_SEED", self.nkey_seed_file),
+                                          ("NATS_USER", self.user), ("NATS_TOKEN", self.token)) if value]
+        if len(given) > 1:
+            raise ConfigError(f"set one kind of NATS credentials, not {' and '.join(given)}")
+        if bool(self.user) != bool(self.password):
+            raise ConfigError("NATS_USER and NATS_PASSWORD go together")
+        for name, path in (("NATS_CREDS", self.creds_file), ("NATS_NKEY_SEED", self.nkey_seed_file)):
+            if not path:
+                continue
+            if not os.access(path, os.R_OK):
+                raise ConfigError(f"{name}={path!r} is not a readable file")
+            try:
+                import nkeys  # noqa: F401  # nats-py signs the server's nonce with it
+            except ImportError:
+                raise ConfigError(f"{name} needs the nkeys package (pip install nkeys)") from None
 
     @classmethod
     def from_env(cls) -> "BusConfig":
         d = cls()
-        return cls(
+        config = cls(
             url=env_str("NATS_URL", d.url),
             request_timeout=env_float("NATS_REQUEST_TIMEOUT_S", d.request_timeout),
             replicas=env_int("NATS_REPLICAS", d.replicas),
@@ -65,7 +109,14 @@ class BusConfig(msgspec.Struct, kw_only=True):
             snapshot_every=env_int("SNAPSHOT_EVERY", d.snapshot_every),
             snapshot_ttl_s=env_float("SNAPSHOT_TTL_S", d.snapshot_ttl_s),
             tokens_max_bytes=env_int("TOKENS_MAX_BYTES", d.tokens_max_bytes),
+            creds_file=env_str("NATS_CREDS", ""),
+            nkey_seed_file=env_str("NATS_NKEY_SEED", ""),
+            user=env_str("NATS_USER", ""),
+            password=env_str("NATS_PASSWORD", ""),
+            token=env_str("NATS_TOKEN", ""),
         )
+        config.check_credentials()
+        return config
 
 
 class ConsumerConfig(msgspec.Struct, kw_only=True):
@@ -129,6 +180,9 @@ class LLMRoleConfig(msgspec.Struct, kw_only=True):
     # How structured output is asked for: OpenAI's `json_schema` response format, or
     # `json_object` with the schema beside it (llama-cpp-python's server, the embedded LLM).
     json_mode: str = "json_schema"
+    # The conversation history a prompt of this role may carry (shared/history.py: ~4
+    # characters a token, oldest turns dropped first, the current turn always kept).
+    history_tokens: int = 8000
 
     @classmethod
     def from_env(cls, role: str) -> "LLMRoleConfig":
@@ -162,7 +216,14 @@ class LLMRoleConfig(msgspec.Struct, kw_only=True):
             backoff_base_s=num("BACKOFF_BASE_S", defaults.backoff_base_s),
             concurrency=int(num("CONCURRENCY", defaults.concurrency)),
             json_mode=_json_mode(get("JSON_MODE", defaults.json_mode)),
+            history_tokens=_non_negative(role, "HISTORY_TOKENS", int(num("HISTORY_TOKENS", defaults.history_tokens))),
         )
+
+
+def _non_negative(role: str, field: str, value: int) -> int:
+    if value < 0:
+        raise ConfigError(f"LLM_{field} / LLM_{role.upper()}_{field} must be >= 0, got {value}")
+    return value
 
 
 def _json_mode(value: str) -> str:

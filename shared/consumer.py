@@ -6,8 +6,9 @@ A handler that raises is retried: `nak` with the configured backoff, up to
 `max_deliver` deliveries; a crash (no ack at all) is redelivered by the server after
 `ack_wait`. After the last attempt the runner appends a `TurnFailed` event to the
 conversation and copies the message to `dlq.<node>`; nothing ends in silence. A
-payload that does not decode is counted, logged with its subject, dead-lettered and
-terminated; it never reaches a handler and never stops the loop.
+payload that does not decode, or whose envelope (site, session, type) disagrees with the
+subject it came on, is counted, logged with its subject, dead-lettered and terminated; it
+never reaches a handler and never stops the loop.
 """
 
 from __future__ import annotations
@@ -55,9 +56,15 @@ class Context:
         await self.bus.publish(event)
 
     async def record_llm(self, call: ev.LLMCall) -> None:
-        """Store one LLM call; each attempt's calls keep their own ids."""
+        """Store one LLM call; each attempt's calls keep their own ids. A call too big for
+        the bus is stored truncated (`call.truncated`), never failing the turn."""
         self._llm_calls += 1
-        await self.emit(self.follow(ev.LLMCallRecorded, key=f"llm-{self.attempt}-{self._llm_calls}", node=self.node, call=call))
+        record = self.follow(ev.LLMCallRecorded, key=f"llm-{self.attempt}-{self._llm_calls}", node=self.node, call=call)
+        record = ev.fit_llm_call(record, self.bus.max_event_bytes)
+        if record.call.truncated:
+            log.warning("LLM call record truncated to fit the bus",
+                        extra={"node": self.node, "role": call.role, "chars_cut": record.call.truncated})
+        await self.emit(record)
 
     async def token(self, index: int, content: str) -> None:
         chunk = self.follow(
@@ -83,7 +90,8 @@ class Stats:
     handled: int = 0
     retried: int = 0
     failed: int = 0
-    bad_events: int = 0
+    bad_events: int = 0  # undecodable, or on a subject its envelope disagrees with
+    mismatched: int = 0  # of those, the envelope-subject disagreements
     in_flight: int = 0
 
 
@@ -204,6 +212,16 @@ class ConsumerRunner:
             await self.bus.dead_letter(self.durable, msg, str(exc))
             await msg.term()
             return
+        if mismatch := ev.subject_mismatch(event, msg.subject):
+            # Handlers act on the envelope's site and session: one believed over its subject
+            # would let a publish on one conversation's subject write into another's.
+            self.stats.bad_events += 1
+            self.stats.mismatched += 1
+            log.error("event on the wrong subject dead-lettered",
+                      extra={"node": self.durable, "subject": msg.subject, "error": mismatch})
+            await self.bus.dead_letter(self.durable, msg, mismatch)
+            await msg.term()
+            return
 
         with logs.conversation(event.site, event.session_id, event.turn), telemetry.continued(msg.headers):
             span_name = f"{self.durable} {ev.event_type(event)}"
@@ -269,6 +287,10 @@ class ConsumerRunner:
             event = ev.decode(stored.data)
         except Exception:
             log.exception("could not handle max-deliveries advisory", extra={"node": self.durable})
+            return
+        if mismatch := ev.subject_mismatch(event, stored.subject):
+            log.error("max-deliveries advisory for an event on the wrong subject",
+                      extra={"node": self.durable, "stream_seq": info["stream_seq"], "error": mismatch})
             return
         reason = f"no answer from {self.durable} after {info.get('deliveries')} deliveries"
         log.error("max deliveries reached", extra={"node": self.durable, "stream_seq": info["stream_seq"]})

@@ -14,6 +14,8 @@ from typing import Any, Literal, Union
 
 import msgspec
 
+from shared import subjects
+
 SCHEMA_VERSION = 1
 
 UNKNOWN = "unknown"
@@ -207,6 +209,7 @@ class SuggestionsGenerated(Envelope, tag="suggestions_generated"):
     kind: str  # follow_up | answers | none
     suggestions: list[str] = []
     error: str | None = None
+    skipped: str = ""  # why no model was asked (a HACK turn), empty when one was
 
 
 class WebhookRecorded(Envelope, tag="webhook_recorded"):
@@ -247,11 +250,61 @@ class LLMCall(msgspec.Struct, kw_only=True):
     attempts: int = 0
     error: str | None = None
     fallback_used: bool = False  # answered (or last tried) by the role's fallback endpoint
+    truncated: int = 0  # characters cut from messages and response to fit the bus (0: recorded whole)
 
 
 class LLMCallRecorded(Envelope, tag="llm_call_recorded"):
     node: str
     call: LLMCall
+
+
+TRUNCATED = "…[truncated {n} chars]"
+
+
+def fit_llm_call(event: LLMCallRecorded, max_bytes: int) -> LLMCallRecorded:
+    """The record as it can be stored: whole when it encodes to `max_bytes` or less;
+    otherwise every message content and the response cut to the longest common length that
+    fits, each cut visible (`TRUNCATED`) and counted in `call.truncated`. A record that
+    cannot fit even so keeps a note of its messages instead of them. A call is never lost
+    (and a turn never fails) because its record was too big for the bus."""
+    if len(encode(event)) <= max_bytes:
+        return event
+    call = event.call
+
+    def cut(text: str, cap: int) -> tuple[str, int]:
+        return (text, 0) if len(text) <= cap else (text[:cap] + TRUNCATED.format(n=len(text) - cap), len(text) - cap)
+
+    def capped(cap: int) -> LLMCallRecorded:
+        messages, total = [], 0
+        for message in call.messages:
+            content = message.get("content")
+            if isinstance(content, str):
+                content, n = cut(content, cap)
+                total += n
+                message = {**message, "content": content}
+            messages.append(message)
+        response, n = cut(call.response_text, cap)
+        shrunk = msgspec.structs.replace(call, messages=messages, response_text=response, truncated=total + n)
+        return msgspec.structs.replace(event, call=shrunk)
+
+    longest = max([len(call.response_text)] + [len(m["content"]) for m in call.messages
+                                               if isinstance(m.get("content"), str)])
+    low, high = 0, longest
+    while low < high:  # the longest cap that fits
+        mid = (low + high + 1) // 2
+        if len(encode(capped(mid))) <= max_bytes:
+            low = mid
+        else:
+            high = mid - 1
+    best = capped(low)
+    if len(encode(best)) <= max_bytes:
+        return best
+    chars = sum(len(m["content"]) for m in call.messages if isinstance(m.get("content"), str))
+    note = {"role": "system", "content": TRUNCATED.format(n=chars) + f" ({len(call.messages)} messages)"}
+    response, n = cut(call.response_text, 0)
+    shrunk = msgspec.structs.replace(call, messages=[note], response_text=response, params={}, truncated=chars + n,
+                                     error=call.error[:1000] if call.error else call.error)
+    return msgspec.structs.replace(event, call=shrunk)
 
 
 class TokenChunk(Envelope, tag="token_chunk"):
@@ -337,6 +390,12 @@ def decode(payload: bytes) -> Event:
 
 def event_type(event: Envelope) -> str:
     return event.__struct_config__.tag
+
+
+def subject_mismatch(event: Envelope, subject: str) -> str | None:
+    """Why `event` does not belong on `subject` (None: it does). Readers check this before
+    trusting an event's site and session: see `subjects.envelope_mismatch`."""
+    return subjects.envelope_mismatch(subject, event.site, event.session_id, event_type(event), event.turn)
 
 
 def new_id() -> str:

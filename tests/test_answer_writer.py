@@ -22,14 +22,24 @@ class FixedConfigs:
         return self.config
 
 
-async def run_turn(bus, site, llm, background=(), config=None):
-    client = LLMClient({"answer": LLMRoleConfig(role="answer", base_url=llm.base_url, api_key="k", model="m")})
+async def run_turn(bus, site, llm, background=(), config=None, earlier=(), history_tokens=8000,
+                   message="What do you do?"):
+    """One ANSWER turn through a consumer runner, after the `earlier` (message, reply) turns."""
+    client = LLMClient({"answer": LLMRoleConfig(role="answer", base_url=llm.base_url, api_key="k", model="m",
+                                                history_tokens=history_tokens)})
     node = answer_writer.make_node(client, FixedConfigs(config) if config else None)
     runner = ConsumerRunner(bus, Node(unique("aw"), node.consumes, own(site, node.handle)), fast(), start_lookback_s=5)
     await runner.start()
     try:
-        req = ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="a1", turn=1, ts=ev.now(),
-                               producer="test", message="What do you do?")
+        for turn, (text, reply) in enumerate(earlier, start=1):
+            before = ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="a1", turn=turn, ts=ev.now(),
+                                      producer="test", message=text)
+            await bus.publish(before)
+            await bus.publish(ev.follow(before, ev.ResponseCompleted, "answer_writer", node="answer_writer",
+                                        text=reply, token_count=1))
+            await bus.publish(ev.follow(before, ev.TurnCompleted, "finalize"))
+        req = ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="a1", turn=len(earlier) + 1, ts=ev.now(),
+                               producer="test", message=message)
         await bus.publish(req)
         for event in background:
             await bus.publish(ev.follow(req, *event[:2], **event[2]))
@@ -37,7 +47,8 @@ async def run_turn(bus, site, llm, background=(), config=None):
         await bus.publish(ev.follow(req, ev.RouteDecided, "router", route="ANSWER", reason="t"))
 
         async def done():
-            return [r.event for r in await bus.read(subjects.conv(site, "a1", "response_completed"))]
+            return [r.event for r in await bus.read(subjects.conv(site, "a1", "response_completed"))
+                    if r.event.turn == req.turn]
 
         (completed,) = await wait_for(done)
         return completed, time.monotonic() - started
@@ -104,3 +115,37 @@ async def test_retrieved_sources_are_numbered_in_the_prompt_and_sent_before_the_
     assert isinstance(heard[0], ev.SourcesAttached) and all(isinstance(e, ev.TokenChunk) for e in heard[1:])
     assert [s["n"] for s in heard[0].sources] == [1, 2] and heard[0].sources[0]["url"] == "https://x.example/pricing"
     assert "content" not in heard[0].sources[0]
+
+
+async def test_history_is_cut_to_the_roles_budget_oldest_turns_first(bus, site, llm):
+    llm.clear()
+    earlier = [("first " + "a" * 4000, "reply one"), ("second " + "b" * 4000, "reply two"),
+               ("third " + "c" * 400, "reply three")]
+    await run_turn(bus, site, llm, earlier=earlier, history_tokens=1500)
+    sent = [(m["role"], m["content"][:6]) for m in llm.requests()[-1]["messages"]]
+    assert sent == [("system", sent[0][1]), ("user", "second"), ("assistant", "reply "), ("user", "third "),
+                    ("assistant", "reply "), ("user", "What d")]
+
+
+async def test_the_current_message_is_sent_even_when_it_alone_is_over_the_budget(bus, site, llm):
+    llm.clear()
+    message = "Tell me everything. " * 700  # 14,000 characters, ~3,500 tokens
+    await run_turn(bus, site, llm, earlier=[("hello", "hi")], history_tokens=100, message=message)
+    sent = llm.requests()[-1]["messages"]
+    assert [m["role"] for m in sent] == ["system", "user"] and sent[1]["content"] == message
+
+
+async def test_a_call_too_big_for_the_bus_is_recorded_truncated_and_the_turn_completes(bus, site, llm):
+    """Measured before: a multi-megabyte prompt made the call record exceed NATS's max
+    payload, the handler failed on storing it, was retried (the prompt sent again) and the
+    turn failed. A budget this large lets such a prompt through on purpose."""
+    llm.clear()
+    earlier = [(f"q{n} " + "x" * 120_000, f"a{n}") for n in range(1, 11)]
+    completed, _ = await run_turn(bus, site, llm, earlier=earlier, history_tokens=10_000_000)
+    assert completed.text.startswith("You said: What do you do?")
+    assert len(llm.requests()) == 1  # sent once: no retry
+    (recorded,) = [r for r in await bus.read(subjects.conv(site, "a1", "llm_call_recorded"))]
+    assert recorded.event.call.truncated > 0 and len(ev.encode(recorded.event)) <= bus.max_event_bytes
+    assert any("…[truncated " in m["content"] for m in recorded.event.call.messages)
+    assert recorded.event.call.messages[-1]["content"] == "What do you do?"
+    assert not await bus.read(subjects.conv(site, "a1", "turn_failed"))

@@ -1,12 +1,23 @@
-"""The bus against a real JetStream: topology, dedupe, optimistic concurrency, reads."""
+"""The bus against a real JetStream: topology, dedupe, optimistic concurrency, reads,
+credentials and per-service permissions."""
 
 from __future__ import annotations
 
+import asyncio
+import uuid
+
+import nats.errors
 import pytest
 
 from shared import events as ev
-from shared import subjects
-from shared.bus import ConcurrencyConflict, ensure_topology, topology_ready
+from shared import loader, subjects
+from shared.bus import BusRefused, ConcurrencyConflict, connect, ensure_topology, topology_ready
+from shared.config import BusConfig, ConfigError
+from shared.consumer import ConsumerRunner, Node
+from tests.servers import ROOT, nats_server_with_config
+from tests.test_consumer import fast, unique, wait_for
+
+SERVICES = ("gateway", "router", "retriever", "enricher", "responder", "admin")
 
 
 def requested(site: str, session: str, turn: int, message: str = "hi", event_id: str | None = None):
@@ -53,3 +64,103 @@ async def test_read_returns_one_conversation_in_order_across_batches(bus, site):
     tail = await bus.read(subjects.conversation(site, "a"), after_seq=records[3].seq, batch=2)
     assert [r.event.message for r in tail] == ["a5", "a6", "a7"]
     assert await bus.read(subjects.conversation(site, "nobody")) == []
+
+
+# --- credentials ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def secured_nats():
+    """A server started with deploy/nats-server.conf, the documented production config."""
+    passwords = {name: uuid.uuid4().hex for name in SERVICES}
+    env = {f"NATS_{name.upper()}_PASSWORD": pw for name, pw in passwords.items()}
+    with nats_server_with_config((ROOT / "deploy" / "nats-server.conf").read_text(), env) as url:
+        yield url, passwords
+
+
+async def as_service(secured, name: str, **over):
+    url, passwords = secured
+    return await connect(BusConfig(url=url, user=name, password=passwords[name], **over), name=name)
+
+
+async def test_a_connection_without_or_with_wrong_credentials_is_refused(secured_nats):
+    url, _ = secured_nats
+    with pytest.raises(BusRefused, match="auth: none"):
+        await asyncio.wait_for(connect(BusConfig(url=url), name="anonymous"), 10)
+    with pytest.raises(BusRefused, match="auth: user"):
+        await asyncio.wait_for(connect(BusConfig(url=url, user="router", password="guess"), name="router"), 10)
+
+
+async def test_each_service_works_within_its_subjects_and_is_refused_outside(secured_nats, site):
+    gateway, router, responder = [await as_service(secured_nats, n) for n in ("gateway", "router", "responder")]
+    try:
+        async def classify(event, ctx):
+            return [ctx.follow(ev.IntentClassified, intent="LEARN", confidence=1.0, classifier="rule")]
+
+        runner = ConsumerRunner(router, Node(unique("perm"), ("turn_requested",), classify), fast(), start_lookback_s=5)
+        await runner.start()
+        try:
+            await gateway.publish(requested(site, "s1", 1))
+
+            async def classified():
+                return [r for r in await gateway.read(subjects.conversation(site, "s1"))
+                        if isinstance(r.event, ev.IntentClassified)]
+
+            await wait_for(classified)
+        finally:
+            await runner.stop()
+        await responder.publish_token(ev.TokenChunk(event_id=ev.new_id(), site=site, session_id="s1", turn=1,
+                                                    ts=ev.now(), index=0, content="Hi"))
+        assert (await loader.load(responder, site, "s1", use_snapshot=True)).turn == 1
+        # A router cannot start turns, and nobody but the admin can purge the log.
+        with pytest.raises(nats.errors.TimeoutError):
+            await router.js.publish(subjects.conv(site, "s1", "turn_requested"), ev.encode(requested(site, "s1", 2)),
+                                    stream=subjects.CONV_STREAM, timeout=0.5)
+        with pytest.raises(nats.errors.TimeoutError):
+            await gateway.js.publish(subjects.conv(site, "s1", "route_decided"), b"{}", timeout=0.5)
+        with pytest.raises(nats.errors.TimeoutError):
+            await responder.nc.request(f"$JS.API.STREAM.PURGE.{subjects.CONV_STREAM}", b"", timeout=0.5)
+        assert [type(r.event) for r in await gateway.read(subjects.conversation(site, "s1"))] == \
+            [ev.TurnRequested, ev.IntentClassified]
+    finally:
+        for bus in (gateway, router, responder):
+            await bus.close()
+
+
+async def test_nkey_seed_file_authenticates(tmp_path, site):
+    nkeys = pytest.importorskip("nkeys")
+    seed = nkeys.encode_seed(uuid.uuid4().bytes * 2, nkeys.PREFIX_BYTE_USER)
+    public = nkeys.from_seed(bytearray(seed)).public_key.decode()
+    seed_file = tmp_path / "router.nk"
+    seed_file.write_bytes(seed)
+    config = f'authorization {{ users = [ {{nkey: "{public}"}} ] }}'
+    with nats_server_with_config(config) as url:
+        bus = await connect(BusConfig(url=url, nkey_seed_file=str(seed_file)), name="router")
+        try:
+            await bus.publish(requested(site, "s1", 1))
+            assert len(await bus.read(subjects.conversation(site, "s1"))) == 1
+        finally:
+            await bus.close()
+        with pytest.raises(BusRefused):
+            await asyncio.wait_for(connect(BusConfig(url=url), name="anonymous"), 10)
+
+
+def test_credentials_from_the_environment(monkeypatch, tmp_path):
+    for name in ("NATS_CREDS", "NATS_NKEY_SEED", "NATS_USER", "NATS_PASSWORD", "NATS_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    assert BusConfig.from_env().connect_options() == {}
+    monkeypatch.setenv("NATS_USER", "router")
+    with pytest.raises(ConfigError, match="NATS_USER and NATS_PASSWORD"):
+        BusConfig.from_env()
+    monkeypatch.setenv("NATS_PASSWORD", "s3cret-value")
+    config = BusConfig.from_env()
+    assert config.connect_options() == {"user": "router", "password": "s3cret-value"}
+    assert "s3cret-value" not in repr(config) and "auth='user'" in repr(config)
+    monkeypatch.setenv("NATS_TOKEN", "t")
+    with pytest.raises(ConfigError, match="one kind"):
+        BusConfig.from_env()
+    for name in ("NATS_USER", "NATS_PASSWORD", "NATS_TOKEN"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("NATS_CREDS", str(tmp_path / "missing.creds"))
+    with pytest.raises(ConfigError, match="NATS_CREDS"):
+        BusConfig.from_env()

@@ -151,6 +151,44 @@ async def test_malformed_payload_is_dead_lettered_and_the_consumer_keeps_going(b
         await runner.stop()
 
 
+async def test_event_whose_envelope_disagrees_with_its_subject_is_dead_lettered(bus, site):
+    """A publish on one conversation's subject carrying another site's (or session's, or
+    type's) envelope is never handled: handlers would act, and write, as the envelope says."""
+    seen = []
+
+    victim = f"{site}v"
+
+    async def handle(event, ctx):
+        if event.site not in (site, victim):  # other tests' events; the victim's must never come
+            return []
+        seen.append(event.event_id)
+        return [ctx.follow(ev.IntentClassified, intent="LEARN", confidence=1.0, classifier="rule")]
+
+    name = unique("strict")
+    runner = await start(bus, Node(name, ("turn_requested",), handle))
+    try:
+        crafted = [requested(victim), requested(site, session="other"), requested(site)]
+        subjects_of = [subjects.conv(site, "s1", "turn_requested")] * 2 + [subjects.conv(site, "s1", "intent_classified")]
+        for event, subject in zip(crafted, subjects_of):
+            await bus.js.publish(subject, ev.encode(event), stream=subjects.CONV_STREAM)
+        good = requested(site)
+        await bus.publish(good)
+        await wait_for(lambda: _true(seen))
+        await asyncio.sleep(0.3)
+        assert seen == [good.event_id]
+        assert runner.stats.mismatched == 2  # the third is not on this node's subjects
+        dead = await bus.js.get_last_msg(subjects.DLQ_STREAM, subjects.dlq(name))
+        assert dead.headers["Concierge-Subject"] == subjects.conv(site, "s1", "turn_requested")
+        assert "envelope disagrees with subject" in dead.headers["Concierge-Reason"]
+        assert "session_id 'other'" in dead.headers["Concierge-Reason"]
+        assert await bus.read(subjects.conversation(victim, "s1")) == []  # nothing written as the victim
+        stored = await bus.read(subjects.conversation(site, "s1"))
+        assert [r.event.event_id for r in stored] == [good.event_id, stored[1].event.event_id]
+        assert isinstance(stored[1].event, ev.IntentClassified)  # crafted ones are left out of every read
+    finally:
+        await runner.stop()
+
+
 async def test_same_event_delivered_twice_gives_one_outcome(bus, site):
     """A redelivery (here: the handler's ack is lost because it ran past ack_wait) makes the
     same output ids, and JetStream's dedupe keeps one."""
@@ -253,3 +291,27 @@ async def test_handler_that_never_answers_ends_in_failure_event(bus, site):
         assert failed.node == node.name and "2 deliveries" in failed.reason
     finally:
         await runner.stop()
+
+
+async def test_an_llm_call_record_is_cut_to_the_servers_max_payload(site):
+    """The limit comes from the server's own `max_payload`, not from a constant."""
+    from shared.bus import connect
+    from shared.config import BusConfig
+    from shared.consumer import Context
+    from tests.servers import nats_server_with_config
+
+    with nats_server_with_config("max_payload: 65536") as url:
+        bus = await connect(BusConfig(url=url), name="small")
+        try:
+            assert bus.nc.max_payload == 65536 and bus.max_event_bytes == 49152
+            cause = requested(site)
+            await bus.publish(cause)
+            ctx = Context(bus=bus, node="answer_writer", cause=cause, attempt=1)
+            await ctx.record_llm(ev.LLMCall(role="answer", model="m", base_url="http://x",
+                                            messages=[{"role": "user", "content": "q" * 200_000}],
+                                            response_text="fine"))
+            (stored,) = [r.event for r in await bus.read(subjects.conv(site, "s1", "llm_call_recorded"))]
+            assert stored.call.truncated > 150_000 and stored.call.response_text == "fine"
+            assert stored.call.messages[0]["content"].endswith(f"…[truncated {stored.call.truncated} chars]")
+        finally:
+            await bus.close()

@@ -36,3 +36,35 @@ def test_derived_ids_are_stable_and_distinct():
 def test_every_event_type_is_in_the_union():
     assert set(ev.EVENT_TYPES) >= {"turn_requested", "route_decided", "response_completed", "turn_completed",
                                    "turn_failed", "token_chunk", "llm_call_recorded"}
+
+
+def _call_event(messages, response="ok"):
+    call = ev.LLMCall(role="answer", model="m", base_url="http://x", messages=messages, response_text=response)
+    return ev.LLMCallRecorded(event_id="e", site="s", session_id="x", turn=1, ts=0.0, node="answer_writer", call=call)
+
+
+def test_an_llm_call_record_that_fits_is_left_whole():
+    event = _call_event([{"role": "user", "content": "hello"}])
+    assert ev.fit_llm_call(event, 10_000) is event
+
+
+def test_an_llm_call_record_too_big_for_the_bus_is_cut_visibly_to_fit():
+    messages = [{"role": "system", "content": "rules"}, {"role": "user", "content": "é" * 300_000},
+                {"role": "assistant", "content": "b" * 50_000}, {"role": "user", "content": "current question"}]
+    event = _call_event(messages, response="r" * 200_000)
+    fitted = ev.fit_llm_call(event, 100_000)
+    assert 90_000 < len(ev.encode(fitted)) <= 100_000  # cut to fit, not far below
+    contents = [m["content"] for m in fitted.call.messages]
+    assert contents[0] == "rules" and contents[3] == "current question"  # short ones untouched
+    assert "…[truncated " in contents[1] and "…[truncated " in fitted.call.response_text
+    kept = sum(len(c) for c in contents) + len(fitted.call.response_text)
+    assert fitted.call.truncated > 400_000 and kept < 100_000
+    assert event.call.messages[1]["content"] == "é" * 300_000  # the call itself is not modified
+    assert ev.decode(ev.encode(fitted)) == fitted
+
+
+def test_a_record_of_countless_messages_keeps_a_note_instead_of_them():
+    event = _call_event([{"role": "user", "content": "x"}] * 20_000)
+    fitted = ev.fit_llm_call(event, 50_000)
+    assert len(ev.encode(fitted)) <= 50_000
+    assert fitted.call.messages == [{"role": "system", "content": "…[truncated 20000 chars] (20000 messages)"}]

@@ -11,6 +11,7 @@ import httpx
 from shared import redis_client, service
 from shared.config import ConfigError, env_float, env_int, env_str
 from shared.llm import LLMClient
+from shared.site_config import SiteConfigs
 from services.enricher import enrichment, profiler
 from services.enricher.breaker import CircuitBreaker
 from services.enricher.sources import (
@@ -59,7 +60,7 @@ async def nodes(bus):
     if backend not in ("local", "llm"):
         raise ConfigError(f"PROFILER_BACKEND={backend!r}: use local or llm")
     llm = LLMClient.from_env(("profiler",)) if backend == "llm" else None
-    return [enrichment.make_node(enricher), profiler.make_node(llm)]
+    return [enrichment.make_node(enricher), profiler.make_node(llm, configs=SiteConfigs(bus))]
 
 
 def main() -> None:

@@ -5,6 +5,11 @@ Runs after this turn's enrichment. Infers `job_to_be_done` and `feature_list`, a
 matches the keyword rules in `data/profiler_rules.toml` (no network, well under a
 millisecond); `PROFILER_BACKEND=llm` asks the `profiler` LLM role for structured JSON
 instead, with one repair retry, and falls back to the local method if that fails.
+
+The LLM gets the site's guardrails (the meta-template) and the conversation within the
+role's budget, HACK turns' text withheld. This node runs beside the router, so it first
+waits (up to `PROFILER_ROUTE_WAIT_S`) for this turn's route: a turn not routed by then is
+not known to be safe, and its message is withheld too.
 """
 
 from __future__ import annotations
@@ -15,11 +20,13 @@ from pathlib import Path
 
 import msgspec
 
+from shared import awaiter, history, loader, prompts
 from shared import events as ev
-from shared import loader
+from shared.config import env_float
 from shared.consumer import Context, Node
 from shared.events import UNKNOWN, VisitorProfile
 from shared.llm import LLMClient, LLMError
+from shared.site_config import SiteConfig, SiteConfigs
 from shared.state import ConversationState
 
 log = logging.getLogger(__name__)
@@ -27,6 +34,7 @@ log = logging.getLogger(__name__)
 NAME = "visitor_profiler"
 RULES = Path(__file__).parent / "data" / "profiler_rules.toml"
 PROMPT = Path(__file__).parent / "prompts" / "profiler_system.md"
+ROUTE_WAIT_S = env_float("PROFILER_ROUTE_WAIT_S", 2.0)
 
 
 class Inferred(msgspec.Struct):
@@ -75,27 +83,39 @@ def apply_inference(known: VisitorProfile, inferred: Inferred) -> VisitorProfile
     )
 
 
-async def infer_with_llm(llm: LLMClient, ctx: Context, state: ConversationState, template: str) -> Inferred:
-    transcript = "\n".join(f"{m.role}: {m.content}" for m in state.messages)
+def withheld_turns(state: ConversationState, turn: int) -> set[int]:
+    """The turns whose visitor text the LLM may not see: HACK turns, and this turn when it
+    is not routed yet."""
+    record = state.turns.get(turn)
+    unrouted = {turn} if record is None or record.route is None else set()
+    return history.hack_turns(state) | unrouted
+
+
+async def infer_with_llm(llm: LLMClient, ctx: Context, state: ConversationState, turn: int, system: str) -> Inferred:
+    shown = history.window(state, turn, llm.history_tokens("profiler"), withheld_turns(state, turn))
+    transcript = "\n".join(f"{m.role}: {m.content}" for m in shown)
     messages = [
-        {"role": "system", "content": template},
+        {"role": "system", "content": system},
         {"role": "user", "content": f"Known profile: {msgspec.json.encode(state.visitor_profile).decode()}\n\n"
                                     f"Conversation:\n{transcript}"},
     ]
     return await llm.structured("profiler", messages, ctx.record_llm, Inferred, temperature=0)
 
 
-def make_node(llm: LLMClient | None = None, rules: dict | None = None) -> Node:
+def make_node(llm: LLMClient | None = None, rules: dict | None = None, configs: SiteConfigs | None = None) -> Node:
     rules = rules or load_rules()
-    template = PROMPT.read_text() if llm is not None else ""
 
     async def handle(event: ev.EnrichmentCompleted, ctx: Context) -> list[ev.Envelope]:
-        state = await loader.load(ctx.bus, event.site, event.session_id)
         method = "local"
         inferred = None
-        if llm is not None:
+        if llm is None:
+            state = await loader.load(ctx.bus, event.site, event.session_id)
+        else:
+            state = await awaiter.turn_state(ctx.bus, event.site, event.session_id, event.turn, {"route_decided"},
+                                             ROUTE_WAIT_S)
+            config = await configs.get(event.site) if configs else SiteConfig()
             try:
-                inferred = await infer_with_llm(llm, ctx, state, template)
+                inferred = await infer_with_llm(llm, ctx, state, event.turn, prompts.compose(PROMPT, event.site, config))
                 method = "llm"
             except (LLMError, msgspec.MsgspecError) as exc:
                 log.warning("LLM profiling failed; local method used", extra={"error": str(exc)})

@@ -87,6 +87,9 @@ class TurnRelay:
         except ev.BadEvent as exc:
             log.error("undecodable event on relay", extra={"subject": msg.subject, "error": str(exc)})
             return False
+        if mismatch := ev.subject_mismatch(event, msg.subject):
+            log.error("event on the wrong subject ignored by the relay", extra={"subject": msg.subject, "error": mismatch})
+            return False
         if event.turn != self.turn:
             return False
         match event:

@@ -1,6 +1,7 @@
 """answer_writer: streams the answer to an ANSWER turn.
 
-History comes from the conversation log, so turn N sees every earlier exchange. Before
+History comes from the conversation log, so turn N sees the earlier exchanges, as many as
+the `answer` role's token budget holds, HACK turns' text withheld (shared/history.py). Before
 answering it can wait, up to `ANSWER_WAIT_S`, for the turn's background results (the
 visitor's enrichment and profile); what is not there is left out of the prompt and named in
 `ResponseCompleted.late_inputs`, it never blocks the answer. Tokens go to
@@ -16,7 +17,7 @@ from pathlib import Path
 import msgspec
 
 from services.responder.streaming import stream_llm
-from shared import awaiter, persona, prompts
+from shared import awaiter, history, persona, prompts
 from shared import skills as sk
 from shared import events as ev
 from shared.config import env_float, env_int
@@ -86,11 +87,12 @@ def sources_context(documents: list[ev.RetrievedDocument]) -> str:
             "sentence they support:\n" + "\n".join(lines) + "\n")
 
 
-def build_messages(state: ConversationState, turn: int, system_prompt: str) -> list[dict]:
-    """The system prompt, then every exchange before `turn`, then this turn's message."""
+def build_messages(state: ConversationState, turn: int, system_prompt: str, budget_tokens: int) -> list[dict]:
+    """The system prompt, then the exchanges before `turn` that fit the budget, then this
+    turn's message (always)."""
     messages = [{"role": "system", "content": system_prompt}]
-    for message in state.messages:
-        if message.turn < turn or (message.turn == turn and message.role == "user"):
+    for message in history.window(state, turn, budget_tokens):
+        if message.turn < turn or message.role == "user":
             messages.append({"role": message.role, "content": message.content})
     return messages
 
@@ -114,7 +116,7 @@ def make_node(llm: LLMClient, configs: SiteConfigs | None = None) -> Node:
         system = prompts.compose(PROMPT, event.site, config, visitor=visitor_context(state),
                                  skills=skills_context(skills, question), persona=persona.block(config.persona),
                                  sources=sources_context(documents))
-        messages = build_messages(state, event.turn, system)
+        messages = build_messages(state, event.turn, system, llm.history_tokens("answer"))
         return [await stream_llm(ctx, llm, "answer", NAME, messages, late_inputs=late, sources=documents,
                                  temperature=persona.temperature(config.persona))]
 

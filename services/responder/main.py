@@ -20,8 +20,8 @@ async def nodes(bus):
         post_processing.dialog_state_extractor,
         post_processing.form_field_extractor,
         post_processing.suggestion_router,
-        suggesters.make_node("follow_up", llm),
-        suggesters.make_node("answers", llm),
+        suggesters.make_node("follow_up", llm, configs),
+        suggesters.make_node("answers", llm, configs),
         lead_notifier.make_node(configs, LeadClaims(bus)),
         finalize.make_node(configs),
     ]

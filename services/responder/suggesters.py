@@ -1,8 +1,10 @@
 """follow_up_suggester and answer_suggester: clickable suggestions under a reply.
 
 Each consumes `SuggestionsRouted` and acts on its own kind. They ask the `suggestions`
-LLM role for a JSON list; a failed or unusable answer gives an empty list with the
-error recorded, never a failed turn.
+LLM role for a JSON list, with the site's guardrails (the meta-template) and the recent
+exchanges within the role's budget; a failed or unusable answer gives an empty list with
+the error recorded, never a failed turn. A HACK turn gets no model call at all: empty
+suggestions, `skipped` saying why.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ from pathlib import Path
 import msgspec
 
 from shared import events as ev
-from shared import loader
+from shared import history, loader, prompts
 from shared.consumer import Context, Node
 from shared.llm import LLMClient, LLMError
+from shared.site_config import SiteConfig, SiteConfigs
 
 PROMPTS = Path(__file__).parent / "prompts"
 HISTORY_MESSAGES = 6
@@ -36,15 +39,19 @@ def clean(raw: list[str]) -> list[str]:
     return out[:MAX_SUGGESTIONS]
 
 
-def make_node(kind: str, llm: LLMClient) -> Node:
+def make_node(kind: str, llm: LLMClient, configs: SiteConfigs | None = None) -> Node:
     name = {"follow_up": "follow_up_suggester", "answers": "answer_suggester"}[kind]
-    system = (PROMPTS / f"{name}.md").read_text()
+    prompt = PROMPTS / f"{name}.md"
 
     async def handle(event: ev.SuggestionsRouted, ctx: Context) -> list[ev.Envelope]:
         if event.kind != kind:
             return []
         state = await loader.load(ctx.bus, event.site, event.session_id)
-        recent = [m for m in state.messages if m.turn <= event.turn][-HISTORY_MESSAGES:]
+        if event.turn in history.hack_turns(state):
+            return [ctx.follow(ev.SuggestionsGenerated, kind=kind, skipped="HACK turn: no model sees its text")]
+        config = await configs.get(event.site) if configs else SiteConfig()
+        system = prompts.compose(prompt, event.site, config)
+        recent = history.window(state, event.turn, llm.history_tokens("suggestions"))[-HISTORY_MESSAGES:]
         transcript = "\n".join(f"{m.role}: {m.content}" for m in recent)
         messages = [{"role": "system", "content": system}, {"role": "user", "content": transcript}]
         try:

@@ -27,7 +27,7 @@ from services.retriever import extraction, limiter
 from services.retriever.knowledge import KnowledgeBase
 from services.retriever.rerank import Reranker, RerankError
 from services.retriever.settings import RetrievalSettings
-from shared import awaiter, loader, prompts
+from shared import awaiter, history, loader, prompts
 from shared import events as ev
 from shared.config import env_str
 from shared.consumer import Context, Node
@@ -83,8 +83,12 @@ def search_text(previous: str | None, message: str) -> str:
 
 
 def previous_message(state, turn: int) -> str | None:
-    earlier = [m.content for m in state.messages if m.role == "user" and m.turn < turn]
-    return earlier[-1] if earlier else None
+    """The visitor's previous message, unless it was a HACK turn's: that text goes to no
+    model (the keyword LLM) and into no query."""
+    earlier = [m for m in state.messages if m.role == "user" and m.turn < turn]
+    if not earlier or earlier[-1].turn in history.hack_turns(state):
+        return None
+    return earlier[-1].content
 
 
 def candidates(kb: KnowledgeBase, site: str, found: dict[str, list[dict]]) -> dict[str, list[Candidate]]:

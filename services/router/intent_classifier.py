@@ -15,7 +15,8 @@ def make_node(parts: RouterParts) -> Node:
         config = await parts.configs.get(event.site)
 
         async def history():
-            return history_of(await loader.load(ctx.bus, event.site, event.session_id), event.turn)
+            state = await loader.load(ctx.bus, event.site, event.session_id)
+            return history_of(state, event.turn, parts.classifier.llm.history_tokens("classifier"))
 
         result = await parts.classifier.classify(event.site, config, event.message, history, ctx.record_llm)
         return [ctx.follow(ev.IntentClassified, intent=result.intent, confidence=result.confidence,

@@ -44,7 +44,8 @@ def make_node(parts: RouterParts) -> Node:
         if parts.signals_backend == "llm" and parts.llm is not None and has_words(event.message):
             config = await parts.configs.get(event.site)
             system = prompts.compose(PROMPT, event.site, config)
-            user = (f"Conversation so far:\n{transcript(history_of(state, event.turn))}\n\n"
+            earlier = history_of(state, event.turn, parts.llm.history_tokens("classifier"))
+            user = (f"Conversation so far:\n{transcript(earlier)}\n\n"
                     f"Latest visitor message:\n{normalize(event.message)}")
             try:
                 out = await parts.llm.structured("classifier", [{"role": "system", "content": system},

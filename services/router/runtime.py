@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from services.router.classifiers import IntentClassifier
 from services.router.local_model import LocalIntentModel
 from services.router.signals import SignalRules
+from shared import history
 from shared.bus import Bus
 from shared.config import env_str
 from shared.embeddings import shared_embedder
@@ -54,8 +55,10 @@ def _backend(name: str) -> str:
     return value
 
 
-def history_of(state: ConversationState, turn: int) -> list[dict]:
-    return [{"role": m.role, "content": m.content} for m in state.messages if m.turn < turn]
+def history_of(state: ConversationState, turn: int, budget_tokens: int) -> list[dict]:
+    """The turns before `turn` for an LLM prompt: HACK text withheld, within the budget
+    (which the current message counts against; it goes into the prompt on its own)."""
+    return [{"role": m.role, "content": m.content} for m in history.window(state, turn, budget_tokens) if m.turn < turn]
 
 
 def visitor_message(state: ConversationState, turn: int) -> str:

@@ -45,7 +45,8 @@ def make_node(parts: RouterParts) -> Node:
         if parts.skills_backend == "llm" and parts.llm is not None and has_words(event.message):
             enabled = ", ".join(config.skills.enabled) or "none"
             system = prompts.compose(PROMPT, event.site, config, enabled=enabled)
-            user = (f"Conversation so far:\n{transcript(history_of(state, event.turn))}\n\n"
+            earlier = history_of(state, event.turn, parts.llm.history_tokens("classifier"))
+            user = (f"Conversation so far:\n{transcript(earlier)}\n\n"
                     f"Interest score so far: {state.interest.score:.2f} (threshold {config.interest.threshold:.2f})\n"
                     f"Latest visitor message:\n{normalize(event.message)}")
             try:

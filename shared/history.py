@@ -1,0 +1,63 @@
+"""What of a conversation an LLM role is shown: the one place history is cut for a prompt.
+
+Two rules hold for every role:
+
+- A HACK turn's visitor text never reaches a model. A turn counts as HACK when its intent
+  is HACK and it was routed to REDIRECT (REDIRECT_HACK, or EXIT mid-booking), or is not
+  routed yet; its message is replaced by `WITHHELD` (the fixed reply it got stays, so the
+  model still sees that something was refused). The unsure HACK the router sends to the
+  booking flow as a field's answer (routing rule 0) is an answer, not an attack.
+- History fits the role's token budget (`LLM_HISTORY_TOKENS`, `LLM_<ROLE>_HISTORY_TOKENS`):
+  whole turns are dropped, oldest first; the current turn is always kept, even when it
+  alone is over the budget (the gateway caps a message at 15,000 characters).
+
+Tokens are approximated as characters / 4, rounded up: close enough for English with
+OpenAI-style tokenizers and cheap; the budget is a bound on cost and payload, not an exact
+context-window fit.
+"""
+
+from __future__ import annotations
+
+from shared.state import ConversationState, Message
+
+WITHHELD = "[message withheld: it was flagged as an attempt to manipulate the assistant]"
+
+
+def approx_tokens(text: str) -> int:
+    return (len(text) + 3) // 4
+
+
+def hack_turns(state: ConversationState) -> set[int]:
+    return {t for t, rec in state.turns.items() if rec.intent == "HACK" and rec.route in (None, "REDIRECT")}
+
+
+def visible(state: ConversationState, withheld: set[int] | None = None) -> list[Message]:
+    """Every message, with the visitor text of `withheld` turns (default: the HACK turns)
+    replaced by `WITHHELD`."""
+    hidden = hack_turns(state) if withheld is None else withheld
+    return [Message(role=m.role, content=WITHHELD, turn=m.turn) if m.role == "user" and m.turn in hidden else m
+            for m in state.messages]
+
+
+def fit(messages: list[Message], turn: int, budget_tokens: int) -> list[Message]:
+    """The messages of `turn` and of as many turns before it as the budget holds, newest
+    first; what comes after `turn` is left out."""
+    messages = [m for m in messages if m.turn <= turn]
+    used = sum(approx_tokens(m.content) for m in messages if m.turn == turn)
+    per_turn: dict[int, int] = {}
+    for m in messages:
+        if m.turn < turn:
+            per_turn[m.turn] = per_turn.get(m.turn, 0) + approx_tokens(m.content)
+    first = turn
+    for earlier in sorted(per_turn, reverse=True):
+        if used + per_turn[earlier] > budget_tokens:
+            break
+        used += per_turn[earlier]
+        first = earlier
+    return [m for m in messages if m.turn >= first]
+
+
+def window(state: ConversationState, turn: int, budget_tokens: int, withheld: set[int] | None = None) -> list[Message]:
+    """What a role may see of the conversation up to `turn`: HACK text withheld, then cut
+    to the budget."""
+    return fit(visible(state, withheld), turn, budget_tokens)
