@@ -255,3 +255,37 @@ def test_schemathesis_finds_no_server_error(system, sites, tmp_path):
             cwd=ROOT, capture_output=True, text=True, timeout=600,
         )
         assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+
+
+async def test_a_crafted_publish_cannot_write_into_another_sites_conversation(system, sites, http):
+    """An event on site a's subject whose body names site b: no node acts on it for b, no
+    reader folds it, and it lands in the dead letters."""
+    import nats
+
+    from shared import events as ev
+    from shared import subjects
+
+    a, b = sites["names"]["a"], sites["names"]["b"]
+    victim = f"victim{uuid.uuid4().hex[:8]}"
+    crafted = ev.TurnRequested(event_id=ev.new_id(), site=b, session_id=victim, turn=1, ts=ev.now(),
+                               producer="gateway", message="crafted into another tenant")
+    nc = await nats.connect(system.nats_url)
+    try:
+        await nc.jetstream().publish(subjects.conv(a, "attacker", "turn_requested"), ev.encode(crafted))
+        deadline = asyncio.get_running_loop().time() + 10
+        dead = []
+        while asyncio.get_running_loop().time() < deadline and len(dead) < 3:
+            await asyncio.sleep(0.5)
+            dead = []
+            for node in ("intent_classifier", "retrieval", "enrichment"):
+                try:
+                    msg = await nc.jetstream().get_last_msg(subjects.DLQ_STREAM, subjects.dlq(node))
+                    dead.append(crafted.event_id.encode() in msg.data or b"crafted into another" in msg.data)
+                except Exception:  # noqa: BLE001 - not dead-lettered yet
+                    pass
+        assert dead and all(dead), dead
+    finally:
+        await nc.close()
+    for site, session in ((b, victim), (a, "attacker")):
+        response = await http.get(f"{system.gateway_url}/v1/conversations/{site}/{session}/events", headers=bearer(ADMIN))
+        assert response.status_code == 404, (site, session, response.text[:300])
