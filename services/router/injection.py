@@ -30,8 +30,9 @@ MARKERS_FILE = Path(__file__).parent / "data" / "injection_markers.toml"
 BASE64_RE = re.compile(r"[A-Za-z0-9+/]{16,}={0,2}")
 HEX_RE = re.compile(r"\b(?:[0-9a-fA-F]{2}){8,}\b")
 PERCENT_RE = re.compile(r"%[0-9a-fA-F]{2}")
-# Single letters joined by one separator: "i g n o r e", "s.y.s.t.e.m", "p-r-o-m-p-t".
-SPELLED_RE = re.compile(r"\b(?:\w[ .\-_*]){2,}\w\b")
+# Single letters joined by one and the same separator: "i g n o r e", "s.y.s.t.e.m",
+# "p-r-o-m-p-t" (so "d.i.s.r.e.g.a.r.d y.o.u.r" stays two words).
+SPELLED_RE = re.compile(r"\b\w([ .\-_*])\w(?:\1\w)+\b")
 NON_WORD_RE = re.compile(r"[\W_]+")
 NON_LETTER_RE = re.compile(r"[\W\d_]+")
 
