@@ -77,7 +77,7 @@ class IntentClassified(Envelope, tag="intent_classified"):
     scores: dict[str, float] = {}  # the local model's class probabilities, when it ran
     latency_ms: float = 0.0
     note: str = ""  # e.g. why an input was classified without a model (empty, emoji only)
-    markers: list[str] = []  # prompt-injection markers found (then HACK by rule, confidence 1.0)
+    markers: list[str] = []  # injection markers (then HACK by rule, confidence 1.0) and corroborating cues found
     runner_up: str = ""  # for a HACK: the most likely other intent, what routing sends an unsure HACK as
 
 
