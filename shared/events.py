@@ -79,6 +79,8 @@ class IntentClassified(Envelope, tag="intent_classified"):
     scores: dict[str, float] = {}  # the local model's class probabilities, when it ran
     latency_ms: float = 0.0
     note: str = ""  # e.g. why an input was classified without a model (empty, emoji only)
+    markers: list[str] = []  # injection markers (then HACK by rule, confidence 1.0) and corroborating cues found
+    runner_up: str = ""  # for a HACK: the most likely other intent, what routing sends an unsure HACK as
 
 
 class InterestSignalsDetected(Envelope, tag="interest_signals_detected"):
@@ -109,6 +111,8 @@ class RouteDecided(Envelope, tag="route_decided"):
     reason: str
     intent: str = UNKNOWN
     hack_increment: int = 0
+    # A HACK below ROUTER_HACK_STRIKE_CONFIDENCE: no strike, routed as its runner-up (`intent`).
+    suspicious: bool = False
     # Which rule decided: DEFAULT, DEMO_REQUESTED, INTEREST_THRESHOLD, PAUSE / EXIT / STAY
     # (mid-booking), STOP (STOP_BOOKING ends the flow), POST_CONVERSION, REDIRECT_<INTENT>.
     branch: str = ""

@@ -59,6 +59,8 @@ class TurnRecord(msgspec.Struct, kw_only=True):
     branch: str | None = None
     intent: str | None = None
     intent_confidence: float | None = None
+    intent_runner_up: str | None = None  # IntentClassified.runner_up: where an unsure HACK is routed
+    intent_markers: list[str] = []  # IntentClassified.markers: injection markers and cues found
     skills_selected: list[str] | None = None
     skills: list[str] | None = None  # as applied
     qualification_question: str | None = None
@@ -200,6 +202,8 @@ def apply(state: ConversationState, record: Record) -> ConversationState:
             rec = _turn(state, event.turn)
             rec.intent = event.intent
             rec.intent_confidence = event.confidence
+            rec.intent_runner_up = event.runner_up or None
+            rec.intent_markers = list(event.markers)
         case ev.InterestSignalsDetected():
             state.interest = merge_interest_signals(state.interest, event.signals, event.score, event.turn)
         case ev.SkillsSelected():

@@ -2,12 +2,15 @@
 
 - local: `LocalIntentModel` (MiniLM embedding + character n-grams → logistic regression);
 - llm: the `classifier` LLM role answers a JSON schema (msgspec decode, one repair retry);
-- cascade: local first, the LLM only when the local confidence is below the threshold.
+- cascade: local first, the LLM only when the local confidence is below the threshold, or
+  when the local answer is a HACK below the strike confidence (a strike must be near-certain).
 
 `ROUTER_CLASSIFIER` picks the deployment's backend (default `local`); a site may override
 it in its config. Every result names the backend that decided. A message with no words
 (empty, whitespace, emoji or punctuation only) is classified by rule, without a model, and
-says so in `note`.
+says so in `note`. A message with a decisive prompt-injection marker (injection.py) is HACK
+by rule, confidence 1.0, before any model or LLM reads it; `markers` names the markers and
+corroborating cues found (a cue makes the model's HACK a strike, routing.py).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from typing import Awaitable, Callable, Literal
 
 import msgspec
 
+from services.router import routing
+from services.router.injection import InjectionMarkers
 from services.router.local_model import INTENTS, LocalIntentModel
 from shared import prompts
 from shared.config import env_float, env_str
@@ -53,6 +58,8 @@ class IntentResult(msgspec.Struct, kw_only=True):
     note: str = ""
     latency_ms: float = 0.0
     llm_calls: int = 0
+    markers: list[str] = []  # injection markers (then HACK by rule) and corroborating cues found
+    runner_up: str = ""  # for a HACK: the most likely other intent (local scores), what an unsure one is routed as
 
 
 def normalize(message: str) -> str:
@@ -74,13 +81,17 @@ async def _no_record(call) -> None:
 
 class IntentClassifier:
     def __init__(self, model: LocalIntentModel | None, llm: LLMClient | None, backend: str | None = None,
-                 threshold: float | None = None):
+                 threshold: float | None = None, strike_confidence: float | None = None):
         self.model = model
         self.llm = llm
         self.backend = backend or env_str("ROUTER_CLASSIFIER", "local")
         if self.backend not in ("local", "llm", "cascade"):
             raise ValueError(f"ROUTER_CLASSIFIER={self.backend!r}: must be local, llm or cascade")
         self.threshold = threshold if threshold is not None else env_float("ROUTER_CASCADE_THRESHOLD", 0.5)
+        # A HACK strikes (two block the session for good) only at or above this confidence.
+        self.strike_confidence = (strike_confidence if strike_confidence is not None
+                                  else env_float("ROUTER_HACK_STRIKE_CONFIDENCE", routing.STRIKE_CONFIDENCE))
+        self.markers = InjectionMarkers.load()
         self._recent: dict[str, IntentResult] = {}
         self._pending: dict[str, asyncio.Future] = {}
         # The n-gram-only stage decides alone at or above this confidence (1.01: never).
@@ -114,7 +125,8 @@ class IntentClassifier:
             note = ""
         best = max(scores, key=scores.get)
         result = IntentResult(intent=best, confidence=round(scores[best], 4), classifier="local",
-                              scores={k: round(v, 4) for k, v in scores.items()}, note=note)
+                              scores={k: round(v, 4) for k, v in scores.items()}, note=note,
+                              runner_up=runner_up_intent(best, scores))
         self._recent[text] = result
         if len(self._recent) > RECENT:
             self._recent.pop(next(iter(self._recent)))
@@ -142,12 +154,23 @@ class IntentClassifier:
         if not has_words(message):
             note = "empty message" if not message.strip() else "no words (emoji or punctuation only)"
             return IntentResult(intent="OFFTOPIC", confidence=1.0, classifier="rule", note=note)
+        markers = self.markers.find(message[:MAX_CHARS])  # not normalized: "i g n o r e   a l l" keeps its word gaps
+        if self.markers.decisive & set(markers):
+            return IntentResult(intent="HACK", confidence=1.0, classifier="rule", markers=markers,
+                                note="prompt-injection markers: " + ", ".join(markers))
+        result = await self._by_model(site, config, message, history, record, corroborated=bool(markers))
+        result.markers = markers
+        return result
+
+    async def _by_model(self, site, config, message, history, record, corroborated: bool) -> IntentResult:
         backend = config.classifier.backend or self.backend
         threshold = config.classifier.cascade_threshold or self.threshold
         if backend == "llm" or self.model is None:
             return await self._llm_or(None, site, config, message, history, record)
         local = await self.local(message)
-        if backend == "cascade" and local.confidence < threshold:
+        # A HACK that would not strike (routing.py: unsure and no cue) is worth the LLM's opinion.
+        unsure_hack = local.intent == "HACK" and local.confidence < self.strike_confidence and not corroborated
+        if backend == "cascade" and (local.confidence < threshold or unsure_hack):
             return await self._llm_or(local, site, config, message, history, record)
         return local
 
@@ -170,7 +193,10 @@ class IntentClassifier:
             result = await self.with_llm(site, config, message, history or [], counting)
             if fallback is not None:
                 result.scores = fallback.scores
-                result.note = f"local confidence {fallback.confidence} < threshold"
+                result.runner_up = runner_up_intent(result.intent, fallback.scores)
+                below = ("HACK strike confidence" if fallback.intent == "HACK"
+                         and fallback.confidence < self.strike_confidence else "threshold")
+                result.note = f"local {fallback.intent} {fallback.confidence} < {below}"
             result.llm_calls = calls
             return result
         except (LLMError, msgspec.MsgspecError) as exc:
@@ -182,6 +208,12 @@ class IntentClassifier:
             fallback.llm_calls = calls
             log.warning("LLM intent classification failed; using the local model", extra={"error": str(exc)[:200]})
             return fallback
+
+
+def runner_up_intent(intent: str, scores: dict[str, float]) -> str:
+    """For a HACK, the most likely other intent: where routing sends a HACK too unsure to strike."""
+    others = {k: v for k, v in scores.items() if k != "HACK"}
+    return max(others, key=others.get) if intent == "HACK" and others else ""
 
 
 def known_intent(intent: str) -> bool:

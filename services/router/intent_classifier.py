@@ -21,6 +21,6 @@ def make_node(parts: RouterParts) -> Node:
         result = await parts.classifier.classify(event.site, config, event.message, history, ctx.record_llm)
         return [ctx.follow(ev.IntentClassified, intent=result.intent, confidence=result.confidence,
                            classifier=result.classifier, scores=result.scores, latency_ms=result.latency_ms,
-                           note=result.note)]
+                           note=result.note, markers=result.markers, runner_up=result.runner_up)]
 
     return Node(name=NAME, consumes=("turn_requested",), handle=handle)

@@ -38,9 +38,13 @@ def make_node(parts: RouterParts) -> Node:
             skills=record.skills_selected or [],
             booking=state.booking,
             confidence=record.intent_confidence if record.intent_confidence is not None else 1.0,
+            runner_up=record.intent_runner_up or "",
+            markers=tuple(record.intent_markers),
+            strike_confidence=parts.classifier.strike_confidence,
         )
         decided = ctx.follow(ev.RouteDecided, key="route", route=decision.route, reason=decision.reason,
-                             intent=record.intent or ev.UNKNOWN, hack_increment=decision.hack_increment,
+                             intent=decision.intent if record.intent else ev.UNKNOWN,
+                             hack_increment=decision.hack_increment, suspicious=decision.suspicious,
                              branch=decision.branch)
         # One decision per turn whichever analysis arrived last: the id derives from the turn's
         # TurnRequested (the analyses' common cause), not from the event that woke us.

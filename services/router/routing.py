@@ -3,8 +3,8 @@ stands, where does the turn go? Pure and deterministic; the rules, in order:
 
 | # | when                                                       | route    | branch             |
 |---|------------------------------------------------------------|----------|--------------------|
-| 0 | flow under way, an unsure HACK (< 0.6) that answers the field | BOOKING | STAY |
-| 1 | intent HACK (counts toward the gateway's block at 2)       | REDIRECT | EXIT mid-booking, REDIRECT_HACK otherwise |
+| 0 | intent HACK with confidence ≥ the strike confidence (ROUTER_HACK_STRIKE_CONFIDENCE, 0.8; a decisive injection marker gives 1.0), or corroborated by an injection cue: a strike, the gateway blocks at 2 | REDIRECT | EXIT mid-booking, REDIRECT_HACK otherwise |
+| 1 | any other HACK: suspicious, no strike; routed by rules 2-11 as its runner-up intent (LEARN when unknown) with the HACK's confidence (so "ada@example" while the e-mail is asked stays in the flow, rule 4) | by rules 2-11 | by rules 2-11 |
 | 2 | STOP_BOOKING with a booking flow under way                  | BOOKING  | STOP (the flow ends politely) |
 | 3 | STOP_BOOKING with no flow                                   | ANSWER   | NOTHING_TO_STOP    |
 | 4 | flow under way and the message answers the field: an e-mail (even a malformed one when the e-mail was asked), BOOKING / CONTEXT, or a short statement the classifier is unsure of | BOOKING | STAY |
@@ -30,10 +30,14 @@ class Decision(msgspec.Struct, kw_only=True, frozen=True):
     branch: str
     reason: str
     hack_increment: int = 0
+    intent: str = ""  # the intent the turn was routed as (a suspicious HACK: its runner-up)
+    suspicious: bool = False  # a HACK too unsure to strike, routed as its runner-up
 
 
 SHORT_ANSWER_WORDS = 8
 UNSURE = 0.6
+STRIKE_CONFIDENCE = 0.8  # ROUTER_HACK_STRIKE_CONFIDENCE; see docs/benchmarks.md (HACK precision)
+ROUTABLE = ("LEARN", "CONTEXT", "SUPPORT", "OFFTOPIC", "OTHER", "BOOKING", "STOP_BOOKING")
 
 
 def answers_field(intent: str, confidence: float, message: str, booking: BookingState) -> bool:
@@ -46,14 +50,30 @@ def answers_field(intent: str, confidence: float, message: str, booking: Booking
 
 
 def decide(*, intent: str, message: str, score: float, threshold: float, skills: list[str],
-           booking: BookingState, confidence: float = 1.0) -> Decision:
-    active = booking.active
-    if active and intent == "HACK" and confidence < UNSURE and answers_field(intent, confidence, message, booking):
-        # "ada@example" looks odd to the classifier; in a booking flow it is an answer, not an attack.
-        return Decision(route="BOOKING", branch="STAY", reason="an unsure HACK that answers the active booking field")
-    if intent == "HACK":
-        return Decision(route="REDIRECT", branch="EXIT" if active else "REDIRECT_HACK", hack_increment=1,
+           booking: BookingState, confidence: float = 1.0, runner_up: str = "", markers: tuple[str, ...] = (),
+           strike_confidence: float = STRIKE_CONFIDENCE) -> Decision:
+    """`markers`: the injection markers and cues the classifier found (IntentClassified.markers)."""
+    if intent == "HACK" and (confidence >= strike_confidence or markers):
+        active = booking.active
+        return Decision(route="REDIRECT", branch="EXIT" if active else "REDIRECT_HACK", hack_increment=1, intent=intent,
                         reason="prompt-injection or data-extraction attempt" + (", booking flow left" if active else ""))
+    if intent == "HACK":
+        # Two strikes block the session for good: an unsure HACK is answered as what it most
+        # likely is otherwise, and the event says it was suspicious.
+        routed = runner_up if runner_up in ROUTABLE else "LEARN"
+        decision = _route(routed, message, score, threshold, skills, booking, confidence)
+        return msgspec.structs.replace(
+            decision, intent=routed, suspicious=True,
+            reason=f"suspicious: HACK {confidence:.2f} < strike confidence {strike_confidence:.2f} and no injection cue, "
+                   f"no strike; "
+                   f"routed as {routed}: {decision.reason}")
+    return msgspec.structs.replace(_route(intent, message, score, threshold, skills, booking, confidence), intent=intent)
+
+
+def _route(intent: str, message: str, score: float, threshold: float, skills: list[str], booking: BookingState,
+           confidence: float) -> Decision:
+    """Rules 2-11, for every intent but a striking HACK."""
+    active = booking.active
     if intent == "STOP_BOOKING":
         if active:
             return Decision(route="BOOKING", branch="STOP", reason="the visitor wants out of the booking flow")
