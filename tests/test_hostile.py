@@ -289,3 +289,22 @@ async def test_a_crafted_publish_cannot_write_into_another_sites_conversation(sy
     for site, session in ((b, victim), (a, "attacker")):
         response = await http.get(f"{system.gateway_url}/v1/conversations/{site}/{session}/events", headers=bearer(ADMIN))
         assert response.status_code == 404, (site, session, response.text[:300])
+
+
+async def test_an_oversized_history_is_cut_not_sent_whole(system, sites, http, llm):
+    """Long messages turn after turn: each prompt stays within the answer role's history
+    budget (8,000 tokens ≈ 32,000 characters, the current message always kept), and every
+    turn completes (before: a 4.4 MB prompt, then TurnFailed on the bus's payload limit)."""
+    visitor = Conversation(http, system.gateway_url, sites["names"]["a"])
+    for i in range(6):
+        llm.clear()
+        reply = await visitor.say(f"question {i}: " + "lorem ipsum dolor " * 800)  # ~14,400 characters
+        assert reply.final["type"] == "complete", reply.events[-1]
+        answers = [r for r in llm.requests() if r["messages"][-1]["content"].startswith(f"question {i}:")]
+        assert len(answers) == 1  # sent once, not retried for being too large
+        history = sum(len(m["content"]) for m in answers[0]["messages"][1:])
+        assert history <= 8000 * 4 + 200, history
+        if i >= 3:  # older turns were dropped, the current message kept whole
+            assert len(answers[0]["messages"]) < 2 * i + 2 and answers[0]["messages"][-1]["content"].endswith("dolor ")
+    events = await log_of(http, system, sites["names"]["a"], visitor.session_id)
+    assert [e["type"] for e in events].count("turn_completed") == 6
