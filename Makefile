@@ -20,8 +20,9 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# LLM=local make run: the embedded llama.cpp model instead of the default extractive answers.
 run: setup
-	$(BIN)/concierge run
+	$(BIN)/concierge run $(if $(filter local,$(LLM)),--local-llm)
 
 # The browser test drives Debian's Chromium (no browser download): installed here when
 # missing and this is a root Debian machine; otherwise the test reports itself skipped.

