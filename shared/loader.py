@@ -46,6 +46,11 @@ async def read_snapshot(bus: Bus, site: str, session_id: str) -> tuple[Conversat
         return None, entry.revision
     if snap.schema_version != SCHEMA_VERSION:
         return None, entry.revision
+    if snap.state.event_count and (snap.state.site, snap.state.session_id) != (site, session_id):
+        # Filed under another conversation's key: never fold someone else's state into this one.
+        log.warning("snapshot of another conversation ignored", extra={
+            "site": site, "session_id": session_id, "snapshot_of": f"{snap.state.site}/{snap.state.session_id}"})
+        return None, entry.revision
     return snap.state, entry.revision
 
 

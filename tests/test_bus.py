@@ -112,6 +112,12 @@ async def test_each_service_works_within_its_subjects_and_is_refused_outside(sec
         await responder.publish_token(ev.TokenChunk(event_id=ev.new_id(), site=site, session_id="s1", turn=1,
                                                     ts=ev.now(), index=0, content="Hi"))
         assert (await loader.load(responder, site, "s1", use_snapshot=True)).turn == 1
+        # The responder claims and settles a lead (one delivery per lead) under its own user.
+        from services.responder.lead_claims import LeadClaims
+
+        claims = LeadClaims(responder)
+        claim = await asyncio.wait_for(claims.claim(site, "s1", "lead-event-1"), 5)
+        assert claim.owner == "lead-event-1" and claim.outcome is None
         # A router cannot start turns, and nobody but the admin can purge the log.
         with pytest.raises(nats.errors.TimeoutError):
             await router.js.publish(subjects.conv(site, "s1", "turn_requested"), ev.encode(requested(site, "s1", 2)),

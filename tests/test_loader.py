@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from shared import events as ev
 from shared import loader, subjects
 from shared.bus import connect
@@ -53,6 +55,18 @@ async def test_unreadable_snapshot_is_ignored(bus, site):
     await bus.bucket(subjects.SNAPSHOT_BUCKET).put(subjects.kv_key(site, "s"), b"{garbage")
     state = await loader.load(bus, site, "s")
     assert state == fold(await bus.read(subjects.conversation(site, "s")))
+
+
+async def test_a_snapshot_of_another_conversation_is_ignored(bus, site):
+    await publish_turns(bus, site, "victim", 1)
+    await publish_turns(bus, site, "other", 3)
+    other = await loader.load(bus, site, "other", use_snapshot=False)
+    # Another conversation's state filed under the victim's key (a misfiled or forged write).
+    await bus.bucket(subjects.SNAPSHOT_BUCKET).put(
+        subjects.kv_key(site, "victim"), msgspec.json.encode(loader.Snapshot(schema_version=loader.SCHEMA_VERSION,
+                                                                              state=other)))
+    state = await loader.load(bus, site, "victim")
+    assert state == fold(await bus.read(subjects.conversation(site, "victim"))) and state.turn == 1
 
 
 async def test_events_whose_envelope_disagrees_with_their_subject_are_not_folded(bus, site):
