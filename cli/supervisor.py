@@ -190,10 +190,10 @@ class System:
 def secret_file(path: Path) -> str:
     """A random secret kept in `path` (created once, readable by its owner only), so a
     restart keeps visitors' session tokens and the operator's token valid."""
-    if path.exists():
+    if path.exists() and path.read_text().strip():
         return path.read_text().strip()
-    value = secrets.token_urlsafe(32)
-    path.touch(mode=0o600)
+    value = secrets.token_urlsafe(32)  # absent or empty (an empty secret would switch the check off)
+    path.touch(mode=0o600, exist_ok=True)
     path.write_text(value + "\n")
     return value
 

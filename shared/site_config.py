@@ -305,6 +305,9 @@ async def _get(kv, site: str) -> SiteConfig | None:
     return _decoder.decode(entry.value)
 
 
+MAX_CACHED_SITES = 4096
+
+
 class SiteConfigs:
     """Read side: `await configs.get(site)`, cached for `ttl_s` (SITE_CONFIG_TTL_S)."""
 
@@ -332,6 +335,9 @@ class SiteConfigs:
                 return hit[1]
             raise
         self._cache[site] = (now, config)
+        if len(self._cache) > MAX_CACHED_SITES:  # made-up names must not grow it for ever
+            for stale in [k for k, (at, _) in self._cache.items() if now - at >= self.ttl_s] or list(self._cache)[:1]:
+                del self._cache[stale]
         return config
 
     async def configured(self) -> list[str]:

@@ -18,7 +18,7 @@ import pytest
 
 from cli.sse import Conversation, chat
 from cli.supervisor import free_port, make_system
-from tests.servers import ROOT, configure_site
+from tests.servers import ROOT, WebhookReceiver, configure_site
 
 ADMIN = "hostile-suite-admin-token-0123456789"
 ORIGIN = "https://shop.example"
@@ -27,6 +27,13 @@ FOREIGN = "https://evil.example"
 
 def site_key(site: str) -> str:
     return f"ck_{site}_{uuid.uuid4().hex}"
+
+
+@pytest.fixture(scope="module")
+def webhook():
+    receiver = WebhookReceiver()
+    yield receiver
+    receiver.close()
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +56,7 @@ def system(llm, suggestions_llm):
 
 
 @pytest.fixture(scope="module")
-def sites(system):
+def sites(system, webhook):
     """Two configured tenants, each with its own API key; `a` allows one browser origin."""
     names = {"a": f"ha{uuid.uuid4().hex[:8]}", "b": f"hb{uuid.uuid4().hex[:8]}"}
     keys = {k: site_key(v) for k, v in names.items()}
@@ -57,7 +64,7 @@ def sites(system):
     async def configure():
         await configure_site(system.nats_url, names["a"], allowed_origins=[ORIGIN],
                              operator_key_sha256=[hashlib.sha256(keys["a"].encode()).hexdigest()],
-                             instructions="SECRET-INSTRUCTIONS of tenant a")
+                             instructions="SECRET-INSTRUCTIONS of tenant a", lead={"webhook_url": webhook.url})
         await configure_site(system.nats_url, names["b"],
                              operator_key_sha256=[hashlib.sha256(keys["b"].encode()).hexdigest()])
 
@@ -252,7 +259,7 @@ def test_schemathesis_finds_no_server_error(system, sites, tmp_path):
             [str(Path(sys.executable).parent / "schemathesis"), "run", location, *extra,
              "--checks", "not_a_server_error", "--max-examples", "20", "--phases", "examples,coverage,fuzzing",
              "--seed", "1", "--workers", "1", "--request-timeout", "20", "--no-shrink"],
-            cwd=ROOT, capture_output=True, text=True, timeout=600,
+            cwd=tmp_path, capture_output=True, text=True, timeout=600,  # its cache stays out of the tree
         )
         assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
 
@@ -308,3 +315,43 @@ async def test_an_oversized_history_is_cut_not_sent_whole(system, sites, http, l
             assert len(answers[0]["messages"]) < 2 * i + 2 and answers[0]["messages"][-1]["content"].endswith("dolor ")
     events = await log_of(http, system, sites["names"]["a"], visitor.session_id)
     assert [e["type"] for e in events].count("turn_completed") == 6
+
+
+async def test_a_duplicated_lead_is_delivered_once(system, sites, http, webhook):
+    """The visitor books; then the bus carries a copy of its LeadCaptured under a new message
+    id (a replayed or crafted publish): the CRM still gets one delivery."""
+    import nats
+
+    from shared import events as ev
+    from shared import subjects
+
+    a = sites["names"]["a"]
+    webhook.reset()
+    visitor = Conversation(http, system.gateway_url, a)
+    assert (await visitor.say("I'd like to book a demo")).final["metadata"]["route"] == "BOOKING"
+    assert (await visitor.say("ada@example.com")).final["metadata"]["booking"]["lead_captured"]
+
+    async def leads():
+        return [e["event"] for e in await log_of(http, system, a, visitor.session_id) if e["type"] == "lead_captured"]
+
+    for _ in range(50):
+        if len(webhook.requests) >= 1 and await leads():
+            break
+        await asyncio.sleep(0.2)
+    (lead,) = await leads()
+    copy = ev.LeadCaptured(**{k: v for k, v in lead.items() if k != "type"} | {"event_id": ev.new_id()})
+    nc = await nats.connect(system.nats_url)
+    try:
+        await nc.jetstream().publish(subjects.conv(a, visitor.session_id, "lead_captured"), ev.encode(copy))
+    finally:
+        await nc.close()
+    recorded = []
+    for _ in range(50):
+        recorded = [e["event"] for e in await log_of(http, system, a, visitor.session_id)
+                    if e["type"] == "webhook_recorded"]
+        if len(recorded) >= 2:
+            break
+        await asyncio.sleep(0.2)
+    assert len(webhook.requests) == 1
+    assert sorted(bool(r.get("duplicate_of")) for r in recorded) == [False, True]
+    assert webhook.requests[0]["headers"]["webhook-id"]

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import ipaddress
 import json
 import logging
+import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -124,12 +126,17 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
         return JSONResponse({"error": "unavailable", "detail": "the event bus is not reachable; retry shortly"},
                             status_code=503, headers={"Retry-After": "2"})
 
+    origins_cache: list = [0.0, set()]  # (when, origins): preflights must not walk every site each time
+
     async def known_origins() -> set[str]:
         sites: SiteConfigs = app.state.sites
+        if time.monotonic() - origins_cache[0] < sites.ttl_s:
+            return origins_cache[1]
         origins: set[str] = set()
         for site in await sites.configured():
             config = await sites.find(site)
             origins.update(config.allowed_origins if config else ())
+        origins_cache[:] = [time.monotonic(), origins]
         return origins
 
     app.add_middleware(SiteCORS, known_origins=known_origins, path_prefixes=VISITOR_PATHS)
@@ -179,6 +186,10 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
         bus: Bus = request.app.state.bus
         guard: SessionGuard = request.app.state.guard
         site = body.site
+        ip = client_ip(request)
+        digest = privacy.ip_hash(ip) if ip else None
+        if (wait := await request.app.state.limiter.retry_after(None, digest)) is not None:
+            return _rate_limited(wait)
         await configured_site(request, site)
         if body.session_id is None:
             session_id = ev.new_id()  # always the server's: a visitor cannot pick someone else's
@@ -186,13 +197,8 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
             session_id = body.session_id
             require_token(site, session_id, x_session_token or body.session_token)
         session_token = tokens.issue(site, session_id)
-        ip = client_ip(request)
-        digest = privacy.ip_hash(ip) if ip else None
-
-        wait = await request.app.state.limiter.retry_after(site, digest)
-        if wait is not None:
-            return JSONResponse({"error": "rate_limited", "detail": f"too many requests; retry in {wait} s"},
-                                status_code=429, headers={"Retry-After": str(wait)})
+        if (wait := await request.app.state.limiter.retry_after(site, None)) is not None:
+            return _rate_limited(wait)
         hold = await guard.acquire(site, session_id)
         if hold is None:
             return JSONResponse(
@@ -259,7 +265,9 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
         state = await loader.load(request.app.state.bus, site, session_id)
         if state.event_count == 0:
             return _not_found(site, session_id)
-        return Response(msgspec.json.encode(visitor_view.conversation(state)), media_type="application/json")
+        # Private to the token's holder: no shared cache may keep it under the URL alone.
+        return Response(msgspec.json.encode(visitor_view.conversation(state)), media_type="application/json",
+                        headers={"Cache-Control": "no-store, private", "Vary": "X-Session-Token, Origin"})
 
     @app.get("/v1/conversations/{site}/{session_id}/events", responses=OPERATOR_RESPONSES)
     async def conversation_events(request: Request, site: SiteId, session_id: SessionId,
@@ -292,11 +300,17 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
 
 
 def client_ip(request: Request) -> str | None:
-    """The visitor's address: the first X-Forwarded-For hop behind a trusted ingress."""
-    if env_str("TRUST_FORWARDED_FOR", "0") == "1":
-        forwarded = request.headers.get("x-forwarded-for", "")
-        if forwarded.strip():
-            return forwarded.split(",")[0].strip()
+    """The visitor's address. Behind TRUSTED_PROXY_HOPS proxies (an ingress: 1), the address
+    the outermost of them saw: counted from the right of X-Forwarded-For, since the client
+    writes whatever it likes on the left. Not a valid IP: the connection's peer."""
+    hops = env_int("TRUSTED_PROXY_HOPS", 0)
+    if hops > 0:
+        forwarded = [p.strip() for p in request.headers.get("x-forwarded-for", "").split(",") if p.strip()]
+        if len(forwarded) >= hops:
+            try:
+                return str(ipaddress.ip_address(forwarded[-hops]))
+            except ValueError:
+                log.warning("X-Forwarded-For hop is not an IP address; using the peer")
     return request.client.host if request.client else None
 
 
@@ -307,6 +321,11 @@ async def _remember_ip(request: Request, site: str, session_id: str, ip: str) ->
         await request.app.state.redis.set(privacy.raw_ip_key(site, session_id), ip, ex=int(privacy.RAW_IP_TTL_S))
     except Exception as exc:
         log.warning("raw ip not stored; enrichment will skip IP sources", extra={"error": repr(exc)})
+
+
+def _rate_limited(wait: int) -> JSONResponse:
+    return JSONResponse({"error": "rate_limited", "detail": f"too many requests; retry in {wait} s"},
+                        status_code=429, headers={"Retry-After": str(wait)})
 
 
 def _blocked_response(event: ev.TurnBlocked, session_token: str) -> StreamingResponse:

@@ -10,6 +10,7 @@ no other page can read them from a browser.
 
 from __future__ import annotations
 
+import logging
 from typing import Awaitable, Callable
 from urllib.parse import urlsplit
 
@@ -17,6 +18,8 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse, Response
 
 from shared.site_config import SiteConfig
+
+log = logging.getLogger(__name__)
 
 ALLOW_METHODS = "GET, POST"
 ALLOW_HEADERS = "content-type, x-session-token, last-event-id"
@@ -52,13 +55,19 @@ class SiteCORS:
             return await self.app(scope, receive, send)
         allowed = same_origin(origin, headers.get("host"))
         if not allowed:
-            known = await self.known_origins()
+            try:
+                known = await self.known_origins()
+            except Exception:  # noqa: BLE001 - the sites' configs are on the bus: it is down
+                log.exception("site origins unavailable")
+                response = JSONResponse({"error": "unavailable", "detail": "the event bus is not reachable; retry shortly"},
+                                        status_code=503, headers={"Retry-After": "2"})
+                return await response(scope, receive, send)
             allowed = "*" in known or origin in known
         if scope["method"] == "OPTIONS" and "access-control-request-method" in headers:
             if not allowed:
-                response = JSONResponse({"error": "origin_not_allowed",
-                                         "detail": f"no site on this deployment allows the origin {origin}"},
-                                        status_code=403, headers={"Vary": "Origin"})
+                response = JSONResponse({"error": "forbidden", "detail": [
+                    {"field": None, "message": f"no site on this deployment allows the origin {origin}"}]},
+                    status_code=403, headers={"Vary": "Origin"})
             else:
                 response = Response(status_code=204, headers={
                     **_cors_headers(origin), "Access-Control-Allow-Methods": ALLOW_METHODS,

@@ -16,11 +16,12 @@ import hmac
 
 import msgspec
 
-from shared.config import env_str
+from shared.config import ConfigError, env_str
 from shared.site_config import SiteConfigs
 from shared.subjects import TOKEN_RE
 
 KEY_PREFIX = "ck_"
+MIN_TOKEN_CHARS = 16
 
 
 class Unauthorized(Exception):
@@ -52,6 +53,8 @@ class OperatorAuth:
     def __init__(self, configs: SiteConfigs, admin_token: str | None = None):
         self.configs = configs
         self.admin_token = env_str("ADMIN_TOKEN", "") if admin_token is None else admin_token
+        if self.admin_token and len(self.admin_token) < MIN_TOKEN_CHARS:
+            raise ConfigError(f"ADMIN_TOKEN is shorter than {MIN_TOKEN_CHARS} characters: it guards every site's data")
 
     async def authenticate(self, authorization: str | None) -> Operator:
         scheme, _, token = (authorization or "").partition(" ")

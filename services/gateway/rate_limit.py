@@ -1,5 +1,8 @@
 """Requests per minute per visitor IP and per site, counted in Redis (fixed windows), so
-every gateway replica shares the same counts. Redis trouble lets requests through."""
+every gateway replica shares the same counts. Redis trouble lets requests through.
+
+The IP's count is across sites, and the gateway checks it before it even looks the site
+up, so made-up site names cost a caller their own budget and create no keys per name."""
 
 from __future__ import annotations
 
@@ -17,13 +20,16 @@ class RateLimiter:
         self.per_ip = per_ip
         self.per_site = per_site
 
-    async def retry_after(self, site: str, ip_digest: str | None, now: float | None = None) -> int | None:
-        """Seconds until the caller may try again, or None when the request is allowed."""
+    async def retry_after(self, site: str | None, ip_digest: str | None, now: float | None = None) -> int | None:
+        """Seconds until the caller may try again, or None when the request is allowed.
+        Counts the site's window when `site` is given, the IP's when `ip_digest` is."""
         now = time.time() if now is None else now
         window = int(now // WINDOW_S)
-        checks = [(f"concierge:rl:site:{site}:{window}", self.per_site)]
+        checks = []
+        if site:
+            checks.append((f"concierge:rl:site:{site}:{window}", self.per_site))
         if ip_digest:
-            checks.append((f"concierge:rl:ip:{site}:{ip_digest}:{window}", self.per_ip))
+            checks.append((f"concierge:rl:ip:{ip_digest}:{window}", self.per_ip))
         checks = [(key, limit) for key, limit in checks if limit > 0]  # 0 switches a limit off
         if not checks:
             return None
