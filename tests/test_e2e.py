@@ -545,4 +545,12 @@ async def test_bus_outage_is_503_and_not_ready(system, http, site):
     response = await http.post(f"{system.gateway_url}/v1/chat", json={"site": site, "message": "anyone?"})
     assert response.status_code == 503 and response.json()["error"] == "unavailable"
     assert (await http.get(f"{system.gateway_url}/readyz")).status_code == 503
+    # Cross-origin calls too, once the cached site origins are stale: 503, not a 500 from the CORS layer.
+    await asyncio.sleep(2.5)
+    preflight = await http.options(f"{system.gateway_url}/v1/chat", headers={
+        "Origin": "https://elsewhere.example", "Access-Control-Request-Method": "POST"})
+    assert preflight.status_code == 503, preflight.text
+    response = await http.post(f"{system.gateway_url}/v1/chat", json={"site": site, "message": "anyone?"},
+                               headers={"Origin": "https://elsewhere.example"})
+    assert response.status_code == 503, response.text
 
