@@ -78,7 +78,8 @@ def test_question_headings_come_before_sections_and_at_most_three_distinct():
 def test_nothing_good_gives_nothing_never_a_placeholder():
     entity = ev.RetrievedDocument(n=1, document_type="entity", title="QuickBooks", source="s", snippet="", content="x")
     intro = ev.RetrievedDocument(n=2, document_type="chunk", title="Integrations", source="s", snippet="", content="x")
-    page = ev.RetrievedDocument(n=3, document_type="chunk", title="Brochure — page 2", source="s", snippet="", content="x")
+    page = ev.RetrievedDocument(n=3, document_type="chunk", title="Brochure — page 2", source="s", snippet="",
+                                content="x")
     assert follow_ups([entity, intro, page], said("Hi", "Hello!"), "en") == []
     assert follow_ups([], said("Hi", "Hello!"), "en") == []
     # Everything discussed already: nothing left to offer.
@@ -103,7 +104,8 @@ def booking_state(pending: str) -> ConversationState:
 
 CONFIG = SiteConfig(booking=Booking(fields=[
     FormField(name="email", label="Work email", kind="email"),
-    FormField(name="team_size", label="Number of technicians", kind="choice", choices=["1-10", "11-50", "51-200", "200+"]),
+    FormField(name="team_size", label="Number of technicians", kind="choice",
+              choices=["1-10", "11-50", "51-200", "200+"]),
 ]))
 
 

@@ -97,7 +97,8 @@ class Step:
 STOP = Step("stop")
 
 
-def plan(state: ConversationState, turn: int, branch: str, config: SiteConfig) -> tuple[dict, Step, FormField | None, str]:
+def plan(state: ConversationState, turn: int, branch: str,
+         config: SiteConfig) -> tuple[dict, Step, FormField | None, str]:
     """What this turn collects, what the reply must say, the next field, and the link."""
     message = _message_of(state, turn)
     collected = dict(state.booking.collected)
