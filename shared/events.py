@@ -327,6 +327,7 @@ class ResponseCompleted(Envelope, tag="response_completed"):
     fallback_used: bool = False
     late_inputs: list[str] = []  # background results the answer went without (past their deadline)
     sources: list[int] = []  # the numbers of the retrieved documents the answer was given to cite
+    backend: str = "llm"
 
 
 class TurnCompleted(Envelope, tag="turn_completed"):

@@ -2,19 +2,22 @@
 from a booking flow) without waiting for any background work.
 
 The reply comes from the fast `redirect` LLM role and points to the site's configured
-target (support portal, careers page, press, partnerships or investors contact). A HACK
-turn gets a fixed, localized reply that names nothing: no prompt, configuration or other
-visitor's data can leak through a model that never sees the request.
+target (support portal, careers page, press, partnerships or investors contact). When that
+role has no endpoint, the reply is a localized template (data/replies.toml) naming the
+same targets, `ResponseCompleted.backend = "template"`. A HACK turn gets a fixed,
+localized reply that names nothing: no prompt, configuration or other visitor's data can
+leak through a model that never sees the request.
 """
 
 from __future__ import annotations
 
-import tomllib
+import re
 from pathlib import Path
 
+from services.responder import replies
 from services.responder.streaming import stream_llm, stream_text
 from shared import events as ev
-from shared import language, loader, prompts
+from shared import loader, prompts
 from shared.consumer import Context, Node
 from shared.llm import LLMClient
 from shared.site_config import SiteConfig, SiteConfigs
@@ -22,12 +25,12 @@ from shared.state import ConversationState
 
 NAME = "redirect_handler"
 PROMPT = Path(__file__).parent / "prompts" / "redirect.md"
-REPLIES = tomllib.loads((Path(__file__).parent / "data" / "replies.toml").read_text(encoding="utf-8"))
 TARGETS = {
     "SUPPORT": ("support",),
     "OTHER": ("careers", "press", "partnerships", "investors"),
     "OFFTOPIC": (),
 }
+WORD_RE = re.compile(r"[^\W\d_]+")
 REASONS = {
     "SUPPORT": "an existing customer's support request",
     "OTHER": "jobs, press, partnerships or investors",
@@ -41,10 +44,31 @@ def targets(intent: str, config: SiteConfig) -> str:
     return "Where to point them:\n" + "\n".join(lines) if lines else "There is no page to point them to."
 
 
-def hack_reply(state: ConversationState, turn: int, message: str, visitor: dict | None, config: SiteConfig,
-               site: str) -> str:
-    lang = language.guess(message, visitor)
-    return REPLIES["hack"].get(lang, REPLIES["hack"]["en"]).format(site_name=config.name or site)
+def hack_reply(lang: str, config: SiteConfig, site: str) -> str:
+    return replies.text("hack", lang, site_name=config.name or site)
+
+
+def chosen_targets(intent: str, message: str, config: SiteConfig) -> list[tuple[str, str]]:
+    """(kind, address) of the configured targets for `intent`; of several, those the
+    message is about by its words (a job, the press...), else all of them."""
+    found = [(name, getattr(config.redirects, name)) for name in TARGETS.get(intent, ())
+             if getattr(config.redirects, name)]
+    if len(found) < 2:
+        return found
+    words = WORD_RE.findall(message.lower())
+    keywords = replies.TEXTS["redirect"]["keywords"]
+    about = [(name, url) for name, url in found
+             if any(word.startswith(key) for word in words for key in keywords.get(name, ()))]
+    return about or found
+
+
+def template_reply(intent: str, message: str, config: SiteConfig, site: str, lang: str) -> str:
+    """The redirect reply without a model: where to go (or that this chat cannot help),
+    then the offer to answer questions about the site."""
+    lines = [replies.text(f"redirect.{name}", lang, url=url.removeprefix("mailto:"))
+             for name, url in chosen_targets(intent, message, config)]
+    lines = lines or [replies.text("redirect.outside", lang)]
+    return "\n".join(lines + [replies.text("redirect.offer", lang, site_name=config.name or site)])
 
 
 def _message_of(state: ConversationState, turn: int) -> str:
@@ -62,7 +86,11 @@ def make_node(llm: LLMClient, configs: SiteConfigs) -> Node:
         config = await configs.get(event.site)
         message = _message_of(state, event.turn)
         if event.intent == "HACK":
-            return [await stream_text(ctx, NAME, hack_reply(state, event.turn, message, None, config, event.site))]
+            lang = await replies.visitor_language(ctx, event, state)
+            return [await stream_text(ctx, NAME, hack_reply(lang, config, event.site))]
+        if not llm.configured("redirect"):
+            lang = await replies.visitor_language(ctx, event, state)
+            return [await stream_text(ctx, NAME, template_reply(event.intent, message, config, event.site, lang))]
         system = prompts.compose(PROMPT, event.site, config, reason=REASONS.get(event.intent, event.reason),
                                  targets=targets(event.intent, config))
         messages = [{"role": "system", "content": system}, {"role": "user", "content": message}]

@@ -36,10 +36,11 @@ async def stream_llm(ctx: Context, llm: LLMClient, role: str, node: str, message
                       late_inputs=late_inputs or [], sources=[d.n for d in sources or []])
 
 
-async def stream_text(ctx: Context, node: str, text: str) -> ev.ResponseCompleted:
+async def stream_text(ctx: Context, node: str, text: str, backend: str = "template") -> ev.ResponseCompleted:
     """A reply that needs no model (fixed, localized texts), streamed word by word so the
     browser sees it the same way as any other reply."""
     parts = WORD_RE.findall(text)
     for index, part in enumerate(parts):
         await ctx.token(index, part)
-    return ctx.follow(ev.ResponseCompleted, node=node, text=text, token_count=len(parts), attempt=ctx.attempt)
+    return ctx.follow(ev.ResponseCompleted, node=node, text=text, token_count=len(parts), attempt=ctx.attempt,
+                      backend=backend)

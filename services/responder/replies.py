@@ -1,0 +1,41 @@
+"""Localized replies that come from no model: the texts of `data/replies.toml`, in the
+visitor's language (the one the widget reports, else a guess from their messages)."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+from shared import events as ev
+from shared import language, subjects
+from shared.consumer import Context
+from shared.state import ConversationState
+
+GUESS_MESSAGES = 3
+NOT_WORDS = re.compile(r"\S+@\S+|\S+://\S+")  # e-mail addresses and links ("com" is Portuguese)
+TEXTS = tomllib.loads((Path(__file__).parent / "data" / "replies.toml").read_text(encoding="utf-8"))
+
+
+def text(key: str, lang: str, **fields: str) -> str:
+    """The template at `key` ("booking.ask") in `lang`, else in English, filled in."""
+    table = TEXTS
+    for part in key.split("."):
+        table = table[part]
+    return table.get(lang, table["en"]).format(**fields)
+
+
+def lower_first(label: str) -> str:
+    """A label inside a sentence: "Work email" -> "work email"; an acronym ("SIRET number") stays."""
+    first = label.split(" ", 1)[0]
+    return label if len(first) > 1 and first.isupper() else label[:1].lower() + label[1:]
+
+
+async def visitor_language(ctx: Context, event: ev.Envelope, state: ConversationState) -> str:
+    """The language of this turn's visitor: the widget's report on the turn's
+    `TurnRequested` when it has one, else a guess from their recent messages (one message
+    like "ada@example.com" or "11-50" says nothing about it)."""
+    requested = await ctx.bus.last(subjects.conv(event.site, event.session_id, "turn_requested"))
+    visitor = requested.visitor if isinstance(requested, ev.TurnRequested) and requested.turn == event.turn else None
+    recent = [m.content for m in state.messages if m.role == "user" and m.turn <= event.turn][-GUESS_MESSAGES:]
+    return language.guess(NOT_WORDS.sub(" ", " ".join(recent)), visitor)

@@ -1,0 +1,211 @@
+"""The responder with no LLM endpoint for the `redirect` and `suggestions` roles: redirect and
+booking replies from the localized templates, suggestions from the knowledge base and the
+booking form, streamed and closed like any other turn, and no model asked."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from services.responder import (booking_handler, finalize, post_processing, redirect_handler, replies,
+                                suggesters)
+from services.responder.booking_handler import Step, wording
+from services.responder.redirect_handler import template_reply
+from shared import events as ev
+from shared import subjects
+from shared.config import LLM_ROLES, LLMRoleConfig
+from shared.consumer import ConsumerRunner, Node
+from shared.llm import LLMClient
+from shared.site_config import CTA, Booking, FormField, Redirects, SiteConfig
+from tests.test_answer_writer import FixedConfigs
+from tests.test_consumer import fast, own, unique, wait_for
+from tests.test_local_suggestions import faq_headings, kb
+
+SESSION = "n1"
+CONFIG = SiteConfig(
+    name="Tidewise",
+    cta=CTA(url="https://tidewise.example/demo", booking_url="https://tidewise.example/book"),
+    booking=Booking(fields=[
+        FormField(name="email", label="Work email", kind="email"),
+        FormField(name="team_size", label="Number of technicians", kind="choice",
+                  choices=["1-10", "11-50", "51-200", "200+"]),
+    ]),
+    redirects=Redirects(support="https://help.tidewise.example", careers="https://tidewise.example/careers",
+                        press="mailto:press@tidewise.example"),
+)
+
+
+# --- the wording, pure --------------------------------------------------------------------
+
+
+def test_redirect_templates_name_the_sites_target_in_the_visitors_language():
+    german = template_reply("SUPPORT", "Ich komme nicht in mein Konto", CONFIG, "demo", "de")
+    assert "https://help.tidewise.example" in german and "Support-Team" in german
+    assert german.endswith("Gern beantworte ich Ihre Fragen zu Tidewise.")
+    jobs = template_reply("OTHER", "Are you hiring engineers?", CONFIG, "demo", "en")
+    assert "https://tidewise.example/careers" in jobs and "press" not in jobs  # the target the message is about
+    other = template_reply("OTHER", "I have a question for you", CONFIG, "demo", "en")
+    assert "https://tidewise.example/careers" in other and "press@tidewise.example" in other
+    assert "mailto:" not in other
+    offtopic = template_reply("OFFTOPIC", "What's the weather in Paris?", CONFIG, "demo", "fr")
+    assert offtopic.startswith("Cela sort du cadre") and "http" not in offtopic
+    assert template_reply("SUPPORT", "help", SiteConfig(), "acme", "en").startswith("That's outside")
+
+
+def test_booking_templates_ask_the_fields_label_and_give_the_link():
+    email, team = CONFIG.booking.fields
+    assert wording(Step("ask", email, first=True), "en", "Tidewise") == (
+        "I'd be glad to set up a demo of Tidewise. Could you give me your work email?")
+    choice = wording(Step("ask", team, thanks=True), "en", "Tidewise")
+    assert choice == "Thank you. Which best describes your number of technicians: 1-10 / 11-50 / 51-200 / 200+?"
+    assert wording(Step("invalid", email, answer="ada@"), "de", "Tidewise").startswith(
+        "Das scheint nicht gültig zu sein (Work email).")
+    assert wording(Step("done", thanks=True, link="https://x.example/book?email=a%40b.co"), "es", "T") == (
+        "Gracias. Todo listo. Elija un horario para su demostración aquí: https://x.example/book?email=a%40b.co")
+    assert wording(booking_handler.STOP, "nl", "T").startswith("Geen probleem.")
+
+
+def test_every_template_exists_in_every_language_and_fills_in():
+    fields = {"site_name": "S", "url": "U", "label": "L", "label_lc": "l", "choices": "C", "link": "K"}
+    for group in ("redirect", "booking"):
+        for key, table in replies.TEXTS[group].items():
+            if key == "keywords":
+                continue
+            assert set(table) == {"en", "fr", "es", "de", "it", "pt", "nl"}, key
+            for lang in table:
+                assert "{" not in replies.text(f"{group}.{key}", lang, **fields), (key, lang)
+
+
+# --- through the bus, no LLM endpoint ---------------------------------------------------------
+
+
+@pytest.fixture
+def client(llm):
+    """The `answer` role has an endpoint (the scripted LLM); `redirect` and `suggestions` none."""
+    return LLMClient({role: LLMRoleConfig(role=role, base_url=llm.base_url if role == "answer" else "", api_key="k",
+                                          model="m", max_retries=0) for role in LLM_ROLES})
+
+
+@asynccontextmanager
+async def responder(bus, site, client, monkeypatch):
+    """The responder's reply, post-processing and finalize nodes, each its own consumer."""
+    monkeypatch.setattr(finalize, "WAIT_S", 0.1)
+    configs = FixedConfigs(CONFIG)
+    nodes = [redirect_handler.make_node(client, configs), booking_handler.make_node(client, configs),
+             post_processing.dialog_state_extractor, post_processing.form_field_extractor,
+             post_processing.suggestion_router, suggesters.make_node("follow_up", client, configs),
+             suggesters.make_node("answers", client, configs), finalize.make_node(configs)]
+    runners = [ConsumerRunner(bus, Node(unique(n.name), n.consumes, own(site, n.handle)), fast(), start_lookback_s=5)
+               for n in nodes]
+    for runner in runners:
+        await runner.start()
+    try:
+        yield
+    finally:
+        for runner in runners:
+            await runner.stop()
+
+
+async def say(bus, site, turn: int, message: str, route: str, intent: str, branch: str, visitor=None,
+              documents=None) -> tuple[ev.TurnCompleted, str]:
+    """One turn routed to `route`; the turn's completion and the tokens the browser got."""
+    heard: list[ev.TokenChunk] = []
+
+    async def on_token(msg):
+        heard.append(ev.decode(msg.data))
+
+    sub = await bus.nc.subscribe(subjects.tokens(site, SESSION, turn), cb=on_token)
+    try:
+        req = ev.TurnRequested(event_id=ev.new_id(), site=site, session_id=SESSION, turn=turn, ts=ev.now(),
+                               producer="test", message=message, visitor=visitor)
+        await bus.publish(req)
+        if documents is not None:
+            await bus.publish(ev.follow(req, ev.RetrievalCompleted, "retrieval", documents=documents))
+        await bus.publish(ev.follow(req, ev.RouteDecided, "intent_router", route=route, reason="t", intent=intent,
+                                    branch=branch))
+
+        async def completed():
+            return [r.event for r in await bus.read(subjects.conv(site, SESSION, "turn_completed"))
+                    if r.event.turn == turn]
+
+        (done,) = await wait_for(completed)
+    finally:
+        await sub.unsubscribe()
+    return done, "".join(t.content for t in sorted(heard, key=lambda t: t.index))
+
+
+async def stored(bus, site, event_type: str) -> list:
+    return [r.event for r in await bus.read(subjects.conv(site, SESSION, event_type))]
+
+
+async def test_redirect_without_a_model_streams_the_support_url_in_german(bus, site, llm, client, monkeypatch):
+    llm.clear()
+    async with responder(bus, site, client, monkeypatch):
+        done, streamed = await say(bus, site, 1, "Ich kann mich nicht bei meinem Konto anmelden, wer hilft mir?",
+                                   "REDIRECT", "SUPPORT", "REDIRECT_SUPPORT")
+    (reply,) = await stored(bus, site, "response_completed")
+    assert reply.backend == "template" and reply.node == "redirect_handler" and reply.token_count > 5
+    assert streamed == reply.text and "https://help.tidewise.example" in reply.text
+    assert "Gern beantworte ich Ihre Fragen zu Tidewise." in reply.text
+    assert done.metadata["suggested_follow_ups"] == [] and done.metadata["route"] == "REDIRECT"
+    assert await stored(bus, site, "llm_call_recorded") == [] and llm.requests() == []
+
+
+async def test_the_widgets_language_beats_the_guess(bus, site, client, monkeypatch):
+    async with responder(bus, site, client, monkeypatch):
+        await say(bus, site, 1, "Login broken", "REDIRECT", "SUPPORT", "REDIRECT_SUPPORT",
+                  visitor={"language": "fr-CA"})
+    (reply,) = await stored(bus, site, "response_completed")
+    assert reply.text.startswith("Pour toute aide sur votre compte") and "https://help.tidewise.example" in reply.text
+
+
+async def test_booking_without_a_model_asks_the_labels_and_offers_the_choices(bus, site, llm, client, monkeypatch):
+    llm.clear()
+    async with responder(bus, site, client, monkeypatch):
+        ask, ask_text = await say(bus, site, 1, "I'd like to book a demo", "BOOKING", "BOOKING", "DEMO_REQUESTED")
+        choice, choice_text = await say(bus, site, 2, "sure, ada@example.com", "BOOKING", "BOOKING", "STAY")
+        picked, picked_text = await say(bus, site, 3, "we are 11-50", "BOOKING", "BOOKING", "STAY")
+    assert ask_text == "I'd be glad to set up a demo of Tidewise. Could you give me your work email?"
+    assert ask.metadata["booking"]["pending_field"] == "email" and ask.metadata["suggested_answers"] == []
+    assert choice_text == "Thank you. Which best describes your number of technicians: 1-10 / 11-50 / 51-200 / 200+?"
+    assert choice.metadata["booking"]["lead_captured"] and choice.metadata["booking"]["pending_field"] == "team_size"
+    assert choice.metadata["suggested_answers"] == ["1-10", "11-50", "51-200", "200+"]
+    assert choice.metadata["suggested_follow_ups"] == []
+    link = picked_text.rsplit(" ", 1)[-1]
+    assert picked_text.startswith("Thank you. You're all set. Pick a time for your demo here: ")
+    assert parse_qs(urlsplit(link).query) == {"email": ["ada@example.com"], "team_size": ["11-50"]}
+    assert picked.metadata["booking"]["active"] is False
+    assert [e.email for e in await stored(bus, site, "lead_captured")] == ["ada@example.com"]
+    assert {r.backend for r in await stored(bus, site, "response_completed")} == {"template"}
+    generated = await stored(bus, site, "suggestions_generated")
+    assert generated and all(g.skipped == suggesters.NO_MODEL and g.error is None for g in generated)
+    assert await stored(bus, site, "llm_call_recorded") == [] and llm.requests() == []
+
+
+async def test_follow_ups_without_a_model_come_from_the_retrieved_knowledge_base(bus, site, llm, client, monkeypatch):
+    """The answer itself is stored as the answer writer would; its suggestions come from the
+    turn's retrieved FAQ and pricing sections, minus what the conversation covered."""
+    llm.clear()
+    async with responder(bus, site, client, monkeypatch):
+        req = ev.TurnRequested(event_id=ev.new_id(), site=site, session_id=SESSION, turn=1, ts=ev.now(),
+                               producer="test", message="Is there a minimum contract length?")
+        await bus.publish(req)
+        await bus.publish(ev.follow(req, ev.RetrievalCompleted, "retrieval", documents=kb("faq", "pricing")))
+        await bus.publish(ev.follow(req, ev.RouteDecided, "intent_router", route="ANSWER", reason="t", intent="LEARN",
+                                    branch="DEFAULT"))
+        await bus.publish(ev.follow(req, ev.ResponseCompleted, "answer_writer", node="answer_writer", token_count=9,
+                                    text="No minimum on monthly billing; annual billing is a 12-month commitment [3]."))
+
+        async def completed():
+            return await stored(bus, site, "turn_completed")
+
+        (done,) = await wait_for(completed)
+    follow_ups = done.metadata["suggested_follow_ups"]
+    assert follow_ups == ["How long does it take to get started?", "Can we migrate from another field-service tool?",
+                          "Does Tidewise work for one-person businesses?"]
+    assert set(follow_ups) <= faq_headings() and "Is there a minimum contract length?" not in follow_ups
+    (generated,) = await stored(bus, site, "suggestions_generated")
+    assert generated.kind == "follow_up" and generated.skipped == suggesters.NO_MODEL
+    assert await stored(bus, site, "llm_call_recorded") == [] and llm.requests() == []
