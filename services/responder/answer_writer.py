@@ -55,6 +55,9 @@ BACKEND = env_str("ANSWER_BACKEND", "")
 # answer it (none above: "not found"), and how many sentences an answer holds at most.
 EXTRACTIVE_THRESHOLD = env_float("ANSWER_EXTRACTIVE_THRESHOLD", 0.35)
 EXTRACTIVE_MAX_SENTENCES = env_int("ANSWER_EXTRACTIVE_MAX_SENTENCES", 4)
+# Sentences are read from the first N sources only: the retriever ranks them, the right
+# section is near the top, and each sentence read costs an embedding before the first token.
+EXTRACTIVE_DOCUMENTS = env_int("ANSWER_EXTRACTIVE_DOCUMENTS", 6)
 PROFILE_FIELDS = ("company_name", "company_description", "sector", "sub_sector", "job_to_be_done", "feature_list")
 SKILL_TEXT = {
     "propose_demo": "End by offering a short demo with the team, marked with 📅.",
@@ -146,7 +149,7 @@ async def extractive_answer(ctx: Context, embedder: Embedder, event: ev.RouteDec
     """The answer from the sources' sentences (extractive.py), streamed word by word after
     the sources, as an LLM answer would be."""
     message, previous = _user_messages(state, event.turn)
-    pool = extractive.candidates(documents)
+    pool = extractive.candidates(documents[:EXTRACTIVE_DOCUMENTS])
     picked: list[extractive.Picked] = []
     if pool:
         texts, with_context, titles = extractive.texts_to_embed(message, previous, pool)
