@@ -11,6 +11,10 @@ from `--concurrency` concurrent sessions through HTTP SSE (each session waits
   sessions ask product questions (ANSWER), one in six writes support requests (REDIRECT),
   one in six asks for a demo and then answers the booking questions (BOOKING); the bench
   site holds the demo knowledge base, so ANSWER turns wait for a real retrieval;
+- `--answer-backend extractive`: the answer role gets no LLM (ANSWER_BACKEND=extractive,
+  answers composed from the sources' sentences); the other roles keep the scripted LLM.
+  ANSWER turns then call no model, so their TTFT overhead is the whole time to first
+  token (nothing is subtracted): the figure to compare with the LLM path's overhead;
 - replay_events_per_s: conversation logs read from JetStream and folded into state,
   from the first event (no snapshots), events per second.
 
@@ -38,7 +42,7 @@ from cli.sse import Conversation
 from cli.supervisor import free_port, make_system, wait_http
 from shared import subjects
 from shared.bus import connect
-from shared.config import BusConfig
+from shared.config import LLM_ROLES, BusConfig
 from shared.state import fold
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--think-ms", type=float, default=1000.0,
                         help="pause between a session's turns (a visitor reading and typing); 0 = back to back")
     parser.add_argument("--replay-rounds", type=int, default=3)
+    parser.add_argument("--answer-backend", choices=("llm", "extractive"), default="llm",
+                        help="extractive: the answer role has no LLM (the other roles keep the scripted one)")
     args = parser.parse_args(argv)
 
     llm_port = free_port()
@@ -131,9 +137,15 @@ def main(argv: list[str] | None = None) -> int:
         sites.mkdir()
         for name in ("bench", "warmup"):
             shutil.copy(ROOT / "sites" / "demo.toml", sites / f"{name}.toml")
+        llm_url = f"http://127.0.0.1:{llm_port}/v1"
+        if args.answer_backend == "extractive":
+            llm_env = {"LLM_BASE_URL": "", "LLM_ANSWER_BASE_URL": "", "ANSWER_BACKEND": "extractive",
+                       **{f"LLM_{role.upper()}_BASE_URL": llm_url for role in LLM_ROLES if role != "answer"}}
+        else:
+            llm_env = {"LLM_BASE_URL": llm_url, "ANSWER_BACKEND": "llm"}
         system = make_system(Path(data), free_port(), free_port(), {
             "SITES_DIR": str(sites),
-            "LLM_BASE_URL": f"http://127.0.0.1:{llm_port}/v1",
+            **llm_env,
             # Every simulated visitor comes from 127.0.0.1: the per-IP limit would stop the
             # bench, not measure anything. The per-site limit stays on, above the offered load.
             "RATE_LIMIT_PER_IP_PER_MIN": "0",
@@ -161,10 +173,14 @@ def main(argv: list[str] | None = None) -> int:
             llm.wait(10)
 
     ok = [r for r in results if r["status"] == 200 and r["final"] == "complete" and r["first_token_s"] is not None]
-    overhead = [r["first_token_s"] * 1000 - args.ttft_ms for r in ok if r["route"] == "ANSWER"]
+
+    def model_ttft(route: str) -> float:  # what the scripted model adds before the first token
+        return 0.0 if route == "ANSWER" and args.answer_backend == "extractive" else args.ttft_ms
+
+    overhead = [r["first_token_s"] * 1000 - model_ttft("ANSWER") for r in ok if r["route"] == "ANSWER"]
     by_route = {}
     for route in ("ANSWER", "REDIRECT", "BOOKING"):
-        values = [r["first_token_s"] * 1000 - args.ttft_ms for r in ok if r["route"] == route]
+        values = [r["first_token_s"] * 1000 - model_ttft(route) for r in ok if r["route"] == route]
         if values:
             by_route[route] = {"turns": len(values), "p50": round(percentile(values, 50), 2),
                                "p99": round(percentile(values, 99), 2)}
@@ -175,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         "failed": len(results) - len(ok),
         "failures": dict(Counter(f"{r['status']}/{r['final']}" for r in results if r not in ok)),
         "concurrency": args.concurrency,
+        "answer_backend": args.answer_backend,
         "scripted_ttft_ms": args.ttft_ms,
         "scripted_inter_token_ms": args.inter_token_ms,
         "think_ms": args.think_ms,

@@ -327,7 +327,11 @@ class ResponseCompleted(Envelope, tag="response_completed"):
     fallback_used: bool = False
     late_inputs: list[str] = []  # background results the answer went without (past their deadline)
     sources: list[int] = []  # the numbers of the retrieved documents the answer was given to cite
-    backend: str = "llm"
+    backend: str = "llm"  # what wrote an answer: llm | extractive (sentences of the sources, no model)
+    # The citation audit (services/responder/citations.py), never blocking: sources were
+    # given and none was cited; figures that no source nor the visitor's messages hold.
+    uncited: bool = False
+    unsupported_numbers: list[str] = []
 
 
 class TurnCompleted(Envelope, tag="turn_completed"):

@@ -71,6 +71,7 @@ class TurnRecord(msgspec.Struct, kw_only=True):
     sources: list[ev.RetrievedDocument] | None = None  # None: no retrieval stored for the turn
     sources_cited: list[int] = []  # the documents the answer was given (ResponseCompleted.sources)
     seen: list[str] = []  # event types stored for this turn, in arrival order
+    language: str = ""  # TurnRequested.visitor["language"], when the widget sent one
 
 
 class ConversationState(msgspec.Struct, kw_only=True):
@@ -183,7 +184,9 @@ def apply(state: ConversationState, record: Record) -> ConversationState:
             state.turn = max(state.turn, event.turn)
             state.turn_requested_seq = record.seq
             state.messages.append(Message(role="user", content=event.message, turn=event.turn))
-            _turn(state, event.turn)
+            rec = _turn(state, event.turn)
+            if event.visitor and isinstance(event.visitor.get("language"), str):
+                rec.language = event.visitor["language"]
         case ev.TurnBlocked():
             # A blocked turn uses its number but leaves the spam counters as they were, so
             # repeating the message stays blocked and a different one unblocks.

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from shared import events as ev
 from shared import subjects
 from shared.config import LLMRoleConfig
@@ -23,9 +25,11 @@ class FixedConfigs:
 
 
 async def run_turn(bus, site, llm, background=(), config=None, earlier=(), history_tokens=8000,
-                   message="What do you do?"):
-    """One ANSWER turn through a consumer runner, after the `earlier` (message, reply) turns."""
-    client = LLMClient({"answer": LLMRoleConfig(role="answer", base_url=llm.base_url, api_key="k", model="m",
+                   message="What do you do?", answer_url=None):
+    """One ANSWER turn through a consumer runner, after the `earlier` (message, reply) turns.
+    `answer_url=""`: the answer role has no LLM endpoint."""
+    base_url = llm.base_url if answer_url is None else answer_url
+    client = LLMClient({"answer": LLMRoleConfig(role="answer", base_url=base_url, api_key="k", model="m",
                                                 history_tokens=history_tokens)})
     node = answer_writer.make_node(client, FixedConfigs(config) if config else None)
     runner = ConsumerRunner(bus, Node(unique("aw"), node.consumes, own(site, node.handle)), fast(), start_lookback_s=5)
@@ -149,3 +153,79 @@ async def test_a_call_too_big_for_the_bus_is_recorded_truncated_and_the_turn_com
     assert any("…[truncated " in m["content"] for m in recorded.event.call.messages)
     assert recorded.event.call.messages[-1]["content"] == "What do you do?"
     assert not await bus.read(subjects.conv(site, "a1", "turn_failed"))
+
+
+DEMO_DOCS = [
+    ev.RetrievedDocument(n=1, document_type="chunk", title="Integrations — Accounting",
+                         source="https://tidewise.example/integrations", snippet="QuickBooks Online and Xero",
+                         content="QuickBooks Online and Xero: invoices, payments and customers are synchronised every "
+                                 "10 minutes in both directions. Sage Intacct is available on the Enterprise plan."),
+    ev.RetrievedDocument(n=2, document_type="chunk", title="Pricing — Growth plan", source="https://tidewise.example/pricing",
+                         snippet="The Growth plan costs $59",
+                         content="The Growth plan costs $59 per technician per month, billed annually ($69 billed "
+                                 "monthly). It adds the Smart Scheduler, route optimisation, inventory, the Customer "
+                                 "Portal and all standard integrations (QuickBooks, Xero, Salesforce, HubSpot)."),
+]
+
+
+async def heard_on_tokens(bus, site, turn_coro):
+    heard = []
+
+    async def on_token(msg):
+        heard.append(ev.decode(msg.data))
+
+    sub = await bus.nc.subscribe(f"tokens.{site}.a1.1", cb=on_token)
+    try:
+        completed, _ = await turn_coro
+    finally:
+        await sub.unsubscribe()
+    return completed, heard
+
+
+async def test_without_an_answer_llm_the_answer_is_the_sources_sentences_cited_and_streamed(bus, site, llm, monkeypatch):
+    monkeypatch.setattr(answer_writer, "BACKEND", "")  # the default: no endpoint for the answer role
+    llm.clear()
+    completed, heard = await heard_on_tokens(bus, site, run_turn(
+        bus, site, llm, answer_url="", message="Do you integrate with QuickBooks?",
+        background=[(ev.RetrievalCompleted, "retrieval", {"documents": DEMO_DOCS})]))
+    assert completed.backend == "extractive" and completed.node == "answer_writer"
+    assert completed.text.startswith("QuickBooks Online and Xero: invoices, payments and customers are synchronised "
+                                     "every 10 minutes in both directions [1].")
+    assert completed.sources == [1, 2] and not completed.uncited and completed.unsupported_numbers == []
+    assert isinstance(heard[0], ev.SourcesAttached) and [s["n"] for s in heard[0].sources] == [1, 2]
+    tokens = [e for e in heard[1:] if isinstance(e, ev.TokenChunk)]
+    assert len(tokens) == len(heard) - 1 and len(tokens) == completed.token_count > 10
+    assert "".join(t.content for t in sorted(tokens, key=lambda t: t.index)) == completed.text
+    assert llm.requests() == []  # no model was asked
+    assert await bus.read(subjects.conv(site, "a1", "llm_call_recorded")) == []
+
+
+async def test_extractive_answer_with_nothing_relevant_says_so_and_gives_the_contact(bus, site, llm, monkeypatch):
+    from shared.site_config import CTA, SiteConfig
+    monkeypatch.setattr(answer_writer, "BACKEND", "extractive")
+    llm.clear()
+    config = SiteConfig(name="Tidewise", cta=CTA(label="Book a demo", url="https://tidewise.example/demo"))
+    completed, _ = await run_turn(bus, site, llm, config=config, message="Who won the 2018 football World Cup?",
+                                  background=[(ev.RetrievalCompleted, "retrieval", {"documents": DEMO_DOCS})])
+    assert completed.backend == "extractive" and llm.requests() == []
+    assert completed.text == ("I couldn't find that in Tidewise's documentation, and I'd rather not guess. "
+                              "The team can answer it: Book a demo, https://tidewise.example/demo")
+    assert not completed.uncited  # it declined: it claims nothing
+
+
+async def test_an_llm_answer_without_citations_and_with_an_invented_number_is_flagged(bus, site, llm):
+    llm.clear()
+    llm.fail_next({"reply": "Yes, we sync with QuickBooks every 5 minutes."})
+    completed, _ = await run_turn(bus, site, llm, message="Do you integrate with QuickBooks?",
+                                  background=[(ev.RetrievalCompleted, "retrieval", {"documents": DEMO_DOCS})])
+    assert completed.backend == "llm" and completed.uncited and completed.unsupported_numbers == ["5"]
+    (stored,) = [r.event for r in await bus.read(subjects.conv(site, "a1", "response_completed"))]
+    assert stored.uncited and stored.unsupported_numbers == ["5"]  # recorded in the log, not only returned
+
+
+async def test_ANSWER_BACKEND_llm_without_an_endpoint_stops_at_start(monkeypatch):
+    from shared.config import ConfigError
+    monkeypatch.setattr(answer_writer, "BACKEND", "llm")
+    client = LLMClient({"answer": LLMRoleConfig(role="answer", base_url="", api_key="k", model="m")})
+    with pytest.raises(ConfigError, match="LLM_ANSWER_BASE_URL"):
+        answer_writer.make_node(client)

@@ -146,7 +146,8 @@ async def test_answer_from_the_knowledge_base_sends_sources_then_cited_tokens(sy
     assert any(s["url"] == "https://tidewise.example/integrations" for s in sources)
     assert "[1]" in reply.text
     meta = reply.final["metadata"]
-    assert meta["route"] == "ANSWER" and meta["sources"] == sources
+    assert meta["route"] == "ANSWER" and [{k: v for k, v in s.items() if k != "cited"} for s in meta["sources"]] == sources
+    assert [s["n"] for s in meta["sources"] if s["cited"]] == [1, 2]  # checked on the server, from the text
     system_prompt = llm.requests()[-1]["messages"][0]["content"]
     assert "## Sources" in system_prompt and "QuickBooks" in system_prompt and "[1] " in system_prompt
 

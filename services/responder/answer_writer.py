@@ -7,20 +7,30 @@ visitor's enrichment and profile); what is not there is left out of the prompt a
 `ResponseCompleted.late_inputs`, it never blocks the answer. Tokens go to
 `tokens.<site>.<session>.<turn>` as they arrive; the full text is stored once, as
 `ResponseCompleted`.
+
+Two backends (`ANSWER_BACKEND`): `llm` streams the `answer` role's model; `extractive`
+(the default when that role has no endpoint) writes the answer from the retrieved
+sources' own sentences, each cited, with no model at all (extractive.py). Either way the
+answer is audited (citations.py): `ResponseCompleted.uncited` when sources were given and
+none was cited, `unsupported_numbers` for figures that no source nor the visitor wrote.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
 import msgspec
+import numpy as np
 
-from services.responder.streaming import stream_llm
-from shared import awaiter, history, persona, prompts
+from services.responder import citations, extractive
+from services.responder.streaming import publish_sources, stream_llm, stream_text
+from shared import awaiter, history, language, persona, prompts
 from shared import skills as sk
 from shared import events as ev
-from shared.config import env_float, env_int
+from shared.config import ConfigError, env_float, env_int, env_str
+from shared.embeddings import Embedder, shared_embedder
 from shared.consumer import Context, Node
 from shared.llm import LLMClient
 from shared.site_config import SiteConfig, SiteConfigs
@@ -38,6 +48,16 @@ AWAITED = ("enrichment_completed", "profile_inferred")
 RETRIEVAL_WAIT_S = env_float("ANSWER_RETRIEVAL_WAIT_S", 2.0)
 MAX_SOURCES = env_int("ANSWER_MAX_SOURCES", 10)  # the first N retrieved documents go into the prompt
 SOURCE_CHARS = 700
+BACKENDS = ("llm", "extractive")
+# Empty: `llm` when the answer role has an endpoint (LLM_BASE_URL / LLM_ANSWER_BASE_URL), else `extractive`.
+BACKEND = env_str("ANSWER_BACKEND", "")
+# Extractive answers: the similarity to the question under which a sentence does not
+# answer it (none above: "not found"), and how many sentences an answer holds at most.
+EXTRACTIVE_THRESHOLD = env_float("ANSWER_EXTRACTIVE_THRESHOLD", 0.35)
+EXTRACTIVE_MAX_SENTENCES = env_int("ANSWER_EXTRACTIVE_MAX_SENTENCES", 4)
+# Sentences are read from the first N sources only: the retriever ranks them, the right
+# section is near the top, and each sentence read costs an embedding before the first token.
+EXTRACTIVE_DOCUMENTS = env_int("ANSWER_EXTRACTIVE_DOCUMENTS", 6)
 PROFILE_FIELDS = ("company_name", "company_description", "sector", "sub_sector", "job_to_be_done", "feature_list")
 SKILL_TEXT = {
     "propose_demo": "End by offering a short demo with the team, marked with 📅.",
@@ -97,7 +117,71 @@ def build_messages(state: ConversationState, turn: int, system_prompt: str, budg
     return messages
 
 
-def make_node(llm: LLMClient, configs: SiteConfigs | None = None) -> Node:
+def backend(llm: LLMClient) -> str:
+    """The answer backend this process uses: `ANSWER_BACKEND`, else by whether the answer
+    role has an endpoint. `llm` without an endpoint is a configuration error."""
+    chosen = BACKEND or ("llm" if llm.configured("answer") else "extractive")
+    if chosen not in BACKENDS:
+        raise ConfigError(f"ANSWER_BACKEND={chosen!r}: use {' or '.join(BACKENDS)}")
+    if chosen == "llm" and not llm.configured("answer"):
+        raise ConfigError("ANSWER_BACKEND=llm needs LLM_BASE_URL or LLM_ANSWER_BASE_URL")
+    return chosen
+
+
+def _user_messages(state: ConversationState, turn: int) -> tuple[str, str]:
+    """This turn's message and the visitor's previous one (empty after a HACK turn: its
+    text goes nowhere)."""
+    current, previous = "", ""
+    hacks = history.hack_turns(state)
+    for m in state.messages:
+        if m.role != "user":
+            continue
+        if m.turn == turn:
+            current = m.content
+        elif m.turn < turn:
+            previous = "" if m.turn in hacks else m.content
+    return current, previous
+
+
+async def extractive_answer(ctx: Context, embedder: Embedder, event: ev.RouteDecided, state: ConversationState,
+                            documents: list[ev.RetrievedDocument], config: SiteConfig, skills: list[str],
+                            question: str | None, late: list[str]) -> ev.ResponseCompleted:
+    """The answer from the sources' sentences (extractive.py), streamed word by word after
+    the sources, as an LLM answer would be."""
+    message, previous = _user_messages(state, event.turn)
+    pool = extractive.candidates(documents[:EXTRACTIVE_DOCUMENTS])
+    picked: list[extractive.Picked] = []
+    if pool:
+        texts, with_context, titles = extractive.texts_to_embed(message, previous, pool)
+        vectors = np.stack(await asyncio.gather(*(embedder.aembed(t) for t in texts)))
+        picked = extractive.choose_from(vectors, with_context, titles, pool, threshold=EXTRACTIVE_THRESHOLD,
+                                        max_sentences=EXTRACTIVE_MAX_SENTENCES)
+    record = state.turns.get(event.turn)
+    lang = language.guess(message, {"language": record.language} if record and record.language else None)
+    text = extractive.reply(picked, documents, skills=skills, question=question, lang=lang, config=config,
+                            site=event.site)
+    await publish_sources(ctx, documents)
+    completed = await stream_text(ctx, NAME, text)
+    return msgspec.structs.replace(completed, backend="extractive", late_inputs=late,
+                                   sources=[d.n for d in documents])
+
+
+def audited(completed: ev.ResponseCompleted, state: ConversationState, documents: list[ev.RetrievedDocument],
+            declined: bool) -> ev.ResponseCompleted:
+    """`completed` with the citation audit's flags; flagged answers are counted and logged."""
+    said = [m.content for m in state.messages if m.role == "user"]
+    uncited, unsupported = citations.audit(completed.text, documents, said, declined=declined)
+    completed = msgspec.structs.replace(completed, uncited=uncited, unsupported_numbers=unsupported)
+    citations.count(completed)
+    return completed
+
+
+def make_node(llm: LLMClient, configs: SiteConfigs | None = None, embedder: Embedder | None = None) -> Node:
+    mode = backend(llm)
+    if mode == "extractive":
+        embedder = embedder or shared_embedder()
+        embedder.embed(["warm-up"])  # load the model at start, not on the first question
+
     async def handle(event: ev.RouteDecided, ctx: Context) -> list[ev.Envelope]:
         if event.route != "ANSWER":
             return []
@@ -113,11 +197,15 @@ def make_node(llm: LLMClient, configs: SiteConfigs | None = None) -> Node:
         documents = (record_of_turn.sources or [])[:MAX_SOURCES] if record_of_turn else []
         config = await configs.get(event.site) if configs else SiteConfig()
         skills, question = applied_skills(state, event, config)
+        if mode == "extractive":
+            completed = await extractive_answer(ctx, embedder, event, state, documents, config, skills, question, late)
+            return [audited(completed, state, documents, declined=not citations.cited(completed.text))]
         system = prompts.compose(PROMPT, event.site, config, visitor=visitor_context(state),
                                  skills=skills_context(skills, question), persona=persona.block(config.persona),
                                  sources=sources_context(documents))
         messages = build_messages(state, event.turn, system, llm.history_tokens("answer"))
-        return [await stream_llm(ctx, llm, "answer", NAME, messages, late_inputs=late, sources=documents,
-                                 temperature=persona.temperature(config.persona))]
+        completed = await stream_llm(ctx, llm, "answer", NAME, messages, late_inputs=late, sources=documents,
+                                     temperature=persona.temperature(config.persona))
+        return [audited(completed, state, documents, declined=False)]
 
     return Node(name=NAME, consumes=("route_decided",), handle=handle)

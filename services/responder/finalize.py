@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
+from services.responder import citations
 from services.responder.booking_handler import booking_url
 from shared import awaiter, events as ev
 from shared.config import env_float
@@ -56,9 +57,20 @@ def metadata(state: ConversationState, turn: int, suggestions: ev.SuggestionsGen
         "booking": {"active": state.booking.active, "pending_field": state.booking.pending_field,
                     "lead_captured": state.booking.lead_captured},
         "dialog_flags": dict(state.dialog.latest) if state.dialog.latest_turn == turn else {},
-        "sources": ev.public_sources([d for d in (record.sources or []) if d.n in record.sources_cited])
-        if record else [],
+        "sources": sources(state, turn),
     }
+
+
+def sources(state: ConversationState, turn: int) -> list[dict]:
+    """The sources the answer was given, each marked `cited` when the answer's text cites
+    it (checked here, whatever wrote the answer: citations.py)."""
+    record = state.turns.get(turn)
+    if record is None:
+        return []
+    answer = next((m.content for m in reversed(state.messages) if m.turn == turn and m.role == "assistant"), "")
+    given = [d for d in (record.sources or []) if d.n in record.sources_cited]
+    quoted = set(citations.cited(answer, [d.n for d in given]))
+    return [{**public, "cited": public["n"] in quoted} for public in ev.public_sources(given)]
 
 
 def make_node(configs: SiteConfigs | None = None) -> Node:

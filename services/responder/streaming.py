@@ -18,9 +18,7 @@ async def stream_llm(ctx: Context, llm: LLMClient, role: str, node: str, message
                      **params: Any) -> ev.ResponseCompleted:
     """Stream the model's answer as tokens. `sources` go out first, on the same subject, so
     the browser has them before the first token that cites one."""
-    if sources:
-        await ctx.bus.publish_token(ctx.follow(ev.SourcesAttached, key=f"sources-{ctx.attempt}",
-                                               sources=ev.public_sources(sources)))
+    await publish_sources(ctx, sources)
     parts: list[str] = []
     calls = []
 
@@ -34,6 +32,13 @@ async def stream_llm(ctx: Context, llm: LLMClient, role: str, node: str, message
     return ctx.follow(ev.ResponseCompleted, node=node, text="".join(parts), token_count=len(parts),
                       attempt=ctx.attempt, fallback_used=any(call.fallback_used for call in calls),
                       late_inputs=late_inputs or [], sources=[d.n for d in sources or []])
+
+
+async def publish_sources(ctx: Context, sources: list[ev.RetrievedDocument] | None) -> None:
+    """The sources an answer may cite, on the token subject before its first token."""
+    if sources:
+        await ctx.bus.publish_token(ctx.follow(ev.SourcesAttached, key=f"sources-{ctx.attempt}",
+                                               sources=ev.public_sources(sources)))
 
 
 async def stream_text(ctx: Context, node: str, text: str, backend: str = "template") -> ev.ResponseCompleted:

@@ -1,0 +1,263 @@
+"""extractive: an answer made of the retrieved sources' own sentences, for when the answer
+role has no LLM (`ANSWER_BACKEND=extractive`). A B2B site's assistant must not invent
+facts; a sentence copied from the knowledge base, cited, cannot.
+
+Pure: the question, its follow-up context, the turn's documents and their sentences'
+vectors in; the chosen sentences out. answer_writer does the I/O (embedding, streaming).
+
+1. Candidates: every retrieved document cut into sentences, Markdown headings dropped and
+   list / emphasis / link markup removed, a very short sentence ("Yes.") joined to the
+   next; a sentence found in several documents is kept once, cited to a chunk first
+   (entity and relationship descriptions repeat chunk sentences).
+2. Relevance: MiniLM cosine similarity to the question; for a short, elliptical question
+   ("And Xero?") blended with the similarity to the previous visitor message and this one.
+3. Nothing at or above `threshold`: no sentence (the caller says it found nothing).
+4. Otherwise up to `max_sentences` by maximal marginal relevance among those within
+   `margin` of the best, near-duplicates (similarity ≥ `duplicate`) never both.
+5. Order: by source, the sources in the order of their best sentence, each source's
+   sentences in their original order.
+
+`reply` writes the answer: each sentence followed by its `[n]`, then the endings the
+applied skills ask for, from localized templates (data/extractive.toml); with no sentence,
+a plain "not found" and the site's contact (its CTA, its support page), never a guess.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from shared import events as ev
+from shared.site_config import SiteConfig
+
+TEMPLATES = tomllib.loads((Path(__file__).parent / "data" / "extractive.toml").read_text(encoding="utf-8"))
+
+SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]?\s+(?=[\"'(«¿¡]?[A-Z0-9À-Ý])")
+HEADING = re.compile(r"^\s{0,3}#{1,6}\s")
+LIST_MARKER = re.compile(r"^\s*(?:[-*+•]|\d{1,3}[.)])\s+")
+TABLE_RULE = re.compile(r"^\s*\|?\s*:?-{3,}")
+LINK = re.compile(r"!?\[([^\]]*)\]\([^)]*\)")
+EMPHASIS = re.compile(r"(\*\*|__|\*|`)(?=\S)(.+?)(?<=\S)\1")
+ENTITY_PREFIX = re.compile(r"^[^:\n]{1,80} \([^)\n]{1,80}\): ")
+WORD = re.compile(r"\w+", re.UNICODE)
+CITATION = re.compile(r"\s*\[\d+\]")
+CONTINUATION = ("and ", "also ", "what about", "how about", "et ", "und ", "y ", "e ")
+MIN_WORDS = 4  # shorter sentences ("Yes.") are joined to the next one
+MAX_CHARS = 500  # longer "sentences" are tables or run-on lists, not answers
+# Sentences that lean on the one before them (en, fr, de, es).
+ANAPHOR = re.compile(r"^(?:it|its|they|their|them|this|these|that|those|he|she|il|elle|ils|elles|cela|ceci|ce|"
+                     r"ces|es|sie|dies|diese|dieser|este|esta|esto|estos|estas|ello)\b", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    text: str
+    n: int  # the source it is cited to
+    position: int  # its place in that source
+    title: str = ""  # the source's title ("Integrations — Accounting"): what the sentence is about
+
+
+@dataclass(frozen=True)
+class Picked:
+    text: str
+    n: int
+    position: int
+    score: float  # relevance to the question
+
+
+def _clean_line(line: str) -> str:
+    if TABLE_RULE.match(line):
+        return ""
+    line = LIST_MARKER.sub("", line)
+    line = LINK.sub(r"\1", line)
+    line = EMPHASIS.sub(r"\2", line)
+    if line.strip().startswith("|"):
+        line = ": ".join(cell.strip() for cell in line.strip().strip("|").split("|") if cell.strip())
+    return " ".join(line.split())
+
+
+def sentences(document: ev.RetrievedDocument) -> list[str]:
+    """The document's text as whole sentences, without Markdown markup. A bare "Yes." or
+    "No." (it answers a heading's question, not the visitor's) is dropped, another very
+    short sentence joined to the next, and one that opens with a pronoun ("It adds…")
+    kept with the sentence before it, so no sentence is quoted without what it refers to."""
+    text = document.content
+    if document.document_type == "entity":
+        text = ENTITY_PREFIX.sub("", text)
+    out: list[str] = []
+    for line in text.splitlines():
+        if HEADING.match(line):
+            continue
+        line = _clean_line(line)
+        pending = ""
+        for piece in (p.strip() for p in SENTENCE_END.split(line) if p.strip()):
+            if len(WORD.findall(piece)) <= 2 and piece[-1] in ".!" and not pending:
+                continue  # "Yes." / "No." / "Not yet."
+            piece = f"{pending} {piece}" if pending else piece
+            if len(WORD.findall(piece)) < MIN_WORDS:
+                pending = piece
+                continue
+            pending = ""
+            if out and ANAPHOR.match(piece):
+                out[-1] = f"{out[-1]} {piece}"
+            else:
+                out.append(piece)
+        if pending and len(WORD.findall(pending)) >= 2:
+            out.append(pending)
+    return [s for s in out if len(s) <= MAX_CHARS]
+
+
+def _key(text: str) -> str:
+    return " ".join(WORD.findall(text.lower()))
+
+
+def candidates(documents: list[ev.RetrievedDocument]) -> list[Candidate]:
+    """Every sentence of the documents once; a sentence several documents hold is cited to
+    the first chunk holding it (else the first document)."""
+    ordered = sorted(documents, key=lambda d: (d.document_type != "chunk", d.n))
+    seen: set[str] = set()
+    out: list[Candidate] = []
+    for document in ordered:
+        for position, text in enumerate(sentences(document)):
+            key = _key(text)
+            if key and key not in seen:
+                seen.add(key)
+                out.append(Candidate(text=text, n=document.n, position=position, title=document.title))
+    return out
+
+
+def elliptical(question: str) -> bool:
+    """A follow-up that leans on the previous message: a few words, or opening with "and",
+    "what about" and the like."""
+    lowered = question.strip().lower()
+    return len(WORD.findall(lowered)) <= 4 or lowered.startswith(CONTINUATION)
+
+
+def choose(question_vec: np.ndarray, vectors: np.ndarray, title_vectors: np.ndarray, pool: list[Candidate], *,
+           context_vec: np.ndarray | None = None, max_sentences: int = 4, threshold: float = 0.35,
+           margin: float = 0.12, duplicate: float = 0.9, diversity: float = 0.3,
+           title_weight: float = 0.3) -> list[Picked]:
+    """The sentences that best answer the question, in reading order; [] when none reaches
+    `threshold`. `vectors` are the sentences', `title_vectors` their sources' titles' (one
+    row per candidate): a sentence is relevant as itself and by what its section is about
+    ("It usually takes three weeks." under "Careers — Hiring" does not answer "How long
+    does onboarding take?"). Unit rows: a dot product is the cosine similarity."""
+    if not pool:
+        return []
+
+    def similarity(rows: np.ndarray) -> np.ndarray:
+        sim = rows @ question_vec
+        if context_vec is not None:
+            sim = np.maximum(sim, 0.6 * sim + 0.4 * (rows @ context_vec))
+        return sim
+
+    relevance = (1 - title_weight) * similarity(vectors) + title_weight * similarity(title_vectors)
+    best = float(relevance.max())
+    if best < threshold:
+        return []
+    eligible = [i for i in range(len(pool)) if relevance[i] >= max(threshold, best - margin)]
+    chosen: list[int] = []
+    while eligible and len(chosen) < max_sentences:
+        def mmr(i: int) -> float:
+            overlap = max((float(vectors[i] @ vectors[j]) for j in chosen), default=0.0)
+            return (1 - diversity) * float(relevance[i]) - diversity * overlap
+
+        pick = max(eligible, key=mmr)
+        eligible.remove(pick)
+        if any(float(vectors[pick] @ vectors[j]) >= duplicate for j in chosen):
+            continue
+        chosen.append(pick)
+    source_rank: dict[int, int] = {}
+    for i in chosen:
+        source_rank.setdefault(pool[i].n, len(source_rank))
+    chosen.sort(key=lambda i: (source_rank[pool[i].n], pool[i].position))
+    return [Picked(text=pool[i].text, n=pool[i].n, position=pool[i].position, score=round(float(relevance[i]), 4))
+            for i in chosen]
+
+
+def texts_to_embed(question: str, previous: str, pool: list[Candidate]) -> tuple[list[str], bool, list[str]]:
+    """What `choose` needs embedded, in order: the question, the follow-up context (when
+    the question is elliptical and there is a previous message), the distinct titles, the
+    sentences. Returns (texts, with_context, titles)."""
+    follow_up = f"{previous} {question}" if previous and elliptical(question) else ""
+    titles = list(dict.fromkeys(c.title for c in pool))
+    return [question, *([follow_up] if follow_up else []), *titles, *(c.text for c in pool)], bool(follow_up), titles
+
+
+def choose_from(vectors: np.ndarray, with_context: bool, titles: list[str], pool: list[Candidate],
+                **params) -> list[Picked]:
+    """`choose` over the rows of `texts_to_embed`'s texts, embedded."""
+    start = 2 if with_context else 1
+    title_row = {t: start + i for i, t in enumerate(titles)}
+    sentences_at = start + len(titles)
+    return choose(vectors[0], vectors[sentences_at:], vectors[[title_row[c.title] for c in pool]], pool,
+                  context_vec=vectors[1] if with_context else None, **params)
+
+
+def compose(question: str, documents: list[ev.RetrievedDocument], embed: Callable[[list[str]], np.ndarray], *,
+            previous: str = "", **params) -> list[Picked]:
+    """The whole selection with a synchronous `embed` (tests, offline tools)."""
+    pool = candidates(documents)
+    if not pool:
+        return []
+    texts, with_context, titles = texts_to_embed(question, previous, pool)
+    return choose_from(embed(texts), with_context, titles, pool, **params)
+
+
+def cite(sentence: str, n: int) -> str:
+    """The sentence with its `[n]` before the final punctuation: "… both directions [1]."."""
+    sentence = CITATION.sub("", sentence).rstrip()
+    if sentence and sentence[-1] in ".!?":
+        return f"{sentence[:-1]} [{n}]{sentence[-1]}"
+    return f"{sentence} [{n}]."
+
+
+def _templates(lang: str) -> dict[str, str]:
+    return {**TEMPLATES["en"], **TEMPLATES.get(lang, {})}
+
+
+def not_found(config: SiteConfig, site: str, lang: str) -> str:
+    """Nothing relevant was retrieved: say so, and where to ask instead."""
+    t = _templates(lang)
+    name = config.name or site
+    lines = [t["not_found"].format(site_name=name)]
+    cta_url = config.cta.url or config.cta.booking_url
+    if cta_url:
+        lines.append(t["contact_cta"].format(label=config.cta.label, url=cta_url))
+    if config.redirects.support:
+        lines.append(t["contact_support"].format(url=config.redirects.support))
+    if len(lines) == 1:
+        lines.append(t["contact_none"].format(site_name=name))
+    return " ".join(lines)
+
+
+def endings(skills: list[str], question: str | None, lang: str, resource_url: str = "") -> list[str]:
+    """What the applied skills add after the answer, in their order. `suggest_follow_up`
+    adds nothing here: the widget shows the suggested questions."""
+    t = _templates(lang)
+    out = []
+    for skill in skills:
+        if skill == "ask_qualifying_question" and question:
+            out.append(t[skill].format(question=question.rstrip(" ?") + "?"))
+        elif skill == "share_resource" and resource_url.startswith(("http://", "https://")):
+            out.append(t[skill].format(url=resource_url))
+        elif skill in ("propose_demo", "collect_email"):
+            out.append(t[skill])
+    return out
+
+
+def reply(picked: list[Picked], documents: list[ev.RetrievedDocument], *, skills: list[str], question: str | None,
+          lang: str, config: SiteConfig, site: str) -> str:
+    """The answer's text: the sentences, each cited, then the skills' endings; or the "not
+    found" reply (with a qualifying question still asked when one is due)."""
+    if not picked:
+        rest = endings([s for s in skills if s == "ask_qualifying_question"], question, lang)
+        return "\n\n".join([not_found(config, site, lang), *rest])
+    urls = {d.n: d.source for d in documents}
+    answer = " ".join(cite(p.text, p.n) for p in picked)
+    return "\n\n".join([answer, *endings(skills, question, lang, urls.get(picked[0].n, ""))])

@@ -1,0 +1,170 @@
+"""Extractive answers (pure, on the demo knowledge base's real text) and the citation audit."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from services.responder import citations, extractive, finalize
+from services.retriever import documents as kb_documents
+from services.retriever import extraction
+from shared import events as ev
+from shared.embeddings import shared_embedder
+from shared.site_config import CTA, Redirects, SiteConfig
+from shared.state import ConversationState, Message, TurnRecord
+
+DEMO = Path(__file__).resolve().parent.parent / "knowledge" / "demo"
+CONFIG = SiteConfig(name="Tidewise", cta=CTA(label="Book a 30-minute demo", url="https://tidewise.example/demo"),
+                    redirects=Redirects(support="https://help.tidewise.example"))
+
+
+def embed(texts):
+    return shared_embedder().embed(texts)
+
+
+@lru_cache(maxsize=1)
+def demo_chunks():
+    """The demo KB chunked as the retriever chunks it, titled as retrieval titles them."""
+    chunks = []
+    for path in sorted(DEMO.glob("*.md")):
+        doc = kb_documents.read("demo", path)
+        for chunk in extraction.chunk(doc, lambda text: len(text.split())):
+            head, _, body = chunk.content.partition("\n")
+            section = f" — {head.split(' — ', 1)[1]}" if " — " in head else ""
+            chunks.append((doc.title + section, doc.source, body or head))
+    return chunks, embed([f"{title}\n{body}" for title, _, body in chunks])
+
+
+def retrieved(question: str, k: int = 6) -> list[ev.RetrievedDocument]:
+    """A stand-in retrieval: the k chunks most similar to the question, numbered from 1."""
+    chunks, vectors = demo_chunks()
+    order = (vectors @ embed([question])[0]).argsort()[::-1][:k]
+    return [ev.RetrievedDocument(n=i, document_type="chunk", title=chunks[j][0], source=chunks[j][1],
+                                 snippet=chunks[j][2][:80], content=chunks[j][2]) for i, j in enumerate(order, 1)]
+
+
+def answer(message: str, documents: list[ev.RetrievedDocument], **kw) -> str:
+    picked = extractive.compose(message, documents, embed)
+    return extractive.reply(picked, documents, skills=kw.get("skills", []), question=kw.get("question"),
+                            lang=kw.get("lang", "en"), config=CONFIG, site="demo")
+
+
+def test_quickbooks_question_is_answered_with_the_quickbooks_and_xero_sentence_cited():
+    documents = retrieved("Do you integrate with QuickBooks?")
+    n = next(d.n for d in documents if d.title == "Integrations — Accounting")
+    text = answer("Do you integrate with QuickBooks?", documents)
+    assert (f"QuickBooks Online and Xero: invoices, payments and customers are synchronised every 10 minutes "
+            f"in both directions [{n}].") in text
+    assert "does not integrate" not in text and len(citations.cited(text)) >= 1
+
+
+def test_eu_data_question_is_answered_with_the_frankfurt_and_virginia_sentence():
+    documents = retrieved("Is my data stored in the EU?")
+    n = next(d.n for d in documents if d.title == "Security and compliance — GDPR and data residency")
+    picked = extractive.compose("Is my data stored in the EU?", documents, embed)
+    assert picked[0].n == n and "(Frankfurt)" in picked[0].text and "(Virginia)" in picked[0].text
+    assert 1 <= len(picked) <= 4
+
+
+@pytest.mark.parametrize("question", ["What is the capital of Peru?", "Can you write me a poem about cats?",
+                                      "Who won the 2018 football World Cup?"])
+def test_an_unrelated_question_gets_the_plain_not_found_reply_with_the_sites_contact(question):
+    documents = retrieved(question)
+    assert extractive.compose(question, documents, embed) == []
+    text = answer(question, documents)
+    assert text == ("I couldn't find that in Tidewise's documentation, and I'd rather not guess. "
+                    "The team can answer it: Book a 30-minute demo, https://tidewise.example/demo "
+                    "For help with your account: https://help.tidewise.example")
+    sentences = {s for d in documents for s in extractive.sentences(d)}
+    assert not any(s[:40] in text for s in sentences) and not citations.cited(text)
+
+
+def test_near_duplicates_are_said_once():
+    sentence = "QuickBooks Online and Xero: invoices, payments and customers are synchronised every 10 minutes in both directions."
+    documents = [
+        ev.RetrievedDocument(n=1, document_type="entity", title="QuickBooks Online", source="s", snippet="",
+                             content=f"QuickBooks Online (Integrations): {sentence}"),
+        ev.RetrievedDocument(n=2, document_type="chunk", title="Integrations — Accounting", source="s", snippet="",
+                             content=f"{sentence} Sage Intacct is available on the Enterprise plan."),
+        ev.RetrievedDocument(n=3, document_type="chunk", title="Integrations — Sync", source="s", snippet="",
+                             content="QuickBooks Online and Xero: invoices, payments and customers sync every ten "
+                                     "minutes in both directions."),
+    ]
+    pool = extractive.candidates(documents)
+    assert [(c.n, c.text[:20]) for c in pool].count((2, "QuickBooks Online an")) == 1
+    assert all(c.n != 1 for c in pool)  # the entity's copy of a chunk sentence is cited to the chunk
+    picked = extractive.compose("Do you integrate with QuickBooks?", documents, embed)
+    quickbooks = [p for p in picked if "QuickBooks" in p.text]
+    assert len(quickbooks) == 1, picked
+    without_mmr = extractive.compose("Do you integrate with QuickBooks?", documents, embed, duplicate=1.01,
+                                     diversity=0.0)
+    assert len([p for p in without_mmr if "QuickBooks" in p.text]) == 2  # the test can fail
+
+
+def test_sentences_lose_markdown_and_keep_what_they_refer_to():
+    doc = ev.RetrievedDocument(n=1, document_type="chunk", title="t", source="s", snippet="", content=(
+        "## Plans\nYes. The **Growth** plan costs $59 per technician per month. It adds the "
+        "[Smart Scheduler](https://x.example/s).\n- Insights: reports and dashboards on revenue\n"
+        "1. Import your customers from a spreadsheet."))
+    assert extractive.sentences(doc) == [
+        "The Growth plan costs $59 per technician per month. It adds the Smart Scheduler.",
+        "Insights: reports and dashboards on revenue",
+        "Import your customers from a spreadsheet.",
+    ]
+    assert extractive.cite("Insights: reports and dashboards on revenue", 3) == (
+        "Insights: reports and dashboards on revenue [3].")
+
+
+def test_an_elliptical_follow_up_is_read_with_the_previous_message():
+    assert extractive.elliptical("And Xero?") and extractive.elliptical("What about the price?")
+    assert not extractive.elliptical("Do you integrate with Salesforce for field jobs?")
+    documents = retrieved("Tell me about the Growth plan") + retrieved("Does the mobile app work offline?", 2)
+    documents = [msgspec.structs.replace(d, n=i) for i, d in enumerate(documents, 1)]
+    followed = extractive.compose("And the price?", documents, embed, previous="Tell me about the Growth plan")
+    assert followed and "Growth plan costs $59" in followed[0].text, followed
+    alone = extractive.compose("And the price?", documents, embed)
+    assert [p.text for p in alone] != [p.text for p in followed]  # the previous message changed the choice
+
+
+def test_skills_end_the_answer_in_the_visitors_language():
+    documents = retrieved("Do you integrate with QuickBooks?")
+    text = answer("Proposez-vous une intégration QuickBooks ?", documents, skills=["propose_demo", "collect_email"],
+                  lang="fr")
+    assert text.endswith("Voulez-vous le voir lors d'une courte démonstration avec l'équipe ? 📅\n\n"
+                         "Si vous laissez votre e-mail professionnel, l'équipe vous recontactera. ✉️")
+    text = answer("Do you integrate with QuickBooks?", documents, skills=["ask_qualifying_question"],
+                  question="Which tool do you use today for scheduling?")
+    assert text.endswith("\n\nWhich tool do you use today for scheduling? ❓")
+    for lang in ("en", "fr", "de", "es"):
+        assert set(extractive.TEMPLATES[lang]) == set(extractive.TEMPLATES["en"])
+
+
+def test_the_audit_flags_an_uncited_answer_and_an_invented_number():
+    documents = retrieved("How much does the Growth plan cost?")
+    uncited, unsupported = citations.audit("The Growth plan costs $49 per technician per month.", documents,
+                                           ["How much does the Growth plan cost?"])
+    assert uncited and unsupported == ["49"]
+    n = next(d.n for d in documents if d.title == "Pricing — Growth plan")
+    uncited, unsupported = citations.audit(f"The Growth plan costs $59 per technician per month [{n}], "
+                                           f"so 12 technicians cost $708.", documents,
+                                           ["We have 12 technicians. How much does the Growth plan cost?"])
+    assert not uncited and unsupported == ["708"]  # 12 came from the visitor, 59 from the source
+    assert citations.audit("1. Starter\n2. Growth [1]", documents, [])[1] == []  # list numbering is no figure
+    assert citations.audit("I couldn't find that.", documents, [], declined=True) == (False, [])
+    assert citations.numbers("5,000 apps, 99.95% uptime, TLS 1.3 [2]") == ["5,000", "99.95%", "1.3"]
+    assert citations.unsupported_numbers("more than 5000 apps", ["more than 5,000 other applications"]) == []
+    assert citations.cited("A [1]. B [2, 3]. C [9].", given=[1, 2, 3]) == [1, 2, 3]
+
+
+def test_metadata_marks_the_sources_the_answer_cited():
+    documents = retrieved("Do you integrate with QuickBooks?", 3)
+    state = ConversationState(
+        messages=[Message(role="user", content="Do you integrate with QuickBooks?", turn=1),
+                  Message(role="assistant", content="QuickBooks Online and Xero sync every 10 minutes [2].", turn=1)],
+        turns={1: TurnRecord(turn=1, sources=documents, sources_cited=[1, 2, 3])})
+    marked = finalize.sources(state, 1)
+    assert [(s["n"], s["cited"]) for s in marked] == [(1, False), (2, True), (3, False)]
+    assert "content" not in marked[0]
