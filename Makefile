@@ -41,7 +41,8 @@ test: setup browser
 bench: setup
 	$(BIN)/concierge bench
 
-# The router's evals: every eval on the shipped sets (make eval), or one intent file.
+# Every eval on the shipped sets (make eval; the answers eval starts a system of its own,
+# answering with the LLM environment as set), or one intent file.
 eval: setup
 	$(BIN)/concierge eval all
 

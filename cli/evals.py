@@ -1,5 +1,6 @@
-"""`concierge eval intent|skills|hack|retrieval|all`: the router's evals (services/router/evaluation.py) and the
-retriever's (services/retriever/evaluation.py)."""
+"""`concierge eval intent|skills|hack|retrieval|answers|all`: the router's evals (services/router/evaluation.py),
+the retriever's (services/retriever/evaluation.py) and the answers' (cli/answer_eval.py: through a running
+system, the one `--base-url` names or one it starts)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ from pathlib import Path
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="concierge eval")
-    parser.add_argument("which", choices=("intent", "skills", "hack", "retrieval", "all"))
+    parser.add_argument("which", choices=("intent", "skills", "hack", "retrieval", "answers", "all"))
     parser.add_argument("--dataset", type=Path, help="JSONL file (default: the shipped evaluation set)")
     parser.add_argument("--backend", choices=("local", "llm", "cascade"), default="local",
                         help="intent classifier backend (default: local, the embedded default)")
+    parser.add_argument("--base-url", help="answers: a running gateway (default: start a system for the eval)")
+    parser.add_argument("--site", default="demo", help="answers: the site asked (default: demo)")
+    parser.add_argument("--concurrency", type=int, default=1, help="answers: conversations at once (default: 1)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     from services.router import evaluation
@@ -30,16 +34,24 @@ def main(argv: list[str]) -> int:
         if args.which == "retrieval":
             from services.retriever import evaluation as retrieval_eval
             return retrieval_eval.eval_retrieval(args.dataset or retrieval_eval.EVAL)
+        if args.which == "answers":
+            from cli import answer_eval
+            return answer_eval.eval_answers(args.dataset or answer_eval.DATASET, args.base_url, args.site,
+                                            args.concurrency)
     except ValueError as exc:  # a malformed dataset: say where, no traceback
         import sys
         print(f"concierge eval: {exc}", file=sys.stderr)
         return 2
     if args.dataset is not None:
         parser.error("eval all runs the shipped datasets; use eval intent|skills|hack|retrieval --dataset FILE for one file")
+    from cli import answer_eval
     from services.retriever import evaluation as retrieval_eval
 
     skills = evaluation.eval_skills()
     retrieval = retrieval_eval.eval_retrieval()
     intent = evaluation.eval_intent(evaluation.EVAL, args.backend)
+    # A system of its own unless --base-url names one; its answer backend is whatever the
+    # LLM environment gives (no LLM_BASE_URL: the system's default).
+    answers = answer_eval.eval_answers(answer_eval.DATASET, args.base_url, args.site, args.concurrency)
     hack = evaluation.eval_hack(evaluation.HACK_EVAL, args.backend)  # last: its JSON (the two HACK figures) ends the output
-    return max(skills, retrieval, intent, hack)
+    return max(skills, retrieval, intent, answers, hack)

@@ -15,7 +15,8 @@ commands:
   first-run              time a fresh clone's `make run` to its first answer
   erase-visitor          forget a visitor: redact their events, delete their cached data
   loadtest SERVICE       one service alone under a set rate (enricher, router, retriever)
-  eval intent|skills|all run the router's evals on labeled JSONL (make eval)
+  eval intent|skills|hack|retrieval|all   the router's and retriever's evals on labeled JSONL (make eval)
+  eval answers [--base-url URL]   ask the dataset's questions through a running system (or one it starts)
   sites check [DIR]      validate the site config files (default: sites/)
   sites key --site SITE  make an operator API key for one site (its hash goes in the site file)
   sites webhook-secret --site SITE   print the secret SITE's lead webhooks are signed with

@@ -540,6 +540,53 @@ async def test_browser_asks_sees_streamed_answer_sources_and_follow_up(system, l
             await browser.close()
 
 
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium not installed (Debian package `chromium`): browser test skipped")
+async def test_browser_renders_the_answers_markdown_and_never_its_html(system, llm, suggestions_llm):
+    """A list, bold, an https link and a citation become elements, while the answer streams
+    and after; a javascript: link stays text and an <img> tag from the model stays text."""
+    from playwright.async_api import async_playwright
+
+    llm.clear(), suggestions_llm.clear()
+    llm.fail_next({"reply": "Two things:\n- **Scheduling**: drag and drop [1]\n"
+                            "- see [pricing](https://tidewise.example/pricing)\n\n"
+                            "Also [run me](javascript:alert(1)) and [this](javascript:void) "
+                            "<img src=x onerror=alert(1)>", "inter_token_ms": 20})
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"])
+        try:
+            page = await browser.new_page(viewport={"width": 1200, "height": 800})
+            dialogs = []
+            page.on("dialog", lambda d: (dialogs.append(d.message), asyncio.ensure_future(d.dismiss())))
+            await page.goto(system.gateway_url + "/")
+            await page.evaluate("localStorage.clear()")
+            await page.reload()
+            await page.click("[data-testid=cw-launch]")
+            await page.fill("[data-testid=cw-input]", "How does scheduling work?")
+            await page.press("[data-testid=cw-input]", "Enter")
+            bot = page.locator("[data-testid=cw-bot]").last
+            # While streaming, the list is already a list.
+            await page.wait_for_selector("[data-testid=cw-bot] ul > li > strong", timeout=30000)
+            await page.wait_for_function(
+                "() => [...document.querySelectorAll('[data-testid=cw-bot]')].pop().textContent.includes('onerror')",
+                timeout=30000)
+            assert await bot.locator("ul > li").count() == 2
+            assert await bot.locator("ul > li > strong").first.text_content() == "Scheduling"
+            link = bot.locator("a", has_text="pricing")
+            assert await link.get_attribute("href") == "https://tidewise.example/pricing"
+            assert await bot.locator("a.cw-cite").first.text_content() == "[1]"
+            hrefs = await bot.locator("a").evaluate_all("links => links.map(a => a.getAttribute('href'))")
+            assert all(h.startswith("https://") for h in hrefs), hrefs
+            assert await bot.locator("a", has_text="run me").count() == 0
+            assert await bot.locator("a", has_text="this").count() == 0
+            assert await page.locator("[data-testid=cw-log] img").count() == 0
+            assert "<img src=x onerror=alert(1)>" in await bot.text_content()
+            assert dialogs == []
+        finally:
+            await browser.close()
+
+
 async def test_bus_outage_is_503_and_not_ready(system, http, site):
     """Last in this module: it stops the module's nats-server."""
     system.kill("nats")

@@ -27,6 +27,10 @@
     ".cw-msg{max-width:85%;padding:8px 11px;border-radius:12px;white-space:pre-wrap;word-wrap:break-word}",
     ".cw-user{align-self:flex-end;background:#0b5cad;color:#fff}",
     ".cw-bot{align-self:flex-start;background:#f0f3f7}",
+    ".cw-bot p{margin:0 0 6px}.cw-bot p:last-child{margin-bottom:0}",
+    ".cw-bot ul,.cw-bot ol{margin:0 0 6px;padding-left:20px;white-space:normal}.cw-bot ul:last-child,.cw-bot ol:last-child{margin-bottom:0}",
+    ".cw-bot li{white-space:pre-wrap}",
+    ".cw-link{color:#0b5cad}",
     ".cw-notice{align-self:center;background:#fff4e5;color:#7a4300;border:1px solid #f3c78a;font-size:13px}",
     ".cw-error{align-self:center;background:#fde8e8;color:#8a1c1c;border:1px solid #f0a8a8;font-size:13px}",
     ".cw-sources{align-self:flex-start;font-size:12px;color:#4a5563;max-width:85%}",
@@ -97,23 +101,81 @@
 
   function scroll() { log.scrollTop = log.scrollHeight; }
 
-  // "[2]" in the answer becomes a link to source 2.
-  function renderCitations(node, text, sources) {
+  // The answer's markdown, a safe subset built with DOM calls only (never innerHTML, so no
+  // HTML from a model is ever parsed): paragraphs, bullet and numbered lists, **bold**,
+  // [label](url) links when the URL is http(s) (any other scheme stays plain text), and
+  // "[2]" citations, which link to source 2. Re-run on every token while the answer streams.
+  var INLINE = /\*\*(.+?)\*\*|__(.+?)__|\[([^\]\n]+)\]\(([^()\s]+)\)|\[(\d+)\]/;
+
+  function safeUrl(url) {
+    try {
+      var u = new URL(url);
+      return u.protocol === "https:" || u.protocol === "http:" ? u.href : null;
+    } catch (e) { return null; }
+  }
+
+  function inline(parent, text, byN) {
+    var re = new RegExp(INLINE.source, "g"), last = 0, m;
+    while ((m = re.exec(text)) !== null) {
+      if (m.index > last) parent.appendChild(document.createTextNode(text.slice(last, m.index)));
+      last = re.lastIndex;
+      if (m[1] != null || m[2] != null) {
+        var strong = el("strong");
+        inline(strong, m[1] != null ? m[1] : m[2], byN);
+        parent.appendChild(strong);
+      } else if (m[3] != null) {
+        var href = safeUrl(m[4]);
+        if (href) {
+          var link = el("a", "cw-link", m[3]);
+          link.href = href; link.target = "_blank"; link.rel = "noopener nofollow";
+          parent.appendChild(link);
+        } else {
+          parent.appendChild(document.createTextNode(m[3]));
+        }
+      } else if (byN[m[5]]) {
+        var a = el("a", "cw-cite", "[" + m[5] + "]");
+        a.href = byN[m[5]].url; a.target = "_blank"; a.rel = "noopener";
+        a.title = byN[m[5]].title;
+        parent.appendChild(a);
+      } else {
+        parent.appendChild(document.createTextNode(m[0]));
+      }
+    }
+    if (last < text.length) parent.appendChild(document.createTextNode(text.slice(last)));
+  }
+
+  function renderAnswer(node, text, sources) {
     var byN = {};
     (sources || []).forEach(function (s) { byN[s.n] = s; });
     node.textContent = "";
-    var parts = text.split(/(\[\d+\])/);
-    parts.forEach(function (part) {
-      var m = /^\[(\d+)\]$/.exec(part);
-      if (m && byN[m[1]]) {
-        var a = el("a", "cw-cite", "[" + m[1] + "]");
-        a.href = byN[m[1]].url; a.target = "_blank"; a.rel = "noopener";
-        a.title = byN[m[1]].title;
-        node.appendChild(a);
+    var para = [], list = null, item = null;
+    function endParagraph() {
+      if (!para.length) return;
+      var p = el("p");
+      inline(p, para.join("\n"), byN);
+      node.appendChild(p);
+      para = [];
+    }
+    text.replace(/\r\n?/g, "\n").split("\n").forEach(function (line) {
+      var bullet = /^\s*[-*\u2022]\s+(.*)$/.exec(line), numbered = /^\s*\d+[.)]\s+(.*)$/.exec(line);
+      var tag = bullet ? "UL" : numbered ? "OL" : null;
+      if (tag) {
+        endParagraph();
+        if (!list || list.tagName !== tag) { list = el(tag.toLowerCase()); node.appendChild(list); }
+        item = el("li");
+        inline(item, (bullet || numbered)[1], byN);
+        list.appendChild(item);
+      } else if (!line.trim()) {
+        endParagraph();
+        list = item = null;
+      } else if (item && /^\s+\S/.test(line)) {  // an indented line continues the list item
+        inline(item, "\n" + line.trim(), byN);
       } else {
-        node.appendChild(document.createTextNode(part));
+        list = item = null;
+        para.push(line);
       }
     });
+    endParagraph();
   }
 
   // One link per source page, with the numbers that point to it: "Integrations [1][3]".
@@ -215,7 +277,7 @@
             else if (event.type === "token") {
               if (!started) { started = true; answer = ""; }
               answer += event.content;
-              renderCitations(bot, answer, sources);
+              renderAnswer(bot, answer, sources);
             } else if (event.type === "complete") {
               if (event.session_id && event.session_token) {
                 localStorage.setItem(storeKey, event.session_id);
@@ -253,8 +315,12 @@
         if (!view) return;
         (view.messages || []).forEach(function (m) {
           var node = el("div", "cw-msg " + (m.role === "user" ? "cw-user" : "cw-bot"));
-          if (m.role === "assistant") node.setAttribute("data-testid", "cw-bot");
-          renderCitations(node, m.content, m.sources);
+          if (m.role === "assistant") {
+            node.setAttribute("data-testid", "cw-bot");
+            renderAnswer(node, m.content, m.sources);
+          } else {
+            node.textContent = m.content;
+          }
           log.appendChild(node);
         });
         if ((view.messages || []).length) {
