@@ -1,11 +1,13 @@
 """`concierge first-run`: what a newcomer waits for, measured. Clones this repository into a
-temporary directory, runs `make run` there as a new user would (no LLM_BASE_URL: the
-embedded model), and times the `Ready` line, the first streamed token of "What
-integrations do you offer?" and the end of that answer; then stops it with Ctrl-C.
+temporary directory, runs `make run` there as a new user would (no LLM_BASE_URL: extractive
+answers from the knowledge base, nothing compiled), and times the `Ready` line, the first
+streamed token of "Do you integrate with QuickBooks?" and the end of that answer; then
+stops it with Ctrl-C.
 
 `--cache-dir DIR` points CONCIERGE_CACHE_DIR somewhere else (an empty directory measures a
-machine without the cached llama.cpp wheel, model and ONNX export; pip's own cache still
-applies). The gateway must be free to listen on 127.0.0.1:8000. Last line: one JSON object.
+machine without the cached ONNX export; pip's own cache still applies). `--local-llm`
+measures `LLM=local make run` instead (the embedded llama.cpp model). The gateway must be
+free to listen on 127.0.0.1:8000. Last line: one JSON object.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-QUESTION = "What integrations do you offer?"
+QUESTION = "Do you integrate with QuickBooks?"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cache-dir", default="", help="CONCIERGE_CACHE_DIR for the run (default: the usual one)")
     parser.add_argument("--timeout", type=float, default=3000)
+    parser.add_argument("--local-llm", action="store_true", help="LLM=local make run (the embedded model)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="concierge-first-run-") as tmp:
         clone = Path(tmp) / "concierge"
@@ -36,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "VIRTUAL_ENV"))}
         if args.cache_dir:
             env["CONCIERGE_CACHE_DIR"] = args.cache_dir
+        env.pop("LLM", None)
+        if args.local_llm:
+            env["LLM"] = "local"
         started = time.monotonic()
         proc = subprocess.Popen(["make", "run"], cwd=clone, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
