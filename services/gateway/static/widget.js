@@ -179,10 +179,15 @@
   }
 
   // One link per source page, with the numbers that point to it: "Integrations [1][3]".
+  // The sources the answer cited (the server marks them), else all it was given; a source
+  // without a page (a knowledge-graph entity) has nothing to link to.
   function showSources(sources) {
     if (!sources || !sources.length) return;
+    var cited = sources.filter(function (s) { return s.cited; });
+    var shown = (cited.length ? cited : sources).filter(function (s) { return /^https?:\/\//.test(s.url || ""); });
+    if (!shown.length) return;
     var pages = [], byUrl = {};
-    sources.forEach(function (s) {
+    shown.forEach(function (s) {
       var page = byUrl[s.url];
       if (!page) {
         page = byUrl[s.url] = {url: s.url, label: null, numbers: []};
