@@ -66,6 +66,15 @@ def test_sections_not_yet_discussed_become_localized_questions():
     assert follow_ups(kb("integrations"), conversation, "fr")[0] == "Et concernant Payments ?"
 
 
+def test_the_sections_the_answer_cited_are_not_offered_again():
+    docs = kb("integrations")
+    accounting = next(d.n for d in docs if d.title.endswith("— Accounting"))
+    conversation = said("Do you integrate with QuickBooks?",
+                        f"QuickBooks Online and Xero sync every 10 minutes in both directions [{accounting}].")
+    assert "What about Accounting?" in follow_ups(docs, conversation, "en", limit=8)
+    assert "What about Accounting?" not in follow_ups(docs, conversation, "en", limit=8, cited=frozenset({accounting}))
+
+
 def test_question_headings_come_before_sections_and_at_most_three_distinct():
     docs = kb("pricing", "faq") + kb("faq")  # the FAQ twice: offered once
     conversation = said("What does it cost?", "Starter is $29 per technician per month.")

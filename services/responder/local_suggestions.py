@@ -58,9 +58,10 @@ def _first_sentence(text: str) -> str:
 
 
 def follow_ups(documents: list[ev.RetrievedDocument], messages: list[Message], lang: str,
-               limit: int = MAX_FOLLOW_UPS) -> list[str]:
+               limit: int = MAX_FOLLOW_UPS, cited: frozenset[int] = frozenset()) -> list[str]:
     """Up to `limit` questions from the retrieved chunks' headings that the conversation has
-    not covered: question headings first, then other sections, each in retrieval order."""
+    not covered: question headings first, then other sections, each in retrieval order. The
+    sections this turn's answer cited (`cited`) were just discussed, whatever words they use."""
     asked = [content_words(m.content) for m in messages if m.role == "user"]
     replies = [content_words(m.content) for m in messages if m.role == "assistant"]
     said = set().union(*asked, *replies)
@@ -68,7 +69,7 @@ def follow_ups(documents: list[ev.RetrievedDocument], messages: list[Message], l
     questions: list[str] = []
     topics: list[str] = []
     for doc in sorted(documents, key=lambda d: d.n):
-        if doc.document_type != "chunk" or " — " not in doc.title:
+        if doc.document_type != "chunk" or " — " not in doc.title or doc.n in cited:
             continue
         heading = " ".join(doc.title.split(" — ", 1)[1].split())
         topic = content_words(heading)

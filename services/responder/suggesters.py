@@ -15,7 +15,7 @@ from pathlib import Path
 
 import msgspec
 
-from services.responder import local_suggestions, replies
+from services.responder import citations, local_suggestions, replies
 from shared import events as ev
 from shared import history, loader, prompts
 from shared.consumer import Context, Node
@@ -78,4 +78,5 @@ async def _without_model(kind: str, event: ev.SuggestionsRouted, ctx: Context, s
     if kind == "answers":
         return local_suggestions.answer_options(state, event.turn, reply, config, lang)
     record = state.turns.get(event.turn)
-    return clean(local_suggestions.follow_ups((record.sources if record else None) or [], state.messages, lang))
+    return clean(local_suggestions.follow_ups((record.sources if record else None) or [], state.messages, lang,
+                                              cited=frozenset(citations.cited(reply))))
