@@ -478,6 +478,13 @@ async def test_stop_booking_leaves_the_flow(system, http):
 CHROMIUM = next((p for p in ("/usr/bin/chromium", "/usr/bin/chromium-browser") if Path(p).exists()), None)
 
 
+async def launch_chromium(pw):
+    """Debian's Chromium, headless, without the background calls a closed network refuses."""
+    return await pw.chromium.launch(executable_path=CHROMIUM, args=[
+        "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"])
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="Chromium not installed (Debian package `chromium`): browser test skipped")
 async def test_browser_asks_sees_streamed_answer_sources_and_follow_up(system, llm, suggestions_llm):
     """The demo page in headless Chromium: ask, see the streamed answer with its sources and
@@ -494,9 +501,7 @@ async def test_browser_asks_sees_streamed_answer_sources_and_follow_up(system, l
     artifacts = ROOT / "artifacts"
     artifacts.mkdir(exist_ok=True)
     async with async_playwright() as pw:
-        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"])
+        browser = await launch_chromium(pw)
         try:
             page = await browser.new_page(viewport={"width": 1200, "height": 800})
             await page.goto(system.gateway_url + "/")
@@ -552,9 +557,7 @@ async def test_browser_renders_the_answers_markdown_and_never_its_html(system, l
                             "Also [run me](javascript:alert(1)) and [this](javascript:void) "
                             "<img src=x onerror=alert(1)>", "inter_token_ms": 20})
     async with async_playwright() as pw:
-        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"])
+        browser = await launch_chromium(pw)
         try:
             page = await browser.new_page(viewport={"width": 1200, "height": 800})
             dialogs = []
