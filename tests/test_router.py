@@ -27,13 +27,18 @@ from tests.test_consumer import fast, own, unique, wait_for
 _model = None
 
 
-@pytest.fixture
-def parts(bus):
-    """The real local model (MiniLM ONNX + trained classifier, loaded once), no LLM."""
+def _local_model() -> LocalIntentModel:
+    """The real local model (MiniLM ONNX + trained classifier), loaded once."""
     global _model
     if _model is None:
         _model = LocalIntentModel.load_or_train(shared_embedder().load())
-    return RouterParts(configs=SiteConfigs(bus), classifier=IntentClassifier(_model, None, backend="local"),
+    return _model
+
+
+@pytest.fixture
+def parts(bus):
+    """The real local model, no LLM."""
+    return RouterParts(configs=SiteConfigs(bus), classifier=IntentClassifier(_local_model(), None, backend="local"),
                        rules=sig.SignalRules.load(), llm=None)
 
 
@@ -232,6 +237,33 @@ async def test_router_nodes_on_the_local_model(bus, site, parts):
     finally:
         for runner in runners:
             await runner.stop()
+
+
+PRODUCT_QUESTIONS = [  # (message, route): held-out rows of intents_eval.jsonl, none in the training data
+    ("Who are the people behind Tidewise?", "ANSWER"),  # company facts
+    ("In what year did the company start?", "ANSWER"),
+    ("Combien de salariés compte l'entreprise ?", "ANSWER"),
+    ("What commission does a reseller earn on the customers it brings?", "ANSWER"),  # partner program terms
+    ("Does the end customer get a text reminder before the technician arrives?", "ANSWER"),  # notifications
+    ("And how long does that take?", "ANSWER"),  # an elliptical follow-up
+    ("The jobs I assign no longer appear in my Google Calendar.", "REDIRECT"),  # the customer's own problem
+    ("Our customers stopped receiving the reminder texts this week.", "REDIRECT"),
+    ("I'd like to join your reseller program, who should I talk to?", "REDIRECT"),  # asks to be put in touch
+    ("Could you put me in touch with your founders for an interview?", "REDIRECT"),
+]
+
+
+async def test_product_questions_are_answered_and_contact_requests_redirected():
+    """A question the website answers (the company, the partner program, how a feature
+    behaves) goes to ANSWER; a customer's own problem or a request to be put in touch is
+    redirected. Local model and routing table, no booking flow."""
+    classifier = IntentClassifier(_local_model(), None, backend="local")
+    for message, route in PRODUCT_QUESTIONS:
+        result = await classifier.classify("t", SiteConfig(), message)
+        decision = routing.decide(intent=result.intent, message=message, score=0.0, threshold=1.0, skills=[],
+                                  booking=BookingState(), confidence=result.confidence, runner_up=result.runner_up,
+                                  markers=tuple(result.markers))
+        assert decision.route == route, (message, result.intent, result.confidence)
 
 
 async def test_interest_score_accumulates_across_turns(bus, site, parts):
