@@ -219,6 +219,33 @@ class Embedder:
                 self._drainer = asyncio.create_task(self._drain(), name="embed-batches")
         return await asyncio.shield(pending)
 
+    async def aembed_all(self, texts: list[str]) -> np.ndarray:
+        """Many texts' vectors at once (an extractive answer's question, titles and
+        sentences): cached ones from the cache, those in flight awaited, and all the others
+        in one model call, sorted by length (`embed_many`), instead of one queued request
+        each, 16 to a batch, behind one another."""
+        missing = [t for t in dict.fromkeys(texts) if t not in self._cache and t not in self._inflight]
+        if missing:
+            loop = asyncio.get_running_loop()
+            futures = {t: loop.create_future() for t in missing}
+            self._inflight.update(futures)
+            try:
+                vectors = await loop.run_in_executor(self._executor, self.embed_many, missing)
+            except Exception as exc:  # noqa: BLE001 - every waiter hears of it
+                for text, future in futures.items():
+                    self._inflight.pop(text, None)
+                    if not future.done():
+                        future.set_exception(exc)
+                        future.exception()  # retrieved: the caller gets it raised below
+                raise
+            for text, vector in zip(missing, vectors):
+                self._cache[text] = vector
+                self._inflight.pop(text, None)
+                futures[text].set_result(vector)
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return np.stack([await self.aembed(t) for t in texts])
+
     async def _drain(self) -> None:
         loop = asyncio.get_running_loop()
         while self._queue:

@@ -1,30 +1,80 @@
-"""A visitor's language, for the few replies that do not come from a model: the language
-the widget reports, else a guess from the message's common words, else English."""
+"""A visitor's language, for the replies that do not come from a model: the language the
+widget reports, else a guess from the message, else English.
+
+The guess adds two kinds of evidence, because each fails where the other holds:
+- py3langid (BSD-3, a naive Bayes model over byte n-grams, restricted to `LANGUAGES`): it
+  reads accents and word shapes ("hébergées", "unterstützt"), but a message of two or
+  three words gives it little ("And Xero?" comes out Italian);
+- the message's function words (data/function_words.toml: "and", "est-ce", "welche",
+  "¿cuánto"): a short question is made mostly of them, and one of them is strong evidence.
+
+The best total wins if it has a function word or a confident n-gram score; otherwise
+("Pricing?", "Tarifs ?") the answer is English:
+a wrong guess in a short reply costs more than the default.
+"""
 
 from __future__ import annotations
 
 import re
+import threading
+import tomllib
+import unicodedata
+from pathlib import Path
 
 LANGUAGES = ("en", "fr", "es", "de", "it", "pt", "nl")
-_WORDS = {
-    "en": "the and you your is are what how can do i we my to of with for this that",
-    "fr": "le la les et vous est que je nous une des pour avec pas mon votre quel quelle",
-    "es": "el la los las y usted es que yo una para con por mi su cómo qué no tienen",
-    "de": "der die das und sie ist ich wir ein eine mit für nicht mein ihr wie was auch",
-    "it": "il lo la gli e che è io noi una per con non mi mio vostro come cosa sono",
-    "pt": "o os as e você é que eu nós uma para com não meu seu como vocês está",
-    "nl": "de het een en jij u is ik wij met voor niet mijn jullie hoe wat zijn",
-}
-_SETS = {lang: set(words.split()) for lang, words in _WORDS.items()}
-_TOKEN = re.compile(r"[a-zà-ÿ]+", re.IGNORECASE)
+FUNCTION_WORDS: dict[str, frozenset[str]] = {
+    lang: frozenset(words.split())
+    for lang, words in tomllib.loads((Path(__file__).parent / "data" / "function_words.toml")
+                                     .read_text(encoding="utf-8")).items()}
+ALL_FUNCTION_WORDS = frozenset().union(*FUNCTION_WORDS.values())
+TOKEN = re.compile(r"[^\W\d_]+(?:-[^\W\d_]+)*", re.UNICODE)
+WORD_WEIGHT = 0.25  # one function word weighs a quarter of the n-gram model's whole probability
+MIN_CONFIDENCE = 0.5  # below it, and without any function word, the n-gram model's guess is not taken
+
+_identifier = None
+_lock = threading.Lock()
+
+
+def load():
+    """The n-gram model (about a second to read); services call it at start so that no
+    visitor's first message waits for it."""
+    global _identifier
+    if _identifier is None:
+        with _lock:
+            if _identifier is None:
+                from py3langid.langid import MODEL_FILE, LanguageIdentifier
+
+                identifier = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+                identifier.set_languages(list(LANGUAGES))
+                _identifier = identifier
+    return _identifier
+
+
+def words(text: str) -> list[str]:
+    """The text's words, lowercased (NFC; "est-ce" and "t-il" stay whole, then also count
+    by their parts)."""
+    out: list[str] = []
+    for token in TOKEN.findall(unicodedata.normalize("NFC", text).lower()):
+        out.append(token)
+        if "-" in token:
+            out.extend(token.split("-"))
+    return out
+
+
+def evidence(text: str) -> tuple[dict[str, float], dict[str, int]]:
+    """(the n-gram model's probability, the number of function words) per language."""
+    probabilities = dict(load().rank(text))
+    tokens = words(text)
+    return ({lang: probabilities.get(lang, 0.0) for lang in LANGUAGES},
+            {lang: sum(t in FUNCTION_WORDS[lang] for t in tokens) for lang in LANGUAGES})
 
 
 def guess(text: str, visitor: dict | None = None) -> str:
     if visitor and isinstance(visitor.get("language"), str) and visitor["language"][:2].lower() in LANGUAGES:
         return visitor["language"][:2].lower()
-    tokens = [t.lower() for t in _TOKEN.findall(text)]
-    if not tokens:
+    if not words(text):
         return "en"
-    scores = {lang: sum(t in words for t in tokens) for lang, words in _SETS.items()}
-    best = max(scores, key=scores.get)
-    return best if scores[best] > 0 else "en"
+    probability, hits = evidence(text)
+    # ties: LANGUAGES order, English first
+    best = max(LANGUAGES, key=lambda lang: probability[lang] + WORD_WEIGHT * hits[lang])
+    return best if hits[best] or probability[best] >= MIN_CONFIDENCE else "en"

@@ -17,7 +17,6 @@ none was cited, `unsupported_numbers` for figures that no source nor the visitor
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 
@@ -55,9 +54,11 @@ BACKEND = env_str("ANSWER_BACKEND", "")
 # answer it (none above: "not found"), and how many sentences an answer holds at most.
 EXTRACTIVE_THRESHOLD = env_float("ANSWER_EXTRACTIVE_THRESHOLD", 0.35)
 EXTRACTIVE_MAX_SENTENCES = env_int("ANSWER_EXTRACTIVE_MAX_SENTENCES", 4)
-# Sentences are read from the first N sources only: the retriever ranks them, the right
-# section is near the top, and each sentence read costs an embedding before the first token.
-EXTRACTIVE_DOCUMENTS = env_int("ANSWER_EXTRACTIVE_DOCUMENTS", 6)
+# Sentences are read from the first N sources only: the retriever ranks them and the right
+# section is near the top (an entity's description, after the chunks, often holds the one
+# sentence that answers); each sentence read the first time costs an embedding before the
+# first token (then it is cached).
+EXTRACTIVE_DOCUMENTS = env_int("ANSWER_EXTRACTIVE_DOCUMENTS", 10)
 PROFILE_FIELDS = ("company_name", "company_description", "sector", "sub_sector", "job_to_be_done", "feature_list")
 SKILL_TEXT = {
     "propose_demo": "End by offering a short demo with the team, marked with 📅.",
@@ -152,9 +153,10 @@ async def extractive_answer(ctx: Context, embedder: Embedder, event: ev.RouteDec
     pool = extractive.candidates(documents[:EXTRACTIVE_DOCUMENTS])
     picked: list[extractive.Picked] = []
     if pool:
-        texts, with_context, titles = extractive.texts_to_embed(message, previous, pool)
-        vectors = np.stack(await asyncio.gather(*(embedder.aembed(t) for t in texts)))
-        picked = extractive.choose_from(vectors, with_context, titles, pool, threshold=EXTRACTIVE_THRESHOLD,
+        asked = extractive.Question(text=message, previous=previous, name=config.name or event.site)
+        texts, _, titles = extractive.texts_to_embed(asked, pool)
+        vectors = await embedder.aembed_all(texts)
+        picked = extractive.choose_from(vectors, asked, titles, pool, threshold=EXTRACTIVE_THRESHOLD,
                                         max_sentences=EXTRACTIVE_MAX_SENTENCES)
     record = state.turns.get(event.turn)
     lang = language.guess(message, {"language": record.language} if record and record.language else None)
@@ -178,6 +180,7 @@ def audited(completed: ev.ResponseCompleted, state: ConversationState, documents
 
 def make_node(llm: LLMClient, configs: SiteConfigs | None = None, embedder: Embedder | None = None) -> Node:
     mode = backend(llm)
+    language.load()  # the replies that come from no model guess the visitor's language with it
     if mode == "extractive":
         embedder = embedder or shared_embedder()
         embedder.embed(["warm-up"])  # load the model at start, not on the first question

@@ -24,8 +24,10 @@ a plain "not found" and the site's contact (its CTA, its support page), never a 
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -33,6 +35,7 @@ from typing import Callable
 import numpy as np
 
 from shared import events as ev
+from shared import language
 from shared.site_config import SiteConfig
 
 TEMPLATES = tomllib.loads((Path(__file__).parent / "data" / "extractive.toml").read_text(encoding="utf-8"))
@@ -43,10 +46,16 @@ LIST_MARKER = re.compile(r"^\s*(?:[-*+•]|\d{1,3}[.)])\s+")
 TABLE_RULE = re.compile(r"^\s*\|?\s*:?-{3,}")
 LINK = re.compile(r"!?\[([^\]]*)\]\([^)]*\)")
 EMPHASIS = re.compile(r"(\*\*|__|\*|`)(?=\S)(.+?)(?<=\S)\1")
-ENTITY_PREFIX = re.compile(r"^[^:\n]{1,80} \([^)\n]{1,80}\): ")
+ENTITY_PREFIX = re.compile(r"^[^:\n]{1,80} \([^)\n]{1,80}\): ", re.MULTILINE)
 WORD = re.compile(r"\w+", re.UNICODE)
 CITATION = re.compile(r"\s*\[\d+\]")
+NUMBER = re.compile(r"\d+(?:[.,:]\d+)*%?")
 CONTINUATION = ("and ", "also ", "what about", "how about", "et ", "und ", "y ", "e ")
+FOLLOW_UP_WORDS = 10  # a question this short that points back ("it") is read with the previous one
+# Words that point back to something the previous message named (en, fr, de, es, it, pt).
+BACK_REFERENCE = frozenset("it its they them their il elle ils elles ça cela es ihn dafür damit dazu davon "
+                           "eso esto ello esso essa ciò isso isto".split())
+STEM = 6  # letters two words share at the start to count as one stem ("integrez" / "integrate")
 MIN_WORDS = 4  # shorter sentences ("Yes.") are joined to the next one
 MAX_CHARS = 500  # longer "sentences" are tables or run-on lists, not answers
 # Sentences that lean on the one before them (en, fr, de, es).
@@ -85,7 +94,8 @@ def sentences(document: ev.RetrievedDocument) -> list[str]:
     """The document's text as whole sentences, without Markdown markup. A bare "Yes." or
     "No." (it answers a heading's question, not the visitor's) is dropped, another very
     short sentence joined to the next, and one that opens with a pronoun ("It adds…")
-    kept with the sentence before it, so no sentence is quoted without what it refers to."""
+    kept with the sentence before it in a chunk (dropped elsewhere), so no sentence is
+    quoted without what it refers to."""
     text = document.content
     if document.document_type == "entity":
         text = ENTITY_PREFIX.sub("", text)
@@ -103,8 +113,12 @@ def sentences(document: ev.RetrievedDocument) -> list[str]:
                 pending = piece
                 continue
             pending = ""
-            if out and ANAPHOR.match(piece):
-                out[-1] = f"{out[-1]} {piece}"
+            if ANAPHOR.match(piece):
+                # An entity's or relationship's description strings together sentences from
+                # several places, and an excerpt opening with "It adds…" does not say what
+                # "it" is: there, such a sentence is left out.
+                if out and document.document_type == "chunk":
+                    out[-1] = f"{out[-1]} {piece}"
             else:
                 out.append(piece)
         if pending and len(WORD.findall(pending)) >= 2:
@@ -138,17 +152,116 @@ def elliptical(question: str) -> bool:
     return len(WORD.findall(lowered)) <= 4 or lowered.startswith(CONTINUATION)
 
 
+def follows_up(question: str) -> bool:
+    """Read with the previous message: elliptical, or a short question that points back
+    ("How much does it cost per month?" after "What does the Growth plan include?")."""
+    words = WORD.findall(question.lower())
+    return elliptical(question) or (len(words) <= FOLLOW_UP_WORDS and any(w in BACK_REFERENCE for w in words))
+
+
+@dataclass(frozen=True)
+class Question:
+    """What the visitor asked: this message, the previous one when this one follows it up,
+    and the site's own name (every sentence of its knowledge base says it: it tells them
+    apart from nothing, so it is left out of the comparison)."""
+    text: str
+    previous: str = ""
+    name: str = ""
+
+    @property
+    def context(self) -> str:
+        return f"{self.previous} {self.text}" if self.previous and follows_up(self.text) else ""
+
+
+def masked(text: str, name: str) -> str:
+    """The text with the site's name (and its possessive) taken out: "Which company powers
+    Tidewise Pay?" compares with sentences about "Pay", not with every sentence saying
+    "Tidewise"."""
+    if not name.strip():
+        return text
+    return " ".join(re.sub(rf"(?<!\w){re.escape(name.strip())}(?:['’]s)?(?!\w)", " ", text, flags=re.IGNORECASE).split())
+
+
+def _fold(word: str) -> str:
+    return "".join(c for c in unicodedata.normalize("NFKD", word) if not unicodedata.combining(c))
+
+
+def terms(text: str, name: str = "") -> set[str]:
+    """The text's content words, lowercased, accents removed: no function word of any
+    supported language, no site name, no single letter; numbers kept."""
+    masked_text = masked(text, name)
+    out = {_fold(w) for w in language.words(masked_text) if w not in language.ALL_FUNCTION_WORDS and len(w) > 1}
+    out |= set(NUMBER.findall(masked_text))
+    return {w for w in out if "-" not in w}
+
+
+def same_word(a: str, b: str) -> bool:
+    """The same word or a close form of it, in one language or across them: a plural or a
+    conjugation ("plan" / "plans"), a shared stem ("integrez" / "integrate",
+    "synchronisation" / "synchronised", "technicien" / "technician")."""
+    if a == b:
+        return True
+    if a.isdigit() or b.isdigit():
+        return False
+    short, long_ = sorted((a, b), key=len)
+    if len(short) >= 4 and long_.startswith(short) and len(long_) - len(short) <= 3:
+        return True
+    common = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        common += 1
+    return common >= STEM and common >= 0.6 * len(short)
+
+
+def lexical(question: Question, pool: list[Candidate]) -> np.ndarray:
+    """Per candidate, the share of the question's content words (weighted by how rare they
+    are among the candidates) that the sentence or its section title holds. Works where the
+    English-only sentence model does not: product names, numbers and cognates read the same
+    in a French or German question. A follow-up's previous message counts too (half, unless
+    the follow-up is elliptical)."""
+    asked = {w: 1.0 for w in terms(question.text, question.name)}
+    if question.context:
+        weight = 1.0 if elliptical(question.text) else 0.5  # "And the price?" is mostly its previous message
+        for w in terms(question.previous, question.name):
+            asked.setdefault(w, weight)
+    if not asked or not pool:
+        return np.zeros(len(pool))
+    held = [terms(f"{c.title} {c.text}", question.name) for c in pool]
+    matches = {w: [any(same_word(w, h) for h in words) for words in held] for w in asked}
+    weight = {w: asked[w] * math.log((len(pool) + 1) / (sum(found) + 0.5)) for w, found in matches.items()}
+    total = sum(weight.values())
+    if total <= 0:
+        return np.zeros(len(pool))
+    return np.array([sum(weight[w] for w in asked if matches[w][i]) / total for i in range(len(pool))])
+
+
+def rank_prior(pool: list[Candidate]) -> np.ndarray:
+    """1 for the first source the retriever ranked, less for each one after: the retriever
+    read the question with its keywords (in any language) and the whole section."""
+    order = {n: r for r, n in enumerate(sorted({c.n for c in pool}))}
+    return np.array([1.0 / (1.0 + order[c.n]) for c in pool])
+
+
 def choose(question_vec: np.ndarray, vectors: np.ndarray, title_vectors: np.ndarray, pool: list[Candidate], *,
-           context_vec: np.ndarray | None = None, max_sentences: int = 4, threshold: float = 0.35,
-           margin: float = 0.12, duplicate: float = 0.9, diversity: float = 0.3,
-           title_weight: float = 0.3) -> list[Picked]:
-    """The sentences that best answer the question, in reading order; [] when none reaches
-    `threshold`. `vectors` are the sentences', `title_vectors` their sources' titles' (one
-    row per candidate): a sentence is relevant as itself and by what its section is about
-    ("It usually takes three weeks." under "Careers — Hiring" does not answer "How long
-    does onboarding take?"). Unit rows: a dot product is the cosine similarity."""
+           context_vec: np.ndarray | None = None, lexical_scores: np.ndarray | None = None,
+           prior: np.ndarray | None = None, max_sentences: int = 4, threshold: float = 0.35,
+           evidence_threshold: float = 0.45, margin: float = 0.12, duplicate: float = 0.9, diversity: float = 0.3,
+           title_weight: float = 0.3, lexical_weight: float = 0.5, prior_weight: float = 0.1) -> list[Picked]:
+    """The sentences that best answer the question, in reading order; [] when nothing
+    answers it. A sentence can answer when its similarity reaches `threshold`, or when it
+    shares words with the question and its relevance (similarity + `lexical_weight` × the
+    lexical score + `prior_weight` × the rank prior) reaches `evidence_threshold`: with
+    no word in common, the rank prior alone never makes an answer. `vectors` are the sentences', `title_vectors` their sources'
+    titles' (one row per candidate): a sentence is relevant as itself and by what its
+    section is about ("It usually takes three weeks." under "Careers — Hiring" does not
+    answer "How long does onboarding take?"). Unit rows: a dot product is the cosine
+    similarity. The ranking adds the lexical score and the retrieval rank prior to the
+    similarity."""
     if not pool:
         return []
+    lexical_scores = np.zeros(len(pool)) if lexical_scores is None else lexical_scores
+    prior = np.zeros(len(pool)) if prior is None else prior
 
     def similarity(rows: np.ndarray) -> np.ndarray:
         sim = rows @ question_vec
@@ -156,11 +269,13 @@ def choose(question_vec: np.ndarray, vectors: np.ndarray, title_vectors: np.ndar
             sim = np.maximum(sim, 0.6 * sim + 0.4 * (rows @ context_vec))
         return sim
 
-    relevance = (1 - title_weight) * similarity(vectors) + title_weight * similarity(title_vectors)
-    best = float(relevance.max())
-    if best < threshold:
+    semantic = (1 - title_weight) * similarity(vectors) + title_weight * similarity(title_vectors)
+    relevance = semantic + lexical_weight * lexical_scores + prior_weight * prior
+    answers = (semantic >= threshold) | ((lexical_scores > 0) & (relevance >= evidence_threshold))
+    if not answers.any():
         return []
-    eligible = [i for i in range(len(pool)) if relevance[i] >= max(threshold, best - margin)]
+    best = float(relevance[answers].max())
+    eligible = [i for i in range(len(pool)) if answers[i] and relevance[i] >= best - margin]
     chosen: list[int] = []
     while eligible and len(chosen) < max_sentences:
         def mmr(i: int) -> float:
@@ -169,7 +284,8 @@ def choose(question_vec: np.ndarray, vectors: np.ndarray, title_vectors: np.ndar
 
         pick = max(eligible, key=mmr)
         eligible.remove(pick)
-        if any(float(vectors[pick] @ vectors[j]) >= duplicate for j in chosen):
+        if any(float(vectors[pick] @ vectors[j]) >= duplicate or _key(pool[pick].text) in _key(pool[j].text)
+               or _key(pool[j].text) in _key(pool[pick].text) for j in chosen):
             continue
         chosen.append(pick)
     source_rank: dict[int, int] = {}
@@ -180,33 +296,37 @@ def choose(question_vec: np.ndarray, vectors: np.ndarray, title_vectors: np.ndar
             for i in chosen]
 
 
-def texts_to_embed(question: str, previous: str, pool: list[Candidate]) -> tuple[list[str], bool, list[str]]:
-    """What `choose` needs embedded, in order: the question, the follow-up context (when
-    the question is elliptical and there is a previous message), the distinct titles, the
-    sentences. Returns (texts, with_context, titles)."""
-    follow_up = f"{previous} {question}" if previous and elliptical(question) else ""
+def texts_to_embed(question: Question, pool: list[Candidate]) -> tuple[list[str], bool, list[str]]:
+    """What `choose` needs embedded, in order, the site's name masked: the question, the
+    follow-up context (when the question follows up a previous message), the distinct
+    titles, the sentences. Returns (texts, with_context, titles)."""
+    context = question.context
     titles = list(dict.fromkeys(c.title for c in pool))
-    return [question, *([follow_up] if follow_up else []), *titles, *(c.text for c in pool)], bool(follow_up), titles
+    texts = [question.text, *([context] if context else []), *titles, *(c.text for c in pool)]
+    return [masked(t, question.name) or t for t in texts], bool(context), titles
 
 
-def choose_from(vectors: np.ndarray, with_context: bool, titles: list[str], pool: list[Candidate],
+def choose_from(vectors: np.ndarray, question: Question, titles: list[str], pool: list[Candidate],
                 **params) -> list[Picked]:
     """`choose` over the rows of `texts_to_embed`'s texts, embedded."""
+    with_context = bool(question.context)
     start = 2 if with_context else 1
     title_row = {t: start + i for i, t in enumerate(titles)}
     sentences_at = start + len(titles)
     return choose(vectors[0], vectors[sentences_at:], vectors[[title_row[c.title] for c in pool]], pool,
-                  context_vec=vectors[1] if with_context else None, **params)
+                  context_vec=vectors[1] if with_context else None, lexical_scores=lexical(question, pool),
+                  prior=rank_prior(pool), **params)
 
 
 def compose(question: str, documents: list[ev.RetrievedDocument], embed: Callable[[list[str]], np.ndarray], *,
-            previous: str = "", **params) -> list[Picked]:
+            previous: str = "", name: str = "", **params) -> list[Picked]:
     """The whole selection with a synchronous `embed` (tests, offline tools)."""
     pool = candidates(documents)
     if not pool:
         return []
-    texts, with_context, titles = texts_to_embed(question, previous, pool)
-    return choose_from(embed(texts), with_context, titles, pool, **params)
+    asked = Question(text=question, previous=previous, name=name)
+    texts, _, titles = texts_to_embed(asked, pool)
+    return choose_from(embed(texts), asked, titles, pool, **params)
 
 
 def cite(sentence: str, n: int) -> str:
