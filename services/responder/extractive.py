@@ -36,6 +36,7 @@ import numpy as np
 
 from shared import events as ev
 from shared import language
+from shared.follow_up import elliptical, follows_up
 from shared.site_config import SiteConfig
 
 TEMPLATES = tomllib.loads((Path(__file__).parent / "data" / "extractive.toml").read_text(encoding="utf-8"))
@@ -50,11 +51,6 @@ ENTITY_PREFIX = re.compile(r"^[^:\n]{1,80} \([^)\n]{1,80}\): ", re.MULTILINE)
 WORD = re.compile(r"\w+", re.UNICODE)
 CITATION = re.compile(r"\s*\[\d+\]")
 NUMBER = re.compile(r"\d+(?:[.,:]\d+)*%?")
-CONTINUATION = ("and ", "also ", "what about", "how about", "et ", "und ", "y ", "e ")
-FOLLOW_UP_WORDS = 10  # a question this short that points back ("it") is read with the previous one
-# Words that point back to something the previous message named (en, fr, de, es, it, pt).
-BACK_REFERENCE = frozenset("it its they them their il elle ils elles ça cela es ihn dafür damit dazu davon "
-                           "eso esto ello esso essa ciò isso isto".split())
 STEM = 6  # letters two words share at the start to count as one stem ("integrez" / "integrate")
 MIN_WORDS = 4  # shorter sentences ("Yes.") are joined to the next one
 MAX_CHARS = 500  # longer "sentences" are tables or run-on lists, not answers
@@ -143,20 +139,6 @@ def candidates(documents: list[ev.RetrievedDocument]) -> list[Candidate]:
                 seen.add(key)
                 out.append(Candidate(text=text, n=document.n, position=position, title=document.title))
     return out
-
-
-def elliptical(question: str) -> bool:
-    """A follow-up that leans on the previous message: a few words, or opening with "and",
-    "what about" and the like."""
-    lowered = question.strip().lower()
-    return len(WORD.findall(lowered)) <= 4 or lowered.startswith(CONTINUATION)
-
-
-def follows_up(question: str) -> bool:
-    """Read with the previous message: elliptical, or a short question that points back
-    ("How much does it cost per month?" after "What does the Growth plan include?")."""
-    words = WORD.findall(question.lower())
-    return elliptical(question) or (len(words) <= FOLLOW_UP_WORDS and any(w in BACK_REFERENCE for w in words))
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from services.retriever import extraction, limiter
 from services.retriever.knowledge import KnowledgeBase
 from services.retriever.rerank import Reranker, RerankError
 from services.retriever.settings import RetrievalSettings
-from shared import awaiter, history, loader, prompts
+from shared import awaiter, follow_up, history, loader, prompts
 from shared import events as ev
 from shared.config import env_str
 from shared.consumer import Context, Node
@@ -38,8 +38,7 @@ log = logging.getLogger(__name__)
 
 NAME = "retrieval"
 KEYWORDS_PROMPT = Path(__file__).parent / "prompts" / "keywords.md"
-FOLLOW_UP_WORDS = 6  # a message this short is read with the previous one
-FOLLOW_UP_START = re.compile(r"^\s*(and|what about|how about|also|et|y|und|e|en)\b", re.IGNORECASE)
+MIN_QUERY_WORDS = 3  # a query shorter than this without the site's name keeps the name
 SNIPPET_CHARS = 240
 ATTEMPTS = 2
 RETRY_BACKOFF_S = 0.2
@@ -74,12 +73,26 @@ class Retrieved:
 
 
 def search_text(previous: str | None, message: str) -> str:
-    """The message, with the visitor's previous message in front when this one is a short
-    follow-up that means little alone."""
+    """The message, with the visitor's previous message in front when this one leans on it
+    (shared/follow_up.py: "And Xero?", "Which versions does it need?")."""
     message = " ".join(message.split())
-    if previous and (len(message.split()) <= FOLLOW_UP_WORDS or FOLLOW_UP_START.match(message)):
+    if previous and follow_up.follows_up(message):
         return f"{' '.join(previous.split())} {message}"
     return message
+
+
+def without_site_name(query: str, name: str) -> str:
+    """The query without the site's own name ("Which accounting software does Tidewise
+    integrate with?" → "Which accounting software does integrate with?"). Nearly every
+    document of a site names the site, so the name ranks nothing, yet it pulls the overview
+    pages above the section that answers (measured: the Accounting section was not among
+    the 20 documents with it, first without it). A query that is little more than the name
+    keeps it."""
+    if not name.strip():
+        return query
+    masked = re.sub(rf"\b{re.escape(name.strip())}(?:['’]s)?\b", " ", query, flags=re.IGNORECASE)
+    masked = " ".join(masked.split())
+    return masked if len(re.findall(r"\w+", masked)) >= MIN_QUERY_WORDS else query
 
 
 def previous_message(state, turn: int) -> str | None:
@@ -180,6 +193,7 @@ class Retriever:
 
     async def retrieve(self, site: str, query: str, config: SiteConfig, record) -> Retrieved:
         settings = self.base.for_site(config)
+        query = without_site_name(query, config.name)
         words, extractor, keyword_error = await self.keywords(site, query, config, record)
         errors = [keyword_error] if keyword_error else []
         for attempt in range(1, ATTEMPTS + 1):
