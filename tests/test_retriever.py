@@ -12,7 +12,7 @@ import pytest
 from services.retriever import documents, limiter
 from services.retriever.knowledge import KnowledgeBase
 from services.retriever.rerank import CohereReranker, JinaReranker
-from services.retriever.retrieval import Candidate, Retriever, make_node, search_text, select
+from services.retriever.retrieval import Candidate, Retriever, make_node, search_text, select, without_site_name
 from services.retriever.settings import RetrievalSettings
 from shared import events as ev
 from shared.consumer import ConsumerRunner, Node
@@ -284,6 +284,15 @@ def test_short_follow_ups_are_read_with_the_previous_message():
     assert search_text("Hi", "What does the Growth plan include for large teams of technicians?") == \
         "What does the Growth plan include for large teams of technicians?"
     assert search_text(None, "pricing?") == "pricing?"
+
+
+def test_the_sites_own_name_is_left_out_of_the_query():
+    assert without_site_name("Which accounting software does Tidewise integrate with?", "Tidewise") == \
+        "Which accounting software does integrate with?"
+    assert without_site_name("What is tidewise's mission statement?", "Tidewise") == "What is mission statement?"
+    assert without_site_name("What is Tidewise?", "Tidewise") == "What is Tidewise?"  # little else: kept
+    assert without_site_name("Tidewiser pricing plans", "Tidewise") == "Tidewiser pricing plans"  # whole words only
+    assert without_site_name("Which plans does Tidewise offer?", "") == "Which plans does Tidewise offer?"
 
 
 async def run_node(bus, kb, site):

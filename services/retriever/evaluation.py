@@ -24,10 +24,11 @@ from services.retriever.knowledge import KnowledgeBase
 from services.retriever.retrieval import Retriever, search_text
 from services.retriever.settings import RetrievalSettings
 from shared.embeddings import Embedder
-from shared.site_config import SiteConfig
+from shared import site_config
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_KB = ROOT / "knowledge" / "demo"
+DEMO_SITE = ROOT / "sites" / "demo.toml"
 EVAL = Path(__file__).parent / "data" / "retrieval_eval.jsonl"
 MODES = ("mix", "hybrid", "local", "global", "naive")
 TARGET_HIT5 = 0.85
@@ -57,6 +58,7 @@ async def _run(dataset: Path, kb_dir: Path) -> dict:
             await kb.ingest("demo", documents.read("demo", path, path.name))
         ingest_s = time.monotonic() - started
         results = {}
+        config = site_config.parse(DEMO_SITE)  # the demo site's own settings (its name, ...), as served
         for mode in MODES:
             for limiter_on in (True, False):
                 settings = RetrievalSettings(mode=mode, limiter_enabled=limiter_on)
@@ -66,7 +68,7 @@ async def _run(dataset: Path, kb_dir: Path) -> dict:
                     history = row.get("history") or []
                     query = search_text(history[-1] if history else None, row["question"])
                     t = time.perf_counter()
-                    found = await retriever.retrieve("demo", query, SiteConfig(), _no_record)
+                    found = await retriever.retrieve("demo", query, config, _no_record)
                     latencies.append((time.perf_counter() - t) * 1000)
                     files = [Path(kb.registry("demo")[d.doc_id]["path"]).name if d.doc_id else "" for d in found.documents]
                     rank = next((i for i, f in enumerate(files, start=1) if f in row["expected"]), None)
