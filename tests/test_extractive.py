@@ -12,6 +12,7 @@ from services.responder import citations, extractive, finalize
 from services.retriever import documents as kb_documents
 from services.retriever import extraction
 from shared import events as ev
+from shared import glossary, language
 from shared.embeddings import shared_embedder
 from shared.site_config import CTA, Redirects, SiteConfig
 from shared.state import ConversationState, Message, TurnRecord
@@ -230,3 +231,23 @@ def test_an_entitys_description_does_not_quote_a_sentence_without_what_it_refers
         "Enterprise (Pricing): Sage Intacct is available on the Enterprise plan."))
     assert extractive.sentences(entity) == ["Enterprise customers get a 99.95% uptime SLA with service credits.",
                                             "Sage Intacct is available on the Enterprise plan."]
+
+
+@pytest.mark.parametrize("question, sentence", [
+    ("Les données sont-elles chiffrées ?", "Data is encrypted in transit with TLS 1.3 and at rest with AES-256."),
+    ("Combien de jours de congés payés ont les salariés ?", "Employees get 28 days of paid holiday"),
+])
+def test_a_french_question_picks_the_english_sentence_through_the_glossary(question, sentence):
+    documents = retrieved(glossary.expand(question, "fr"))  # the retriever searches with the expansion too
+    picked = extractive.compose(question, documents, embed, name="Tidewise", lang="fr")
+    assert picked and picked[0].text.startswith(sentence), picked
+    # Without the expansion neither the sentence model nor the shared words find it: the test can fail.
+    assert not any(p.text.startswith(sentence) for p in extractive.compose(question, documents, embed, name="Tidewise"))
+
+
+@pytest.mark.parametrize("question", ["Quelle est la capitale du Pérou ?", "Wer hat die Fußball-WM 2018 gewonnen?"])
+def test_an_unrelated_question_in_another_language_is_still_not_answered(question):
+    lang = language.guess(question)
+    assert lang != "en"
+    assert extractive.compose(question, retrieved(glossary.expand(question, lang)), embed, name="Tidewise",
+                              lang=lang) == []

@@ -275,6 +275,33 @@ async def test_reranker_enabled_but_not_configured_uses_the_limiter():
     assert selection == "limiter" and "not configured" in fallback and len(kept) == 20
 
 
+class RecordingKnowledgeBase:
+    """Records what the retriever asks for; finds nothing."""
+
+    def __init__(self):
+        self.asked: list[dict] = []
+
+    def entity_names(self, site):
+        return []
+
+    async def query(self, site, text, **kw):
+        self.asked.append({"text": text, **kw})
+        return {"chunk": [], "entity": [], "relationship": []}
+
+
+@pytest.mark.parametrize("query, lang, searched", [
+    ("Y a-t-il une période d'essai ?", None, "Y a-t-il une période d'essai ? trial"),
+    ("Welche Zahlungsmethoden gibt es?", "de", "Welche Zahlungsmethoden gibt es? payment methods"),
+    ("Is there a trial period?", None, "Is there a trial period?"),
+])
+async def test_a_message_not_in_english_is_searched_with_its_glossary_terms_in_english(query, lang, searched):
+    kb = RecordingKnowledgeBase()
+    found = await Retriever(kb=kb, base=RetrievalSettings(), rerankers={}).retrieve("s", query, SiteConfig(),
+                                                                                 None, lang)
+    assert kb.asked[0]["text"] == searched
+    assert " ".join(found.keywords["high_level"]).split()[-1] == searched.split()[-1].strip("?").lower()
+
+
 # --- the node on the bus ----------------------------------------------------------------
 
 

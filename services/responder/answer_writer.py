@@ -150,16 +150,16 @@ async def extractive_answer(ctx: Context, embedder: Embedder, event: ev.RouteDec
     """The answer from the sources' sentences (extractive.py), streamed word by word after
     the sources, as an LLM answer would be."""
     message, previous = _user_messages(state, event.turn)
+    record = state.turns.get(event.turn)
+    lang = language.guess(message, {"language": record.language} if record and record.language else None)
     pool = extractive.candidates(documents[:EXTRACTIVE_DOCUMENTS])
     picked: list[extractive.Picked] = []
     if pool:
-        asked = extractive.Question(text=message, previous=previous, name=config.name or event.site)
+        asked = extractive.Question(text=message, previous=previous, name=config.name or event.site, lang=lang)
         texts, _, titles = extractive.texts_to_embed(asked, pool)
         vectors = await embedder.aembed_all(texts)
         picked = extractive.choose_from(vectors, asked, titles, pool, threshold=EXTRACTIVE_THRESHOLD,
                                         max_sentences=EXTRACTIVE_MAX_SENTENCES)
-    record = state.turns.get(event.turn)
-    lang = language.guess(message, {"language": record.language} if record and record.language else None)
     text = extractive.reply(picked, documents, skills=skills, question=question, lang=lang, config=config,
                             site=event.site)
     await publish_sources(ctx, documents)

@@ -11,6 +11,8 @@ vectors in; the chosen sentences out. answer_writer does the I/O (embedding, str
    (entity and relationship descriptions repeat chunk sentences).
 2. Relevance: MiniLM cosine similarity to the question; for a short, elliptical question
    ("And Xero?") blended with the similarity to the previous visitor message and this one.
+   A question not in English is compared with the English of its glossary terms appended
+   (shared/glossary.py): the sentences are English, and so is the sentence model.
 3. Nothing at or above `threshold`: no sentence (the caller says it found nothing).
 4. Otherwise up to `max_sentences` by maximal marginal relevance among those within
    `margin` of the best, near-duplicates (similarity ≥ `duplicate`) never both.
@@ -35,7 +37,7 @@ from typing import Callable
 import numpy as np
 
 from shared import events as ev
-from shared import language
+from shared import glossary, language
 from shared.follow_up import elliptical, follows_up
 from shared.site_config import SiteConfig
 
@@ -144,15 +146,24 @@ def candidates(documents: list[ev.RetrievedDocument]) -> list[Candidate]:
 @dataclass(frozen=True)
 class Question:
     """What the visitor asked: this message, the previous one when this one follows it up,
-    and the site's own name (every sentence of its knowledge base says it: it tells them
-    apart from nothing, so it is left out of the comparison)."""
+    the site's own name (every sentence of its knowledge base says it: it tells them apart
+    from nothing, so it is left out of the comparison) and the visitor's language."""
     text: str
     previous: str = ""
     name: str = ""
+    lang: str = "en"
+
+    @property
+    def compared(self) -> str:
+        """The message as sentences are compared with it: with the English of its glossary
+        terms when it is in another language."""
+        return glossary.expand(self.text, self.lang)
 
     @property
     def context(self) -> str:
-        return f"{self.previous} {self.text}" if self.previous and follows_up(self.text) else ""
+        if not (self.previous and follows_up(self.text)):
+            return ""
+        return f"{glossary.expand(self.previous, self.lang)} {self.compared}"
 
 
 def masked(text: str, name: str) -> str:
@@ -202,10 +213,10 @@ def lexical(question: Question, pool: list[Candidate]) -> np.ndarray:
     English-only sentence model does not: product names, numbers and cognates read the same
     in a French or German question. A follow-up's previous message counts too (half, unless
     the follow-up is elliptical)."""
-    asked = {w: 1.0 for w in terms(question.text, question.name)}
+    asked = {w: 1.0 for w in terms(question.compared, question.name)}
     if question.context:
         weight = 1.0 if elliptical(question.text) else 0.5  # "And the price?" is mostly its previous message
-        for w in terms(question.previous, question.name):
+        for w in terms(glossary.expand(question.previous, question.lang), question.name):
             asked.setdefault(w, weight)
     if not asked or not pool:
         return np.zeros(len(pool))
@@ -284,7 +295,7 @@ def texts_to_embed(question: Question, pool: list[Candidate]) -> tuple[list[str]
     titles, the sentences. Returns (texts, with_context, titles)."""
     context = question.context
     titles = list(dict.fromkeys(c.title for c in pool))
-    texts = [question.text, *([context] if context else []), *titles, *(c.text for c in pool)]
+    texts = [question.compared, *([context] if context else []), *titles, *(c.text for c in pool)]
     return [masked(t, question.name) or t for t in texts], bool(context), titles
 
 
@@ -301,12 +312,12 @@ def choose_from(vectors: np.ndarray, question: Question, titles: list[str], pool
 
 
 def compose(question: str, documents: list[ev.RetrievedDocument], embed: Callable[[list[str]], np.ndarray], *,
-            previous: str = "", name: str = "", **params) -> list[Picked]:
+            previous: str = "", name: str = "", lang: str = "en", **params) -> list[Picked]:
     """The whole selection with a synchronous `embed` (tests, offline tools)."""
     pool = candidates(documents)
     if not pool:
         return []
-    asked = Question(text=question, previous=previous, name=name)
+    asked = Question(text=question, previous=previous, name=name, lang=lang)
     texts, _, titles = texts_to_embed(asked, pool)
     return choose_from(embed(texts), asked, titles, pool, **params)
 

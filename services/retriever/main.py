@@ -6,7 +6,7 @@ from __future__ import annotations
 from services.retriever import rerank, retrieval
 from services.retriever.knowledge import KnowledgeBase
 from services.retriever.settings import RetrievalSettings
-from shared import service
+from shared import language, service
 from shared.embeddings import shared_embedder
 from shared.site_config import SiteConfigs
 
@@ -14,6 +14,7 @@ from shared.site_config import SiteConfigs
 async def nodes(bus):
     settings = RetrievalSettings.from_env()
     kb = KnowledgeBase.from_env(shared_embedder()).open()
+    language.load()  # a message's language decides its cross-language expansion (retrieval.py)
     retriever = retrieval.Retriever(kb=kb, base=settings, rerankers=rerank.from_env(settings.rerank_timeout_s),
                                     llm=retrieval.keyword_llm_from_env())
     return [retrieval.make_node(retriever, SiteConfigs(bus))]

@@ -1,7 +1,8 @@
 """retrieval: what the site's knowledge base says about this turn's message.
 
 On `TurnRequested`: the search text (the message; for a short follow-up such as "and with
-Salesforce?", the visitor's previous message too) → keywords (offline, or the `classifier`
+Salesforce?", the visitor's previous message too; for a message not in English, the English
+of the glossary terms it holds appended, shared/glossary.py) → keywords (offline, or the `classifier`
 LLM role with RETRIEVAL_KEYWORDS=llm) → LightRAG on the site's own workspace (chunks by
 vector search, entities and relationships from the graph, per the mode) → the reranker
 (when enabled; the limiter if it fails) or the type-based limiter (when enabled) or
@@ -27,7 +28,7 @@ from services.retriever import extraction, limiter
 from services.retriever.knowledge import KnowledgeBase
 from services.retriever.rerank import Reranker, RerankError
 from services.retriever.settings import RetrievalSettings
-from shared import awaiter, follow_up, history, loader, prompts
+from shared import awaiter, follow_up, glossary, history, language, loader, prompts
 from shared import events as ev
 from shared.config import env_str
 from shared.consumer import Context, Node
@@ -191,9 +192,12 @@ class Retriever:
         high, low = extraction.query_keywords(query, self.kb.entity_names(site))
         return Keywords(high_level=high, low_level=low), "offline", error
 
-    async def retrieve(self, site: str, query: str, config: SiteConfig, record) -> Retrieved:
+    async def retrieve(self, site: str, query: str, config: SiteConfig, record, lang: str | None = None) -> Retrieved:
+        """`lang`: the query's language, guessed from it when not given; a query in another
+        language than English is searched with the English of its glossary terms too (the
+        knowledge base and its embedding model are English)."""
         settings = self.base.for_site(config)
-        query = without_site_name(query, config.name)
+        query = without_site_name(glossary.expand(query, lang or language.guess(query)), config.name)
         words, extractor, keyword_error = await self.keywords(site, query, config, record)
         errors = [keyword_error] if keyword_error else []
         for attempt in range(1, ATTEMPTS + 1):
@@ -234,7 +238,8 @@ def make_node(retriever: Retriever, configs: SiteConfigs | None = None) -> Node:
             return [done(error="empty message: nothing to search for")]
         state = await loader.load(ctx.bus, event.site, event.session_id)
         query = search_text(previous_message(state, event.turn), event.message)
-        work = asyncio.create_task(retriever.retrieve(event.site, query, config, ctx.record_llm))
+        lang = language.guess(query, event.visitor)
+        work = asyncio.create_task(retriever.retrieve(event.site, query, config, ctx.record_llm, lang))
         try:
             cancelled = await awaiter.race_with_route(ctx.bus, event, work)
         except KnowledgeBaseError as exc:
