@@ -30,7 +30,7 @@ from starlette.routing import Route
 from cli.bench import percentile
 from cli.supervisor import free_port, make_system, wait_http
 from shared import events as ev
-from shared import privacy, redis_client
+from shared import privacy, redis_client, subjects
 from shared.bus import connect
 from shared.config import BusConfig
 
@@ -70,7 +70,7 @@ async def drive(nats_url: str, redis_url: str, rate: float, seconds: float, same
             if len(latencies) >= total:
                 done.set()
 
-    sub = await bus.nc.subscribe(f"conv.{SITE}.*.enrichment_completed", cb=on_enriched)
+    sub = await bus.nc.subscribe(subjects.conv_of_type("enrichment_completed", SITE), cb=on_enriched)
     run = ev.new_id()[:8]
     began = time.perf_counter()
     try:

@@ -23,6 +23,7 @@ from cli.bench import percentile
 from cli.supervisor import free_port, make_system
 from services.router.local_model import EVAL, TRAIN, read_jsonl
 from shared import events as ev
+from shared import subjects
 from shared.bus import connect
 from shared.config import BusConfig
 
@@ -69,7 +70,7 @@ async def drive(nats_url: str, rate: float, seconds: float, turns_per_session: i
             if len(latencies) >= total:
                 done.set()
 
-    sub = await bus.nc.subscribe(f"conv.{sites[0] if len(sites) == 1 else '*'}.*.{answer}", cb=on_route)
+    sub = await bus.nc.subscribe(subjects.conv_of_type(answer, sites[0] if len(sites) == 1 else "*"), cb=on_route)
     began = time.perf_counter()
     try:
         for i in range(total):

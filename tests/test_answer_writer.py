@@ -107,7 +107,7 @@ async def test_retrieved_sources_are_numbered_in_the_prompt_and_sent_before_the_
     async def on_token(msg):
         heard.append(ev.decode(msg.data))
 
-    sub = await bus.nc.subscribe(f"tokens.{site}.a1.1", cb=on_token)
+    sub = await bus.nc.subscribe(subjects.tokens(site, "a1", 1), cb=on_token)
     try:
         completed, _ = await run_turn(bus, site, llm, background=[(ev.RetrievalCompleted, "retrieval", {"documents": docs})])
     finally:
@@ -174,7 +174,7 @@ async def heard_on_tokens(bus, site, turn_coro):
     async def on_token(msg):
         heard.append(ev.decode(msg.data))
 
-    sub = await bus.nc.subscribe(f"tokens.{site}.a1.1", cb=on_token)
+    sub = await bus.nc.subscribe(subjects.tokens(site, "a1", 1), cb=on_token)
     try:
         completed, _ = await turn_coro
     finally:
