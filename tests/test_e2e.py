@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cli.sse import Conversation, chat
-from cli.supervisor import free_port, make_system
+from cli.harness.sse import Conversation, chat
+from cli.harness.supervisor import free_port, make_system
 from tests.servers import ROOT, WebhookReceiver, configure_site
 
 DEADLINE_S = 15
@@ -54,8 +54,7 @@ def system(llm, fallback_llm, suggestions_llm, webhook):
         })
         try:
             # The demo site's knowledge base, as `make run` ingests it (the retriever opens it at start).
-            subprocess.run([sys.executable, "-m", "cli", "ingest", "--site", "demo", "--quiet",
-                            str(ROOT / "knowledge" / "demo")], env=sys_.env, check=True, cwd=ROOT)
+            sys_.ingest("demo")
             sys_.start_all()
             yield sys_
         finally:

@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cli.sse import Conversation, chat
-from cli.supervisor import free_port, make_system
+from cli.harness.sse import Conversation, chat
+from cli.harness.supervisor import free_port, make_system
 from tests.servers import ROOT, WebhookReceiver, configure_site
 
 ADMIN = "hostile-suite-admin-token-0123456789"
