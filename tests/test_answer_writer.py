@@ -13,15 +13,7 @@ from shared.consumer import ConsumerRunner, Node
 from shared.events import VisitorProfile
 from shared.llm import LLMClient
 from services.responder import answer_writer
-from tests.test_consumer import fast, own, unique, wait_for
-
-
-class FixedConfigs:
-    def __init__(self, config):
-        self.config = config
-
-    async def get(self, site):
-        return self.config
+from tests.helpers import FixedConfigs, fast, own, unique, wait_for
 
 
 async def run_turn(bus, site, llm, background=(), config=None, earlier=(), history_tokens=8000,

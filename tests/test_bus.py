@@ -15,7 +15,7 @@ from shared.bus import BusRefused, ConcurrencyConflict, connect, ensure_topology
 from shared.config import BusConfig, ConfigError
 from shared.consumer import ConsumerRunner, Node
 from tests.servers import ROOT, nats_server_with_config
-from tests.test_consumer import fast, unique, wait_for
+from tests.helpers import fast, unique, wait_for
 
 SERVICES = ("gateway", "router", "retriever", "enricher", "responder", "admin")
 

@@ -448,7 +448,7 @@ async def test_booking_captures_the_email_and_signs_the_webhook(system, llm, htt
     async def delivered():
         return len(webhook.requests) >= 3 or None
 
-    from tests.test_consumer import wait_for
+    from tests.helpers import wait_for
     await wait_for(delivered, timeout=10)
     await asyncio.sleep(0.3)
     assert len(webhook.requests) == 3  # two failures retried, one success, no duplicate
