@@ -16,19 +16,12 @@ import pytest
 
 from cli.harness.sse import Conversation, chat
 from cli.harness.supervisor import free_port, make_system
-from tests.servers import ROOT, WebhookReceiver, configure_site
+from tests.servers import ROOT, configure_site
 
 DEADLINE_S = 15
 
 
 WEBHOOK_SECRET = "e2e-secret"
-
-
-@pytest.fixture(scope="module")
-def webhook():
-    receiver = WebhookReceiver()
-    yield receiver
-    receiver.close()
 
 
 @pytest.fixture(scope="module")
