@@ -19,12 +19,13 @@ import asyncio
 import json
 import sys
 
-from nats.js.errors import KeyWrongLastSequenceError
-
 from shared import events as ev
 from shared import privacy, redis_client, subjects
 from shared.bus import Bus, connect
 from shared.config import BusConfig
+from shared.session_guard import SessionGuard
+
+HOLD_S = 120  # an erase that dies mid-way frees the session after this
 
 
 class Busy(Exception):
@@ -33,7 +34,7 @@ class Busy(Exception):
 
 async def sessions_of(bus: Bus, site: str, ip_hashes: set[str]) -> set[str]:
     found = set()
-    for record in await bus.read(f"conv.{site}.*.turn_requested"):
+    for record in await bus.read(subjects.conv_of_type("turn_requested", site)):
         if record.event.ip_hash in ip_hashes:
             found.add(record.event.session_id)
     return found
@@ -41,8 +42,10 @@ async def sessions_of(bus: Bus, site: str, ip_hashes: set[str]) -> set[str]:
 
 async def erase_session(bus: Bus, redis, site: str, session_id: str, report: dict) -> set[str]:
     """Erase one session; returns the IP hashes it had."""
-    guards = bus.bucket(subjects.SESSION_GUARD_BUCKET)
-    hold = await _hold(guards, site, session_id)
+    guard = SessionGuard(bus, ttl_s=HOLD_S)
+    hold = await guard.acquire(site, session_id, holder=b"erasing")
+    if hold is None:
+        raise Busy(f"{site}/{session_id} has a turn in flight; try again when it is idle")
     try:
         records = await bus.read(subjects.conversation(site, session_id))
         hashes = {r.event.ip_hash for r in records if isinstance(r.event, ev.TurnRequested) and r.event.ip_hash}
@@ -58,7 +61,7 @@ async def erase_session(bus: Bus, redis, site: str, session_id: str, report: dic
                 subject = subjects.conv(site, session_id, ev.event_type(event))
                 await bus.js.publish(subject, ev.encode(event), stream=subjects.CONV_STREAM,
                                      headers={"Nats-Msg-Id": f"{event.event_id}:erased"})
-        await bus.js.purge_stream(subjects.TOKENS_STREAM, subject=f"tokens.{site}.{session_id}.>")
+        await bus.js.purge_stream(subjects.TOKENS_STREAM, subject=subjects.session_tokens(site, session_id))
         try:
             await bus.bucket(subjects.SNAPSHOT_BUCKET).purge(subjects.kv_key(site, session_id))
         except Exception as exc:  # no snapshot is fine
@@ -71,15 +74,7 @@ async def erase_session(bus: Bus, redis, site: str, session_id: str, report: dic
                                           "dead_letters_deleted": dead, "redis_keys_deleted": deleted}
         return hashes
     finally:
-        if hold is not None:
-            await guards.delete(subjects.kv_key(site, session_id), last=hold)
-
-
-async def _hold(guards, site: str, session_id: str) -> int:
-    try:
-        return await guards.create(subjects.kv_key(site, session_id), b"erasing", msg_ttl=120)
-    except KeyWrongLastSequenceError:
-        raise Busy(f"{site}/{session_id} has a turn in flight; try again when it is idle") from None
+        await guard.release(site, session_id, hold)
 
 
 async def _delete_dead_letters(bus: Bus, site: str, session_id: str) -> int:
@@ -91,7 +86,7 @@ async def _delete_dead_letters(bus: Bus, site: str, session_id: str) -> int:
         except Exception:
             continue  # already deleted
         subject = (msg.headers or {}).get("Concierge-Subject", "")
-        if subject.startswith(f"conv.{site}.{session_id}."):
+        if subjects.in_conversation(subject, site, session_id):
             await bus.js.delete_msg(subjects.DLQ_STREAM, seq)
             deleted += 1
     return deleted

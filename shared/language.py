@@ -69,9 +69,27 @@ def evidence(text: str) -> tuple[dict[str, float], dict[str, int]]:
             {lang: sum(t in FUNCTION_WORDS[lang] for t in tokens) for lang in LANGUAGES})
 
 
+def known(tags: list[str]) -> str | None:
+    """The first of these language tags ("fr-CA", "de") that is one of `LANGUAGES`, as its code."""
+    for tag in tags:
+        code = tag.strip().lower()[:2]
+        if code in LANGUAGES:
+            return code
+    return None
+
+
+def declared(visitor: dict | None, accept_language: str | None = None) -> str | None:
+    """The language the visitor's side names, when it is one of ours: the widget's
+    `visitor.language`, else the browser's Accept-Language, in its order."""
+    tags = [visitor["language"]] if visitor and isinstance(visitor.get("language"), str) else []
+    if accept_language:
+        tags += [part.split(";")[0] for part in accept_language.split(",")]
+    return known(tags)
+
+
 def guess(text: str, visitor: dict | None = None) -> str:
-    if visitor and isinstance(visitor.get("language"), str) and visitor["language"][:2].lower() in LANGUAGES:
-        return visitor["language"][:2].lower()
+    if lang := declared(visitor):
+        return lang
     if not words(text):
         return "en"
     probability, hits = evidence(text)

@@ -43,11 +43,14 @@ def seen_key(site: str, session_id: str) -> str:
 
 
 REDACTED = "[redacted]"
-_EMAIL_RE = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}")
+# An e-mail address in free text, wherever one is looked for (redaction, the router's
+# booking rule, the booking flow, the form-field extractor): the domain is dot-separated
+# labels, none empty, ending in a TLD of two letters or more.
+EMAIL_RE = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
 
 
 def _scrub(text: str) -> str:
-    return _EMAIL_RE.sub(REDACTED, text)
+    return EMAIL_RE.sub(REDACTED, text)
 
 
 def redact(event: ev.Envelope) -> tuple[ev.Envelope, list[str]]:

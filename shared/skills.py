@@ -12,7 +12,6 @@ share_resource; `none` when no skill applies.
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -25,7 +24,6 @@ if TYPE_CHECKING:
 
 NONE = "none"
 CTA = ("propose_demo", "collect_email")
-EMAIL_RE = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}")
 
 
 def email_known(state: ConversationState) -> bool:

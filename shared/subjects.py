@@ -12,6 +12,10 @@ import re
 CONV_STREAM = "CONV"
 TOKENS_STREAM = "TOKENS"
 DLQ_STREAM = "DLQ"
+# What each stream holds.
+CONV_SUBJECTS = "conv.>"
+TOKENS_SUBJECTS = "tokens.>"
+DLQ_SUBJECTS = "dlq.>"
 
 SITE_CONFIG_BUCKET = "site_config"
 SESSION_GUARD_BUCKET = "session_guards"
@@ -31,13 +35,23 @@ def conversation(site: str, session_id: str) -> str:
     return f"conv.{site}.{session_id}.>"
 
 
-def conv_of_type(event_type: str) -> str:
-    """Every conversation's events of one type: what a node consumes."""
-    return f"conv.*.*.{event_type}"
+def in_conversation(subject: str, site: str, session_id: str) -> bool:
+    """Whether `subject` is one of this conversation's event subjects."""
+    return subject.startswith(f"conv.{site}.{session_id}.")
+
+
+def conv_of_type(event_type: str, site: str = "*") -> str:
+    """Every conversation's events of one type (what a node consumes), or one site's."""
+    return f"conv.{site}.*.{event_type}"
 
 
 def tokens(site: str, session_id: str, turn: int) -> str:
     return f"tokens.{site}.{session_id}.{turn}"
+
+
+def session_tokens(site: str, session_id: str) -> str:
+    """Every turn's tokens of one conversation."""
+    return f"tokens.{site}.{session_id}.>"
 
 
 def dlq(node: str) -> str:

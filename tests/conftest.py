@@ -7,7 +7,7 @@ import pytest
 from shared.bus import connect
 from shared.config import BusConfig
 from shared import redis_client
-from tests.servers import nats_server, redis_server, scripted_llm
+from tests.servers import WebhookReceiver, nats_server, redis_server, scripted_llm
 
 
 @pytest.fixture(scope="session")
@@ -47,6 +47,14 @@ def fallback_llm():
     """A second scripted provider, configured as the fallback endpoint."""
     with scripted_llm() as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def webhook():
+    """A local receiver for lead webhooks, one per test module."""
+    receiver = WebhookReceiver()
+    yield receiver
+    receiver.close()
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from cli.supervisor import free_port
+from cli.harness.supervisor import free_port
 
 PROFILE = {"company_name": "Hooli", "company_domain": "hooli.example", "sector": "Software", "tier": "enterprise"}
 

@@ -17,9 +17,7 @@ from typing import Iterator
 
 import httpx
 
-from cli.supervisor import free_port, nats_server_binary, redis_server_binary, wait_http, wait_port
-
-ROOT = Path(__file__).resolve().parent.parent
+from cli.harness.supervisor import ROOT, free_port, nats_server_binary, redis_server_binary, wait_http, wait_port
 
 
 def docker_reachable() -> bool:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from cli import answer_eval as ae
-from cli.supervisor import free_port, make_system
+from cli.measure import answer_eval as ae
+from cli.harness.supervisor import free_port, make_system
 from tests.servers import ROOT, scripted_llm
 
 KB = ROOT / "knowledge" / "demo"
@@ -110,8 +110,7 @@ def scripted_system():
             "LLM_BASE_URL": others.base_url, "LLM_ANSWER_BASE_URL": answers.base_url,
             "RATE_LIMIT_PER_IP_PER_MIN": "0", "ANSWER_WAIT_S": "5", "ANSWER_RETRIEVAL_WAIT_S": "5"})
         try:
-            subprocess.run([sys.executable, "-m", "cli", "ingest", "--site", "demo", "--quiet", str(KB)],
-                           env=system.env, check=True, cwd=ROOT)
+            system.ingest("demo", KB)
             system.start_all()
             yield system, answers
         finally:

@@ -13,15 +13,7 @@ from shared.consumer import ConsumerRunner, Node
 from shared.events import VisitorProfile
 from shared.llm import LLMClient
 from services.responder import answer_writer
-from tests.test_consumer import fast, own, unique, wait_for
-
-
-class FixedConfigs:
-    def __init__(self, config):
-        self.config = config
-
-    async def get(self, site):
-        return self.config
+from tests.helpers import FixedConfigs, fast, own, unique, wait_for
 
 
 async def run_turn(bus, site, llm, background=(), config=None, earlier=(), history_tokens=8000,
@@ -107,7 +99,7 @@ async def test_retrieved_sources_are_numbered_in_the_prompt_and_sent_before_the_
     async def on_token(msg):
         heard.append(ev.decode(msg.data))
 
-    sub = await bus.nc.subscribe(f"tokens.{site}.a1.1", cb=on_token)
+    sub = await bus.nc.subscribe(subjects.tokens(site, "a1", 1), cb=on_token)
     try:
         completed, _ = await run_turn(bus, site, llm, background=[(ev.RetrievalCompleted, "retrieval", {"documents": docs})])
     finally:
@@ -174,7 +166,7 @@ async def heard_on_tokens(bus, site, turn_coro):
     async def on_token(msg):
         heard.append(ev.decode(msg.data))
 
-    sub = await bus.nc.subscribe(f"tokens.{site}.a1.1", cb=on_token)
+    sub = await bus.nc.subscribe(subjects.tokens(site, "a1", 1), cb=on_token)
     try:
         completed, _ = await turn_coro
     finally:

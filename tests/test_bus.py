@@ -15,7 +15,7 @@ from shared.bus import BusRefused, ConcurrencyConflict, connect, ensure_topology
 from shared.config import BusConfig, ConfigError
 from shared.consumer import ConsumerRunner, Node
 from tests.servers import ROOT, nats_server_with_config
-from tests.test_consumer import fast, unique, wait_for
+from tests.helpers import fast, unique, wait_for
 
 SERVICES = ("gateway", "router", "retriever", "enricher", "responder", "admin")
 
@@ -32,7 +32,7 @@ async def test_topology_is_idempotent(bus):
     await ensure_topology(bus)
     assert await topology_ready(bus)
     info = await bus.js.stream_info(subjects.CONV_STREAM)
-    assert info.config.allow_direct and "conv.>" in info.config.subjects
+    assert info.config.allow_direct and subjects.CONV_SUBJECTS in info.config.subjects
 
 
 async def test_same_event_id_is_stored_once(bus, site):
@@ -60,7 +60,7 @@ async def test_read_returns_one_conversation_in_order_across_batches(bus, site):
         await bus.publish(requested(site, "b", i, f"b{i}"))
     records = await bus.read(subjects.conversation(site, "a"), batch=3)
     assert [r.event.message for r in records] == [f"a{i}" for i in range(1, 8)]
-    assert all(r.subject.startswith(f"conv.{site}.a.") for r in records)
+    assert all(subjects.in_conversation(r.subject, site, "a") for r in records)
     tail = await bus.read(subjects.conversation(site, "a"), after_seq=records[3].seq, batch=2)
     assert [r.event.message for r in tail] == ["a5", "a6", "a7"]
     assert await bus.read(subjects.conversation(site, "nobody")) == []

@@ -3,57 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 
 from shared import events as ev
 from shared import subjects
-from shared.config import ConsumerConfig
 from shared.consumer import ConsumerRunner, Node, PermanentError
-
-
-def requested(site, session="s1", turn=1, event_id=None):
-    return ev.TurnRequested(event_id=event_id or ev.new_id(), site=site, session_id=session, turn=turn,
-                            ts=ev.now(), producer="test", message="hello")
-
-
-def fast(**over) -> ConsumerConfig:
-    return ConsumerConfig(**{"max_deliver": 3, "ack_wait_s": 2.0, "backoff_s": (0.05, 0.1), "concurrency": 4,
-                             "drain_timeout_s": 2.0, **over})
-
-
-async def wait_for(predicate, timeout=10.0):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while asyncio.get_running_loop().time() < deadline:
-        result = await predicate()
-        if result:
-            return result
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not met in time")
-
-
-async def events_of(bus, site, session="s1"):
-    return [r.event for r in await bus.read(subjects.conversation(site, session))]
-
-
-def unique(name):
-    return f"{name}_{uuid.uuid4().hex[:8]}"
-
-
-def own(site, handle):
-    """Durables see every site's events; a test's handler acts only on its own site's."""
-
-    async def guarded(event, ctx):
-        if event.site != site:
-            return []
-        return await handle(event, ctx)
-
-    return guarded
-
-
-async def start(bus, node, config=None):
-    runner = ConsumerRunner(bus, node, config or fast(), start_lookback_s=5)
-    await runner.start()
-    return runner
+from tests.helpers import events_of, fast, own, requested, start, unique, wait_for
 
 
 async def test_handler_output_is_stored_and_message_acked(bus, site):
@@ -141,7 +95,7 @@ async def test_malformed_payload_is_dead_lettered_and_the_consumer_keeps_going(b
         await bus.js.publish(subjects.conv(site, "s1", "turn_requested"), b"\xff not even json")
         good = requested(site)
         await bus.publish(good)
-        await wait_for(lambda: _true(seen))
+        await wait_for(lambda: seen)
         assert seen == [good.event_id]
         assert runner.stats.bad_events == 2
         dead = await bus.js.get_last_msg(subjects.DLQ_STREAM, subjects.dlq(name))
@@ -173,7 +127,7 @@ async def test_event_whose_envelope_disagrees_with_its_subject_is_dead_lettered(
             await bus.js.publish(subject, ev.encode(event), stream=subjects.CONV_STREAM)
         good = requested(site)
         await bus.publish(good)
-        await wait_for(lambda: _true(seen))
+        await wait_for(lambda: seen)
         await asyncio.sleep(0.3)
         assert seen == [good.event_id]
         assert runner.stats.mismatched == 2  # the third is not on this node's subjects
@@ -206,7 +160,7 @@ async def test_same_event_delivered_twice_gives_one_outcome(bus, site):
     await runner.start()
     try:
         await bus.publish(requested(site))
-        await wait_for(lambda: _true(len(runs) >= 2))
+        await wait_for(lambda: len(runs) >= 2)
         await asyncio.sleep(2.0)
         decided = [e for e in await events_of(bus, site) if isinstance(e, ev.RouteDecided)]
         assert len(decided) == 1
@@ -231,7 +185,7 @@ async def test_concurrency_limit_is_respected(bus, site):
     try:
         for i in range(12):
             await bus.publish(requested(site, session=f"s{i}"))
-        await wait_for(lambda: _true(len(done) == 12), timeout=15)
+        await wait_for(lambda: len(done) == 12, timeout=15)
         assert peak == 3
     finally:
         await runner.stop()
@@ -247,7 +201,7 @@ async def test_stop_lets_in_flight_handlers_finish(bus, site):
 
     runner = await start(bus, Node(unique("drain"), ("turn_requested",), own(site, handle)))
     await bus.publish(requested(site))
-    await wait_for(lambda: _true(runner.stats.in_flight == 1))
+    await wait_for(lambda: runner.stats.in_flight == 1)
     await runner.stop()
     assert len(finished) == 1
     assert await _find(bus, site, ev.RouteDecided)
@@ -255,10 +209,6 @@ async def test_stop_lets_in_flight_handlers_finish(bus, site):
 
 async def _no_heartbeat(msg):
     await asyncio.Event().wait()
-
-
-async def _true(value):
-    return value
 
 
 async def _find(bus, site, cls):

@@ -14,21 +14,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cli.sse import Conversation, chat
-from cli.supervisor import free_port, make_system
-from tests.servers import ROOT, WebhookReceiver, configure_site
+from cli.harness.sse import Conversation, chat
+from cli.harness.supervisor import free_port, make_system
+from tests.servers import ROOT, configure_site
 
 DEADLINE_S = 15
 
 
 WEBHOOK_SECRET = "e2e-secret"
-
-
-@pytest.fixture(scope="module")
-def webhook():
-    receiver = WebhookReceiver()
-    yield receiver
-    receiver.close()
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +47,7 @@ def system(llm, fallback_llm, suggestions_llm, webhook):
         })
         try:
             # The demo site's knowledge base, as `make run` ingests it (the retriever opens it at start).
-            subprocess.run([sys.executable, "-m", "cli", "ingest", "--site", "demo", "--quiet",
-                            str(ROOT / "knowledge" / "demo")], env=sys_.env, check=True, cwd=ROOT)
+            sys_.ingest("demo")
             sys_.start_all()
             yield sys_
         finally:
@@ -449,7 +441,7 @@ async def test_booking_captures_the_email_and_signs_the_webhook(system, llm, htt
     async def delivered():
         return len(webhook.requests) >= 3 or None
 
-    from tests.test_consumer import wait_for
+    from tests.helpers import wait_for
     await wait_for(delivered, timeout=10)
     await asyncio.sleep(0.3)
     assert len(webhook.requests) == 3  # two failures retried, one success, no duplicate

@@ -21,7 +21,7 @@ from services.enricher.sources import (
     SessionProviderSource,
 )
 from tests.providers import provider_server
-from tests.test_consumer import own, wait_for
+from tests.helpers import own, wait_for
 
 
 @pytest.fixture(scope="module")

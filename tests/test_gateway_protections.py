@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 from shared import events as ev
+from shared import language
 from shared.state import Record, fold
 from services.gateway import abuse_gate
 from services.gateway.rate_limit import RateLimiter
@@ -53,9 +54,10 @@ def test_replies_are_localized():
     assert abuse_gate.language({"language": "fr-FR"}, None) == "fr"
     assert abuse_gate.language(None, "nl-BE,nl;q=0.9,en;q=0.8") == "nl"
     assert abuse_gate.language(None, "ja,ko") == "en"
-    for reason in ("hack", "spam", "length"):
-        replies = {abuse_gate.reply(reason, lang) for lang in abuse_gate.LANGUAGES}
-        assert len(replies) == len(abuse_gate.LANGUAGES)
+    assert abuse_gate.language({"language": "ja"}, "de-DE,de;q=0.9") == "de"  # the widget's first, when we have it
+    for reason in ("hack", "spam", "length"):  # a reply in every language the replies speak
+        replies = {abuse_gate.reply(reason, lang) for lang in language.LANGUAGES}
+        assert len(replies) == len(language.LANGUAGES)
 
 
 async def test_rate_limit_per_ip_and_per_site(redis):

@@ -18,7 +18,7 @@ from shared import events as ev
 from shared import loader
 from shared.site_config import SiteConfig
 from shared.state import BookingState
-from tests.test_consumer import unique, wait_for
+from tests.helpers import unique, wait_for
 from tests.test_router import _events, _llm_client, _runners, _turn, parts  # noqa: F401 - parts is a fixture
 
 

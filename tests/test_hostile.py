@@ -16,9 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cli.sse import Conversation, chat
-from cli.supervisor import free_port, make_system
-from tests.servers import ROOT, WebhookReceiver, configure_site
+from cli.harness.sse import Conversation, chat
+from cli.harness.supervisor import free_port, make_system
+from tests.servers import ROOT, configure_site
 
 ADMIN = "hostile-suite-admin-token-0123456789"
 ORIGIN = "https://shop.example"
@@ -27,13 +27,6 @@ FOREIGN = "https://evil.example"
 
 def site_key(site: str) -> str:
     return f"ck_{site}_{uuid.uuid4().hex}"
-
-
-@pytest.fixture(scope="module")
-def webhook():
-    receiver = WebhookReceiver()
-    yield receiver
-    receiver.close()
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from shared import subjects, webhook_secret
 from shared.consumer import Context, Node
 from shared.site_config import Lead, SiteConfig, SiteConfigs
 from tests.servers import WebhookReceiver
-from tests.test_consumer import events_of, fast, own, start, unique, wait_for
+from tests.helpers import events_of, fast, own, start, unique, wait_for
 
 DEPLOYMENT_SECRET = "deployment-secret"
 

@@ -11,7 +11,7 @@ from shared.consumer import ConsumerRunner, Node
 from shared.events import VisitorProfile
 from shared.llm import LLMClient
 from services.enricher import profiler
-from tests.test_consumer import fast, own, unique, wait_for
+from tests.helpers import fast, own, unique, wait_for
 
 RULES = profiler.load_rules()
 

@@ -19,8 +19,7 @@ from shared.config import LLM_ROLES, LLMRoleConfig
 from shared.consumer import ConsumerRunner, Node
 from shared.llm import LLMClient
 from shared.site_config import CTA, Booking, FormField, Redirects, SiteConfig
-from tests.test_answer_writer import FixedConfigs
-from tests.test_consumer import fast, own, unique, wait_for
+from tests.helpers import FixedConfigs, fast, own, unique, wait_for
 from tests.test_local_suggestions import faq_headings, kb
 
 SESSION = "n1"

@@ -19,7 +19,7 @@ from shared.consumer import ConsumerRunner, Node
 from shared.embeddings import shared_embedder
 from shared.site_config import SiteConfig
 from tests.servers import RerankServer
-from tests.test_consumer import events_of, fast, own, unique, wait_for
+from tests.helpers import events_of, fast, own, unique, wait_for
 
 # Three sites sell a product of the same name with different facts; each fact carries a
 # marker word no other site uses, so any leak is visible in the text.

@@ -21,7 +21,7 @@ from shared import subjects
 from shared.consumer import ConsumerRunner, Node
 from shared.site_config import CTA, Qualification, SiteConfig, SiteConfigs, Skills
 from shared.state import BookingState, ConversationState, FormCollectionState
-from tests.test_consumer import fast, own, unique, wait_for
+from tests.helpers import fast, own, unique, wait_for
 
 
 _model = None
@@ -180,18 +180,29 @@ async def test_no_decision_until_all_three_analyses(bus, site, parts):
             await runner.stop()
 
 
-def test_the_table_covers_every_intent_in_every_situation():
-    """Pure check: no (intent, situation) pair falls through to an unexpected route."""
+def test_the_table_routes_every_intent_in_every_situation():
+    """Pure check: each (intent, situation) pair goes where the rule table says (route/branch),
+    and only a sure HACK counts a strike. "hello", a sure intent, a score under the threshold."""
     situations = {
         "none": BookingState(),
         "active": BookingState(active=True, pending_field="email"),
         "lead": BookingState(lead_captured=True),
     }
-    for name, booking in situations.items():
-        for intent in ("LEARN", "CONTEXT", "SUPPORT", "OFFTOPIC", "OTHER", "BOOKING", "STOP_BOOKING", "HACK"):
+    expected = {  # intent: (no flow, flow asking for the e-mail, lead captured)
+        "LEARN": ("ANSWER/DEFAULT", "ANSWER/PAUSE", "ANSWER/POST_CONVERSION"),
+        "CONTEXT": ("ANSWER/DEFAULT", "BOOKING/STAY", "ANSWER/POST_CONVERSION"),
+        "SUPPORT": ("REDIRECT/REDIRECT_SUPPORT", "REDIRECT/EXIT", "REDIRECT/REDIRECT_SUPPORT"),
+        "OFFTOPIC": ("REDIRECT/REDIRECT_OFFTOPIC", "REDIRECT/EXIT", "REDIRECT/REDIRECT_OFFTOPIC"),
+        "OTHER": ("REDIRECT/REDIRECT_OTHER", "REDIRECT/EXIT", "REDIRECT/REDIRECT_OTHER"),
+        "BOOKING": ("BOOKING/DEMO_REQUESTED", "BOOKING/STAY", "ANSWER/POST_CONVERSION"),
+        "STOP_BOOKING": ("ANSWER/NOTHING_TO_STOP", "BOOKING/STOP", "ANSWER/NOTHING_TO_STOP"),
+        "HACK": ("REDIRECT/REDIRECT_HACK", "REDIRECT/EXIT", "REDIRECT/REDIRECT_HACK"),
+    }
+    for intent, routes in expected.items():
+        for (name, booking), want in zip(situations.items(), routes):
             decision = routing.decide(intent=intent, message="hello", score=0.0, threshold=0.6, skills=[],
                                       booking=booking)
-            assert decision.route in ("ANSWER", "REDIRECT", "BOOKING"), (name, intent)
+            assert f"{decision.route}/{decision.branch}" == want, (name, intent)
             assert (decision.hack_increment == 1) == (intent == "HACK")
 
 

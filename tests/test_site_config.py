@@ -134,7 +134,8 @@ def test_eval_intent_prints_figures_and_fails_below_target(tmp_path):
     for key in ("accuracy", "macro_f1", "weighted_f1", "min_class_f1", "llm_calls_per_message", "mean_latency_ms"):
         assert key in figures
     assert figures["llm_calls_per_message"] == 0 and "confusion matrix" in out.stdout
-    assert out.returncode == (0 if figures["passed"] else 1)
+    # Four unambiguous messages, one per intent: the local model gets them all, so the eval passes.
+    assert figures["accuracy"] == 1.0 and figures["passed"] and out.returncode == 0
 
     wrong = tmp_path / "wrong.jsonl"  # every label wrong: the eval must fail
     wrong.write_text("\n".join(json.dumps({"message": m, "intent": "OFFTOPIC"}) for m, _ in rows) + "\n")

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared import events as ev
+from shared import subjects
 from shared.events import VisitorProfile
 from shared.state import (
     Record, copy_state, decode_state, encode_state, fold, merge_dialog_supervision,
@@ -20,7 +21,7 @@ def env(cls, turn, **fields):
 
 
 def records(*events):
-    return [Record(seq=i + 1, subject=f"conv.acme.s1.{ev.event_type(e)}", event=e) for i, e in enumerate(events)]
+    return [Record(seq=i + 1, subject=subjects.conv("acme", "s1", ev.event_type(e)), event=e) for i, e in enumerate(events)]
 
 
 def test_visitor_profile_prefers_known_and_later_known_wins():
@@ -141,8 +142,8 @@ def test_only_the_newest_turn_keeps_its_retrieved_text():
                 for i in range(1, n_docs + 1)]
         return ev.RetrievalCompleted(event_id=f"r{turn}", site="a", session_id="s", turn=turn, ts=0.0, documents=docs)
 
-    state = fold([Record(seq=1, subject="conv.a.s.retrieval_completed", event=retrieval(1, 3)),
-                  Record(seq=2, subject="conv.a.s.retrieval_completed", event=retrieval(1, 5))])
+    state = fold([Record(seq=1, subject=subjects.conv("a", "s", "retrieval_completed"), event=retrieval(1, 3)),
+                  Record(seq=2, subject=subjects.conv("a", "s", "retrieval_completed"), event=retrieval(1, 5))])
     assert len(state.turns[1].sources) == 3  # a redelivery does not replace what was stored
-    state = fold([Record(seq=3, subject="conv.a.s.retrieval_completed", event=retrieval(2, 2))], state)
+    state = fold([Record(seq=3, subject=subjects.conv("a", "s", "retrieval_completed"), event=retrieval(2, 2))], state)
     assert state.turns[1].sources == [] and len(state.turns[2].sources) == 2

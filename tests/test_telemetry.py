@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from shared import events as ev
 from shared import logs
 from shared.consumer import ConsumerRunner, Node
-from tests.test_consumer import fast, own, requested, unique, wait_for, _true
+from tests.helpers import fast, own, requested, unique, wait_for
 
 exporter = InMemorySpanExporter()
 
@@ -43,7 +43,7 @@ async def test_trace_context_travels_in_nats_headers(bus, site):
     try:
         with trace.get_tracer("test").start_as_current_span("chat turn") as root:
             await bus.publish(requested(site))
-        await wait_for(lambda: _true(done))
+        await wait_for(lambda: done)
     finally:
         for r in runners:
             await r.stop()

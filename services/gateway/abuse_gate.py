@@ -10,12 +10,12 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
+from shared import language as languages
 from shared.state import ConversationState
 
 HACK_LIMIT = 2
 SPAM_LIMIT = 3
 MAX_MESSAGE_CHARS = 15_000
-LANGUAGES = ("en", "fr", "es", "de", "it", "pt", "nl")
 
 with open(Path(__file__).parent / "data" / "block_messages.toml", "rb") as _f:
     MESSAGES: dict[str, dict[str, str]] = tomllib.load(_f)
@@ -34,17 +34,10 @@ def check(state: ConversationState, message: str) -> str | None:
 
 
 def language(visitor: dict | None, accept_language: str | None) -> str:
-    """The visitor's language if we have the block messages in it, else English."""
-    candidates = []
-    if visitor and isinstance(visitor.get("language"), str):
-        candidates.append(visitor["language"])
-    if accept_language:
-        candidates += [part.split(";")[0] for part in accept_language.split(",")]
-    for tag in candidates:
-        code = tag.strip().lower()[:2]
-        if code in LANGUAGES:
-            return code
-    return "en"
+    """The language the visitor's side names (widget, then browser), else English. Not a
+    guess from the message: a blocked message is hostile, repeated or too long, and the
+    block messages exist in every language of `shared.language.LANGUAGES`."""
+    return languages.declared(visitor, accept_language) or "en"
 
 
 def reply(reason: str, lang: str) -> str:

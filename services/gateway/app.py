@@ -26,10 +26,10 @@ from shared import events as ev
 from shared import loader, logs, privacy, redis_client, subjects, telemetry
 from shared.bus import Bus, ConcurrencyConflict, connect, topology_ready
 from shared.config import BusConfig, env_float, env_int, env_str
+from shared.session_guard import SessionGuard
 from shared.site_config import SiteConfig, SiteConfigs
 from services.gateway import abuse_gate, visitor_view
 from services.gateway.cors import SiteCORS, origin_allowed
-from services.gateway.guard import SessionGuard
 from services.gateway.openapi import (CHAT_OPENAPI, CHAT_RESPONSES, OPERATOR_RESPONSES, VISITOR_READ_RESPONSES,
                                       SessionId, SiteId, TokenHeader, bearer)
 from services.gateway.operators import Operator, OperatorAuth, Unauthorized

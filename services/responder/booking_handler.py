@@ -25,12 +25,12 @@ from shared import events as ev
 from shared import loader, prompts
 from shared.consumer import Context, Node
 from shared.llm import LLMClient
+from shared.privacy import EMAIL_RE
 from shared.site_config import FormField, SiteConfig, SiteConfigs
 from shared.state import ConversationState
 
 NAME = "booking_handler"
 PROMPT = Path(__file__).parent / "prompts" / "booking.md"
-EMAIL_RE = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
 LOOSE_EMAIL_RE = re.compile(r"\S+@\S*")
 PHONE_RE = re.compile(r"^\+?[\d ().-]{7,20}$")
 MAX_VALUE = 120

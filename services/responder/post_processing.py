@@ -17,10 +17,10 @@ from pathlib import Path
 from shared import events as ev
 from shared import subjects
 from shared.consumer import Context, Node, PermanentError
+from shared.privacy import EMAIL_RE
 
 MARKERS: dict[str, str] = tomllib.loads((Path(__file__).parent / "data" / "dialog_markers.toml").read_text())["markers"]
 
-EMAIL_RE = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}")
 PHONE_RE = re.compile(r"(?<!\w)\+?\d[\d ().-]{7,}\d")
 NAME_RE = re.compile(r"\b(?i:my name is|i am|i'm|je m'appelle|me llamo|ich heiße|mi chiamo)\s+([A-Z][\w'-]+(?:\s[A-Z][\w'-]+)?)")
 COMPANY_RE = re.compile(r"\b(?i:i work (?:at|for)|our company is|je travaille chez|trabajo en|ich arbeite bei)\s+([A-Z][\w&.'-]*(?:\s[A-Z][\w&.'-]*){0,3})")

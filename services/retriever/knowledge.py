@@ -8,8 +8,10 @@ own LightRAG instance and cannot name another workspace.
 
 Qdrant: the server at `QDRANT_URL` when set; otherwise qdrant-client's embedded local mode,
 files under `<KB_DIR>/qdrant` (one process at a time: stop the retriever to ingest, or use
-a server). LightRAG's Qdrant storage only knows how to make a client from a URL, so it is
-registered here under another name with the client given to it.
+a server). LightRAG's Qdrant storage only knows how to make a client from a URL, so
+lightrag_storage.py registers one under another name that is given the client; LightRAG
+is handed its tokenizer (word_tokenizer.py) and its embedding and LLM functions
+(lightrag_functions.py).
 
 Documents are added with `ainsert_custom_kg` (chunks, entities and relationships made
 offline by extraction.py), or, with an LLM for the `extraction` role
@@ -24,31 +26,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
-import os
 import re
-import threading
 import time
-import warnings
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from services.retriever import extraction
 from services.retriever.documents import SourceDocument
+from services.retriever.lightrag_functions import embedding_function, llm_function, no_llm, quiet_lightrag
+from services.retriever.word_tokenizer import WordTokenizer
 from shared import subjects
 from shared.config import ConfigError, env_float, env_str
-from shared.embeddings import Embedder, _model_dir
+from shared.embeddings import Embedder, model_dir
 from shared.llm import LLMClient
 
-log = logging.getLogger(__name__)
-
-STORAGE_NAME = "ConciergeQdrantStorage"
-GRAPH_STORAGE_NAME = "ConciergeGraphStorage"
-KV_STORAGE_NAME = "ConciergeKVStorage"
-_CLIENTS: dict[str, Any] = {}  # the Qdrant client of each open KnowledgeBase, by key
 SEP = "<SEP>"  # LightRAG's separator between the sources of a merged graph field
 MAX_DESCRIPTION_CHARS = 600
 LLM_CHUNK_WORDS = 160  # ≈ 210 MiniLM tokens: under the 256 the embedding model reads
@@ -62,181 +54,6 @@ class UnknownSite(Exception):
 
 class KnowledgeBaseLocked(Exception):
     """The embedded Qdrant store is open in another process."""
-
-
-class WordTokenizer:
-    """The tokenizer LightRAG is given. LightRAG counts tokens to fit an LLM prompt's
-    budgets (which `query` sets out of reach: the limiter and the answer's prompt do the
-    cutting) and records each chunk's count; its default downloads tiktoken's vocabulary,
-    which cannot happen offline. A token here is a whitespace-led word (`" the"`,
-    `"pricing."`): counting is a regex pass, tens of times faster than running a
-    sub-word tokenizer over every rendered context, and `decode(encode(text)) == text`.
-    Chunk sizes for the embedding model are measured with the model's own tokenizer
-    (`KnowledgeBase.count_tokens`). Ids come from an intern table shared by all threads."""
-
-    PIECE = re.compile(r"\s*\S+|\s+")
-
-    def __init__(self):
-        self._ids: dict[str, int] = {}
-        self._pieces: list[str] = []
-        self._lock = threading.Lock()
-
-    def encode(self, content: str) -> list[int]:
-        ids = self._ids
-        out = []
-        for piece in self.PIECE.findall(content):
-            index = ids.get(piece)
-            if index is None:
-                with self._lock:
-                    index = ids.get(piece)
-                    if index is None:
-                        index = ids[piece] = len(self._pieces)
-                        self._pieces.append(piece)
-            out.append(index)
-        return out
-
-    def decode(self, tokens: list[int]) -> str:
-        return "".join(self._pieces[i] for i in tokens)
-
-    def __deepcopy__(self, memo):  # LightRAG deep-copies its config; one table per process is right
-        return self
-
-
-def _register_storage() -> None:
-    from lightrag.kg import STORAGE_IMPLEMENTATIONS, STORAGES
-    from lightrag.kg.json_kv_impl import JsonKVStorage
-    from lightrag.kg.networkx_impl import NetworkXStorage
-    from lightrag.kg.qdrant_impl import QdrantVectorDBStorage, _normalize_qdrant_point_id, compute_mdhash_id_for_qdrant
-
-    class ConciergeQdrantStorage(QdrantVectorDBStorage):
-        """LightRAG's Qdrant storage with the knowledge base's client (server or local).
-
-        The workspace is always the site: LightRAG would let QDRANT_WORKSPACE put every
-        site in one workspace, which would undo the isolation. In local mode each site
-        also gets its own collections: qdrant-client's local mode evaluates payload
-        filters point by point in Python over the whole collection, so one shared
-        collection would make every site's search as slow as all sites' data."""
-
-        def __post_init__(self):
-            super().__post_init__()
-            self.effective_workspace = self.workspace
-            self._per_site = bool(self.global_config["vector_db_storage_cls_kwargs"].get("collection_per_site"))
-            if self._per_site:
-                self.final_namespace = f"{self.final_namespace}_{self.workspace}"
-
-        async def query(self, query: str, top_k: int, query_embedding: list[float] = None) -> list[dict[str, Any]]:
-            if not self._per_site:
-                return await super().query(query, top_k, query_embedding)
-            if query_embedding is None:
-                query_embedding = (await self.embedding_func([query], context="query"))[0]
-            # The collection holds this site's points only: no payload filter to evaluate.
-            points = self._client.query_points(collection_name=self.final_namespace, query=query_embedding,
-                                               limit=top_k, with_payload=True,
-                                               score_threshold=self.cosine_better_than_threshold).points
-            return [{**p.payload, "distance": p.score, "created_at": p.payload.get("created_at")} for p in points]
-
-        async def get_vectors_by_ids(self, ids: list[str]) -> dict[str, list[float]]:
-            if not self._per_site or self._pending_vector_docs or self._pending_vector_deletes:
-                return await super().get_vectors_by_ids(ids)
-            # Nothing buffered (the query path): read the vectors without their payloads,
-            # which qdrant-client's local mode would deep-copy point by point only for
-            # LightRAG to read the id back out of them.
-            by_point = {compute_mdhash_id_for_qdrant(i, prefix=self.effective_workspace): i for i in ids}
-            points = self._client.retrieve(collection_name=self.final_namespace, ids=list(by_point),
-                                           with_vectors=True, with_payload=False)
-            found = {}
-            for point in points:
-                original = by_point.get(_normalize_qdrant_point_id(point.id))
-                if original is not None and point.vector is not None:
-                    vector = point.vector
-                    found[original] = vector.tolist() if isinstance(vector, np.ndarray) else vector
-            return found
-
-        async def initialize(self):
-            if self._client is None:
-                self._client = _CLIENTS[self.global_config["vector_db_storage_cls_kwargs"]["client_key"]]
-            await super().initialize()
-
-        async def finalize(self):
-            # Flush, but leave the shared client open: the knowledge base closes it.
-            await self._flush_pending_vector_ops()
-
-    class ConciergeGraphStorage(NetworkXStorage):
-        """LightRAG's NetworkX graph with batch reads done in one pass.
-
-        LightRAG's base class answers `get_edges_batch` and its siblings one item at a
-        time, each through `_get_graph()` and its namespace lock; a mix query on a few
-        hundred entities made ~1,700 such calls (about a third of its time). Each batch here
-        takes the graph once and reads it synchronously (no await in between, so no commit
-        can interleave), with the same answers as the one-by-one defaults."""
-
-        async def get_nodes_batch(self, node_ids: list[str]) -> dict[str, dict]:
-            graph = await self._get_graph()
-            return {n: dict(graph.nodes[n]) for n in node_ids if graph.has_node(n)}
-
-        async def node_degrees_batch(self, node_ids: list[str]) -> dict[str, int]:
-            graph = await self._get_graph()
-            return {n: graph.degree(n) if graph.has_node(n) else 0 for n in node_ids}
-
-        async def edge_degrees_batch(self, edge_pairs: list[tuple[str, str]]) -> dict[tuple[str, str], int]:
-            graph = await self._get_graph()
-
-            def degree(n: str) -> int:
-                return graph.degree(n) if graph.has_node(n) else 0
-            return {(s, t): degree(s) + degree(t) for s, t in edge_pairs}
-
-        async def get_edges_batch(self, pairs: list[dict[str, str]]) -> dict[tuple[str, str], dict]:
-            graph = await self._get_graph()
-            found = {}
-            for pair in pairs:
-                edge = graph.edges.get((pair["src"], pair["tgt"]))
-                if edge is not None:
-                    found[(pair["src"], pair["tgt"])] = dict(edge)
-            return found
-
-        async def get_nodes_edges_batch(self, node_ids: list[str]) -> dict[str, list[tuple[str, str]]]:
-            graph = await self._get_graph()
-            return {n: list(graph.edges(n)) if graph.has_node(n) else [] for n in node_ids}
-
-    class ConciergeKVStorage(JsonKVStorage):
-        """LightRAG's JSON key-value store, copying what it returns as JSON data.
-
-        `get_by_ids` deep-copies every record so callers cannot change the stored one;
-        `copy.deepcopy`'s memo and dispatch were a tenth of a mix query's CPU (a few
-        hundred chunk records per query). Records are JSON (dicts, lists, strings,
-        numbers), so copying the dicts and lists gives the same protection."""
-
-        async def get_by_ids(self, ids: list[str]) -> list[dict[str, Any] | None]:
-            async with self._storage_lock:
-                results: list[dict[str, Any] | None] = []
-                for id_ in ids:
-                    data = self._data.get(id_, None)
-                    if data:
-                        record = _json_copy(data)
-                        record.setdefault("create_time", 0)
-                        record.setdefault("update_time", 0)
-                        record["_id"] = id_
-                        results.append(record)
-                    else:
-                        results.append(None)
-                return results
-
-    for name, cls, kind in ((STORAGE_NAME, ConciergeQdrantStorage, "VECTOR_STORAGE"),
-                            (GRAPH_STORAGE_NAME, ConciergeGraphStorage, "GRAPH_STORAGE"),
-                            (KV_STORAGE_NAME, ConciergeKVStorage, "KV_STORAGE")):
-        globals()[name] = cls
-        STORAGES[name] = __name__
-        implementations = STORAGE_IMPLEMENTATIONS[kind]["implementations"]
-        if name not in implementations:
-            implementations.append(name)
-
-
-def _json_copy(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _json_copy(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_copy(v) for v in value]
-    return value
 
 
 class KnowledgeBase:
@@ -274,8 +91,10 @@ class KnowledgeBase:
     def open(self) -> "KnowledgeBase":
         from qdrant_client import QdrantClient
 
-        _quiet_lightrag()
-        _register_storage()
+        from services.retriever import lightrag_storage
+
+        quiet_lightrag()
+        lightrag_storage.register()
         self.root.mkdir(parents=True, exist_ok=True)
         if self.qdrant_url:
             self._client = QdrantClient(url=self.qdrant_url, api_key=self.qdrant_api_key or None)
@@ -286,11 +105,11 @@ class KnowledgeBase:
                 raise KnowledgeBaseLocked(
                     f"the knowledge base {self.root / 'qdrant'} is open in another process (a running retriever?): "
                     "stop it first, or set QDRANT_URL to a Qdrant server") from exc
-        _CLIENTS[self._key] = self._client
+        lightrag_storage.CLIENTS[self._key] = self._client
         self.embedder.load()
         from tokenizers import Tokenizer
 
-        self._model_tokenizer = Tokenizer.from_file(str(_model_dir() / "tokenizer.json"))
+        self._model_tokenizer = Tokenizer.from_file(str(model_dir() / "tokenizer.json"))
         self._model_tokenizer.no_truncation()
         self._model_tokenizer.no_padding()
         self._tokenizer = WordTokenizer()
@@ -299,8 +118,10 @@ class KnowledgeBase:
     async def close(self) -> None:
         for site in list(self._rags):
             await self._rags.pop(site).finalize_storages()
-        _CLIENTS.pop(self._key, None)
         if self._client is not None:
+            from services.retriever import lightrag_storage
+
+            lightrag_storage.CLIENTS.pop(self._key, None)
             self._client.close()
             self._client = None
 
@@ -357,19 +178,21 @@ class KnowledgeBase:
         from lightrag import LightRAG
         from lightrag.utils import EmbeddingFunc, Tokenizer
 
+        from services.retriever import lightrag_storage
+
         self._site_dir(site).mkdir(parents=True, exist_ok=True)
         return LightRAG(
             working_dir=str(self.root),
             workspace=site,
-            embedding_func=EmbeddingFunc(embedding_dim=self.embedder.dim, func=_embedding_function(self.embedder),
+            embedding_func=EmbeddingFunc(embedding_dim=self.embedder.dim, func=embedding_function(self.embedder),
                                          model_name=re.sub(r"[^a-z0-9]+", "_", self.embedder.name.lower())),
-            llm_model_func=_llm_function(self.extraction_llm) if self.extraction_llm else _no_llm,
+            llm_model_func=llm_function(self.extraction_llm) if self.extraction_llm else no_llm,
             chunk_token_size=LLM_CHUNK_WORDS,  # LightRAG's chunking (LLM mode) counts words here
             chunk_overlap_token_size=LLM_CHUNK_OVERLAP_WORDS,
             tokenizer=Tokenizer("words", self._tokenizer),
-            vector_storage=STORAGE_NAME,
-            graph_storage=GRAPH_STORAGE_NAME,
-            kv_storage=KV_STORAGE_NAME,
+            vector_storage=lightrag_storage.VECTOR_STORAGE,
+            graph_storage=lightrag_storage.GRAPH_STORAGE,
+            kv_storage=lightrag_storage.KV_STORAGE,
             doc_status_storage="JsonDocStatusStorage",
             vector_db_storage_cls_kwargs={"cosine_better_than_threshold": self.cosine_threshold,
                                           "client_key": self._key, "collection_per_site": not self.qdrant_url},
@@ -570,48 +393,3 @@ def _merged(descriptions) -> str:
         out.append(text)
         size += len(text) + 1
     return "\n".join(out)[:MAX_DESCRIPTION_CHARS]
-
-
-def _embedding_function(embedder: Embedder):
-    """A plain function (LightRAG deep-copies its config; a bound method would copy the
-    whole knowledge base): one text goes through the embedder's batching queue and cache,
-    many (ingestion) are embedded in length-sorted batches off the event loop."""
-
-    async def embed(texts: list[str], **_: Any) -> np.ndarray:
-        if len(texts) == 1:
-            return (await embedder.aembed(texts[0]))[None, :]
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, embedder.embed_many, list(texts))
-
-    return embed
-
-
-def _llm_function(llm: LLMClient):
-    """LightRAG's LLM hook on the `extraction` role. Ingestion belongs to no conversation,
-    so the calls are logged rather than stored as events."""
-
-    async def complete(prompt: str, system_prompt: str | None = None, history_messages: list | None = None,
-                       **_: Any) -> str:
-        messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + \
-            list(history_messages or []) + [{"role": "user", "content": prompt}]
-        return await llm.complete("extraction", messages, _log_call, temperature=0.0)
-
-    return complete
-
-
-async def _log_call(call) -> None:
-    log.debug("extraction LLM call", extra={"model": call.model, "latency_ms": call.latency_ms, "error": call.error})
-
-
-async def _no_llm(*_: Any, **__: Any) -> str:
-    raise RuntimeError("the knowledge base was asked for an LLM call: retrieval and offline ingestion need none")
-
-
-def _quiet_lightrag() -> None:
-    """LightRAG logs every storage step at INFO and warns about payload indexes in
-    Qdrant's local mode (they do nothing there); keep our logs readable."""
-    import lightrag.utils  # noqa: F401 - it sets its logger's level on import; ours comes after
-
-    level = logging.DEBUG if os.environ.get("LOG_LEVEL", "").upper() == "DEBUG" else logging.ERROR
-    logging.getLogger("lightrag").setLevel(level)
-    warnings.filterwarnings("ignore", message="Payload indexes have no effect", category=UserWarning)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import msgspec
 
-from shared.skills import EMAIL_RE
+from shared.privacy import EMAIL_RE
 from shared.state import BookingState
 
 

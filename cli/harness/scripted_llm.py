@@ -151,7 +151,7 @@ def create_app(script: Script) -> Starlette:
     ])
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="concierge scripted-llm", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default="127.0.0.1")
@@ -162,3 +162,4 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     script = Script(args.ttft_ms, args.inter_token_ms, args.extra_words)
     uvicorn.run(create_app(script), host=args.host, port=args.port, log_level="warning")
+    return 0

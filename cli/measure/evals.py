@@ -1,5 +1,5 @@
 """`concierge eval intent|skills|hack|retrieval|answers|all`: the router's evals (services/router/evaluation.py),
-the retriever's (services/retriever/evaluation.py) and the answers' (cli/answer_eval.py: through a running
+the retriever's (services/retriever/evaluation.py) and the answers' (cli/measure/answer_eval.py: through a running
 system, the one `--base-url` names or one it starts)."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
             from services.retriever import evaluation as retrieval_eval
             return retrieval_eval.eval_retrieval(args.dataset or retrieval_eval.EVAL)
         if args.which == "answers":
-            from cli import answer_eval
+            from cli.measure import answer_eval
             return answer_eval.eval_answers(args.dataset or answer_eval.DATASET, args.base_url, args.site,
                                             args.concurrency)
     except ValueError as exc:  # a malformed dataset: say where, no traceback
@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
         return 2
     if args.dataset is not None:
         parser.error("eval all runs the shipped datasets; use eval intent|skills|hack|retrieval --dataset FILE for one file")
-    from cli import answer_eval
+    from cli.measure import answer_eval
     from services.retriever import evaluation as retrieval_eval
 
     skills = evaluation.eval_skills()

@@ -19,7 +19,6 @@ import random
 import tempfile
 import threading
 import time
-from collections import Counter
 from pathlib import Path
 
 import uvicorn
@@ -27,12 +26,10 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from cli.bench import percentile
-from cli.supervisor import free_port, make_system, wait_http
+from cli.harness.supervisor import free_port, make_system, wait_http
+from cli.measure import driver
 from shared import events as ev
 from shared import privacy, redis_client
-from shared.bus import connect
-from shared.config import BusConfig
 
 SITE = "loadtest"
 
@@ -51,58 +48,34 @@ def start_provider(delay_s: float) -> tuple[str, uvicorn.Server]:
 
 
 async def drive(nats_url: str, redis_url: str, rate: float, seconds: float, same_ip: bool) -> dict:
-    bus = await connect(BusConfig(url=nats_url), name="loadtest")
     redis = redis_client.connect(redis_url)
-    sent: dict[str, float] = {}
-    latencies: list[float] = []
-    outcomes: Counter = Counter()
-    done = asyncio.Event()
-    total = int(rate * seconds)
-    last_done = [0.0]
-
-    async def on_enriched(msg):
-        event = ev.decode(msg.data)
-        started = sent.get(event.session_id)
-        if started is not None and event.turn == 1:
-            latencies.append((time.perf_counter() - started) * 1000)
-            outcomes.update(f"{name}: {status}" for name, status in event.sources.items())
-            last_done[0] = time.perf_counter()
-            if len(latencies) >= total:
-                done.set()
-
-    sub = await bus.nc.subscribe(f"conv.{SITE}.*.enrichment_completed", cb=on_enriched)
     run = ev.new_id()[:8]
-    began = time.perf_counter()
+    ips: dict[str, str] = {}
+
+    def turn(i: int) -> ev.TurnRequested:
+        session = f"{run}-{i}"
+        ip = ips[session] = ("203.0.113.10" if same_ip else
+                             f"10.{random.randint(0, 255)}.{random.randint(0, 255)}.{i % 250 + 1}")
+        return ev.TurnRequested(event_id=ev.new_id(), site=SITE, session_id=session, turn=1, ts=ev.now(),
+                                producer="loadtest", message="hello", ip_hash=privacy.ip_hash(ip))
+
+    async def store_ip(request: ev.TurnRequested) -> None:  # the raw IP is in Redis, as the gateway keeps it
+        await redis.set(privacy.raw_ip_key(SITE, request.session_id), ips.pop(request.session_id), ex=600)
+
     try:
-        for i in range(total):
-            target = began + i / rate
-            delay = target - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            session = f"{run}-{i}"
-            ip = "203.0.113.10" if same_ip else f"10.{random.randint(0, 255)}.{random.randint(0, 255)}.{i % 250 + 1}"
-            await redis.set(privacy.raw_ip_key(SITE, session), ip, ex=600)
-            sent[session] = time.perf_counter()
-            await bus.publish(ev.TurnRequested(event_id=ev.new_id(), site=SITE, session_id=session, turn=1,
-                                               ts=ev.now(), producer="loadtest", message="hello",
-                                               ip_hash=privacy.ip_hash(ip)))
-        try:
-            await asyncio.wait_for(done.wait(), 30)
-        except asyncio.TimeoutError:
-            pass
+        result = await driver.drive(nats_url, rate, seconds, turn, "enrichment_completed", SITE,
+                                  lambda event: (f"{name}: {status}" for name, status in event.sources.items()),
+                                  store_ip)
     finally:
-        await sub.unsubscribe()
         await redis.aclose()
-        await bus.close()
-    elapsed = (last_done[0] or time.perf_counter()) - began
     return {
-        "offered_per_s": rate,
-        "sent": total,
-        "completed": len(latencies),
-        "enrichments_per_s": round(len(latencies) / elapsed, 1) if elapsed > 0 else 0.0,
-        "p50_ms": round(percentile(latencies, 50), 2),
-        "p99_ms": round(percentile(latencies, 99), 2),
-        "source_outcomes": dict(outcomes.most_common()),
+        "offered_per_s": result.offered_per_s,
+        "sent": result.sent,
+        "completed": result.answered,
+        "enrichments_per_s": result.answered_per_s,
+        "p50_ms": result.p50_ms,
+        "p99_ms": result.p99_ms,
+        "source_outcomes": result.labels,
     }
 
 
@@ -121,22 +94,14 @@ def scenario(name: str, env: dict[str, str], rate: float, seconds: float, same_i
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="concierge loadtest", description=__doc__,
+    parser = argparse.ArgumentParser(prog="concierge loadtest enricher", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("service", choices=["enricher", "router", "retriever"])
     parser.add_argument("--rate", type=float, default=100.0, help="turns per second offered")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--provider-delay-ms", type=float, default=300.0)
-    args, _ = parser.parse_known_args(argv)
-    if args.service == "router":
-        from cli import loadtest_router
-        return loadtest_router.main([a for a in (argv or []) if a != "router"])
-    if args.service == "retriever":
-        from cli import loadtest_retriever
-        return loadtest_retriever.main([a for a in (argv or []) if a != "retriever"])
     args = parser.parse_args(argv)
 
-    results = {"service": args.service}
+    results = {"service": "enricher"}
     results["cache"] = scenario("cache", {}, args.rate, args.seconds, same_ip=True)
     print(f"cache hits:  {json.dumps(results['cache'])}", flush=True)
     url, provider = start_provider(args.provider_delay_ms / 1000)

@@ -1,6 +1,6 @@
 """`concierge llm-bench`: time to first token and tokens per second of an LLM endpoint.
 
-Without `--base-url` it starts the embedded local model (cli/local_llm.py) the way
+Without `--base-url` it starts the embedded local model (cli/harness/local_llm.py) the way
 `make run` does and measures that. Each request is a grounded question about the demo
 company with a few numbered sources in the system prompt, as the answer writer sends
 them; the answer streams (one chunk per token on llama.cpp). The last line is one JSON
@@ -16,6 +16,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from cli.measure.stats import percentile
 
 QUESTIONS = ["What integrations do you offer?", "How much does the Growth plan cost?",
              "Does the mobile app work offline?", "Are you SOC 2 compliant?", "Is there a free trial?"]
@@ -53,7 +55,7 @@ def measure(base_url: str, model: str, rounds: int, max_tokens: int) -> dict:
         tokens_all.append(tokens)
         print(f"  {question!r}: TTFT {ttfts[-1]:.0f} ms, {tokens} tokens", flush=True)
     return {"requests": rounds, "answered": len(ttfts),
-            "ttft_ms_p50": round(statistics.median(ttfts), 1) if ttfts else None,
+            "ttft_ms_p50": round(percentile(ttfts, 50), 1) if ttfts else None,
             "ttft_ms_max": round(max(ttfts), 1) if ttfts else None,
             "tokens_per_s_mean": round(statistics.fmean(rates), 1) if rates else None,
             "tokens_per_answer_mean": round(statistics.fmean(tokens_all), 1) if tokens_all else None}
@@ -71,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         result = measure(args.base_url, args.model or "default", args.rounds, args.max_tokens)
         result["endpoint"] = args.base_url
     else:
-        from cli import local_llm
-        from cli.supervisor import free_port, make_system, wait_http
+        from cli.harness import local_llm
+        from cli.harness.supervisor import free_port, make_system, wait_http
 
         local_llm.ensure_server()
         model = local_llm.ensure_model()

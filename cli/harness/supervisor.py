@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SERVICES = ("router", "retriever", "enricher", "responder", "gateway")
+ROOT = Path(__file__).resolve().parents[2]  # the project: sites/, knowledge/, and what `-m services.X` imports
+DEMO_KB = ROOT / "knowledge" / "demo"
 
 
 def _wheel_binary(name: str, wheel: str) -> str:
@@ -136,6 +138,11 @@ class System:
         """Start a service; a different `name` starts another replica of it."""
         return self.spawn(name or service, [sys.executable, "-m", f"services.{service}"], env)
 
+    def ingest(self, site: str, source: Path = DEMO_KB, check: bool = True) -> subprocess.CompletedProcess:
+        """`concierge ingest` into this system's knowledge base (before the retriever opens it)."""
+        return subprocess.run([sys.executable, "-m", "cli", "ingest", "--site", site, "--quiet", str(source)],
+                              env=self.env, cwd=ROOT, check=check)
+
     def start_all(self, ready_timeout: float = 60) -> None:
         self.start_nats()
         self.start_redis()
@@ -203,16 +210,15 @@ def make_system(data_dir: Path, nats_port: int, gateway_port: int, extra_env: di
     data_dir.mkdir(parents=True, exist_ok=True)
     log_dir = data_dir / "logs"
     log_dir.mkdir(exist_ok=True)
-    root = Path(__file__).resolve().parent.parent
     redis_port = redis_port or free_port()
     env = {
         **os.environ,
-        "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
         "NATS_URL": f"nats://127.0.0.1:{nats_port}",
         "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
         "GATEWAY_HOST": "127.0.0.1",
         "GATEWAY_PORT": str(gateway_port),
-        "SITES_DIR": os.environ.get("SITES_DIR", str(root / "sites")),
+        "SITES_DIR": os.environ.get("SITES_DIR", str(ROOT / "sites")),
         "KB_DIR": os.environ.get("KB_DIR", str(data_dir / "kb")),
         # One machine's defaults; a deployment sets its own (docs/security.md).
         "SESSION_TOKEN_SECRET": os.environ.get("SESSION_TOKEN_SECRET") or secret_file(data_dir / "session-token-secret"),

@@ -22,8 +22,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from cli.loadtest_router import drive
-from cli.supervisor import free_port, make_system
+from cli.harness.supervisor import free_port, make_system
+from cli.measure import driver
 
 PRODUCTS = ["Atlas", "Beacon", "Cedar", "Delta", "Ember", "Fjord", "Granite", "Harbor", "Iris", "Juniper",
             "Kestrel", "Lumen", "Meridian", "Nimbus", "Orchid", "Pioneer", "Quarry", "Raven", "Summit", "Tundra"]
@@ -116,13 +116,13 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append((overrides, rate, _run(data_dir, sites, rate, args.seconds, overrides)))
     for overrides, rate, result in runs:
         print(json.dumps({"service": "retriever", "mode": "mix", "sites": args.sites, **ingest,
-                          "settings": overrides or "defaults", "offered_per_s": rate, "sent": result["sent"],
-                          "answered": result["routed"], "queries_per_s": result["turns_per_s"],
-                          "p50_ms": result["p50_ms"], "p99_ms": result["p99_ms"], "outcomes": result["routes"]}))
-    return 0 if all(r["routed"] == r["sent"] for _, _, r in runs) else 1
+                          "settings": overrides or "defaults", "offered_per_s": rate, "sent": result.sent,
+                          "answered": result.answered, "queries_per_s": result.answered_per_s,
+                          "p50_ms": result.p50_ms, "p99_ms": result.p99_ms, "outcomes": result.labels}))
+    return 0 if all(r.answered == r.sent for _, _, r in runs) else 1
 
 
-def _run(data_dir: Path, sites: list[str], rate: float, seconds: float, overrides: dict[str, str]) -> dict:
+def _run(data_dir: Path, sites: list[str], rate: float, seconds: float, overrides: dict[str, str]) -> driver.Run:
     """One retriever process (with `overrides` in its environment) under `rate` queries/s."""
     system = make_system(data_dir / f"run-{time.time_ns()}", free_port(), free_port(),
                          {"LOG_LEVEL": "WARNING", "KB_DIR": str(data_dir / "kb"), **overrides})
@@ -131,18 +131,21 @@ def _run(data_dir: Path, sites: list[str], rate: float, seconds: float, override
         started = time.monotonic()
         system.start_service("retriever")
         asked = questions(int(rate * seconds) + 400, seed=int(rate * 100) + len(overrides))
-        warm = {"routed": 0}
-        while warm["routed"] == 0 and time.monotonic() - started < 120:
-            warm = asyncio.run(drive(system.nats_url, 2, 1, 1, f"warm{time.time_ns()}", asked[:2], tuple(sites),
-                                     "retrieval_completed", _label))
+        answered = 0
+        while answered == 0 and time.monotonic() - started < 120:
+            answered = asyncio.run(_drive(system.nats_url, 2, 1, f"warm{time.time_ns()}", asked[:2], sites)).answered
         print(f"retriever ready in {time.monotonic() - started:.1f} s ({overrides or 'defaults'}, {rate}/s)",
               flush=True)
-        asyncio.run(drive(system.nats_url, rate / 2, 3, 1, "warmup", asked[-300:], tuple(sites),
-                          "retrieval_completed", _label))
-        return asyncio.run(drive(system.nats_url, rate, seconds, 1, f"run{time.time_ns()}", asked[:-300],
-                                 tuple(sites), "retrieval_completed", _label))
+        asyncio.run(_drive(system.nats_url, rate / 2, 3, "warmup", asked[-300:], sites))
+        return asyncio.run(_drive(system.nats_url, rate, seconds, f"run{time.time_ns()}", asked[:-300], sites))
     finally:
         system.stop()
+
+
+async def _drive(nats_url: str, rate: float, seconds: float, tag: str, asked: list[str], sites: list[str]) -> driver.Run:
+    """Questions at `rate` per second, one turn per session, each timed to its `RetrievalCompleted`."""
+    return await driver.drive(nats_url, rate, seconds, driver.conversations(tag, asked, tuple(sites)),
+                              "retrieval_completed", labels=lambda event: [_label(event)])
 
 
 def _label(event) -> str:

@@ -22,7 +22,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from cli.harness.supervisor import ROOT
+
 QUESTION = "Do you integrate with QuickBooks?"
 
 

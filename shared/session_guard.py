@@ -1,7 +1,9 @@
-"""Per-session in-flight guard, shared by every gateway replica through a KV bucket.
+"""Per-session in-flight guard, shared through a KV bucket by every gateway replica and
+by `concierge erase-visitor`.
 
-A turn holds `site.session` until it ends; a second request meanwhile is refused. The
-key carries a TTL, so a gateway that dies mid-turn cannot lock a session for ever.
+A turn holds `site.session` until it ends; a second request meanwhile is refused, and so
+is an erase (which holds the key itself while it rewrites the log, refusing turns). The
+key carries a TTL, so a process that dies holding it cannot lock a session for ever.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ class SessionGuard:
         self.kv = bus.bucket(subjects.SESSION_GUARD_BUCKET)
         self.ttl_s = max(1.0, ttl_s)
 
-    async def acquire(self, site: str, session_id: str) -> int | None:
-        """The guard's revision when acquired, None when a turn is already in flight."""
+    async def acquire(self, site: str, session_id: str, holder: bytes = b"1") -> int | None:
+        """The guard's revision when acquired, None when the session is already held.
+        `holder` is what the key holds (a turn's b"1", an erase's b"erasing")."""
         try:
-            return await self.kv.create(subjects.kv_key(site, session_id), b"1", msg_ttl=self.ttl_s)
+            return await self.kv.create(subjects.kv_key(site, session_id), holder, msg_ttl=self.ttl_s)
         except KeyWrongLastSequenceError:
             return None
 

@@ -38,14 +38,13 @@ from pathlib import Path
 
 import httpx
 
-from cli.sse import Conversation
-from cli.supervisor import free_port, make_system, wait_http
+from cli.harness.sse import Conversation
+from cli.harness.supervisor import ROOT, free_port, make_system, wait_http
+from cli.measure.stats import percentile
 from shared import subjects
 from shared.bus import connect
 from shared.config import LLM_ROLES, BusConfig
 from shared.state import fold
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 QUESTIONS = ["What integrations do you offer?", "How does the scheduling engine work?", "Do you integrate with Salesforce?",
@@ -57,15 +56,6 @@ SUPPORT = ["I can't log in to my account", "The HubSpot sync stopped working", "
 BOOKING = ["I'd like to book a demo", "visitor{i}@example.com", "Company {i}", "Does the mobile app work offline?",
            "What integrations do you offer?"]
 SCRIPTS = [QUESTIONS, QUESTIONS[3:] + QUESTIONS[:3], QUESTIONS[6:] + QUESTIONS[:6], QUESTIONS[::-1], SUPPORT, BOOKING]
-
-
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    k = (len(ordered) - 1) * p / 100
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
 async def drive(base_url: str, site: str, turns: int, concurrency: int, think_s: float = 0.0) -> tuple[list[dict], list[str]]:
@@ -156,8 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             site = "bench"
             # The bench site answers from the demo knowledge base, so ANSWER turns wait for a
             # real retrieval (mix mode) as they do on `make run`.
-            subprocess.run([sys.executable, "-m", "cli", "ingest", "--site", site, "--quiet",
-                            str(ROOT / "knowledge" / "demo")], env=system.env, cwd=ROOT, check=True)
+            system.ingest(site)
             system.start_all()
             print(f"system up; warming up, then {args.turns} turns from {args.concurrency} sessions "
                   f"(scripted TTFT {args.ttft_ms:.0f} ms)", flush=True)

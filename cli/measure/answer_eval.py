@@ -47,9 +47,10 @@ from pathlib import Path
 
 import httpx
 
-from cli.sse import ChatResult, Conversation
+from cli.harness.sse import ChatResult, Conversation
+from cli.harness.supervisor import ROOT
+from cli.measure.stats import percentile
 
-ROOT = Path(__file__).resolve().parent.parent
 DATASET = ROOT / "services" / "responder" / "data" / "answers_eval.jsonl"
 MIN_ALL_FACTS_RATE = 0.85
 MIN_CITATION_RATE = 0.90
@@ -197,15 +198,6 @@ def score(question: Question, answer: str, sources: list[dict], grounding: list[
                   error=error, grounding=grounding_kind)
 
 
-def percentile(values: list[float], p: float) -> float | None:
-    ordered = sorted(values)
-    if not ordered:
-        return None
-    k = (len(ordered) - 1) * p / 100
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
-
-
 def figures(scored: list[Scored]) -> dict:
     n = len(scored)
     ttfts = [s.ttft_ms for s in scored if s.ttft_ms is not None]
@@ -347,7 +339,7 @@ def eval_answers(dataset: Path = DATASET, base_url: str | None = None, site: str
     if base_url:
         scored = asyncio.run(ask_all(base_url.rstrip("/"), site, questions, _operator_token(), concurrency))
         return report(scored, dataset, base_url)
-    from cli.supervisor import free_port, make_system
+    from cli.harness.supervisor import free_port, make_system
 
     with tempfile.TemporaryDirectory(prefix="concierge-answer-eval-") as data:
         # Every question comes from 127.0.0.1: the per-IP limit would stop the eval, not measure it.
@@ -357,8 +349,7 @@ def eval_answers(dataset: Path = DATASET, base_url: str | None = None, site: str
               flush=True)
         try:
             try:
-                subprocess.run([sys.executable, "-m", "cli", "ingest", "--site", site, "--quiet",
-                                str(ROOT / "knowledge" / "demo")], env=system.env, cwd=ROOT, check=True)
+                system.ingest(site)
                 system.start_all()
             except (subprocess.CalledProcessError, TimeoutError, RuntimeError) as exc:
                 print(f"answer eval: the system did not start: {exc}", file=sys.stderr)

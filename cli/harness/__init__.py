@@ -1,0 +1,8 @@
+"""The system harness: what starts a whole Concierge on one machine and talks to it, for
+`concierge run`, the measurements and the tests (tests/servers.py, the end-to-end tests).
+
+- supervisor.py: nats-server, redis-server and the five services, started and stopped;
+- scripted_llm.py: a deterministic OpenAI-compatible server (`concierge scripted-llm`);
+- local_llm.py: the opt-in embedded llama.cpp model;
+- sse.py: a visitor's client for the chat endpoint.
+"""

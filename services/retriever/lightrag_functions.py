@@ -1,0 +1,61 @@
+"""The functions the knowledge base hands LightRAG: embedding, the LLM (or none), and its logging."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import warnings
+from typing import Any
+
+import numpy as np
+
+from shared.embeddings import Embedder
+from shared.llm import LLMClient
+
+log = logging.getLogger(__name__)
+
+
+def embedding_function(embedder: Embedder):
+    """A plain function (LightRAG deep-copies its config; a bound method would copy the
+    whole knowledge base): one text goes through the embedder's batching queue and cache,
+    many (ingestion) are embedded in length-sorted batches off the event loop."""
+
+    async def embed(texts: list[str], **_: Any) -> np.ndarray:
+        if len(texts) == 1:
+            return (await embedder.aembed(texts[0]))[None, :]
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, embedder.embed_many, list(texts))
+
+    return embed
+
+
+def llm_function(llm: LLMClient):
+    """LightRAG's LLM hook on the `extraction` role. Ingestion belongs to no conversation,
+    so the calls are logged rather than stored as events."""
+
+    async def complete(prompt: str, system_prompt: str | None = None, history_messages: list | None = None,
+                       **_: Any) -> str:
+        messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + \
+            list(history_messages or []) + [{"role": "user", "content": prompt}]
+        return await llm.complete("extraction", messages, _log_call, temperature=0.0)
+
+    return complete
+
+
+async def _log_call(call) -> None:
+    log.debug("extraction LLM call", extra={"model": call.model, "latency_ms": call.latency_ms, "error": call.error})
+
+
+async def no_llm(*_: Any, **__: Any) -> str:
+    raise RuntimeError("the knowledge base was asked for an LLM call: retrieval and offline ingestion need none")
+
+
+def quiet_lightrag() -> None:
+    """LightRAG logs every storage step at INFO and warns about payload indexes in
+    Qdrant's local mode (they do nothing there); keep our logs readable."""
+    import lightrag.utils  # noqa: F401 - it sets its logger's level on import; ours comes after
+
+    level = logging.DEBUG if os.environ.get("LOG_LEVEL", "").upper() == "DEBUG" else logging.ERROR
+    logging.getLogger("lightrag").setLevel(level)
+    warnings.filterwarnings("ignore", message="Payload indexes have no effect", category=UserWarning)

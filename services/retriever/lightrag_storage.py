@@ -1,0 +1,160 @@
+"""LightRAG's storages as the knowledge base uses them (knowledge.py): Qdrant with the
+knowledge base's own client, the NetworkX graph and the JSON key-value store with faster
+reads. LightRAG finds a storage by name, so `register()` adds these three to its table;
+it names this module, and LightRAG imports the class from it.
+
+Importing this module imports LightRAG (seconds): knowledge.py does so when a knowledge
+base is opened, not when it is imported.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from lightrag.kg import STORAGE_IMPLEMENTATIONS, STORAGES
+from lightrag.kg.json_kv_impl import JsonKVStorage
+from lightrag.kg.networkx_impl import NetworkXStorage
+from lightrag.kg.qdrant_impl import QdrantVectorDBStorage, _normalize_qdrant_point_id, compute_mdhash_id_for_qdrant
+
+# The Qdrant client of each open knowledge base, by the key in its LightRAG config (LightRAG
+# deep-copies its config, so the client itself cannot travel in it).
+CLIENTS: dict[str, Any] = {}
+
+
+class ConciergeQdrantStorage(QdrantVectorDBStorage):
+    """LightRAG's Qdrant storage with the knowledge base's client (server or local).
+
+    The workspace is always the site: LightRAG would let QDRANT_WORKSPACE put every
+    site in one workspace, which would undo the isolation. In local mode each site
+    also gets its own collections: qdrant-client's local mode evaluates payload
+    filters point by point in Python over the whole collection, so one shared
+    collection would make every site's search as slow as all sites' data."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.effective_workspace = self.workspace
+        self._per_site = bool(self.global_config["vector_db_storage_cls_kwargs"].get("collection_per_site"))
+        if self._per_site:
+            self.final_namespace = f"{self.final_namespace}_{self.workspace}"
+
+    async def query(self, query: str, top_k: int, query_embedding: list[float] = None) -> list[dict[str, Any]]:
+        if not self._per_site:
+            return await super().query(query, top_k, query_embedding)
+        if query_embedding is None:
+            query_embedding = (await self.embedding_func([query], context="query"))[0]
+        # The collection holds this site's points only: no payload filter to evaluate.
+        points = self._client.query_points(collection_name=self.final_namespace, query=query_embedding,
+                                           limit=top_k, with_payload=True,
+                                           score_threshold=self.cosine_better_than_threshold).points
+        return [{**p.payload, "distance": p.score, "created_at": p.payload.get("created_at")} for p in points]
+
+    async def get_vectors_by_ids(self, ids: list[str]) -> dict[str, list[float]]:
+        if not self._per_site or self._pending_vector_docs or self._pending_vector_deletes:
+            return await super().get_vectors_by_ids(ids)
+        # Nothing buffered (the query path): read the vectors without their payloads,
+        # which qdrant-client's local mode would deep-copy point by point only for
+        # LightRAG to read the id back out of them.
+        by_point = {compute_mdhash_id_for_qdrant(i, prefix=self.effective_workspace): i for i in ids}
+        points = self._client.retrieve(collection_name=self.final_namespace, ids=list(by_point),
+                                       with_vectors=True, with_payload=False)
+        found = {}
+        for point in points:
+            original = by_point.get(_normalize_qdrant_point_id(point.id))
+            if original is not None and point.vector is not None:
+                vector = point.vector
+                found[original] = vector.tolist() if isinstance(vector, np.ndarray) else vector
+        return found
+
+    async def initialize(self):
+        if self._client is None:
+            self._client = CLIENTS[self.global_config["vector_db_storage_cls_kwargs"]["client_key"]]
+        await super().initialize()
+
+    async def finalize(self):
+        # Flush, but leave the shared client open: the knowledge base closes it.
+        await self._flush_pending_vector_ops()
+
+class ConciergeGraphStorage(NetworkXStorage):
+    """LightRAG's NetworkX graph with batch reads done in one pass.
+
+    LightRAG's base class answers `get_edges_batch` and its siblings one item at a
+    time, each through `_get_graph()` and its namespace lock; a mix query on a few
+    hundred entities made ~1,700 such calls (about a third of its time). Each batch here
+    takes the graph once and reads it synchronously (no await in between, so no commit
+    can interleave), with the same answers as the one-by-one defaults."""
+
+    async def get_nodes_batch(self, node_ids: list[str]) -> dict[str, dict]:
+        graph = await self._get_graph()
+        return {n: dict(graph.nodes[n]) for n in node_ids if graph.has_node(n)}
+
+    async def node_degrees_batch(self, node_ids: list[str]) -> dict[str, int]:
+        graph = await self._get_graph()
+        return {n: graph.degree(n) if graph.has_node(n) else 0 for n in node_ids}
+
+    async def edge_degrees_batch(self, edge_pairs: list[tuple[str, str]]) -> dict[tuple[str, str], int]:
+        graph = await self._get_graph()
+
+        def degree(n: str) -> int:
+            return graph.degree(n) if graph.has_node(n) else 0
+        return {(s, t): degree(s) + degree(t) for s, t in edge_pairs}
+
+    async def get_edges_batch(self, pairs: list[dict[str, str]]) -> dict[tuple[str, str], dict]:
+        graph = await self._get_graph()
+        found = {}
+        for pair in pairs:
+            edge = graph.edges.get((pair["src"], pair["tgt"]))
+            if edge is not None:
+                found[(pair["src"], pair["tgt"])] = dict(edge)
+        return found
+
+    async def get_nodes_edges_batch(self, node_ids: list[str]) -> dict[str, list[tuple[str, str]]]:
+        graph = await self._get_graph()
+        return {n: list(graph.edges(n)) if graph.has_node(n) else [] for n in node_ids}
+
+class ConciergeKVStorage(JsonKVStorage):
+    """LightRAG's JSON key-value store, copying what it returns as JSON data.
+
+    `get_by_ids` deep-copies every record so callers cannot change the stored one;
+    `copy.deepcopy`'s memo and dispatch were a tenth of a mix query's CPU (a few
+    hundred chunk records per query). Records are JSON (dicts, lists, strings,
+    numbers), so copying the dicts and lists gives the same protection."""
+
+    async def get_by_ids(self, ids: list[str]) -> list[dict[str, Any] | None]:
+        async with self._storage_lock:
+            results: list[dict[str, Any] | None] = []
+            for id_ in ids:
+                data = self._data.get(id_, None)
+                if data:
+                    record = json_copy(data)
+                    record.setdefault("create_time", 0)
+                    record.setdefault("update_time", 0)
+                    record["_id"] = id_
+                    results.append(record)
+                else:
+                    results.append(None)
+            return results
+
+
+VECTOR_STORAGE = ConciergeQdrantStorage.__name__
+GRAPH_STORAGE = ConciergeGraphStorage.__name__
+KV_STORAGE = ConciergeKVStorage.__name__
+
+
+def register() -> None:
+    """Make the three storages known to LightRAG by name (once per process is enough; again is harmless)."""
+    for cls, kind in ((ConciergeQdrantStorage, "VECTOR_STORAGE"), (ConciergeGraphStorage, "GRAPH_STORAGE"),
+                      (ConciergeKVStorage, "KV_STORAGE")):
+        STORAGES[cls.__name__] = __name__
+        implementations = STORAGE_IMPLEMENTATIONS[kind]["implementations"]
+        if cls.__name__ not in implementations:
+            implementations.append(cls.__name__)
+
+
+def json_copy(value: Any) -> Any:
+    """A copy of JSON data (dicts, lists, and values that are never changed in place)."""
+    if isinstance(value, dict):
+        return {k: json_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_copy(v) for v in value]
+    return value

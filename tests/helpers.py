@@ -1,0 +1,85 @@
+"""What many test modules use: events to start a turn, the state folded from given events,
+a fast consumer config, a runner started on a node, waiting for a condition, a test's own
+names and site filter, and a fixed site config."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import uuid
+
+from shared import events as ev
+from shared import subjects
+from shared.config import ConsumerConfig
+from shared.consumer import ConsumerRunner
+from shared.state import ConversationState, Record, fold
+
+
+def requested(site, session="s1", turn=1, event_id=None):
+    return ev.TurnRequested(event_id=event_id or ev.new_id(), site=site, session_id=session, turn=turn,
+                            ts=ev.now(), producer="test", message="hello")
+
+
+def turn(site, session, number, message, **fields) -> ev.TurnRequested:
+    """The visitor's message that starts turn `number`."""
+    return ev.TurnRequested(event_id=ev.new_id(), site=site, session_id=session, turn=number, ts=ev.now(),
+                            producer="test", message=message, **fields)
+
+
+def state_of(*events: ev.Envelope) -> ConversationState:
+    """The conversation's state after `events`, stored in this order (no bus)."""
+    return fold(Record(seq=i, subject=subjects.conv(e.site, e.session_id, ev.event_type(e)), event=e)
+                for i, e in enumerate(events, start=1))
+
+
+def fast(**over) -> ConsumerConfig:
+    return ConsumerConfig(**{"max_deliver": 3, "ack_wait_s": 2.0, "backoff_s": (0.05, 0.1), "concurrency": 4,
+                             "drain_timeout_s": 2.0, **over})
+
+
+async def wait_for(predicate, timeout=10.0):
+    """The first truthy answer of `predicate` (a plain or an async function), polled until `timeout`."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        result = predicate()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return result
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+async def events_of(bus, site, session="s1"):
+    return [r.event for r in await bus.read(subjects.conversation(site, session))]
+
+
+def unique(name):
+    return f"{name}_{uuid.uuid4().hex[:8]}"
+
+
+def own(site, handle):
+    """Durables see every site's events; a test's handler acts only on its own site's."""
+
+    async def guarded(event, ctx):
+        if event.site != site:
+            return []
+        return await handle(event, ctx)
+
+    return guarded
+
+
+async def start(bus, node, config=None):
+    runner = ConsumerRunner(bus, node, config or fast(), start_lookback_s=5)
+    await runner.start()
+    return runner
+
+
+class FixedConfigs:
+    """A `SiteConfigs` that gives every site the same config."""
+
+    def __init__(self, config):
+        self.config = config
+
+    async def get(self, site):
+        return self.config

@@ -1,0 +1,117 @@
+"""The gateway relay's turn, pure: bus messages in, SSE payloads out, no NATS (the
+messages are put on the relay's queue as its subscriptions would). Tokens in order, made
+up from the stored answer when some were lost, sources once before the first token, one
+`complete` or one `error`; a responder redelivered after tokens went out ends the stream."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.gateway import relay
+from services.gateway.relay import TurnRelay, _TurnProgress
+from shared import events as ev
+from shared import subjects
+from tests.helpers import turn
+
+SITE, SESSION = "s", "r1"
+REQUEST = turn(SITE, SESSION, 1, "Do you integrate with Xero?")
+
+
+@dataclass
+class Msg:
+    subject: str
+    data: bytes
+
+
+def on_bus(event: ev.Envelope, subject: str | None = None) -> Msg:
+    if subject is None:
+        on_tokens = isinstance(event, (ev.TokenChunk, ev.SourcesAttached))
+        subject = (subjects.tokens(event.site, event.session_id, event.turn) if on_tokens
+                   else subjects.conv(event.site, event.session_id, ev.event_type(event)))
+    return Msg(subject, ev.encode(event))
+
+
+def chunk(index: int, content: str, attempt: int = 1, cause: ev.Envelope = REQUEST) -> ev.TokenChunk:
+    return ev.follow(cause, ev.TokenChunk, "test", key=f"t{attempt}.{index}", index=index, content=content,
+                     attempt=attempt)
+
+
+def answered(text: str, tokens: int, attempt: int = 1) -> ev.ResponseCompleted:
+    return ev.follow(REQUEST, ev.ResponseCompleted, "test", key=f"r{attempt}", node="answer_writer", text=text,
+                     token_count=tokens, attempt=attempt)
+
+
+COMPLETED = ev.follow(REQUEST, ev.TurnCompleted, "test", metadata={"route": "ANSWER"})
+COMPLETE = {"type": "complete", "session_id": SESSION, "turn": 1, "metadata": {"route": "ANSWER"}}
+
+
+async def relayed(*messages: Msg, deadline_s: float = 5.0) -> list[list[dict]]:
+    turn_relay = TurnRelay(None, SITE, SESSION, 1, deadline_s)
+    for msg in messages:
+        turn_relay.queue.put_nowait(msg)
+    return [batch async for batch in turn_relay.batches()]
+
+
+async def test_tokens_in_order_after_the_sources_then_complete():
+    sources = ev.follow(REQUEST, ev.SourcesAttached, "test", sources=[{"n": 1, "title": "Integrations"}])
+    batches = await relayed(on_bus(sources), on_bus(chunk(1, " syncs")), on_bus(chunk(0, "Xero")),
+                            on_bus(answered("Xero syncs", 2)), on_bus(COMPLETED))
+    assert batches == [[{"type": "sources", "sources": [{"n": 1, "title": "Integrations"}]},
+                        {"type": "token", "content": "Xero"}, {"type": "token", "content": " syncs"}, COMPLETE]]
+
+
+async def test_tokens_lost_on_the_way_are_made_up_from_the_stored_answer(monkeypatch):
+    monkeypatch.setattr(relay, "TOKEN_GRACE_S", 0.05)
+    batches = await relayed(on_bus(chunk(0, "Xero")), on_bus(answered("Xero syncs", 2)), on_bus(COMPLETED))
+    assert sum(batches, []) == [{"type": "token", "content": "Xero"}, {"type": "token", "content": " syncs"}, COMPLETE]
+
+
+async def test_sources_after_the_first_token_are_not_sent():
+    sources = ev.follow(REQUEST, ev.SourcesAttached, "test", sources=[{"n": 1}])
+    batches = await relayed(on_bus(chunk(0, "Hi")), on_bus(sources), on_bus(answered("Hi", 1)), on_bus(COMPLETED))
+    assert sum(batches, []) == [{"type": "token", "content": "Hi"}, COMPLETE]
+
+
+async def test_a_second_attempt_after_tokens_went_out_ends_with_an_error():
+    batches = await relayed(on_bus(chunk(0, "Xero")), on_bus(chunk(0, "Yes", attempt=2)), on_bus(COMPLETED))
+    assert sum(batches, []) == [{"type": "token", "content": "Xero"},
+                                {"type": "error", "message": "The answer was interrupted. Please ask again."}]
+
+
+async def test_a_second_attempt_before_any_token_went_out_replaces_the_first():
+    batches = await relayed(on_bus(chunk(1, " lost")), on_bus(chunk(0, "Yes", attempt=2)),
+                            on_bus(answered("Yes", 1, attempt=2)), on_bus(COMPLETED))
+    assert sum(batches, []) == [{"type": "token", "content": "Yes"}, COMPLETE]
+
+
+async def test_a_failed_turn_ends_with_an_error():
+    failed = ev.follow(REQUEST, ev.TurnFailed, "test", node="answer_writer", reason="boom", attempts=3)
+    batches = await relayed(on_bus(chunk(0, "Xe")), on_bus(failed))
+    assert batches[-1][-1] == {"type": "error",
+                               "message": "Sorry, something went wrong while answering. Please try again."}
+
+
+async def test_other_turns_wrong_subjects_and_garbage_are_ignored_until_the_deadline():
+    later = turn(SITE, SESSION, 2, "and Sage?")
+    batches = await relayed(on_bus(chunk(0, "other turn", cause=later)),
+                            on_bus(chunk(0, "elsewhere"), subject=subjects.tokens("other", SESSION, 1)),
+                            Msg(subjects.tokens(SITE, SESSION, 1), b"not an event"), deadline_s=0.2)
+    assert batches == [[{"type": "error", "message": "The assistant did not answer in time. Please try again."}]]
+
+
+def test_progress_is_ready_once_every_token_of_the_stored_answer_went_out():
+    progress = _TurnProgress()
+    assert not progress.ready_to_finish()
+    progress.completed = COMPLETED
+    assert progress.ready_to_finish()  # no answer stored (a blocked or failed reply): nothing to wait for
+    progress.response = answered("Xero syncs", 2)
+    progress.sent = ["Xero"]
+    assert not progress.ready_to_finish()
+    progress.sent.append(" syncs")
+    assert progress.ready_to_finish() and progress.finish(SESSION, 1) == [COMPLETE]
+
+
+def test_progress_that_disagrees_with_the_stored_answer_is_interrupted():
+    progress = _TurnProgress()
+    progress.completed, progress.response, progress.sent = COMPLETED, answered("Yes, it does", 3), ["No"]
+    assert progress.finish(SESSION, 1) == [{"type": "error", "message": "The answer was interrupted. Please ask again."}]
