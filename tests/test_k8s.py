@@ -353,7 +353,7 @@ def test_configmaps_hold_every_site_and_prompt_file(overlay):
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_nats_config_is_valid_and_matches_the_replicas(overlay, tmp_path):
-    from cli.supervisor import nats_server_binary
+    from cli.harness.supervisor import nats_server_binary
 
     data = configmap(overlay, "nats-config")["data"]
     assert data["nats-server.conf"] == (REPO / "deploy" / "nats-server.conf").read_text()
