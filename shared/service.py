@@ -120,6 +120,8 @@ async def serve(service: str, make_nodes: NodeFactory, ready: asyncio.Event | No
         await bus.close()
         log.info("stopped")
     finally:
+        if process.bus is not None:
+            await process.bus.close()  # already closed after a clean stop; here for a failed start
         if watcher is not None:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):

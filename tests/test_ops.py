@@ -254,6 +254,46 @@ async def test_a_missing_durable_is_created_again(bus, site):
         await runner.stop()
 
 
+@pytest.mark.parametrize("ending, outcome", [("completed", "complete"), ("failed", "failed"), (None, "timeout")])
+async def test_the_relay_says_how_a_turn_ended(bus, site, ending, outcome):
+    from services.gateway.relay import TurnRelay
+
+    cause = requested(site)
+    relay = TurnRelay(bus, site, "s1", 1, deadline_s=1.0)
+    await relay.open()
+    try:
+        if ending == "completed":
+            await bus.publish(ev.follow(cause, ev.TurnCompleted, "test", metadata={"route": "ANSWER"}))
+        elif ending == "failed":
+            await bus.publish(ev.follow(cause, ev.TurnFailed, "test", node="test", reason="broken", attempts=1))
+        payloads = [p async for batch in relay.batches() for p in batch]
+    finally:
+        await relay.close()
+    assert relay.outcome == outcome
+    assert payloads[-1]["type"] == ("complete" if outcome == "complete" else "error")
+
+
+def test_llm_calls_are_counted_by_role_and_model():
+    from prometheus_client import REGISTRY
+
+    from shared import metrics
+
+    def value(name, **labels):
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    model = f"m{uuid.uuid4().hex[:6]}"
+    metrics.observe_llm_call(ev.LLMCall(role="answer", model=model, base_url="x", messages=[], latency_ms=1500,
+                                        usage={"prompt_tokens": 120, "completion_tokens": 30}))
+    metrics.observe_llm_call(ev.LLMCall(role="answer", model=model, base_url="x", messages=[], latency_ms=10,
+                                        error="APIConnectionError: down", fallback_used=True))
+    assert value("concierge_llm_calls_total", role="answer", model=model) == 2
+    assert value("concierge_llm_errors_total", role="answer", model=model) == 1
+    assert value("concierge_llm_fallbacks_total", role="answer", model=model) == 1
+    assert value("concierge_llm_tokens_total", role="answer", model=model, kind="prompt") == 120
+    assert value("concierge_llm_tokens_total", role="answer", model=model, kind="completion") == 30
+    assert value("concierge_llm_call_seconds_count", role="answer", model=model) == 2
+
+
 def test_the_gateway_serves_metrics():
     from services.gateway.app import create_app
 
