@@ -204,7 +204,10 @@ class BusRefused(Exception):
 
 
 async def connect(config: BusConfig, name: str) -> Bus:
-    """Connect with unlimited reconnects and make sure streams and buckets exist. Credentials
+    """Connect with unlimited reconnects and make sure streams and buckets exist. `config.url`
+    may list several servers (NATS_URL="nats://a:4222,nats://b:4222"): the client connects to
+    one of them and, when it goes, reconnects to another (or to any the cluster announced
+    since). Credentials
     come from `config` (NATS_CREDS, NATS_NKEY_SEED, NATS_USER/NATS_PASSWORD or NATS_TOKEN);
     a server that refuses them at start raises `BusRefused` instead of being retried."""
     refused: asyncio.Future = asyncio.get_running_loop().create_future()
@@ -223,7 +226,7 @@ async def connect(config: BusConfig, name: str) -> Bus:
 
     nc = NATS()
     connecting = asyncio.ensure_future(nc.connect(
-        config.url,
+        servers=config.servers(),
         name=name,
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.5,
@@ -306,12 +309,19 @@ async def _ensure_stream(js: JetStreamContext, config: api.StreamConfig) -> None
 
 
 async def _ensure_bucket(js: JetStreamContext, bucket: str, ttl: float | None, replicas: int) -> KeyValue:
+    """Create the bucket, or bring an existing one to `replicas` (NATS_REPLICAS raised when
+    a single server became a cluster): a bucket is the stream `KV_<bucket>`."""
     try:
         return await js.create_key_value(bucket=bucket, ttl=ttl, history=1, replicas=replicas)
     except BadRequestError as exc:
-        if exc.err_code == ALREADY_EXISTS:
-            return await js.key_value(bucket)
-        raise
+        if exc.err_code != ALREADY_EXISTS:
+            raise
+    info = await js.stream_info(f"KV_{bucket}")
+    if info.config.num_replicas != replicas:
+        info.config.num_replicas = replicas
+        await js.update_stream(info.config)
+        log.info("bucket replicas changed", extra={"bucket": bucket, "replicas": replicas})
+    return await js.key_value(bucket)
 
 
 async def topology_ready(bus: Bus) -> bool:

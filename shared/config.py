@@ -62,6 +62,14 @@ class BusConfig(msgspec.Struct, kw_only=True):
         # Configs end up in logs and tracebacks; secrets must not.
         return f"BusConfig(url={self.url!r}, auth={self.auth_method()!r})"
 
+    def servers(self) -> list[str]:
+        """`url` as a server list: one URL, or several comma-separated (a cluster's servers;
+        the client picks one and reconnects to another when it goes)."""
+        servers = [server.strip() for server in self.url.split(",") if server.strip()]
+        if not servers:
+            raise ConfigError("NATS_URL is empty")
+        return servers
+
     def auth_method(self) -> str:
         """Which credentials the connection presents: creds, nkey, user, token or none."""
         for method, value in (("creds", self.creds_file), ("nkey", self.nkey_seed_file), ("user", self.user),

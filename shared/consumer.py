@@ -20,12 +20,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Sequence
 
+import nats.errors
 from nats.aio.msg import Msg
 from nats.js import api
 from nats.js.errors import APIError, NotFoundError
 
 from shared import events as ev
-from shared import logs, subjects, telemetry
+from shared import logs, metrics, subjects, telemetry
 from shared.bus import Bus
 from shared.config import ConsumerConfig
 
@@ -106,6 +107,7 @@ class ConsumerRunner:
     _loop_task: asyncio.Task | None = None
     _advisory_sub: object | None = None
     _stopping: bool = False
+    bound: bool = False  # the durable answered at start or at the last `check` (/readyz)
 
     @property
     def durable(self) -> str:
@@ -130,6 +132,7 @@ class ConsumerRunner:
         advisory = f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{subjects.CONV_STREAM}.{self.durable}"
         self._advisory_sub = await self.bus.nc.subscribe(advisory, queue=f"advisory-{self.durable}", cb=self._on_max_deliveries)
         self._loop_task = asyncio.create_task(self._fetch_loop(), name=f"consumer-{self.durable}")
+        self._set_bound(True)
         log.info("consumer started", extra={"node": self.durable, "consumes": list(self.node.consumes)})
 
     async def _ensure_consumer(self) -> None:
@@ -149,6 +152,37 @@ class ConsumerRunner:
             # Another replica created it between our look and our create: that one is ours too.
             await self.bus.js.consumer_info(subjects.CONV_STREAM, self.durable)
             log.info("consumer created by a peer", extra={"node": self.durable, "detail": exc.description})
+
+    async def check(self) -> bool:
+        """Ask the server about this node's durable: refreshes the pending gauges and says
+        whether the consumer is there. One that disappeared (a server that lost its store) is
+        created again, so the node recovers by itself; the pull subscription is bound by name
+        and fetches from the new one."""
+        try:
+            info = await self.bus.js.consumer_info(subjects.CONV_STREAM, self.durable)
+        except NotFoundError:
+            log.warning("durable consumer missing; creating it again", extra={"node": self.durable})
+            try:
+                await self._ensure_consumer()
+            except (nats.errors.Error, asyncio.TimeoutError) as exc:
+                log.warning("could not create the durable consumer", extra={"node": self.durable, "error": repr(exc)})
+            self._set_bound(False)
+            return False
+        except (nats.errors.Error, asyncio.TimeoutError) as exc:
+            if self.bound:
+                log.warning("durable consumer unreachable", extra={"node": self.durable, "error": repr(exc)})
+            self._set_bound(False)
+            return False
+        metrics.node_pending.labels(self.durable).set(info.num_pending or 0)
+        metrics.node_ack_pending.labels(self.durable).set(info.num_ack_pending or 0)
+        if not self.bound:
+            log.info("durable consumer reachable again", extra={"node": self.durable})
+        self._set_bound(True)
+        return True
+
+    def _set_bound(self, bound: bool) -> None:
+        self.bound = bound
+        metrics.node_ready.labels(self.durable).set(1 if bound else 0)
 
     async def stop(self) -> None:
         """Stop fetching, let in-flight handlers finish (bounded), leave the rest to redelivery."""
@@ -193,6 +227,9 @@ class ConsumerRunner:
 
     async def _run(self, msg: Msg) -> None:
         self.stats.in_flight += 1
+        in_flight = metrics.node_in_flight.labels(self.durable)
+        in_flight.inc()
+        started = time.perf_counter()
         try:
             await self.process(msg)
         except Exception:
@@ -201,6 +238,11 @@ class ConsumerRunner:
             log.exception("message left for redelivery", extra={"node": self.durable, "subject": msg.subject})
         finally:
             self.stats.in_flight -= 1
+            in_flight.dec()
+            metrics.node_handler_seconds.labels(self.durable).observe(time.perf_counter() - started)
+
+    def _count(self, outcome: str) -> None:
+        metrics.node_events.labels(self.durable, outcome).inc()
 
     async def process(self, msg: Msg) -> None:
         attempt = msg.metadata.num_delivered
@@ -211,6 +253,7 @@ class ConsumerRunner:
             log.error("bad event dead-lettered", extra={"node": self.durable, "subject": msg.subject, "error": str(exc)})
             await self.bus.dead_letter(self.durable, msg, str(exc))
             await msg.term()
+            self._count("dead_lettered")
             return
         if mismatch := ev.subject_mismatch(event, msg.subject):
             # Handlers act on the envelope's site and session: one believed over its subject
@@ -221,6 +264,7 @@ class ConsumerRunner:
                       extra={"node": self.durable, "subject": msg.subject, "error": mismatch})
             await self.bus.dead_letter(self.durable, msg, mismatch)
             await msg.term()
+            self._count("mismatched")
             return
 
         with logs.conversation(event.site, event.session_id, event.turn), telemetry.continued(msg.headers):
@@ -251,11 +295,13 @@ class ConsumerRunner:
                         )
                         self.stats.retried += 1
                         await msg.nak(delay=delay)
+                        self._count("retried")
                     return
                 finally:
                     heartbeat.cancel()
                 await msg.ack()
                 self.stats.handled += 1
+                self._count("ok")
 
     async def _keep_alive(self, msg: Msg) -> None:
         """Long handlers (a streamed answer) tell the server they are alive, so only a dead
@@ -270,6 +316,7 @@ class ConsumerRunner:
         await self.bus.dead_letter(self.durable, msg, reason)
         await msg.term()
         self.stats.failed += 1
+        self._count("failed")
 
     async def _record_failure(self, event: ev.Envelope, attempts: int, reason: str) -> None:
         failed = ev.follow(
@@ -296,6 +343,7 @@ class ConsumerRunner:
         log.error("max deliveries reached", extra={"node": self.durable, "stream_seq": info["stream_seq"]})
         await self._record_failure(event, int(info.get("deliveries", 0)), reason)
         self.stats.failed += 1
+        self._count("failed")
 
 
 def _rfc3339(ts: float) -> str:

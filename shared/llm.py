@@ -4,7 +4,8 @@ Transient failures (rate limit, connection, timeout, 5xx) are retried with expon
 backoff; others are not. A stream is only retried before its first token: once text
 has reached the visitor, a failure is final. Every call, successful or not, is handed
 to `record` as an `events.LLMCall`, which nodes store as an `LLMCallRecorded` event so a
-conversation can be replayed without the provider.
+conversation can be replayed without the provider, and counted in the `concierge_llm_*`
+metrics (shared/metrics.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import msgspec
 import openai
 from openai import AsyncOpenAI
 
+from shared import metrics
 from shared.config import LLM_ROLES, ConfigError, LLMRoleConfig
 from shared.consumer import PermanentError
 from shared.events import LLMCall
@@ -175,6 +177,7 @@ class LLMClient:
         finally:
             rec.response_text = "".join(parts)
             rec.latency_ms = (time.perf_counter() - started) * 1000
+            metrics.observe_llm_call(rec)
             await asyncio.shield(record(rec))
 
     async def _stream_endpoint(self, ep: _Endpoint, messages, params, rec: LLMCall, parts: list[str],

@@ -1,4 +1,11 @@
-"""The process around a set of nodes: logging, tracing, bus, runners, and a clean stop.
+"""The process around a set of nodes: logging, tracing, bus, runners, the ops port, and a
+clean stop.
+
+`NODES` (comma-separated) makes the process host only those of its service's nodes, so a
+node can be scaled on its own; empty hosts them all. The ops port (`OPS_PORT`, 9000; 0:
+none) answers `/healthz` from the start, `/readyz` once connected with every hosted
+node's consumer bound (rechecked every `OPS_CHECK_S`, so it recovers by itself after a
+reconnect) and `/metrics` (shared/metrics.py).
 
 On SIGTERM or SIGINT the runners stop fetching, in-flight handlers get
 `drain_timeout_s` to finish, and the connection is drained, so a rolling restart
@@ -8,6 +15,7 @@ loses nothing: whatever was not acked is redelivered to another replica.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import signal
@@ -15,37 +23,111 @@ from typing import Awaitable, Callable, Sequence
 
 from shared import logs, telemetry
 from shared.bus import Bus, connect
-from shared.config import BusConfig, ConsumerConfig, env_float
+from shared.config import BusConfig, ConfigError, ConsumerConfig, env_float, env_int, env_str
 from shared.consumer import ConsumerRunner, Node
+from shared.ops import OpsServer
 
 log = logging.getLogger(__name__)
 
 NodeFactory = Callable[[Bus], Awaitable[Sequence[Node]]]
 
 
-async def serve(service: str, make_nodes: NodeFactory) -> None:
-    bus = await connect(BusConfig.from_env(), name=service)
-    nodes = await make_nodes(bus)
-    lookback = env_float("CONSUMER_START_LOOKBACK_S", 300.0)
-    runners = [ConsumerRunner(bus, node, ConsumerConfig.from_env(node.name), start_lookback_s=lookback) for node in nodes]
-    for runner in runners:
-        await runner.start()
+def select_nodes(service: str, nodes: Sequence[Node], selected: str) -> list[Node]:
+    """The nodes named in `selected` (comma-separated; empty: all), in the service's order.
+    A name the service does not define stops the process: a typo would otherwise leave a
+    node hosted nowhere, its events waiting in silence."""
+    names = [name.strip() for name in selected.split(",") if name.strip()]
+    if not names:
+        return list(nodes)
+    known = [node.name for node in nodes]
+    if unknown := [name for name in names if name not in known]:
+        raise ConfigError(f"NODES={selected!r}: {', '.join(unknown)} not a node of {service}; "
+                          f"its nodes are {', '.join(known)}")
+    return [node for node in nodes if node.name in names]
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)
-    # Start-up objects (modules, clients, configs) never die: keep them out of the cyclic
-    # GC's generations so its pauses stay short on the hot path.
-    gc.freeze()
-    log.info("service ready", extra={"nodes": [n.name for n in nodes]})
-    await stop.wait()
 
-    log.info("stopping")
-    await asyncio.gather(*(runner.stop() for runner in runners))
-    await bus.close()
-    log.info("stopped")
+class Process:
+    """What /readyz reads: the bus once connected, the runners once started."""
+
+    def __init__(self) -> None:
+        self.bus: Bus | None = None
+        self.runners: list[ConsumerRunner] = []
+        self.started = False
+
+    def ready(self) -> bool:
+        return (self.started and self.bus is not None and self.bus.nc.is_connected
+                and all(runner.bound for runner in self.runners))
+
+    async def watch(self, every_s: float) -> None:
+        """Check every runner's durable (readiness, pending gauges) every `every_s`."""
+        while True:
+            if self.bus is not None and self.bus.nc.is_connected:  # disconnected: ready() says so already
+                await asyncio.gather(*(runner.check() for runner in self.runners))
+            await asyncio.sleep(every_s)
+
+
+async def start_ops(process: Process, port: int, host: str) -> OpsServer | None:
+    if port == 0:
+        return None
+    server = OpsServer(process.ready)
+    try:
+        await server.start(host, port)
+    except OSError as exc:
+        # Several services on one machine (`concierge up`) would all want 9000: the port is
+        # for orchestrators, so its absence is reported, not fatal.
+        log.error("ops port unavailable: no /healthz, /readyz or /metrics from this process "
+                  "(set OPS_PORT per process, or 0)", extra={"port": port, "error": str(exc)})
+        return None
+    log.info("ops port listening", extra={"host": host, "port": port})
+    return server
+
+
+async def serve(service: str, make_nodes: NodeFactory, ready: asyncio.Event | None = None,
+                stop: asyncio.Event | None = None, process: Process | None = None) -> None:
+    """Run the service until SIGTERM/SIGINT, or until `stop` is set when given (tests);
+    `ready` is set once every runner is started."""
+    process = process or Process()
+    ops = await start_ops(process, env_int("OPS_PORT", 9000), env_str("OPS_HOST", "0.0.0.0"))
+    watcher = None
+    try:
+        bus = process.bus = await connect(BusConfig.from_env(), name=service)
+        nodes = select_nodes(service, await make_nodes(bus), env_str("NODES", ""))
+        lookback = env_float("CONSUMER_START_LOOKBACK_S", 300.0)
+        process.runners = [ConsumerRunner(bus, node, ConsumerConfig.from_env(node.name), start_lookback_s=lookback)
+                           for node in nodes]
+        for runner in process.runners:
+            await runner.start()
+        process.started = True
+        watcher = asyncio.create_task(process.watch(env_float("OPS_CHECK_S", 5.0)), name="ops-watch")
+
+        if stop is None:
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)
+        # Start-up objects (modules, clients, configs) never die: keep them out of the cyclic
+        # GC's generations so its pauses stay short on the hot path.
+        gc.freeze()
+        log.info("service ready", extra={"nodes": [n.name for n in nodes]})
+        if ready is not None:
+            ready.set()
+        await stop.wait()
+
+        log.info("stopping")
+        process.started = False  # not ready while draining: no new work should be routed here
+        await asyncio.gather(*(runner.stop() for runner in process.runners))
+        await bus.close()
+        log.info("stopped")
+    finally:
+        if process.bus is not None:
+            await process.bus.close()  # already closed after a clean stop; here for a failed start
+        if watcher is not None:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        if ops is not None:
+            await ops.stop()
 
 
 def _dump_tasks() -> None:
@@ -58,4 +140,8 @@ def _dump_tasks() -> None:
 def main(service: str, make_nodes: NodeFactory) -> None:
     logs.setup(service)
     telemetry.setup(service)
-    asyncio.run(serve(service, make_nodes))
+    try:
+        asyncio.run(serve(service, make_nodes))
+    except ConfigError as exc:
+        log.error("configuration error", extra={"error": str(exc)})
+        raise SystemExit(f"{service}: {exc}") from None

@@ -23,7 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 
 from shared import events as ev
-from shared import loader, logs, privacy, redis_client, subjects, telemetry
+from shared import loader, logs, metrics, privacy, redis_client, subjects, telemetry
 from shared.bus import Bus, ConcurrencyConflict, connect, topology_ready
 from shared.config import BusConfig, env_float, env_int, env_str
 from shared.session_guard import SessionGuard
@@ -178,10 +178,16 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
             return {"status": "ready"}
         return JSONResponse({"status": "not ready"}, status_code=503)
 
+    @app.get("/metrics", include_in_schema=False)
+    async def prometheus_metrics():
+        body, content_type = metrics.exposition()
+        return Response(body, media_type=content_type)
+
     @app.post("/v1/chat", openapi_extra=CHAT_OPENAPI, responses=CHAT_RESPONSES, response_class=StreamingResponse)
     async def chat(request: Request, x_session_token: TokenHeader = None):
         """One visitor turn, answered as server-sent events: `sources`, `token`..., then one
         `complete` (with the conversation's `session_token`) or one `error`."""
+        started = time.perf_counter()
         body = decode_chat(await read_body(request, settings.max_body_bytes))
         bus: Bus = request.app.state.bus
         guard: SessionGuard = request.app.state.guard
@@ -189,6 +195,7 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
         ip = client_ip(request)
         digest = privacy.ip_hash(ip) if ip else None
         if (wait := await request.app.state.limiter.retry_after(None, digest)) is not None:
+            metrics.turns.labels("none", "rate_limited").inc()
             return _rate_limited(wait)
         await configured_site(request, site)
         if body.session_id is None:
@@ -198,9 +205,11 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
             require_token(site, session_id, x_session_token or body.session_token)
         session_token = tokens.issue(site, session_id)
         if (wait := await request.app.state.limiter.retry_after(site, None)) is not None:
+            metrics.turns.labels("none", "rate_limited").inc()
             return _rate_limited(wait)
         hold = await guard.acquire(site, session_id)
         if hold is None:
+            metrics.turns.labels("none", "busy").inc()
             return JSONResponse(
                 {"error": "turn_in_progress", "detail": "this session already has a turn in progress"},
                 status_code=429,
@@ -222,6 +231,7 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
                     )
                     await bus.publish(event)
                     await _cleanup(None, guard, site, session_id, hold)
+                    metrics.turns.labels("none", "blocked").inc()
                     return _blocked_response(event, session_token)
                 relay = TurnRelay(bus, site, session_id, turn, settings.turn_deadline_s)
                 await relay.open()
@@ -234,6 +244,7 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
                 await bus.publish(requested, expected_subject_seq=state.turn_requested_seq)
         except ConcurrencyConflict:
             await _cleanup(relay, guard, site, session_id, hold)
+            metrics.turns.labels("none", "conflict").inc()
             return JSONResponse(
                 {"error": "conflict", "detail": "the conversation moved on while this turn started; retry"},
                 status_code=409,
@@ -243,11 +254,20 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
             raise
 
         async def stream():
+            route, first_token = "none", True
             with logs.conversation(site, session_id, turn):
                 try:
                     async for batch in relay.batches():
+                        for payload in batch:
+                            if first_token and payload["type"] == "token":
+                                first_token = False
+                                metrics.ttft_seconds.observe(time.perf_counter() - started)
+                            elif payload["type"] == "complete":
+                                route = str((payload.get("metadata") or {}).get("route") or "none")
                         yield b"".join(sse(_for_visitor(payload, session_token)) for payload in batch)
                 finally:
+                    # No outcome: the visitor went away before the end.
+                    metrics.turns.labels(route, relay.outcome or "abandoned").inc()
                     await _cleanup(relay, guard, site, session_id, hold)
 
         return StreamingResponse(

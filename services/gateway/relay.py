@@ -34,6 +34,9 @@ class TurnRelay:
         self.deadline_s = deadline_s
         self.queue: asyncio.Queue = asyncio.Queue()
         self._subs = []
+        # How the stream ended, for the turn metrics: complete, timeout, failed or
+        # interrupted; None while running (or when the visitor left first).
+        self.outcome: str | None = None
 
     async def open(self) -> None:
         async def put(msg):
@@ -60,8 +63,9 @@ class TurnRelay:
                 wait = min(deadline, turn.completed_at + TOKEN_GRACE_S) - now
             if wait <= 0:
                 if turn.completed is not None:
-                    yield turn.finish(self.session_id, self.turn)
+                    yield self._finish(turn)
                 else:
+                    self.outcome = "timeout"
                     yield [{"type": "error", "message": "The assistant did not answer in time. Please try again."}]
                 return
             try:
@@ -73,12 +77,17 @@ class TurnRelay:
             while not done and not self.queue.empty():
                 done = self._take(self.queue.get_nowait(), turn, out)
             if not done and turn.ready_to_finish():
-                out.extend(turn.finish(self.session_id, self.turn))
+                out.extend(self._finish(turn))
                 done = True
             if out:
                 yield out
             if done:
                 return
+
+    def _finish(self, turn: "_TurnProgress") -> list[dict]:
+        out = turn.finish(self.session_id, self.turn)
+        self.outcome = "complete" if out[-1]["type"] == "complete" else "interrupted"
+        return out
 
     def _take(self, msg, turn: "_TurnProgress", out: list[dict]) -> bool:
         """Fold one bus message into the turn's progress; True when the stream must end."""
@@ -98,6 +107,7 @@ class TurnRelay:
                     turn.attempt = event.attempt
                 if event.attempt != turn.attempt:
                     if turn.sent:
+                        self.outcome = "interrupted"
                         out.append(_interrupted())
                         return True
                     turn.attempt, turn.pending = event.attempt, {}
@@ -113,6 +123,7 @@ class TurnRelay:
             case ev.ResponseCompleted():
                 turn.response = event
                 if turn.sent and turn.attempt is not None and event.attempt != turn.attempt:
+                    self.outcome = "interrupted"
                     out.append(_interrupted())
                     return True
             case ev.TurnCompleted():
@@ -120,6 +131,7 @@ class TurnRelay:
                 turn.completed_at = time.monotonic()
             case ev.TurnFailed():
                 log.warning("turn failed", extra={"node": event.node, "reason": event.reason})
+                self.outcome = "failed"
                 out.append({"type": "error", "message": "Sorry, something went wrong while answering. Please try again."})
                 return True
         return False

@@ -1,0 +1,76 @@
+"""Prometheus metrics: every name the processes export, in one place.
+
+Scraped at `/metrics`: on `OPS_PORT` in the consumer services (shared/ops.py), on the main
+port in the gateway. docs/deploy.md ("Read the metrics") lists them with their labels.
+The node and LLM metrics live in whichever process hosts the node or makes the call; the
+turn metrics only in the gateway.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, disable_created_metrics,
+                               generate_latest)
+
+from shared.events import LLMCall
+
+disable_created_metrics()  # no `*_created` series: Prometheus does not need them
+
+# Handlers range from a rule lookup (a millisecond) to a streamed answer (tens of seconds).
+HANDLER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
+LLM_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60)
+TTFT_BUCKETS = (0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 8, 13, 20, 30, 60)
+
+# What happened to one delivered message, by the consumer runner (shared/consumer.py):
+#   ok            handled, outputs stored, acked
+#   retried       the handler raised; nak'ed for another delivery
+#   failed        given up (last attempt, PermanentError, or the server's max-deliveries
+#                 advisory): TurnFailed appended and the message dead-lettered
+#   dead_lettered undecodable payload, dead-lettered and terminated
+#   mismatched    envelope disagrees with its subject, dead-lettered and terminated
+OUTCOMES = ("ok", "retried", "failed", "dead_lettered", "mismatched")
+
+node_events = Counter("concierge_node_events", "Messages a node's consumer finished with, by outcome",
+                      ["node", "outcome"])
+node_handler_seconds = Histogram("concierge_node_handler_seconds",
+                                 "Time from a message's delivery to its ack/nak/term, by node", ["node"],
+                                 buckets=HANDLER_BUCKETS)
+node_in_flight = Gauge("concierge_node_in_flight", "Messages a node is handling now", ["node"])
+node_pending = Gauge("concierge_node_pending",
+                     "Messages on the node's durable consumer not yet delivered (num_pending)", ["node"])
+node_ack_pending = Gauge("concierge_node_ack_pending",
+                         "Messages delivered to the node's consumer and not yet acknowledged", ["node"])
+node_ready = Gauge("concierge_node_ready", "1 when the node's durable consumer answered its last check", ["node"])
+
+llm_calls = Counter("concierge_llm_calls", "LLM calls (a call = one request, retries included)", ["role", "model"])
+llm_errors = Counter("concierge_llm_errors", "LLM calls that ended in an error", ["role", "model"])
+llm_fallbacks = Counter("concierge_llm_fallbacks", "LLM calls answered (or failed) by the fallback endpoint",
+                        ["role", "model"])
+llm_tokens = Counter("concierge_llm_tokens", "Tokens the provider reported, by kind (prompt, completion)",
+                     ["role", "model", "kind"])
+llm_seconds = Histogram("concierge_llm_call_seconds", "LLM call latency, first request to last token",
+                        ["role", "model"], buckets=LLM_BUCKETS)
+
+turns = Counter("concierge_gateway_turns",
+                "Chat requests by route and outcome (complete, timeout, failed, interrupted, abandoned, "
+                "blocked, rate_limited, busy, conflict)", ["route", "outcome"])
+ttft_seconds = Histogram("concierge_gateway_ttft_seconds",
+                         "Time from a chat request to the first answer token sent to the visitor",
+                         buckets=TTFT_BUCKETS)
+
+
+def observe_llm_call(call: LLMCall) -> None:
+    labels = (call.role, call.model)
+    llm_calls.labels(*labels).inc()
+    llm_seconds.labels(*labels).observe(call.latency_ms / 1000)
+    if call.error:
+        llm_errors.labels(*labels).inc()
+    if call.fallback_used:
+        llm_fallbacks.labels(*labels).inc()
+    for kind in ("prompt", "completion"):
+        if count := (call.usage or {}).get(f"{kind}_tokens"):
+            llm_tokens.labels(*labels, kind).inc(count)
+
+
+def exposition() -> tuple[bytes, str]:
+    """The Prometheus text of every metric of this process, and its content type."""
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST

@@ -1,0 +1,368 @@
+"""What an orchestrator relies on: the ops port (/healthz, /readyz, /metrics), NODES, and
+the NATS server list, against real nats-server processes (one, and a 3-server cluster)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import tempfile
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+from cli.supervisor import free_port, nats_server_binary, wait_port
+from shared import events as ev
+from shared import service, subjects
+from shared.bus import _ensure_bucket, connect
+from shared.config import BusConfig, ConfigError, ConsumerConfig
+from shared.consumer import ConsumerRunner, Node
+
+
+def requested(site: str, session: str = "s1") -> ev.TurnRequested:
+    return ev.TurnRequested(event_id=ev.new_id(), site=site, session_id=session, turn=1, ts=ev.now(),
+                            producer="test", message="hello")
+
+
+def counting_node(site: str, seen: list[str]) -> Node:
+    """A node that notes the sessions of its own site's turns (durables see every site)."""
+
+    async def handle(event, ctx):
+        if event.site == site:
+            seen.append(event.session_id)
+        return []
+
+    return Node(f"ops_{uuid.uuid4().hex[:8]}", ("turn_requested",), handle)
+
+
+async def until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result := await predicate():
+            return result
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{what}: not within {timeout}s")
+
+
+class NatsProcess:
+    """One nats-server with JetStream on a fixed port and store, so it can be killed and
+    started again as the same server."""
+
+    def __init__(self, store: Path, port: int | None = None, name: str = "n", cluster: list[str] | None = None):
+        self.store, self.port, self.name = store, port or free_port(), name
+        self.cluster = cluster or []  # -cluster URL and -routes URLs
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        argv = [nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.store),
+                "-n", self.name, *self.cluster]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(self.port, 20, self.proc)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@contextmanager
+def nats_cluster(size: int = 3) -> Iterator[list[NatsProcess]]:
+    """`size` servers clustered by routes on loopback, each with its own store."""
+    routes = [free_port() for _ in range(size)]
+    with tempfile.TemporaryDirectory(prefix="concierge-cluster-") as tmp:
+        servers = []
+        for i, route in enumerate(routes):
+            others = ",".join(f"nats://127.0.0.1:{p}" for j, p in enumerate(routes) if j != i)
+            servers.append(NatsProcess(Path(tmp) / f"n{i}", name=f"n{i}", cluster=[
+                "--cluster_name", "concierge-test", "-cluster", f"nats://127.0.0.1:{route}", "-routes", others]))
+        try:
+            for server in servers:
+                server.start()
+            yield servers
+        finally:
+            for server in servers:
+                server.kill()
+
+
+# --- NODES ------------------------------------------------------------------------------
+
+def _nodes(*names: str) -> list[Node]:
+    async def handle(event, ctx):
+        return []
+
+    return [Node(name, ("turn_requested",), handle) for name in names]
+
+
+def test_nodes_empty_hosts_every_node():
+    nodes = _nodes("a", "b", "c")
+    assert service.select_nodes("svc", nodes, "") == nodes
+    assert service.select_nodes("svc", nodes, " , ") == nodes
+
+
+def test_nodes_selects_in_the_service_order():
+    nodes = _nodes("a", "b", "c")
+    assert [n.name for n in service.select_nodes("svc", nodes, "c, a")] == ["a", "c"]
+
+
+def test_an_unknown_node_stops_the_process_naming_the_known_ones():
+    with pytest.raises(ConfigError) as raised:
+        service.select_nodes("responder", _nodes("answer_writer", "finalize"), "answer_writter")
+    message = str(raised.value)
+    assert "answer_writter" in message and "responder" in message
+    assert "answer_writer, finalize" in message
+
+
+async def test_serve_refuses_an_unknown_node_at_start(nats_url, monkeypatch):
+    monkeypatch.setenv("NATS_URL", nats_url)
+    monkeypatch.setenv("OPS_PORT", "0")
+    monkeypatch.setenv("NODES", "nope")
+
+    async def make_nodes(bus):
+        return _nodes("known")
+
+    with pytest.raises(ConfigError, match="its nodes are known"):
+        await asyncio.wait_for(service.serve("svc", make_nodes, stop=asyncio.Event()), 20)
+
+
+async def test_serve_hosts_only_the_selected_nodes(nats_url, monkeypatch):
+    monkeypatch.setenv("NATS_URL", nats_url)
+    monkeypatch.setenv("OPS_PORT", "0")
+    site, seen_a, seen_b = f"t{uuid.uuid4().hex[:10]}", [], []
+    a, b = counting_node(site, seen_a), counting_node(site, seen_b)
+    monkeypatch.setenv("NODES", a.name)
+
+    async def make_nodes(bus):
+        return [a, b]
+
+    ready, stop, process = asyncio.Event(), asyncio.Event(), service.Process()
+    task = asyncio.create_task(service.serve("svc", make_nodes, ready=ready, stop=stop, process=process))
+    try:
+        await asyncio.wait_for(ready.wait(), 20)
+        assert [r.node.name for r in process.runners] == [a.name]
+        await process.bus.publish(requested(site))
+        await until(lambda: _true(seen_a), 10, "the hosted node handles the turn")
+        with pytest.raises(Exception):
+            await process.bus.js.consumer_info(subjects.CONV_STREAM, b.name)
+        assert seen_b == []
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 20)
+
+
+async def _true(value):
+    return value
+
+
+# --- the ops port -----------------------------------------------------------------------
+
+async def test_health_readiness_and_metrics_through_a_nats_restart(monkeypatch):
+    with tempfile.TemporaryDirectory(prefix="concierge-ops-") as tmp:
+        nats = NatsProcess(Path(tmp) / "store")
+        nats.start()
+        try:
+            await _health_readiness_and_metrics(nats, monkeypatch)
+        finally:
+            nats.kill()
+
+
+async def _health_readiness_and_metrics(nats: NatsProcess, monkeypatch) -> None:
+    ops_port = free_port()
+    monkeypatch.setenv("NATS_URL", nats.url)
+    monkeypatch.setenv("OPS_PORT", str(ops_port))
+    monkeypatch.setenv("OPS_HOST", "127.0.0.1")
+    monkeypatch.setenv("OPS_CHECK_S", "0.2")
+    monkeypatch.delenv("NODES", raising=False)
+    site, seen = f"t{uuid.uuid4().hex[:10]}", []
+    node = counting_node(site, seen)
+    gate = asyncio.Event()
+
+    async def make_nodes(bus):
+        await gate.wait()  # models loading: alive, not ready
+        return [node]
+
+    ready, stop, process = asyncio.Event(), asyncio.Event(), service.Process()
+    task = asyncio.create_task(service.serve("svc", make_nodes, ready=ready, stop=stop, process=process))
+    base = f"http://127.0.0.1:{ops_port}"
+    async with httpx.AsyncClient(base_url=base, timeout=5) as http:
+
+        async def status(path: str) -> int:
+            try:
+                return (await http.get(path)).status_code
+            except httpx.TransportError:
+                return 0
+
+        try:
+            await until(lambda: _is(status("/healthz"), 200), 10, "/healthz answers while starting")
+            assert await status("/readyz") == 503  # no consumer bound yet
+            gate.set()
+            await asyncio.wait_for(ready.wait(), 20)
+            assert await status("/readyz") == 200
+
+            await process.bus.publish(requested(site))
+            await until(lambda: _true(seen), 10, "the node handles the turn")
+            text = await until(lambda: _metrics_with(http, f'concierge_node_events_total{{node="{node.name}",outcome="ok"}} 1.0'),
+                               5, "the ok counter")
+            assert f'concierge_node_handler_seconds_count{{node="{node.name}"}} 1.0' in text
+            assert f'concierge_node_in_flight{{node="{node.name}"}} 0.0' in text
+            await until(lambda: _metrics_with(http, f'concierge_node_pending{{node="{node.name}"}} 0.0'), 5,
+                        "the pending gauge")
+            assert (await http.get("/nope")).status_code == 404
+
+            nats.kill()
+            await until(lambda: _is(status("/readyz"), 503), 10, "/readyz fails while NATS is down")
+            assert await status("/healthz") == 200
+            nats.start()
+            await until(lambda: _is(status("/readyz"), 200), 15, "/readyz recovers after the reconnect")
+            await process.bus.publish(requested(site, "s2"))
+            await until(lambda: _true("s2" in seen), 10, "the node handles turns after the reconnect")
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 30)
+        assert await status("/healthz") == 0  # the ops port closes with the process
+
+
+async def _is(awaitable, expected):
+    return await awaitable == expected
+
+
+async def _metrics_with(http: httpx.AsyncClient, line: str) -> str | None:
+    response = await http.get("/metrics")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    return response.text if line in response.text else None
+
+
+async def test_a_missing_durable_is_created_again(bus, site):
+    seen: list[str] = []
+    runner = ConsumerRunner(bus, counting_node(site, seen), ConsumerConfig(ack_wait_s=2.0), start_lookback_s=5)
+    await runner.start()
+    try:
+        assert await runner.check() and runner.bound
+        await bus.js.delete_consumer(subjects.CONV_STREAM, runner.durable)
+        assert not await runner.check() and not runner.bound
+        assert await runner.check() and runner.bound
+        await bus.publish(requested(site))
+        await until(lambda: _true(seen), 10, "the recreated durable delivers")
+    finally:
+        await runner.stop()
+
+
+@pytest.mark.parametrize("ending, outcome", [("completed", "complete"), ("failed", "failed"), (None, "timeout")])
+async def test_the_relay_says_how_a_turn_ended(bus, site, ending, outcome):
+    from services.gateway.relay import TurnRelay
+
+    cause = requested(site)
+    relay = TurnRelay(bus, site, "s1", 1, deadline_s=1.0)
+    await relay.open()
+    try:
+        if ending == "completed":
+            await bus.publish(ev.follow(cause, ev.TurnCompleted, "test", metadata={"route": "ANSWER"}))
+        elif ending == "failed":
+            await bus.publish(ev.follow(cause, ev.TurnFailed, "test", node="test", reason="broken", attempts=1))
+        payloads = [p async for batch in relay.batches() for p in batch]
+    finally:
+        await relay.close()
+    assert relay.outcome == outcome
+    assert payloads[-1]["type"] == ("complete" if outcome == "complete" else "error")
+
+
+def test_llm_calls_are_counted_by_role_and_model():
+    from prometheus_client import REGISTRY
+
+    from shared import metrics
+
+    def value(name, **labels):
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    model = f"m{uuid.uuid4().hex[:6]}"
+    metrics.observe_llm_call(ev.LLMCall(role="answer", model=model, base_url="x", messages=[], latency_ms=1500,
+                                        usage={"prompt_tokens": 120, "completion_tokens": 30}))
+    metrics.observe_llm_call(ev.LLMCall(role="answer", model=model, base_url="x", messages=[], latency_ms=10,
+                                        error="APIConnectionError: down", fallback_used=True))
+    assert value("concierge_llm_calls_total", role="answer", model=model) == 2
+    assert value("concierge_llm_errors_total", role="answer", model=model) == 1
+    assert value("concierge_llm_fallbacks_total", role="answer", model=model) == 1
+    assert value("concierge_llm_tokens_total", role="answer", model=model, kind="prompt") == 120
+    assert value("concierge_llm_tokens_total", role="answer", model=model, kind="completion") == 30
+    assert value("concierge_llm_call_seconds_count", role="answer", model=model) == 2
+
+
+def test_the_gateway_serves_metrics():
+    from services.gateway.app import create_app
+
+    assert "/metrics" in {route.path for route in create_app().routes}
+
+
+# --- NATS server lists and clusters -----------------------------------------------------
+
+@pytest.mark.parametrize("order", ["live_first", "dead_first"])
+async def test_a_server_list_with_a_dead_server_connects(nats_url, order):
+    dead = f"nats://127.0.0.1:{free_port()}"
+    url = f"{nats_url},{dead}" if order == "live_first" else f" {dead} , {nats_url} "
+    bus = await connect(BusConfig(url=url, dedupe_window_s=120), name="test-list")
+    try:
+        assert bus.nc.is_connected and bus.nc.connected_url.port == int(nats_url.rsplit(":", 1)[1])
+        ack = await bus.publish(requested(f"t{uuid.uuid4().hex[:10]}"))
+        assert ack.seq > 0
+    finally:
+        await bus.close()
+
+
+def test_an_empty_server_list_is_a_config_error():
+    with pytest.raises(ConfigError, match="NATS_URL"):
+        BusConfig(url=" , ").servers()
+
+
+@pytest.mark.timeout(60)
+async def test_r3_streams_on_a_cluster_survive_losing_a_server():
+    started = time.monotonic()
+    with nats_cluster(3) as servers:
+        config = BusConfig(url=",".join(s.url for s in servers), replicas=3, dedupe_window_s=120,
+                           request_timeout=2.0)
+
+        async def connected():
+            try:
+                return await connect(config, name="test-cluster")
+            except Exception:  # JetStream has no meta leader yet
+                return None
+
+        bus = await until(connected, 20, "the cluster elects a JetStream leader")
+        site, seen = f"t{uuid.uuid4().hex[:10]}", []
+        runner = ConsumerRunner(bus, counting_node(site, seen), ConsumerConfig(ack_wait_s=2.0), start_lookback_s=5)
+        try:
+            for stream in (subjects.CONV_STREAM, subjects.TOKENS_STREAM, subjects.DLQ_STREAM,
+                           f"KV_{subjects.SITE_CONFIG_BUCKET}"):
+                info = await bus.js.stream_info(stream)
+                assert info.config.num_replicas == 3 and len(info.cluster.replicas) == 2, stream
+            await _ensure_bucket(bus.js, "ops_test", None, 1)
+            await _ensure_bucket(bus.js, "ops_test", None, 3)  # NATS_REPLICAS raised later
+            assert (await bus.js.stream_info("KV_ops_test")).config.num_replicas == 3
+
+            await runner.start()
+            await bus.publish(requested(site, "before"))
+            await until(lambda: _true("before" in seen), 10, "consumed on the whole cluster")
+
+            victim = next(s for s in servers if s.port == bus.nc.connected_url.port)
+            victim.kill()
+
+            async def published():
+                try:
+                    return await bus.publish(requested(site, "after"))
+                except Exception:  # reconnecting, or a new stream leader being elected
+                    return None
+
+            await until(published, 15, "publishing after losing the connected server")
+            await until(lambda: _true("after" in seen), 15, "consumed after losing a server")
+            assert bus.nc.connected_url.port != victim.port
+        finally:
+            if runner.bound:
+                await runner.stop()
+            await bus.close()
+    assert time.monotonic() - started < 30
