@@ -85,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
               else f"  LLM endpoint: {llm_url}" if llm_url else "  LLM: none (extractive answers from the knowledge base)")
         print(f"  redis:        {system.redis_url} (store {system.data_dir / 'redis'})")
         print(f"  logs:         {system.log_dir}/<service>.log")
+        print("  metrics:      " + ", ".join(f"{n} http://127.0.0.1:{p}/metrics" for n, p in system.ops_ports.items())
+              + f", gateway {system.gateway_url}/metrics")
         print(f"  gateway:      {system.gateway_url}  (POST /v1/chat, GET /readyz)")
         token_note = ("from ADMIN_TOKEN" if os.environ.get("ADMIN_TOKEN")
                       else f"in {system.data_dir / 'admin-token'}")

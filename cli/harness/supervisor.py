@@ -97,6 +97,7 @@ class System:
     env: dict[str, str]
     log_dir: Path
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    ops_ports: dict[str, int] = field(default_factory=dict)  # consumer process → its OPS_PORT
 
     @property
     def nats_url(self) -> str:
@@ -135,8 +136,13 @@ class System:
         wait_port(self.redis_port, 20, proc)
 
     def start_service(self, service: str, env: dict[str, str] | None = None, name: str | None = None) -> subprocess.Popen:
-        """Start a service; a different `name` starts another replica of it."""
-        return self.spawn(name or service, [sys.executable, "-m", f"services.{service}"], env)
+        """Start a service; a different `name` starts another replica of it. On one machine
+        every consumer process gets an ops port of its own (health, readiness, metrics)."""
+        name = name or service
+        if service != "gateway":
+            self.ops_ports[name] = free_port()
+            env = {"OPS_PORT": str(self.ops_ports[name]), **(env or {})}
+        return self.spawn(name, [sys.executable, "-m", f"services.{service}"], env)
 
     def ingest(self, site: str, source: Path = DEMO_KB, check: bool = True) -> subprocess.CompletedProcess:
         """`concierge ingest` into this system's knowledge base (before the retriever opens it)."""
