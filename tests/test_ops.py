@@ -15,7 +15,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from cli.supervisor import free_port, nats_server_binary, wait_port
+from cli.harness.supervisor import free_port, nats_server_binary, wait_port
 from shared import events as ev
 from shared import service, subjects
 from shared.bus import _ensure_bucket, connect
