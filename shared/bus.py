@@ -211,6 +211,7 @@ async def connect(config: BusConfig, name: str) -> Bus:
     come from `config` (NATS_CREDS, NATS_NKEY_SEED, NATS_USER/NATS_PASSWORD or NATS_TOKEN);
     a server that refuses them at start raises `BusRefused` instead of being retried."""
     refused: asyncio.Future = asyncio.get_running_loop().create_future()
+    connected: dict[str, Bus] = {}
 
     async def on_disconnect():
         if not (nc.is_closed or nc.is_draining):
@@ -218,6 +219,8 @@ async def connect(config: BusConfig, name: str) -> Bus:
 
     async def on_reconnect():
         log.info("nats reconnected", extra={"client": name})
+        if "bus" in connected:  # a restarted server may have lost a memory stream (TOKENS)
+            asyncio.ensure_future(_ensure_again(connected["bus"], name))
 
     async def on_error(exc):
         log.error("nats error", extra={"client": name, "error": repr(exc)})
@@ -247,7 +250,21 @@ async def connect(config: BusConfig, name: str) -> Bus:
     js = nc.jetstream(timeout=config.request_timeout)
     bus = Bus(nc=nc, js=js, config=config)
     await ensure_topology(bus)
+    connected["bus"] = bus
     return bus
+
+
+async def _ensure_again(bus: Bus, name: str, attempts: int = 10) -> None:
+    """After a reconnect: create whatever streams and buckets the server no longer has, so
+    readiness comes back by itself (no restart of the services)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            await ensure_topology(bus)
+            log.info("topology ensured after reconnect", extra={"client": name})
+            return
+        except Exception as exc:  # noqa: BLE001 - the server may still be electing or recovering
+            log.warning("topology not ensured yet after reconnect", extra={"client": name, "error": repr(exc)})
+            await asyncio.sleep(min(0.5 * attempt, 3.0))
 
 
 async def ensure_topology(bus: Bus) -> None:

@@ -234,3 +234,47 @@ async def configure_site(nats_url: str, site: str, **fields) -> None:
         await kv.put(site, msgspec.json.encode(SiteConfig(**fields)))
     finally:
         await bus.close()
+
+
+class NatsProcess:
+    """One nats-server with JetStream on a fixed port and store, so it can be killed and
+    started again as the same server."""
+
+    def __init__(self, store: Path, port: int | None = None, name: str = "n", cluster: list[str] | None = None):
+        self.store, self.port, self.name = store, port or free_port(), name
+        self.cluster = cluster or []  # -cluster URL and -routes URLs
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        argv = [nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.store),
+                "-n", self.name, *self.cluster]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(self.port, 20, self.proc)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@contextmanager
+def nats_cluster(size: int = 3) -> Iterator[list[NatsProcess]]:
+    """`size` servers clustered by routes on loopback, each with its own store."""
+    routes = [free_port() for _ in range(size)]
+    with tempfile.TemporaryDirectory(prefix="concierge-cluster-") as tmp:
+        servers = []
+        for i, route in enumerate(routes):
+            others = ",".join(f"nats://127.0.0.1:{p}" for j, p in enumerate(routes) if j != i)
+            servers.append(NatsProcess(Path(tmp) / f"n{i}", name=f"n{i}", cluster=[
+                "--cluster_name", "concierge-test", "-cluster", f"nats://127.0.0.1:{route}", "-routes", others]))
+        try:
+            for server in servers:
+                server.start()
+            yield servers
+        finally:
+            for server in servers:
+                server.kill()

@@ -4,18 +4,16 @@ the NATS server list, against real nats-server processes (one, and a 3-server cl
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import tempfile
 import time
 import uuid
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
 
-from cli.harness.supervisor import free_port, nats_server_binary, wait_port
+from cli.harness.supervisor import free_port
+from tests.servers import NatsProcess, nats_cluster
 from shared import events as ev
 from shared import service, subjects
 from shared.bus import _ensure_bucket, connect
@@ -46,50 +44,6 @@ async def until(predicate, timeout: float, what: str):
             return result
         await asyncio.sleep(0.1)
     raise AssertionError(f"{what}: not within {timeout}s")
-
-
-class NatsProcess:
-    """One nats-server with JetStream on a fixed port and store, so it can be killed and
-    started again as the same server."""
-
-    def __init__(self, store: Path, port: int | None = None, name: str = "n", cluster: list[str] | None = None):
-        self.store, self.port, self.name = store, port or free_port(), name
-        self.cluster = cluster or []  # -cluster URL and -routes URLs
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        argv = [nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.store),
-                "-n", self.name, *self.cluster]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_port(self.port, 20, self.proc)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-
-@contextmanager
-def nats_cluster(size: int = 3) -> Iterator[list[NatsProcess]]:
-    """`size` servers clustered by routes on loopback, each with its own store."""
-    routes = [free_port() for _ in range(size)]
-    with tempfile.TemporaryDirectory(prefix="concierge-cluster-") as tmp:
-        servers = []
-        for i, route in enumerate(routes):
-            others = ",".join(f"nats://127.0.0.1:{p}" for j, p in enumerate(routes) if j != i)
-            servers.append(NatsProcess(Path(tmp) / f"n{i}", name=f"n{i}", cluster=[
-                "--cluster_name", "concierge-test", "-cluster", f"nats://127.0.0.1:{route}", "-routes", others]))
-        try:
-            for server in servers:
-                server.start()
-            yield servers
-        finally:
-            for server in servers:
-                server.kill()
 
 
 # --- NODES ------------------------------------------------------------------------------
@@ -366,3 +320,24 @@ async def test_r3_streams_on_a_cluster_survive_losing_a_server():
                 await runner.stop()
             await bus.close()
     assert time.monotonic() - started < 30
+
+
+async def test_streams_lost_with_a_restarted_server_come_back_by_themselves():
+    """TOKENS lives in memory: a NATS restart loses it. Before, /readyz stayed 503 for good
+    (only a gateway restart recreated it); the reconnect now ensures the topology again."""
+    from shared.bus import topology_ready
+
+    with tempfile.TemporaryDirectory(prefix="concierge-restart-") as tmp:
+        nats = NatsProcess(Path(tmp) / "store")
+        nats.start()
+        bus = await connect(BusConfig(url=nats.url), name="test-restart")
+        try:
+            assert await topology_ready(bus)
+            nats.kill()
+            nats.start()
+            await until(lambda: topology_ready(bus), 10, "the streams are there again after the restart")
+            info = await bus.js.stream_info(subjects.TOKENS_STREAM)
+            assert info.config.name == subjects.TOKENS_STREAM
+        finally:
+            await bus.close()
+            nats.kill()
