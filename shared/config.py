@@ -131,7 +131,9 @@ class ConsumerConfig(msgspec.Struct, kw_only=True):
     """Delivery policy of one node's durable consumer."""
 
     max_deliver: int = 4
-    ack_wait_s: float = 30.0
+    # Short, with `in_progress` heartbeats every third of it while a handler runs: a replica
+    # that dies mid-turn gives its message to a live one within this many seconds.
+    ack_wait_s: float = 5.0
     backoff_s: tuple[float, ...] = (0.5, 2.0, 5.0)
     concurrency: int = 32
     drain_timeout_s: float = 30.0
