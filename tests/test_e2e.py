@@ -380,6 +380,25 @@ async def test_client_disconnect_releases_the_session_guard(system, llm, http, s
     assert status == 200
 
 
+async def test_a_guard_left_by_a_dead_gateway_does_not_lock_the_session(system, http, site):
+    """A gateway killed mid-turn leaves the session's guard for its TTL (70 s); once the log
+    says the turn ended, the next request takes the guard over instead of answering 429."""
+    from shared import subjects
+    from shared.bus import connect
+    from shared.config import BusConfig
+
+    visitor = Conversation(http, system.gateway_url, site)
+    assert (await visitor.say("hello")).final["type"] == "complete"
+    bus = await connect(BusConfig(url=system.nats_url), name="test-dead-gateway")
+    try:
+        await bus.bucket(subjects.SESSION_GUARD_BUCKET).create(
+            subjects.kv_key(site, visitor.session_id), f"turn {time.time() - 10:.3f}".encode(), msg_ttl=70)
+    finally:
+        await bus.close()
+    again = await visitor.say("still there?")
+    assert again.status == 200 and again.final["type"] == "complete" and again.final["turn"] == 2
+
+
 # --- the three routes, through HTTP SSE, on the demo site's config (sites/demo.toml) --------
 
 async def _turns(http, system, visitor, *messages):

@@ -97,3 +97,31 @@ def test_the_visitor_ip_is_counted_from_the_right_of_x_forwarded_for(monkeypatch
     assert client_ip(request("203.0.113.7")) == "10.0.0.9"  # fewer hops than proxies: not trusted
     monkeypatch.setenv("TRUSTED_PROXY_HOPS", "0")
     assert client_ip(request("1.2.3.4")) == "10.0.0.9"
+
+
+async def test_a_turns_guard_is_taken_over_only_when_old_and_never_an_erases(bus, site):
+    import asyncio
+
+    from shared.session_guard import SessionGuard
+
+    guard = SessionGuard(bus, ttl_s=60)
+    held = await guard.acquire(site, "s1")  # a gateway that then died without releasing it
+    assert held is not None and await guard.acquire(site, "s1") is None
+    assert await guard.take_over_ended(site, "s1", min_age_s=5) is None  # too fresh: maybe still starting
+    await asyncio.sleep(0.3)
+    taken = await guard.take_over_ended(site, "s1", min_age_s=0.2)
+    assert taken is not None and taken != held
+    await guard.release(site, "s1", held)  # the dead holder's late release does not free the new hold
+    assert await guard.acquire(site, "s1") is None
+    assert await guard.acquire(site, "erasing", holder=b"erasing") is not None
+    await asyncio.sleep(0.3)
+    assert await guard.take_over_ended(site, "erasing", min_age_s=0.2) is None
+
+
+def test_a_turn_has_ended_when_the_log_says_so():
+    from services.gateway.app import turn_ended
+    from shared.state import ConversationState, TurnRecord
+
+    assert turn_ended(ConversationState())
+    for status, ended in (("completed", True), ("failed", True), ("blocked", True), ("requested", False)):
+        assert turn_ended(ConversationState(turn=2, turns={2: TurnRecord(turn=2, status=status)})) is ended

@@ -48,6 +48,7 @@ class GatewaySettings(msgspec.Struct, kw_only=True):
     rate_per_ip_per_min: int = 30
     rate_per_site_per_min: int = 1200
     max_body_bytes: int = MAX_BODY_BYTES
+    guard_takeover_s: float = 3.0  # a held key this old, for a turn the log says ended, is taken over
 
     @classmethod
     def from_env(cls) -> "GatewaySettings":
@@ -57,6 +58,7 @@ class GatewaySettings(msgspec.Struct, kw_only=True):
             rate_per_ip_per_min=env_int("RATE_LIMIT_PER_IP_PER_MIN", d.rate_per_ip_per_min),
             rate_per_site_per_min=env_int("RATE_LIMIT_PER_SITE_PER_MIN", d.rate_per_site_per_min),
             max_body_bytes=env_int("GATEWAY_MAX_BODY_BYTES", d.max_body_bytes),
+            guard_takeover_s=env_float("SESSION_GUARD_TAKEOVER_S", d.guard_takeover_s),
         )
 
 
@@ -208,6 +210,9 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
             metrics.turns.labels("none", "rate_limited").inc()
             return _rate_limited(wait)
         hold = await guard.acquire(site, session_id)
+        if hold is None and turn_ended(await loader.load(bus, site, session_id)):
+            # Held, yet the log says the last turn ended: its gateway died before releasing.
+            hold = await guard.take_over_ended(site, session_id, settings.guard_takeover_s)
         if hold is None:
             metrics.turns.labels("none", "busy").inc()
             return JSONResponse(
@@ -341,6 +346,12 @@ async def _remember_ip(request: Request, site: str, session_id: str, ip: str) ->
         await request.app.state.redis.set(privacy.raw_ip_key(site, session_id), ip, ex=int(privacy.RAW_IP_TTL_S))
     except Exception as exc:
         log.warning("raw ip not stored; enrichment will skip IP sources", extra={"error": repr(exc)})
+
+
+def turn_ended(state) -> bool:
+    """No turn yet, or the newest one completed, failed or was blocked (per the log)."""
+    record = state.turns.get(state.turn)
+    return state.turn == 0 or (record is not None and record.status in ("completed", "failed", "blocked"))
 
 
 def _rate_limited(wait: int) -> JSONResponse:
