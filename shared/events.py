@@ -141,6 +141,9 @@ class EnrichmentCompleted(Envelope, tag="enrichment_completed"):
     sources: dict[str, str] = {}
     ran: bool = True  # False: this turn needed no new enrichment (the state keeps the last profile)
     cancelled: bool = False
+    # Why it fell short for infrastructure reasons (Redis unreachable, the raw IP missing,
+    # a source failed or timed out): the next turn runs it again. Empty: nothing to retry.
+    trouble: list[str] = []
 
 
 class ProfileInferred(Envelope, tag="profile_inferred"):

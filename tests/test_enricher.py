@@ -208,6 +208,28 @@ async def test_node_enriches_first_turn_and_keeps_raw_ip_out_of_events(bus, redi
         await runner.stop()
 
 
+async def test_an_enrichment_cut_short_by_an_outage_runs_again_next_turn(bus, redis, site):
+    """Redis down when the turn started (the raw IP never reached it): the enrichment says
+    why (`trouble`) and the visitor's next turn enriches them, instead of never."""
+    runner = await start_node(bus, make(redis, [RevealSource(), IpDatasetSource(DATASET)]), site)
+    try:
+        await bus.publish(turn(site, "o1", 1))  # an IP hash, but no raw IP in Redis: the outage
+        (first,) = await wait_for(lambda: enrichments(bus, site, "o1"))
+        assert first.ran and first.profile.company_name == "unknown" and first.trouble == ["raw IP missing"]
+
+        await redis.set(privacy.raw_ip_key(site, "o1"), "127.0.0.1", ex=60)  # Redis is back
+        await bus.publish(turn(site, "o1", 2))
+        await wait_for(lambda: _len_at_least(enrichments(bus, site, "o1"), 2))
+        second = (await enrichments(bus, site, "o1"))[1]
+        assert second.ran and second.profile.company_name.startswith("Northwind") and second.trouble == []
+
+        await bus.publish(turn(site, "o1", 3))  # nothing to retry any more
+        await wait_for(lambda: _len_at_least(enrichments(bus, site, "o1"), 3))
+        assert not (await enrichments(bus, site, "o1"))[2].ran
+    finally:
+        await runner.stop()
+
+
 async def test_redirect_route_cancels_unfinished_enrichment(bus, redis, providers, client, site):
     slow = provider("ip", providers, client, "slow", timeout_s=5.0, retries=0)
     runner = await start_node(bus, make(redis, [slow], deadline_s=5.0), site)

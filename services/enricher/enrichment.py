@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 
-from shared import events as ev
+from shared import subjects, events as ev
 from shared import awaiter, privacy
 from shared.consumer import Context, Node
 from shared.state import merge_visitor_profiles
@@ -110,10 +110,17 @@ def make_node(enricher: Enricher) -> Node:
         if fingerprint:
             previous = await _safe(enricher.redis.get(seen_key))
             new_identity = previous is None or previous.decode() != fingerprint
-        if event.turn != 1 and not new_identity:
+        if event.turn != 1 and not new_identity and not await _fell_short(ctx, event):
             return [ctx.follow(ev.EnrichmentCompleted, profile=ev.VisitorProfile(), ran=False)]
 
-        raw_ip = await _safe(enricher.redis.get(privacy.raw_ip_key(event.site, event.session_id)))
+        trouble: list[str] = []
+        try:
+            raw_ip = await enricher.redis.get(privacy.raw_ip_key(event.site, event.session_id))
+        except Exception as exc:  # noqa: BLE001 - Redis down: IP sources skipped, retried next turn
+            log.warning("redis unavailable for the raw IP", extra={"error": repr(exc)})
+            raw_ip, trouble = None, ["redis unavailable"]
+        if raw_ip is None and event.ip_hash and not trouble:
+            trouble.append("raw IP missing")  # the gateway saw an address that did not reach Redis
         reveal = visitor.get("reveal") if isinstance(visitor.get("reveal"), dict) else None
         q = Lookup(
             site=event.site, session_id=event.session_id, ip_hash=event.ip_hash,
@@ -140,9 +147,21 @@ def make_node(enricher: Enricher) -> Node:
         await enricher.remember(q, profile, statuses)
         if fingerprint:
             await _safe(enricher.redis.set(seen_key, fingerprint, ex=24 * 3600))
-        return [ctx.follow(ev.EnrichmentCompleted, profile=profile, sources=statuses)]
+        if profile.status != "completed":
+            trouble += [f"{name}: {status}" for name, status in statuses.items()
+                        if status.startswith(("failed", "timeout", "circuit"))]
+        else:
+            trouble = []
+        return [ctx.follow(ev.EnrichmentCompleted, profile=profile, sources=statuses, trouble=trouble)]
 
     return Node(name=NAME, consumes=("turn_requested",), handle=handle)
+
+
+async def _fell_short(ctx: Context, event: ev.TurnRequested) -> bool:
+    """The session's last enrichment fell short for infrastructure reasons (its `trouble`):
+    this turn tries again, so an outage costs a turn's profile, not the session's."""
+    last = await ctx.bus.last(subjects.conv(event.site, event.session_id, "enrichment_completed"))
+    return isinstance(last, ev.EnrichmentCompleted) and bool(last.trouble)
 
 
 async def _safe(awaitable):
