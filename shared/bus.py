@@ -143,9 +143,12 @@ class Bus:
             self._read_prefix = prefix
         return self._read_prefix
 
-    async def read_raw(self, filter_subject: str, after_seq: int = 0, batch: int = 256):
+    async def read_raw(self, filter_subject: str, after_seq: int = 0, batch: int = 256,
+                       stream: str = subjects.CONV_STREAM):
+        """(seq, subject, data) of the stored messages on `filter_subject`, in order: the
+        conversation log by default, or another stream that allows direct gets (TOKENS)."""
         next_seq = after_seq + 1
-        api_subject = f"$JS.API.DIRECT.GET.{subjects.CONV_STREAM}"
+        api_subject = f"$JS.API.DIRECT.GET.{stream}"
         prefix = await self._read_inbox()
         while True:
             self._read_counter += 1

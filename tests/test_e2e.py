@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cli.harness.sse import Conversation, chat
+from cli.harness.sse import Conversation, chat, read_stream, resume
 from cli.harness.supervisor import free_port, make_system
 from tests.servers import ROOT, configure_site
 
@@ -399,6 +399,98 @@ async def test_a_guard_left_by_a_dead_gateway_does_not_lock_the_session(system, 
     assert again.status == 200 and again.final["type"] == "complete" and again.final["turn"] == 2
 
 
+# --- resumable streams: ids <turn>:<n>, Last-Event-ID, replay from TOKENS and from the log ----
+
+SLOW_ANSWER = ("Tidewise schedules technicians, tracks their routes and invoices the job from the phone, "
+               "so the office sees every visit as it happens and the customer gets one bill.")
+
+
+async def _drop_after(http, system, payload: dict, tokens: int) -> dict:
+    """Start a turn and close the connection after `tokens` token frames, as a lost network would."""
+    seen = {"text": "", "ids": [], "start": None}
+    async with http.stream("POST", f"{system.gateway_url}/v1/chat", json=payload) as response:
+        assert response.status_code == 200 and response.headers["x-accel-buffering"] == "no"
+        async for line in response.aiter_lines():
+            if line.startswith("id: "):
+                seen["ids"].append(line[4:])
+            elif line.startswith("data: "):
+                event = json.loads(line[6:])
+                if event["type"] == "start":
+                    seen["start"] = event
+                elif event["type"] == "token":
+                    seen["text"] += event["content"]
+                    tokens -= 1
+                    if tokens == 0:
+                        break
+    return seen
+
+
+async def test_a_dropped_stream_resumes_after_its_last_event_id_without_gap_or_duplicate(system, llm, http, site):
+    llm.clear()
+    llm.fail_next({"reply": SLOW_ANSWER, "inter_token_ms": 100})
+    seen = await _drop_after(http, system, {"site": site, "message": "What does Tidewise do?"}, tokens=5)
+    start = seen["start"]
+    assert start["turn"] == 1 and start["session_id"] and start["session_token"]
+    assert seen["ids"] == [f"1:{n}" for n in range(len(seen["ids"]))]  # start is 1:0, every frame numbered
+    assert 0 < len(seen["text"]) < len(SLOW_ANSWER)  # dropped mid-answer
+    rest = await resume(http, system.gateway_url, site, start["session_id"], 1, start["session_token"],
+                        last_event_id=seen["ids"][-1])
+    assert rest.status == 200 and rest.start is None  # the client has frame 0 already
+    assert rest.final["type"] == "complete" and rest.final["session_token"] and rest.final["turn"] == 1
+    assert [e["type"] for e in rest.events].count("complete") == 1
+    assert seen["text"] + rest.text == SLOW_ANSWER
+    assert "visitor_profile" not in rest.final["metadata"]
+    # From the start (no Last-Event-ID): every frame again, the same ids, then the end.
+    whole = await resume(http, system.gateway_url, site, start["session_id"], 1, start["session_token"])
+    assert whole.start == start and whole.text == SLOW_ANSWER and whole.final["type"] == "complete"
+    assert whole.last_event_id == rest.last_event_id
+
+
+async def test_a_finished_turn_replays_from_tokens_and_once_they_are_gone_from_the_log(system, llm, http, site):
+    llm.clear()
+    llm.fail_next({"reply": SLOW_ANSWER})
+    first = await chat(http, system.gateway_url, {"site": site, "message": "What does Tidewise do?"})
+    assert first.final["type"] == "complete" and first.text == SLOW_ANSWER
+    session, token = first.start["session_id"], first.start["session_token"]
+    after = await resume(http, system.gateway_url, site, session, 1, token, last_event_id="1:3")
+    assert [e["type"] for e in after.events][-1] == "complete" and "restart" not in [e["type"] for e in after.events]
+    assert "".join(e["content"] for e in first.events[:3]) + after.text == SLOW_ANSWER  # frames 1:1..1:3: tokens
+    assert after.last_event_id == first.last_event_id
+
+    # Past TOKENS' retention: the answer comes from the log, replacing what the client had.
+    from shared import subjects
+    from shared.bus import connect
+    from shared.config import BusConfig
+    bus = await connect(BusConfig(url=system.nats_url), name="test-purge")
+    try:
+        await bus.js.purge_stream(subjects.TOKENS_STREAM, subject=subjects.tokens(site, session, 1))
+    finally:
+        await bus.close()
+    replayed = await resume(http, system.gateway_url, site, session, 1, token, last_event_id="1:3")
+    assert [e["type"] for e in replayed.events] == ["restart", "token", "complete"]
+    assert replayed.text == SLOW_ANSWER and replayed.final["session_token"]
+    assert replayed.final["metadata"]["route"] == first.final["metadata"]["route"]
+    fresh = await resume(http, system.gateway_url, site, session, 1, token)
+    assert fresh.start["turn"] == 1 and [e["type"] for e in fresh.events] == ["token", "complete"]
+    assert fresh.text == SLOW_ANSWER
+
+
+async def test_resuming_needs_the_conversations_token_and_a_real_turn(system, http, site):
+    mine = await chat(http, system.gateway_url, {"site": site, "message": "hello"})
+    other = await chat(http, system.gateway_url, {"site": site, "message": "hello too"})
+    session = mine.session_id
+    url = f"{system.gateway_url}/v1/sites/{site}/conversations/{session}/turns/1/stream"
+    assert (await http.get(url)).status_code == 403
+    assert (await http.get(url, headers={"X-Session-Token": other.session_token})).status_code == 403
+    assert (await http.get(url.replace("/turns/1/", "/turns/2/"),
+                           headers={"X-Session-Token": mine.session_token})).status_code == 404
+    bad = await http.get(url, headers={"X-Session-Token": mine.session_token, "Last-Event-ID": "2:1"})
+    assert bad.status_code == 400 and bad.json()["detail"][0]["field"] == "last-event-id"
+    async with http.stream("GET", url, headers={"X-Session-Token": mine.session_token}) as response:
+        replay = await read_stream(response)
+    assert replay.final["type"] == "complete" and replay.text == mine.text
+
+
 # --- the three routes, through HTTP SSE, on the demo site's config (sites/demo.toml) --------
 
 async def _turns(http, system, visitor, *messages):
@@ -597,6 +689,69 @@ async def test_browser_renders_the_answers_markdown_and_never_its_html(system, l
             assert await page.locator("[data-testid=cw-log] img").count() == 0
             assert "<img src=x onerror=alert(1)>" in await bot.text_content()
             assert dialogs == []
+        finally:
+            await browser.close()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium not installed (Debian package `chromium`): browser test skipped")
+async def test_browser_resumes_the_answer_after_a_reload_and_a_dropped_connection(system, llm, suggestions_llm):
+    """Reload the page in the middle of a long answer and read the rest of it, once; then lose
+    the network mid-answer and still read one whole answer."""
+    from playwright.async_api import async_playwright
+
+    llm.clear(), suggestions_llm.clear()
+    llm.fail_next({"reply": SLOW_ANSWER, "inter_token_ms": 120}, {"reply": SLOW_ANSWER, "inter_token_ms": 120})
+    last_bot = "[...document.querySelectorAll('[data-testid=cw-bot]')].pop()"
+    async with async_playwright() as pw:
+        browser = await launch_chromium(pw)
+        try:
+            context = await browser.new_context()
+            page = await context.new_page()
+            resumed = []
+            page.on("request", lambda r: resumed.append(r.url) if "/stream" in r.url else None)
+            await page.goto(system.gateway_url + "/")
+            await page.evaluate("localStorage.clear()")
+            await page.reload()
+            await page.click("[data-testid=cw-launch]")
+            await page.fill("[data-testid=cw-input]", "What does Tidewise do?")
+            await page.press("[data-testid=cw-input]", "Enter")
+            await page.wait_for_function(f"() => {last_bot}?.textContent.includes('routes')", timeout=30000)
+            streaming = json.loads(await page.evaluate("localStorage.getItem('concierge:demo:stream')"))
+            assert streaming["turn"] == 1 and streaming["last"].startswith("1:"), streaming
+            await page.reload()
+            await page.wait_for_function(f"() => {last_bot}?.textContent.includes('one bill.')", timeout=30000)
+            assert await page.locator("[data-testid=cw-bot]").count() == 1
+            assert await page.locator("[data-testid=cw-bot]").last.text_content() == SLOW_ANSWER
+            assert await page.locator(".cw-user").all_text_contents() == ["What does Tidewise do?"]
+            # Cleared on `complete`, which follows the last token.
+            await page.wait_for_function("() => localStorage.getItem('concierge:demo:stream') === null", timeout=10000)
+
+            # The network drops the next answer's stream after a few chunks (the page's fetch
+            # sees a network error, as when Wi-Fi goes): the widget resumes after its last frame.
+            await page.evaluate("""() => {
+                const real = window.fetch;
+                window.fetch = (url, init) => real(url, init).then(resp => {
+                    if (!String(url).endsWith('/v1/chat')) return resp;
+                    const reader = resp.body.getReader();
+                    let chunks = 0;
+                    const body = new ReadableStream({pull(c) {
+                        return reader.read().then(({done, value}) => {
+                            if (done) return c.close();
+                            if (++chunks > 8) { reader.cancel(); return c.error(new TypeError('network error')); }
+                            c.enqueue(value);
+                        });
+                    }});
+                    return new Response(body, {status: resp.status, headers: resp.headers});
+                });
+            }""")
+            await page.fill("[data-testid=cw-input]", "Tell me again")
+            await page.press("[data-testid=cw-input]", "Enter")
+            await page.wait_for_function(
+                "() => document.querySelectorAll('[data-testid=cw-bot]').length === 2 &&"
+                f" {last_bot}.textContent.includes('one bill.')", timeout=30000)
+            assert await page.locator("[data-testid=cw-bot]").last.text_content() == SLOW_ANSWER
+            assert await page.locator(".cw-error").count() == 0
+            assert [u.rsplit("/turns/", 1)[1] for u in resumed] == ["1/stream", "2/stream"], resumed
         finally:
             await browser.close()
 

@@ -183,6 +183,19 @@ async def test_cors_only_for_the_sites_origins(system, sites, http):
     own = await http.post(f"{system.gateway_url}/v1/chat", json={"site": b, "message": "hi"},
                           headers={"Origin": system.gateway_url})
     assert own.status_code == 200
+    # Resuming a turn's stream is a visitor endpoint too: CORS for the site's origin, with the
+    # Last-Event-ID header allowed; the same origin check on the request itself.
+    stream = f"{system.gateway_url}/v1/sites/{a}/conversations/{ok.session_id}/turns/1/stream"
+    resume_preflight = await http.options(stream, headers={
+        "Origin": ORIGIN, "Access-Control-Request-Method": "GET",
+        "Access-Control-Request-Headers": "x-session-token, last-event-id"})
+    assert resume_preflight.status_code == 204 and "last-event-id" in resume_preflight.headers["access-control-allow-headers"]
+    token = {"X-Session-Token": ok.session_token}
+    resumed = await http.get(stream, headers={"Origin": ORIGIN, "Last-Event-ID": "1:0", **token})
+    assert resumed.status_code == 200 and resumed.headers["access-control-allow-origin"] == ORIGIN
+    sent = [block for block in resumed.text.split("\n\n") if "data: " in block]
+    assert '"type": "complete"' in sent[-1] and not any(block.startswith("id: 1:0\n") for block in sent)
+    assert (await http.get(stream, headers={"Origin": FOREIGN, **token})).status_code == 403
 
 
 @pytest.mark.parametrize("body, status, says", [

@@ -115,3 +115,58 @@ def test_progress_that_disagrees_with_the_stored_answer_is_interrupted():
     progress = _TurnProgress()
     progress.completed, progress.response, progress.sent = COMPLETED, answered("Yes, it does", 3), ["No"]
     assert progress.finish(SESSION, 1) == [{"type": "error", "message": "The answer was interrupted. Please ask again."}]
+
+
+# --- resuming: stored messages first, then live ones, each token once -----------------------
+
+async def resumed(stored: list[Msg], live: list[Msg], deadline_s: float = 5.0) -> list[dict]:
+    """What a resume relays: the live subscription got `live` first, then the store was read."""
+    turn_relay = TurnRelay(None, SITE, SESSION, 1, deadline_s)
+    for msg in live:
+        turn_relay.queue.put_nowait(msg)
+    turn_relay.prepend(stored)
+    return sum([batch async for batch in turn_relay.batches()], [])
+
+
+async def test_a_resume_sends_what_is_stored_and_live_once_in_the_first_streams_order():
+    sources = ev.follow(REQUEST, ev.SourcesAttached, "test", sources=[{"n": 1}])
+    first = await relayed(on_bus(sources), on_bus(chunk(0, "Xero")), on_bus(chunk(1, " syncs")),
+                          on_bus(chunk(2, " daily")), on_bus(answered("Xero syncs daily", 3)), on_bus(COMPLETED))
+    stored = [on_bus(sources), on_bus(chunk(0, "Xero")), on_bus(chunk(1, " syncs"))]
+    live = [on_bus(chunk(1, " syncs")), on_bus(chunk(2, " daily")), on_bus(answered("Xero syncs daily", 3)),
+            on_bus(COMPLETED)]
+    again = await resumed(stored, live)
+    assert again == sum(first, [])
+    assert [p["content"] for p in again if p["type"] == "token"] == ["Xero", " syncs", " daily"]
+
+
+async def test_a_resume_of_a_finished_turn_replays_it_from_the_store():
+    stored = [on_bus(chunk(0, "Xero")), on_bus(chunk(1, " syncs")), on_bus(answered("Xero syncs", 2)), on_bus(COMPLETED)]
+    assert await resumed(stored, []) == [{"type": "token", "content": "Xero"}, {"type": "token", "content": " syncs"},
+                                         COMPLETE]
+
+
+async def test_a_failure_stored_after_the_turn_completed_does_not_turn_it_into_an_error():
+    failed = ev.follow(REQUEST, ev.TurnFailed, "test", node="answer_writer", reason="no TurnRequested", attempts=1)
+    got = await resumed([on_bus(chunk(0, "Hi")), on_bus(answered("Hi", 1)), on_bus(COMPLETED), on_bus(failed)], [])
+    assert got == [{"type": "token", "content": "Hi"}, COMPLETE]
+
+
+def test_stored_tokens_cover_the_answer_only_when_every_index_of_its_attempt_is_there():
+    logged = [relay._Stored(m.subject, m.data) for m in (on_bus(answered("Xero syncs", 2, attempt=2)),)]
+
+    def tokens(*chunks):
+        return [relay._Stored(m.subject, m.data) for m in map(on_bus, chunks)]
+
+    assert relay._tokens_cover_answer(tokens(), [], 1)  # no answer yet: live tokens will come
+    assert relay._tokens_cover_answer(tokens(chunk(0, "Xero", 2), chunk(1, " syncs", 2)), logged, 1)
+    assert not relay._tokens_cover_answer(tokens(chunk(1, " syncs", 2)), logged, 1)  # the first ones expired
+    assert not relay._tokens_cover_answer(tokens(chunk(0, "Xero"), chunk(1, " syncs")), logged, 1)  # another attempt
+
+
+def test_a_finished_turn_from_the_log_is_its_sources_the_whole_answer_and_complete():
+    meta = {"route": "ANSWER", "sources": [{"n": 1, "url": "https://x.example", "cited": True}]}
+    assert relay.from_log(SESSION, 1, "Xero syncs", meta) == [
+        {"type": "sources", "sources": [{"n": 1, "url": "https://x.example"}]},
+        {"type": "token", "content": "Xero syncs"},
+        {"type": "complete", "session_id": SESSION, "turn": 1, "metadata": meta}]

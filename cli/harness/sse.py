@@ -1,4 +1,5 @@
-"""A small client for the gateway's chat endpoint: POST, then read the SSE events.
+"""A small client for the gateway's chat endpoint: POST, then read the SSE events; and for
+the resume endpoint (`resume`), which sends a turn's frames again after a `Last-Event-ID`.
 
 `Conversation` is one visitor: it keeps the session id and the session token the gateway
 hands out (response headers, then each `complete`) and presents them on the next turn."""
@@ -15,16 +16,26 @@ import httpx
 @dataclass
 class ChatResult:
     status: int
-    events: list[dict] = field(default_factory=list)
+    events: list[dict] = field(default_factory=list)  # every frame after `start`
     first_token_s: float | None = None
     total_s: float = 0.0
     body: dict | None = None  # the JSON error body of a non-200 answer
     session_id: str | None = None
     session_token: str | None = None
+    start: dict | None = None  # the `start` frame: the conversation and turn to resume
+    last_event_id: str | None = None  # the `id:` of the last frame read (`<turn>:<n>`)
+    keepalives: int = 0  # comment frames read
 
     @property
     def text(self) -> str:
-        return "".join(e["content"] for e in self.events if e["type"] == "token")
+        """The answer as shown: a `restart` frame replaces the text before it."""
+        text = ""
+        for e in self.events:
+            if e["type"] == "restart":
+                text = ""
+            elif e["type"] == "token":
+                text += e["content"]
+        return text
 
     @property
     def final(self) -> dict | None:
@@ -34,15 +45,41 @@ class ChatResult:
 async def chat(client: httpx.AsyncClient, base_url: str, payload: dict, on_event=None) -> ChatResult:
     started = time.perf_counter()
     async with client.stream("POST", f"{base_url}/v1/chat", json=payload) as response:
-        result = ChatResult(status=response.status_code, session_id=response.headers.get("x-session-id"),
-                            session_token=response.headers.get("x-session-token"))
-        if response.status_code != 200:
-            result.body = json.loads(await response.aread())
-            return result
-        async for line in response.aiter_lines():
-            if not line.startswith("data: "):
+        return await read_stream(response, on_event, started)
+
+
+async def resume(client: httpx.AsyncClient, base_url: str, site: str, session_id: str, turn: int, session_token: str,
+                 last_event_id: str | None = None, on_event=None) -> ChatResult:
+    """A turn's stream again, after the frame `last_event_id` (from the start without it)."""
+    headers = {"X-Session-Token": session_token, **({"Last-Event-ID": last_event_id} if last_event_id else {})}
+    url = f"{base_url}/v1/sites/{site}/conversations/{session_id}/turns/{turn}/stream"
+    started = time.perf_counter()
+    async with client.stream("GET", url, headers=headers) as response:
+        return await read_stream(response, on_event, started)
+
+
+async def read_stream(response: httpx.Response, on_event=None, started: float | None = None) -> ChatResult:
+    """Read the SSE frames (`id:` and `data:` lines; comments are keepalives) to the end."""
+    started = time.perf_counter() if started is None else started
+    result = ChatResult(status=response.status_code, session_id=response.headers.get("x-session-id"),
+                        session_token=response.headers.get("x-session-token"))
+    if response.status_code != 200:
+        result.body = json.loads(await response.aread())
+        return result
+    frame_id = data = None
+    async for line in response.aiter_lines():
+        if line.startswith(":"):
+            result.keepalives += 1
+        elif line.startswith("id: "):
+            frame_id = line[len("id: "):]
+        elif line.startswith("data: "):
+            data = line[len("data: "):]
+        elif not line and data is not None:
+            event = json.loads(data)
+            result.last_event_id, frame_id, data = frame_id, None, None
+            if event["type"] == "start":
+                result.start = event
                 continue
-            event = json.loads(line[len("data: "):])
             if event["type"] == "token" and result.first_token_s is None:
                 result.first_token_s = time.perf_counter() - started
             result.events.append(event)

@@ -10,31 +10,33 @@ from __future__ import annotations
 import asyncio
 import gc
 import ipaddress
-import json
 import logging
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import anyio
 import msgspec
 import nats.errors
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from sse_starlette import EventSourceResponse
 
 from shared import events as ev
 from shared import loader, logs, metrics, privacy, redis_client, subjects, telemetry
 from shared.bus import Bus, ConcurrencyConflict, connect, topology_ready
-from shared.config import BusConfig, env_float, env_int, env_str
+from shared.config import BusConfig, env_float, env_int
 from shared.session_guard import SessionGuard
 from shared.site_config import SiteConfig, SiteConfigs
-from services.gateway import abuse_gate, visitor_view
+from services.gateway import abuse_gate, frames, visitor_view
 from services.gateway.cors import SiteCORS, origin_allowed
-from services.gateway.openapi import (CHAT_OPENAPI, CHAT_RESPONSES, OPERATOR_RESPONSES, VISITOR_READ_RESPONSES,
-                                      SessionId, SiteId, TokenHeader, bearer)
+from services.gateway.openapi import (CHAT_OPENAPI, CHAT_RESPONSES, OPERATOR_RESPONSES, RESUME_RESPONSES,
+                                      VISITOR_READ_RESPONSES, LastEventId, SessionId, SiteId, TokenHeader, Turn,
+                                      bearer)
 from services.gateway.operators import Operator, OperatorAuth, Unauthorized
 from services.gateway.rate_limit import RateLimiter
-from services.gateway.relay import TurnRelay
+from services.gateway.relay import TurnRelay, from_log, restart
 from services.gateway.schemas import MAX_BODY_BYTES, RequestError, decode_chat, read_body
 from services.gateway.sessions import SessionTokens
 
@@ -49,6 +51,7 @@ class GatewaySettings(msgspec.Struct, kw_only=True):
     rate_per_site_per_min: int = 1200
     max_body_bytes: int = MAX_BODY_BYTES
     guard_takeover_s: float = 3.0  # a held key this old, for a turn the log says ended, is taken over
+    keepalive_s: float = frames.KEEPALIVE_S
 
     @classmethod
     def from_env(cls) -> "GatewaySettings":
@@ -59,13 +62,12 @@ class GatewaySettings(msgspec.Struct, kw_only=True):
             rate_per_site_per_min=env_int("RATE_LIMIT_PER_SITE_PER_MIN", d.rate_per_site_per_min),
             max_body_bytes=env_int("GATEWAY_MAX_BODY_BYTES", d.max_body_bytes),
             guard_takeover_s=env_float("SESSION_GUARD_TAKEOVER_S", d.guard_takeover_s),
+            keepalive_s=env_float("SSE_KEEPALIVE_S", d.keepalive_s),
         )
 
 
 def sse_headers(session_id: str, session_token: str) -> dict[str, str]:
-    # No proxy buffering: an ingress must pass each token on as it comes.
-    return {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Session-Id": session_id,
-            "X-Session-Token": session_token}
+    return {"X-Session-Id": session_id, "X-Session-Token": session_token}
 
 
 def _for_visitor(payload: dict, session_token: str) -> dict:
@@ -74,10 +76,6 @@ def _for_visitor(payload: dict, session_token: str) -> dict:
         return payload
     return {**payload, "metadata": visitor_view.public_metadata(payload.get("metadata")),
             "session_token": session_token}
-
-
-def sse(payload: dict) -> bytes:
-    return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
 
 
 def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | None = None) -> FastAPI:
@@ -237,7 +235,7 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
                     await bus.publish(event)
                     await _cleanup(None, guard, site, session_id, hold)
                     metrics.turns.labels("none", "blocked").inc()
-                    return _blocked_response(event, session_token)
+                    return _blocked_response(event, session_token, settings.keepalive_s)
                 relay = TurnRelay(bus, site, session_id, turn, settings.turn_deadline_s)
                 await relay.open()
                 if ip:
@@ -260,8 +258,10 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
 
         async def stream():
             route, first_token = "none", True
+            numbering = frames.Numbering(turn)
             with logs.conversation(site, session_id, turn):
                 try:
+                    yield numbering.encode([frames.start(session_id, turn, session_token)])
                     async for batch in relay.batches():
                         for payload in batch:
                             if first_token and payload["type"] == "token":
@@ -269,17 +269,76 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
                                 metrics.ttft_seconds.observe(time.perf_counter() - started)
                             elif payload["type"] == "complete":
                                 route = str((payload.get("metadata") or {}).get("route") or "none")
-                        yield b"".join(sse(_for_visitor(payload, session_token)) for payload in batch)
+                        yield numbering.encode(_for_visitor(payload, session_token) for payload in batch)
                 finally:
                     # No outcome: the visitor went away before the end.
                     metrics.turns.labels(route, relay.outcome or "abandoned").inc()
-                    await _cleanup(relay, guard, site, session_id, hold)
+                    with anyio.CancelScope(shield=True):  # a dropped client cancels the stream
+                        await _cleanup(relay, guard, site, session_id, hold)
 
-        return StreamingResponse(
-            stream(),
-            media_type="text/event-stream",
-            headers=sse_headers(session_id, session_token),
-        )
+        return frames.response(stream(), sse_headers(session_id, session_token), settings.keepalive_s)
+
+    @app.get("/v1/sites/{site}/conversations/{session_id}/turns/{turn}/stream", responses=RESUME_RESPONSES,
+             response_class=StreamingResponse)
+    async def resume_turn(request: Request, site: SiteId, session_id: SessionId, turn: Turn,
+                          x_session_token: TokenHeader = None, last_event_id: LastEventId = None):
+        """A turn's stream again (X-Session-Token required): the frames after the one named by
+        `Last-Event-ID` (`<turn>:<n>`; without it, from `start`), then live until `complete` or
+        `error`. A finished turn replays from the log."""
+        await configured_site(request, site)
+        require_token(site, session_id, x_session_token)
+        after = frames.last_event_id(last_event_id, turn)
+        bus: Bus = request.app.state.bus
+        state = await loader.load(bus, site, session_id)
+        record = state.turns.get(turn)
+        if record is None:
+            return _not_found(site, session_id, f" (turn {turn})")
+        session_token = tokens.issue(site, session_id)
+        headers = sse_headers(session_id, session_token)
+        if record.status == "blocked":
+            blocked = [r.event for r in await bus.read(subjects.conv(site, session_id, "turn_blocked"))
+                       if r.event.turn == turn]
+            return _blocked_response(blocked[0], session_token, settings.keepalive_s, after)
+        relay = TurnRelay(bus, site, session_id, turn, settings.turn_deadline_s)
+        await relay.open()
+        try:
+            whole = await relay.catch_up()
+            if not whole:
+                state = await loader.load(bus, site, session_id)
+                record = state.turns[turn]
+        except BaseException:
+            await relay.close()
+            raise
+        numbering = frames.Numbering(turn, after)
+        if not whole and record.status == "completed":
+            # Its tokens are gone: the whole answer from the log, replacing what the client has.
+            await relay.close()
+            answer = next((m.content for m in state.messages if m.role == "assistant" and m.turn == turn), "")
+            payloads = from_log(session_id, turn, answer, record.metadata)
+            if after > 0:
+                numbering, payloads = frames.Numbering(turn, after, first=after + 1), [restart(), *payloads]
+            else:
+                payloads.insert(0, frames.start(session_id, turn, session_token))
+            body = numbering.encode(_for_visitor(p, session_token) for p in payloads)
+
+            async def replay():
+                yield body
+
+            return frames.response(replay(), headers, settings.keepalive_s)
+
+        async def stream():
+            with logs.conversation(site, session_id, turn):
+                try:
+                    if first := numbering.encode([frames.start(session_id, turn, session_token)]):
+                        yield first
+                    async for batch in relay.batches():
+                        if chunk := numbering.encode(_for_visitor(payload, session_token) for payload in batch):
+                            yield chunk
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await relay.close()
+
+        return frames.response(stream(), headers, settings.keepalive_s)
 
     @app.get("/v1/sites/{site}/conversations/{session_id}", responses=VISITOR_READ_RESPONSES)
     async def visitor_conversation(request: Request, site: SiteId, session_id: SessionId,
@@ -359,23 +418,26 @@ def _rate_limited(wait: int) -> JSONResponse:
                         status_code=429, headers={"Retry-After": str(wait)})
 
 
-def _blocked_response(event: ev.TurnBlocked, session_token: str) -> StreamingResponse:
-    """A blocked turn streams like any other: the reply, then `complete` saying why."""
+def _blocked_response(event: ev.TurnBlocked, session_token: str, keepalive_s: float,
+                      after: int = -1) -> EventSourceResponse:
+    """A blocked turn streams like any other: `start`, the reply, then `complete` saying why."""
     payloads = [
+        frames.start(event.session_id, event.turn, session_token),
         {"type": "token", "content": event.reply},
         {"type": "complete", "session_id": event.session_id, "turn": event.turn,
          "metadata": {"blocked": event.reason, "route": None}, "session_token": session_token},
     ]
+    body = frames.Numbering(event.turn, after).encode(payloads)
 
     async def stream():
-        yield b"".join(sse(p) for p in payloads)
+        yield body
 
-    return StreamingResponse(stream(), media_type="text/event-stream",
-                             headers=sse_headers(event.session_id, session_token))
+    return frames.response(stream(), sse_headers(event.session_id, session_token), keepalive_s)
 
 
-def _not_found(site: str, session_id: str) -> JSONResponse:
-    return JSONResponse({"error": "not_found", "detail": f"no conversation {site}/{session_id}"}, status_code=404)
+def _not_found(site: str, session_id: str, what: str = "") -> JSONResponse:
+    return JSONResponse({"error": "not_found", "detail": f"no conversation {site}/{session_id}{what}"},
+                        status_code=404)
 
 
 async def _cleanup(relay: TurnRelay | None, guard: SessionGuard, site: str, session_id: str, hold: int) -> None:

@@ -18,6 +18,8 @@ ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 
 SiteId = Annotated[str, Path(pattern=ID_PATTERN, description="a configured site")]
 SessionId = Annotated[str, Path(pattern=ID_PATTERN, description="a conversation's id")]
+Turn = Annotated[int, Path(ge=1, le=1_000_000, description="the turn's number (the `start` frame's `turn`)")]
+LastEventId = Annotated[str | None, Header(max_length=64, description="the id of the last frame received, `<turn>:<n>`")]
 TokenHeader = Annotated[str | None, Header(max_length=256, description="the conversation's session token")]
 bearer = HTTPBearer(auto_error=False, description="ADMIN_TOKEN, or the site's API key (ck_<site>_...)")
 
@@ -49,12 +51,20 @@ def _errors(**codes: str) -> dict:
 
 CHAT_OPENAPI = {"requestBody": {"required": True, "content": {"application/json": {"schema": schema_of(ChatRequest)}}}}
 CHAT_RESPONSES = {
-    200: {"description": "server-sent events: sources, token..., then complete (with session_token) or error",
+    200: {"description": "server-sent events: start, sources, token..., then complete (with session_token) or error",
           "content": {"text/event-stream": {"schema": {"type": "string"}}}},
     **_errors(s403="a session id without its token, or an origin the site does not allow",
               s404="the site is not configured", s409="the conversation moved on; retry",
               s413="the body is too large", s422="the body is not valid (the field and why)",
               s429="rate limited, or a turn of this session is in flight", s503="the event bus is not reachable"),
+}
+RESUME_RESPONSES = {
+    200: {"description": "server-sent events after the frame named by Last-Event-ID, live until complete or error",
+          "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+    **_errors(s400="a Last-Event-ID that is not <turn>:<n> of this turn",
+              s403="no or a wrong session token, or an origin the site does not allow",
+              s404="no such site, conversation or turn", s422="a malformed id or turn",
+              s503="the event bus is not reachable"),
 }
 VISITOR_READ_RESPONSES = _errors(s403="no or a wrong session token", s404="no such site or conversation",
                                  s422="a malformed id", s503="the event bus is not reachable")

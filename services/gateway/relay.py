@@ -8,6 +8,12 @@ missed. It yields SSE payloads: tokens in order, then exactly one `complete` or 
 If the responder is redelivered (its process died mid-answer) after tokens of the
 first attempt reached the browser, the two attempts' texts would be mixed, so the
 relay ends with an `error` instead; the log still holds the completed turn.
+
+A resumed stream (a client that lost the connection) runs the same relay: subscribe
+first, then queue the turn's stored tokens (the TOKENS stream) and log events ahead of
+whatever arrived live meanwhile (`catch_up`). The turn's progress takes each token index
+once and the sources once, so what is both stored and live goes out once, in the order
+the first stream sent it.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from typing import AsyncIterator
 
 from shared import events as ev
@@ -45,6 +52,28 @@ class TurnRelay:
         nc = self.bus.nc
         self._subs.append(await nc.subscribe(subjects.tokens(self.site, self.session_id, self.turn), cb=put))
         self._subs.append(await nc.subscribe(subjects.conversation(self.site, self.session_id), cb=put))
+
+    async def catch_up(self) -> bool:
+        """Queue the turn's stored tokens and log events before the live ones (after `open`).
+
+        False when the turn's answer is in the log but its tokens are no longer all in
+        TOKENS (past its retention, or the stream was recreated): they can no longer be
+        numbered as the first stream numbered them, and the caller replays from the log."""
+        tokens = [_Stored(subject, data) async for _, subject, data in self.bus.read_raw(
+            subjects.tokens(self.site, self.session_id, self.turn), stream=subjects.TOKENS_STREAM)]
+        logged = [_Stored(subject, data) async for _, subject, data in self.bus.read_raw(
+            subjects.conversation(self.site, self.session_id))]
+        self.prepend(tokens + logged)
+        return _tokens_cover_answer(tokens, logged, self.turn)
+
+    def prepend(self, stored: list) -> None:
+        """Stored messages go before what the subscriptions queued since they opened (no
+        await in between: no message can slip in while the queue is swapped)."""
+        live, self.queue = self.queue, asyncio.Queue()
+        for msg in stored:
+            self.queue.put_nowait(msg)
+        while not live.empty():
+            self.queue.put_nowait(live.get_nowait())
 
     async def close(self) -> None:
         for sub in self._subs:
@@ -129,7 +158,7 @@ class TurnRelay:
             case ev.TurnCompleted():
                 turn.completed = event
                 turn.completed_at = time.monotonic()
-            case ev.TurnFailed():
+            case ev.TurnFailed() if turn.completed is None:  # as the fold: a completed turn stays completed
                 log.warning("turn failed", extra={"node": event.node, "reason": event.reason})
                 self.outcome = "failed"
                 out.append({"type": "error", "message": "Sorry, something went wrong while answering. Please try again."})
@@ -161,6 +190,48 @@ class _TurnProgress:
                 out.append({"type": "token", "content": self.response.text[len(so_far):]})
         out.append({"type": "complete", "session_id": session_id, "turn": turn, "metadata": self.completed.metadata})
         return out
+
+
+@dataclass
+class _Stored:
+    """A stored message, shaped as a delivered one for `_take`."""
+
+    subject: str
+    data: bytes
+
+
+def _tokens_cover_answer(tokens: list[_Stored], logged: list[_Stored], turn: int) -> bool:
+    """Whether every token of the turn's stored answer (if it has one yet) is stored."""
+    answers = [e for e in _decoded(logged) if isinstance(e, ev.ResponseCompleted) and e.turn == turn]
+    if not answers:
+        return True
+    answer = answers[-1]  # the relay, too, finishes from the last stored answer
+    indexes = {e.index for e in _decoded(tokens) if isinstance(e, ev.TokenChunk) and e.attempt == answer.attempt}
+    return indexes >= set(range(answer.token_count))
+
+
+def _decoded(stored: list[_Stored]):
+    for msg in stored:
+        try:
+            yield ev.decode(msg.data)
+        except ev.BadEvent:
+            continue  # logged when the relay takes it
+
+
+def from_log(session_id: str, turn: int, text: str, metadata: dict) -> list[dict]:
+    """A finished turn whose tokens are gone, as the relay would have sent it: its sources
+    (as the widget cites them), the whole answer as one token, `complete`."""
+    sources = [{k: v for k, v in s.items() if k != "cited"} for s in metadata.get("sources") or []]
+    out: list[dict] = [{"type": "sources", "sources": sources}] if sources else []
+    if text:
+        out.append({"type": "token", "content": text})
+    out.append({"type": "complete", "session_id": session_id, "turn": turn, "metadata": metadata})
+    return out
+
+
+def restart() -> dict:
+    """The text shown so far is replaced by what follows."""
+    return {"type": "restart"}
 
 
 def _interrupted() -> dict:

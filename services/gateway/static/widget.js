@@ -5,7 +5,9 @@
  * data-site (required): the site id. data-api (optional): the gateway's URL (default: where
  * this script came from). The session id and its token (the conversation's only key: the
  * gateway refuses a session id without it) are kept in localStorage per site, so a reload
- * resumes the conversation. The page's origin must be in the site's `allowed_origins`.
+ * resumes the conversation; an answer cut off (a reload, a dropped connection) is resumed
+ * from the turn's stream after the last frame read. The page's origin must be in the site's
+ * `allowed_origins`.
  * No dependencies, no CDN.
  */
 (function () {
@@ -15,6 +17,8 @@
   var api = (script.getAttribute("data-api") || new URL(script.src).origin).replace(/\/$/, "");
   var storeKey = "concierge:" + site + ":session";
   var tokenKey = "concierge:" + site + ":token";
+  var streamKey = "concierge:" + site + ":stream";
+  var RESUME_TRIES = 3;
   if (!site) { console.error("concierge widget: data-site is required"); return; }
 
   var css = [
@@ -89,6 +93,7 @@
   reset.addEventListener("click", function () {
     localStorage.removeItem(storeKey);
     localStorage.removeItem(tokenKey);
+    localStorage.removeItem(streamKey);
     log.textContent = "";
     input.type = "text";
     input.placeholder = "Type your question…";
@@ -240,15 +245,131 @@
     input.placeholder = wantsEmail ? "Your work e-mail" : "Type your question…";
   }
 
-  function ask(text) {
-    busy = true; send.disabled = true;
-    input.value = "";
-    log.appendChild(el("div", "cw-msg cw-user", text));
+  // The answer streaming now: its turn and the id of the last frame read (`<turn>:<n>`), kept
+  // while it streams so that a dropped connection or a reload resumes it instead of losing it.
+  function remember(turn) {
+    localStorage.setItem(streamKey, JSON.stringify({turn: turn.number, last: turn.last}));
+  }
+
+  function bubble() {
     var bot = el("div", "cw-msg cw-bot", "…");
     bot.setAttribute("data-testid", "cw-bot");
     log.appendChild(bot);
     scroll();
-    var answer = "", sources = [], started = false;
+    return {bot: bot, answer: "", sources: [], started: false, number: null, last: null};
+  }
+
+  // One frame into the bubble; true once the turn ended (complete or error).
+  function take(turn, block) {
+    var id = null, data = null;
+    block.split("\n").forEach(function (l) {
+      if (l.indexOf("id: ") === 0) id = l.slice(4);
+      else if (l.indexOf("data: ") === 0) data = l.slice(6);
+    });
+    if (data === null) return false;  // a keepalive comment
+    var event = JSON.parse(data);
+    if (id) turn.last = id;
+    if (event.type === "start") {
+      turn.number = event.turn;
+      localStorage.setItem(storeKey, event.session_id);
+      if (event.session_token) localStorage.setItem(tokenKey, event.session_token);
+    } else if (event.type === "sources") { turn.sources = event.sources; }
+    else if (event.type === "restart") {  // what was shown is replaced by what follows
+      turn.answer = "";
+      renderAnswer(turn.bot, turn.answer, turn.sources);
+    } else if (event.type === "token") {
+      if (!turn.started) { turn.started = true; turn.answer = ""; }
+      turn.answer += event.content;
+      renderAnswer(turn.bot, turn.answer, turn.sources);
+    } else if (event.type === "complete") {
+      localStorage.removeItem(streamKey);
+      if (event.session_id && event.session_token) {
+        localStorage.setItem(storeKey, event.session_id);
+        localStorage.setItem(tokenKey, event.session_token);
+      }
+      var meta = event.metadata || {};
+      if (meta.blocked) turn.bot.className = "cw-msg cw-notice";
+      if (!turn.started) turn.bot.textContent = turn.answer || "";
+      finish(meta);
+      scroll();
+      return true;
+    } else if (event.type === "error") {
+      localStorage.removeItem(streamKey);
+      turn.bot.className = "cw-msg cw-error";
+      turn.bot.textContent = event.message;
+      scroll();
+      return true;
+    }
+    if (turn.number) remember(turn);
+    scroll();
+    return false;
+  }
+
+  // Read frames until the turn ends (true) or the connection ends first (false).
+  function follow(resp, turn) {
+    var reader = resp.body.getReader(), decoder = new TextDecoder(), buffer = "";
+    function pump() {
+      return reader.read().then(function (chunk) {
+        if (chunk.done) return false;
+        buffer += decoder.decode(chunk.value, {stream: true});
+        var blocks = buffer.split("\n\n");
+        buffer = blocks.pop();
+        for (var i = 0; i < blocks.length; i++) if (take(turn, blocks[i])) return true;
+        return pump();
+      });
+    }
+    return pump().catch(function () { return false; });
+  }
+
+  function reopen(turn) {
+    var headers = {"X-Session-Token": localStorage.getItem(tokenKey)};
+    if (turn.last) headers["Last-Event-ID"] = turn.last;
+    return fetch(api + "/v1/sites/" + encodeURIComponent(site) + "/conversations/" +
+                 encodeURIComponent(localStorage.getItem(storeKey)) + "/turns/" + turn.number + "/stream",
+                 {headers: headers}).then(function (resp) {
+      if (!resp.ok && resp.status < 500) {  // no such turn, or no longer this visitor's: nothing to resume
+        localStorage.removeItem(streamKey);
+        var gone = new Error("The answer could not be resumed. Please ask again.");
+        gone.final = true;
+        throw gone;
+      }
+      if (!resp.ok) throw new Error("The assistant is unavailable.");
+      return resp;
+    });
+  }
+
+  // Follow a turn to its end, resuming after the last frame read whenever the connection drops.
+  function stream(turn, resp, tries) {
+    return follow(resp, turn).then(function (ended) {
+      if (!ended) return resume(turn, tries);
+    });
+  }
+
+  function resume(turn, tries) {
+    if (!turn.number || tries <= 0) {
+      localStorage.removeItem(streamKey);
+      return Promise.reject(new Error("The connection was lost. Please ask again."));
+    }
+    return new Promise(function (ok) { setTimeout(ok, 1000); })
+      .then(function () { return reopen(turn); })
+      .then(function (resp) { return stream(turn, resp, tries - 1); },
+            function (err) { if (err.final) throw err; return resume(turn, tries - 1); });
+  }
+
+  function failed(turn) {
+    return function (err) {
+      turn.bot.className = "cw-msg cw-error";
+      turn.bot.textContent = err.message || "The assistant is unavailable.";
+    };
+  }
+
+  function idle() { busy = false; send.disabled = false; scroll(); }
+
+  function ask(text) {
+    busy = true; send.disabled = true;
+    input.value = "";
+    log.appendChild(el("div", "cw-msg cw-user", text));
+    var turn = bubble();
     var session = localStorage.getItem(storeKey), token = localStorage.getItem(tokenKey);
     if (!session || !token) session = null;  // no token: the conversation cannot be resumed, start anew
     fetch(api + "/v1/chat", {
@@ -267,58 +388,22 @@
       });
       var sid = resp.headers.get("X-Session-Id"), stoken = resp.headers.get("X-Session-Token");
       if (sid && stoken) { localStorage.setItem(storeKey, sid); localStorage.setItem(tokenKey, stoken); }
-      var reader = resp.body.getReader(), decoder = new TextDecoder(), buffer = "";
-      function pump() {
-        return reader.read().then(function (chunk) {
-          if (chunk.done) return;
-          buffer += decoder.decode(chunk.value, {stream: true});
-          var events = buffer.split("\n\n");
-          buffer = events.pop();
-          events.forEach(function (block) {
-            var line = block.split("\n").filter(function (l) { return l.indexOf("data: ") === 0; })[0];
-            if (!line) return;
-            var event = JSON.parse(line.slice(6));
-            if (event.type === "sources") { sources = event.sources; }
-            else if (event.type === "token") {
-              if (!started) { started = true; answer = ""; }
-              answer += event.content;
-              renderAnswer(bot, answer, sources);
-            } else if (event.type === "complete") {
-              if (event.session_id && event.session_token) {
-                localStorage.setItem(storeKey, event.session_id);
-                localStorage.setItem(tokenKey, event.session_token);
-              }
-              var meta = event.metadata || {};
-              if (meta.blocked) bot.className = "cw-msg cw-notice";
-              if (!started) bot.textContent = answer || "";
-              finish(meta);
-            } else if (event.type === "error") {
-              bot.className = "cw-msg cw-error";
-              bot.textContent = event.message;
-            }
-            scroll();
-          });
-          return pump();
-        });
-      }
-      return pump();
-    }).catch(function (err) {
-      bot.className = "cw-msg cw-error";
-      bot.textContent = err.message || "The assistant is unavailable.";
-    }).then(function () {
-      busy = false; send.disabled = false; scroll();
-    });
+      return stream(turn, resp, RESUME_TRIES);
+    }).catch(failed(turn)).then(idle);
   }
 
-  // Resume: the visitor's own view of the conversation (its token required).
+  // After a reload: the visitor's own view of the conversation (its token required), and the
+  // answer that was streaming, resumed from its first frame (the page lost what it showed).
   var saved = localStorage.getItem(storeKey), savedToken = localStorage.getItem(tokenKey);
+  var streaming = JSON.parse(localStorage.getItem(streamKey) || "null");
   if (saved && savedToken) {
     fetch(api + "/v1/sites/" + encodeURIComponent(site) + "/conversations/" + encodeURIComponent(saved),
           {headers: {"X-Session-Token": savedToken}})
       .then(function (r) { return r.ok ? r.json() : null; })
       .then(function (view) {
         if (!view) return;
-        (view.messages || []).forEach(function (m) {
+        var messages = view.messages || [];
+        messages.forEach(function (m) {
           var node = el("div", "cw-msg " + (m.role === "user" ? "cw-user" : "cw-bot"));
           if (m.role === "assistant") {
             node.setAttribute("data-testid", "cw-bot");
@@ -328,9 +413,19 @@
           }
           log.appendChild(node);
         });
-        if ((view.messages || []).length) {
-          panel.classList.add("cw-open");
-          finish(view.last);
+        if (messages.length) panel.classList.add("cw-open");
+        var answered = streaming && messages.some(function (m) {
+          return m.role === "assistant" && m.turn === streaming.turn;
+        });
+        if (streaming && streaming.turn && !answered) {
+          busy = true; send.disabled = true;
+          var turn = bubble();
+          turn.number = streaming.turn;
+          reopen(turn).then(function (resp) { return stream(turn, resp, RESUME_TRIES); })
+            .catch(failed(turn)).then(idle);
+        } else {
+          localStorage.removeItem(streamKey);
+          if (messages.length) finish(view.last);
         }
         scroll();
       });
