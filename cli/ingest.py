@@ -5,17 +5,24 @@ chunks them, extracts entities and relationships offline and stores them in the 
 knowledge base (KB_DIR, Qdrant local mode or QDRANT_URL). An unchanged file adds nothing;
 a changed one replaces its earlier content. A file that cannot be read is reported by name
 and skipped; the others are still ingested (exit status 1 if any was skipped).
+
+With KB_SNAPSHOTS=bus (the default with QDRANT_URL), the site's files in KB_DIR are first
+made the snapshot published on the bus, and after the run (and after `docs delete`) they
+are published as the site's new snapshot, which every retriever replica loads
+(services/retriever/snapshots.py); the same files publish no new version.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
 import time
 from pathlib import Path
 
 from shared import logs
+from shared.config import ConfigError
 
 
 def _open_kb():
@@ -29,9 +36,41 @@ def _open_kb():
         raise SystemExit(2) from None
 
 
-async def ingest(site: str, paths: list[Path], quiet: bool = False) -> dict[str, int]:
-    from tqdm import tqdm
+@contextlib.asynccontextmanager
+async def _snapshots(site: str, kb):
+    """With KB_SNAPSHOTS=bus: the site's published snapshot restored into KB_DIR before the
+    body, and `publish()`, to call once the body has changed the site, returning its
+    version and whether it was new. Otherwise `publish` is None."""
+    from services.retriever import snapshots
 
+    try:
+        on = snapshots.enabled()
+    except ConfigError as exc:
+        print(f"concierge: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if not on:
+        yield None
+        return
+    from shared.bus import connect
+    from shared.config import BusConfig
+
+    bus = await connect(BusConfig.from_env(), name="ingest")
+    try:
+        store = await snapshots.store_from_env(bus)
+        directory = kb.root / site
+        await store.restore(site, directory)
+
+        async def publish() -> tuple[str, bool]:
+            await kb.close()  # LightRAG writes its files out when its storages are finalized (closing again is a no-op)
+            manifest, new = await store.publish(site, directory)
+            return manifest.version, new
+
+        yield publish
+    finally:
+        await bus.close()
+
+
+async def ingest(site: str, paths: list[Path], quiet: bool = False) -> dict[str, int]:
     from services.retriever import documents
 
     missing = [p for p in paths if not p.exists()]
@@ -42,25 +81,36 @@ async def ingest(site: str, paths: list[Path], quiet: bool = False) -> dict[str,
     kb = _open_kb()
     started = time.monotonic()
     try:
-        bar = tqdm(files, unit="file", desc=f"ingest {site}", disable=quiet or len(files) < 2, file=sys.stderr)
-        for path in bar:
-            try:
-                doc = documents.read(site, path, _name(path, paths))
-            except documents.UnreadableDocument as exc:
-                counts["skipped"] += 1
-                bar.write(f"skipped {exc}", file=sys.stderr)
-                continue
-            outcome = await kb.ingest(site, doc)
-            counts[outcome] += 1
-            if outcome != "unchanged":
-                record = kb.registry(site)[doc.doc_id]
-                counts["chunks"] += record.get("chunk_count", len(record["chunks"]))
+        async with _snapshots(site, kb) as publish:
+            await _ingest_files(kb, site, files, paths, counts, quiet)
+            if publish is not None:
+                counts["snapshot"], counts["published"] = await publish()
     finally:
         await kb.close()
     seconds = time.monotonic() - started
     counts["seconds"] = round(seconds, 2)
     counts["chunks_per_s"] = round(counts["chunks"] / seconds, 1) if seconds > 0 else 0.0
     return counts
+
+
+async def _ingest_files(kb, site: str, files: list[Path], paths: list[Path], counts: dict, quiet: bool) -> None:
+    from tqdm import tqdm
+
+    from services.retriever import documents
+
+    bar = tqdm(files, unit="file", desc=f"ingest {site}", disable=quiet or len(files) < 2, file=sys.stderr)
+    for path in bar:
+        try:
+            doc = documents.read(site, path, _name(path, paths))
+        except documents.UnreadableDocument as exc:
+            counts["skipped"] += 1
+            bar.write(f"skipped {exc}", file=sys.stderr)
+            continue
+        outcome = await kb.ingest(site, doc)
+        counts[outcome] += 1
+        if outcome != "unchanged":
+            record = kb.registry(site)[doc.doc_id]
+            counts["chunks"] += record.get("chunk_count", len(record["chunks"]))
 
 
 def _name(path: Path, roots: list[Path]) -> str:
@@ -86,6 +136,9 @@ def main(argv: list[str]) -> int:
     print(f"{args.site}: {counts['added']} added, {counts['replaced']} replaced, {counts['unchanged']} unchanged, "
           f"{counts['skipped']} skipped; {counts['chunks']} chunks in {counts['seconds']} s "
           f"({counts['chunks_per_s']} chunks/s)")
+    if "snapshot" in counts:
+        print(f"{args.site}: snapshot {counts['snapshot']} "
+              f"{'published' if counts['published'] else 'unchanged (already published)'}")
     return 1 if counts["skipped"] else 0
 
 
@@ -104,6 +157,15 @@ def docs_main(argv: list[str]) -> int:
 
 async def _docs(args) -> int:
     kb = _open_kb()
+    async with _snapshots(args.site, kb) as publish:
+        status = await _docs_on(kb, args)
+        if publish is not None and args.action == "delete":
+            version, new = await publish()
+            print(f"{args.site}: snapshot {version} {'published' if new else 'unchanged (already published)'}")
+    return status
+
+
+async def _docs_on(kb, args) -> int:
     try:
         records = kb.documents(args.site)
         if args.action == "list":

@@ -20,6 +20,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from nats.js.errors import APIError, BadRequestError, NotFoundError
 from nats.js.kv import KeyValue
+from nats.js.object_store import ObjectStore
 from nats.errors import NoRespondersError
 
 from shared import events as ev
@@ -355,3 +356,15 @@ async def topology_ready(bus: Bus) -> bool:
         return False
     return True
 
+
+
+async def object_store(bus: Bus, bucket: str) -> ObjectStore:
+    """A JetStream object store bucket, created when missing (file storage, the bus's stream
+    replicas). Safe to call from every replica at once."""
+    try:
+        return await bus.js.create_object_store(bucket, replicas=bus.config.replicas,
+                                                storage=api.StorageType.FILE)
+    except BadRequestError as exc:
+        if exc.err_code == ALREADY_EXISTS:
+            return await bus.js.object_store(bucket)
+        raise

@@ -20,15 +20,23 @@ extraction; removed with `adelete_by_doc_id`). `<KB_DIR>/<site>/documents.json` 
 added, so re-ingesting an unchanged file does nothing and a changed or deleted file takes
 its chunks, and the entities and relationships no other document of the site names, with
 it; names that other documents share are written again from those documents.
+
+A site can also be served from another directory: a snapshot of its files published by
+ingestion and unpacked by this replica (snapshots.py). `load` opens it beside the one in
+use and swaps them; queries already running finish on the old one, which is closed and
+its directory removed after.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
+import shutil
 import time
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +64,35 @@ class KnowledgeBaseLocked(Exception):
     """The embedded Qdrant store is open in another process."""
 
 
+@dataclass
+class _Open:
+    """A site's open LightRAG, the directory it reads, and the queries using it."""
+    rag: Any
+    directory: Path
+    mtime: float
+    users: int = 0
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self):
+        self.idle.set()
+
+    @contextlib.contextmanager
+    def use(self):
+        self.users += 1
+        self.idle.clear()
+        try:
+            yield self.rag
+        finally:
+            self.users -= 1
+            if self.users == 0:
+                self.idle.set()
+
+
 class KnowledgeBase:
     def __init__(self, root: Path, embedder: Embedder, qdrant_url: str = "", qdrant_api_key: str = "",
-                 extraction_llm: LLMClient | None = None):
+                 extraction_llm: LLMClient | None = None, client=None):
+        """`client`: an open Qdrant client to use (and leave open) instead of making one,
+        as if it were a server: shared collections, every point tagged with its site."""
         self.root = root
         # With an LLM for the `extraction` role, documents go through LightRAG's own
         # pipeline (its chunking, its LLM entity and relationship extraction); otherwise
@@ -68,11 +102,13 @@ class KnowledgeBase:
         self.qdrant_url = qdrant_url
         self.qdrant_api_key = qdrant_api_key
         self.cosine_threshold = env_float("RETRIEVAL_COSINE_THRESHOLD", 0.2)
-        self._rags: dict[str, Any] = {}
-        self._loaded_at: dict[str, float] = {}
+        self._open: dict[str, _Open] = {}
+        self._places: dict[str, Path] = {}  # sites served from a directory other than root/<site>
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._registries: dict[str, dict] = {}
-        self._client = None
+        self._client = client
+        self._own_client = client is None
+        self._server = bool(qdrant_url) or client is not None
         self._key = f"kb-{id(self)}"
         self._tokenizer = None
         self._model_tokenizer = None
@@ -96,7 +132,9 @@ class KnowledgeBase:
         quiet_lightrag()
         lightrag_storage.register()
         self.root.mkdir(parents=True, exist_ok=True)
-        if self.qdrant_url:
+        if self._client is not None:
+            pass
+        elif self.qdrant_url:
             self._client = QdrantClient(url=self.qdrant_url, api_key=self.qdrant_api_key or None)
         else:
             try:
@@ -116,13 +154,14 @@ class KnowledgeBase:
         return self
 
     async def close(self) -> None:
-        for site in list(self._rags):
-            await self._rags.pop(site).finalize_storages()
-        if self._client is not None:
-            from services.retriever import lightrag_storage
+        from services.retriever import lightrag_storage
 
+        for site in list(self._open):
+            await _finalize(self._open.pop(site))
+        if self._client is not None:
             lightrag_storage.CLIENTS.pop(self._key, None)
-            self._client.close()
+            if self._own_client:
+                self._client.close()
             self._client = None
 
     def count_tokens(self, text: str) -> int:
@@ -134,7 +173,7 @@ class KnowledgeBase:
     def _site_dir(self, site: str) -> Path:
         if not subjects.TOKEN_RE.match(site):
             raise UnknownSite(f"invalid site id {site!r}: letters, digits, '-' and '_' only")
-        return self.root / site
+        return self._places.get(site, self.root / site)
 
     def _registry_path(self, site: str) -> Path:
         return self._site_dir(site) / "documents.json"
@@ -150,10 +189,16 @@ class KnowledgeBase:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self._registries[site], ensure_ascii=False))
         tmp.replace(path)
-        self._loaded_at[site] = path.stat().st_mtime
+        if site in self._open:
+            self._open[site].mtime = path.stat().st_mtime
 
     async def _rag(self, site: str, create: bool = False):
-        """The site's LightRAG, or None when the site has no knowledge base. Reopened when
+        """The site's LightRAG, or None when the site has no knowledge base."""
+        opened = await self._opened(site, create)
+        return opened.rag if opened else None
+
+    async def _opened(self, site: str, create: bool = False) -> _Open | None:
+        """The site's open LightRAG, or None when the site has no knowledge base. Reopened when
         another process (an ingest against a Qdrant server) changed the site's documents."""
         path = self._registry_path(site)
         try:
@@ -162,28 +207,60 @@ class KnowledgeBase:
             if not create:
                 return None
             mtime = 0.0
-        rag = self._rags.get(site)
-        if rag is not None and mtime > self._loaded_at.get(site, 0.0) and not create:
-            await self._rags.pop(site).finalize_storages()
+        opened = self._open.get(site)
+        if opened is not None and mtime > opened.mtime and not create:
             self._registries.pop(site, None)
-            rag = None
-        if rag is None:
-            rag = self._new_rag(site)
+            await self._retire(self._open.pop(site))
+            opened = None
+        if opened is None:
+            directory = self._site_dir(site)
+            rag = self._new_rag(site, directory)
             await rag.initialize_storages()
-            self._rags[site] = rag
-            self._loaded_at[site] = mtime
-        return rag
+            opened = self._open[site] = _Open(rag, directory, mtime)
+        return opened
 
-    def _new_rag(self, site: str):
+    async def load(self, site: str, directory: Path) -> None:
+        """Serve `site` from `directory` (a snapshot's files) from now on. Its LightRAG is
+        opened beside the one in use, then swapped in; queries already running finish on
+        the old one, which is closed once they are done, and its directory removed when it
+        was a loaded snapshot too."""
+        registry_path = directory / "documents.json"
+        registry = json.loads(registry_path.read_text()) if registry_path.exists() else {}
+        rag = self._new_rag(site, directory)
+        await rag.initialize_storages()
+        async with self._locks[site]:
+            old = self._open.get(site)
+            self._places[site] = directory
+            self._registries[site] = registry
+            self._open[site] = _Open(rag, directory, registry_path.stat().st_mtime if registry else 0.0)
+        if old is not None:
+            await self._retire(old)
+
+    async def unload(self, site: str) -> None:
+        """Stop serving `site` (its snapshot was withdrawn): it has no knowledge base from now on."""
+        async with self._locks[site]:
+            old = self._open.pop(site, None)
+            self._places.pop(site, None)
+            self._registries.pop(site, None)
+        if old is not None:
+            await self._retire(old)
+
+    async def _retire(self, old: _Open) -> None:
+        await old.idle.wait()
+        await _finalize(old)
+        if old.directory.parent != self.root:  # a loaded snapshot's directory, not a site's own
+            shutil.rmtree(old.directory, ignore_errors=True)
+
+    def _new_rag(self, site: str, directory: Path):
         from lightrag import LightRAG
         from lightrag.utils import EmbeddingFunc, Tokenizer
 
         from services.retriever import lightrag_storage
 
-        self._site_dir(site).mkdir(parents=True, exist_ok=True)
+        directory.mkdir(parents=True, exist_ok=True)
         return LightRAG(
-            working_dir=str(self.root),
-            workspace=site,
+            working_dir=str(directory.parent),
+            workspace=directory.name,
             embedding_func=EmbeddingFunc(embedding_dim=self.embedder.dim, func=embedding_function(self.embedder),
                                          model_name=re.sub(r"[^a-z0-9]+", "_", self.embedder.name.lower())),
             llm_model_func=llm_function(self.extraction_llm) if self.extraction_llm else no_llm,
@@ -194,8 +271,8 @@ class KnowledgeBase:
             graph_storage=lightrag_storage.GRAPH_STORAGE,
             kv_storage=lightrag_storage.KV_STORAGE,
             doc_status_storage="JsonDocStatusStorage",
-            vector_db_storage_cls_kwargs={"cosine_better_than_threshold": self.cosine_threshold,
-                                          "client_key": self._key, "collection_per_site": not self.qdrant_url},
+            vector_db_storage_cls_kwargs={"cosine_better_than_threshold": self.cosine_threshold, "site": site,
+                                          "client_key": self._key, "collection_per_site": not self._server},
             enable_llm_cache=False,
         )
 
@@ -208,8 +285,8 @@ class KnowledgeBase:
         from lightrag import QueryParam
 
         empty: dict[str, list[dict]] = {"chunk": [], "entity": [], "relationship": []}
-        rag = await self._rag(site)
-        if rag is None:
+        opened = await self._opened(site)
+        if opened is None:
             return empty
         # LightRAG trims its context to token budgets meant for an LLM prompt, bisecting with
         # the tokenizer over the whole rendered context (most of a query's CPU on a large
@@ -218,7 +295,8 @@ class KnowledgeBase:
         param = QueryParam(mode=mode, top_k=graph_top_k, chunk_top_k=chunk_top_k, hl_keywords=high_level,
                            ll_keywords=low_level, enable_rerank=False, max_entity_tokens=UNBOUNDED_TOKENS,
                            max_relation_tokens=UNBOUNDED_TOKENS, max_total_tokens=UNBOUNDED_TOKENS)
-        result = await rag.aquery_data(text, param)
+        with opened.use() as rag:
+            result = await rag.aquery_data(text, param)
         data = result.get("data") or {}
         return {"chunk": data.get("chunks", []), "entity": data.get("entities", []),
                 "relationship": data.get("relationships", [])}
@@ -380,6 +458,13 @@ class KnowledgeBase:
         if chunks or entities or edges:
             await rag.ainsert_custom_kg({"chunks": list(chunks.values()), "entities": entities,
                                          "relationships": edges}, full_doc_id=own_doc)
+
+
+async def _finalize(opened: _Open) -> None:
+    from services.retriever import lightrag_storage
+
+    await opened.rag.finalize_storages()
+    lightrag_storage.forget(opened.directory.name)
 
 
 def _merged(descriptions) -> str:

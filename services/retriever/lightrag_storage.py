@@ -25,7 +25,9 @@ CLIENTS: dict[str, Any] = {}
 class ConciergeQdrantStorage(QdrantVectorDBStorage):
     """LightRAG's Qdrant storage with the knowledge base's client (server or local).
 
-    The workspace is always the site: LightRAG would let QDRANT_WORKSPACE put every
+    The vectors' workspace is always the site (the `site` the knowledge base passes), even
+    when LightRAG's workspace, which names the graph and key-value files, is a loaded
+    snapshot's directory (snapshots.py); LightRAG would let QDRANT_WORKSPACE put every
     site in one workspace, which would undo the isolation. In local mode each site
     also gets its own collections: qdrant-client's local mode evaluates payload
     filters point by point in Python over the whole collection, so one shared
@@ -33,10 +35,11 @@ class ConciergeQdrantStorage(QdrantVectorDBStorage):
 
     def __post_init__(self):
         super().__post_init__()
-        self.effective_workspace = self.workspace
-        self._per_site = bool(self.global_config["vector_db_storage_cls_kwargs"].get("collection_per_site"))
+        kwargs = self.global_config["vector_db_storage_cls_kwargs"]
+        self.effective_workspace = kwargs["site"]
+        self._per_site = bool(kwargs.get("collection_per_site"))
         if self._per_site:
-            self.final_namespace = f"{self.final_namespace}_{self.workspace}"
+            self.final_namespace = f"{self.final_namespace}_{self.effective_workspace}"
 
     async def query(self, query: str, top_k: int, query_embedding: list[float] = None) -> list[dict[str, Any]]:
         if not self._per_site:
@@ -149,6 +152,24 @@ def register() -> None:
         implementations = STORAGE_IMPLEMENTATIONS[kind]["implementations"]
         if cls.__name__ not in implementations:
             implementations.append(cls.__name__)
+
+
+def forget(workspace: str) -> None:
+    """Drop what LightRAG keeps in memory for a workspace after its storages are finalized.
+
+    LightRAG's key-value and document-status data, update flags and pipeline status live in
+    process-wide dictionaries keyed `<workspace>:<namespace>`, and a storage opened on a
+    workspace already known there binds to that data instead of reading its files. So a
+    workspace reopened after its files changed (another process's ingest, a new snapshot)
+    would serve the old data, and every swapped-out snapshot would stay in memory."""
+    from lightrag.kg import shared_storage
+
+    prefix = f"{workspace}:"
+    for table in (shared_storage._shared_dicts, shared_storage._init_flags, shared_storage._update_flags,
+                  shared_storage._namespace_data_cache):
+        if table is not None:
+            for key in [k for k in table.keys() if k.startswith(prefix)]:
+                table.pop(key, None)
 
 
 def json_copy(value: Any) -> Any:

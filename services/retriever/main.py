@@ -1,9 +1,10 @@
 """Retriever service: the `retrieval` node over the sites' knowledge bases (LightRAG on
-Qdrant, one workspace per site)."""
+Qdrant, one workspace per site), kept on the snapshots ingestion publishes when
+KB_SNAPSHOTS=bus (snapshots.py)."""
 
 from __future__ import annotations
 
-from services.retriever import rerank, retrieval
+from services.retriever import rerank, retrieval, snapshots
 from services.retriever.knowledge import KnowledgeBase
 from services.retriever.settings import RetrievalSettings
 from shared import language, service
@@ -14,6 +15,10 @@ from shared.site_config import SiteConfigs
 async def nodes(bus):
     settings = RetrievalSettings.from_env()
     kb = KnowledgeBase.from_env(shared_embedder()).open()
+    if snapshots.enabled():
+        follower = snapshots.Follower(await snapshots.store_from_env(bus), kb)
+        await follower.sync()  # every published site loaded before the first turn is taken
+        follower.start()
     language.load()  # a message's language decides its cross-language expansion (retrieval.py)
     retriever = retrieval.Retriever(kb=kb, base=settings, rerankers=rerank.from_env(settings.rerank_timeout_s),
                                     llm=retrieval.keyword_llm_from_env())
