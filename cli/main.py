@@ -38,6 +38,9 @@ COMMANDS = (
     Command("eval", "cli.measure.evals", (
         ("eval intent|skills|hack|retrieval|all", "the router's and retriever's evals on labeled JSONL (make eval)"),
         ("eval answers [--base-url URL]", "ask the dataset's questions through a running system (or one it starts)"))),
+    Command("cluster-rehearsal", "cli.measure.cluster_rehearsal", (
+        ("cluster-rehearsal [--sessions N] [--bounded]",
+         "3 clustered nats-servers, 2 replicas of each service, load; kill one of each in turn"),)),
     Command("first-run", "cli.measure.first_run", (("first-run", "time a fresh clone's `make run` to its first answer"),)),
     Command("llm-bench", "cli.measure.llm_bench", (
         ("llm-bench", "time to first token and tokens/s of the embedded model (or --base-url)"),)),

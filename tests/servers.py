@@ -18,6 +18,7 @@ from typing import Iterator
 import httpx
 
 from cli.harness.supervisor import ROOT, free_port, nats_server_binary, redis_server_binary, wait_http, wait_port
+from cli.harness.webhook_receiver import WebhookReceiver  # noqa: F401  # the tests' lead webhook
 
 
 def docker_reachable() -> bool:
@@ -125,43 +126,6 @@ def redis_server() -> Iterator[str]:
                                 "--dir", store, "--save", ""]
     with _local_server(argv, "concierge-redis-") as port:
         yield f"redis://127.0.0.1:{port}/0"
-
-
-class WebhookReceiver:
-    """A local HTTP server playing a CRM's lead webhook: answers the first `fail_first`
-    requests with 500, then 200; keeps every request (headers, body)."""
-
-    def __init__(self):
-        import http.server
-        import threading
-
-        self.requests: list[dict] = []
-        self.fail_first = 0
-        receiver = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 - http.server's naming
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                receiver.requests.append({"headers": dict(self.headers), "body": body})
-                failing = len(receiver.requests) <= receiver.fail_first
-                self.send_response(500 if failing else 200)
-                self.end_headers()
-                self.wfile.write(b"{}")
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/leads"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def reset(self, fail_first: int = 0) -> None:
-        self.requests.clear()
-        self.fail_first = fail_first
-
-    def close(self) -> None:
-        self.server.shutdown()
 
 
 class RerankServer:

@@ -4,5 +4,6 @@
 - supervisor.py: nats-server, redis-server and the five services, started and stopped;
 - scripted_llm.py: a deterministic OpenAI-compatible server (`concierge scripted-llm`);
 - local_llm.py: the opt-in embedded llama.cpp model;
-- sse.py: a visitor's client for the chat endpoint.
+- sse.py: a visitor's client for the chat endpoint;
+- webhook_receiver.py: a local lead webhook that counts deliveries by `webhook-id`.
 """

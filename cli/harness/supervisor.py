@@ -1,4 +1,4 @@
-"""Start and stop a whole Concierge on one machine: nats-server, redis-server, the five services.
+"""Start and stop a whole Concierge on one machine: nats-server (one, or a cluster), redis-server, the five services.
 
 Used by `make run`, `make bench` and the end-to-end tests, so all three run the same
 processes the same way. Every process it starts, it stops.
@@ -98,6 +98,7 @@ class System:
     log_dir: Path
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     ops_ports: dict[str, int] = field(default_factory=dict)  # consumer process → its OPS_PORT
+    cluster_ports: list[tuple[int, int]] = field(default_factory=list)  # per clustered server: client, route
 
     @property
     def nats_url(self) -> str:
@@ -127,6 +128,28 @@ class System:
         proc = self.spawn("nats", [nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(self.nats_port),
                                    "-sd", str(store), "-n", "concierge"])
         wait_port(self.nats_port, 20, proc)
+
+    def start_nats_cluster(self, size: int = 3) -> None:
+        """`size` nats-servers clustered by routes on loopback (processes nats-0, nats-1, ...),
+        each with JetStream and a store of its own; `cluster_urls` lists their client URLs."""
+        self.cluster_ports = [(free_port(), free_port()) for _ in range(size)]
+        for i in range(size):
+            self.start_nats_member(i)
+
+    def start_nats_member(self, i: int) -> None:
+        """Clustered server `i`, started (again) on its ports and its store."""
+        port, route = self.cluster_ports[i]
+        store = self.data_dir / f"nats-{i}"
+        store.mkdir(parents=True, exist_ok=True)
+        routes = ",".join(f"nats://127.0.0.1:{r}" for j, (_, r) in enumerate(self.cluster_ports) if j != i)
+        proc = self.spawn(f"nats-{i}", [nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(port),
+                                        "-sd", str(store), "-n", f"nats-{i}", "--cluster_name", "concierge",
+                                        "-cluster", f"nats://127.0.0.1:{route}", "-routes", routes])
+        wait_port(port, 20, proc)
+
+    @property
+    def cluster_urls(self) -> list[str]:
+        return [f"nats://127.0.0.1:{port}" for port, _ in self.cluster_ports]
 
     def start_redis(self) -> None:
         store = self.data_dir / "redis"
@@ -179,9 +202,9 @@ class System:
 
     def stop(self, timeout: float = 15) -> None:
         """SIGTERM the services and let them drain, then nats; SIGKILL whatever stays."""
-        services = [n for n in self.procs if n not in ("nats", "redis")]
-        self._terminate(services, timeout)
-        self._terminate([n for n in self.procs if n in ("nats", "redis")], timeout)
+        infrastructure = [n for n in self.procs if n.split("-")[0] in ("nats", "redis")]
+        self._terminate([n for n in self.procs if n not in infrastructure], timeout)
+        self._terminate(infrastructure, timeout)
 
     def _terminate(self, names: list[str], timeout: float) -> None:
         for name in names:

@@ -1,0 +1,46 @@
+"""A local HTTP server playing a CRM's lead webhook, for the tests and the cluster rehearsal."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+from collections import Counter
+
+
+class WebhookReceiver:
+    """Answers the first `fail_first` requests with 500, then 200; keeps every request
+    (headers, body)."""
+
+    def __init__(self):
+        self.requests: list[dict] = []
+        self.fail_first = 0
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server's naming
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                receiver.requests.append({"headers": {k.lower(): v for k, v in self.headers.items()}, "body": body})
+                failing = len(receiver.requests) <= receiver.fail_first
+                self.send_response(500 if failing else 200)
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/leads"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def deliveries(self) -> Counter:
+        """Accepted deliveries per `webhook-id` (one id per lead, the same on every attempt)."""
+        accepted = self.requests[self.fail_first:]
+        return Counter(r["headers"].get("webhook-id", "") for r in accepted)
+
+    def reset(self, fail_first: int = 0) -> None:
+        self.requests.clear()
+        self.fail_first = fail_first
+
+    def close(self) -> None:
+        self.server.shutdown()

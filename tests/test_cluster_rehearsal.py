@@ -1,0 +1,46 @@
+"""`concierge cluster-rehearsal --bounded`: three clustered nats-servers and two replicas of
+every service under load, while a nats-server, a gateway and a responder are SIGKILLed in
+turn. Nothing is lost, nothing hangs, no lead is sent twice.
+
+The nats-server killed here is not the conversation stream's leader: killing the leader
+(the full command's default) lost 2 of 409 turns in the full run (docs/benchmarks.md,
+"Cluster rehearsal"), an open bug that a test in `make test` would turn into a flaky CI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cli.harness.supervisor import ROOT
+
+# A gateway killed mid-stream cuts its visitors' streams (their answers are then read back
+# from the other gateway, but they are not SSE completions), and its session guards hold
+# those sessions for the turn deadline + 10 s: on this bounded load that is a few turns in
+# thirty. The full command's figures are in docs/benchmarks.md.
+MIN_COMPLETED = 0.75
+
+
+@pytest.mark.timeout(240)
+def test_bounded_rehearsal_loses_nothing_and_hangs_nothing():
+    started = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-m", "cli", "cluster-rehearsal", "--bounded", "--nats-victim", "follower",
+         "--sessions", "6", "--turns-per-session", "3",
+         "--kill-interval", "3", "--turn-deadline-s", "15"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=230)
+    assert out.stdout.strip(), out.stderr[-3000:]
+    figures = json.loads(out.stdout.strip().splitlines()[-1])
+    report = f"{out.stdout[-2500:]}\n{out.stderr[-1500:]}"
+    assert set(figures["killed"]) >= {"gateway-a", "responder-a"} and len(figures["killed"]) == 3, report
+    assert figures["lost_events"] == 0, report
+    assert figures["hung"] == 0, report
+    assert figures["duplicate_side_effects"] == 0, report
+    assert figures["leads"] >= 1 and figures["webhooks_recorded"] == figures["leads"], report
+    assert figures["turns"] == figures["completed"] + figures["read_back"] + figures["errors_shown"] + figures["hung"]
+    assert figures["completed"] >= MIN_COMPLETED * figures["turns"], report
+    assert time.monotonic() - started < 200, report
