@@ -96,7 +96,7 @@ class FoldCache:
     def put(self, state: ConversationState) -> None:
         key = (state.site, state.session_id)
         cached = self._states.get(key)
-        if cached is None or cached.last_seq <= state.last_seq:
+        if cached is None or cached.last_seq < state.last_seq:  # equal: it holds this state already
             self._states[key] = copy_state(state)
             self._states.move_to_end(key)
             while len(self._states) > self.size:

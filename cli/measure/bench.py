@@ -101,6 +101,19 @@ async def replay_rate(nats_url: str, site: str, sessions: list[str], rounds: int
     return events / elapsed, events
 
 
+def process_cpu_s(system) -> dict[str, float]:
+    """User + system CPU seconds of each process the system started (Linux /proc), to see
+    where the measured turns' time went."""
+    ticks, out = os.sysconf("SC_CLK_TCK"), {}
+    for name, proc in system.procs.items():
+        try:
+            fields = open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[name] = (int(fields[11]) + int(fields[12])) / ticks
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="concierge bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -151,10 +164,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"system up; warming up, then {args.turns} turns from {args.concurrency} sessions "
                   f"(scripted TTFT {args.ttft_ms:.0f} ms)", flush=True)
             asyncio.run(drive(system.gateway_url, "warmup", args.concurrency, args.concurrency))
+            cpu_before = process_cpu_s(system)
             started = time.perf_counter()
             results, sessions = asyncio.run(
                 drive(system.gateway_url, site, args.turns, args.concurrency, args.think_ms / 1000))
             wall = time.perf_counter() - started
+            cpu_s = {name: round(after - cpu_before.get(name, 0.0), 1) for name, after in process_cpu_s(system).items()}
+            print("CPU seconds per process during the measured turns: "
+                  + ", ".join(f"{name} {seconds}" for name, seconds in cpu_s.items()), flush=True)
             rate, replayed = asyncio.run(replay_rate(system.nats_url, site, sessions, args.replay_rounds))
         finally:
             system.stop()
