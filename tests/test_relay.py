@@ -72,10 +72,24 @@ async def test_sources_after_the_first_token_are_not_sent():
     assert sum(batches, []) == [{"type": "token", "content": "Hi"}, COMPLETE]
 
 
-async def test_a_second_attempt_after_tokens_went_out_ends_with_an_error():
-    batches = await relayed(on_bus(chunk(0, "Xero")), on_bus(chunk(0, "Yes", attempt=2)), on_bus(COMPLETED))
-    assert sum(batches, []) == [{"type": "token", "content": "Xero"},
-                                {"type": "error", "message": "The answer was interrupted. Please ask again."}]
+async def test_a_second_attempt_after_tokens_went_out_restarts_the_text():
+    """The responder died mid-answer and a replica answers again: the browser is told to drop
+    the first attempt's text and reads the second one whole; the first's late tokens are ignored."""
+    batches = await relayed(on_bus(chunk(0, "Xero")), on_bus(chunk(0, "Yes", attempt=2)),
+                            on_bus(chunk(1, " stale", attempt=1)), on_bus(chunk(1, ", it syncs", attempt=2)),
+                            on_bus(answered("Yes, it syncs", 2, attempt=2)), on_bus(COMPLETED))
+    assert sum(batches, []) == [{"type": "token", "content": "Xero"}, {"type": "restart"},
+                                {"type": "token", "content": "Yes"}, {"type": "token", "content": ", it syncs"},
+                                COMPLETE]
+
+
+async def test_the_second_attempts_answer_alone_replaces_what_was_shown(monkeypatch):
+    """Its tokens lost on the way: the stored answer of the new attempt is made up whole."""
+    monkeypatch.setattr(relay, "TOKEN_GRACE_S", 0.05)
+    batches = await relayed(on_bus(chunk(0, "Xero")), on_bus(answered("Yes, it syncs", 2, attempt=2)),
+                            on_bus(answered("Xero syncs", 2, attempt=1)), on_bus(COMPLETED))
+    assert sum(batches, []) == [{"type": "token", "content": "Xero"}, {"type": "restart"},
+                                {"type": "token", "content": "Yes, it syncs"}, COMPLETE]
 
 
 async def test_a_second_attempt_before_any_token_went_out_replaces_the_first():

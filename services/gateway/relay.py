@@ -6,8 +6,9 @@ missed. It yields SSE payloads: tokens in order, then exactly one `complete` or 
 `error`, and never waits past the turn deadline.
 
 If the responder is redelivered (its process died mid-answer) after tokens of the
-first attempt reached the browser, the two attempts' texts would be mixed, so the
-relay ends with an `error` instead; the log still holds the completed turn.
+first attempt reached the browser, the relay sends `restart` (the widget drops the text
+shown so far) and goes on with the new attempt, so the visitor reads one coherent answer;
+tokens of an older attempt arriving late are ignored.
 
 A resumed stream (a client that lost the connection) runs the same relay: subscribe
 first, then queue the turn's stored tokens (the TOKENS stream) and log events ahead of
@@ -134,12 +135,10 @@ class TurnRelay:
             case ev.TokenChunk():
                 if turn.attempt is None:
                     turn.attempt = event.attempt
-                if event.attempt != turn.attempt:
-                    if turn.sent:
-                        self.outcome = "interrupted"
-                        out.append(_interrupted())
-                        return True
-                    turn.attempt, turn.pending = event.attempt, {}
+                if event.attempt < turn.attempt:
+                    return False  # a stale attempt's late token
+                if event.attempt > turn.attempt:
+                    turn.switch_to(event.attempt, out)
                 turn.pending[event.index] = event.content
                 while len(turn.sent) in turn.pending:
                     content = turn.pending.pop(len(turn.sent))
@@ -150,11 +149,12 @@ class TurnRelay:
                     turn.sources_sent = True
                     out.append({"type": "sources", "sources": event.sources})
             case ev.ResponseCompleted():
+                if turn.attempt is not None and event.attempt < turn.attempt:
+                    return False  # a stale attempt finishing late: the newer one is shown
+                if turn.attempt is not None and event.attempt > turn.attempt:
+                    turn.switch_to(event.attempt, out)
+                turn.attempt = event.attempt
                 turn.response = event
-                if turn.sent and turn.attempt is not None and event.attempt != turn.attempt:
-                    self.outcome = "interrupted"
-                    out.append(_interrupted())
-                    return True
             case ev.TurnCompleted():
                 turn.completed = event
                 turn.completed_at = time.monotonic()
@@ -175,6 +175,13 @@ class _TurnProgress:
         self.response: ev.ResponseCompleted | None = None
         self.completed: ev.TurnCompleted | None = None
         self.completed_at = 0.0
+
+    def switch_to(self, attempt: int, out: list[dict]) -> None:
+        """A newer attempt of the answer (the responder was redelivered): what the browser
+        shows of the older one is replaced."""
+        if self.sent:
+            out.append(restart())
+        self.attempt, self.sent, self.pending = attempt, [], {}
 
     def ready_to_finish(self) -> bool:
         return self.completed is not None and (self.response is None or len(self.sent) >= self.response.token_count)
