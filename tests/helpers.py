@@ -37,8 +37,9 @@ def fast(**over) -> ConsumerConfig:
                              "drain_timeout_s": 2.0, **over})
 
 
-async def wait_for(predicate, timeout=10.0):
-    """The first truthy answer of `predicate` (a plain or an async function), polled until `timeout`."""
+async def wait_for(predicate, timeout=10.0, what="condition"):
+    """The first truthy answer of `predicate` (a plain or an async function), polled until
+    `timeout`; `what` names the condition in the failure."""
     deadline = asyncio.get_running_loop().time() + timeout
     while asyncio.get_running_loop().time() < deadline:
         result = predicate()
@@ -47,7 +48,7 @@ async def wait_for(predicate, timeout=10.0):
         if result:
             return result
         await asyncio.sleep(0.05)
-    raise AssertionError("condition not met in time")
+    raise AssertionError(f"{what}: not met within {timeout} s")
 
 
 async def events_of(bus, site, session="s1"):

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from cli.harness.supervisor import free_port
+from tests.helpers import wait_for
 from tests.servers import NatsProcess, nats_cluster
 from shared import events as ev
 from shared import service, subjects
@@ -35,15 +36,6 @@ def counting_node(site: str, seen: list[str]) -> Node:
         return []
 
     return Node(f"ops_{uuid.uuid4().hex[:8]}", ("turn_requested",), handle)
-
-
-async def until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := await predicate():
-            return result
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{what}: not within {timeout}s")
 
 
 # --- NODES ------------------------------------------------------------------------------
@@ -102,17 +94,13 @@ async def test_serve_hosts_only_the_selected_nodes(nats_url, monkeypatch):
         await asyncio.wait_for(ready.wait(), 20)
         assert [r.node.name for r in process.runners] == [a.name]
         await process.bus.publish(requested(site))
-        await until(lambda: _true(seen_a), 10, "the hosted node handles the turn")
+        await wait_for(lambda: seen_a, 10, "the hosted node handles the turn")
         with pytest.raises(Exception):
             await process.bus.js.consumer_info(subjects.CONV_STREAM, b.name)
         assert seen_b == []
     finally:
         stop.set()
         await asyncio.wait_for(task, 20)
-
-
-async def _true(value):
-    return value
 
 
 # --- the ops port -----------------------------------------------------------------------
@@ -154,29 +142,29 @@ async def _health_readiness_and_metrics(nats: NatsProcess, monkeypatch) -> None:
                 return 0
 
         try:
-            await until(lambda: _is(status("/healthz"), 200), 10, "/healthz answers while starting")
+            await wait_for(lambda: _is(status("/healthz"), 200), 10, "/healthz answers while starting")
             assert await status("/readyz") == 503  # no consumer bound yet
             gate.set()
             await asyncio.wait_for(ready.wait(), 20)
             assert await status("/readyz") == 200
 
             await process.bus.publish(requested(site))
-            await until(lambda: _true(seen), 10, "the node handles the turn")
-            text = await until(lambda: _metrics_with(http, f'concierge_node_events_total{{node="{node.name}",outcome="ok"}} 1.0'),
+            await wait_for(lambda: seen, 10, "the node handles the turn")
+            text = await wait_for(lambda: _metrics_with(http, f'concierge_node_events_total{{node="{node.name}",outcome="ok"}} 1.0'),
                                5, "the ok counter")
             assert f'concierge_node_handler_seconds_count{{node="{node.name}"}} 1.0' in text
             assert f'concierge_node_in_flight{{node="{node.name}"}} 0.0' in text
-            await until(lambda: _metrics_with(http, f'concierge_node_pending{{node="{node.name}"}} 0.0'), 5,
+            await wait_for(lambda: _metrics_with(http, f'concierge_node_pending{{node="{node.name}"}} 0.0'), 5,
                         "the pending gauge")
             assert (await http.get("/nope")).status_code == 404
 
             nats.kill()
-            await until(lambda: _is(status("/readyz"), 503), 10, "/readyz fails while NATS is down")
+            await wait_for(lambda: _is(status("/readyz"), 503), 10, "/readyz fails while NATS is down")
             assert await status("/healthz") == 200
             nats.start()
-            await until(lambda: _is(status("/readyz"), 200), 15, "/readyz recovers after the reconnect")
+            await wait_for(lambda: _is(status("/readyz"), 200), 15, "/readyz recovers after the reconnect")
             await process.bus.publish(requested(site, "s2"))
-            await until(lambda: _true("s2" in seen), 10, "the node handles turns after the reconnect")
+            await wait_for(lambda: "s2" in seen, 10, "the node handles turns after the reconnect")
         finally:
             stop.set()
             await asyncio.wait_for(task, 30)
@@ -203,7 +191,7 @@ async def test_a_missing_durable_is_created_again(bus, site):
         assert not await runner.check() and not runner.bound
         assert await runner.check() and runner.bound
         await bus.publish(requested(site))
-        await until(lambda: _true(seen), 10, "the recreated durable delivers")
+        await wait_for(lambda: seen, 10, "the recreated durable delivers")
     finally:
         await runner.stop()
 
@@ -287,7 +275,7 @@ async def test_r3_streams_on_a_cluster_survive_losing_a_server():
             except Exception:  # JetStream has no meta leader yet
                 return None
 
-        bus = await until(connected, 20, "the cluster elects a JetStream leader")
+        bus = await wait_for(connected, 20, "the cluster elects a JetStream leader")
         site, seen = f"t{uuid.uuid4().hex[:10]}", []
         runner = ConsumerRunner(bus, counting_node(site, seen), ConsumerConfig(ack_wait_s=2.0), start_lookback_s=5)
         try:
@@ -301,7 +289,7 @@ async def test_r3_streams_on_a_cluster_survive_losing_a_server():
 
             await runner.start()
             await bus.publish(requested(site, "before"))
-            await until(lambda: _true("before" in seen), 10, "consumed on the whole cluster")
+            await wait_for(lambda: "before" in seen, 10, "consumed on the whole cluster")
 
             victim = next(s for s in servers if s.port == bus.nc.connected_url.port)
             victim.kill()
@@ -312,8 +300,8 @@ async def test_r3_streams_on_a_cluster_survive_losing_a_server():
                 except Exception:  # reconnecting, or a new stream leader being elected
                     return None
 
-            await until(published, 15, "publishing after losing the connected server")
-            await until(lambda: _true("after" in seen), 15, "consumed after losing a server")
+            await wait_for(published, 15, "publishing after losing the connected server")
+            await wait_for(lambda: "after" in seen, 15, "consumed after losing a server")
             assert bus.nc.connected_url.port != victim.port
         finally:
             if runner.bound:
@@ -335,7 +323,7 @@ async def test_streams_lost_with_a_restarted_server_come_back_by_themselves():
             assert await topology_ready(bus)
             nats.kill()
             nats.start()
-            await until(lambda: topology_ready(bus), 10, "the streams are there again after the restart")
+            await wait_for(lambda: topology_ready(bus), 10, "the streams are there again after the restart")
             info = await bus.js.stream_info(subjects.TOKENS_STREAM)
             assert info.config.name == subjects.TOKENS_STREAM
         finally:
