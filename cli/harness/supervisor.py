@@ -184,16 +184,20 @@ class System:
         """Services are ready when their durable consumers exist (they log 'service ready')."""
         deadline = time.monotonic() + timeout
         for name in SERVICES:
-            if name == "gateway":
-                continue
-            path = self.log_dir / f"{name}.log"
-            while b"service ready" not in (path.read_bytes() if path.exists() else b""):
-                proc = self.procs[name]
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{name} exited with {proc.returncode}; see {path}")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{name} not ready after {timeout}s; see {path}")
-                time.sleep(0.05)
+            if name != "gateway":
+                self.wait_logged_ready(name, max(0.0, deadline - time.monotonic()))
+
+    def wait_logged_ready(self, name: str, timeout: float, offset: int = 0) -> None:
+        """Until process `name` logs 'service ready' past byte `offset` of its log (a restarted
+        process appends to the same file); its exit or the timeout is an error naming the log."""
+        path, deadline = self.log_dir / f"{name}.log", time.monotonic() + timeout
+        while b"service ready" not in (path.read_bytes()[offset:] if path.exists() else b""):
+            proc = self.procs[name]
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}; see {path}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name} not ready after {timeout:.0f}s; see {path}")
+            time.sleep(0.05)
 
     def kill(self, name: str) -> None:
         proc = self.procs[name]

@@ -231,13 +231,7 @@ class Cluster:
         if service == "gateway":
             wait_http(f"http://127.0.0.1:{self.gateway_ports[replica]}/readyz", timeout, proc)
             return
-        path, deadline = self.system.log_dir / f"{name}.log", time.monotonic() + timeout
-        while b"service ready" not in path.read_bytes()[offset:]:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with {proc.returncode}; see {path}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{name} not ready after {timeout}s; see {path}")
-            time.sleep(0.1)
+        self.system.wait_logged_ready(name, timeout, offset)
 
     def start_all(self, timeout: float) -> None:
         started = [(s, r, self.start(s, r)) for s in SERVICES for r in range(len(REPLICAS))]
