@@ -41,6 +41,7 @@ import httpx
 from cli.harness.sse import Conversation
 from cli.harness.supervisor import ROOT, free_port, make_system, wait_http
 from cli.measure.stats import percentile
+from shared import events as ev
 from shared import subjects
 from shared.bus import connect
 from shared.config import LLM_ROLES, BusConfig
@@ -85,20 +86,50 @@ async def drive(base_url: str, site: str, turns: int, concurrency: int, think_s:
     return results, sessions
 
 
-async def replay_rate(nats_url: str, site: str, sessions: list[str], rounds: int) -> tuple[float, int]:
+# Where an ANSWER turn's time goes, from the stored events' timestamps (ms after the turn's
+# TurnRequested): the route decided, the retrieval done, the answer complete.
+STAGES = ("route_decided", "retrieval_completed", "response_completed")
+
+
+def stage_ms(records: list) -> dict[str, list[float]]:
+    """Per stage, the ms from each ANSWER turn's TurnRequested to that stage's event."""
+    started: dict[int, float] = {}
+    seen: dict[int, dict[str, float]] = {}
+    answer: set[int] = set()
+    for record in records:
+        event, turn = record.event, record.event.turn
+        name = ev.event_type(event)
+        if name == "turn_requested":
+            started[turn] = event.ts
+        elif name in STAGES and turn in started:
+            seen.setdefault(turn, {}).setdefault(name, (event.ts - started[turn]) * 1000)
+            if name == "route_decided" and event.route == "ANSWER":
+                answer.add(turn)
+    out: dict[str, list[float]] = {stage: [] for stage in STAGES}
+    for turn in answer:
+        for stage, ms in seen[turn].items():
+            out[stage].append(ms)
+    return out
+
+
+async def replay_rate(nats_url: str, site: str, sessions: list[str], rounds: int) -> tuple[float, int, dict]:
     bus = await connect(BusConfig(url=nats_url), name="bench-replay")
+    stages: dict[str, list[float]] = {stage: [] for stage in STAGES}
     try:
         events = 0
         started = time.perf_counter()
-        for _ in range(rounds):
+        for round_ in range(rounds):
             for session in sessions:
                 records = await bus.read(subjects.conversation(site, session))
                 fold(records)
                 events += len(records)
+                if round_ == 0:
+                    for stage, values in stage_ms(records).items():
+                        stages[stage].extend(values)
         elapsed = time.perf_counter() - started
     finally:
         await bus.close()
-    return events / elapsed, events
+    return events / elapsed, events, stages
 
 
 def process_cpu_s(system) -> dict[str, float]:
@@ -172,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             cpu_s = {name: round(after - cpu_before.get(name, 0.0), 1) for name, after in process_cpu_s(system).items()}
             print("CPU seconds per process during the measured turns: "
                   + ", ".join(f"{name} {seconds}" for name, seconds in cpu_s.items()), flush=True)
-            rate, replayed = asyncio.run(replay_rate(system.nats_url, site, sessions, args.replay_rounds))
+            rate, replayed, stages = asyncio.run(replay_rate(system.nats_url, site, sessions, args.replay_rounds))
         finally:
             system.stop()
             llm.terminate()
@@ -207,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         "ttft_overhead_ms_by_route": by_route,
         "turn_ms_p50": round(percentile(totals, 50), 1),
         "turns_per_s": round(len(ok) / wall, 1),
+        "answer_stage_ms_p50": {stage: round(percentile(values, 50), 1) for stage, values in stages.items() if values},
         "replay_events": replayed,
         "replay_events_per_s": round(rate),
         "cpus": os.cpu_count(),
@@ -216,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"TTFT overhead (ANSWER) p50 {figures['ttft_overhead_ms_p50']} ms, p99 {figures['ttft_overhead_ms_p99']} ms")
     for route, f in by_route.items():
         print(f"  {route:<8} {f['turns']:>4} turns  TTFT overhead p50 {f['p50']} ms  p99 {f['p99']} ms")
+    print("ANSWER turns, ms after TurnRequested (p50, from the events' timestamps): "
+          + ", ".join(f"{stage} {ms}" for stage, ms in figures["answer_stage_ms_p50"].items()))
     print(f"replay: {replayed} events read and folded at {figures['replay_events_per_s']} events/s")
     print(json.dumps(figures))
     return 0 if figures["failed"] == 0 else 1
