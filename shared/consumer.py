@@ -1,7 +1,9 @@
 """The consumer runner: how every node receives events.
 
-One named durable pull consumer per node, shared by all replicas of that node. A
-message is acked only after the handler returned and its output events are stored.
+One named durable pull consumer per node, shared by all replicas of that node. For each
+event that concerns the node, the runner gathers what the node needs (state, config, this
+turn's awaited events: shared/node.py) and calls its handler with them. A message is acked
+only after the handler returned and its output events are stored.
 A handler that raises is retried: `nak` with the configured backoff, up to
 `max_deliver` deliveries; a crash (no ack at all) is redelivered by the server after
 `ack_wait`. After the last attempt the runner appends a `TurnFailed` event to the
@@ -18,7 +20,6 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Sequence
 
 import nats.errors
 from nats.aio.msg import Msg
@@ -29,61 +30,12 @@ from shared import events as ev
 from shared import logs, metrics, subjects, telemetry
 from shared.bus import Bus
 from shared.config import ConsumerConfig
+from shared.node import Context, Node, PermanentError, gather
+from shared.site_config import SiteConfigs
 
 log = logging.getLogger(__name__)
 
 FETCH_TIMEOUT_S = 2.0
-
-
-class PermanentError(Exception):
-    """The handler knows a retry cannot help (bad input, an exhausted dependency)."""
-
-
-@dataclass
-class Context:
-    """What a handler gets besides its event: a way to make and send events."""
-
-    bus: Bus
-    node: str
-    cause: ev.Envelope
-    attempt: int
-    _llm_calls: int = 0
-
-    def follow(self, cls: type, key: str | None = None, **fields):
-        return ev.follow(self.cause, cls, self.node, key, **fields)
-
-    async def emit(self, event: ev.Envelope) -> None:
-        """Store an event now, before the handler returns (e.g. an LLM call record)."""
-        await self.bus.publish(event)
-
-    async def record_llm(self, call: ev.LLMCall) -> None:
-        """Store one LLM call; each attempt's calls keep their own ids. A call too big for
-        the bus is stored truncated (`call.truncated`), never failing the turn."""
-        self._llm_calls += 1
-        record = self.follow(ev.LLMCallRecorded, key=f"llm-{self.attempt}-{self._llm_calls}", node=self.node, call=call)
-        record = ev.fit_llm_call(record, self.bus.max_event_bytes)
-        if record.call.truncated:
-            log.warning("LLM call record truncated to fit the bus",
-                        extra={"node": self.node, "role": call.role, "chars_cut": record.call.truncated})
-        await self.emit(record)
-
-    async def token(self, index: int, content: str) -> None:
-        chunk = self.follow(
-            ev.TokenChunk, key=f"token-{self.attempt}-{index}", index=index, content=content, attempt=self.attempt
-        )
-        await self.bus.publish_token(chunk)
-
-
-Handler = Callable[[ev.Event, Context], Awaitable[Sequence[ev.Envelope]]]
-
-
-@dataclass(frozen=True)
-class Node:
-    """A graph node: which event types it consumes and the handler that reacts to them."""
-
-    name: str
-    consumes: tuple[str, ...]
-    handle: Handler
 
 
 @dataclass
@@ -101,6 +53,7 @@ class ConsumerRunner:
     bus: Bus
     node: Node
     config: ConsumerConfig
+    configs: SiteConfigs | None = None  # the site configs nodes that need one are handed
     start_lookback_s: float = 300.0
     stats: Stats = field(default_factory=Stats)
     _tasks: set[asyncio.Task] = field(default_factory=set)
@@ -273,8 +226,11 @@ class ConsumerRunner:
                 span.set_attribute("concierge.attempt", attempt)
                 heartbeat = asyncio.create_task(self._keep_alive(msg))
                 try:
-                    ctx = Context(bus=self.bus, node=self.durable, cause=event, attempt=attempt)
-                    outputs = await self.node.handle(event, ctx)
+                    outputs = []
+                    if self.node.concerns(event):
+                        inputs = await gather(self.node.needs, event, self.bus, self.configs)
+                        ctx = Context(bus=self.bus, node=self.durable, cause=event, attempt=attempt)
+                        outputs = await self.node.handle(event, inputs, ctx)
                     for out in outputs:
                         await self.bus.publish(out)
                 except asyncio.CancelledError:

@@ -61,3 +61,33 @@ def window(state: ConversationState, turn: int, budget_tokens: int, withheld: se
     """What a role may see of the conversation up to `turn`: HACK text withheld, then cut
     to the budget."""
     return fit(visible(state, withheld), turn, budget_tokens)
+
+
+# Conversation queries: what nodes ask of the folded state about one turn.
+
+def message_of(state: ConversationState, turn: int) -> str:
+    """The visitor's message that started `turn` ("" when the state has none)."""
+    for m in reversed(state.messages):
+        if m.turn == turn and m.role == "user":
+            return m.content
+    return ""
+
+
+def previous_message(state: ConversationState, turn: int) -> str:
+    """The visitor's message before `turn`; "" when there is none or it was a HACK turn's
+    (that text goes to no model and into no query)."""
+    earlier = [m for m in state.messages if m.role == "user" and m.turn < turn]
+    if not earlier or earlier[-1].turn in hack_turns(state):
+        return ""
+    return earlier[-1].content
+
+
+def visitor_turns(state: ConversationState, turn: int) -> int:
+    """How many messages the visitor has sent up to and including `turn` (at least 1)."""
+    return max(1, sum(1 for m in state.messages if m.role == "user" and m.turn <= turn))
+
+
+def before(state: ConversationState, turn: int, budget_tokens: int) -> list[dict]:
+    """The exchanges before `turn` for an LLM prompt: HACK text withheld, within the budget
+    (which the current message counts against; it goes into the prompt on its own)."""
+    return [{"role": m.role, "content": m.content} for m in window(state, turn, budget_tokens) if m.turn < turn]

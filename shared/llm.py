@@ -23,7 +23,7 @@ from openai import AsyncOpenAI
 
 from shared import metrics
 from shared.config import LLM_ROLES, ConfigError, LLMRoleConfig
-from shared.consumer import PermanentError
+from shared.node import PermanentError
 from shared.events import LLMCall
 
 log = logging.getLogger(__name__)

@@ -24,8 +24,10 @@ from typing import Awaitable, Callable, Sequence
 from shared import logs, telemetry
 from shared.bus import Bus, connect
 from shared.config import BusConfig, ConfigError, ConsumerConfig, env_float, env_int, env_str
-from shared.consumer import ConsumerRunner, Node
+from shared.consumer import ConsumerRunner
+from shared.node import Node
 from shared.ops import OpsServer
+from shared.site_config import SiteConfigs
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +95,9 @@ async def serve(service: str, make_nodes: NodeFactory, ready: asyncio.Event | No
         bus = process.bus = await connect(BusConfig.from_env(), name=service)
         nodes = select_nodes(service, await make_nodes(bus), env_str("NODES", ""))
         lookback = env_float("CONSUMER_START_LOOKBACK_S", 300.0)
-        process.runners = [ConsumerRunner(bus, node, ConsumerConfig.from_env(node.name), start_lookback_s=lookback)
-                           for node in nodes]
+        configs = SiteConfigs(bus)  # one cache for every node of the process
+        process.runners = [ConsumerRunner(bus, node, ConsumerConfig.from_env(node.name), configs=configs,
+                                          start_lookback_s=lookback) for node in nodes]
         for runner in process.runners:
             await runner.start()
         process.started = True

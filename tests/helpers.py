@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import dataclasses
 import uuid
 
 from shared import events as ev
 from shared import subjects
 from shared.config import ConsumerConfig
 from shared.consumer import ConsumerRunner
+from shared.node import Context, Inputs
+from shared.site_config import SiteConfig
 from shared.state import ConversationState, Record, fold
 
 
@@ -62,16 +65,22 @@ def unique(name):
 def own(site, handle):
     """Durables see every site's events; a test's handler acts only on its own site's."""
 
-    async def guarded(event, ctx):
+    async def guarded(event, inputs, ctx):
         if event.site != site:
             return []
-        return await handle(event, ctx)
+        return await handle(event, inputs, ctx)
 
     return guarded
 
 
-async def start(bus, node, config=None):
-    runner = ConsumerRunner(bus, node, config or fast(), start_lookback_s=5)
+def isolated(node, site, name=None):
+    """`node` under a durable of its own (`name`, else a unique one) acting only on `site`'s
+    events: tests share one server, and a durable sees every site's events."""
+    return dataclasses.replace(node, name=name or unique(node.name), handle=own(site, node.handle))
+
+
+async def start(bus, node, config=None, configs=None):
+    runner = ConsumerRunner(bus, node, config or fast(), configs=configs, start_lookback_s=5)
     await runner.start()
     return runner
 
@@ -84,3 +93,41 @@ class FixedConfigs:
 
     async def get(self, site):
         return self.config
+
+
+class RecordingBus:
+    """Stands in for the bus when a node's decision is tested alone: what the handler sends
+    before it returns (LLM call records, tokens) is kept, in order."""
+
+    max_event_bytes = 1 << 20
+
+    def __init__(self):
+        self.emitted: list[ev.Envelope] = []
+        self.tokens: list[ev.Envelope] = []
+
+    async def publish(self, event):
+        self.emitted.append(event)
+
+    async def publish_token(self, event):
+        self.tokens.append(event)
+
+
+@dataclasses.dataclass
+class Decision:
+    events: list  # what the handler returned (the runner stores them)
+    emitted: list  # what it stored itself before returning
+    tokens: list  # what it streamed
+
+
+async def decide(node, event, *given, config=None, late=(), attempt=1) -> Decision:
+    """Given these events (the conversation so far), when `event` arrives, then the node
+    decides these events: its handler on the inputs the runner would gather, no server.
+    `event` is in the state, as it is in the log by the time a node sees it."""
+    bus = RecordingBus()
+    if not node.concerns(event):
+        return Decision([], [], [])
+    needs = node.needs
+    state = state_of(*given, event) if (needs.state or needs.waits) else ConversationState()
+    inputs = Inputs(state=state, config=config or SiteConfig(), late=tuple(late))
+    ctx = Context(bus=bus, node=node.name, cause=event, attempt=attempt)
+    return Decision(list(await node.handle(event, inputs, ctx)), bus.emitted, bus.tokens)

@@ -9,7 +9,8 @@ import pytest
 from shared import events as ev
 from shared import subjects
 from shared.config import LLMRoleConfig
-from shared.consumer import ConsumerRunner, Node
+from shared.consumer import ConsumerRunner
+from shared.node import Node
 from shared.events import VisitorProfile
 from shared.llm import LLMClient
 from services.responder import answer_writer

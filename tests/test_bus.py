@@ -13,7 +13,8 @@ from shared import events as ev
 from shared import loader, subjects
 from shared.bus import BusRefused, ConcurrencyConflict, connect, ensure_topology, topology_ready
 from shared.config import BusConfig, ConfigError
-from shared.consumer import ConsumerRunner, Node
+from shared.consumer import ConsumerRunner
+from shared.node import Node
 from tests.servers import ROOT, nats_server_with_config
 from tests.helpers import fast, unique, wait_for
 

@@ -6,7 +6,8 @@ import asyncio
 
 from shared import events as ev
 from shared import subjects
-from shared.consumer import ConsumerRunner, Node, PermanentError
+from shared.consumer import ConsumerRunner
+from shared.node import Node, PermanentError
 from tests.helpers import events_of, fast, own, requested, start, unique, wait_for
 
 
@@ -247,7 +248,7 @@ async def test_an_llm_call_record_is_cut_to_the_servers_max_payload(site):
     """The limit comes from the server's own `max_payload`, not from a constant."""
     from shared.bus import connect
     from shared.config import BusConfig
-    from shared.consumer import Context
+    from shared.node import Context
     from tests.servers import nats_server_with_config
 
     with nats_server_with_config("max_payload: 65536") as url:

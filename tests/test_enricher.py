@@ -12,7 +12,8 @@ import pytest
 from shared import events as ev
 from shared import privacy, subjects
 from shared.config import ConsumerConfig
-from shared.consumer import ConsumerRunner, Node
+from shared.consumer import ConsumerRunner
+from shared.node import Node
 from services.enricher import enrichment
 from services.enricher.breaker import CircuitBreaker
 from services.enricher.main import DATASET

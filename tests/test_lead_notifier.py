@@ -14,7 +14,7 @@ from services.responder import lead_notifier
 from services.responder.lead_claims import LeadClaims, lead_id
 from shared import events as ev
 from shared import subjects, webhook_secret
-from shared.consumer import Context, Node
+from shared.node import Context, Node
 from shared.site_config import Lead, SiteConfig, SiteConfigs
 from tests.servers import WebhookReceiver
 from tests.helpers import events_of, fast, own, start, unique, wait_for

@@ -19,7 +19,8 @@ from shared import events as ev
 from shared import service, subjects
 from shared.bus import _ensure_bucket, connect
 from shared.config import BusConfig, ConfigError, ConsumerConfig
-from shared.consumer import ConsumerRunner, Node
+from shared.consumer import ConsumerRunner
+from shared.node import Node
 
 
 def requested(site: str, session: str = "s1") -> ev.TurnRequested:

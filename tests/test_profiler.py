@@ -7,7 +7,8 @@ import json
 from shared import events as ev
 from shared import history, subjects
 from shared.config import LLMRoleConfig
-from shared.consumer import ConsumerRunner, Node
+from shared.consumer import ConsumerRunner
+from shared.node import Node
 from shared.events import VisitorProfile
 from shared.llm import LLMClient
 from services.enricher import profiler

@@ -16,7 +16,8 @@ from services.responder.redirect_handler import template_reply
 from shared import events as ev
 from shared import subjects
 from shared.config import LLM_ROLES, LLMRoleConfig
-from shared.consumer import ConsumerRunner, Node
+from shared.consumer import ConsumerRunner
+from shared.node import Node
 from shared.llm import LLMClient
 from shared.site_config import CTA, Booking, FormField, Redirects, SiteConfig
 from tests.helpers import FixedConfigs, fast, own, unique, wait_for

@@ -15,7 +15,8 @@ from services.retriever.rerank import CohereReranker, JinaReranker
 from services.retriever.retrieval import Candidate, Retriever, make_node, search_text, select, without_site_name
 from services.retriever.settings import RetrievalSettings
 from shared import events as ev
-from shared.consumer import ConsumerRunner, Node
+from shared.consumer import ConsumerRunner
+from shared.node import Node
 from shared.embeddings import shared_embedder
 from shared.site_config import SiteConfig
 from tests.servers import RerankServer

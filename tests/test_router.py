@@ -18,10 +18,10 @@ from services.router.runtime import RouterParts
 from shared.embeddings import shared_embedder
 from shared import events as ev
 from shared import subjects
-from shared.consumer import ConsumerRunner, Node
+from shared.consumer import ConsumerRunner
 from shared.site_config import CTA, Qualification, SiteConfig, SiteConfigs, Skills
 from shared.state import BookingState, ConversationState, FormCollectionState
-from tests.helpers import fast, own, unique, wait_for
+from tests.helpers import fast, isolated, unique, wait_for
 
 
 _model = None
@@ -38,15 +38,14 @@ def _local_model() -> LocalIntentModel:
 @pytest.fixture
 def parts(bus):
     """The real local model, no LLM."""
-    return RouterParts(configs=SiteConfigs(bus), classifier=IntentClassifier(_local_model(), None, backend="local"),
+    return RouterParts(classifier=IntentClassifier(_local_model(), None, backend="local"),
                        rules=sig.SignalRules.load(), llm=None)
 
 
 async def _runners(bus, site, nodes):
     runners = []
     for node in nodes:
-        runner = ConsumerRunner(bus, Node(unique(node.name), node.consumes, own(site, node.handle)), fast(),
-                                start_lookback_s=5)
+        runner = ConsumerRunner(bus, isolated(node, site), fast(), configs=SiteConfigs(bus), start_lookback_s=5)
         await runner.start()
         runners.append(runner)
     return runners
@@ -143,7 +142,8 @@ async def test_one_decision_per_turn_with_two_router_replicas(bus, site, parts):
     shared_name = unique("intent_router")  # replicas share one durable consumer
     runners = []
     for _ in range(2):
-        runner = ConsumerRunner(bus, Node(shared_name, node.consumes, own(site, node.handle)), fast(), start_lookback_s=5)
+        runner = ConsumerRunner(bus, isolated(node, site, shared_name), fast(), configs=SiteConfigs(bus),
+                                start_lookback_s=5)
         await runner.start()
         runners.append(runner)
     try:
@@ -218,7 +218,7 @@ ANALYSIS_CASES = [  # (message, intent, route, classifier): an injection marker 
 
 async def test_router_nodes_on_the_local_model(bus, site, parts):
     nodes = [intent_classifier.make_node(parts), interest_signals_detector.make_node(parts),
-             skill_selector.make_node(parts), intent_router.make_node(parts), skill_applier.make_node(parts)]
+             skill_selector.make_node(parts), intent_router.make_node(parts), skill_applier.make_node()]
     runners = await _runners(bus, site, nodes)
     try:
         for message, intent, route, classifier in ANALYSIS_CASES:

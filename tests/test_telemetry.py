@@ -12,7 +12,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from shared import events as ev
 from shared import logs
-from shared.consumer import ConsumerRunner, Node
+from shared.consumer import ConsumerRunner
+from shared.node import Node
 from tests.helpers import fast, own, requested, unique, wait_for
 
 exporter = InMemorySpanExporter()

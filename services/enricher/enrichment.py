@@ -21,7 +21,7 @@ import msgspec
 
 from shared import subjects, events as ev
 from shared import awaiter, privacy
-from shared.consumer import Context, Node
+from shared.node import Context, Node
 from shared.state import merge_visitor_profiles
 from services.enricher.sources import CacheSource, Lookup, ReturningVisitorSource, SourceError
 

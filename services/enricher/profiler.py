@@ -23,7 +23,7 @@ import msgspec
 from shared import awaiter, history, loader, prompts
 from shared import events as ev
 from shared.config import env_float
-from shared.consumer import Context, Node
+from shared.node import Context, Node
 from shared.events import UNKNOWN, VisitorProfile
 from shared.llm import LLMClient, LLMError
 from shared.site_config import SiteConfig, SiteConfigs

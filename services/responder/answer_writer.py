@@ -30,7 +30,7 @@ from shared import skills as sk
 from shared import events as ev
 from shared.config import ConfigError, env_float, env_int, env_str
 from shared.embeddings import Embedder, shared_embedder
-from shared.consumer import Context, Node
+from shared.node import Context, Node
 from shared.llm import LLMClient
 from shared.site_config import SiteConfig, SiteConfigs
 from shared.state import ConversationState

@@ -23,7 +23,7 @@ from services.responder import replies
 from services.responder.streaming import stream_llm, stream_text
 from shared import events as ev
 from shared import loader, prompts
-from shared.consumer import Context, Node
+from shared.node import Context, Node
 from shared.llm import LLMClient
 from shared.privacy import EMAIL_RE
 from shared.site_config import FormField, SiteConfig, SiteConfigs

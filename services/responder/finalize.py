@@ -14,7 +14,7 @@ from services.responder import citations
 from services.responder.booking_handler import booking_url
 from shared import awaiter, events as ev
 from shared.config import env_float
-from shared.consumer import Context, Node
+from shared.node import Context, Node
 from shared.site_config import SiteConfig, SiteConfigs
 from shared.state import ConversationState
 

@@ -34,7 +34,7 @@ from services.responder.lead_claims import LeadClaims, Outcome, lead_id
 from shared import events as ev
 from shared import loader, webhook_secret
 from shared.config import env_float, env_int, env_str
-from shared.consumer import Context, Node
+from shared.node import Context, Node
 from shared.site_config import SiteConfigs
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from shared import events as ev
 from shared import subjects
-from shared.consumer import Context, Node, PermanentError
+from shared.node import Context, Node, PermanentError
 from shared.privacy import EMAIL_RE
 
 MARKERS: dict[str, str] = tomllib.loads((Path(__file__).parent / "data" / "dialog_markers.toml").read_text())["markers"]

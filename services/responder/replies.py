@@ -9,7 +9,7 @@ from pathlib import Path
 
 from shared import events as ev
 from shared import language, subjects
-from shared.consumer import Context
+from shared.node import Context
 from shared.state import ConversationState
 
 GUESS_MESSAGES = 3

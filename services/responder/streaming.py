@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 from shared import events as ev
-from shared.consumer import Context
+from shared.node import Context
 from shared.llm import LLMClient
 
 WORD_RE = re.compile(r"\S+\s*|\s+")

@@ -18,7 +18,7 @@ import msgspec
 from services.responder import citations, local_suggestions, replies
 from shared import events as ev
 from shared import history, loader, prompts
-from shared.consumer import Context, Node
+from shared.node import Context, Node
 from shared.llm import LLMClient, LLMError
 from shared.site_config import SiteConfig, SiteConfigs
 from shared.state import ConversationState

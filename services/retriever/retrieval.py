@@ -31,7 +31,7 @@ from services.retriever.settings import RetrievalSettings
 from shared import awaiter, follow_up, glossary, history, language, loader, prompts
 from shared import events as ev
 from shared.config import env_str
-from shared.consumer import Context, Node
+from shared.node import Context, Node
 from shared.llm import LLMClient, LLMError
 from shared.site_config import SiteConfig, SiteConfigs
 

@@ -2,25 +2,24 @@
 
 from __future__ import annotations
 
-from services.router.runtime import RouterParts, history_of
+from services.router.runtime import RouterParts
 from shared import events as ev
-from shared import loader
-from shared.consumer import Context, Node
+from shared import history
+from shared.node import Context, Inputs, Needs, Node
 
 NAME = "intent_classifier"
 
 
 def make_node(parts: RouterParts) -> Node:
-    async def handle(event: ev.TurnRequested, ctx: Context) -> list[ev.Envelope]:
-        config = await parts.configs.get(event.site)
+    async def classify(event: ev.TurnRequested, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
+        async def earlier():  # only the LLM backend reads the conversation so far
+            return history.before(inputs.state, event.turn, parts.classifier.llm.history_tokens("classifier"))
 
-        async def history():
-            state = await loader.load(ctx.bus, event.site, event.session_id)
-            return history_of(state, event.turn, parts.classifier.llm.history_tokens("classifier"))
-
-        result = await parts.classifier.classify(event.site, config, event.message, history, ctx.record_llm)
+        result = await parts.classifier.classify(event.site, inputs.config, event.message, earlier, ctx.record_llm)
         return [ctx.follow(ev.IntentClassified, intent=result.intent, confidence=result.confidence,
                            classifier=result.classifier, scores=result.scores, latency_ms=result.latency_ms,
                            note=result.note, markers=result.markers, runner_up=result.runner_up)]
 
-    return Node(name=NAME, consumes=("turn_requested",), handle=handle)
+    # The state only when an LLM will read the history: the local model needs the message alone.
+    needs = Needs(state=parts.classifier.llm is not None, config=True)
+    return Node(name=NAME, consumes=("turn_requested",), handle=classify, needs=needs)

@@ -27,13 +27,13 @@ async def nodes(bus):
     else:
         log.info("no SITES_DIR: every site runs on the default config", extra={"dir": str(sites)})
     llm = LLMClient.from_env(("classifier",))
-    parts = await asyncio.to_thread(RouterParts.build, bus, llm if llm.configured("classifier") else None)
+    parts = await asyncio.to_thread(RouterParts.build, llm if llm.configured("classifier") else None)
     return [
         intent_classifier.make_node(parts),
         interest_signals_detector.make_node(parts),
         skill_selector.make_node(parts),
         intent_router.make_node(parts),
-        skill_applier.make_node(parts),
+        skill_applier.make_node(),
     ]
 
 

@@ -1,21 +1,27 @@
-"""What the router's nodes share in one process: the site configs, the intent classifier
-(one embedding model, one trained model), the signal rules and the LLM client."""
+"""What the router's nodes share in one process: the intent classifier (one embedding
+model, one trained model), the signal rules, the LLM client, and the two ways a node asks
+about a message: the local rules, or the classifier role's LLM with the local rules as
+fallback."""
 
 from __future__ import annotations
 
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
 
 from services.router.classifiers import IntentClassifier
 from services.router.local_model import LocalIntentModel
 from services.router.signals import SignalRules
-from shared import history
-from shared.bus import Bus
+from services.router import signals as sig
+from services.router.classifiers import has_words, normalize, transcript
+from shared import history, prompts
 from shared.config import env_str
 from shared.embeddings import shared_embedder
-from shared.llm import LLMClient
-from shared.site_config import SiteConfigs
+from shared.llm import LLMClient, LLMError, Recorder
+from shared.site_config import SiteConfig
 from shared.state import ConversationState
 
 log = logging.getLogger(__name__)
@@ -23,7 +29,6 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class RouterParts:
-    configs: SiteConfigs
     classifier: IntentClassifier
     rules: SignalRules
     llm: LLMClient | None
@@ -31,13 +36,12 @@ class RouterParts:
     skills_backend: str = "local"
 
     @classmethod
-    def build(cls, bus: Bus, llm: LLMClient | None = None) -> "RouterParts":
+    def build(cls, llm: LLMClient | None = None) -> "RouterParts":
         started = time.monotonic()
         embedder = shared_embedder().load()
         model = LocalIntentModel.load_or_train(embedder)
         embedder.embed(["warm-up"])  # first inference allocates; keep it off the first turn
         parts = cls(
-            configs=SiteConfigs(bus),
             classifier=IntentClassifier(model, llm),
             rules=SignalRules.load(),
             llm=llm,
@@ -48,21 +52,39 @@ class RouterParts:
         return parts
 
 
+    async def local_intent_scores(self, message: str) -> dict[str, float]:
+        if has_words(message) and self.classifier.model is not None:
+            return (await self.classifier.local(message)).scores
+        return {}
+
+    async def local_signals(self, message: str, visitor_turns: int) -> dict[str, bool]:
+        """This message's buying signals by the local rules (`visitor_turns` counts it)."""
+        return sig.detect(self.rules, normalize(message), visitor_turns, await self.local_intent_scores(message))
+
+    async def ask_llm(self, backend: str, prompt: Path, site: str, config: SiteConfig, state: ConversationState,
+                      turn: int, message: str, output: type, record: Recorder, context: str = "",
+                      **prompt_fields: str):
+        """The classifier role's structured answer about `message` (`output`), when the
+        node's backend is `llm` and there is something to ask about; None otherwise, or when
+        the call fails (logged): the node then uses its local rules."""
+        if backend != "llm" or self.llm is None or not has_words(message):
+            return None
+        system = prompts.compose(prompt, site, config, **prompt_fields)
+        earlier = history.before(state, turn, self.llm.history_tokens("classifier"))
+        user = (f"Conversation so far:\n{transcript(earlier)}\n\n{context}"
+                f"Latest visitor message:\n{normalize(message)}")
+        try:
+            return await self.llm.structured("classifier", [{"role": "system", "content": system},
+                                                            {"role": "user", "content": user}],
+                                             record, output, temperature=0.0)
+        except (LLMError, msgspec.MsgspecError) as exc:
+            log.warning("LLM answer unusable; using the local rules",
+                        extra={"prompt": prompt.name, "error": str(exc)[:200]})
+            return None
+
+
 def _backend(name: str) -> str:
     value = env_str(name, "local")
     if value not in ("local", "llm"):
         raise ValueError(f"{name}={value!r}: must be local or llm")
     return value
-
-
-def history_of(state: ConversationState, turn: int, budget_tokens: int) -> list[dict]:
-    """The turns before `turn` for an LLM prompt: HACK text withheld, within the budget
-    (which the current message counts against; it goes into the prompt on its own)."""
-    return [{"role": m.role, "content": m.content} for m in history.window(state, turn, budget_tokens) if m.turn < turn]
-
-
-def visitor_message(state: ConversationState, turn: int) -> str:
-    for m in reversed(state.messages):
-        if m.turn == turn and m.role == "user":
-            return m.content
-    return ""

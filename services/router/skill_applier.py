@@ -5,20 +5,17 @@ qualification questions). See skills.apply."""
 
 from __future__ import annotations
 
-from shared import skills as sk
-from services.router.runtime import RouterParts
 from shared import events as ev
-from shared import loader
-from shared.consumer import Context, Node
+from shared import skills as sk
+from shared.node import Context, Inputs, Needs, Node
 
 NAME = "skill_applier"
 
 
-def make_node(parts: RouterParts) -> Node:
-    async def handle(event: ev.RouteDecided, ctx: Context) -> list[ev.Envelope]:
-        state = await loader.load(ctx.bus, event.site, event.session_id)
-        config = await parts.configs.get(event.site)
-        applied, rules, question = sk.apply_for_turn(state, event, config)
-        return [ctx.follow(ev.SkillsApplied, skills=applied, rules=rules, qualification_question=question)]
+async def apply_skills(event: ev.RouteDecided, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
+    applied, rules, question = sk.apply_for_turn(inputs.state, event, inputs.config)
+    return [ctx.follow(ev.SkillsApplied, skills=applied, rules=rules, qualification_question=question)]
 
-    return Node(name=NAME, consumes=("route_decided",), handle=handle)
+
+def make_node() -> Node:
+    return Node(name=NAME, consumes=("route_decided",), handle=apply_skills, needs=Needs(state=True, config=True))

@@ -1,0 +1,140 @@
+"""The node seam: what a graph node declares, and what the runner hands it.
+
+A node names the event types it consumes and what it needs to decide (`Needs`): the
+conversation's folded state, the site's config, events of this turn to wait for (each wait
+with its deadline), and which of the consumed events concern it at all (`when`). The runner
+(shared/consumer.py) gathers those `Inputs`, then calls
+
+    handle(event, inputs, ctx) -> events
+
+so a node reads top to bottom as inputs → decision → events, and its decision is tested by
+handing it inputs, with no server (tests/nodes.py). `ctx` makes the output events (derived
+ids, so a redelivered input gives the same events) and sends what must go out before the
+handler returns (tokens, LLM call records).
+
+    Node("skill_applier", consumes=("route_decided",), handle=apply_skills,
+         needs=Needs(state=True, config=True))
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Sequence
+
+from shared import awaiter, loader
+from shared import events as ev
+from shared.bus import Bus
+from shared.site_config import SiteConfig, SiteConfigs
+from shared.state import ConversationState
+
+log = logging.getLogger(__name__)
+
+
+class PermanentError(Exception):
+    """The handler knows a retry cannot help (bad input, an exhausted dependency)."""
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Wait for these event types of the event's turn, at most `deadline_s` after the event
+    reached the runner; what is still missing then is named in `Inputs.late`."""
+
+    kinds: tuple[str, ...]
+    deadline_s: float
+
+
+@dataclass(frozen=True)
+class Needs:
+    state: bool = False  # the conversation's folded state (snapshot + tail)
+    config: bool = False  # the site's config (defaults for a site without one)
+    waits: tuple[Wait, ...] = ()  # implies state: the state once these are in, or late
+    when: Callable[[ev.Envelope], bool] | None = None  # False: not this node's event (acked, nothing out)
+
+
+@dataclass(frozen=True)
+class Inputs:
+    state: ConversationState = field(default_factory=ConversationState)
+    config: SiteConfig = field(default_factory=SiteConfig)
+    late: tuple[str, ...] = ()  # awaited event types not stored by their deadline
+
+
+@dataclass
+class Context:
+    """What a handler gets besides its event and inputs: a way to make and send events."""
+
+    bus: Bus
+    node: str
+    cause: ev.Envelope
+    attempt: int
+    _llm_calls: int = 0
+
+    def follow(self, cls: type, key: str | None = None, *, cause_id: str | None = None, **fields):
+        """An event caused by the handled event, or by the event `cause_id` names (one output
+        per turn whichever of several inputs woke the node: its id derives from the cause)."""
+        event = ev.follow(self.cause, cls, self.node, key, **fields)
+        if cause_id is None:
+            return event
+        event.causation_id = cause_id
+        event.event_id = ev.derived_id(cause_id, self.node, key or cls.__struct_config__.tag)
+        return event
+
+    async def emit(self, event: ev.Envelope) -> None:
+        """Store an event now, before the handler returns (e.g. an LLM call record)."""
+        await self.bus.publish(event)
+
+    async def record_llm(self, call: ev.LLMCall) -> None:
+        """Store one LLM call; each attempt's calls keep their own ids. A call too big for
+        the bus is stored truncated (`call.truncated`), never failing the turn."""
+        self._llm_calls += 1
+        record = self.follow(ev.LLMCallRecorded, key=f"llm-{self.attempt}-{self._llm_calls}", node=self.node, call=call)
+        record = ev.fit_llm_call(record, self.bus.max_event_bytes)
+        if record.call.truncated:
+            log.warning("LLM call record truncated to fit the bus",
+                        extra={"node": self.node, "role": call.role, "chars_cut": record.call.truncated})
+        await self.emit(record)
+
+    async def token(self, index: int, content: str) -> None:
+        chunk = self.follow(
+            ev.TokenChunk, key=f"token-{self.attempt}-{index}", index=index, content=content, attempt=self.attempt
+        )
+        await self.bus.publish_token(chunk)
+
+
+Handler = Callable[[ev.Envelope, Inputs, Context], Awaitable[Sequence[ev.Envelope]]]
+
+
+@dataclass(frozen=True)
+class Node:
+    """A graph node: the event types it consumes, what it needs, and its handler."""
+
+    name: str
+    consumes: tuple[str, ...]
+    handle: Handler
+    needs: Needs = Needs()
+
+    def concerns(self, event: ev.Envelope) -> bool:
+        return self.needs.when is None or self.needs.when(event)
+
+
+async def gather(needs: Needs, event: ev.Envelope, bus: Bus, configs: SiteConfigs | None) -> Inputs:
+    """Load and wait for what `needs` asks, for `event`'s conversation and turn."""
+    started = time.monotonic()
+    state = ConversationState()
+    late: list[str] = []
+    if needs.waits:
+        loaded = False
+        for wait in needs.waits:
+            remaining = wait.deadline_s - (time.monotonic() - started)
+            if remaining > 0 or not loaded:
+                state = await awaiter.turn_state(bus, event.site, event.session_id, event.turn, set(wait.kinds),
+                                                 max(0.0, remaining))
+                loaded = True
+        record = state.turns.get(event.turn)
+        seen = set(record.seen) if record else set()
+        late = [kind for wait in needs.waits for kind in wait.kinds if kind not in seen]
+    elif needs.state:
+        state = await loader.load(bus, event.site, event.session_id)
+    config = (await configs.get(event.site) if configs is not None else SiteConfig()) if needs.config else SiteConfig()
+    return Inputs(state=state, config=config, late=tuple(late))
