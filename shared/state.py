@@ -252,7 +252,9 @@ def apply(state: ConversationState, record: Record) -> ConversationState:
         case ev.ResponseCompleted():
             rec = _turn(state, event.turn)
             # A redelivered responder may answer again; the first stored answer is the turn's.
-            if rec.response_attempt is None:
+            # An answer stored after its turn ended (the gateway gave up on it at the deadline)
+            # or after the next turn began is late: kept in the log, never in the history.
+            if rec.response_attempt is None and rec.status == "requested" and event.turn == state.turn:
                 rec.response_attempt = event.attempt
                 rec.fallback_used = event.fallback_used
                 rec.sources_cited = list(event.sources)

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from shared import events as ev
 from shared import subjects
 from shared.events import VisitorProfile
+from tests.helpers import state_of, turn
 from shared.state import (
     Record, copy_state, decode_state, encode_state, fold, merge_dialog_supervision,
     merge_form_collection, merge_interest_signals, merge_visitor_profiles, DialogSupervisionState,
@@ -147,3 +148,15 @@ def test_only_the_newest_turn_keeps_its_retrieved_text():
     assert len(state.turns[1].sources) == 3  # a redelivery does not replace what was stored
     state = fold([Record(seq=3, subject=subjects.conv("a", "s", "retrieval_completed"), event=retrieval(2, 2))], state)
     assert state.turns[1].sources == [] and len(state.turns[2].sources) == 2
+
+
+def test_an_answer_stored_after_its_turn_ended_or_after_the_next_turn_began_stays_out_of_the_history():
+    first = turn("s", "late", 1, "Do you integrate with Xero?")
+    failed = ev.follow(first, ev.TurnFailed, "gateway", key="deadline", node="gateway", reason="deadline", attempts=0)
+    late = ev.follow(first, ev.ResponseCompleted, "answer_writer", node="answer_writer", text="Yes [1]", token_count=2, attempt=1)
+    second = turn("s", "late", 2, "And QuickBooks?")
+    for log in ([first, failed, late, second], [first, second, late]):
+        state = state_of(*log)
+        assert [(m.role, m.turn) for m in state.messages] == [("user", 1), ("user", 2)]
+    on_time = state_of(first, late)
+    assert [(m.role, m.content) for m in on_time.messages] == [("user", first.message), ("assistant", "Yes [1]")]

@@ -42,7 +42,8 @@ from services.gateway.sessions import SessionTokens
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"  # the demo page and the embeddable widget
-VISITOR_PATHS = ("/v1/chat", "/v1/sites/")  # CORS for these only, from the sites' allowed_origins
+VISITOR_PATHS = ("/v1/chat", "/v1/sites/")
+OVERDUE_MARGIN_S = 5.0  # after a turn's deadline, before another request may end it  # CORS for these only, from the sites' allowed_origins
 
 
 class GatewaySettings(msgspec.Struct, kw_only=True):
@@ -221,6 +222,17 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
         try:
             with tracer.start_as_current_span("chat turn") as span:
                 state = await loader.load(bus, site, session_id)
+                if not turn_ended(state):
+                    # The guard is free but the log has not ended the last turn (its visitor
+                    # closed the stream): a next turn never overlaps it. Past the deadline
+                    # nobody will end it, so the gateway does, in the log, and goes on.
+                    if not await end_overdue_turn(bus, site, session_id, state.turn, settings.turn_deadline_s):
+                        await _cleanup(None, guard, site, session_id, hold)
+                        metrics.turns.labels("none", "busy").inc()
+                        return JSONResponse(
+                            {"error": "turn_in_progress", "detail": "the previous turn of this session has not ended yet"},
+                            status_code=429, headers={"Retry-After": "2"})
+                    state = await loader.load(bus, site, session_id)
                 turn = state.turn + 1
                 span.set_attributes({"concierge.site": site, "concierge.session": session_id, "concierge.turn": turn})
                 visitor = msgspec.to_builtins(body.visitor) if body.visitor is not None else None
@@ -274,6 +286,8 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
                     # No outcome: the visitor went away before the end.
                     metrics.turns.labels(route, relay.outcome or "abandoned").inc()
                     with anyio.CancelScope(shield=True):  # a dropped client cancels the stream
+                        if relay.outcome == "timeout":  # the visitor was told; the log says so too
+                            await end_turn(bus, requested, f"no outcome within the turn deadline ({settings.turn_deadline_s:g} s)")
                         await _cleanup(relay, guard, site, session_id, hold)
 
         return frames.response(stream(), sse_headers(session_id, session_token), settings.keepalive_s)
@@ -405,6 +419,29 @@ async def _remember_ip(request: Request, site: str, session_id: str, ip: str) ->
         await request.app.state.redis.set(privacy.raw_ip_key(site, session_id), ip, ex=int(privacy.RAW_IP_TTL_S))
     except Exception as exc:
         log.warning("raw ip not stored; enrichment will skip IP sources", extra={"error": repr(exc)})
+
+
+async def end_turn(bus: Bus, requested: ev.TurnRequested, reason: str) -> None:
+    """Store the gateway's `TurnFailed` for a turn nothing ended (one per turn: derived id).
+    A failure to store it is logged: the next request of the session tries again."""
+    failed = ev.follow(requested, ev.TurnFailed, "gateway", key="deadline", node="gateway", reason=reason,
+                       attempts=0, failed_event_id=requested.event_id)
+    try:
+        await bus.publish(failed)
+    except Exception:
+        log.exception("could not store the end of an overdue turn", extra={"turn": requested.turn})
+
+
+async def end_overdue_turn(bus: Bus, site: str, session_id: str, turn: int, deadline_s: float) -> bool:
+    """True when the session's unfinished turn `turn` is past its deadline (plus a margin for
+    its own relay to say so first) and is now ended in the log; False while it may still end."""
+    requested = await bus.last(subjects.conv(site, session_id, "turn_requested"))
+    if isinstance(requested, ev.TurnRequested) and requested.turn == turn \
+            and time.time() - requested.ts < deadline_s + OVERDUE_MARGIN_S:
+        return False
+    if isinstance(requested, ev.TurnRequested) and requested.turn == turn:
+        await end_turn(bus, requested, f"no outcome within the turn deadline ({deadline_s:g} s); ended by the next request")
+    return True
 
 
 def turn_ended(state) -> bool:
