@@ -15,6 +15,7 @@ from shared.bus import Bus
 from shared.state import ConversationState, Record, apply
 
 RECHECK_S = 0.05
+STORED_RECHECK_S = (0.0, 0.002, 0.005, 0.01, 0.02)  # pauses before looking for a heard event in the log
 # Routes that answer without background results: work still running for them is wasted.
 CANCELLING_ROUTES = ("REDIRECT", "BOOKING")
 
@@ -59,6 +60,14 @@ async def turn_state(bus: Bus, site: str, session_id: str, turn: int, wanted: se
                 # looked, reaches neither: look at the log again.
                 state = await loader.load(bus, site, session_id)
                 missing -= _seen(state, turn)
+        # Heard is not yet stored: look in the log again, briefly, so the state is one the log
+        # can reproduce (its `last_seq` says what the node saw, for replay); only an event
+        # still not stored then is folded in directly.
+        for pause in STORED_RECHECK_S:
+            if not (set(heard) - _seen(state, turn)):
+                return state
+            await asyncio.sleep(pause)
+            state = await loader.load(bus, site, session_id)
         seen = _seen(state, turn)
         for kind, event in heard.items():
             if kind not in seen:

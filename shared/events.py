@@ -34,6 +34,9 @@ class Envelope(msgspec.Struct, kw_only=True, tag_field="type", forbid_unknown_fi
     causation_id: str | None = None
     producer: str = ""
     schema_version: int = SCHEMA_VERSION
+    # A node's output: the conversation's last stored sequence in the state its handler was
+    # given (0: none given), so a replay hands the node exactly what it saw.
+    input_seq: int = 0
 
 
 class VisitorProfile(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -68,12 +68,14 @@ class Context:
     node: str
     cause: ev.Envelope
     attempt: int
+    input_seq: int = 0  # the log position of the state the handler was given, stamped on its outputs
     _llm_calls: int = 0
 
     def follow(self, cls: type, key: str | None = None, *, cause_id: str | None = None, **fields):
         """An event caused by the handled event, or by the event `cause_id` names (one output
         per turn whichever of several inputs woke the node: its id derives from the cause)."""
         event = ev.follow(self.cause, cls, self.node, key, **fields)
+        event.input_seq = self.input_seq
         if cause_id is None:
             return event
         event.causation_id = cause_id

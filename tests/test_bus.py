@@ -95,7 +95,7 @@ async def test_a_connection_without_or_with_wrong_credentials_is_refused(secured
 async def test_each_service_works_within_its_subjects_and_is_refused_outside(secured_nats, site):
     gateway, router, responder = [await as_service(secured_nats, n) for n in ("gateway", "router", "responder")]
     try:
-        async def classify(event, ctx):
+        async def classify(event, inputs, ctx):
             return [ctx.follow(ev.IntentClassified, intent="LEARN", confidence=1.0, classifier="rule")]
 
         runner = ConsumerRunner(router, Node(unique("perm"), ("turn_requested",), classify), fast(), start_lookback_s=5)

@@ -12,7 +12,7 @@ from tests.helpers import events_of, fast, own, requested, start, unique, wait_f
 
 
 async def test_handler_output_is_stored_and_message_acked(bus, site):
-    async def handle(event, ctx):
+    async def handle(event, inputs, ctx):
         return [ctx.follow(ev.RouteDecided, route="ANSWER", reason="test")]
 
     runner = await start(bus, Node(unique("route"), ("turn_requested",), own(site, handle)))
@@ -30,7 +30,7 @@ async def test_handler_output_is_stored_and_message_acked(bus, site):
 async def test_failures_are_retried_with_backoff_then_succeed(bus, site):
     attempts = []
 
-    async def handle(event, ctx):
+    async def handle(event, inputs, ctx):
         attempts.append(ctx.attempt)
         if ctx.attempt < 3:
             raise RuntimeError("flaky dependency")
@@ -48,7 +48,7 @@ async def test_failures_are_retried_with_backoff_then_succeed(bus, site):
 
 
 async def test_last_attempt_ends_in_failure_event_and_dead_letter(bus, site):
-    async def handle(event, ctx):
+    async def handle(event, inputs, ctx):
         raise RuntimeError("always broken")
 
     name = unique("broken")
@@ -69,7 +69,7 @@ async def test_last_attempt_ends_in_failure_event_and_dead_letter(bus, site):
 async def test_permanent_error_fails_at_once(bus, site):
     calls = []
 
-    async def handle(event, ctx):
+    async def handle(event, inputs, ctx):
         calls.append(ctx.attempt)
         raise PermanentError("bad input")
 
@@ -85,7 +85,7 @@ async def test_permanent_error_fails_at_once(bus, site):
 async def test_malformed_payload_is_dead_lettered_and_the_consumer_keeps_going(bus, site):
     seen = []
 
-    async def handle(event, ctx):
+    async def handle(event, inputs, ctx):
         seen.append(event.event_id)
         return []
 
@@ -113,7 +113,7 @@ async def test_event_whose_envelope_disagrees_with_its_subject_is_dead_lettered(
 
     victim = f"{site}v"
 
-    async def handle(event, ctx):
+    async def handle(event, inputs, ctx):
         if event.site not in (site, victim):  # other tests' events; the victim's must never come
             return []
         seen.append(event.event_id)
@@ -149,7 +149,7 @@ async def test_same_event_delivered_twice_gives_one_outcome(bus, site):
     same output ids, and JetStream's dedupe keeps one."""
     runs = []
 
-    async def handle(event, ctx):
+    async def handle(event, inputs, ctx):
         runs.append(ctx.attempt)
         if ctx.attempt == 1:
             await asyncio.sleep(1.5)  # longer than ack_wait and no heartbeat: the server redelivers
@@ -173,7 +173,7 @@ async def test_same_event_delivered_twice_gives_one_outcome(bus, site):
 async def test_concurrency_limit_is_respected(bus, site):
     active, peak, done = 0, 0, []
 
-    async def handle(event, ctx):
+    async def handle(event, inputs, ctx):
         nonlocal active, peak
         active += 1
         peak = max(peak, active)
@@ -195,7 +195,7 @@ async def test_concurrency_limit_is_respected(bus, site):
 async def test_stop_lets_in_flight_handlers_finish(bus, site):
     finished = []
 
-    async def handle(event, ctx):
+    async def handle(event, inputs, ctx):
         await asyncio.sleep(0.5)
         finished.append(event.event_id)
         return [ctx.follow(ev.RouteDecided, route="ANSWER", reason="drained")]
@@ -228,7 +228,7 @@ async def test_handler_that_never_answers_ends_in_failure_event(bus, site):
     """When every delivery times out (a process dying on each attempt), the server's
     max-deliveries advisory is turned into a TurnFailed: no silent loss."""
 
-    async def handle(event, ctx):
+    async def handle(event, inputs, ctx):
         await asyncio.sleep(30)
         return []
 
@@ -266,3 +266,35 @@ async def test_an_llm_call_record_is_cut_to_the_servers_max_payload(site):
             assert stored.call.messages[0]["content"].endswith(f"…[truncated {stored.call.truncated} chars]")
         finally:
             await bus.close()
+
+
+async def test_the_runner_hands_a_node_what_it_needs_and_stamps_what_it_saw(bus, site):
+    """Needs: the folded state, the site's config, a wait with its deadline (what did not come
+    is named late), and `when`: events that do not concern the node reach no handler."""
+    from shared.node import Needs, Wait
+    from tests.helpers import FixedConfigs
+    from shared.site_config import SiteConfig
+
+    handled = []
+
+    async def handle(event, inputs, ctx):
+        handled.append((event.turn, inputs.state.turn, inputs.config.name, inputs.late))
+        return [ctx.follow(ev.RouteDecided, route="ANSWER", reason="test")]
+
+    needs = Needs(state=True, config=True, waits=(Wait(("retrieval_completed",), 0.3),),
+                  when=lambda event: event.message != "not for me")
+    node = Node(unique("seam"), ("turn_requested",), own(site, handle), needs=needs)
+    runner = await start(bus, node, configs=FixedConfigs(SiteConfig(name="Acme")))
+    try:
+        ignored = ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="other", turn=1, ts=ev.now(),
+                                   producer="test", message="not for me")
+        await bus.publish(ignored)
+        first = requested(site)
+        await bus.publish(first)
+        stored = await wait_for(lambda: _find(bus, site, ev.RouteDecided))
+        assert handled == [(1, 1, "Acme", ("retrieval_completed",))]
+        (record,) = [r for r in await bus.read(subjects.conv(site, "s1", "turn_requested"))]
+        assert stored.input_seq == record.seq  # the state it was given ended at its own TurnRequested
+        await wait_for(lambda: _acked(bus, runner.durable), what="both events acked")
+    finally:
+        await runner.stop()

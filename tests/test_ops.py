@@ -31,7 +31,7 @@ def requested(site: str, session: str = "s1") -> ev.TurnRequested:
 def counting_node(site: str, seen: list[str]) -> Node:
     """A node that notes the sessions of its own site's turns (durables see every site)."""
 
-    async def handle(event, ctx):
+    async def handle(event, inputs, ctx):
         if event.site == site:
             seen.append(event.session_id)
         return []
@@ -42,7 +42,7 @@ def counting_node(site: str, seen: list[str]) -> Node:
 # --- NODES ------------------------------------------------------------------------------
 
 def _nodes(*names: str) -> list[Node]:
-    async def handle(event, ctx):
+    async def handle(event, inputs, ctx):
         return []
 
     return [Node(name, ("turn_requested",), handle) for name in names]

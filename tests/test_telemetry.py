@@ -26,12 +26,12 @@ def setup_module():
 
 
 async def test_trace_context_travels_in_nats_headers(bus, site):
-    async def route(event, ctx):
+    async def route(event, inputs, ctx):
         return [ctx.follow(ev.RouteDecided, route="ANSWER", reason="t")]
 
     done = []
 
-    async def respond(event, ctx):
+    async def respond(event, inputs, ctx):
         done.append(event.event_id)
         return []
 
