@@ -25,7 +25,12 @@ COMMANDS = (
     Command("run", "cli.run", (("run", "start the whole system on this machine (make run)"),)),
     Command("ingest", "cli.ingest", (("ingest --site SITE PATH...", "add files (md, txt, html, pdf) to a site's knowledge base"),)),
     Command("docs", "cli.ingest", (("docs list|delete --site SITE", "a site's documents"),), function="docs_main"),
-    Command("replay", "cli.replay", (("replay SITE SESSION", "print a conversation's timeline and its state after each turn"),)),
+    Command("replay", "cli.replay", (
+        ("replay [timeline] SITE SESSION", "a conversation's timeline and its state after each turn"),
+        ("replay state SITE SESSION --at SEQ", "the folded state at any event"),
+        ("replay rerun|diff SITE SESSION [--turn N] [--node NAME]", "run it again with the current code, in a sandbox"),
+        ("replay fork SITE SESSION --at SEQ --message TEXT", "the conversation up to an event, then a new message"),
+        ("replay verify --site SITE [--since 24h] [--limit N]", "rerun many; exit 1 when any diverges"))),
     Command("erase-visitor", "cli.erase", (("erase-visitor", "forget a visitor: redact their events, delete their cached data"),)),
     Command("sites", "cli.sites", (
         ("sites check [DIR]", "validate the site config files (default: sites/)"),

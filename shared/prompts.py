@@ -22,9 +22,23 @@ META = Path(__file__).parent / "prompts" / "meta.md"
 NO_CLIENT_INSTRUCTIONS = "(none)"
 
 
+# Templates to use instead of the shipped ones, by file name (`concierge replay fork
+# --prompts-dir`: what an answer would be with a changed prompt).
+_overrides: dict[str, Path] = {}
+
+
+def override(directory: Path) -> list[str]:
+    """Use the `.md` files of `directory` in place of the shipped templates of the same name;
+    the names overridden."""
+    _overrides.update({p.name: p for p in sorted(directory.glob("*.md"))})
+    _template.cache_clear()
+    return sorted(_overrides)
+
+
 @lru_cache(maxsize=64)
 def _template(path: str) -> Template:
-    return Template(Path(path).read_text(encoding="utf-8"))
+    chosen = _overrides.get(Path(path).name, Path(path))
+    return Template(Path(chosen).read_text(encoding="utf-8"))
 
 
 def compose(agent: Path | str, site: str, config: SiteConfig, **values: str) -> str:

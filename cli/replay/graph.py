@@ -1,0 +1,75 @@
+"""Every node of the five services, made for reruns: the router's trained intent model loaded
+once, and for each conversation the nodes over that conversation's LLM client (its recorded
+calls, or a live client).
+
+Three nodes are `RECORDED`: they read or change the world outside the conversation
+(enrichment: company lookups and Redis; retrieval: a knowledge base that ingestion changes;
+lead_notifier: the webhook), so a rerun copies their outputs instead of running them.
+`--live retrieval` runs the retriever on this machine's knowledge base instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from services.enricher import enrichment, visitor_profiler
+from services.responder import (answer_suggester, answer_writer, booking_handler, dialog_state_extractor, finalize,
+                                follow_up_suggester, form_field_extractor, lead_notifier, redirect_handler,
+                                suggestion_router)
+from services.retriever import retrieval
+from services.router import intent_classifier, intent_router, interest_signals_detector, skill_applier, skill_selector
+from services.router.classifiers import IntentClassifier
+from services.router.runtime import RouterParts
+from shared.config import env_str
+from shared.llm import LLMClient
+from shared.node import Node
+
+RECORDED = frozenset({"enrichment", "retrieval", "lead_notifier"})
+
+
+class Graph:
+    def __init__(self, live_retrieval: bool = False):
+        self._parts = RouterParts.build(None)
+        self._retriever = _retriever() if live_retrieval else None
+        self.recorded = RECORDED - ({"retrieval"} if live_retrieval else set())
+
+    def nodes(self, llm: LLMClient) -> list[Node]:
+        classifier_llm = llm if llm.configured("classifier") else None
+        parts = dataclasses.replace(self._parts, llm=classifier_llm,
+                                    classifier=IntentClassifier(self._parts.classifier.model, classifier_llm))
+        profiler_llm = llm if env_str("PROFILER_BACKEND", "local") == "llm" and llm.configured("profiler") else None
+        return [
+            intent_classifier.make_node(parts),
+            interest_signals_detector.make_node(parts),
+            skill_selector.make_node(parts),
+            intent_router.make_node(parts),
+            skill_applier.make_node(),
+            enrichment.make_node(None),
+            visitor_profiler.make_node(profiler_llm),
+            retrieval.make_node(self._retriever),
+            answer_writer.make_node(llm),
+            redirect_handler.make_node(llm),
+            booking_handler.make_node(llm),
+            dialog_state_extractor.make_node(),
+            form_field_extractor.make_node(),
+            suggestion_router.make_node(),
+            follow_up_suggester.make_node(llm),
+            answer_suggester.make_node(llm),
+            lead_notifier.make_node(None),
+            finalize.make_node(),
+        ]
+
+
+def _retriever():
+    """The retriever as its service makes it, on this machine's knowledge base (KB_DIR)."""
+    from services.retriever import rerank
+    from services.retriever.knowledge import KnowledgeBase
+    from services.retriever.search import Retriever, keyword_llm_from_env
+    from services.retriever.settings import RetrievalSettings
+    from shared import language
+    from shared.embeddings import shared_embedder
+
+    settings = RetrievalSettings.from_env()
+    language.load()
+    return Retriever(kb=KnowledgeBase.from_env(shared_embedder()).open(), base=settings,
+                     rerankers=rerank.from_env(settings.rerank_timeout_s), llm=keyword_llm_from_env())

@@ -1,0 +1,172 @@
+"""Re-running recorded conversations with the current code: one conversation (`rerun`), one
+node's decisions (`rerun --node`), a branch with a new message (`fork`), or many at once as a
+regression gate (`verify`). Nothing touches the original log, the bus or the world: the
+conversations run in a sandbox (sandbox.py), LLM calls are answered from the recording
+unless `llm="live"` (recorded_llm.py), side-effect nodes are copied (graph.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import msgspec
+
+from cli.replay.diff import Difference, diff
+from cli.replay.graph import Graph
+from cli.replay.recorded_llm import RecordedLLM
+from cli.replay.sandbox import Recording, Sandbox
+from shared import events as ev
+from shared import subjects
+from shared.bus import Bus
+from shared.config import LLM_ROLES
+from shared.llm import LLMClient
+from shared.site_config import SiteConfig
+from shared.state import ConversationState, Record, apply
+
+VOLATILE = ("event_id", "ts", "input_seq", "causation_id")
+
+
+@dataclass
+class Result:
+    session_id: str
+    turns: int
+    events: list[ev.Envelope]  # the rerun's log
+    differences: list[Difference]
+    divergences: list[str]  # what could not run as recorded (node failures, unanswered LLM calls)
+    node_differences: list[dict] = field(default_factory=list)  # --node: that node's outputs, original vs rerun
+
+    @property
+    def diverged(self) -> bool:
+        return bool(self.differences or self.divergences or self.node_differences)
+
+
+async def read(bus: Bus, site: str, session_id: str) -> Recording:
+    return Recording(await bus.read(subjects.conversation(site, session_id)))
+
+
+async def read_site(bus: Bus, site: str, since_ts: float = 0.0, limit: int | None = None) -> list[Recording]:
+    """Every recorded conversation of the site (one read of the log), oldest first; those
+    started before `since_ts` left out; the newest `limit`."""
+    by_session: dict[str, list[Record]] = defaultdict(list)
+    for record in await bus.read(subjects.conversation(site, "*")):
+        by_session[record.event.session_id].append(record)
+    chosen = sorted((records for records in by_session.values() if records[0].event.ts >= since_ts),
+                    key=lambda records: records[0].event.ts)
+    if limit is not None:
+        chosen = chosen[-limit:]
+    return [Recording(records) for records in chosen]
+
+
+def state_at(recording: Recording, seq: int) -> ConversationState:
+    """The conversation's state folded from its events up to and including `seq`."""
+    state = ConversationState()
+    for record in recording.records:
+        if record.seq > seq:
+            break
+        apply(state, record)
+    return state
+
+
+def client(recording: Recording, llm: str) -> LLMClient:
+    if llm == "live":
+        return LLMClient.from_env()
+    if llm != "recorded":
+        raise ValueError(f"--llm {llm!r}: use recorded or live")
+    # A role this deployment configures counts as configured even when this conversation
+    # never called it, so nodes take the same path as in production.
+    configured = tuple(role for role in LLM_ROLES if LLMClient.from_env((role,)).configured(role))
+    return RecordedLLM(recording.llm_calls(), live_roles=configured)
+
+
+async def rerun(recording: Recording, graph: Graph, config: SiteConfig, llm: str = "recorded",
+                node: str | None = None, turn: int | None = None,
+                extra_inputs: tuple[ev.Envelope, ...] = ()) -> Result:
+    """Run the conversation's recorded inputs (and `extra_inputs`) again. `node`: only that
+    node runs, every other node's outputs are copied from the recording; `turn`: the turns
+    before it are copied as they are, and only that turn runs."""
+    llm_client = client(recording, llm)
+    nodes = graph.nodes(llm_client)
+    names = {n.name for n in nodes}
+    if node is not None and node not in names:
+        raise ValueError(f"unknown node {node!r}; nodes: {', '.join(sorted(names))}")
+    recorded = (names - {node}) if node else graph.recorded
+    sandbox = Sandbox(nodes=nodes, config=config, recording=recording, recorded=frozenset(recorded))
+    inputs = recording.inputs()
+    original = [r.event for r in recording.records]
+    if turn is not None:
+        sandbox.preload([e for e in original if e.turn < turn])
+        inputs = [e for e in inputs if e.turn == turn]
+        original = [e for e in original if e.turn == turn]
+    events = await sandbox.run([*inputs, *extra_inputs])
+    compared = [e for e in events if turn is None or e.turn == turn]
+    divergences = list(sandbox.divergences)
+    if isinstance(llm_client, RecordedLLM):
+        divergences += [f"no recorded {m['role']} call for: {m['last_message']!r}" for m in llm_client.missing]
+    return Result(session_id=recording.records[0].event.session_id if recording.records else "",
+                  turns=len({e.turn for e in inputs}), events=events,
+                  differences=diff(original, compared), divergences=divergences,
+                  node_differences=node_diff(original, compared, node) if node else [])
+
+
+def node_diff(original: list[ev.Envelope], rerun: list[ev.Envelope], node: str) -> list[dict]:
+    """One node's outputs, per turn, where the rerun's differ from the original's (ids,
+    clocks and LLM call records left out)."""
+    def outputs(events):
+        per_turn: dict[int, list] = defaultdict(list)
+        for e in events:
+            if e.producer == node and not isinstance(e, ev.LLMCallRecorded):
+                per_turn[e.turn].append({k: v for k, v in msgspec.to_builtins(e).items() if k not in VOLATILE})
+        return per_turn
+
+    before, after = outputs(original), outputs(rerun)
+    return [{"turn": t, "node": node, "original": before.get(t, []), "rerun": after.get(t, [])}
+            for t in sorted(set(before) | set(after)) if before.get(t, []) != after.get(t, [])]
+
+
+def fork_input(recording: Recording, at_seq: int, message: str) -> tuple[Recording, ev.TurnRequested]:
+    """The recording up to `at_seq`, and a new visitor message as the turn after it, in a new
+    conversation (a fork never shares ids with the original)."""
+    kept = [r for r in recording.records if r.seq <= at_seq]
+    if not kept:
+        raise ValueError(f"no event at or before {at_seq}")
+    last = kept[-1].event
+    turn = max(r.event.turn for r in kept) + 1
+    requested = ev.TurnRequested(event_id=ev.derived_id(last.event_id, "fork", message), site=last.site,
+                                 session_id=last.session_id, turn=turn, ts=time.time(), producer="gateway",
+                                 message=message)
+    return Recording(kept), requested
+
+
+@dataclass
+class Verification:
+    conversations: int = 0
+    turns: int = 0
+    diverged: int = 0
+    divergences: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def figures(self, limit: int = 50) -> dict:
+        return {"conversations": self.conversations, "turns": self.turns, "diverged": self.diverged,
+                "divergences": self.divergences[:limit], "divergences_total": len(self.divergences),
+                "conversations_per_s": round(self.conversations / self.seconds, 1) if self.seconds else None,
+                "seconds": round(self.seconds, 2)}
+
+
+async def verify(recordings: list[Recording], graph: Graph, config: SiteConfig) -> Verification:
+    """Rerun every recording with its recorded LLM calls; what diverges, and where."""
+    out = Verification()
+    started = time.perf_counter()
+    for recording in recordings:
+        if not recording.inputs():
+            continue
+        result = await rerun(recording, graph, config)
+        out.conversations += 1
+        out.turns += result.turns
+        if result.diverged:
+            out.diverged += 1
+            out.divergences += [{"session_id": result.session_id, **d.to_builtins()} for d in result.differences]
+            out.divergences += [{"session_id": result.session_id, "divergence": d} for d in result.divergences]
+    out.seconds = time.perf_counter() - started
+    return out
