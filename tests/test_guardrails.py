@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from services.enricher import profiler
+from services.enricher import visitor_profiler
 from services.responder import answer_writer, booking_handler, redirect_handler, suggesters
 from services.retriever import search
 from services.router import interest_signals_detector, intent_classifier, skill_selector
@@ -103,8 +103,8 @@ async def test_no_hack_text_reaches_any_role_and_every_role_gets_the_guardrails(
                        branch="DEFAULT")
     await bus.publish(routed)
     await run(bus, answer_writer.make_node(client, configs), routed)
-    await run(bus, profiler.make_node(client, configs=configs),
-              ev.follow(follow_up, ev.EnrichmentCompleted, "enrichment", profile=ev.VisitorProfile()))
+    await run(bus, visitor_profiler.make_node(client),
+              ev.follow(follow_up, ev.EnrichmentCompleted, "enrichment", profile=ev.VisitorProfile()), configs)
     for kind in ("follow_up", "answers"):
         (made,) = await run(bus, suggesters.make_node(kind, client, configs),
                             ev.follow(follow_up, ev.SuggestionsRouted, "suggestion_router", kind=kind))
