@@ -29,10 +29,15 @@ def turn(site, session, number, message, **fields) -> ev.TurnRequested:
                             producer="test", message=message, **fields)
 
 
+def records_of(*events: ev.Envelope) -> list[Record]:
+    """`events` as the log would hold them, stored in this order (no bus)."""
+    return [Record(seq=i, subject=subjects.conv(e.site, e.session_id, ev.event_type(e)), event=e)
+            for i, e in enumerate(events, start=1)]
+
+
 def state_of(*events: ev.Envelope) -> ConversationState:
     """The conversation's state after `events`, stored in this order (no bus)."""
-    return fold(Record(seq=i, subject=subjects.conv(e.site, e.session_id, ev.event_type(e)), event=e)
-                for i, e in enumerate(events, start=1))
+    return fold(records_of(*events))
 
 
 def fast(**over) -> ConsumerConfig:
@@ -97,19 +102,42 @@ class FixedConfigs:
 
 class RecordingBus:
     """Stands in for the bus when a node's decision is tested alone: what the handler sends
-    before it returns (LLM call records, tokens) is kept, in order."""
+    before it returns (LLM call records, tokens) is kept, in order; what it reads of the log
+    itself (`read`, `last`: a route that cancels its work, its own last output) comes from
+    the given events, and nothing arrives live."""
 
     max_event_bytes = 1 << 20
 
-    def __init__(self):
+    def __init__(self, log: list[Record] | None = None):
+        self.log = log or []
         self.emitted: list[ev.Envelope] = []
         self.tokens: list[ev.Envelope] = []
+        self.nc = _Silent()
 
     async def publish(self, event):
         self.emitted.append(event)
 
     async def publish_token(self, event):
         self.tokens.append(event)
+
+    async def read(self, filter_subject, after_seq=0):
+        prefix = filter_subject[:-1] if filter_subject.endswith(">") else None
+        return [r for r in self.log if r.seq > after_seq
+                and (r.subject == filter_subject or (prefix is not None and r.subject.startswith(prefix)))]
+
+    async def last(self, subject):
+        found = await self.read(subject)
+        return found[-1].event if found else None
+
+
+class _Silent:
+    """A connection on which no message ever arrives."""
+
+    async def subscribe(self, subject, cb=None):
+        return self
+
+    async def unsubscribe(self):
+        return None
 
 
 @dataclasses.dataclass
@@ -123,7 +151,7 @@ async def decide(node, event, *given, config=None, late=(), attempt=1) -> Decisi
     """Given these events (the conversation so far), when `event` arrives, then the node
     decides these events: its handler on the inputs the runner would gather, no server.
     `event` is in the state, as it is in the log by the time a node sees it."""
-    bus = RecordingBus()
+    bus = RecordingBus(records_of(*given, event))
     if not node.concerns(event):
         return Decision([], [], [])
     needs = node.needs

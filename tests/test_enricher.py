@@ -1,28 +1,23 @@
-"""Enrichment against a real Redis and a local HTTP server playing the providers."""
+"""The enrichment source chain (chain.py) and its sources against a real Redis and a local
+HTTP server playing the providers. The `enrichment` node itself: tests/test_enrichment.py."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 
 import httpx
 import pytest
 
-from shared import events as ev
-from shared import privacy, subjects
-from shared.config import ConsumerConfig
-from shared.consumer import ConsumerRunner
-from shared.node import Node
-from services.enricher import enrichment
+from shared import privacy
 from services.enricher.breaker import CircuitBreaker
+from services.enricher.chain import Enricher
 from services.enricher.main import DATASET
 from services.enricher.sources import (
     CacheSource, Guarded, IpApiSource, IpDatasetSource, Lookup, ReturningVisitorSource, RevealSource,
     SessionProviderSource,
 )
 from tests.providers import provider_server
-from tests.helpers import own, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +38,8 @@ def lookup(site="acme", ip="127.0.0.1", reveal=None, session_uuid=None, session=
 
 
 def make(redis, sources, deadline_s=1.5):
-    return enrichment.Enricher(redis=redis, cache=CacheSource(redis), returning=ReturningVisitorSource(redis),
-                               sources=sources, deadline_s=deadline_s)
+    return Enricher(redis=redis, cache=CacheSource(redis), returning=ReturningVisitorSource(redis),
+                    sources=sources, deadline_s=deadline_s)
 
 
 async def run(enricher, q, fresh=False):
@@ -155,101 +150,6 @@ def test_breaker_half_opens_after_the_reset_time():
     now[0] = 20.0
     b.success()
     assert b.state == "closed"
-
-
-# --- the node, through the bus --------------------------------------------------------------
-
-
-def fast_consumer() -> ConsumerConfig:
-    return ConsumerConfig(max_deliver=2, ack_wait_s=5, backoff_s=(0.05,), concurrency=8, drain_timeout_s=2)
-
-
-async def start_node(bus, enricher, site):
-    node = enrichment.make_node(enricher)
-    runner = ConsumerRunner(bus, Node(f"enrich_{uuid.uuid4().hex[:6]}", node.consumes, own(site, node.handle)),
-                            fast_consumer(), start_lookback_s=5)
-    await runner.start()
-    return runner
-
-
-def turn(site, session, n, visitor=None, ip="127.0.0.1"):
-    return ev.TurnRequested(event_id=ev.new_id(), site=site, session_id=session, turn=n, ts=ev.now(),
-                            producer="test", message="hello", visitor=visitor,
-                            ip_hash=privacy.ip_hash(ip) if ip else None)
-
-
-async def enrichments(bus, site, session):
-    return [r.event for r in await bus.read(subjects.conv(site, session, "enrichment_completed"))]
-
-
-async def test_node_enriches_first_turn_and_keeps_raw_ip_out_of_events(bus, redis, site):
-    runner = await start_node(bus, make(redis, [RevealSource(), IpDatasetSource(DATASET)]), site)
-    try:
-        await redis.set(privacy.raw_ip_key(site, "v1"), "127.0.0.1", ex=60)
-        await bus.publish(turn(site, "v1", 1))
-        (done,) = await wait_for(lambda: enrichments(bus, site, "v1"))
-        assert done.ran and done.profile.company_name.startswith("Northwind")
-        assert done.profile.ip == privacy.ip_hash("127.0.0.1")
-
-        await bus.publish(turn(site, "v1", 2))  # nothing new: no enrichment run, but an answer
-        await wait_for(lambda: _len_at_least(enrichments(bus, site, "v1"), 2))
-        second = (await enrichments(bus, site, "v1"))[1]
-        assert not second.ran and second.profile.company_name == "unknown"
-
-        await bus.publish(turn(site, "v1", 3, visitor={"reveal": {"company": "NewCo"}}))  # new identifying data
-        await wait_for(lambda: _len_at_least(enrichments(bus, site, "v1"), 3))
-        third = (await enrichments(bus, site, "v1"))[2]
-        assert third.ran and third.profile.company_name == "NewCo"
-        assert "cache" not in third.sources and "returning_visitor" not in third.sources
-
-        raw = b"".join([r.event.__class__.__name__.encode() + ev.encode(r.event)
-                        for r in await bus.read(subjects.conversation(site, "v1"))])
-        assert b"127.0.0.1" not in raw
-    finally:
-        await runner.stop()
-
-
-async def test_an_enrichment_cut_short_by_an_outage_runs_again_next_turn(bus, redis, site):
-    """Redis down when the turn started (the raw IP never reached it): the enrichment says
-    why (`trouble`) and the visitor's next turn enriches them, instead of never."""
-    runner = await start_node(bus, make(redis, [RevealSource(), IpDatasetSource(DATASET)]), site)
-    try:
-        await bus.publish(turn(site, "o1", 1))  # an IP hash, but no raw IP in Redis: the outage
-        (first,) = await wait_for(lambda: enrichments(bus, site, "o1"))
-        assert first.ran and first.profile.company_name == "unknown" and first.trouble == ["raw IP missing"]
-
-        await redis.set(privacy.raw_ip_key(site, "o1"), "127.0.0.1", ex=60)  # Redis is back
-        await bus.publish(turn(site, "o1", 2))
-        await wait_for(lambda: _len_at_least(enrichments(bus, site, "o1"), 2))
-        second = (await enrichments(bus, site, "o1"))[1]
-        assert second.ran and second.profile.company_name.startswith("Northwind") and second.trouble == []
-
-        await bus.publish(turn(site, "o1", 3))  # nothing to retry any more
-        await wait_for(lambda: _len_at_least(enrichments(bus, site, "o1"), 3))
-        assert not (await enrichments(bus, site, "o1"))[2].ran
-    finally:
-        await runner.stop()
-
-
-async def test_redirect_route_cancels_unfinished_enrichment(bus, redis, providers, client, site):
-    slow = provider("ip", providers, client, "slow", timeout_s=5.0, retries=0)
-    runner = await start_node(bus, make(redis, [slow], deadline_s=5.0), site)
-    try:
-        await redis.set(privacy.raw_ip_key(site, "c1"), "192.0.2.5", ex=60)
-        requested = turn(site, "c1", 1, ip="192.0.2.5")
-        await bus.publish(requested)
-        await asyncio.sleep(0.3)
-        started = time.monotonic()
-        await bus.publish(ev.follow(requested, ev.RouteDecided, "router", route="REDIRECT", reason="support"))
-        (done,) = await wait_for(lambda: enrichments(bus, site, "c1"))
-        assert time.monotonic() - started < 2.5  # the slow source alone would take 5 s
-        assert done.cancelled and done.sources["ip_api"] == "cancelled"
-    finally:
-        await runner.stop()
-
-
-async def _len_at_least(coro, n):
-    return len(await coro) >= n
 
 
 async def test_one_sites_visitors_are_never_another_sites(redis, providers, client):

@@ -13,9 +13,9 @@ import json
 
 import pytest
 
-from services.enricher import profiler
+from services.enricher import visitor_profiler
 from services.responder import answer_writer, booking_handler, redirect_handler, suggesters
-from services.retriever import retrieval
+from services.retriever import search
 from services.router import interest_signals_detector, intent_classifier, skill_selector
 from services.router.classifiers import IntentClassifier
 from services.router.runtime import RouterParts
@@ -92,19 +92,19 @@ async def test_no_hack_text_reaches_any_role_and_every_role_gets_the_guardrails(
     for make in (intent_classifier.make_node, interest_signals_detector.make_node, skill_selector.make_node):
         await run(bus, make(parts), follow_up, configs)
     state = await loader.load(bus, site, SESSION)
-    query = retrieval.search_text(retrieval.previous_message(state, 3), follow_up.message)
+    query = search.search_text(history.previous_message(state, 3), follow_up.message)
     assert query == "And the price?"  # the HACK message is not read as the context of a follow-up
 
     async def record(call):
         return None
 
-    await retrieval.Retriever(kb=None, base=None, rerankers={}, llm=client).keywords(site, query, config, record)
+    await search.Retriever(kb=None, base=None, rerankers={}, llm=client).keywords(site, query, config, record)
     routed = ev.follow(follow_up, ev.RouteDecided, "intent_router", route="ANSWER", reason="t", intent="LEARN",
                        branch="DEFAULT")
     await bus.publish(routed)
     await run(bus, answer_writer.make_node(client, configs), routed)
-    await run(bus, profiler.make_node(client, configs=configs),
-              ev.follow(follow_up, ev.EnrichmentCompleted, "enrichment", profile=ev.VisitorProfile()))
+    await run(bus, visitor_profiler.make_node(client),
+              ev.follow(follow_up, ev.EnrichmentCompleted, "enrichment", profile=ev.VisitorProfile()), configs)
     for kind in ("follow_up", "answers"):
         (made,) = await run(bus, suggesters.make_node(kind, client, configs),
                             ev.follow(follow_up, ev.SuggestionsRouted, "suggestion_router", kind=kind))

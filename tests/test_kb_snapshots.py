@@ -27,7 +27,7 @@ from qdrant_client import QdrantClient
 
 from services.retriever import documents, snapshots
 from services.retriever.knowledge import KnowledgeBase
-from services.retriever.retrieval import Retriever
+from services.retriever.search import Retriever
 from services.retriever.settings import RetrievalSettings
 from shared.bus import connect
 from shared.config import BusConfig, ConfigError

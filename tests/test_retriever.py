@@ -1,6 +1,6 @@
-"""The retriever: tenant isolation in storage, the type-based limiter, reranking and its
-fallback, ingestion (unchanged / changed / deleted / unreadable files), and the node on
-the bus (numbered documents, follow-ups, cancellation by the route)."""
+"""The retriever's search (search.py) and knowledge base: tenant isolation in storage, the
+type-based limiter, reranking and its fallback, ingestion (unchanged / changed / deleted /
+unreadable files), the query text. The `retrieval` node itself: tests/test_retrieval.py."""
 
 from __future__ import annotations
 
@@ -12,15 +12,11 @@ import pytest
 from services.retriever import documents, limiter
 from services.retriever.knowledge import KnowledgeBase
 from services.retriever.rerank import CohereReranker, JinaReranker
-from services.retriever.retrieval import Candidate, Retriever, make_node, search_text, select, without_site_name
+from services.retriever.search import Candidate, Retriever, search_text, select, without_site_name
 from services.retriever.settings import RetrievalSettings
-from shared import events as ev
-from shared.consumer import ConsumerRunner
-from shared.node import Node
 from shared.embeddings import shared_embedder
 from shared.site_config import SiteConfig
 from tests.servers import RerankServer
-from tests.helpers import events_of, fast, own, unique, wait_for
 
 # Three sites sell a product of the same name with different facts; each fact carries a
 # marker word no other site uses, so any leak is visible in the text.
@@ -303,7 +299,7 @@ async def test_a_message_not_in_english_is_searched_with_its_glossary_terms_in_e
     assert " ".join(found.keywords["high_level"]).split()[-1] == searched.split()[-1].strip("?").lower()
 
 
-# --- the node on the bus ----------------------------------------------------------------
+# --- the query --------------------------------------------------------------------------
 
 
 def test_short_follow_ups_are_read_with_the_previous_message():
@@ -311,7 +307,7 @@ def test_short_follow_ups_are_read_with_the_previous_message():
         "Do you integrate with QuickBooks? and with Salesforce?"
     assert search_text("Hi", "What does the Growth plan include for large teams of technicians?") == \
         "What does the Growth plan include for large teams of technicians?"
-    assert search_text(None, "pricing?") == "pricing?"
+    assert search_text("", "pricing?") == "pricing?"
 
 
 def test_the_sites_own_name_is_left_out_of_the_query():
@@ -321,62 +317,6 @@ def test_the_sites_own_name_is_left_out_of_the_query():
     assert without_site_name("What is Tidewise?", "Tidewise") == "What is Tidewise?"  # little else: kept
     assert without_site_name("Tidewiser pricing plans", "Tidewise") == "Tidewiser pricing plans"  # whole words only
     assert without_site_name("Which plans does Tidewise offer?", "") == "Which plans does Tidewise offer?"
-
-
-async def run_node(bus, kb, site):
-    retriever = Retriever(kb=kb, base=RetrievalSettings(), rerankers={})
-    node = make_node(retriever)
-    runner = ConsumerRunner(bus, Node(unique("retrieval"), node.consumes, own(site, node.handle)), fast(),
-                            start_lookback_s=5)
-    await runner.start()
-    return runner
-
-
-def turn(site, message, session="s1", turn_no=1):
-    return ev.TurnRequested(event_id=ev.new_id(), site=site, session_id=session, turn=turn_no, ts=ev.now(),
-                            producer="test", message=message)
-
-
-async def retrieval_of(bus, site, session, turn_no=1):
-    async def found():
-        done = [e for e in await events_of(bus, site, session) if isinstance(e, ev.RetrievalCompleted)
-                and e.turn == turn_no]
-        return done[0] if done else None
-    return await wait_for(found)
-
-
-async def test_node_emits_numbered_documents_of_the_site(bus, kb):
-    site = "iso_north"
-    runner = await run_node(bus, kb, site)
-    try:
-        session = unique("s")
-        await bus.publish(turn(site, "How much does Acme Sync cost?", session))
-        done = await retrieval_of(bus, site, session)
-        assert done.documents and [d.n for d in done.documents] == list(range(1, len(done.documents) + 1))
-        assert done.selection == "limiter" and done.mode == "mix" and not done.cancelled
-        assert any("$19" in d.content for d in done.documents)
-        assert all(d.source in {"pricing.md", "integrations.md", "security.md"} for d in done.documents)
-        await bus.publish(turn(site, "and the hosting?", session, turn_no=2))
-        follow_up = await retrieval_of(bus, site, session, 2)
-        assert follow_up.query == "How much does Acme Sync cost? and the hosting?"
-        await bus.publish(turn(site, "   ", unique("s")))
-    finally:
-        await runner.stop()
-
-
-async def test_a_redirect_or_booking_route_cancels_retrieval(bus, kb):
-    site = "iso_south"
-    runner = await run_node(bus, kb, site)
-    try:
-        session = unique("s")
-        request = turn(site, "How much does Acme Sync cost?", session)
-        route = ev.follow(request, ev.RouteDecided, "test", route="REDIRECT", reason="support", intent="SUPPORT")
-        await bus.publish(route)  # the router was faster than the retrieval
-        await bus.publish(request)
-        done = await retrieval_of(bus, site, session)
-        assert done.cancelled and done.documents == []
-    finally:
-        await runner.stop()
 
 
 async def _no_record(_call) -> None:

@@ -1,10 +1,15 @@
 """enrichment: which company is this visitor from?
 
-On a session's first turn, and again when the visitor sends new identifying data, the
-sources are tried in priority order until one returns a completed profile, all within
-one deadline. Every turn gets an `EnrichmentCompleted` (with `ran=False` when nothing
-needed doing) so that whoever waits for it never waits in vain. A REDIRECT or BOOKING
-route for the turn cancels unfinished work, and the event says so.
+On a session's first turn, again when the visitor sends new identifying data, and on the
+turn after one whose enrichment fell short for infrastructure reasons (its `trouble`), the
+source chain (chain.py, with its Redis and HTTP clients injected) is run. Every turn gets
+an `EnrichmentCompleted` (with `ran=False` when nothing needed doing) so that whoever waits
+for it never waits in vain. A REDIRECT or BOOKING route for the turn cancels unfinished
+work, and the event says so.
+
+The node asks the runner for no inputs: it reads only the session's last
+`EnrichmentCompleted` (one direct get, and only on a later turn with nothing new), not the
+conversation's state.
 """
 
 from __future__ import annotations
@@ -13,83 +18,19 @@ import asyncio
 import hashlib
 import json
 import logging
-import time
-from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 
 from shared import subjects, events as ev
 from shared import awaiter, privacy
-from shared.node import Context, Node
-from shared.state import merge_visitor_profiles
-from services.enricher.sources import CacheSource, Lookup, ReturningVisitorSource, SourceError
+from shared.node import Context, Inputs, Node
+from services.enricher.chain import Enricher
+from services.enricher.sources import Lookup
 
 log = logging.getLogger(__name__)
 
 NAME = "enrichment"
 IDENTIFYING = ("reveal", "email", "session_uuid")
-
-
-@dataclass
-class Enricher:
-    redis: Any
-    cache: CacheSource
-    returning: ReturningVisitorSource
-    sources: list  # the rest, in priority order, after cache and returning visitor
-    deadline_s: float = 1.5
-
-    def chain(self, fresh: bool) -> list:
-        """`fresh`: the visitor sent new identifying data, so what was stored about them is
-        not asked first."""
-        return ([] if fresh else [self.cache, self.returning]) + self.sources
-
-    async def run(self, q: Lookup, chain: list, statuses: dict[str, str]) -> ev.VisitorProfile:
-        """Try `chain` in order; record each source's outcome in `statuses` as it goes."""
-        profile = ev.VisitorProfile()
-        started = time.monotonic()
-        for source in chain:
-            if profile.status == "completed":
-                statuses[source.name] = "skipped: an earlier source hit"
-                continue
-            remaining = self.deadline_s - (time.monotonic() - started)
-            if remaining <= 0:
-                statuses[source.name] = "skipped: deadline"
-                continue
-            statuses[source.name] = "running"
-            try:
-                async with asyncio.timeout(remaining):
-                    found = await source.lookup(q)
-            except TimeoutError:
-                statuses[source.name] = "timeout"
-                continue
-            except SourceError as exc:
-                text = str(exc)
-                statuses[source.name] = text if text.startswith(("failed", "timeout", "circuit")) else f"failed: {text}"
-                continue
-            except Exception as exc:  # a store (Redis) being down must not end the chain
-                statuses[source.name] = f"failed: {type(exc).__name__}"
-                log.warning("enrichment source failed", extra={"source": source.name, "error": repr(exc)})
-                continue
-            if found is None:
-                statuses[source.name] = "miss"
-                continue
-            statuses[source.name] = "hit" if found.status == "completed" else "partial"
-            profile = merge_visitor_profiles(profile, found)
-            if found.status == "completed":
-                profile = msgspec.structs.replace(profile, status="completed", source=found.source)
-        return profile
-
-    async def remember(self, q: Lookup, profile: ev.VisitorProfile, statuses: dict[str, str]) -> None:
-        if profile.status != "completed":
-            return
-        try:
-            if statuses.get(self.cache.name) != "hit":
-                await self.cache.store(q, profile)
-            if profile.source != self.returning.name:
-                await self.returning.store(q, profile)
-        except Exception as exc:
-            log.warning("enrichment result not cached", extra={"error": repr(exc)})
 
 
 def identity_fingerprint(visitor: dict | None) -> str | None:
@@ -102,7 +43,7 @@ def identity_fingerprint(visitor: dict | None) -> str | None:
 
 
 def make_node(enricher: Enricher) -> Node:
-    async def handle(event: ev.TurnRequested, ctx: Context) -> list[ev.Envelope]:
+    async def enrich(event: ev.TurnRequested, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
         visitor = event.visitor or {}
         fingerprint = identity_fingerprint(visitor)
         seen_key = privacy.seen_key(event.site, event.session_id)
@@ -154,7 +95,7 @@ def make_node(enricher: Enricher) -> Node:
             trouble = []
         return [ctx.follow(ev.EnrichmentCompleted, profile=profile, sources=statuses, trouble=trouble)]
 
-    return Node(name=NAME, consumes=("turn_requested",), handle=handle)
+    return Node(name=NAME, consumes=("turn_requested",), handle=enrich)
 
 
 async def _fell_short(ctx: Context, event: ev.TurnRequested) -> bool:

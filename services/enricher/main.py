@@ -1,6 +1,6 @@
-"""Enricher service: visitor enrichment (which company?) from cache, returning visitors,
-browser reveal data, a session-identification provider and an IP source; then the
-visitor profiler (what are they trying to do?)."""
+"""Enricher service: the `enrichment` node (which company? from cache, returning visitors,
+browser reveal data, a session-identification provider and an IP source: the chain in
+chain.py), then the `visitor_profiler` node (what are they trying to do?)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import httpx
 from shared import redis_client, service
 from shared.config import ConfigError, env_float, env_int, env_str
 from shared.llm import LLMClient
-from shared.site_config import SiteConfigs
-from services.enricher import enrichment, profiler
+from services.enricher import enrichment, visitor_profiler
 from services.enricher.breaker import CircuitBreaker
+from services.enricher.chain import Enricher
 from services.enricher.sources import (
     CacheSource, Guarded, IpApiSource, IpDatasetSource, ReturningVisitorSource, RevealSource,
     SessionProviderSource,
@@ -32,7 +32,7 @@ def guarded(source, prefix: str) -> Guarded:
     )
 
 
-def build_enricher(redis, client: httpx.AsyncClient) -> enrichment.Enricher:
+def build_enricher(redis, client: httpx.AsyncClient) -> Enricher:
     """Sources in priority order; remote providers only when configured, the offline IP
     dataset otherwise."""
     sources: list = [RevealSource()]
@@ -45,7 +45,7 @@ def build_enricher(redis, client: httpx.AsyncClient) -> enrichment.Enricher:
                                "ENRICH_IP_API"))
     else:
         sources.append(IpDatasetSource(Path(env_str("ENRICH_IP_DATASET", str(DATASET)))))
-    return enrichment.Enricher(
+    return Enricher(
         redis=redis,
         cache=CacheSource(redis, ttl_s=env_float("ENRICH_CACHE_TTL_S", 600.0)),
         returning=ReturningVisitorSource(redis, ttl_s=env_float("ENRICH_RETURNING_TTL_S", 30 * 24 * 3600.0)),
@@ -60,7 +60,7 @@ async def nodes(bus):
     if backend not in ("local", "llm"):
         raise ConfigError(f"PROFILER_BACKEND={backend!r}: use local or llm")
     llm = LLMClient.from_env(("profiler",)) if backend == "llm" else None
-    return [enrichment.make_node(enricher), profiler.make_node(llm, configs=SiteConfigs(bus))]
+    return [enrichment.make_node(enricher), visitor_profiler.make_node(llm)]
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ import msgspec
 
 from services.retriever import documents
 from services.retriever.knowledge import KnowledgeBase
-from services.retriever.retrieval import Retriever, search_text
+from services.retriever.search import Retriever, search_text
 from services.retriever.settings import RetrievalSettings
 from shared.embeddings import Embedder
 from shared import site_config
@@ -66,7 +66,7 @@ async def _run(dataset: Path, kb_dir: Path) -> dict:
                 hits, rr, latencies = 0, 0.0, []
                 for row in rows:
                     history = row.get("history") or []
-                    query = search_text(history[-1] if history else None, row["question"])
+                    query = search_text(history[-1] if history else "", row["question"])
                     t = time.perf_counter()
                     found = await retriever.retrieve("demo", query, config, _no_record)
                     latencies.append((time.perf_counter() - t) * 1000)

@@ -1,12 +1,10 @@
 """retrieval: what the site's knowledge base says about this turn's message.
 
-On `TurnRequested`: the search text (the message; for a short follow-up such as "and with
-Salesforce?", the visitor's previous message too; for a message not in English, the English
-of the glossary terms it holds appended, shared/glossary.py) → keywords (offline, or the `classifier`
-LLM role with RETRIEVAL_KEYWORDS=llm) → LightRAG on the site's own workspace (chunks by
-vector search, entities and relationships from the graph, per the mode) → the reranker
-(when enabled; the limiter if it fails) or the type-based limiter (when enabled) or
-everything → `RetrievalCompleted` with the documents numbered 1..N for `[N]` citations.
+On `TurnRequested`: the search text is the message, with the visitor's previous message in
+front for a short follow-up ("and with Salesforce?"), unless that message was a HACK
+turn's (shared/history.previous_message); the site's `Retriever` (search.py: keywords,
+LightRAG, reranker or limiter) finds the documents → `RetrievalCompleted` with them
+numbered 1..N for `[N]` citations.
 
 A REDIRECT or BOOKING route for the turn cancels a retrieval still running; the event
 says `cancelled`. A knowledge base that fails twice gives a `RetrievalCompleted` with the
@@ -17,218 +15,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 
-import msgspec
-
-from services.retriever import extraction, limiter
-from services.retriever.knowledge import KnowledgeBase
-from services.retriever.rerank import Reranker, RerankError
-from services.retriever.settings import RetrievalSettings
-from shared import awaiter, follow_up, glossary, history, language, loader, prompts
+from services.retriever.search import KnowledgeBaseError, Retriever, search_text
+from shared import awaiter, history, language
 from shared import events as ev
-from shared.config import env_str
-from shared.node import Context, Node
-from shared.llm import LLMClient, LLMError
-from shared.site_config import SiteConfig, SiteConfigs
+from shared.node import Context, Inputs, Needs, Node
 
 log = logging.getLogger(__name__)
 
 NAME = "retrieval"
-KEYWORDS_PROMPT = Path(__file__).parent / "prompts" / "keywords.md"
-MIN_QUERY_WORDS = 3  # a query shorter than this without the site's name keeps the name
-SNIPPET_CHARS = 240
-ATTEMPTS = 2
-RETRY_BACKOFF_S = 0.2
 
 
-class Keywords(msgspec.Struct, kw_only=True):
-    high_level: list[str] = []
-    low_level: list[str] = []
-
-
-@dataclass
-class Candidate:
-    document_type: str
-    title: str
-    source: str
-    content: str
-    doc_id: str
-    score: float | None = None
-
-    def text(self) -> str:
-        return f"{self.title}\n{self.content}"
-
-
-@dataclass
-class Retrieved:
-    documents: list[ev.RetrievedDocument]
-    keywords: dict[str, list[str]]
-    found: dict[str, int]
-    selection: str
-    fallback: str | None = None
-    errors: list[str] = field(default_factory=list)
-
-
-def search_text(previous: str | None, message: str) -> str:
-    """The message, with the visitor's previous message in front when this one leans on it
-    (shared/follow_up.py: "And Xero?", "Which versions does it need?")."""
-    message = " ".join(message.split())
-    if previous and follow_up.follows_up(message):
-        return f"{' '.join(previous.split())} {message}"
-    return message
-
-
-def without_site_name(query: str, name: str) -> str:
-    """The query without the site's own name ("Which accounting software does Tidewise
-    integrate with?" → "Which accounting software does integrate with?"). Nearly every
-    document of a site names the site, so the name ranks nothing, yet it pulls the overview
-    pages above the section that answers (measured: the Accounting section was not among
-    the 20 documents with it, first without it). A query that is little more than the name
-    keeps it."""
-    if not name.strip():
-        return query
-    masked = re.sub(rf"\b{re.escape(name.strip())}(?:['’]s)?\b", " ", query, flags=re.IGNORECASE)
-    masked = " ".join(masked.split())
-    return masked if len(re.findall(r"\w+", masked)) >= MIN_QUERY_WORDS else query
-
-
-def previous_message(state, turn: int) -> str | None:
-    """The visitor's previous message, unless it was a HACK turn's: that text goes to no
-    model (the keyword LLM) and into no query."""
-    earlier = [m for m in state.messages if m.role == "user" and m.turn < turn]
-    if not earlier or earlier[-1].turn in history.hack_turns(state):
-        return None
-    return earlier[-1].content
-
-
-def candidates(kb: KnowledgeBase, site: str, found: dict[str, list[dict]]) -> dict[str, list[Candidate]]:
-    """LightRAG's records → candidates with a title and a source for the browser."""
-    out: dict[str, list[Candidate]] = {t: [] for t in limiter.TYPES}
-    for kind, items in (("chunk", found["chunk"]), ("entity", found["entity"]),
-                        ("relationship", found["relationship"])):
-        for item in items:
-            record = kb.document(site, item.get("file_path", ""))
-            if kind == "chunk":
-                head, _, body = item["content"].partition("\n")
-                section = f" — {head.split(' — ', 1)[1]}" if " — " in head else ""
-                title, content = (record["title"] if record else head) + section, body or head
-            elif kind == "entity":
-                title, content = item["entity_name"], item.get("description", "")
-            else:
-                title, content = f"{item['src_id']} — {item['tgt_id']}", item.get("description", "")
-            out[kind].append(Candidate(kind, title, record["source"] if record else "", content,
-                                       record["doc_id"] if record else ""))
-    return out
-
-
-async def select(settings: RetrievalSettings, rerankers: dict[str, Reranker], query: str,
-                 by_type: dict[str, list[Candidate]]) -> tuple[list[Candidate], str, str | None]:
-    """(documents kept, how they were chosen, why the reranker was not used if it was
-    meant to be)."""
-    if not settings.relationships_enabled:
-        by_type = {**by_type, "relationship": []}
-    fallback = None
-    if settings.rerank_enabled:
-        reranker = rerankers.get(settings.rerank_provider)
-        everything = [c for t in limiter.TYPES for c in by_type[t]]
-        if reranker is None:
-            fallback = f"reranker {settings.rerank_provider} not configured"
-        elif everything:
-            try:
-                ranked = await reranker.rerank(query, [c.text() for c in everything], settings.rerank_top_k,
-                                               settings.rerank_model)
-                kept = [everything[i] for i, _ in ranked]
-                for (_, score), c in zip(ranked, kept):
-                    c.score = score
-                return kept, f"rerank:{reranker.provider}", None
-            except RerankError as exc:
-                fallback = str(exc)
-                log.warning("reranker failed; using the limiter", extra={"error": fallback})
-        else:
-            return [], f"rerank:{settings.rerank_provider}", None
-    if settings.limiter_enabled or fallback:
-        kept = limiter.limit(settings.mode, settings.rerank_top_k, by_type)
-        return [c for t in limiter.TYPES for c in kept[t]], "limiter", fallback
-    return [c for t in limiter.TYPES for c in by_type[t]], "all", fallback
-
-
-def numbered(kept: list[Candidate]) -> list[ev.RetrievedDocument]:
-    return [ev.RetrievedDocument(n=i, document_type=c.document_type, title=c.title, source=c.source,
-                                 snippet=_snippet(c.content), content=c.content, doc_id=c.doc_id,
-                                 rerank_score=None if c.score is None else round(c.score, 4))
-            for i, c in enumerate(kept, start=1)]
-
-
-def _snippet(text: str) -> str:
-    flat = " ".join(text.replace("**", "").split())
-    return flat if len(flat) <= SNIPPET_CHARS else flat[:SNIPPET_CHARS].rsplit(" ", 1)[0] + "…"
-
-
-@dataclass
-class Retriever:
-    kb: KnowledgeBase
-    base: RetrievalSettings
-    rerankers: dict[str, Reranker]
-    llm: LLMClient | None = None  # keyword extraction by LLM, when configured
-
-    async def keywords(self, site: str, query: str, config: SiteConfig, record) -> tuple[Keywords, str, str | None]:
-        if self.llm is not None:
-            system = prompts.compose(KEYWORDS_PROMPT, site, config)
-            try:
-                found = await self.llm.structured("classifier", [{"role": "system", "content": system},
-                                                                 {"role": "user", "content": query}],
-                                                  record, Keywords, temperature=0.0)
-                if found.high_level or found.low_level:
-                    return found, "llm", None
-                error = "llm: no keywords"
-            except (LLMError, msgspec.MsgspecError) as exc:
-                error = f"llm: {exc}"[:300]
-        else:
-            error = None
-        high, low = extraction.query_keywords(query, self.kb.entity_names(site))
-        return Keywords(high_level=high, low_level=low), "offline", error
-
-    async def retrieve(self, site: str, query: str, config: SiteConfig, record, lang: str | None = None) -> Retrieved:
-        """`lang`: the query's language, guessed from it when not given; a query in another
-        language than English is searched with the English of its glossary terms too (the
-        knowledge base and its embedding model are English)."""
-        settings = self.base.for_site(config)
-        query = without_site_name(glossary.expand(query, lang or language.guess(query)), config.name)
-        words, extractor, keyword_error = await self.keywords(site, query, config, record)
-        errors = [keyword_error] if keyword_error else []
-        for attempt in range(1, ATTEMPTS + 1):
-            try:
-                found = await self.kb.query(site, query, mode=settings.mode, high_level=words.high_level,
-                                            low_level=words.low_level, graph_top_k=settings.graph_top_k,
-                                            chunk_top_k=settings.chunk_top_k)
-                break
-            except Exception as exc:  # noqa: BLE001 - storage trouble: retry once, then report it
-                errors.append(f"knowledge base: {type(exc).__name__}: {exc}"[:300])
-                if attempt == ATTEMPTS:
-                    raise KnowledgeBaseError("; ".join(errors)) from exc
-                await asyncio.sleep(RETRY_BACKOFF_S * attempt)
-        by_type = candidates(self.kb, site, found)
-        kept, selection, fallback = await select(settings, self.rerankers, query, by_type)
-        return Retrieved(documents=numbered(kept),
-                         keywords={"high_level": words.high_level, "low_level": words.low_level,
-                                   "extractor": [extractor]},
-                         found={t: len(v) for t, v in by_type.items()}, selection=selection, fallback=fallback,
-                         errors=errors)
-
-
-class KnowledgeBaseError(Exception):
-    pass
-
-
-def make_node(retriever: Retriever, configs: SiteConfigs | None = None) -> Node:
-    async def handle(event: ev.TurnRequested, ctx: Context) -> list[ev.Envelope]:
+def make_node(retriever: Retriever) -> Node:
+    async def retrieve(event: ev.TurnRequested, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
         started = time.perf_counter()
-        config = await configs.get(event.site) if configs else SiteConfig()
-        mode = retriever.base.for_site(config).mode
+        mode = retriever.base.for_site(inputs.config).mode
 
         def done(**fields) -> ev.RetrievalCompleted:
             return ctx.follow(ev.RetrievalCompleted, mode=mode,
@@ -236,10 +38,9 @@ def make_node(retriever: Retriever, configs: SiteConfigs | None = None) -> Node:
 
         if not event.message.strip():
             return [done(error="empty message: nothing to search for")]
-        state = await loader.load(ctx.bus, event.site, event.session_id)
-        query = search_text(previous_message(state, event.turn), event.message)
+        query = search_text(history.previous_message(inputs.state, event.turn), event.message)
         lang = language.guess(query, event.visitor)
-        work = asyncio.create_task(retriever.retrieve(event.site, query, config, ctx.record_llm, lang))
+        work = asyncio.create_task(retriever.retrieve(event.site, query, inputs.config, ctx.record_llm, lang))
         try:
             cancelled = await awaiter.race_with_route(ctx.bus, event, work)
         except KnowledgeBaseError as exc:
@@ -252,13 +53,4 @@ def make_node(retriever: Retriever, configs: SiteConfigs | None = None) -> Node:
                      selection=result.selection, fallback=result.fallback,
                      error="; ".join(result.errors) or None)]
 
-    return Node(name=NAME, consumes=("turn_requested",), handle=handle)
-
-
-def keyword_llm_from_env() -> LLMClient | None:
-    backend = env_str("RETRIEVAL_KEYWORDS", "offline")
-    if backend not in ("offline", "llm"):
-        from shared.config import ConfigError
-
-        raise ConfigError(f"RETRIEVAL_KEYWORDS={backend!r}: use offline or llm")
-    return LLMClient.from_env(("classifier",)) if backend == "llm" else None
+    return Node(name=NAME, consumes=("turn_requested",), handle=retrieve, needs=Needs(state=True, config=True))
