@@ -10,11 +10,10 @@ from shared import events as ev
 from shared import subjects
 from shared.config import LLMRoleConfig
 from shared.consumer import ConsumerRunner
-from shared.node import Node
 from shared.events import VisitorProfile
 from shared.llm import LLMClient
 from services.responder import answer_writer
-from tests.helpers import FixedConfigs, fast, own, unique, wait_for
+from tests.helpers import FixedConfigs, fast, isolated, wait_for
 
 
 async def run_turn(bus, site, llm, background=(), config=None, earlier=(), history_tokens=8000,
@@ -24,8 +23,9 @@ async def run_turn(bus, site, llm, background=(), config=None, earlier=(), histo
     base_url = llm.base_url if answer_url is None else answer_url
     client = LLMClient({"answer": LLMRoleConfig(role="answer", base_url=base_url, api_key="k", model="m",
                                                 history_tokens=history_tokens)})
-    node = answer_writer.make_node(client, FixedConfigs(config) if config else None)
-    runner = ConsumerRunner(bus, Node(unique("aw"), node.consumes, own(site, node.handle)), fast(), start_lookback_s=5)
+    node = answer_writer.make_node(client)
+    runner = ConsumerRunner(bus, isolated(node, site), fast(), configs=FixedConfigs(config) if config else None,
+                            start_lookback_s=5)
     await runner.start()
     try:
         for turn, (text, reply) in enumerate(earlier, start=1):

@@ -89,10 +89,11 @@ async def test_erase_by_ip_finds_the_visitors_sessions(bus, nats_url, redis_url,
 
 
 def test_one_email_pattern_for_redaction_routing_booking_and_form_fields():
-    from services.responder import booking_handler, post_processing
+    from services.responder import booking, booking_handler, dialog_state_extractor, form_field_extractor
     from services.router import routing
 
-    assert booking_handler.EMAIL_RE is post_processing.EMAIL_RE is routing.EMAIL_RE is privacy.EMAIL_RE
+    assert (booking.EMAIL_RE is booking_handler.EMAIL_RE is dialog_state_extractor.EMAIL_RE
+            is form_field_extractor.EMAIL_RE is routing.EMAIL_RE is privacy.EMAIL_RE)
     found = [m.group(0) for m in privacy.EMAIL_RE.finditer("ada.l+x@mail.acme.co.uk, bob@acme, eve@acme..com")]
     assert found == ["ada.l+x@mail.acme.co.uk"]
     assert privacy._scrub("write to ada@acme.io") == f"write to {privacy.REDACTED}"

@@ -14,7 +14,7 @@ import json
 import pytest
 
 from services.enricher import visitor_profiler
-from services.responder import answer_writer, booking_handler, redirect_handler, suggesters
+from services.responder import answer_suggester, answer_writer, booking_handler, follow_up_suggester, redirect_handler
 from services.retriever import search
 from services.router import interest_signals_detector, intent_classifier, skill_selector
 from services.router.classifiers import IntentClassifier
@@ -78,9 +78,9 @@ async def test_no_hack_text_reaches_any_role_and_every_role_gets_the_guardrails(
     llm.clear()
 
     # The HACK turn's suggestions: none, and no model asked.
-    for kind in ("follow_up", "answers"):
-        (skipped,) = await run(bus, suggesters.make_node(kind, client, configs),
-                               ev.follow(hack, ev.SuggestionsRouted, "suggestion_router", kind=kind))
+    for kind, suggester in (("follow_up", follow_up_suggester), ("answers", answer_suggester)):
+        (skipped,) = await run(bus, suggester.make_node(client),
+                               ev.follow(hack, ev.SuggestionsRouted, "suggestion_router", kind=kind), configs)
         assert skipped.suggestions == [] and skipped.kind == kind and "HACK" in skipped.skipped
     assert llm.requests() == []
 
@@ -102,25 +102,25 @@ async def test_no_hack_text_reaches_any_role_and_every_role_gets_the_guardrails(
     routed = ev.follow(follow_up, ev.RouteDecided, "intent_router", route="ANSWER", reason="t", intent="LEARN",
                        branch="DEFAULT")
     await bus.publish(routed)
-    await run(bus, answer_writer.make_node(client, configs), routed)
+    await run(bus, answer_writer.make_node(client), routed, configs)
     await run(bus, visitor_profiler.make_node(client),
               ev.follow(follow_up, ev.EnrichmentCompleted, "enrichment", profile=ev.VisitorProfile()), configs)
-    for kind in ("follow_up", "answers"):
-        (made,) = await run(bus, suggesters.make_node(kind, client, configs),
-                            ev.follow(follow_up, ev.SuggestionsRouted, "suggestion_router", kind=kind))
+    for kind, suggester in (("follow_up", follow_up_suggester), ("answers", answer_suggester)):
+        (made,) = await run(bus, suggester.make_node(client),
+                            ev.follow(follow_up, ev.SuggestionsRouted, "suggestion_router", kind=kind), configs)
         assert made.suggestions and not made.skipped
 
     # Turns 4 and 5: a redirect and a booking reply, which are worded by a model too.
     support = turn(site, 4, "My invoices page is broken, who do I contact?")
     await bus.publish(support)
-    await run(bus, redirect_handler.make_node(client, configs),
+    await run(bus, redirect_handler.make_node(client),
               ev.follow(support, ev.RouteDecided, "intent_router", route="REDIRECT", reason="t", intent="SUPPORT",
-                        branch="REDIRECT_SUPPORT"))
+                        branch="REDIRECT_SUPPORT"), configs)
     demo = turn(site, 5, "I'd like a demo")
     await bus.publish(demo)
-    await run(bus, booking_handler.make_node(client, configs),
+    await run(bus, booking_handler.make_node(client),
               ev.follow(demo, ev.RouteDecided, "intent_router", route="BOOKING", reason="t", intent="BOOKING",
-                        branch="DEMO_REQUESTED"))
+                        branch="DEMO_REQUESTED"), configs)
 
     requests = llm.requests()
     recorded = [r.event for r in await bus.read(subjects.conv(site, SESSION, "llm_call_recorded"))]

@@ -14,10 +14,10 @@ from services.responder import lead_notifier
 from services.responder.lead_claims import LeadClaims, lead_id
 from shared import events as ev
 from shared import subjects, webhook_secret
-from shared.node import Context, Node
+from shared.node import Context, gather
 from shared.site_config import Lead, SiteConfig, SiteConfigs
 from tests.servers import WebhookReceiver
-from tests.helpers import events_of, fast, own, start, unique, wait_for
+from tests.helpers import events_of, fast, isolated, start, wait_for
 
 DEPLOYMENT_SECRET = "deployment-secret"
 
@@ -39,8 +39,8 @@ def lead(site, session="s1", turn=2, email="ada@example.com"):
 
 async def running(bus, site):
     """The lead_notifier node on a durable of its own, acting on this test's site only."""
-    node = lead_notifier.make_node(SiteConfigs(bus, ttl_s=0), LeadClaims(bus))
-    return await start(bus, Node(unique(lead_notifier.NAME), node.consumes, own(site, node.handle)), fast())
+    node = lead_notifier.make_node(LeadClaims(bus))
+    return await start(bus, isolated(node, site), fast(), configs=SiteConfigs(bus, ttl_s=0))
 
 
 async def recorded(bus, site, count, session="s1"):
@@ -168,7 +168,8 @@ async def test_a_lead_claimed_but_not_sent_is_sent_once_on_redelivery(bus, site,
         await runner.stop()
     assert outcome.ok and len(receiver.requests) == 1
 
-    node = lead_notifier.make_node(SiteConfigs(bus, ttl_s=0), claims)
-    again = await node.handle(captured, Context(bus=bus, node=runner.durable, cause=captured, attempt=2))
+    node = lead_notifier.make_node(claims)
+    inputs = await gather(node.needs, captured, bus, SiteConfigs(bus, ttl_s=0))
+    again = await node.handle(captured, inputs, Context(bus=bus, node=runner.durable, cause=captured, attempt=2))
     assert len(receiver.requests) == 1
     assert again[0] == msgspec.structs.replace(outcome, ts=again[0].ts)  # the same event: JetStream drops the copy

@@ -9,18 +9,18 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from services.responder import (booking_handler, finalize, post_processing, redirect_handler, replies,
-                                suggesters)
+from services.responder import (answer_suggester, booking_handler, dialog_state_extractor, finalize,
+                                follow_up_suggester, form_field_extractor, redirect_handler, replies,
+                                suggestion_router, suggestions)
 from services.responder.booking_handler import Step, wording
 from services.responder.redirect_handler import template_reply
 from shared import events as ev
 from shared import subjects
 from shared.config import LLM_ROLES, LLMRoleConfig
 from shared.consumer import ConsumerRunner
-from shared.node import Node
 from shared.llm import LLMClient
 from shared.site_config import CTA, Booking, FormField, Redirects, SiteConfig
-from tests.helpers import FixedConfigs, fast, own, unique, wait_for
+from tests.helpers import FixedConfigs, fast, isolated, wait_for
 from tests.test_local_suggestions import faq_headings, kb
 
 SESSION = "n1"
@@ -92,12 +92,10 @@ def client(llm):
 async def responder(bus, site, client, monkeypatch):
     """The responder's reply, post-processing and finalize nodes, each its own consumer."""
     monkeypatch.setattr(finalize, "WAIT_S", 0.1)
-    configs = FixedConfigs(CONFIG)
-    nodes = [redirect_handler.make_node(client, configs), booking_handler.make_node(client, configs),
-             post_processing.dialog_state_extractor, post_processing.form_field_extractor,
-             post_processing.suggestion_router, suggesters.make_node("follow_up", client, configs),
-             suggesters.make_node("answers", client, configs), finalize.make_node(configs)]
-    runners = [ConsumerRunner(bus, Node(unique(n.name), n.consumes, own(site, n.handle)), fast(), start_lookback_s=5)
+    nodes = [redirect_handler.make_node(client), booking_handler.make_node(client),
+             dialog_state_extractor.make_node(), form_field_extractor.make_node(), suggestion_router.make_node(),
+             follow_up_suggester.make_node(client), answer_suggester.make_node(client), finalize.make_node()]
+    runners = [ConsumerRunner(bus, isolated(n, site), fast(), configs=FixedConfigs(CONFIG), start_lookback_s=5)
                for n in nodes]
     for runner in runners:
         await runner.start()
@@ -180,7 +178,7 @@ async def test_booking_without_a_model_asks_the_labels_and_offers_the_choices(bu
     assert [e.email for e in await stored(bus, site, "lead_captured")] == ["ada@example.com"]
     assert {r.backend for r in await stored(bus, site, "response_completed")} == {"template"}
     generated = await stored(bus, site, "suggestions_generated")
-    assert generated and all(g.skipped == suggesters.NO_MODEL and g.error is None for g in generated)
+    assert generated and all(g.skipped == suggestions.NO_MODEL and g.error is None for g in generated)
     assert await stored(bus, site, "llm_call_recorded") == [] and llm.requests() == []
 
 
@@ -207,5 +205,5 @@ async def test_follow_ups_without_a_model_come_from_the_retrieved_knowledge_base
                           "Does Tidewise work for one-person businesses?"]
     assert set(follow_ups) <= faq_headings() and "Is there a minimum contract length?" not in follow_ups
     (generated,) = await stored(bus, site, "suggestions_generated")
-    assert generated.kind == "follow_up" and generated.skipped == suggesters.NO_MODEL
+    assert generated.kind == "follow_up" and generated.skipped == suggestions.NO_MODEL
     assert await stored(bus, site, "llm_call_recorded") == [] and llm.requests() == []

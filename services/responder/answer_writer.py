@@ -2,8 +2,9 @@
 
 History comes from the conversation log, so turn N sees the earlier exchanges, as many as
 the `answer` role's token budget holds, HACK turns' text withheld (shared/history.py). Before
-answering it can wait, up to `ANSWER_WAIT_S`, for the turn's background results (the
-visitor's enrichment and profile); what is not there is left out of the prompt and named in
+answering it waits for the turn's retrieval, up to `ANSWER_RETRIEVAL_WAIT_S`, and can wait,
+up to `ANSWER_WAIT_S`, for the turn's background results (the visitor's enrichment and
+profile); what is not there is left out of the prompt and named in
 `ResponseCompleted.late_inputs`, it never blocks the answer. Tokens go to
 `tokens.<site>.<session>.<turn>` as they arrive; the full text is stored once, as
 `ResponseCompleted`.
@@ -17,22 +18,20 @@ none was cited, `unsupported_numbers` for figures that no source nor the visitor
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import msgspec
-import numpy as np
 
 from services.responder import citations, extractive
 from services.responder.streaming import publish_sources, stream_llm, stream_text
-from shared import awaiter, history, language, persona, prompts
+from shared import history, language, persona, prompts
 from shared import skills as sk
 from shared import events as ev
 from shared.config import ConfigError, env_float, env_int, env_str
 from shared.embeddings import Embedder, shared_embedder
-from shared.node import Context, Node
 from shared.llm import LLMClient
-from shared.site_config import SiteConfig, SiteConfigs
+from shared.node import Context, Inputs, Needs, Node, Wait
+from shared.site_config import SiteConfig
 from shared.state import ConversationState
 
 NAME = "answer_writer"
@@ -129,27 +128,12 @@ def backend(llm: LLMClient) -> str:
     return chosen
 
 
-def _user_messages(state: ConversationState, turn: int) -> tuple[str, str]:
-    """This turn's message and the visitor's previous one (empty after a HACK turn: its
-    text goes nowhere)."""
-    current, previous = "", ""
-    hacks = history.hack_turns(state)
-    for m in state.messages:
-        if m.role != "user":
-            continue
-        if m.turn == turn:
-            current = m.content
-        elif m.turn < turn:
-            previous = "" if m.turn in hacks else m.content
-    return current, previous
-
-
 async def extractive_answer(ctx: Context, embedder: Embedder, event: ev.RouteDecided, state: ConversationState,
                             documents: list[ev.RetrievedDocument], config: SiteConfig, skills: list[str],
                             question: str | None, late: list[str]) -> ev.ResponseCompleted:
     """The answer from the sources' sentences (extractive.py), streamed word by word after
     the sources, as an LLM answer would be."""
-    message, previous = _user_messages(state, event.turn)
+    message, previous = history.message_of(state, event.turn), history.previous_message(state, event.turn)
     record = state.turns.get(event.turn)
     lang = language.guess(message, {"language": record.language} if record and record.language else None)
     pool = extractive.candidates(documents[:EXTRACTIVE_DOCUMENTS])
@@ -178,27 +162,17 @@ def audited(completed: ev.ResponseCompleted, state: ConversationState, documents
     return completed
 
 
-def make_node(llm: LLMClient, configs: SiteConfigs | None = None, embedder: Embedder | None = None) -> Node:
+def make_node(llm: LLMClient, embedder: Embedder | None = None) -> Node:
     mode = backend(llm)
     language.load()  # the replies that come from no model guess the visitor's language with it
     if mode == "extractive":
         embedder = embedder or shared_embedder()
         embedder.embed(["warm-up"])  # load the model at start, not on the first question
 
-    async def handle(event: ev.RouteDecided, ctx: Context) -> list[ev.Envelope]:
-        if event.route != "ANSWER":
-            return []
-        started = time.monotonic()
-        state = await awaiter.turn_state(ctx.bus, event.site, event.session_id, event.turn,
-                                         {"retrieval_completed"}, RETRIEVAL_WAIT_S)
-        if WAIT_S > 0:  # the visitor's enrichment and profile, on their own deadline
-            state = await awaiter.turn_state(ctx.bus, event.site, event.session_id, event.turn, set(AWAITED),
-                                             max(0.0, WAIT_S - (time.monotonic() - started)))
-        record_of_turn = state.turns.get(event.turn)
-        seen = set(record_of_turn.seen) if record_of_turn else set()
-        late = [kind for kind in ("retrieval_completed", *AWAITED) if kind not in seen]
-        documents = (record_of_turn.sources or [])[:MAX_SOURCES] if record_of_turn else []
-        config = await configs.get(event.site) if configs else SiteConfig()
+    async def handle(event: ev.RouteDecided, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
+        state, config, late = inputs.state, inputs.config, list(inputs.late)
+        record = state.turns.get(event.turn)
+        documents = (record.sources or [])[:MAX_SOURCES] if record else []
         skills, question = applied_skills(state, event, config)
         if mode == "extractive":
             completed = await extractive_answer(ctx, embedder, event, state, documents, config, skills, question, late)
@@ -211,4 +185,9 @@ def make_node(llm: LLMClient, configs: SiteConfigs | None = None, embedder: Embe
                                      temperature=persona.temperature(config.persona))
         return [audited(completed, state, documents, declined=False)]
 
-    return Node(name=NAME, consumes=("route_decided",), handle=handle)
+    # Retrieval first, on its own deadline; then the visitor's enrichment and profile, on
+    # theirs (counted from the same start). Whatever is missing then is `late`, named in
+    # the answer, never waited for longer.
+    waits = (Wait(("retrieval_completed",), RETRIEVAL_WAIT_S), Wait(AWAITED, WAIT_S))
+    return Node(name=NAME, consumes=("route_decided",), handle=handle,
+                needs=Needs(config=True, waits=waits, when=lambda event: event.route == "ANSWER"))

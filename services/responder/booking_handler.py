@@ -6,7 +6,8 @@ when everything is there, gives the booking link with the collected values as qu
 parameters. The first captured e-mail also yields `LeadCaptured` (the lead_notifier node
 sends the webhook and the analytics event). STOP leaves the flow politely.
 
-The data (what was collected, what is next, the link) is decided here as a `Step`; the
+The data (what was collected, what is next, the link) is decided here as a `Step`, from
+the site's form (booking.py: parsing an answer, the next field, the link); the
 fast `redirect` LLM role only words it, told exactly what to say. When that role has no
 endpoint, a localized template (data/replies.toml) words it instead: the field's label,
 a choice field's options, the booking link, `ResponseCompleted.backend = "template"`.
@@ -14,70 +15,22 @@ a choice field's options, the booking link, `ResponseCompleted.backend = "templa
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlencode, urlsplit, urlunsplit, parse_qsl
 
 from services.responder import replies
+from services.responder.booking import booking_url, next_field, parse_answer
 from services.responder.streaming import stream_llm, stream_text
 from shared import events as ev
-from shared import loader, prompts
-from shared.node import Context, Node
+from shared import history, prompts
 from shared.llm import LLMClient
+from shared.node import Context, Inputs, Needs, Node
 from shared.privacy import EMAIL_RE
-from shared.site_config import FormField, SiteConfig, SiteConfigs
+from shared.site_config import FormField, SiteConfig
 from shared.state import ConversationState
 
 NAME = "booking_handler"
 PROMPT = Path(__file__).parent / "prompts" / "booking.md"
-LOOSE_EMAIL_RE = re.compile(r"\S+@\S*")
-PHONE_RE = re.compile(r"^\+?[\d ().-]{7,20}$")
-MAX_VALUE = 120
-
-
-def booking_url(config: SiteConfig, values: dict[str, str]) -> str:
-    """The site's booking URL with the collected values as query parameters (existing
-    parameters kept)."""
-    base = config.cta.booking_url or config.cta.url
-    if not base:
-        return ""
-    parts = urlsplit(base)
-    query = dict(parse_qsl(parts.query))
-    query.update({k: v for k, v in values.items() if v})
-    return urlunsplit(parts._replace(query=urlencode(query)))
-
-
-def parse_answer(field: FormField, message: str) -> tuple[str | None, str | None]:
-    """(value, problem) for the visitor's answer to `field`."""
-    text = " ".join(message.split())
-    if field.kind == "email":
-        match = EMAIL_RE.search(text)
-        if match:
-            return match.group(0).lower(), None
-        return None, "not_an_email" if LOOSE_EMAIL_RE.search(text) else "no_email"
-    if field.kind == "phone":
-        return (text, None) if PHONE_RE.match(text) else (None, "not_a_phone")
-    if field.kind == "choice":
-        for choice in field.choices:
-            if choice.lower() in text.lower():
-                return choice, None
-        return None, "not_a_choice"
-    return (text[:MAX_VALUE], None) if text else (None, "empty")
-
-
-def next_field(config: SiteConfig, collected: dict[str, str]) -> FormField | None:
-    for field in config.booking.fields:
-        if field.required and field.name not in collected:
-            return field
-    return None
-
-
-def _message_of(state: ConversationState, turn: int) -> str:
-    for m in reversed(state.messages):
-        if m.turn == turn and m.role == "user":
-            return m.content
-    return ""
 
 
 @dataclass(frozen=True)
@@ -100,7 +53,7 @@ STOP = Step("stop")
 def plan(state: ConversationState, turn: int, branch: str,
          config: SiteConfig) -> tuple[dict, Step, FormField | None, str]:
     """What this turn collects, what the reply must say, the next field, and the link."""
-    message = _message_of(state, turn)
+    message = history.message_of(state, turn)
     collected = dict(state.booking.collected)
     new: dict[str, str] = {}
     problem = None
@@ -170,13 +123,9 @@ def wording(step: Step, lang: str, site_name: str) -> str:
     return " ".join(replies.text(key, lang, **fields) for key in parts)
 
 
-def make_node(llm: LLMClient, configs: SiteConfigs) -> Node:
-    async def handle(event: ev.RouteDecided, ctx: Context) -> list[ev.Envelope]:
-        if event.route != "BOOKING":
-            return []
-        state = await loader.load(ctx.bus, event.site, event.session_id)
-        config = await configs.get(event.site)
-        message = _message_of(state, event.turn)
+def make_node(llm: LLMClient) -> Node:
+    async def handle(event: ev.RouteDecided, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
+        state, config = inputs.state, inputs.config
         outputs: list[ev.Envelope] = []
         if event.branch == "STOP":
             step = STOP
@@ -188,11 +137,13 @@ def make_node(llm: LLMClient, configs: SiteConfigs) -> Node:
             if "email" in new and not state.booking.lead_captured:
                 outputs.append(ctx.follow(ev.LeadCaptured, email=new["email"], capture_context="in_chat_booking"))
         if not llm.configured("redirect"):
-            lang = await replies.visitor_language(ctx, event, state)
+            lang = replies.visitor_language(state, event.turn)
             return outputs + [await stream_text(ctx, NAME, wording(step, lang, config.name or event.site))]
         system = prompts.compose(PROMPT, event.site, config, step=instruction(step))
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": message}]
+        messages = [{"role": "system", "content": system},
+                    {"role": "user", "content": history.message_of(state, event.turn)}]
         completed = await stream_llm(ctx, llm, "redirect", NAME, messages, temperature=0.3, max_tokens=200)
         return outputs + [completed]
 
-    return Node(name=NAME, consumes=("route_decided",), handle=handle)
+    return Node(name=NAME, consumes=("route_decided",), handle=handle,
+                needs=Needs(state=True, config=True, when=lambda event: event.route == "BOOKING"))

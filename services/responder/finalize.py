@@ -1,9 +1,9 @@
 """finalize: closes a turn with `TurnCompleted`, whose metadata the gateway sends to the
 browser in the `complete` event.
 
-It runs on the turn's `SuggestionsGenerated` (the last step after a reply) and gathers,
-each with a short bounded wait, the turn's dialog state, form fields and enrichment, so
-a slow or missing one delays the close a little and never blocks it.
+It runs on the turn's `SuggestionsGenerated` (the last step after a reply) and waits, at
+most `FINALIZE_WAIT_S`, for the turn's dialog state, form fields and enrichment, so a slow
+or missing one delays the close a little and never blocks it.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from __future__ import annotations
 import msgspec
 
 from services.responder import citations
-from services.responder.booking_handler import booking_url
-from shared import awaiter, events as ev
+from services.responder.booking import booking_url
+from shared import events as ev
 from shared.config import env_float
-from shared.node import Context, Node
-from shared.site_config import SiteConfig, SiteConfigs
+from shared.node import Context, Inputs, Needs, Node, Wait
+from shared.site_config import SiteConfig
 from shared.state import ConversationState
 
 NAME = "finalize"
@@ -73,10 +73,10 @@ def sources(state: ConversationState, turn: int) -> list[dict]:
     return [{**public, "cited": public["n"] in quoted} for public in ev.public_sources(given)]
 
 
-def make_node(configs: SiteConfigs | None = None) -> Node:
-    async def handle(event: ev.SuggestionsGenerated, ctx: Context) -> list[ev.Envelope]:
-        state = await awaiter.turn_state(ctx.bus, event.site, event.session_id, event.turn, set(GATHERED), WAIT_S)
-        config = await configs.get(event.site) if configs else SiteConfig()
-        return [ctx.follow(ev.TurnCompleted, metadata=metadata(state, event.turn, event, config))]
+async def close_turn(event: ev.SuggestionsGenerated, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
+    return [ctx.follow(ev.TurnCompleted, metadata=metadata(inputs.state, event.turn, event, inputs.config))]
 
-    return Node(name=NAME, consumes=("suggestions_generated",), handle=handle)
+
+def make_node() -> Node:
+    return Node(name=NAME, consumes=("suggestions_generated",), handle=close_turn,
+                needs=Needs(config=True, waits=(Wait(GATHERED, WAIT_S),)))

@@ -32,10 +32,9 @@ from standardwebhooks.webhooks import Webhook
 
 from services.responder.lead_claims import LeadClaims, Outcome, lead_id
 from shared import events as ev
-from shared import loader, webhook_secret
+from shared import webhook_secret
 from shared.config import env_float, env_int, env_str
-from shared.node import Context, Node
-from shared.site_config import SiteConfigs
+from shared.node import Context, Inputs, Needs, Node
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +69,11 @@ async def post_webhook(client: httpx.AsyncClient, url: str, body: bytes, signer:
     return False, status, attempts, error
 
 
-def make_node(configs: SiteConfigs, claims: LeadClaims, client: httpx.AsyncClient | None = None) -> Node:
+def make_node(claims: LeadClaims, client: httpx.AsyncClient | None = None) -> Node:
     http = client or httpx.AsyncClient(timeout=env_float("LEAD_WEBHOOK_TIMEOUT_S", 5.0))
 
-    async def deliver(event: ev.LeadCaptured, ctx: Context) -> Outcome:
-        config = await configs.get(event.site)
+    async def deliver(event: ev.LeadCaptured, inputs: Inputs) -> Outcome:
+        state, config = inputs.state, inputs.config
         url = config.lead.webhook_url or env_str("LEAD_WEBHOOK_URL", "")
         if not url:
             return Outcome(target="", ok=False, skipped=True, error="no webhook configured")
@@ -83,7 +82,6 @@ def make_node(configs: SiteConfigs, claims: LeadClaims, client: httpx.AsyncClien
         except webhook_secret.WebhookSecretError as exc:
             log.error("lead webhook not sent: no secret", extra={"target": url, "error": str(exc)})
             return Outcome(target=url, ok=False, error=str(exc))
-        state = await loader.load(ctx.bus, event.site, event.session_id)
         payload = {
             "event": "lead.captured", "event_id": event.event_id, "site": event.site,
             "session_id": event.session_id, "turn": event.turn, "ts": event.ts,
@@ -99,7 +97,7 @@ def make_node(configs: SiteConfigs, claims: LeadClaims, client: httpx.AsyncClien
             log.error("lead webhook failed", extra={"target": url, "status": status, "error": error})
         return Outcome(target=url, ok=ok, status=status, attempts=attempts, error=error)
 
-    async def handle(event: ev.LeadCaptured, ctx: Context) -> list[ev.Envelope]:
+    async def handle(event: ev.LeadCaptured, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
         claim = await claims.claim(event.site, event.session_id, event.event_id)
         if claim.owner != event.event_id:
             log.info("duplicate lead not sent", extra={"event_id": event.event_id, "duplicate_of": claim.owner})
@@ -107,7 +105,7 @@ def make_node(configs: SiteConfigs, claims: LeadClaims, client: httpx.AsyncClien
                                duplicate_of=claim.owner)]
         outcome = claim.outcome  # set: delivered before, by this event, whose ack was lost
         if outcome is None:
-            outcome = await deliver(event, ctx)
+            outcome = await deliver(event, inputs)
             await claims.settle(event.site, event.session_id, event.event_id, outcome)
         outputs: list[ev.Envelope] = [ctx.follow(ev.WebhookRecorded, **msgspec.structs.asdict(outcome))]
         properties = {"site": event.site, "capture_context": event.capture_context, "turn": event.turn}
@@ -127,4 +125,4 @@ def make_node(configs: SiteConfigs, claims: LeadClaims, client: httpx.AsyncClien
                                   sent=sent, ok=ok, error=error))
         return outputs
 
-    return Node(name=NAME, consumes=("lead_captured",), handle=handle)
+    return Node(name=NAME, consumes=("lead_captured",), handle=handle, needs=Needs(state=True, config=True))

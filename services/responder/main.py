@@ -1,29 +1,40 @@
-"""Responder service: replies to each turn by its route (answer_writer, redirect_handler,
-booking_handler), post-processes the reply (dialog state, form fields, suggestions),
-notifies about captured leads and closes the turn."""
+"""Responder service: replies to each turn by its route, post-processes the reply, notifies
+about captured leads and closes the turn. Its nodes, by the event that wakes them:
+
+    route_decided          answer_writer (ANSWER)              → ResponseCompleted
+                           redirect_handler (REDIRECT)         → ResponseCompleted
+                           booking_handler (BOOKING)           → BookingProgressed, LeadCaptured,
+                                                                 ResponseCompleted
+    response_completed     dialog_state_extractor              → DialogStateExtracted
+                           form_field_extractor                → FormFieldsExtracted
+                           suggestion_router                   → SuggestionsRouted
+    suggestions_routed     follow_up_suggester (follow_up)     → SuggestionsGenerated
+                           answer_suggester (answers)          → SuggestionsGenerated
+    lead_captured          lead_notifier                       → WebhookRecorded, AnalyticsRecorded
+    suggestions_generated  finalize                            → TurnCompleted
+"""
 
 from shared import service
 from shared.llm import LLMClient
-from shared.site_config import SiteConfigs
-from services.responder import (answer_writer, booking_handler, finalize, lead_notifier, post_processing,
-                                redirect_handler, suggesters)
+from services.responder import (answer_suggester, answer_writer, booking_handler, dialog_state_extractor, finalize,
+                                follow_up_suggester, form_field_extractor, lead_notifier, redirect_handler,
+                                suggestion_router)
 from services.responder.lead_claims import LeadClaims
 
 
 async def nodes(bus):
     llm = LLMClient.from_env(("answer", "redirect", "suggestions"))
-    configs = SiteConfigs(bus)
     return [
-        answer_writer.make_node(llm, configs),
-        redirect_handler.make_node(llm, configs),
-        booking_handler.make_node(llm, configs),
-        post_processing.dialog_state_extractor,
-        post_processing.form_field_extractor,
-        post_processing.suggestion_router,
-        suggesters.make_node("follow_up", llm, configs),
-        suggesters.make_node("answers", llm, configs),
-        lead_notifier.make_node(configs, LeadClaims(bus)),
-        finalize.make_node(configs),
+        answer_writer.make_node(llm),
+        redirect_handler.make_node(llm),
+        booking_handler.make_node(llm),
+        dialog_state_extractor.make_node(),
+        form_field_extractor.make_node(),
+        suggestion_router.make_node(),
+        follow_up_suggester.make_node(llm),
+        answer_suggester.make_node(llm),
+        lead_notifier.make_node(LeadClaims(bus)),
+        finalize.make_node(),
     ]
 
 

@@ -17,11 +17,10 @@ from pathlib import Path
 from services.responder import replies
 from services.responder.streaming import stream_llm, stream_text
 from shared import events as ev
-from shared import loader, prompts
-from shared.node import Context, Node
+from shared import history, prompts
 from shared.llm import LLMClient
-from shared.site_config import SiteConfig, SiteConfigs
-from shared.state import ConversationState
+from shared.node import Context, Inputs, Needs, Node
+from shared.site_config import SiteConfig
 
 NAME = "redirect_handler"
 PROMPT = Path(__file__).parent / "prompts" / "redirect.md"
@@ -71,29 +70,20 @@ def template_reply(intent: str, message: str, config: SiteConfig, site: str, lan
     return "\n".join(lines + [replies.text("redirect.offer", lang, site_name=config.name or site)])
 
 
-def _message_of(state: ConversationState, turn: int) -> str:
-    for m in reversed(state.messages):
-        if m.turn == turn and m.role == "user":
-            return m.content
-    return ""
-
-
-def make_node(llm: LLMClient, configs: SiteConfigs) -> Node:
-    async def handle(event: ev.RouteDecided, ctx: Context) -> list[ev.Envelope]:
-        if event.route != "REDIRECT":
-            return []
-        state = await loader.load(ctx.bus, event.site, event.session_id)
-        config = await configs.get(event.site)
-        message = _message_of(state, event.turn)
+def make_node(llm: LLMClient) -> Node:
+    async def handle(event: ev.RouteDecided, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
+        state, config = inputs.state, inputs.config
+        message = history.message_of(state, event.turn)
         if event.intent == "HACK":
-            lang = await replies.visitor_language(ctx, event, state)
+            lang = replies.visitor_language(state, event.turn)
             return [await stream_text(ctx, NAME, hack_reply(lang, config, event.site))]
         if not llm.configured("redirect"):
-            lang = await replies.visitor_language(ctx, event, state)
+            lang = replies.visitor_language(state, event.turn)
             return [await stream_text(ctx, NAME, template_reply(event.intent, message, config, event.site, lang))]
         system = prompts.compose(PROMPT, event.site, config, reason=REASONS.get(event.intent, event.reason),
                                  targets=targets(event.intent, config))
         messages = [{"role": "system", "content": system}, {"role": "user", "content": message}]
         return [await stream_llm(ctx, llm, "redirect", NAME, messages, temperature=0.3, max_tokens=160)]
 
-    return Node(name=NAME, consumes=("route_decided",), handle=handle)
+    return Node(name=NAME, consumes=("route_decided",), handle=handle,
+                needs=Needs(state=True, config=True, when=lambda event: event.route == "REDIRECT"))

@@ -7,9 +7,7 @@ import re
 import tomllib
 from pathlib import Path
 
-from shared import events as ev
-from shared import language, subjects
-from shared.node import Context
+from shared import language
 from shared.state import ConversationState
 
 GUESS_MESSAGES = 3
@@ -31,11 +29,11 @@ def lower_first(label: str) -> str:
     return label if len(first) > 1 and first.isupper() else label[:1].lower() + label[1:]
 
 
-async def visitor_language(ctx: Context, event: ev.Envelope, state: ConversationState) -> str:
+def visitor_language(state: ConversationState, turn: int) -> str:
     """The language of this turn's visitor: the widget's report on the turn's
-    `TurnRequested` when it has one, else a guess from their recent messages (one message
-    like "ada@example.com" or "11-50" says nothing about it)."""
-    requested = await ctx.bus.last(subjects.conv(event.site, event.session_id, "turn_requested"))
-    visitor = requested.visitor if isinstance(requested, ev.TurnRequested) and requested.turn == event.turn else None
-    recent = [m.content for m in state.messages if m.role == "user" and m.turn <= event.turn][-GUESS_MESSAGES:]
-    return language.guess(NOT_WORDS.sub(" ", " ".join(recent)), visitor)
+    `TurnRequested` when it has one (`TurnRecord.language`), else a guess from their recent
+    messages (one message like "ada@example.com" or "11-50" says nothing about it)."""
+    record = state.turns.get(turn)
+    reported = {"language": record.language} if record is not None and record.language else None
+    recent = [m.content for m in state.messages if m.role == "user" and m.turn <= turn][-GUESS_MESSAGES:]
+    return language.guess(NOT_WORDS.sub(" ", " ".join(recent)), reported)
