@@ -147,8 +147,8 @@ async def run(args, bus_config: BusConfig) -> int:
     if args.command == "verify":
         result = await reruns.verify(recordings, Graph(), config)
         for item in result.divergences[:20]:
-            print(f"  {item.get('session_id')} turn {item.get('turn', '-')}: "
-                  f"{item.get('field') or item.get('divergence')}")
+            print(f"  {item['session_id']} turn {item['turn']}: {item.get('field') or item.get('node')} "
+                  f"{item.get('divergence', '')}".rstrip())
         print(f"{result.conversations} conversations, {result.turns} turns: {result.diverged} diverged "
               f"({result.seconds:.1f} s)")
         print(json.dumps(result.figures()))
@@ -172,8 +172,8 @@ async def run(args, bus_config: BusConfig) -> int:
             if old is not None:
                 print(f"  original turn {message.turn}: {old.route} {old.answer!r}")
             print(f"  fork:               {new.route if new else None} {new.answer if new else None!r}")
-            for line in result.divergences:
-                print(f"  ! {line}")
+            for item in result.divergences:
+                print(f"  ! turn {item['turn']} {item['node']}: {item['divergence']}")
         return 0
 
     result = await reruns.rerun(recording, graph, config, llm=args.llm, node=args.node, turn=args.turn)
@@ -192,6 +192,6 @@ async def run(args, bus_config: BusConfig) -> int:
     print(describe(result.differences))
     for item in result.node_differences:
         print(f"turn {item['turn']} {item['node']}:\n  - original: {item['original']}\n  + rerun:    {item['rerun']}")
-    for line in result.divergences:
-        print(f"! {line}")
+    for item in result.divergences:
+        print(f"! turn {item['turn']} {item['node']}: {item['divergence']}")
     return 1 if result.diverged else 0

@@ -17,6 +17,7 @@ from typing import Any, AsyncIterator
 
 import msgspec
 
+from cli.replay.sandbox import CURRENT_CALL
 from shared import events as ev
 from shared.config import LLMRoleConfig
 from shared.llm import LLMClient, LLMError, Recorder
@@ -47,8 +48,9 @@ class RecordedLLM(LLMClient):
                      **params: Any) -> AsyncIterator[str]:
         queue = self._recorded.get(request_key(role, messages, params))
         if not queue:
-            self.missing.append({"role": role, "last_message": str(messages[-1].get("content", ""))[:300]
-                                 if messages else ""})
+            node, turn = CURRENT_CALL.get()
+            self.missing.append({"turn": turn, "node": node, "role": role,
+                                 "last_message": str(messages[-1].get("content", ""))[:300] if messages else ""})
             raise LLMError(f"no recorded {role} call matches this request (the rerun diverged before it)")
         call = queue.pop(0)
         self.used += 1

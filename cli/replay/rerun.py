@@ -34,7 +34,7 @@ class Result:
     turns: int
     events: list[ev.Envelope]  # the rerun's log
     differences: list[Difference]
-    divergences: list[str]  # what could not run as recorded (node failures, unanswered LLM calls)
+    divergences: list[dict]  # what could not run as recorded: {turn, node, divergence}
     node_differences: list[dict] = field(default_factory=list)  # --node: that node's outputs, original vs rerun
 
     @property
@@ -103,7 +103,9 @@ async def rerun(recording: Recording, graph: Graph, config: SiteConfig, llm: str
     compared = [e for e in events if turn is None or e.turn == turn]
     divergences = list(sandbox.divergences)
     if isinstance(llm_client, RecordedLLM):
-        divergences += [f"no recorded {m['role']} call for: {m['last_message']!r}" for m in llm_client.missing]
+        divergences += [{"turn": m["turn"], "node": m["node"],
+                         "divergence": f"no recorded {m['role']} call for: {m['last_message']!r}"}
+                        for m in llm_client.missing]
     return Result(session_id=recording.records[0].event.session_id if recording.records else "",
                   turns=len({e.turn for e in inputs}), events=events,
                   differences=diff(original, compared), divergences=divergences,
@@ -167,6 +169,6 @@ async def verify(recordings: list[Recording], graph: Graph, config: SiteConfig) 
         if result.diverged:
             out.diverged += 1
             out.divergences += [{"session_id": result.session_id, **d.to_builtins()} for d in result.differences]
-            out.divergences += [{"session_id": result.session_id, "divergence": d} for d in result.divergences]
+            out.divergences += [{"session_id": result.session_id, **d} for d in result.divergences]
     out.seconds = time.perf_counter() - started
     return out

@@ -23,6 +23,7 @@ is listed as a divergence.
 
 from __future__ import annotations
 
+import contextvars
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -33,6 +34,8 @@ from shared.site_config import SiteConfig
 from shared.state import ConversationState, Record, fold
 
 INPUT_TYPES = ("turn_requested", "turn_blocked")
+# The node call under way (node name, turn): what a recorded LLM names in a divergence.
+CURRENT_CALL: contextvars.ContextVar[tuple[str, int]] = contextvars.ContextVar("replay_call", default=("", 0))
 # Outputs that do not change what a node decides: not waited for.
 NOT_WAITED = ("llm_call_recorded",)
 
@@ -96,7 +99,7 @@ class Sandbox:
     recorded: frozenset[str] = frozenset()  # nodes whose outputs are copied, not computed
     log: list[ev.Envelope] = field(default_factory=list)
     tokens: list = field(default_factory=list)
-    divergences: list[str] = field(default_factory=list)
+    divergences: list[dict] = field(default_factory=list)  # {turn, node, divergence}
     _ids: set[str] = field(default_factory=set)
     _calls: list[Call] = field(default_factory=list)
 
@@ -168,16 +171,21 @@ class Sandbox:
         if node.name in self.recorded:
             if self.recording is None:
                 return []
-            return list(self.recording.outputs.get((node.name, event.event_id), []))
+            # Its outputs for this event, or for the event's own cause (a node that names the
+            # turn's TurnRequested as the cause, as intent_router does).
+            return [*self.recording.outputs.get((node.name, event.event_id), []),
+                    *self.recording.outputs.get((node.name, event.causation_id or ""), [])]
         needs = node.needs
         state = self._state(call) if (needs.state or needs.waits) else ConversationState()
         seen = set(state.turns[event.turn].seen) if event.turn in state.turns else set()
         late = tuple(kind for wait in needs.waits for kind in wait.kinds if kind not in seen)
         ctx = Context(bus=self.bus, node=node.name, cause=event, attempt=1, input_seq=state.last_seq)
+        CURRENT_CALL.set((node.name, event.turn))
         try:
             return list(await node.handle(event, Inputs(state=state, config=self.config, late=late), ctx))
         except Exception as exc:  # noqa: BLE001 - the runner would end the turn; so does the rerun
             reason = f"{type(exc).__name__}: {exc}"
-            self.divergences.append(f"turn {event.turn}: {node.name} failed on {ev.event_type(event)}: {reason}")
+            self.divergences.append({"turn": event.turn, "node": node.name,
+                                     "divergence": f"failed on {ev.event_type(event)}: {reason}"})
             return [ev.follow(event, ev.TurnFailed, node.name, key="failed", node=node.name, reason=reason[:2000],
                               attempts=1, failed_event_id=event.event_id)]
