@@ -30,7 +30,8 @@ COMMANDS = (
         ("replay state SITE SESSION --at SEQ", "the folded state at any event"),
         ("replay rerun|diff SITE SESSION [--turn N] [--node NAME]", "run it again with the current code, in a sandbox"),
         ("replay fork SITE SESSION --at SEQ --message TEXT", "the conversation up to an event, then a new message"),
-        ("replay verify --site SITE [--since 24h] [--limit N]", "rerun many; exit 1 when any diverges"))),
+        ("replay verify --site SITE [--since 24h] [--limit N]", "rerun many; exit 1 when any diverges"),
+        ("replay serve", "answer the operator UI's reruns, diffs, forks and verifies (/admin)"))),
     Command("erase-visitor", "cli.erase", (("erase-visitor", "forget a visitor: redact their events, delete their cached data"),)),
     Command("sites", "cli.sites", (
         ("sites check [DIR]", "validate the site config files (default: sites/)"),

@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             llm = system.spawn("llm", local_llm.server_argv(model, llm_port))
             wait_http(f"{llm_url}/models", 120, llm)
         system.start_all()
+        system.start_replay()  # the operator UI's reruns; ready a few seconds later (models load)
         print(f"services up in {time.monotonic() - started:.1f}s: router, retriever, enricher, responder, gateway")
         print(f"  LLM endpoint: {llm_url} (embedded, log: llm.log)" if model is not None
               else f"  LLM endpoint: {llm_url}" if llm_url else "  LLM: none (extractive answers from the knowledge base)")
@@ -90,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  gateway:      {system.gateway_url}  (POST /v1/chat, GET /readyz)")
         token_note = ("from ADMIN_TOKEN" if os.environ.get("ADMIN_TOKEN")
                       else f"in {system.data_dir / 'admin-token'}")
+        print(f"  operator UI:  {system.gateway_url}/admin  (conversations, timelines, rerun, diff, fork, verify)")
         print(f"  operator token ({token_note}) for the operator endpoints:")
         print(f"    curl -H \"Authorization: Bearer $(cat {system.data_dir / 'admin-token'})\" "
               f"{system.gateway_url}/v1/conversations/demo/<session_id>/events" if not os.environ.get("ADMIN_TOKEN")

@@ -3,6 +3,7 @@
     conv.<site>.<session>.<event_type>   stream CONV    the conversation log (one tenant = conv.<site>.>)
     tokens.<site>.<session>.<turn>       stream TOKENS  streamed answer chunks, short retention
     dlq.<node>                           stream DLQ     events a node could not handle
+    replay.request.<op>                  (no stream)    operator reruns, request-reply to `concierge replay serve`
 """
 
 from __future__ import annotations
@@ -57,6 +58,17 @@ def session_tokens(site: str, session_id: str) -> str:
 
 def dlq(node: str) -> str:
     return f"dlq.{node}"
+
+
+REPLAY_OPS = ("rerun", "diff", "fork", "verify")
+
+
+def replay_request(op: str) -> str:
+    """Where the operator API asks `concierge replay serve` (request-reply, queue group
+    `replay`) to rerun, diff, fork or verify."""
+    if op not in REPLAY_OPS:
+        raise ValueError(f"unknown replay operation {op!r}")
+    return f"replay.request.{op}"
 
 
 def kv_key(site: str, session_id: str) -> str:

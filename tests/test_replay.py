@@ -7,6 +7,7 @@ message, and none of it calls a model, sends a webhook or writes to the bus."""
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
@@ -22,6 +23,8 @@ from shared import subjects
 from shared.bus import connect
 from shared.config import BusConfig
 from shared.site_config import SiteConfigs
+from tests.servers import ROOT
+from tests.test_e2e import CHROMIUM, launch_chromium
 
 SITE = "demo"
 SCRIPTS = (
@@ -140,3 +143,96 @@ async def test_state_at_an_event_and_a_fork_with_a_new_message(system, recorded,
     assert len(completed) == 1 and answer[0].text
     # Turn 1 reran from its recording, unchanged; turn 2 is the fork's own.
     assert [d for d in result.differences if d.turn == 1] == []
+
+
+# --- the operator API and UI (/admin), reruns by `concierge replay serve` -------------------
+
+@pytest.fixture(scope="module")
+def replay_worker(system):
+    """`concierge replay serve` beside the system, as `make run` starts it."""
+    system.start_replay()
+    deadline = time.monotonic() + 90
+    log = system.log_dir / "replay.log"
+    while b"replay ready" not in (log.read_bytes() if log.exists() else b""):
+        assert system.procs["replay"].poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+        time.sleep(0.1)
+    return system
+
+
+def ops(system) -> dict:
+    return {"Authorization": f"Bearer {system.env['ADMIN_TOKEN']}"}
+
+
+async def test_the_operator_api_lists_filters_and_reruns_conversations(replay_worker, recorded):
+    system = replay_worker
+    base = f"{system.gateway_url}/v1/admin/sites/{SITE}"
+    async with httpx.AsyncClient(timeout=120) as client:
+        assert (await client.get(f"{base}/conversations")).status_code == 401
+        listed = (await client.get(f"{base}/conversations", headers=ops(system))).json()
+        assert set(recorded) <= {c["session_id"] for c in listed["conversations"]}
+        leads = (await client.get(f"{base}/conversations?lead=true", headers=ops(system))).json()["conversations"]
+        assert [c["session_id"] for c in leads] == [recorded[2]]
+        redirected = (await client.get(f"{base}/conversations?route=REDIRECT", headers=ops(system))).json()
+        assert {c["session_id"] for c in redirected["conversations"]} == {recorded[0], recorded[1]}
+        assert (await client.get(f"{base}/conversations?route=NOPE", headers=ops(system))).status_code == 422
+
+        diffed = await client.post(f"{base}/conversations/{recorded[0]}/diff", headers=ops(system), json={})
+        assert diffed.status_code == 200 and diffed.json()["diverged"] is False, diffed.text
+        events = (await client.get(f"{system.gateway_url}/v1/conversations/{SITE}/{recorded[0]}/events",
+                                   headers=ops(system))).json()["events"]
+        end_of_turn_1 = next(e["seq"] for e in events if e["type"] == "turn_completed")
+        state = await client.get(f"{system.gateway_url}/v1/conversations/{SITE}/{recorded[0]}/state?at={end_of_turn_1}",
+                                 headers=ops(system))
+        assert state.json()["turn"] == 1 and len(state.json()["messages"]) == 2
+        forked = await client.post(f"{base}/conversations/{recorded[0]}/fork", headers=ops(system),
+                                   json={"at": end_of_turn_1, "message": "Do you have an API?",
+                                         "instructions": "Always answer in one short sentence."})
+        assert forked.status_code == 200, forked.text
+        body = forked.json()
+        assert body["turn"] == 2 and body["fork"]["answer"] and body["original"]["answer"]
+        bad = await client.post(f"{base}/conversations/{recorded[0]}/fork", headers=ops(system), json={"at": "x"})
+        assert bad.status_code == 422
+        report = (await client.post(f"{base}/verify", headers=ops(system), json={})).json()
+        assert report["diverged"] == 0 and report["conversations"] >= len(SCRIPTS)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium not installed (Debian package `chromium`): browser test skipped")
+async def test_the_operator_ui_in_chromium(replay_worker, recorded):
+    """An operator opens /admin, lists the site's conversations, opens one, reads the state at
+    an event, reruns it (no differences) and forks it; screenshot in artifacts/admin.png."""
+    from playwright.async_api import async_playwright
+
+    system = replay_worker
+    artifacts = ROOT / "artifacts"
+    artifacts.mkdir(exist_ok=True)
+    async with async_playwright() as pw:
+        browser = await launch_chromium(pw)
+        try:
+            page = await browser.new_page(viewport={"width": 1400, "height": 900})
+            await page.goto(system.gateway_url + "/admin")
+            await page.fill("#token", system.env["ADMIN_TOKEN"])
+            await page.fill("#site", SITE)
+            await page.click("#load")
+            row = page.locator(f".row[data-session='{recorded[0]}']")
+            await row.wait_for(timeout=30000)
+            await row.click()
+            first = page.locator("#timeline details.event").first
+            await first.wait_for(timeout=30000)
+            assert "turn_requested" in await first.text_content()
+            await page.click("#diff")
+            await page.wait_for_function("() => document.querySelector('#right').textContent.includes('no differences')",
+                                         timeout=120000)
+            completed = page.locator("#timeline details.event", has_text="turn_completed").first
+            await completed.locator("summary").click()
+            await completed.locator("button", has_text="state here").click()
+            await page.wait_for_function("() => document.querySelector('#rightTitle').textContent.startsWith('State after')",
+                                         timeout=30000)
+            await completed.locator("summary").click()
+            await page.fill("#forkMessage", "Do you have an API?")
+            await page.fill("#forkInstructions", "Always answer in one short sentence.")
+            await page.click("#fork")
+            await page.wait_for_function("() => document.querySelector('#right').textContent.includes('fork, turn')",
+                                         timeout=120000)
+            await page.screenshot(path=str(artifacts / "admin.png"), full_page=True)
+        finally:
+            await browser.close()

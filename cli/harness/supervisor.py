@@ -167,6 +167,10 @@ class System:
             env = {"OPS_PORT": str(self.ops_ports[name]), **(env or {})}
         return self.spawn(name, [sys.executable, "-m", f"services.{service}"], env)
 
+    def start_replay(self) -> subprocess.Popen:
+        """`concierge replay serve`: the operator UI's reruns (it logs 'replay ready')."""
+        return self.spawn("replay", [sys.executable, "-m", "cli", "replay", "serve"])
+
     def ingest(self, site: str, source: Path = DEMO_KB, check: bool = True) -> subprocess.CompletedProcess:
         """`concierge ingest` into this system's knowledge base (before the retriever opens it)."""
         return subprocess.run([sys.executable, "-m", "cli", "ingest", "--site", site, "--quiet", str(source)],

@@ -59,30 +59,38 @@ BOOKING = ["I'd like to book a demo", "visitor{i}@example.com", "Company {i}", "
 SCRIPTS = [QUESTIONS, QUESTIONS[3:] + QUESTIONS[:3], QUESTIONS[6:] + QUESTIONS[:6], QUESTIONS[::-1], SUPPORT, BOOKING]
 
 
-async def drive(base_url: str, site: str, turns: int, concurrency: int, think_s: float = 0.0) -> tuple[list[dict], list[str]]:
-    per_session = max(1, turns // concurrency)
+async def drive(base_url: str, site: str, turns: int, concurrency: int, think_s: float = 0.0,
+                sessions_total: int | None = None) -> tuple[list[dict], list[str]]:
+    """`sessions_total` conversations (default: `concurrency`), at most `concurrency` at once,
+    `turns` turns in all."""
+    sessions_total = sessions_total or concurrency
+    per_session = max(1, turns // sessions_total)
     results: list[dict] = []
     sessions: list[str] = []
-    limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency * 2)
+    slots = asyncio.Semaphore(concurrency)
+    # Idle connections are dropped before the gateway (uvicorn: 5 s) closes them under a request.
+    limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency * 2,
+                          keepalive_expiry=2.0)
     async with httpx.AsyncClient(timeout=120, limits=limits) as client:
 
         async def conversation(i: int) -> None:
             visitor = Conversation(client, base_url, site)
             # Sessions start spread over one think time, as visitors do not all type at once.
-            await asyncio.sleep(think_s * i / concurrency)
+            await asyncio.sleep(think_s * (i % concurrency) / concurrency)
             script = SCRIPTS[i % len(SCRIPTS)]
-            for t in range(per_session):
-                if t:
-                    await asyncio.sleep(think_s)
-                r = await visitor.say(script[t % len(script)].format(i=i, t=t))
-                if t == 0 and visitor.session_id:
-                    sessions.append(visitor.session_id)
-                final = r.final or {}
-                results.append({"status": r.status, "final": final.get("type"),
-                                "route": (final.get("metadata") or {}).get("route"),
-                                "first_token_s": r.first_token_s, "total_s": r.total_s})
+            async with slots:
+                for t in range(per_session):
+                    if t:
+                        await asyncio.sleep(think_s)
+                    r = await visitor.say(script[t % len(script)].format(i=i, t=t))
+                    if t == 0 and visitor.session_id:
+                        sessions.append(visitor.session_id)
+                    final = r.final or {}
+                    results.append({"status": r.status, "final": final.get("type"),
+                                    "route": (final.get("metadata") or {}).get("route"),
+                                    "first_token_s": r.first_token_s, "total_s": r.total_s})
 
-        await asyncio.gather(*(conversation(i) for i in range(concurrency)))
+        await asyncio.gather(*(conversation(i) for i in range(sessions_total)))
     return results, sessions
 
 
@@ -132,6 +140,23 @@ async def replay_rate(nats_url: str, site: str, sessions: list[str], rounds: int
     return events / elapsed, events, stages
 
 
+async def verify(nats_url: str, site: str, env: dict[str, str]) -> dict:
+    """`concierge replay verify --site SITE` over the bench's conversations, in this process
+    with the services' LLM settings (the calls are answered from the recording)."""
+    from cli.replay import rerun
+    from cli.replay.graph import Graph
+    from shared.site_config import SiteConfigs
+
+    os.environ.update(env)
+    bus = await connect(BusConfig(url=nats_url), name="bench-verify")
+    try:
+        recordings = await rerun.read_site(bus, site)
+        config = await SiteConfigs(bus).get(site)
+    finally:
+        await bus.close()
+    return (await rerun.verify(recordings, Graph(), config)).figures(limit=10)
+
+
 def process_cpu_s(system) -> dict[str, float]:
     """User + system CPU seconds of each process the system started (Linux /proc), to see
     where the measured turns' time went."""
@@ -150,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--turns", type=int, default=240)
     parser.add_argument("--concurrency", type=int, default=24)
+    parser.add_argument("--sessions", type=int, default=None,
+                        help="conversations in all (default: --concurrency), --concurrency at a time")
+    parser.add_argument("--verify", action="store_true",
+                        help="then `concierge replay verify` the bench's conversations (recorded LLM calls)")
     parser.add_argument("--ttft-ms", type=float, default=100.0, help="scripted LLM time to first token")
     parser.add_argument("--inter-token-ms", type=float, default=20.0, help="scripted LLM delay between chunks")
     parser.add_argument("--think-ms", type=float, default=1000.0,
@@ -198,12 +227,14 @@ def main(argv: list[str] | None = None) -> int:
             cpu_before = process_cpu_s(system)
             started = time.perf_counter()
             results, sessions = asyncio.run(
-                drive(system.gateway_url, site, args.turns, args.concurrency, args.think_ms / 1000))
+                drive(system.gateway_url, site, args.turns, args.concurrency, args.think_ms / 1000, args.sessions))
             wall = time.perf_counter() - started
             cpu_s = {name: round(after - cpu_before.get(name, 0.0), 1) for name, after in process_cpu_s(system).items()}
             print("CPU seconds per process during the measured turns: "
                   + ", ".join(f"{name} {seconds}" for name, seconds in cpu_s.items()), flush=True)
             rate, replayed, stages = asyncio.run(replay_rate(system.nats_url, site, sessions, args.replay_rounds))
+            verified = asyncio.run(verify(system.nats_url, site, {**llm_env, "SITES_DIR": str(sites)})) \
+                if args.verify else None
         finally:
             system.stop()
             llm.terminate()
@@ -239,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         "turn_ms_p50": round(percentile(totals, 50), 1),
         "turns_per_s": round(len(ok) / wall, 1),
         "answer_stage_ms_p50": {stage: round(percentile(values, 50), 1) for stage, values in stages.items() if values},
+        **({"verify": verified} if verified is not None else {}),
         "replay_events": replayed,
         "replay_events_per_s": round(rate),
         "cpus": os.cpu_count(),
@@ -251,5 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     print("ANSWER turns, ms after TurnRequested (p50, from the events' timestamps): "
           + ", ".join(f"{stage} {ms}" for stage, ms in figures["answer_stage_ms_p50"].items()))
     print(f"replay: {replayed} events read and folded at {figures['replay_events_per_s']} events/s")
+    if verified is not None:
+        print(f"replay verify: {verified['conversations']} conversations, {verified['turns']} turns, "
+              f"{verified['diverged']} diverged, {verified['conversations_per_s']} conversations/s")
     print(json.dumps(figures))
-    return 0 if figures["failed"] == 0 else 1
+    return 0 if figures["failed"] == 0 and not (verified or {}).get("diverged") else 1

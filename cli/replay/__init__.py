@@ -7,6 +7,7 @@
     replay diff SITE SESSION [...]                  the rerun, compared turn by turn with the original
     replay fork SITE SESSION --at SEQ --message TEXT [--sites-dir DIR] [--prompts-dir DIR] [--llm ...]
     replay verify --site SITE [--since DURATION] [--limit N]
+    replay serve                                    answer the operator API's reruns (/admin)
 
 A rerun runs the conversation's recorded visitor messages through the current code in a
 sandbox in this process: the original log is only read, nothing is published, no webhook
@@ -41,7 +42,7 @@ from shared.bus import connect
 from shared.config import BusConfig
 from shared.site_config import SiteConfig, SiteConfigs, parse
 
-SUBCOMMANDS = ("timeline", "state", "rerun", "diff", "fork", "verify")
+SUBCOMMANDS = ("timeline", "state", "rerun", "diff", "fork", "verify", "serve")
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 
 
@@ -93,6 +94,10 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"]:
+        from cli.replay.serve import main as serve
+
+        return serve(argv[1:])
     if argv and argv[0] not in SUBCOMMANDS and not argv[0].startswith("-"):
         argv = ["timeline", *argv]  # `concierge replay SITE SESSION`, as before
     args = parser().parse_args(argv)
@@ -154,7 +159,7 @@ async def run(args, bus_config: BusConfig) -> int:
         print(json.dumps(result.figures()))
         return 1 if result.diverged else 0
 
-    graph = Graph(live_retrieval=args.live_retrieval)
+    graph = Graph(live_retrieval=args.live_retrieval, retrieval_for_new=args.command == "fork")
     if args.command == "fork":
         if args.prompts_dir is not None:
             print(f"prompts from {args.prompts_dir}: {', '.join(prompts.override(args.prompts_dir)) or 'none'}",

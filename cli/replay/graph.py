@@ -5,7 +5,10 @@ calls, or a live client).
 Three nodes are `RECORDED`: they read or change the world outside the conversation
 (enrichment: company lookups and Redis; retrieval: a knowledge base that ingestion changes;
 lead_notifier: the webhook), so a rerun copies their outputs instead of running them.
-`--live retrieval` runs the retriever on this machine's knowledge base instead.
+`live_retrieval` runs the retriever on this machine's knowledge base for every turn;
+`retrieval_for_new` only for turns the recording does not have (a fork's new message). The
+knowledge base is the shared Qdrant server when `QDRANT_URL` is set, else a private copy of
+`KB_DIR` taken now (the embedded store opens in one process at a time).
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ RECORDED = frozenset({"enrichment", "retrieval", "lead_notifier"})
 
 
 class Graph:
-    def __init__(self, live_retrieval: bool = False):
+    def __init__(self, live_retrieval: bool = False, retrieval_for_new: bool = False):
         self._parts = RouterParts.build(None)
-        self._retriever = _retriever() if live_retrieval else None
+        self._retriever = _retriever() if (live_retrieval or retrieval_for_new) else None
         self.recorded = RECORDED - ({"retrieval"} if live_retrieval else set())
+        self.live_for_new = frozenset({"retrieval"}) if self._retriever is not None else frozenset()
 
     def nodes(self, llm: LLMClient) -> list[Node]:
         classifier_llm = llm if llm.configured("classifier") else None
@@ -61,7 +65,11 @@ class Graph:
 
 
 def _retriever():
-    """The retriever as its service makes it, on this machine's knowledge base (KB_DIR)."""
+    """The retriever as its service makes it, on this machine's knowledge base."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
     from services.retriever import rerank
     from services.retriever.knowledge import KnowledgeBase
     from services.retriever.search import Retriever, keyword_llm_from_env
@@ -71,5 +79,10 @@ def _retriever():
 
     settings = RetrievalSettings.from_env()
     language.load()
-    return Retriever(kb=KnowledgeBase.from_env(shared_embedder()).open(), base=settings,
+    kb = KnowledgeBase.from_env(shared_embedder())
+    if not env_str("QDRANT_URL", "") and kb.root.exists():
+        copy = Path(tempfile.mkdtemp(prefix="concierge-replay-kb-")) / "kb"
+        shutil.copytree(kb.root, copy, ignore=shutil.ignore_patterns(".lock"))
+        kb.root = copy
+    return Retriever(kb=kb.open(), base=settings,
                      rerankers=rerank.from_env(settings.rerank_timeout_s), llm=keyword_llm_from_env())

@@ -92,7 +92,8 @@ async def rerun(recording: Recording, graph: Graph, config: SiteConfig, llm: str
     if node is not None and node not in names:
         raise ValueError(f"unknown node {node!r}; nodes: {', '.join(sorted(names))}")
     recorded = (names - {node}) if node else graph.recorded
-    sandbox = Sandbox(nodes=nodes, config=config, recording=recording, recorded=frozenset(recorded))
+    sandbox = Sandbox(nodes=nodes, config=config, recording=recording, recorded=frozenset(recorded),
+                      live_for_new=graph.live_for_new if node is None else frozenset())
     inputs = recording.inputs()
     original = [r.event for r in recording.records]
     if turn is not None:

@@ -97,6 +97,7 @@ class Sandbox:
     config: SiteConfig
     recording: Recording | None = None
     recorded: frozenset[str] = frozenset()  # nodes whose outputs are copied, not computed
+    live_for_new: frozenset[str] = frozenset()  # recorded nodes run for a cause the recording lacks
     log: list[ev.Envelope] = field(default_factory=list)
     tokens: list = field(default_factory=list)
     divergences: list[dict] = field(default_factory=list)  # {turn, node, divergence}
@@ -168,7 +169,8 @@ class Sandbox:
         node, event = call.node, call.event
         if not node.concerns(event):
             return []
-        if node.name in self.recorded:
+        new = self.recording is None or event.event_id not in self.recording.seq_of
+        if node.name in self.recorded and not (new and node.name in self.live_for_new):
             if self.recording is None:
                 return []
             # Its outputs for this event, or for the event's own cause (a node that names the

@@ -13,12 +13,13 @@ import ipaddress
 import logging
 import time
 from contextlib import asynccontextmanager
+from typing import Annotated
 from pathlib import Path
 
 import anyio
 import msgspec
 import nats.errors
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from sse_starlette import EventSourceResponse
@@ -28,8 +29,9 @@ from shared import loader, logs, metrics, privacy, redis_client, subjects, telem
 from shared.bus import Bus, ConcurrencyConflict, connect, topology_ready
 from shared.config import BusConfig, env_float, env_int
 from shared.session_guard import SessionGuard
+from shared.state import ConversationState, apply
 from shared.site_config import SiteConfig, SiteConfigs
-from services.gateway import abuse_gate, frames, visitor_view
+from services.gateway import abuse_gate, admin, frames, visitor_view
 from services.gateway.cors import SiteCORS, origin_allowed
 from services.gateway.openapi import (CHAT_OPENAPI, CHAT_RESPONSES, OPERATOR_RESPONSES, RESUME_RESPONSES,
                                       VISITOR_READ_RESPONSES, LastEventId, SessionId, SiteId, TokenHeader, Turn,
@@ -159,6 +161,8 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
 
     async def operator(request: Request, credentials=Depends(bearer)) -> Operator:
         return await request.app.state.operators.authenticate(request.headers.get("authorization"))
+
+    admin.add_routes(app, operator)
 
     @app.get("/", include_in_schema=False)
     async def demo_page():
@@ -385,11 +389,20 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
 
     @app.get("/v1/conversations/{site}/{session_id}/state", responses=OPERATOR_RESPONSES)
     async def conversation_state(request: Request, site: SiteId, session_id: SessionId,
-                                 who: Operator = Depends(operator)):
-        """A conversation's folded state (operators: ADMIN_TOKEN or the site's API key)."""
+                                 who: Operator = Depends(operator),
+                                 at: Annotated[int | None, Query(ge=1, description="the state after this event")] = None):
+        """A conversation's folded state (operators: ADMIN_TOKEN or the site's API key); with
+        `at`, the state folded from its events up to that stream sequence."""
         if not who.sees(site):
             return _not_found(site, session_id)
-        state = await loader.load(request.app.state.bus, site, session_id)
+        if at is not None:
+            state = ConversationState()
+            for record in await request.app.state.bus.read(subjects.conversation(site, session_id)):
+                if record.seq > at:
+                    break
+                apply(state, record)
+        else:
+            state = await loader.load(request.app.state.bus, site, session_id)
         if state.event_count == 0:
             return _not_found(site, session_id)
         return Response(msgspec.json.encode(state), media_type="application/json")

@@ -1,0 +1,105 @@
+"""`concierge replay serve`: reruns, diffs, forks and verifies for the operator API.
+
+The gateway's `/admin` endpoints check the operator's credentials, then ask over the bus
+(request-reply on `replay.request.<op>`, queue group `replay`, so replicas share the work);
+this process answers with JSON. It reads the log and never writes to it, like every replay.
+A request: `{"site", "session_id", ...}` (`turn`, `node`, `llm`; fork: `at`, `message`,
+`instructions` to use in place of the site's; verify: `since_s`, `limit`). A reply:
+`{"ok": true, ...}` or `{"ok": false, "error": "..."}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import time
+
+import msgspec
+
+from cli.replay import rerun as reruns
+from cli.replay.diff import outcomes
+from cli.replay.graph import Graph
+from shared import logs, subjects
+from shared.bus import Bus, connect
+from shared.config import BusConfig
+from shared.site_config import SiteConfigs
+
+log = logging.getLogger(__name__)
+
+
+def _outcome(o) -> dict | None:
+    return msgspec.to_builtins(o.__dict__) if o is not None else None
+
+
+async def answer(bus: Bus, graph: Graph, op: str, request: dict) -> dict:
+    site = request["site"]
+    config = await SiteConfigs(bus).get(site)
+    if op == "verify":
+        since = time.time() - float(request["since_s"]) if request.get("since_s") else 0.0
+        recordings = await reruns.read_site(bus, site, since, request.get("limit"))
+        return (await reruns.verify(recordings, graph, config)).figures()
+    recording = await reruns.read(bus, site, request["session_id"])
+    if not recording.records:
+        raise ValueError(f"no conversation {request['session_id']} on site {site}")
+    if op == "fork":
+        if request.get("instructions") is not None:
+            config = msgspec.structs.replace(config, instructions=str(request["instructions"]))
+        prefix, message = reruns.fork_input(recording, int(request["at"]), str(request["message"]))
+        result = await reruns.rerun(prefix, graph, config, llm=request.get("llm", "live"), extra_inputs=(message,))
+        original = outcomes([r.event for r in recording.records]).get(message.turn)
+        return {"turn": message.turn, "original": _outcome(original),
+                "fork": _outcome(outcomes(result.events).get(message.turn)), "divergences": result.divergences}
+    result = await reruns.rerun(recording, graph, config, llm=request.get("llm", "recorded"),
+                                node=request.get("node") or None, turn=request.get("turn"))
+    return {"session_id": result.session_id, "turns": result.turns, "diverged": result.diverged,
+            "differences": [d.to_builtins() for d in result.differences],
+            "node_differences": result.node_differences, "divergences": result.divergences,
+            "outcomes": {t: _outcome(o) for t, o in outcomes(result.events).items()}}
+
+
+async def serve(bus_config: BusConfig, stop: asyncio.Event) -> None:
+    # A fork's new message is searched in the knowledge base (a copy, or the Qdrant server).
+    graph = await asyncio.to_thread(Graph, False, True)
+    bus = await connect(bus_config, name="replay")
+    lock = asyncio.Lock()  # one rerun at a time: they share the models and the CPU
+
+    async def on_request(msg) -> None:
+        op = msg.subject.rsplit(".", 1)[-1]
+        try:
+            request = json.loads(msg.data)
+            async with lock:
+                reply = {"ok": True, **await answer(bus, graph, op, request)}
+        except Exception as exc:  # noqa: BLE001 - the operator sees the reason; this process goes on
+            log.warning("replay request failed", extra={"op": op, "error": repr(exc)})
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        await msg.respond(json.dumps(reply, default=str).encode())
+
+    subs = [await bus.nc.subscribe(subjects.replay_request(op), queue="replay", cb=on_request)
+            for op in subjects.REPLAY_OPS]
+    log.info("replay ready", extra={"ops": list(subjects.REPLAY_OPS)})
+    try:
+        await stop.wait()
+    finally:
+        for sub in subs:
+            await sub.unsubscribe()
+        await bus.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="concierge replay serve", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.parse_args(argv)
+    logs.setup("replay")
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(BusConfig.from_env(), stop)
+
+    asyncio.run(run())
+    return 0
