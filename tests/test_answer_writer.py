@@ -1,4 +1,9 @@
-"""answer_writer waits for the turn's background results, but never past its deadline."""
+"""answer_writer. Given-when-then, no server: the extractive answer it decides from the
+turn's given sources (cited), "not found" without any, nothing for a turn routed elsewhere,
+and the previous message read as a follow-up's context unless it was a HACK turn's.
+Through the bus: it waits for the turn's background results, but never past its deadline;
+the prompt it gives the `answer` role (profile, persona, sources, history within budget);
+the streaming and the citation audit."""
 
 from __future__ import annotations
 
@@ -12,8 +17,9 @@ from shared.config import LLMRoleConfig
 from shared.consumer import ConsumerRunner
 from shared.events import VisitorProfile
 from shared.llm import LLMClient
+from shared.site_config import CTA, SiteConfig
 from services.responder import answer_writer
-from tests.helpers import FixedConfigs, fast, isolated, wait_for
+from tests.helpers import FixedConfigs, decide, fast, isolated, turn, wait_for
 
 
 async def run_turn(bus, site, llm, background=(), config=None, earlier=(), history_tokens=8000,
@@ -28,9 +34,8 @@ async def run_turn(bus, site, llm, background=(), config=None, earlier=(), histo
                             start_lookback_s=5)
     await runner.start()
     try:
-        for turn, (text, reply) in enumerate(earlier, start=1):
-            before = ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="a1", turn=turn, ts=ev.now(),
-                                      producer="test", message=text)
+        for number, (text, reply) in enumerate(earlier, start=1):
+            before = turn(site, "a1", number, text)
             await bus.publish(before)
             await bus.publish(ev.follow(before, ev.ResponseCompleted, "answer_writer", node="answer_writer",
                                         text=reply, token_count=1))
@@ -77,7 +82,7 @@ async def test_profile_reaches_the_prompt_when_ready(bus, site, llm):
 
 
 async def test_site_persona_shapes_the_prompt_and_temperature(bus, site, llm):
-    from shared.site_config import Persona, SiteConfig
+    from shared.site_config import Persona
     llm.clear()
     config = SiteConfig(name="Tidewise", instructions="Mention the free trial when relevant.",
                         persona=Persona(weight=0.85, name="Captain Ada", tone="warm", vocabulary=["crew"]))
@@ -194,7 +199,6 @@ async def test_without_an_answer_llm_the_answer_is_the_sources_sentences_cited_a
 
 
 async def test_extractive_answer_with_nothing_relevant_says_so_and_gives_the_contact(bus, site, llm, monkeypatch):
-    from shared.site_config import CTA, SiteConfig
     monkeypatch.setattr(answer_writer, "BACKEND", "extractive")
     llm.clear()
     config = SiteConfig(name="Tidewise", cta=CTA(label="Book a demo", url="https://tidewise.example/demo"))
@@ -222,3 +226,82 @@ async def test_ANSWER_BACKEND_llm_without_an_endpoint_stops_at_start(monkeypatch
     client = LLMClient({"answer": LLMRoleConfig(role="answer", base_url="", api_key="k", model="m")})
     with pytest.raises(ConfigError, match="LLM_ANSWER_BASE_URL"):
         answer_writer.make_node(client)
+
+
+# --- the extractive answer, given-when-then -------------------------------------------------
+
+
+
+@pytest.fixture
+def extractive(monkeypatch):
+    """The node with no endpoint for the answer role: the extractive backend."""
+    monkeypatch.setattr(answer_writer, "BACKEND", "")
+    return answer_writer.make_node(LLMClient({}))
+
+
+TIDEWISE = SiteConfig(name="Tidewise", cta=CTA(label="Book a demo", url="https://tidewise.example/demo"))
+
+
+def asked(session: str, *messages: str, hack_first: bool = False, documents=DEMO_DOCS) -> tuple[ev.RouteDecided, list]:
+    """The visitor's `messages`, one turn each (the earlier ones answered; the first a HACK
+    turn when `hack_first`); the last one's retrieval given, then routed to ANSWER."""
+    given = []
+    for number, message in enumerate(messages[:-1], start=1):
+        request = turn("s", session, number, message)
+        route, intent = ("REDIRECT", "HACK") if hack_first and number == 1 else ("ANSWER", "LEARN")
+        given += [request, ev.follow(request, ev.RouteDecided, "intent_router", route=route, intent=intent, reason="t"),
+                  ev.follow(request, ev.ResponseCompleted, "test", node="test", text="ok", token_count=1)]
+    request = turn("s", session, len(messages), messages[-1])
+    given.append(request)
+    if documents is not None:
+        given.append(ev.follow(request, ev.RetrievalCompleted, "retrieval", documents=documents))
+    return ev.follow(request, ev.RouteDecided, "intent_router", route="ANSWER", intent="LEARN", reason="t"), given
+
+
+async def test_the_answer_is_the_given_sources_sentence_cited(extractive):
+    routed, given = asked("e1", "How much is the Growth plan?")
+    decision = await decide(extractive, routed, *given, config=TIDEWISE)
+    (completed,) = decision.events
+    assert completed.backend == "extractive" and completed.causation_id == routed.event_id
+    assert completed.text.startswith("The Growth plan costs $59 per technician per month") and "[2]" in completed.text
+    assert completed.sources == [1, 2] and not completed.uncited and completed.unsupported_numbers == []
+    sources, *tokens = decision.tokens  # the sources go out before the first token
+    assert isinstance(sources, ev.SourcesAttached) and [s["n"] for s in sources.sources] == [1, 2]
+    assert "".join(t.content for t in tokens) == completed.text and len(tokens) == completed.token_count
+
+
+async def test_without_sources_it_says_it_did_not_find_it_and_names_what_was_late(extractive):
+    routed, given = asked("e2", "How much is the Growth plan?", documents=None)
+    late = ("retrieval_completed", "enrichment_completed", "profile_inferred")
+    decision = await decide(extractive, routed, *given, config=TIDEWISE, late=late)
+    (completed,) = decision.events
+    assert completed.text == ("I couldn't find that in Tidewise's documentation, and I'd rather not guess. "
+                              "The team can answer it: Book a demo, https://tidewise.example/demo")
+    assert completed.sources == [] and completed.late_inputs == list(late)
+    assert not any(isinstance(t, ev.SourcesAttached) for t in decision.tokens)
+
+
+async def test_a_follow_up_is_read_with_the_previous_message_but_never_a_hack_turns(extractive):
+    routed, given = asked("e3", "Pricing?", "And Xero?")
+    (after_pricing,) = (await decide(extractive, routed, *given, config=TIDEWISE)).events
+    assert after_pricing.text.startswith("The Growth plan costs $59") and "[2]" in after_pricing.text
+    routed, given = asked("e4", "Pricing?", "And Xero?", hack_first=True)
+    (after_hack,) = (await decide(extractive, routed, *given, config=TIDEWISE)).events
+    assert after_hack.text.startswith("QuickBooks Online and Xero") and "[1]" in after_hack.text
+
+
+async def test_a_turn_routed_elsewhere_is_not_its_to_answer(extractive):
+    routed, given = asked("e5", "How much is the Growth plan?")
+    for route in ("REDIRECT", "BOOKING"):
+        other = ev.follow(given[0], ev.RouteDecided, "intent_router", route=route, intent="SUPPORT", reason="t")
+        assert (await decide(extractive, other, *given, config=TIDEWISE)).events == []
+
+
+def test_it_waits_for_retrieval_then_for_the_visitors_profile_each_on_its_deadline(monkeypatch):
+    monkeypatch.setattr(answer_writer, "RETRIEVAL_WAIT_S", 1.5)
+    monkeypatch.setattr(answer_writer, "WAIT_S", 0.3)
+    monkeypatch.setattr(answer_writer, "BACKEND", "llm")
+    client = LLMClient({"answer": LLMRoleConfig(role="answer", base_url="http://127.0.0.1:9", api_key="k", model="m")})
+    waits = answer_writer.make_node(client).needs.waits
+    assert [(w.kinds, w.deadline_s) for w in waits] == [(("retrieval_completed",), 1.5),
+                                                        (("enrichment_completed", "profile_inferred"), 0.3)]

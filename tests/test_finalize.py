@@ -1,6 +1,7 @@
-"""The `complete` event's metadata, pure: given a turn's events, what `finalize.metadata`
-tells the browser (route, suggestions, form values and the CTA link they fill, skills,
-booking, this turn's dialog flags, and the sources the answer was given, marked cited)."""
+"""finalize, given-when-then: given a turn's events, when its suggestions are stored, the
+turn closes with `TurnCompleted`, whose metadata (`finalize.metadata`) tells the browser the
+route, suggestions, form values and the CTA link they fill, skills, booking, this turn's
+dialog flags, and the sources the answer was given, marked cited."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from urllib.parse import parse_qs, urlsplit
 from services.responder import finalize
 from shared import events as ev
 from shared.site_config import CTA, Booking, FormField, SiteConfig
-from tests.helpers import state_of, turn
+from tests.helpers import decide, state_of, turn
 
 CONFIG = SiteConfig(name="Tidewise", cta=CTA(label="Book a demo", booking_url="https://tidewise.example/book"),
                     booking=Booking(fields=[FormField(name="email", kind="email"), FormField(name="team_size")]))
@@ -74,3 +75,30 @@ def test_a_site_without_a_booking_link_gets_no_cta():
     meta = finalize.metadata(state_of(*events), 1, none)  # no site config: the defaults, no link
     assert meta["cta"] is None and meta["cta_url_overrides"] == {}
     assert meta["suggested_follow_ups"] == [] and meta["suggested_answers"] == []
+
+
+async def test_the_turn_closes_with_its_metadata_caused_by_its_suggestions():
+    request, events = answered_turn("f4")
+    suggestions = ev.follow(request, ev.SuggestionsGenerated, "test", kind="follow_up",
+                            suggestions=["Is there a trial?"])
+    (completed,) = (await decide(finalize.make_node(), suggestions, *events, config=CONFIG)).events
+    assert isinstance(completed, ev.TurnCompleted) and completed.causation_id == suggestions.event_id
+    assert completed.turn == 1 and completed.metadata["suggested_follow_ups"] == ["Is there a trial?"]
+    assert completed.metadata["route"] == "ANSWER" and completed.metadata["dialog_flags"]["email_captured"]
+    assert parse_qs(urlsplit(completed.metadata["cta_url_overrides"]["booking_url"]).query) == {
+        "email": ["ada@acme.io"]}  # the site's config reached it
+
+
+async def test_what_is_still_missing_at_the_deadline_is_left_out_never_waited_for():
+    """The runner waits, at most FINALIZE_WAIT_S, for the turn's dialog state, form fields and
+    enrichment; the turn closes on whatever is there by then."""
+    request, events = answered_turn("f5")
+    without_post_processing = [e for e in events if not isinstance(e, (ev.FormFieldsExtracted,
+                                                                       ev.DialogStateExtracted))]
+    none = ev.follow(request, ev.SuggestionsGenerated, "test", kind="none")
+    decision = await decide(finalize.make_node(), none, *without_post_processing, config=CONFIG,
+                            late=finalize.GATHERED)
+    (completed,) = decision.events
+    assert completed.metadata["form_values"] == {} and completed.metadata["dialog_flags"] == {}
+    assert completed.metadata["cta_url_overrides"] == {}
+    assert finalize.make_node().needs.waits[0].kinds == finalize.GATHERED

@@ -1,9 +1,12 @@
-"""The lead webhook against a real JetStream and a real HTTP receiver: Standard Webhooks
-signatures a receiver can verify (and reject when tampered or replayed late), one secret
-per site, and one delivery per lead whatever copies of its event the bus carries."""
+"""lead_notifier. Given-when-then, no bus (claims in memory, a real HTTP receiver): what
+the webhook tells the receiver of the conversation, and a lead with nowhere to go. Against a
+real JetStream: Standard Webhooks signatures a receiver can verify (and reject when
+tampered or replayed late), one secret per site, and one delivery per lead whatever copies
+of its event the bus carries."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import msgspec
@@ -11,13 +14,13 @@ import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from services.responder import lead_notifier
-from services.responder.lead_claims import LeadClaims, lead_id
+from services.responder.lead_claims import Claim, LeadClaims, lead_id
 from shared import events as ev
 from shared import subjects, webhook_secret
 from shared.node import Context, gather
 from shared.site_config import Lead, SiteConfig, SiteConfigs
 from tests.servers import WebhookReceiver
-from tests.helpers import events_of, fast, isolated, start, wait_for
+from tests.helpers import decide, events_of, fast, isolated, start, turn, wait_for
 
 DEPLOYMENT_SECRET = "deployment-secret"
 
@@ -35,6 +38,42 @@ def receiver(monkeypatch):
 def lead(site, session="s1", turn=2, email="ada@example.com"):
     return ev.LeadCaptured(event_id=ev.new_id(), site=site, session_id=session, turn=turn, ts=ev.now(),
                            producer="test", email=email)
+
+
+class ClaimsInMemory:
+    """LeadClaims without the bucket: the first event to claim a conversation's lead owns it."""
+
+    def __init__(self):
+        self.claims: dict[tuple[str, str], Claim] = {}
+
+    async def claim(self, site, session_id, event_id):
+        return self.claims.setdefault((site, session_id), Claim(owner=event_id))
+
+    async def settle(self, site, session_id, owner, outcome):
+        self.claims[(site, session_id)] = Claim(owner=owner, outcome=outcome)
+
+
+async def test_the_webhook_tells_the_receiver_the_booking_answers_and_the_visitor_profile(receiver):
+    request = turn("s", "l1", 1, "Book a demo, I'm ada@example.com, we are 11-50")
+    given = [request, ev.follow(request, ev.BookingProgressed, "booking_handler", pending_field=None,
+                                collected={"email": "ada@example.com", "team_size": "11-50"}, done=True),
+             ev.follow(request, ev.EnrichmentCompleted, "enrichment", profile=ev.VisitorProfile(company_name="Globex"))]
+    captured = ev.follow(request, ev.LeadCaptured, "booking_handler", email="ada@example.com")
+    recorded, analytics = (await decide(lead_notifier.make_node(ClaimsInMemory()), captured, *given)).events
+    assert isinstance(recorded, ev.WebhookRecorded) and recorded.ok and recorded.target == receiver.url
+    assert isinstance(analytics, ev.AnalyticsRecorded) and not analytics.sent  # no analytics API configured
+    (delivered,) = receiver.requests
+    payload = json.loads(delivered["body"])
+    assert payload["collected"] == {"email": "ada@example.com", "team_size": "11-50"}
+    assert payload["visitor_profile"]["company_name"] == "Globex" and payload["event_id"] == captured.event_id
+
+
+async def test_a_lead_with_no_webhook_configured_is_recorded_as_skipped(monkeypatch):
+    monkeypatch.delenv("LEAD_WEBHOOK_URL", raising=False)
+    request = turn("s", "l2", 1, "I'm ada@example.com")
+    captured = ev.follow(request, ev.LeadCaptured, "booking_handler", email="ada@example.com")
+    recorded, _ = (await decide(lead_notifier.make_node(ClaimsInMemory()), captured, request)).events
+    assert recorded.skipped and not recorded.ok and recorded.error == "no webhook configured"
 
 
 async def running(bus, site):

@@ -12,8 +12,6 @@ import pytest
 from services.responder import (answer_suggester, booking_handler, dialog_state_extractor, finalize,
                                 follow_up_suggester, form_field_extractor, redirect_handler, replies,
                                 suggestion_router, suggestions)
-from services.responder.booking_handler import Step, wording
-from services.responder.redirect_handler import template_reply
 from shared import events as ev
 from shared import subjects
 from shared.config import LLM_ROLES, LLMRoleConfig
@@ -38,33 +36,6 @@ CONFIG = SiteConfig(
 
 
 # --- the wording, pure --------------------------------------------------------------------
-
-
-def test_redirect_templates_name_the_sites_target_in_the_visitors_language():
-    german = template_reply("SUPPORT", "Ich komme nicht in mein Konto", CONFIG, "demo", "de")
-    assert "https://help.tidewise.example" in german and "Support-Team" in german
-    assert german.endswith("Gern beantworte ich Ihre Fragen zu Tidewise.")
-    jobs = template_reply("OTHER", "Are you hiring engineers?", CONFIG, "demo", "en")
-    assert "https://tidewise.example/careers" in jobs and "press" not in jobs  # the target the message is about
-    other = template_reply("OTHER", "I have a question for you", CONFIG, "demo", "en")
-    assert "https://tidewise.example/careers" in other and "press@tidewise.example" in other
-    assert "mailto:" not in other
-    offtopic = template_reply("OFFTOPIC", "What's the weather in Paris?", CONFIG, "demo", "fr")
-    assert offtopic.startswith("Cela sort du cadre") and "http" not in offtopic
-    assert template_reply("SUPPORT", "help", SiteConfig(), "acme", "en").startswith("That's outside")
-
-
-def test_booking_templates_ask_the_fields_label_and_give_the_link():
-    email, team = CONFIG.booking.fields
-    assert wording(Step("ask", email, first=True), "en", "Tidewise") == (
-        "I'd be glad to set up a demo of Tidewise. Could you give me your work email?")
-    choice = wording(Step("ask", team, thanks=True), "en", "Tidewise")
-    assert choice == "Thank you. Which best describes your number of technicians: 1-10 / 11-50 / 51-200 / 200+?"
-    assert wording(Step("invalid", email, answer="ada@"), "de", "Tidewise").startswith(
-        "Das scheint nicht gültig zu sein (Work email).")
-    assert wording(Step("done", thanks=True, link="https://x.example/book?email=a%40b.co"), "es", "T") == (
-        "Gracias. Todo listo. Elija un horario para su demostración aquí: https://x.example/book?email=a%40b.co")
-    assert wording(booking_handler.STOP, "nl", "T").startswith("Geen probleem.")
 
 
 def test_every_template_exists_in_every_language_and_fills_in():
