@@ -129,7 +129,11 @@ async def gather(needs: Needs, event: ev.Envelope, bus: Bus, configs: SiteConfig
         loaded = False
         for wait in needs.waits:
             remaining = wait.deadline_s - (time.monotonic() - started)
-            if remaining > 0 or not loaded:
+            record = state.turns.get(event.turn)
+            missing = set(wait.kinds) - set(record.seen if record else ())
+            # Past this wait's deadline (an earlier wait used it up), the log is still read
+            # once more for what it may have stored meanwhile; a wait of 0 s reads nothing more.
+            if remaining > 0 or not loaded or (missing and wait.deadline_s > 0):
                 state = await awaiter.turn_state(bus, event.site, event.session_id, event.turn, set(wait.kinds),
                                                  max(0.0, remaining))
                 loaded = True
