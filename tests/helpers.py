@@ -12,6 +12,7 @@ import uuid
 from shared import events as ev
 from shared import subjects
 from shared.config import ConsumerConfig
+from cli.replay.sandbox import LogBus
 from shared.consumer import ConsumerRunner
 from shared.node import Context, Inputs
 from shared.site_config import SiteConfig
@@ -100,44 +101,16 @@ class FixedConfigs:
         return self.config
 
 
-class RecordingBus:
+class RecordingBus(LogBus):
     """Stands in for the bus when a node's decision is tested alone: what the handler sends
     before it returns (LLM call records, tokens) is kept, in order; what it reads of the log
-    itself (`read`, `last`: a route that cancels its work, its own last output) comes from
-    the given events, and nothing arrives live."""
-
-    max_event_bytes = 1 << 20
+    comes from the given events, and nothing arrives live."""
 
     def __init__(self, log: list[Record] | None = None):
         self.log = log or []
         self.emitted: list[ev.Envelope] = []
         self.tokens: list[ev.Envelope] = []
-        self.nc = _Silent()
-
-    async def publish(self, event):
-        self.emitted.append(event)
-
-    async def publish_token(self, event):
-        self.tokens.append(event)
-
-    async def read(self, filter_subject, after_seq=0):
-        prefix = filter_subject[:-1] if filter_subject.endswith(">") else None
-        return [r for r in self.log if r.seq > after_seq
-                and (r.subject == filter_subject or (prefix is not None and r.subject.startswith(prefix)))]
-
-    async def last(self, subject):
-        found = await self.read(subject)
-        return found[-1].event if found else None
-
-
-class _Silent:
-    """A connection on which no message ever arrives."""
-
-    async def subscribe(self, subject, cb=None):
-        return self
-
-    async def unsubscribe(self):
-        return None
+        super().__init__(lambda: self.log, self.emitted.append, self.tokens.append)
 
 
 @dataclasses.dataclass

@@ -189,7 +189,7 @@ async def test_the_operator_api_lists_filters_and_reruns_conversations(replay_wo
                                          "instructions": "Always answer in one short sentence."})
         assert forked.status_code == 200, forked.text
         body = forked.json()
-        assert body["turn"] == 2 and body["fork"]["answer"] and body["original"]["answer"]
+        assert body["turn"] == 2 and body["fork"]["answer"] and body["original"]["answer"], body
         bad = await client.post(f"{base}/conversations/{recorded[0]}/fork", headers=ops(system), json={"at": "x"})
         assert bad.status_code == 422
         report = (await client.post(f"{base}/verify", headers=ops(system), json={})).json()

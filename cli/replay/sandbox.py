@@ -26,12 +26,13 @@ from __future__ import annotations
 import contextvars
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Callable
 
 from shared import events as ev
 from shared import subjects
 from shared.node import Context, Inputs, Node
 from shared.site_config import SiteConfig
-from shared.state import ConversationState, Record, fold
+from shared.state import ConversationState, Record, apply, copy_state, fold
 
 INPUT_TYPES = ("turn_requested", "turn_blocked")
 # The node call under way (node name, turn): what a recorded LLM names in a divergence.
@@ -51,6 +52,8 @@ class Recording:
         for record in records:
             if record.event.causation_id:
                 self.outputs[record.event.producer, record.event.causation_id].append(record.event)
+        # What a rerun waits for, in log order: the events a node's decision can depend on.
+        self.waited = [r for r in records if ev.event_type(r.event) not in NOT_WAITED]
 
     def inputs(self) -> list[ev.Envelope]:
         """What the visitor did: the gateway's turn-starting events, in order."""
@@ -59,30 +62,49 @@ class Recording:
     def llm_calls(self) -> list[ev.LLMCall]:
         return [r.event.call for r in self.records if isinstance(r.event, ev.LLMCallRecorded)]
 
-    def visible(self, node: str, cause_id: str) -> set[str] | None:
-        """The ids of the original events the node's handler was given for this cause, or None
+    def input_seq(self, node: str, cause_id: str) -> int:
+        """Where in the log the state the node's handler was given for this cause ended; 0
         when the original does not say (no output, or one from before outputs recorded it)."""
         outputs = self.outputs.get((node, cause_id))
-        seq = max((o.input_seq for o in outputs), default=0) if outputs else 0
-        if not seq:
-            return None
-        return {r.event.event_id for r in self.records if r.seq <= seq}
+        return max((o.input_seq for o in outputs), default=0) if outputs else 0
 
 
-class SandboxBus:
-    """What a handler's context sends before it returns: events into the sandbox log, tokens
-    kept apart."""
+class LogBus:
+    """A bus over an in-memory log, for handlers run without a server (a rerun, a test of one
+    decision): what they publish goes to `on_event` / `on_token`, what they read of the log
+    (`read`, `last`: a route that cancels their work, their own last output) comes from
+    `records()`, and nothing arrives live on a subscription."""
 
     max_event_bytes = 1 << 20
 
-    def __init__(self, sandbox: "Sandbox"):
-        self.sandbox = sandbox
+    def __init__(self, records: Callable[[], list[Record]], on_event: Callable, on_token: Callable):
+        self._records, self._on_event, self._on_token = records, on_event, on_token
+        self.nc = _Silent()
 
     async def publish(self, event: ev.Envelope) -> None:
-        self.sandbox.append(event)
+        self._on_event(event)
 
     async def publish_token(self, chunk) -> None:
-        self.sandbox.tokens.append(chunk)
+        self._on_token(chunk)
+
+    async def read(self, filter_subject: str, after_seq: int = 0) -> list[Record]:
+        prefix = filter_subject[:-1] if filter_subject.endswith(">") else None
+        return [r for r in self._records() if r.seq > after_seq
+                and (r.subject == filter_subject or (prefix is not None and r.subject.startswith(prefix)))]
+
+    async def last(self, subject: str):
+        found = await self.read(subject)
+        return found[-1].event if found else None
+
+
+class _Silent:
+    """A connection on which no message ever arrives."""
+
+    async def subscribe(self, subject, cb=None, **_):
+        return self
+
+    async def unsubscribe(self):
+        return None
 
 
 @dataclass
@@ -103,9 +125,16 @@ class Sandbox:
     divergences: list[dict] = field(default_factory=list)  # {turn, node, divergence}
     _ids: set[str] = field(default_factory=set)
     _calls: list[Call] = field(default_factory=list)
+    _by_id: dict[str, ev.Envelope] = field(default_factory=dict)
+    _new: set[str] = field(default_factory=set)  # ids the original does not have
+    _next: int = 0  # index into recording.waited: the frontier
+    _running: ConversationState = field(default_factory=ConversationState)  # fold along the original's log
+    _running_at: int = 0  # records folded into it
+    _running_seq: int = 0
 
     def __post_init__(self):
-        self.bus = SandboxBus(self)
+        self.bus = LogBus(lambda: [_record(i, e) for i, e in enumerate(self.log, start=1)],
+                          self._emitted, self.tokens.append)
         self._consumers: dict[str, list[Node]] = defaultdict(list)
         for node in self.nodes:
             for kind in node.consumes:
@@ -115,17 +144,26 @@ class Sandbox:
         """Store one event (False when its id is stored already) and queue its consumers."""
         if event.event_id in self._ids:
             return False
-        self._ids.add(event.event_id)
-        self.log.append(event)
+        self._remember(event)
         self._calls.extend(Call(node, event) for node in self._consumers.get(ev.event_type(event), ()))
         return True
+
+    def _emitted(self, event: ev.Envelope) -> None:
+        """An event a handler stored before returning (an LLM call record)."""
+        self.append(event)
+
+    def _remember(self, event: ev.Envelope) -> None:
+        self._ids.add(event.event_id)
+        self._by_id[event.event_id] = event
+        if self.recording is None or event.event_id not in self.recording.seq_of:
+            self._new.add(event.event_id)
+        self.log.append(event)
 
     def preload(self, events: list[ev.Envelope]) -> None:
         """Events taken as they are (earlier turns, when one turn is rerun): stored, not handled."""
         for event in events:
             if event.event_id not in self._ids:
-                self._ids.add(event.event_id)
-                self.log.append(event)
+                self._remember(event)
 
     async def run(self, inputs: list[ev.Envelope]) -> list[ev.Envelope]:
         """Feed the inputs one at a time, each run until nothing is left; the sandbox log."""
@@ -142,15 +180,21 @@ class Sandbox:
             for out in await self._invoke(call):
                 self.append(out)
 
-    def _visible(self, call: Call) -> set[str] | None:
-        if self.recording is None:
-            return None
-        return self.recording.visible(call.node.name, call.event.event_id)
+    def _input_seq(self, call: Call) -> int:
+        return self.recording.input_seq(call.node.name, call.event.event_id) if self.recording else 0
+
+    def _frontier(self) -> int:
+        """The log position of the first original event (of those waited for) the rerun has
+        not made yet: a node whose original state ended before it can run now."""
+        waited = self.recording.waited
+        while self._next < len(waited) and waited[self._next].event.event_id in self._ids:
+            self._next += 1
+        return waited[self._next].seq if self._next < len(waited) else 1 << 62
 
     def _waiting(self, call: Call) -> bool:
-        visible = self._visible(call)
-        if visible is not None:
-            return any(i not in self._ids and self.recording.type_of[i] not in NOT_WAITED for i in visible)
+        seq = self._input_seq(call)
+        if seq:
+            return seq >= self._frontier()
         seen = self._seen(self.log, call.event.turn)
         return any(wait.deadline_s > 0 and not set(wait.kinds) <= seen for wait in call.node.needs.waits)
 
@@ -159,11 +203,31 @@ class Sandbox:
         return {ev.event_type(e) for e in events if e.turn == turn}
 
     def _state(self, call: Call) -> ConversationState:
-        visible = self._visible(call)
-        events = self.log if visible is None else [
-            e for e in self.log if e.event_id in visible or e.event_id not in self.recording.seq_of]
-        return fold(Record(seq=i, subject=subjects.conv(e.site, e.session_id, ev.event_type(e)), event=e)
-                    for i, e in enumerate(events, start=1))
+        """What the node is handed: the events the original handler saw, as the rerun made
+        them, in the original's order (a fold kept running along the log while the rerun
+        has made every event so far and nothing new); or the whole sandbox log."""
+        seq = self._input_seq(call)
+        if not seq:
+            return self._fold(self.log)
+        by_id = self._by_id
+        if not self._new and seq < self._frontier() and seq >= self._running_seq:
+            for record in self.recording.records[self._running_at:]:
+                if record.seq > seq:
+                    break
+                self._running_at += 1
+                if (made := by_id.get(record.event.event_id)) is not None:
+                    apply(self._running, Record(seq=record.seq, subject=record.subject, event=made))
+            self._running_seq = seq
+            return copy_state(self._running)
+        visible = [by_id[r.event.event_id] for r in self.recording.records
+                   if r.seq <= seq and r.event.event_id in by_id]
+        return self._fold(visible + [e for e in self.log if e.event_id in self._new])
+
+    @staticmethod
+    def _fold(events: list[ev.Envelope]) -> ConversationState:
+        return fold(_record(i, e) for i, e in enumerate(events, start=1))
+
+
 
     async def _invoke(self, call: Call) -> list[ev.Envelope]:
         node, event = call.node, call.event
@@ -191,3 +255,7 @@ class Sandbox:
                                      "divergence": f"failed on {ev.event_type(event)}: {reason}"})
             return [ev.follow(event, ev.TurnFailed, node.name, key="failed", node=node.name, reason=reason[:2000],
                               attempts=1, failed_event_id=event.event_id)]
+
+
+def _record(seq: int, event: ev.Envelope) -> Record:
+    return Record(seq=seq, subject=subjects.conv(event.site, event.session_id, ev.event_type(event)), event=event)
