@@ -398,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
             "RATE_LIMIT_PER_IP_PER_MIN": "0",
             "RATE_LIMIT_PER_SITE_PER_MIN": "100000",
         })
+        began = time.monotonic()
         try:
             llm = system.spawn("scripted-llm", [sys.executable, "-m", "cli", "scripted-llm", "--port", str(llm_port),
                                                 "--ttft-ms", str(args.ttft_ms), "--inter-token-ms", "20"])
@@ -407,8 +408,8 @@ def main(argv: list[str] | None = None) -> int:
             system.ingest(SITE)
             topology = Topology(system, [free_port() for _ in range(args.replicas)])
             topology.start_all(args.ready_timeout)
-            log(f"up: 1 nats-server, {len(SERVICES) * args.replicas} service processes; warming up, then "
-                f"{args.sessions} sessions, scenarios {', '.join(args.scenarios)}")
+            log(f"up after {time.monotonic() - began:.0f} s: 1 nats-server, {len(SERVICES) * args.replicas} service "
+                f"processes; warming up, then {args.sessions} sessions, scenarios {', '.join(args.scenarios)}")
             asyncio.run(warm_up(topology))
             visitors, scenarios, result, records, rewritten, wall = asyncio.run(run(args, topology, log))
         finally:
