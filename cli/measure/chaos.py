@@ -23,7 +23,9 @@ scenario is some load, one fault, the recovery and a few seconds to settle:
   publish `--republish` stored conversation events again with their own `Nats-Msg-Id`, as
   a producer's retry would (JetStream must drop every one).
 
-Turns belong to the scenario during which they were sent. After the load, the tool waits
+A turn counts for the last fault before it ended: the one it was under way through, or
+else the last one before it was sent (a turn in flight across two faults counts for the
+second). After the load, the tool waits
 for quiescence and audits, from the conversation log and the webhook's requests:
 
 - lost_events: a `TurnRequested` never ended in the log, or a turn shown complete without a
@@ -212,9 +214,7 @@ class Watch:
 @dataclass
 class Scenario:
     name: str
-    began: float = 0.0  # its window (time.monotonic()): turns sent in it are its turns
-    ended: float = 0.0
-    fault_at: float | None = None
+    fault_at: float = 0.0  # time.monotonic() of the kill, stop or freeze
     mid_turn: bool = False  # the fault waited for a turn to be under way
     recovery_s: float | None = None
     detail: dict = field(default_factory=dict)
@@ -320,9 +320,7 @@ async def run(args, topology: Topology, log) -> tuple[list[Visitor], list[Scenar
         async def faults() -> None:
             try:
                 for scenario in scenarios:
-                    scenario.began = time.monotonic()
                     await chaos.run(scenario)
-                    scenario.ended = time.monotonic()
             finally:
                 chaos_done.set()
 
@@ -331,9 +329,6 @@ async def run(args, topology: Topology, log) -> tuple[list[Visitor], list[Scenar
         started = time.monotonic()
         visitors, _ = await asyncio.gather(
             drive(topology.gateways, args.sessions, 1, args.think_ms / 1000, chaos_done, hang_s, retry_s), faults())
-        if scenarios:
-            scenarios[0].began = started
-            scenarios[-1].ended = time.monotonic()
         wall = time.monotonic() - started
         log(f"load over after {wall:.1f}s; waiting for quiescence")
         result = await quiesce(bus, visitors, args.quiesce_s)
@@ -420,24 +415,28 @@ def main(argv: list[str] | None = None) -> int:
 
 # --- the report ------------------------------------------------------------------------------
 
-def scenario_figures(scenario: Scenario, turns: list[Turn], rewritten: dict) -> dict:
-    mine = [t for t in turns if scenario.began <= t.started < scenario.ended]
+def owner(scenarios: list[Scenario], at: float) -> str:
+    """The scenario of the last fault at or before `at` (the first scenario's, before any)."""
+    return max((s for s in scenarios if s.fault_at <= at), key=lambda s: s.fault_at, default=scenarios[0]).name
+
+
+def scenario_figures(scenario: Scenario, scenarios: list[Scenario], turns: list[Turn], rewritten: dict) -> dict:
+    mine = [t for t in turns if owner(scenarios, t.started + t.seconds) == scenario.name]
     outcomes = Counter(t.outcome for t in mine)
-    figures = {
+    fault = scenario.fault_at
+    in_flight = [t for t in turns if t.started < fault < t.started + t.seconds]
+    # A stream cut by its gateway's death ended, for the visitor, when the gateway died.
+    ends = [0.0 if t.outcome in ("cut", "read_back") else t.started + t.seconds - fault for t in in_flight]
+    return {
         "turns": len(mine), "completed": outcomes["complete"],
         "errors_shown": sum(outcomes[o] for o in ERRORS), "read_back": outcomes["read_back"],
-        "hung": outcomes["hung"], "recovery_s": scenario.recovery_s, "mid_turn": scenario.mid_turn,
-        "answers_rewritten": sum(scenario.began <= at < scenario.ended for at in rewritten.values()),
+        "hung": outcomes["hung"], "in_flight": len(in_flight),
+        "in_flight_end_s": round(max(ends), 1) if ends else None,
+        "recovery_s": scenario.recovery_s, "mid_turn": scenario.mid_turn,
+        "answers_rewritten": sum(owner(scenarios, at) == scenario.name for at in rewritten.values()),
+        "error_events": outcomes["error"], "streams_cut": outcomes["cut"], "refused": outcomes["refused"],
         **scenario.detail,
     }
-    if scenario.fault_at is not None:
-        fault = scenario.fault_at
-        in_flight = [t for t in turns if t.started < fault < t.started + t.seconds]
-        # A stream cut by its gateway's death ended, for the visitor, when the gateway died.
-        ends = [0.0 if t.outcome in ("cut", "read_back") else t.started + t.seconds - fault for t in in_flight]
-        figures["in_flight"] = len(in_flight)
-        figures["in_flight_end_s"] = round(max(ends), 1) if ends else None
-    return figures
 
 
 def unmet_targets(args, figures: dict) -> list[str]:
@@ -465,7 +464,7 @@ def report(args, visitors: list[Visitor], scenarios: list[Scenario], result: Aud
     turns = [t for v in visitors for t in v.turns]
     outcomes = Counter(t.outcome for t in turns)
     corrupted = {session: problems for session, rs in conversations(records).items() if (problems := corruption(rs))}
-    per_scenario = {s.name: scenario_figures(s, turns, rewritten) for s in scenarios}
+    per_scenario = {s.name: scenario_figures(s, scenarios, turns, rewritten) for s in scenarios}
     recoveries = [s.recovery_s for s in scenarios if s.recovery_s is not None]
     figures = {
         "turns": len(turns),
