@@ -36,6 +36,8 @@ for quiescence and audits, from the conversation log and the webhook's requests:
   turn order (an answer after the next turn's message, an answer without its message);
 - duplicate_side_effects: webhook deliveries beyond the first per `webhook-id`;
 - hung: a visitor's turn with no `complete` or `error` within the turn deadline + 15 s;
+- enrichments_cut_short: `EnrichmentCompleted` stored with `trouble` (Redis unreachable,
+  a source failed: the next turn enriches again), what an outage costs besides errors;
 - in_flight_end_s: per fault, the longest time from the fault to the end of a turn that was
   in flight at that moment (a stream cut by the gateway's death ends at the kill).
 
@@ -420,8 +422,12 @@ def owner(scenarios: list[Scenario], at: float) -> str:
     return max((s for s in scenarios if s.fault_at <= at), key=lambda s: s.fault_at, default=scenarios[0]).name
 
 
-def scenario_figures(scenario: Scenario, scenarios: list[Scenario], turns: list[Turn], rewritten: dict) -> dict:
+def scenario_figures(scenario: Scenario, scenarios: list[Scenario], turns: list[Turn], rewritten: dict,
+                     records: list[Record]) -> dict:
     mine = [t for t in turns if owner(scenarios, t.started + t.seconds) == scenario.name]
+    wall = time.time() - time.monotonic()  # stored events carry wall-clock times
+    short = [r for r in records if isinstance(r.event, ev.EnrichmentCompleted) and r.event.trouble
+             and owner(scenarios, r.event.ts - wall) == scenario.name]
     outcomes = Counter(t.outcome for t in mine)
     fault = scenario.fault_at
     in_flight = [t for t in turns if t.started < fault < t.started + t.seconds]
@@ -435,6 +441,7 @@ def scenario_figures(scenario: Scenario, scenarios: list[Scenario], turns: list[
         "recovery_s": scenario.recovery_s, "mid_turn": scenario.mid_turn,
         "answers_rewritten": sum(owner(scenarios, at) == scenario.name for at in rewritten.values()),
         "error_events": outcomes["error"], "streams_cut": outcomes["cut"], "refused": outcomes["refused"],
+        "enrichments_cut_short": len(short),
         **scenario.detail,
     }
 
@@ -464,7 +471,7 @@ def report(args, visitors: list[Visitor], scenarios: list[Scenario], result: Aud
     turns = [t for v in visitors for t in v.turns]
     outcomes = Counter(t.outcome for t in turns)
     corrupted = {session: problems for session, rs in conversations(records).items() if (problems := corruption(rs))}
-    per_scenario = {s.name: scenario_figures(s, scenarios, turns, rewritten) for s in scenarios}
+    per_scenario = {s.name: scenario_figures(s, scenarios, turns, rewritten, records) for s in scenarios}
     recoveries = [s.recovery_s for s in scenarios if s.recovery_s is not None]
     figures = {
         "turns": len(turns),
