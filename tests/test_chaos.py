@@ -14,7 +14,8 @@ import time
 import pytest
 
 from cli.harness.supervisor import ROOT
-from cli.measure.chaos import conversations, corruption
+from cli.measure.chaos import Scenario, conversations, corruption, turn_owner
+from cli.measure.cluster_rehearsal import Turn
 from shared import events as ev
 from shared import subjects
 from shared.state import Record
@@ -91,6 +92,20 @@ def test_conversations_keep_each_log_in_stream_order():
     one, other = requested(1), requested(1, session_id="s2")
     records = log_of(one, other, answered(1), completed(1))
     assert [[r.seq for r in rs] for rs in conversations(records).values()] == [[1, 3, 4], [2]]
+
+
+def test_a_turn_counts_for_the_last_fault_before_it_ended_for_its_visitor():
+    scenarios = [Scenario("kill-gateway", fault_at=10.0), Scenario("nats-restart", fault_at=20.0)]
+
+    def sent(at, seconds, outcome="complete"):
+        return Turn(0, "hi", outcome=outcome, started=at, seconds=seconds)
+
+    assert turn_owner(scenarios, sent(1.0, 2.0)) == "kill-gateway"  # before any fault: the first
+    assert turn_owner(scenarios, sent(9.0, 2.0)) == "kill-gateway"  # under way through it
+    assert turn_owner(scenarios, sent(12.0, 2.0)) == "kill-gateway"  # sent after it, ended before the next
+    assert turn_owner(scenarios, sent(19.0, 3.0, "error")) == "nats-restart"  # through the second
+    # Cut at the gateway's death, then 35 s waiting for a read-back that never came.
+    assert turn_owner(scenarios, sent(9.5, 35.0, "cut")) == "kill-gateway"
 
 
 @pytest.mark.timeout(240)

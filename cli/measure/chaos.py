@@ -23,9 +23,9 @@ scenario is some load, one fault, the recovery and a few seconds to settle:
   publish `--republish` stored conversation events again with their own `Nats-Msg-Id`, as
   a producer's retry would (JetStream must drop every one).
 
-A turn counts for the last fault before it ended: the one it was under way through, or
-else the last one before it was sent (a turn in flight across two faults counts for the
-second). After the load, the tool waits
+A turn counts for the last fault before it ended for its visitor: the one it was under way
+through, or else the last one before it was sent (a turn in flight across two faults counts
+for the second; a cut stream ended at its gateway's death). After the load, the tool waits
 for quiescence and audits, from the conversation log and the webhook's requests:
 
 - lost_events: a `TurnRequested` never ended in the log, or a turn shown complete without a
@@ -40,6 +40,9 @@ for quiescence and audits, from the conversation log and the webhook's requests:
   a source failed: the next turn enriches again), what an outage costs besides errors;
 - in_flight_end_s: per fault, the longest time from the fault to the end of a turn that was
   in flight at that moment (a stream cut by the gateway's death ends at the kill).
+
+The JSON also lists every turn not shown complete (session, outcome, scenario, when it ended)
+to look up in the log and in the processes' logs (`--data-dir`).
 
 Targets (exit status 1 when one does not hold): always 0 hung, 0 lost, 0 corrupted logs, 0
 duplicate side effects, every republished event dropped; a NATS restart shows at most the
@@ -422,9 +425,20 @@ def owner(scenarios: list[Scenario], at: float) -> str:
     return max((s for s in scenarios if s.fault_at <= at), key=lambda s: s.fault_at, default=scenarios[0]).name
 
 
+def turn_owner(scenarios: list[Scenario], turn: Turn) -> str:
+    """The scenario of the last fault before the turn ended for its visitor. A cut stream
+    ended at the first fault after it was sent (its gateway's death), though the visitor
+    then waited for a read-back."""
+    if turn.outcome in ("cut", "read_back"):
+        cutter = min((s for s in scenarios if s.fault_at >= turn.started), key=lambda s: s.fault_at, default=None)
+        if cutter is not None:
+            return cutter.name
+    return owner(scenarios, turn.started + turn.seconds)
+
+
 def scenario_figures(scenario: Scenario, scenarios: list[Scenario], turns: list[Turn], rewritten: dict,
                      records: list[Record]) -> dict:
-    mine = [t for t in turns if owner(scenarios, t.started + t.seconds) == scenario.name]
+    mine = [t for t in turns if turn_owner(scenarios, t) == scenario.name]
     wall = time.time() - time.monotonic()  # stored events carry wall-clock times
     short = [r for r in records if isinstance(r.event, ev.EnrichmentCompleted) and r.event.trouble
              and owner(scenarios, r.event.ts - wall) == scenario.name]
@@ -444,6 +458,14 @@ def scenario_figures(scenario: Scenario, scenarios: list[Scenario], turns: list[
         "enrichments_cut_short": len(short),
         **scenario.detail,
     }
+
+
+def not_completed(visitors: list[Visitor], scenarios: list[Scenario]) -> list[dict]:
+    """Every turn not shown complete, to look up in the log and the processes' logs."""
+    return [{"session_id": v.session_id, "turn": t.turn, "outcome": t.outcome, "status": t.status,
+             "retries": t.retries, "scenario": turn_owner(scenarios, t), "seconds": round(t.seconds, 1),
+             "ended_at": round(time.time() - time.monotonic() + t.started + t.seconds, 1)}
+            for v in visitors for t in v.turns if t.outcome != "complete"]
 
 
 def unmet_targets(args, figures: dict) -> list[str]:
@@ -517,6 +539,7 @@ def report(args, visitors: list[Visitor], scenarios: list[Scenario], result: Aud
     figures["unmet"] = unmet_targets(args, figures)
     for line in figures["unmet"]:
         print(f"target not met: {line}")
+    figures["not_completed"] = not_completed(visitors, scenarios)[:30]
     figures["lost"] = result.lost[:10]
     figures["corrupted"] = {s: p[:3] for s, p in list(corrupted.items())[:10]}
     print(json.dumps(figures))
