@@ -160,10 +160,12 @@ class Topology(Cluster):
         return ops + [f"http://127.0.0.1:{port}/readyz" for port in self.gateway_ports]
 
 
-async def all_ready(urls: list[str], timeout: float) -> float:
-    """Poll every `/readyz` until all answer 200; when that happened (time.monotonic())."""
+async def all_ready(urls: list[str], timeout: float) -> tuple[float, int]:
+    """Poll every `/readyz` until all answer 200: when that happened (time.monotonic()), and
+    how many were not ready at the first poll (evidence that readiness did drop)."""
     deadline = time.monotonic() + timeout
     pending = set(urls)
+    at_first = None
     async with httpx.AsyncClient(timeout=1.0) as client:
         while pending:
             for url in list(pending):
@@ -172,11 +174,12 @@ async def all_ready(urls: list[str], timeout: float) -> float:
                         pending.discard(url)
                 except httpx.TransportError:
                     pass
+            at_first = len(pending) if at_first is None else at_first
             if pending and time.monotonic() > deadline:
                 raise TimeoutError(f"not ready {timeout:.0f} s after the restart: {sorted(pending)}")
             if pending:
                 await asyncio.sleep(0.1)
-    return time.monotonic()
+    return time.monotonic(), at_first or 0
 
 
 class Watch:
@@ -265,10 +268,13 @@ class Chaos:
         await asyncio.to_thread(self.system.start_nats)
         back = time.monotonic()
         self.say("nats-server started again (same port, same store)")
-        ready = await all_ready(self.topology.readyz_urls(), self.args.ready_timeout)
+        urls = self.topology.readyz_urls()
+        ready, scenario.detail["not_ready_at_first"] = await all_ready(urls, self.args.ready_timeout)
         scenario.recovery_s = round(ready - scenario.fault_at, 1)
         scenario.detail["readyz_s"] = round(ready - back, 1)
-        self.say(f"every /readyz 200 again, {scenario.detail['readyz_s']} s after the server came back")
+        scenario.detail["readyz_endpoints"] = len(urls)
+        self.say(f"every /readyz 200 again, {scenario.detail['readyz_s']} s after the server came back "
+                 f"({scenario.detail['not_ready_at_first']} of {len(urls)} were not ready at first)")
 
     async def redis_stop(self, scenario: Scenario) -> None:
         scenario.mid_turn = await self.watch.busy("requested", self.args.trigger_s)
