@@ -28,6 +28,8 @@ through, or else the last one before it was sent (a turn in flight across two fa
 for the second; a cut stream ended at its gateway's death). After the load, the tool waits
 for quiescence and audits, from the conversation log and the webhook's requests:
 
+- errors_shown: an SSE `error`, a stream cut with no answer to read back, or a request refused
+  after every retry; read_back: a cut stream whose answer the visitor read from a gateway;
 - lost_events: a `TurnRequested` never ended in the log, or a turn shown complete without a
   `TurnCompleted` (the rehearsal's audit);
 - corrupted_logs: conversations whose log holds an event id twice, a turn with more than one
@@ -38,6 +40,8 @@ for quiescence and audits, from the conversation log and the webhook's requests:
 - hung: a visitor's turn with no `complete` or `error` within the turn deadline + 15 s;
 - enrichments_cut_short: `EnrichmentCompleted` stored with `trouble` (Redis unreachable,
   a source failed: the next turn enriches again), what an outage costs besides errors;
+- answers_rewritten: turns whose answer a second attempt wrote (a token of attempt 2 or more
+  on the bus): the fault did hit an answer being written;
 - in_flight_end_s: per fault, the longest time from the fault to the end of a turn that was
   in flight at that moment (a stream cut by the gateway's death ends at the kill).
 
