@@ -47,6 +47,9 @@ COMMANDS = (
     Command("cluster-rehearsal", "cli.measure.cluster_rehearsal", (
         ("cluster-rehearsal [--sessions N] [--bounded]",
          "3 clustered nats-servers, 2 replicas of each service, load; kill one of each in turn"),)),
+    Command("chaos", "cli.measure.chaos", (
+        ("chaos [--replicas 1|2] [--bounded]",
+         "under load: kill each service, restart NATS, stop Redis, duplicate events; audit the logs"),)),
     Command("first-run", "cli.measure.first_run", (("first-run", "time a fresh clone's `make run` to its first answer"),)),
     Command("llm-bench", "cli.measure.llm_bench", (
         ("llm-bench", "time to first token and tokens/s of the embedded model (or --base-url)"),)),

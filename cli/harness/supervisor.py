@@ -208,6 +208,11 @@ class System:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
 
+    def pause(self, name: str, paused: bool = True) -> None:
+        """SIGSTOP (paused) or SIGCONT a process: frozen, it keeps its connections and its
+        unacked messages, which the server then redelivers elsewhere, as to a stalled host."""
+        os.killpg(self.procs[name].pid, signal.SIGSTOP if paused else signal.SIGCONT)
+
     def stop(self, timeout: float = 15) -> None:
         """SIGTERM the services and let them drain, then nats; SIGKILL whatever stays."""
         infrastructure = [n for n in self.procs if n.split("-")[0] in ("nats", "redis")]

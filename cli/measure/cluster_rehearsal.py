@@ -75,6 +75,7 @@ class Turn:
     status: int | None = None
     turn: int | None = None  # the conversation's turn number, when the gateway said it
     retries: int = 0
+    started: float = 0.0  # time.monotonic() when first sent
     seconds: float = 0.0
 
 
@@ -142,7 +143,7 @@ async def read_back(client: httpx.AsyncClient, base_url: str, visitor: Visitor, 
 
 async def ask(client: httpx.AsyncClient, gateways: list[str], first: int, visitor: Visitor, turn: Turn,
               hang_s: float, retry_s: float) -> None:
-    started = time.monotonic()
+    started = turn.started = time.monotonic()
     gateway = first
     while True:
         try:
