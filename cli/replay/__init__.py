@@ -56,11 +56,12 @@ def duration_s(text: str) -> float:
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="concierge replay", description=__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-    top.add_argument("--nats-url", default=None, help="default: $NATS_URL or nats://127.0.0.1:4222")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--nats-url", default=None, help="default: $NATS_URL or nats://127.0.0.1:4222")
     sub = top.add_subparsers(dest="command", required=True)
 
     def conversation(name: str, help_: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_)
+        p = sub.add_parser(name, help=help_, parents=[common])
         p.add_argument("site")
         p.add_argument("session_id")
         p.add_argument("--json", action="store_true", help="JSON instead of text")
@@ -84,7 +85,7 @@ def parser() -> argparse.ArgumentParser:
     fork.add_argument("--prompts-dir", type=Path, default=None, help="prompt templates to use instead (by name)")
     fork.add_argument("--llm", choices=("recorded", "live"), default="live")
     fork.add_argument("--live-retrieval", action="store_true")
-    verify = sub.add_parser("verify", help="rerun many conversations; exit 1 when any diverges")
+    verify = sub.add_parser("verify", help="rerun many conversations; exit 1 when any diverges", parents=[common])
     verify.add_argument("--site", required=True)
     verify.add_argument("--since", type=duration_s, default=None, metavar="DURATION", help="e.g. 24h")
     verify.add_argument("--limit", type=int, default=None)
