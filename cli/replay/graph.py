@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from services.enricher import enrichment, visitor_profiler
-from services.responder import (answer_suggester, answer_writer, booking_handler, dialog_state_extractor, finalize,
-                                follow_up_suggester, form_field_extractor, lead_notifier, redirect_handler,
-                                suggestion_router)
+from services.enricher.main import enricher_nodes
+from services.responder.main import responder_nodes
 from services.retriever import retrieval
-from services.router import intent_classifier, intent_router, interest_signals_detector, skill_applier, skill_selector
+from services.router.main import router_nodes
 from services.router.classifiers import IntentClassifier
 from services.router.runtime import RouterParts
 from shared.config import env_str
@@ -42,26 +40,8 @@ class Graph:
         parts = dataclasses.replace(self._parts, llm=classifier_llm,
                                     classifier=IntentClassifier(self._parts.classifier.model, classifier_llm))
         profiler_llm = llm if env_str("PROFILER_BACKEND", "local") == "llm" and llm.configured("profiler") else None
-        return [
-            intent_classifier.make_node(parts),
-            interest_signals_detector.make_node(parts),
-            skill_selector.make_node(parts),
-            intent_router.make_node(parts),
-            skill_applier.make_node(),
-            enrichment.make_node(None),
-            visitor_profiler.make_node(profiler_llm),
-            retrieval.make_node(self._retriever),
-            answer_writer.make_node(llm),
-            redirect_handler.make_node(llm),
-            booking_handler.make_node(llm),
-            dialog_state_extractor.make_node(),
-            form_field_extractor.make_node(),
-            suggestion_router.make_node(),
-            follow_up_suggester.make_node(llm),
-            answer_suggester.make_node(llm),
-            lead_notifier.make_node(None),
-            finalize.make_node(),
-        ]
+        return [*router_nodes(parts), *enricher_nodes(None, profiler_llm), retrieval.make_node(self._retriever),
+                *responder_nodes(llm, None)]
 
 
 def _retriever():

@@ -11,6 +11,7 @@ import httpx
 from shared import redis_client, service
 from shared.config import ConfigError, env_float, env_int, env_str
 from shared.llm import LLMClient
+from shared.node import Node
 from services.enricher import enrichment, visitor_profiler
 from services.enricher.breaker import CircuitBreaker
 from services.enricher.chain import Enricher
@@ -60,7 +61,12 @@ async def nodes(bus):
     if backend not in ("local", "llm"):
         raise ConfigError(f"PROFILER_BACKEND={backend!r}: use local or llm")
     llm = LLMClient.from_env(("profiler",)) if backend == "llm" else None
-    return [enrichment.make_node(enricher), visitor_profiler.make_node(llm)]
+    return enricher_nodes(enricher, llm)
+
+
+def enricher_nodes(enricher: Enricher | None, profiler_llm: LLMClient | None) -> list[Node]:
+    """The enricher's nodes (also what a replay runs, with no sources: enrichment is copied there)."""
+    return [enrichment.make_node(enricher), visitor_profiler.make_node(profiler_llm)]
 
 
 def main() -> None:

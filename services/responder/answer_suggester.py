@@ -8,19 +8,14 @@ else none (local_suggestions.answer_options). A HACK turn gets none.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from services.responder import local_suggestions, replies, suggestions
-from shared import events as ev
-from shared import history
 from shared.llm import LLMClient
-from shared.node import Context, Inputs, Needs, Node
+from shared.node import Node
 from shared.site_config import SiteConfig
 from shared.state import ConversationState
 
 NAME = "answer_suggester"
 KIND = "answers"
-PROMPT = Path(__file__).parent / "prompts" / f"{NAME}.md"
 
 
 def without_model(state: ConversationState, turn: int, config: SiteConfig) -> list[str]:
@@ -29,14 +24,4 @@ def without_model(state: ConversationState, turn: int, config: SiteConfig) -> li
 
 
 def make_node(llm: LLMClient) -> Node:
-    async def suggest(event: ev.SuggestionsRouted, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
-        state = inputs.state
-        if event.turn in history.hack_turns(state):
-            return [ctx.follow(ev.SuggestionsGenerated, kind=KIND, skipped=suggestions.HACK_TURN)]
-        if not llm.configured("suggestions"):
-            return [ctx.follow(ev.SuggestionsGenerated, kind=KIND, skipped=suggestions.NO_MODEL,
-                               suggestions=without_model(state, event.turn, inputs.config))]
-        return [await suggestions.from_model(ctx, llm, PROMPT, KIND, event, state, inputs.config)]
-
-    return Node(name=NAME, consumes=("suggestions_routed",), handle=suggest,
-                needs=Needs(state=True, config=True, when=lambda event: event.kind == KIND))
+    return suggestions.suggester(NAME, KIND, llm, without_model)

@@ -16,6 +16,7 @@ about captured leads and closes the turn. Its nodes, by the event that wakes the
 
 from shared import service
 from shared.llm import LLMClient
+from shared.node import Node
 from services.responder import (answer_suggester, answer_writer, booking_handler, dialog_state_extractor, finalize,
                                 follow_up_suggester, form_field_extractor, lead_notifier, redirect_handler,
                                 suggestion_router)
@@ -23,7 +24,12 @@ from services.responder.lead_claims import LeadClaims
 
 
 async def nodes(bus):
-    llm = LLMClient.from_env(("answer", "redirect", "suggestions"))
+    return responder_nodes(LLMClient.from_env(("answer", "redirect", "suggestions")), LeadClaims(bus))
+
+
+def responder_nodes(llm: LLMClient, claims: LeadClaims | None) -> list[Node]:
+    """The responder's nodes (also what a replay runs, with no lead claims: its lead_notifier
+    is never run there)."""
     return [
         answer_writer.make_node(llm),
         redirect_handler.make_node(llm),
@@ -33,7 +39,7 @@ async def nodes(bus):
         suggestion_router.make_node(),
         follow_up_suggester.make_node(llm),
         answer_suggester.make_node(llm),
-        lead_notifier.make_node(LeadClaims(bus)),
+        lead_notifier.make_node(claims),
         finalize.make_node(),
     ]
 

@@ -12,6 +12,7 @@ from services.router.runtime import RouterParts
 from shared import service
 from shared.config import env_str
 from shared.llm import LLMClient
+from shared.node import Node
 from shared.site_config import SiteConfigSync
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,11 @@ async def nodes(bus):
         log.info("no SITES_DIR: every site runs on the default config", extra={"dir": str(sites)})
     llm = LLMClient.from_env(("classifier",))
     parts = await asyncio.to_thread(RouterParts.build, llm if llm.configured("classifier") else None)
+    return router_nodes(parts)
+
+
+def router_nodes(parts: RouterParts) -> list[Node]:
+    """The router's nodes over its parts (also what a replay runs)."""
     return [
         intent_classifier.make_node(parts),
         interest_signals_detector.make_node(parts),
