@@ -192,7 +192,7 @@ async def test_without_an_answer_llm_the_answer_is_the_sources_sentences_cited_a
     assert completed.sources == [1, 2] and not completed.uncited and completed.unsupported_numbers == []
     assert isinstance(heard[0], ev.SourcesAttached) and [s["n"] for s in heard[0].sources] == [1, 2]
     tokens = [e for e in heard[1:] if isinstance(e, ev.TokenChunk)]
-    assert len(tokens) == len(heard) - 1 and len(tokens) == completed.token_count > 10
+    assert len(tokens) == len(heard) - 1 and len(tokens) == completed.token_count >= 1  # a sentence a token
     assert "".join(t.content for t in sorted(tokens, key=lambda t: t.index)) == completed.text
     assert llm.requests() == []  # no model was asked
     assert await bus.read(subjects.conv(site, "a1", "llm_call_recorded")) == []

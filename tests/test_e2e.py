@@ -363,19 +363,24 @@ async def test_replicas_share_a_node_and_answer_each_turn_once(system, http, sit
         assert kinds.count("response_completed") == 1 and kinds.count("turn_completed") == 1
 
 
-async def test_client_disconnect_releases_the_session_guard(system, llm, http, site):
+async def test_client_disconnect_frees_the_guard_and_the_next_turn_waits_for_the_log(system, llm, http, site):
+    """A visitor who closes the tab mid-answer frees the session's guard at once, but the next
+    turn is refused (429 turn_in_progress) until the log ends the running one: turns never
+    overlap; then it goes through."""
     llm.clear()
-    llm.fail_next({"inter_token_ms": 500})  # the full answer takes ~10 s; the guard must free long before
+    llm.fail_next({"inter_token_ms": 200})  # the answer takes a few seconds after the tab closes
     async with http.stream("POST", f"{system.gateway_url}/v1/chat", json={"site": site, "message": "slow one"}) as response:
         again = {"site": site, "session_id": response.headers["x-session-id"],
                  "session_token": response.headers["x-session-token"], "message": "back again"}
         async for line in response.aiter_lines():
             if line.startswith("data: "):
-                break  # first token seen: the visitor closes the tab
-    deadline = time.monotonic() + 5
+                break  # the start frame: the visitor closes the tab
+    refused = await http.post(f"{system.gateway_url}/v1/chat", json=again)
+    assert refused.status_code == 429 and refused.json()["error"] == "turn_in_progress"
+    deadline = time.monotonic() + 30
     status = 429
     while status == 429 and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.2)
         status = (await http.post(f"{system.gateway_url}/v1/chat", json=again)).status_code
     assert status == 200
 

@@ -18,7 +18,7 @@ import pytest
 
 from cli.harness.sse import Conversation, chat
 from cli.harness.supervisor import free_port, make_system
-from tests.servers import ROOT, configure_site
+from tests.servers import configure_site
 
 ADMIN = "hostile-suite-admin-token-0123456789"
 ORIGIN = "https://shop.example"
@@ -43,6 +43,8 @@ def system(llm, suggestions_llm):
         })
         try:
             sys_.start_all()
+            sys_.start_replay()  # the operator UI's reruns, hostile input included
+            sys_.wait_logged_ready("replay", 90, marker=b"replay ready")
             yield sys_
         finally:
             sys_.stop()

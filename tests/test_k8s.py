@@ -14,7 +14,6 @@ kubernetes-client when absent; checkov in .venv-tools).
 
 from __future__ import annotations
 
-import ast
 import importlib
 import importlib.util
 import inspect
@@ -64,22 +63,15 @@ class _Anything:
 
 @lru_cache(maxsize=None)
 def code_nodes() -> dict[str, tuple[str, ...]]:
-    """Each consumer service's node names, in the order its main.py lists them, built from
-    the `return [...]` of its `nodes(bus)` without connecting to anything: each element is
-    evaluated with its free variables (llm, configs, parts, ...) replaced by stand-ins."""
+    """Each consumer service's node names, in the order its main.py lists them: its
+    `<service>_nodes(...)` (what `nodes(bus)` returns, and what a replay runs) called with
+    stand-ins for what the nodes close over, without connecting to anything."""
     nodes = {}
     for service in SERVICES:
         module = importlib.import_module(f"services.{service}.main")
-        tree = ast.parse(inspect.getsource(module))
-        factory = next(n for n in tree.body if isinstance(n, ast.AsyncFunctionDef) and n.name == "nodes")
-        returned = [n for n in ast.walk(factory) if isinstance(n, ast.Return)][-1].value
-        assert isinstance(returned, ast.List), f"services/{service}/main.py: nodes() must return a list literal"
-        names = []
-        for element in returned.elts:
-            scope = dict(vars(module))
-            scope.update({n.id: _Anything() for n in ast.walk(element) if isinstance(n, ast.Name) and n.id not in scope})
-            names.append(eval(compile(ast.Expression(element), "main.py", "eval"), scope).name)
-        nodes[service] = tuple(names)
+        build = getattr(module, f"{service}_nodes")
+        arguments = [_Anything() for _ in inspect.signature(build).parameters]
+        nodes[service] = tuple(node.name for node in build(*arguments))
     return nodes
 
 

@@ -209,6 +209,8 @@ async def test_a_lead_claimed_but_not_sent_is_sent_once_on_redelivery(bus, site,
 
     node = lead_notifier.make_node(claims)
     inputs = await gather(node.needs, captured, bus, SiteConfigs(bus, ttl_s=0))
-    again = await node.handle(captured, inputs, Context(bus=bus, node=runner.durable, cause=captured, attempt=2))
+    again = await node.handle(captured, inputs, Context(bus=bus, node=runner.durable, cause=captured, attempt=2,
+                                                        input_seq=inputs.state.last_seq))
     assert len(receiver.requests) == 1
-    assert again[0] == msgspec.structs.replace(outcome, ts=again[0].ts)  # the same event: JetStream drops the copy
+    # The same event (the same id: JetStream drops the copy), made from the state as it is now.
+    assert again[0] == msgspec.structs.replace(outcome, ts=again[0].ts, input_seq=again[0].input_seq)

@@ -7,7 +7,6 @@ message, and none of it calls a model, sends a webhook or writes to the bus."""
 from __future__ import annotations
 
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
@@ -151,11 +150,7 @@ async def test_state_at_an_event_and_a_fork_with_a_new_message(system, recorded,
 def replay_worker(system):
     """`concierge replay serve` beside the system, as `make run` starts it."""
     system.start_replay()
-    deadline = time.monotonic() + 90
-    log = system.log_dir / "replay.log"
-    while b"replay ready" not in (log.read_bytes() if log.exists() else b""):
-        assert system.procs["replay"].poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
-        time.sleep(0.1)
+    system.wait_logged_ready("replay", 90, marker=b"replay ready")
     return system
 
 

@@ -191,11 +191,11 @@ class System:
             if name != "gateway":
                 self.wait_logged_ready(name, max(0.0, deadline - time.monotonic()))
 
-    def wait_logged_ready(self, name: str, timeout: float, offset: int = 0) -> None:
-        """Until process `name` logs 'service ready' past byte `offset` of its log (a restarted
-        process appends to the same file); its exit or the timeout is an error naming the log."""
+    def wait_logged_ready(self, name: str, timeout: float, offset: int = 0, marker: bytes = b"service ready") -> None:
+        """Until process `name` logs `marker` past byte `offset` of its log (a restarted process
+        appends to the same file); its exit or the timeout is an error naming the log."""
         path, deadline = self.log_dir / f"{name}.log", time.monotonic() + timeout
-        while b"service ready" not in (path.read_bytes()[offset:] if path.exists() else b""):
+        while marker not in (path.read_bytes()[offset:] if path.exists() else b""):
             proc = self.procs[name]
             if proc.poll() is not None:
                 raise RuntimeError(f"{name} exited with {proc.returncode}; see {path}")

@@ -17,7 +17,7 @@ import dataclasses
 
 from services.enricher.main import enricher_nodes
 from services.responder.main import responder_nodes
-from services.retriever import retrieval
+from services.retriever.main import retriever_nodes
 from services.router.main import router_nodes
 from services.router.classifiers import IntentClassifier
 from services.router.runtime import RouterParts
@@ -40,7 +40,7 @@ class Graph:
         parts = dataclasses.replace(self._parts, llm=classifier_llm,
                                     classifier=IntentClassifier(self._parts.classifier.model, classifier_llm))
         profiler_llm = llm if env_str("PROFILER_BACKEND", "local") == "llm" and llm.configured("profiler") else None
-        return [*router_nodes(parts), *enricher_nodes(None, profiler_llm), retrieval.make_node(self._retriever),
+        return [*router_nodes(parts), *enricher_nodes(None, profiler_llm), *retriever_nodes(self._retriever),
                 *responder_nodes(llm, None)]
 
 

@@ -10,6 +10,7 @@ from services.retriever.search import Retriever, keyword_llm_from_env
 from services.retriever.settings import RetrievalSettings
 from shared import language, service
 from shared.embeddings import shared_embedder
+from shared.node import Node
 
 
 async def nodes(bus):
@@ -22,6 +23,11 @@ async def nodes(bus):
     language.load()  # a message's language decides its cross-language expansion (search.py)
     retriever = Retriever(kb=kb, base=settings, rerankers=rerank.from_env(settings.rerank_timeout_s),
                           llm=keyword_llm_from_env())
+    return retriever_nodes(retriever)
+
+
+def retriever_nodes(retriever: Retriever | None) -> list[Node]:
+    """The retriever's node (also what a replay runs: with no retriever, its output is copied)."""
     return [retrieval.make_node(retriever)]
 
 
