@@ -27,7 +27,7 @@ from nats.js.errors import APIError, NotFoundError
 
 from shared import events as ev
 from shared import logs, metrics, subjects, telemetry
-from shared.bus import Bus
+from shared.bus import Bus, reading_from
 from shared.config import ConsumerConfig
 
 log = logging.getLogger(__name__)
@@ -267,7 +267,10 @@ class ConsumerRunner:
             self._count("mismatched")
             return
 
-        with logs.conversation(event.site, event.session_id, event.turn), telemetry.continued(msg.headers):
+        # What the handler reads of the log includes this event (and so what caused it), even
+        # from a replica that had not stored it yet when asked.
+        with logs.conversation(event.site, event.session_id, event.turn), telemetry.continued(msg.headers), \
+                reading_from(msg.subject, msg.metadata.sequence.stream):
             span_name = f"{self.durable} {ev.event_type(event)}"
             with telemetry.tracer("concierge.consumer").start_as_current_span(span_name) as span:
                 span.set_attribute("concierge.attempt", attempt)
