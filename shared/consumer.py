@@ -23,7 +23,7 @@ from typing import Awaitable, Callable, Sequence
 import nats.errors
 from nats.aio.msg import Msg
 from nats.js import api
-from nats.js.errors import APIError, NotFoundError
+from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
 
 from shared import events as ev
 from shared import logs, metrics, subjects, telemetry
@@ -33,6 +33,9 @@ from shared.config import ConsumerConfig
 log = logging.getLogger(__name__)
 
 FETCH_TIMEOUT_S = 2.0
+# A cluster electing leaders for the durables every replica has just created (or a loaded
+# machine) answers JetStream requests late: at start a durable is asked for this many times.
+START_ATTEMPTS = 6
 
 
 class PermanentError(Exception):
@@ -127,7 +130,16 @@ class ConsumerRunner:
         )
 
     async def start(self) -> None:
-        await self._ensure_consumer()
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                await self._ensure_consumer()
+                break
+            except (asyncio.TimeoutError, ServiceUnavailableError) as exc:
+                if attempt == START_ATTEMPTS:
+                    raise
+                log.warning("durable consumer not answering at start; asking again",
+                            extra={"node": self.durable, "attempt": attempt, "error": repr(exc)})
+                await asyncio.sleep(attempt)
         self._psub = await self.bus.js.pull_subscribe_bind(durable=self.durable, stream=subjects.CONV_STREAM)
         advisory = f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{subjects.CONV_STREAM}.{self.durable}"
         self._advisory_sub = await self.bus.nc.subscribe(advisory, queue=f"advisory-{self.durable}", cb=self._on_max_deliveries)
