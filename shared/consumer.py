@@ -23,7 +23,7 @@ from typing import Awaitable, Callable, Sequence
 import nats.errors
 from nats.aio.msg import Msg
 from nats.js import api
-from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
+from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
 
 from shared import events as ev
 from shared import logs, metrics, subjects, telemetry
@@ -36,6 +36,12 @@ FETCH_TIMEOUT_S = 2.0
 # A cluster electing leaders for the durables every replica has just created (or a loaded
 # machine) answers JetStream requests late: at start a durable is asked for this many times.
 START_ATTEMPTS = 6
+# A stream whose leader died has none for a raft election timeout (4-9 s in nats-server):
+# a handler that failed because the bus did not answer is retried this far apart, so its
+# attempts outlast an election instead of being spent inside one (a lead never delivered).
+BUS_RETRY_S = 5.0
+BUS_UNAVAILABLE = (nats.errors.TimeoutError, nats.errors.NoRespondersError, NoStreamResponseError,
+                   ServiceUnavailableError)
 
 
 class PermanentError(Exception):
@@ -304,6 +310,8 @@ class ConsumerRunner:
                         await self._give_up(msg, event, attempt, f"{type(exc).__name__}: {exc}")
                     else:
                         delay = self.config.backoff_s[min(attempt - 1, len(self.config.backoff_s) - 1)]
+                        if isinstance(exc, BUS_UNAVAILABLE):
+                            delay = max(delay, BUS_RETRY_S)
                         log.warning(
                             "handler failed, will retry",
                             extra={"node": self.durable, "attempt": attempt, "retry_in_s": delay, "error": repr(exc)},
