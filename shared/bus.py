@@ -30,7 +30,7 @@ import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
-from nats.js.errors import APIError, BadRequestError, NotFoundError
+from nats.js.errors import APIError, BadRequestError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 from nats.errors import NoRespondersError
@@ -52,6 +52,10 @@ DEFAULT_MAX_PAYLOAD = 1024 * 1024  # nats-server's default
 
 # How often a read that came back from a replica behind the event being handled is made again.
 BEHIND_RETRY_S = 0.05
+# The bus did not answer: no response from a stream (one whose leader died has none for a
+# raft election, 4-9 s), no responders, a timeout, a 503. Worth asking again a little later.
+BUS_UNAVAILABLE = (nats.errors.TimeoutError, nats.errors.NoRespondersError, NoStreamResponseError,
+                   ServiceUnavailableError)
 
 
 class ConcurrencyConflict(Exception):

@@ -23,11 +23,11 @@ from typing import Awaitable, Callable, Sequence
 import nats.errors
 from nats.aio.msg import Msg
 from nats.js import api
-from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
+from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
 
 from shared import events as ev
 from shared import logs, metrics, subjects, telemetry
-from shared.bus import Bus, reading_from
+from shared.bus import BUS_UNAVAILABLE, Bus, reading_from
 from shared.config import ConsumerConfig
 
 log = logging.getLogger(__name__)
@@ -40,8 +40,6 @@ START_ATTEMPTS = 6
 # a handler that failed because the bus did not answer is retried this far apart, so its
 # attempts outlast an election instead of being spent inside one (a lead never delivered).
 BUS_RETRY_S = 5.0
-BUS_UNAVAILABLE = (nats.errors.TimeoutError, nats.errors.NoRespondersError, NoStreamResponseError,
-                   ServiceUnavailableError)
 
 
 class PermanentError(Exception):

@@ -4,6 +4,7 @@ per site, and one delivery per lead whatever copies of its event the bus carries
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import msgspec
@@ -11,7 +12,7 @@ import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from services.responder import lead_notifier
-from services.responder.lead_claims import LeadClaims, lead_id
+from services.responder.lead_claims import LeadClaims, Outcome, lead_id
 from shared import events as ev
 from shared import subjects, webhook_secret
 from shared.consumer import Context, Node
@@ -172,3 +173,28 @@ async def test_a_lead_claimed_but_not_sent_is_sent_once_on_redelivery(bus, site,
     again = await node.handle(captured, Context(bus=bus, node=runner.durable, cause=captured, attempt=2))
     assert len(receiver.requests) == 1
     assert again[0] == msgspec.structs.replace(outcome, ts=again[0].ts)  # the same event: JetStream drops the copy
+
+
+async def test_an_outcome_is_stored_when_the_claims_bucket_answers_again(bus, site):
+    """The webhook has gone out when its outcome is stored. A bucket whose stream has no
+    leader (its server killed: an election) answers the put with no response; failing
+    there would send the lead again on the retry (a bounded rehearsal's duplicate
+    delivery), so the put is made again until the bucket answers."""
+    bucket = f"claims_{site}"
+    claims = LeadClaims(bus)
+    claims.kv = await bus.js.create_key_value(bucket=bucket)
+    await bus.js.delete_stream(f"KV_{bucket}")  # no stream answers the bucket's subjects now
+
+    async def back():
+        await asyncio.sleep(0.5)
+        await bus.js.create_key_value(bucket=bucket)
+
+    returning = asyncio.create_task(back())
+    try:
+        await claims.settle(site, "s1", "owner", Outcome(target="https://crm.example/hook", ok=True, status=200,
+                                                          attempts=1))
+        entry = await claims.kv.get(subjects.kv_key(site, "s1"))
+        assert msgspec.json.decode(entry.value)["outcome"]["ok"] is True
+    finally:
+        await returning
+        await bus.js.delete_stream(f"KV_{bucket}")
