@@ -4,21 +4,33 @@ Everything here is I/O. Publishing always sets `Nats-Msg-Id` to the event id, so
 repeated publish inside the dedupe window is dropped by the server; publishing a
 `TurnRequested` can also require that the conversation has not moved on (optimistic
 concurrency), so two gateways cannot start the same turn.
+
+Reading the log uses direct gets, which every replica of an R3 stream answers, followers
+included: a follower that has not yet stored the newest events answers without them. A
+node acting on an event must not read a log older than that event (issue #17: the
+intent router, reading a lagging replica, saw two of a turn's three analyses on each of
+their deliveries and never routed the turn). Inside `reading_from(subject, seq)` (the
+consumer runner wraps every handler in it) a read that should include `seq` and came back
+without it is made again until the replica has caught up, or fails with `StaleRead`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import nats
 import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
-from nats.js.errors import APIError, BadRequestError, NotFoundError
+from nats.js.errors import APIError, BadRequestError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 from nats.errors import NoRespondersError
@@ -38,8 +50,42 @@ ALREADY_EXISTS = 10058
 DEFAULT_MAX_PAYLOAD = 1024 * 1024  # nats-server's default
 
 
+# How often a read that came back from a replica behind the event being handled is made again.
+BEHIND_RETRY_S = 0.05
+# The bus did not answer: no response from a stream (one whose leader died has none for a
+# raft election, 4-9 s), no responders, a timeout, a 503. Worth asking again a little later.
+BUS_UNAVAILABLE = (nats.errors.TimeoutError, nats.errors.NoRespondersError, NoStreamResponseError,
+                   ServiceUnavailableError)
+
+
 class ConcurrencyConflict(Exception):
     """The conversation changed since it was read: someone else started this turn."""
+
+
+class StaleRead(Exception):
+    """The replica answering reads stayed behind the event being handled for longer than
+    the request timeout. Not the handler's fault: it is retried like any other failure."""
+
+
+@dataclass(frozen=True)
+class _Floor:
+    subject: str
+    seq: int
+
+
+_floor: contextvars.ContextVar[_Floor | None] = contextvars.ContextVar("read_floor", default=None)
+
+
+@contextmanager
+def reading_from(subject: str, seq: int) -> Iterator[None]:
+    """Reads of the conversation log made inside this block (and in tasks started from it)
+    see the stream at least up to `seq`, the event on `subject` being acted on: everything
+    stored before it, its causes included."""
+    token = _floor.set(_Floor(subject, seq))
+    try:
+        yield
+    finally:
+        _floor.reset(token)
 
 
 @dataclass
@@ -118,15 +164,84 @@ class Bus:
     async def last(self, subject: str) -> ev.Event | None:
         """The newest stored event on one subject (a direct get), or None (also when that
         event's envelope disagrees with the subject: it is logged, not trusted)."""
-        try:
-            msg = await self.js.get_msg(subjects.CONV_STREAM, subject=subject, direct=True)
-        except NotFoundError:
-            return None
-        event = ev.decode(msg.data)
-        if mismatch := ev.subject_mismatch(event, msg.subject or subject):
+        floor = _floor.get()
+        if floor is None:
+            try:
+                msg = await self.js.get_msg(subjects.CONV_STREAM, subject=subject, direct=True)
+            except NotFoundError:
+                return None
+            data, stored_subject = msg.data, msg.subject
+        else:
+            data, stored_subject = await self._last_from(subject, floor)
+            if data is None:
+                return None
+        event = ev.decode(data)
+        if mismatch := ev.subject_mismatch(event, stored_subject or subject):
             log.error("event on the wrong subject ignored", extra={"subject": subject, "error": mismatch})
             return None
         return event
+
+    async def _last_from(self, subject: str, floor: _Floor) -> tuple[bytes | None, str | None]:
+        """`last` from a replica that has stored the event being handled: the last message of
+        `subject` and of the floor's subject in one answer, whose sequences (and the
+        replica's last sequence, `Nats-UpTo-Sequence`) say whether it is that far."""
+        waited = None
+        while True:
+            found, end = await self._direct_batch(
+                subjects.CONV_STREAM, {"multi_last": [subject, floor.subject], "batch": 2})
+            reached = max([int(m.headers["Nats-Sequence"]) for m in found]
+                          + [int((end.headers or {}).get("Nats-UpTo-Sequence", 0)) if end else 0])
+            if reached >= floor.seq:
+                self._log_wait(waited, subject, floor)
+                mine = [m for m in found if m.headers["Nats-Subject"] == subject]
+                return (mine[0].data, subject) if mine else (None, None)
+            waited = await self._wait_behind(waited, subject, floor)
+
+    async def _wait_behind(self, waited: float | None, what: str, floor: _Floor) -> float:
+        """A read came back from a replica behind the event being handled: pause before
+        reading again, or give up after the request timeout. When the waiting began."""
+        now = time.monotonic()
+        waited = now if waited is None else waited
+        if now - waited > self.config.request_timeout:
+            raise StaleRead(f"{what}: the replica answering reads is still behind sequence {floor.seq} "
+                            f"({floor.subject}) after {now - waited:.1f} s")
+        await asyncio.sleep(BEHIND_RETRY_S)
+        return waited
+
+    @staticmethod
+    def _log_wait(waited: float | None, what: str, floor: _Floor) -> None:
+        """A read that had to wait says so: how far replicas lag shows in the logs."""
+        if waited is not None:
+            log.info("read waited for a replica behind the event being handled", extra={
+                "filter": what, "floor_seq": floor.seq, "waited_s": round(time.monotonic() - waited, 3)})
+
+    async def _direct_batch(self, stream: str, request: dict) -> tuple[list[Msg], Msg | None]:
+        """One batched direct get: the messages, and the end-of-batch status message (None
+        when the server found nothing: 404)."""
+        prefix = await self._read_inbox()
+        self._read_counter += 1
+        token = str(self._read_counter)
+        queue: asyncio.Queue = asyncio.Queue()
+        self._read_queues[token] = queue
+        try:
+            await self.nc.publish(f"$JS.API.DIRECT.GET.{stream}", json.dumps(request).encode(),
+                                  reply=f"{prefix}.{token}")
+            found: list[Msg] = []
+            while True:
+                try:
+                    msg = await asyncio.wait_for(queue.get(), self.config.request_timeout)
+                except asyncio.TimeoutError:
+                    raise nats.errors.TimeoutError from None
+                status = msg.headers.get("Status") if msg.headers else None
+                if status == "404":
+                    return found, None
+                if status == "204":  # end of batch
+                    return found, msg
+                if status:
+                    raise RuntimeError(f"direct get {request}: status {status} {msg.headers}")
+                found.append(msg)
+        finally:
+            self._read_queues.pop(token, None)
 
     async def _read_inbox(self) -> str:
         """One long-lived reply subscription for every log read (replies routed by the last
@@ -147,41 +262,28 @@ class Bus:
     async def read_raw(self, filter_subject: str, after_seq: int = 0, batch: int = 256,
                        stream: str = subjects.CONV_STREAM):
         """(seq, subject, data) of the stored messages on `filter_subject`, in order: the
-        conversation log by default, or another stream that allows direct gets (TOKENS)."""
-        next_seq = after_seq + 1
-        api_subject = f"$JS.API.DIRECT.GET.{stream}"
-        prefix = await self._read_inbox()
+        conversation log by default, or another stream that allows direct gets (TOKENS).
+        Inside `reading_from`, a read of the log whose filter covers the event being handled
+        goes on until it has reached that event."""
+        floor = _floor.get()
+        if not (floor and stream == subjects.CONV_STREAM and floor.seq > after_seq
+                and subjects.matches(filter_subject, floor.subject)):
+            floor = None
+        next_seq, waited = after_seq + 1, None
         while True:
-            self._read_counter += 1
-            token = str(self._read_counter)
-            queue: asyncio.Queue = asyncio.Queue()
-            self._read_queues[token] = queue
-            try:
-                request = {"seq": next_seq, "next_by_subj": filter_subject, "batch": batch}
-                await self.nc.publish(api_subject, json.dumps(request).encode(), reply=f"{prefix}.{token}")
-                got = 0
-                more = False
-                while True:
-                    try:
-                        msg = await asyncio.wait_for(queue.get(), self.config.request_timeout)
-                    except asyncio.TimeoutError:
-                        raise nats.errors.TimeoutError from None
-                    status = msg.headers.get("Status") if msg.headers else None
-                    if status == "404":
-                        return
-                    if status == "204":  # end of batch
-                        more = got == batch
-                        break
-                    if status:
-                        raise RuntimeError(f"direct get on {filter_subject}: status {status} {msg.headers}")
-                    seq = int(msg.headers["Nats-Sequence"])
-                    got += 1
-                    next_seq = seq + 1
-                    yield seq, msg.headers["Nats-Subject"], msg.data
-                if not more:
-                    return
-            finally:
-                self._read_queues.pop(token, None)
+            found, end = await self._direct_batch(stream, {"seq": next_seq, "next_by_subj": filter_subject,
+                                                           "batch": batch})
+            for msg in found:
+                seq = int(msg.headers["Nats-Sequence"])
+                next_seq = seq + 1
+                yield seq, msg.headers["Nats-Subject"], msg.data
+            if end is not None and len(found) == batch:
+                continue  # a full batch: there may be more
+            if floor is None or next_seq > floor.seq:
+                if floor is not None:
+                    self._log_wait(waited, filter_subject, floor)
+                return
+            waited = await self._wait_behind(waited, filter_subject, floor)
 
     # --- key/value ----------------------------------------------------------------------
 

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 import nats.errors
 from nats.aio.msg import Msg
 from nats.js import api
-from nats.js.errors import APIError, NotFoundError
+from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
 
 from shared import events as ev
 from shared import logs, metrics, subjects, telemetry
-from shared.bus import Bus
+from shared.bus import BUS_UNAVAILABLE, Bus, reading_from
 from shared.config import ConsumerConfig
 from shared.node import Context, Node, PermanentError, gather
 from shared.site_config import SiteConfigs
@@ -36,6 +36,13 @@ from shared.site_config import SiteConfigs
 log = logging.getLogger(__name__)
 
 FETCH_TIMEOUT_S = 2.0
+# A cluster electing leaders for the durables every replica has just created (or a loaded
+# machine) answers JetStream requests late: at start a durable is asked for this many times.
+START_ATTEMPTS = 6
+# A stream whose leader died has none for a raft election timeout (4-9 s in nats-server):
+# a handler that failed because the bus did not answer is retried this far apart, so its
+# attempts outlast an election instead of being spent inside one (a lead never delivered).
+BUS_RETRY_S = 5.0
 
 
 @dataclass
@@ -80,7 +87,16 @@ class ConsumerRunner:
         )
 
     async def start(self) -> None:
-        await self._ensure_consumer()
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                await self._ensure_consumer()
+                break
+            except (asyncio.TimeoutError, ServiceUnavailableError) as exc:
+                if attempt == START_ATTEMPTS:
+                    raise
+                log.warning("durable consumer not answering at start; asking again",
+                            extra={"node": self.durable, "attempt": attempt, "error": repr(exc)})
+                await asyncio.sleep(attempt)
         self._psub = await self.bus.js.pull_subscribe_bind(durable=self.durable, stream=subjects.CONV_STREAM)
         advisory = f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{subjects.CONV_STREAM}.{self.durable}"
         self._advisory_sub = await self.bus.nc.subscribe(advisory, queue=f"advisory-{self.durable}", cb=self._on_max_deliveries)
@@ -220,7 +236,10 @@ class ConsumerRunner:
             self._count("mismatched")
             return
 
-        with logs.conversation(event.site, event.session_id, event.turn), telemetry.continued(msg.headers):
+        # What the handler reads of the log includes this event (and so what caused it), even
+        # from a replica that had not stored it yet when asked.
+        with logs.conversation(event.site, event.session_id, event.turn), telemetry.continued(msg.headers), \
+                reading_from(msg.subject, msg.metadata.sequence.stream):
             span_name = f"{self.durable} {ev.event_type(event)}"
             with telemetry.tracer("concierge.consumer").start_as_current_span(span_name) as span:
                 span.set_attribute("concierge.attempt", attempt)
@@ -246,6 +265,8 @@ class ConsumerRunner:
                         await self._give_up(msg, event, attempt, f"{type(exc).__name__}: {exc}")
                     else:
                         delay = self.config.backoff_s[min(attempt - 1, len(self.config.backoff_s) - 1)]
+                        if isinstance(exc, BUS_UNAVAILABLE):
+                            delay = max(delay, BUS_RETRY_S)
                         log.warning(
                             "handler failed, will retry",
                             extra={"node": self.durable, "attempt": attempt, "retry_in_s": delay, "error": repr(exc)},

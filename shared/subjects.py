@@ -42,6 +42,18 @@ def in_conversation(subject: str, site: str, session_id: str) -> bool:
     return subject.startswith(f"conv.{site}.{session_id}.")
 
 
+def matches(filter_subject: str, subject: str) -> bool:
+    """Whether `filter_subject` names `subject`, with NATS's wildcards (`*` one token, `>`
+    one or more at the end)."""
+    wanted, tokens = filter_subject.split("."), subject.split(".")
+    for i, token in enumerate(wanted):
+        if token == ">":
+            return len(tokens) > i
+        if i >= len(tokens) or token not in ("*", tokens[i]):
+            return False
+    return len(wanted) == len(tokens)
+
+
 def conv_of_type(event_type: str, site: str = "*") -> str:
     """Every conversation's events of one type (what a node consumes), or one site's."""
     return f"conv.{site}.*.{event_type}"

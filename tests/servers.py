@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -240,5 +242,123 @@ def nats_cluster(size: int = 3) -> Iterator[list[NatsProcess]]:
                 server.start()
             yield servers
         finally:
+            for server in servers:
+                server.kill()
+
+
+class RouteProxy:
+    """A TCP forwarder on loopback that can be cut (every connection through it closed,
+    new ones refused) and restored. In front of cluster routes it cuts a server off from
+    its peers while its own clients still reach it: what its replicas store falls behind,
+    and, its peers' subscriptions gone with the routes, it answers its clients alone."""
+
+    def __init__(self, target_port: int):
+        self.target_port = target_port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._cut = False
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def cut(self) -> None:
+        with self._lock:
+            self._cut = True
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            _hang_up(sock)
+
+    def restore(self) -> None:
+        with self._lock:
+            self._cut = False
+
+    def close(self) -> None:
+        self.cut()
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                inbound, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            with self._lock:
+                cut = self._cut
+            try:
+                if cut:
+                    raise OSError("cut")
+                outbound = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:
+                inbound.close()
+                continue
+            with self._lock:
+                self._sockets += [inbound, outbound]
+            for source, sink in ((inbound, outbound), (outbound, inbound)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            _hang_up(source)
+            _hang_up(sink)
+
+
+def _hang_up(sock: socket.socket) -> None:
+    """Close a connection so its peer sees it closed (a bare close would not wake a thread
+    blocked reading it, and the connection would stay up)."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed
+    sock.close()
+
+
+class CutOff:
+    """A cluster member whose every route runs through proxies: `cut` separates it from
+    its peers (they go on without it), `restore` lets its routes and its replicas back."""
+
+    def __init__(self, server: NatsProcess, proxies: list[RouteProxy]):
+        self.server, self.proxies = server, proxies
+
+    def cut(self) -> None:
+        for proxy in self.proxies:
+            proxy.cut()
+
+    def restore(self) -> None:
+        for proxy in self.proxies:
+            proxy.restore()
+
+
+@contextmanager
+def nats_cluster_with_cut_off_member() -> Iterator[tuple[list[NatsProcess], CutOff]]:
+    """Three clustered servers, the third (`CutOff.server`) reachable by its peers only
+    through proxies: it dials the first through one, learns the second's address (a proxy,
+    as the second advertises it) from the first, and advertises a proxy of its own."""
+    routes = [free_port() for _ in range(3)]
+    to_first, to_second, to_third = (RouteProxy(port) for port in routes)
+    cluster = ["--cluster_name", "concierge-cut"]
+    with tempfile.TemporaryDirectory(prefix="concierge-cut-") as tmp:
+        servers = [
+            NatsProcess(Path(tmp) / "n0", name="n0", cluster=[
+                *cluster, "-cluster", f"nats://127.0.0.1:{routes[0]}", "-routes", f"nats://127.0.0.1:{routes[1]}"]),
+            NatsProcess(Path(tmp) / "n1", name="n1", cluster=[
+                *cluster, "-cluster", f"nats://127.0.0.1:{routes[1]}", "-routes", f"nats://127.0.0.1:{routes[0]}",
+                "--cluster_advertise", f"127.0.0.1:{to_second.port}"]),
+            NatsProcess(Path(tmp) / "n2", name="n2", cluster=[
+                *cluster, "-cluster", f"nats://127.0.0.1:{routes[2]}", "-routes", f"nats://127.0.0.1:{to_first.port}",
+                "--cluster_advertise", f"127.0.0.1:{to_third.port}"]),
+        ]
+        try:
+            for server in servers:
+                server.start()
+            yield servers, CutOff(servers[2], [to_first, to_second, to_third])
+        finally:
+            for proxy in (to_first, to_second, to_third):
+                proxy.close()
             for server in servers:
                 server.kill()

@@ -11,7 +11,7 @@ import pytest
 
 from shared import events as ev
 from shared import loader, subjects
-from shared.bus import BusRefused, ConcurrencyConflict, connect, ensure_topology, topology_ready
+from shared.bus import BusRefused, ConcurrencyConflict, connect, ensure_topology, reading_from, topology_ready
 from shared.config import BusConfig, ConfigError
 from shared.consumer import ConsumerRunner
 from shared.node import Node
@@ -65,6 +65,37 @@ async def test_read_returns_one_conversation_in_order_across_batches(bus, site):
     tail = await bus.read(subjects.conversation(site, "a"), after_seq=records[3].seq, batch=2)
     assert [r.event.message for r in tail] == ["a5", "a6", "a7"]
     assert await bus.read(subjects.conversation(site, "nobody")) == []
+
+
+async def test_reads_made_for_an_event_include_it_and_other_reads_do_not_wait_for_it(bus, site):
+    """`reading_from` (what the consumer runner wraps a handler in) holds a read of the log
+    to the event being handled: with one server it is always there, so nothing waits; a
+    read whose filter does not cover that event is not held to it. The cluster side, a
+    replica behind, is tests/test_bus_cluster.py."""
+    await bus.publish(requested(site, "a", 1, "a1"))
+    event = requested(site, "a", 2, "a2")
+    ack = await bus.publish(event)
+    bus.config.request_timeout = 0.5  # a read that waited in vain would fail, not pass slowly
+    with reading_from(subjects.conv(site, "a", "turn_requested"), ack.seq):
+        assert [r.event.message for r in await bus.read(subjects.conversation(site, "a"))] == ["a1", "a2"]
+        assert (await bus.last(subjects.conv(site, "a", "turn_requested"))).event_id == event.event_id
+        assert await bus.last(subjects.conv(site, "a", "turn_completed")) is None
+        assert await bus.read(subjects.conversation(site, "b")) == []
+        assert [r.event.message for r in await bus.read(subjects.conversation(site, "a"), after_seq=ack.seq)] == []
+
+
+@pytest.mark.parametrize("filter_subject, subject, matched", [
+    ("conv.s.a.>", "conv.s.a.turn_requested", True),
+    ("conv.>", "conv.s.a.turn_requested", True),
+    ("conv.s.*.turn_requested", "conv.s.b.turn_requested", True),
+    ("conv.s.a.turn_requested", "conv.s.a.turn_requested", True),
+    ("conv.s.a.>", "conv.s.ab.turn_requested", False),
+    ("conv.s.a.>", "conv.s.a", False),
+    ("conv.s.*.route_decided", "conv.s.a.turn_requested", False),
+    ("conv.s.a.turn_requested", "conv.s.a.turn_requested.x", False),
+])
+def test_a_filter_names_the_subjects_nats_matches_it_with(filter_subject, subject, matched):
+    assert subjects.matches(filter_subject, subject) is matched
 
 
 # --- credentials ----------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from shared import events as ev
-from shared import subjects
+from shared import consumer, subjects
 from shared.consumer import ConsumerRunner
 from shared.node import Node, PermanentError
 from tests.helpers import events_of, fast, own, requested, start, unique, wait_for
@@ -45,6 +45,33 @@ async def test_failures_are_retried_with_backoff_then_succeed(bus, site):
         assert not [e for e in await events_of(bus, site) if isinstance(e, ev.TurnFailed)]
     finally:
         await runner.stop()
+
+
+async def test_a_bus_that_does_not_answer_is_retried_far_enough_apart_to_outlast_an_election(bus, site, monkeypatch):
+    """A stream without a leader (its server killed: an election takes 4-9 s) answers a
+    publish with no response. The handler's quick backoff would spend every attempt inside
+    the election (the rehearsal's lead whose claim could not be stored, never delivered);
+    such failures wait `BUS_RETRY_S` instead (here 1 s: the stream appears after 0.5 s)."""
+    monkeypatch.setattr(consumer, "BUS_RETRY_S", 1.0)
+    stream, attempts = f"LATER_{site}", []
+
+    async def handle(event, ctx):
+        attempts.append(ctx.attempt)
+        await ctx.bus.js.publish(f"later.{site}", b"a side effect's record")  # no stream yet: no response
+        return [ctx.follow(ev.RouteDecided, route="ANSWER", reason="the bus is back")]
+
+    runner = await start(bus, Node(unique("later"), ("turn_requested",), own(site, handle)))
+    try:
+        await bus.publish(requested(site))
+        await wait_for(lambda: attempts, 5, "the first attempt")
+        await asyncio.sleep(0.5)
+        await bus.js.add_stream(name=stream, subjects=[f"later.{site}"])
+        await wait_for(lambda: _find(bus, site, ev.RouteDecided), 10, "handled once the stream is there")
+        assert attempts == [1, 2]
+        assert not [e for e in await events_of(bus, site) if isinstance(e, ev.TurnFailed)]
+    finally:
+        await runner.stop()
+        await bus.js.delete_stream(stream)
 
 
 async def test_last_attempt_ends_in_failure_event_and_dead_letter(bus, site):

@@ -6,6 +6,7 @@ of its event the bus carries."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -14,7 +15,7 @@ import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from services.responder import lead_notifier
-from services.responder.lead_claims import Claim, LeadClaims, lead_id
+from services.responder.lead_claims import Claim, LeadClaims, Outcome, lead_id
 from shared import events as ev
 from shared import subjects, webhook_secret
 from shared.node import Context, gather
@@ -214,3 +215,28 @@ async def test_a_lead_claimed_but_not_sent_is_sent_once_on_redelivery(bus, site,
     assert len(receiver.requests) == 1
     # The same event (the same id: JetStream drops the copy), made from the state as it is now.
     assert again[0] == msgspec.structs.replace(outcome, ts=again[0].ts, input_seq=again[0].input_seq)
+
+
+async def test_an_outcome_is_stored_when_the_claims_bucket_answers_again(bus, site):
+    """The webhook has gone out when its outcome is stored. A bucket whose stream has no
+    leader (its server killed: an election) answers the put with no response; failing
+    there would send the lead again on the retry (a bounded rehearsal's duplicate
+    delivery), so the put is made again until the bucket answers."""
+    bucket = f"claims_{site}"
+    claims = LeadClaims(bus)
+    claims.kv = await bus.js.create_key_value(bucket=bucket)
+    await bus.js.delete_stream(f"KV_{bucket}")  # no stream answers the bucket's subjects now
+
+    async def back():
+        await asyncio.sleep(0.5)
+        await bus.js.create_key_value(bucket=bucket)
+
+    returning = asyncio.create_task(back())
+    try:
+        await claims.settle(site, "s1", "owner", Outcome(target="https://crm.example/hook", ok=True, status=200,
+                                                          attempts=1))
+        entry = await claims.kv.get(subjects.kv_key(site, "s1"))
+        assert msgspec.json.decode(entry.value)["outcome"]["ok"] is True
+    finally:
+        await returning
+        await bus.js.delete_stream(f"KV_{bucket}")

@@ -282,6 +282,7 @@ class Audit:
     requested: int = 0
     ended_in_log: int = 0
     lost: list[str] = field(default_factory=list)
+    lost_seqs: list[int] = field(default_factory=list)  # stream sequences of the lost turns' TurnRequested
     duplicate_completions: int = 0
     leads: int = 0
     webhooks_recorded: int = 0
@@ -292,8 +293,12 @@ async def audit(bus: Bus, visitors: list[Visitor]) -> Audit:
     first turn cut, included), against what the visitors were shown."""
     result = Audit()
     kinds: dict[tuple[str, int], Counter] = defaultdict(Counter)
+    requested_at: dict[tuple[str, int], int] = {}
     for record in await bus.read(subjects.conversation(SITE, "*")):
-        kinds[record.event.session_id, record.event.turn][ev.event_type(record.event)] += 1
+        key = record.event.session_id, record.event.turn
+        kinds[key][ev.event_type(record.event)] += 1
+        if isinstance(record.event, ev.TurnRequested):
+            requested_at[key] = record.seq
     for (session_id, number), counts in sorted(kinds.items()):
         if not counts["turn_requested"]:
             continue
@@ -301,7 +306,10 @@ async def audit(bus: Bus, visitors: list[Visitor]) -> Audit:
         if any(counts[k] for k in TERMINAL):
             result.ended_in_log += 1
         else:
-            result.lost.append(f"{session_id} turn {number}: requested, never ended")
+            seen = ", ".join(sorted(k for k in counts if k != "turn_requested")) or "nothing else"
+            result.lost.append(f"{session_id} turn {number}: requested (seq {requested_at[session_id, number]}), "
+                               f"never ended; in the log: {seen}")
+            result.lost_seqs.append(requested_at[session_id, number])
         result.duplicate_completions += max(0, counts["turn_completed"] - 1)
         result.leads += counts["lead_captured"] > 0
         result.webhooks_recorded += counts["webhook_recorded"] > 0
@@ -310,6 +318,23 @@ async def audit(bus: Bus, visitors: list[Visitor]) -> Audit:
             if turn.outcome == "complete" and not kinds[visitor.session_id, turn.turn]["turn_completed"]:
                 result.lost.append(f"{visitor.session_id} turn {turn.turn}: shown complete, no TurnCompleted")
     return result
+
+
+async def trace_lost(bus: Bus, seqs: list[int], log) -> None:
+    """Where did the lost turns' messages go? Each durable's view of the stream beside them:
+    delivered and ack floor (stream sequences), pending, and which server leads it."""
+    if not seqs:
+        return
+    log(f"lost TurnRequested at stream sequences {sorted(seqs)}; the durables of {subjects.CONV_STREAM}:")
+    try:
+        for info in sorted(await bus.js.consumers_info(subjects.CONV_STREAM), key=lambda i: i.name):
+            cluster = info.cluster
+            log(f"  {info.name:<28} delivered {info.delivered.stream_seq:>6} ack floor {info.ack_floor.stream_seq:>6} "
+                f"pending {info.num_pending} ack pending {info.num_ack_pending} redelivered {info.num_redelivered} "
+                f"leader {cluster.leader if cluster else '-'} created {info.created} "
+                f"start {info.config.opt_start_time}")
+    except Exception as exc:  # noqa: BLE001 - a trace, best effort after the figures
+        log(f"  consumer info unavailable: {exc!r}")
 
 
 async def quiesce(bus: Bus, visitors: list[Visitor], timeout: float) -> Audit:
@@ -358,6 +383,7 @@ async def rehearse(args, cluster: Cluster, log) -> tuple[list[Visitor], dict[str
         wall = time.monotonic() - started
         log(f"load over after {wall:.1f}s; waiting for quiescence")
         result = await quiesce(bus, visitors, args.quiesce_s)
+        await trace_lost(bus, result.lost_seqs, log)
     finally:
         await bus.close()
     return visitors, recovery, result, wall

@@ -15,13 +15,18 @@ sends again on redelivery, with the same `webhook-id` (`lead_id`) for the receiv
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import time
 
 import msgspec
 from nats.js.errors import KeyWrongLastSequenceError
 
 from shared import subjects
-from shared.bus import Bus
+from shared.bus import BUS_UNAVAILABLE, Bus
+
+SETTLE_WAIT_S = 20.0
+SETTLE_RETRY_S = 0.5
 
 
 class Outcome(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -63,5 +68,17 @@ class LeadClaims:
             return _decoder.decode(entry.value)
 
     async def settle(self, site: str, session_id: str, owner: str, outcome: Outcome) -> None:
-        """Store the owner's outcome; only the owner writes here, so a plain put is safe."""
-        await self.kv.put(subjects.kv_key(site, session_id), msgspec.json.encode(Claim(owner=owner, outcome=outcome)))
+        """Store the owner's outcome; only the owner writes here, so a plain put is safe.
+        The webhook has gone out: an outcome not stored would send it again on the retry, so
+        a bucket that does not answer (its stream electing a leader, 4-9 s) is waited out
+        for up to `SETTLE_WAIT_S` (a bounded rehearsal sent a lead twice that way)."""
+        data = msgspec.json.encode(Claim(owner=owner, outcome=outcome))
+        deadline = time.monotonic() + SETTLE_WAIT_S
+        while True:
+            try:
+                await self.kv.put(subjects.kv_key(site, session_id), data)
+                return
+            except BUS_UNAVAILABLE:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(SETTLE_RETRY_S)
