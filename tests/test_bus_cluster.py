@@ -17,7 +17,8 @@ import pytest
 from shared import subjects
 from shared.bus import Bus, StaleRead, connect, reading_from
 from shared.config import BusConfig
-from shared.consumer import ConsumerRunner, Node
+from shared.consumer import ConsumerRunner
+from shared.node import Node
 from tests.helpers import fast, requested, wait_for
 from tests.servers import CutOff, nats_cluster_with_cut_off_member
 
@@ -84,7 +85,7 @@ async def test_a_handler_reads_the_log_up_to_its_event_from_a_replica_behind():
         reader, probe = await _reader(member.server.url), await _reader(member.server.url, timeout=0.5)
         site, read, isolated = f"t{uuid.uuid4().hex[:10]}", {}, asyncio.Event()
 
-        async def handle(event, ctx):
+        async def handle(event, inputs, ctx):
             # What the intent router does: fold the conversation, act on what is there.
             if event.site == site:
                 if event.turn == 2:

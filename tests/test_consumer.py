@@ -55,7 +55,7 @@ async def test_a_bus_that_does_not_answer_is_retried_far_enough_apart_to_outlast
     monkeypatch.setattr(consumer, "BUS_RETRY_S", 1.0)
     stream, attempts = f"LATER_{site}", []
 
-    async def handle(event, ctx):
+    async def handle(event, inputs, ctx):
         attempts.append(ctx.attempt)
         await ctx.bus.js.publish(f"later.{site}", b"a side effect's record")  # no stream yet: no response
         return [ctx.follow(ev.RouteDecided, route="ANSWER", reason="the bus is back")]

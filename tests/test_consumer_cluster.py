@@ -11,7 +11,8 @@ import pytest
 
 from shared.bus import connect
 from shared.config import BusConfig
-from shared.consumer import ConsumerRunner, Node
+from shared.consumer import ConsumerRunner
+from shared.node import Node
 from tests.helpers import fast, requested, wait_for
 from tests.servers import nats_cluster
 
@@ -32,7 +33,7 @@ async def test_a_node_started_while_the_cluster_has_no_quorum_starts_once_it_has
         bus = await wait_for(connected, 30, "the cluster elects a JetStream leader")
         site, seen = f"t{uuid.uuid4().hex[:10]}", []
 
-        async def handle(event, ctx):
+        async def handle(event, inputs, ctx):
             if event.site == site:
                 seen.append(event.session_id)
             return []
