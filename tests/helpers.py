@@ -132,3 +132,28 @@ async def decide(node, event, *given, config=None, late=(), attempt=1) -> Decisi
     inputs = Inputs(state=state, config=config or SiteConfig(), late=tuple(late))
     ctx = Context(bus=bus, node=node.name, cause=event, attempt=attempt)
     return Decision(list(await node.handle(event, inputs, ctx)), bus.emitted, bus.tokens)
+
+
+class StructuredLLM:
+    """Stands in for `LLMClient` where a node asks for a structured answer
+    (`structured(role, messages, record, cls)`): each call gets the next of `answers` (the last
+    one again once they run out), raised when it is an exception; `calls` keeps the messages
+    of each call."""
+
+    def __init__(self, *answers, history_tokens: int = 8000):
+        self.answers = list(answers)
+        self.calls: list[list[dict]] = []
+        self._history_tokens = history_tokens
+
+    def history_tokens(self, role: str) -> int:
+        return self._history_tokens
+
+    def configured(self, role: str) -> bool:
+        return True
+
+    async def structured(self, role, messages, record, cls, **params):
+        self.calls.append(messages)
+        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer

@@ -19,7 +19,8 @@ from shared import loader
 from shared.site_config import SiteConfig
 from shared.state import BookingState
 from tests.helpers import unique, wait_for
-from tests.test_router import _events, _llm_client, _runners, _turn, parts  # noqa: F401 - parts is a fixture
+from tests.test_intent_classifier import _llm_client
+from tests.test_router import _events, _runners, _turn, parts  # noqa: F401 - parts is a fixture
 
 
 def _run_eval(dataset=evaluation.HACK_EVAL) -> tuple[int, dict, str]:
