@@ -8,7 +8,7 @@ with its deadline), and which of the consumed events concern it at all (`when`).
     handle(event, inputs, ctx) -> events
 
 so a node reads top to bottom as inputs → decision → events, and its decision is tested by
-handing it inputs, with no server (tests/nodes.py). `ctx` makes the output events (derived
+handing it inputs, with no server (tests/helpers.py `decide`). `ctx` makes the output events (derived
 ids, so a redelivered input gives the same events) and sends what must go out before the
 handler returns (tokens, LLM call records).
 

@@ -23,7 +23,7 @@ from shared.bus import Bus
 from shared.config import LLM_ROLES
 from shared.llm import LLMClient
 from shared.site_config import SiteConfig
-from shared.state import ConversationState, Record, apply
+from shared.state import ConversationState, Record, fold
 
 VOLATILE = ("event_id", "ts", "input_seq", "causation_id")
 
@@ -61,12 +61,7 @@ async def read_site(bus: Bus, site: str, since_ts: float = 0.0, limit: int | Non
 
 def state_at(recording: Recording, seq: int) -> ConversationState:
     """The conversation's state folded from its events up to and including `seq`."""
-    state = ConversationState()
-    for record in recording.records:
-        if record.seq > seq:
-            break
-        apply(state, record)
-    return state
+    return fold(r for r in recording.records if r.seq <= seq)
 
 
 def client(recording: Recording, llm: str) -> LLMClient:

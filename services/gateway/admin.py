@@ -17,7 +17,6 @@ The page is static (static/admin.html); everything it shows comes from these end
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -32,7 +31,6 @@ from shared import subjects
 STATIC = Path(__file__).parent / "static"
 MAX_CONVERSATIONS = 500
 REPLAY_TIMEOUT_S = 120.0
-SITE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 class ReplayRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -77,7 +75,7 @@ def add_routes(api: FastAPI, operator) -> None:
     """The admin routes on the gateway's app; `operator` is its credential dependency."""
 
     def sees(who, site: str) -> JSONResponse | None:
-        if not SITE_ID.match(site) or not who.sees(site):
+        if not subjects.TOKEN_RE.match(site) or not who.sees(site):
             return JSONResponse({"error": "not_found", "detail": f"no site {site}"}, status_code=404)
         return None
 
@@ -129,7 +127,7 @@ def add_routes(api: FastAPI, operator) -> None:
         """Rerun, diff or fork one conversation (by `concierge replay serve`)."""
         if (refused := sees(who, site)) is not None:
             return refused
-        if not SITE_ID.match(session_id):
+        if not subjects.TOKEN_RE.match(session_id):
             return JSONResponse({"error": "not_found", "detail": f"no conversation {site}/{session_id}"},
                                 status_code=404)
         try:

@@ -13,8 +13,8 @@ import ipaddress
 import logging
 import time
 from contextlib import asynccontextmanager
-from typing import Annotated
 from pathlib import Path
+from typing import Annotated
 
 import anyio
 import msgspec
@@ -29,7 +29,7 @@ from shared import loader, logs, metrics, privacy, redis_client, subjects, telem
 from shared.bus import Bus, ConcurrencyConflict, connect, topology_ready
 from shared.config import BusConfig, env_float, env_int
 from shared.session_guard import SessionGuard
-from shared.state import ConversationState, apply
+from shared.state import fold
 from shared.site_config import SiteConfig, SiteConfigs
 from services.gateway import abuse_gate, admin, frames, visitor_view
 from services.gateway.cors import SiteCORS, origin_allowed
@@ -44,8 +44,8 @@ from services.gateway.sessions import SessionTokens
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"  # the demo page and the embeddable widget
-VISITOR_PATHS = ("/v1/chat", "/v1/sites/")
-OVERDUE_MARGIN_S = 5.0  # after a turn's deadline, before another request may end it  # CORS for these only, from the sites' allowed_origins
+VISITOR_PATHS = ("/v1/chat", "/v1/sites/")  # CORS for these only, from the sites' allowed_origins
+OVERDUE_MARGIN_S = 5.0  # after a turn's deadline, before another request may end it
 
 
 class GatewaySettings(msgspec.Struct, kw_only=True):
@@ -396,11 +396,8 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
         if not who.sees(site):
             return _not_found(site, session_id)
         if at is not None:
-            state = ConversationState()
-            for record in await request.app.state.bus.read(subjects.conversation(site, session_id)):
-                if record.seq > at:
-                    break
-                apply(state, record)
+            records = await request.app.state.bus.read(subjects.conversation(site, session_id))
+            state = fold(r for r in records if r.seq <= at)
         else:
             state = await loader.load(request.app.state.bus, site, session_id)
         if state.event_count == 0:
@@ -449,11 +446,11 @@ async def end_overdue_turn(bus: Bus, site: str, session_id: str, turn: int, dead
     """True when the session's unfinished turn `turn` is past its deadline (plus a margin for
     its own relay to say so first) and is now ended in the log; False while it may still end."""
     requested = await bus.last(subjects.conv(site, session_id, "turn_requested"))
-    if isinstance(requested, ev.TurnRequested) and requested.turn == turn \
-            and time.time() - requested.ts < deadline_s + OVERDUE_MARGIN_S:
+    if not (isinstance(requested, ev.TurnRequested) and requested.turn == turn):
+        return True
+    if time.time() - requested.ts < deadline_s + OVERDUE_MARGIN_S:
         return False
-    if isinstance(requested, ev.TurnRequested) and requested.turn == turn:
-        await end_turn(bus, requested, f"no outcome within the turn deadline ({deadline_s:g} s); ended by the next request")
+    await end_turn(bus, requested, f"no outcome within the turn deadline ({deadline_s:g} s); ended by the next request")
     return True
 
 
