@@ -14,7 +14,11 @@ from shared import loader, subjects
 from shared.bus import Bus
 from shared.state import ConversationState, Record, apply
 
-RECHECK_S = 0.05
+# Pauses between looks at the log while waiting. The subscription hears almost every
+# awaited event; the log is only read again for one published in the moment between the
+# first look and the subscription, so the pauses grow rather than reloading every 50 ms
+# of a long wait (each look is a read and a fold).
+RECHECK_S = (0.05, 0.1, 0.2, 0.4)
 STORED_RECHECK_S = (0.0, 0.002, 0.005, 0.01, 0.02)  # pauses before looking for a heard event in the log
 # Routes that answer without background results: work still running for them is wasted.
 CANCELLING_ROUTES = ("REDIRECT", "BOOKING")
@@ -52,9 +56,12 @@ async def turn_state(bus: Bus, site: str, session_id: str, turn: int, wanted: se
         state = await loader.load(bus, site, session_id)
         missing -= _seen(state, turn)
         deadline = time.monotonic() + timeout_s
+        looks = 0
         while missing and not missing <= heard.keys() and (remaining := deadline - time.monotonic()) > 0:
+            pause = RECHECK_S[min(looks, len(RECHECK_S) - 1)]
+            looks += 1
             try:
-                await asyncio.wait_for(complete.wait(), min(remaining, RECHECK_S))
+                await asyncio.wait_for(complete.wait(), min(remaining, pause))
             except asyncio.TimeoutError:
                 # An event published just before we subscribed, and stored just after we
                 # looked, reaches neither: look at the log again.

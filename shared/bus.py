@@ -36,6 +36,7 @@ from nats.js.object_store import ObjectStore
 from nats.errors import NoRespondersError
 
 from shared import events as ev
+from shared import metrics
 from shared import subjects
 from shared import telemetry
 from shared.config import BusConfig
@@ -219,6 +220,7 @@ class Bus:
         """One batched direct get: the messages, and the end-of-batch status message (None
         when the server found nothing: 404)."""
         prefix = await self._read_inbox()
+        metrics.log_reads.labels(stream).inc()
         self._read_counter += 1
         token = str(self._read_counter)
         queue: asyncio.Queue = asyncio.Queue()

@@ -17,7 +17,7 @@ from shared import events as ev
 from shared import subjects
 from shared.bus import Bus
 from shared.events import SCHEMA_VERSION
-from shared.state import ConversationState, copy_state, fold
+from shared.state import ConversationState, apply, copy_state
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,7 @@ class FoldCache:
     cached state is never stale, just shorter to bring up to date. It matters because
     JetStream finds a conversation's next events by scanning the stream from the start
     sequence: reading from a recent sequence is cheap, reading from an old one is not.
+    The cache owns its states: `load` brings them up to date in place and hands out copies.
     """
 
     def __init__(self, size: int = 4096):
@@ -94,21 +95,27 @@ class FoldCache:
         return state
 
     def put(self, state: ConversationState) -> None:
+        """Keep `state` itself (not a copy): the caller hands it over."""
         key = (state.site, state.session_id)
         cached = self._states.get(key)
         if cached is None or cached.last_seq < state.last_seq:  # equal: it holds this state already
-            self._states[key] = copy_state(state)
+            self._states[key] = state
             self._states.move_to_end(key)
             while len(self._states) > self.size:
                 self._states.popitem(last=False)
+
+    def drop(self, site: str, session_id: str) -> None:
+        self._states.pop((site, session_id), None)
 
 
 _cache = FoldCache()
 
 
 async def load(bus: Bus, site: str, session_id: str, use_snapshot: bool = True) -> ConversationState:
-    start = _cache.get(site, session_id) if use_snapshot else None
-    revision = None
+    """The conversation's state: the cached or snapshotted state plus the log after it,
+    as the caller's own copy (one copy per load: the cache's state is folded forward in place)."""
+    cached = _cache.get(site, session_id) if use_snapshot else None
+    start, revision = cached, None
     if start is None and use_snapshot:
         start, revision = await read_snapshot(bus, site, session_id)
     after = start.last_seq if start else 0
@@ -116,18 +123,32 @@ async def load(bus: Bus, site: str, session_id: str, use_snapshot: bool = True) 
     if start is not None and any(isinstance(r.event, ev.TurnRequested) and r.event.turn <= start.turn for r in tail):
         # Turns we have already folded, appended again: the log was rewritten (a visitor's
         # erasure). Fold it from the beginning.
-        start = None
+        _cache.drop(site, session_id)
+        start = cached = None
         tail = await bus.read(subjects.conversation(site, session_id))
-    state = fold(tail, initial=start)
+    try:
+        # The cached state, or a snapshot's (decoded just now: ours), folded forward in place.
+        state = fold_into(start if start is not None else ConversationState(), tail)
+    except Exception:
+        _cache.drop(site, session_id)  # half-applied: never start from it again
+        raise
     if not state.site:
         state.site, state.session_id = site, session_id
-    if use_snapshot:
-        _cache.put(state)
-        if tail and len(tail) >= bus.config.snapshot_every:
-            if revision is None:
-                _, revision = await read_snapshot(bus, site, session_id)
-            try:
-                await write_snapshot(bus, state, revision)
-            except Exception:
-                log.exception("snapshot write failed", extra={"site": site, "session_id": session_id})
+    if not use_snapshot:
+        return state
+    _cache.put(state)
+    if tail and len(tail) >= bus.config.snapshot_every:
+        if revision is None:
+            _, revision = await read_snapshot(bus, site, session_id)
+        try:
+            await write_snapshot(bus, state, revision)
+        except Exception:
+            log.exception("snapshot write failed", extra={"site": site, "session_id": session_id})
+    return copy_state(state)
+
+
+def fold_into(state: ConversationState, records: list) -> ConversationState:
+    """Apply `records` to `state` itself (the cache's own state)."""
+    for record in records:
+        apply(state, record)
     return state

@@ -41,6 +41,10 @@ node_ack_pending = Gauge("concierge_node_ack_pending",
                          "Messages delivered to the node's consumer and not yet acknowledged", ["node"])
 node_ready = Gauge("concierge_node_ready", "1 when the node's durable consumer answered its last check", ["node"])
 
+log_reads = Counter("concierge_log_reads",
+                    "Direct-get requests for stored events (one per batch of up to 256), by stream: the "
+                    "cost of rebuilding state, which snapshots and the fold cache keep down", ["stream"])
+
 llm_calls = Counter("concierge_llm_calls", "LLM calls (a call = one request, retries included)", ["role", "model"])
 llm_errors = Counter("concierge_llm_errors", "LLM calls that ended in an error", ["role", "model"])
 llm_fallbacks = Counter("concierge_llm_fallbacks", "LLM calls answered (or failed) by the fallback endpoint",

@@ -152,6 +152,22 @@ async def test_storage_reads_answer_like_lightrags_own(kb):
     vectors = await rag.chunks_vdb.get_vectors_by_ids(chunk_ids)
     assert len(vectors) == len(chunk_ids) - 1
     assert vectors == await QdrantVectorDBStorage.get_vectors_by_ids(rag.chunks_vdb, chunk_ids)
+    # Vector search over the local index: Qdrant's hits, order and scores.
+    sample = (await rag.text_chunks.get_by_ids(chunk_ids[:1]))[0]["content"]
+    names = " ".join((await rag.chunk_entity_relation_graph.get_all_labels())[:3])
+    hits = 0
+    for storage in (rag.chunks_vdb, rag.entities_vdb, rag.relationships_vdb):
+        for text in (sample, names, "zzz"):
+            vector = (await storage.embedding_func([text]))[0]
+            ours = await storage.query(text, 8, query_embedding=vector)
+            qdrants = storage._client.query_points(collection_name=storage.final_namespace, query=vector, limit=8,
+                                                   with_payload=True,
+                                                   score_threshold=storage.cosine_better_than_threshold).points
+            assert [o["id"] if "id" in o else o.get("entity_name") for o in ours] == \
+                   [p.payload.get("id", p.payload.get("entity_name")) for p in qdrants]
+            assert [round(o["distance"], 4) for o in ours] == [round(p.score, 4) for p in qdrants]
+            hits += len(ours)
+    assert hits > 8  # the comparison compared something
 
     graph = rag.chunk_entity_relation_graph
     assert type(graph).__name__ == "ConciergeGraphStorage"

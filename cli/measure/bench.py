@@ -28,6 +28,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -170,6 +171,23 @@ def process_cpu_s(system) -> dict[str, float]:
     return out
 
 
+def start_profilers(system, directory: str) -> list[subprocess.Popen]:
+    """py-spy sampling every Python process the system started (not nats-server or redis)."""
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    return [subprocess.Popen([spy, "record", "--pid", str(proc.pid), "--format", "raw", "--rate", "200",
+                              "--output", str(Path(directory) / f"{name}.txt")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for name, proc in system.procs.items() if name not in ("nats", "redis")]
+
+
+def stop_profilers(profilers: list[subprocess.Popen]) -> None:
+    for profiler in profilers:
+        profiler.send_signal(signal.SIGINT)
+    for profiler in profilers:
+        profiler.wait(30)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="concierge bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -184,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--think-ms", type=float, default=1000.0,
                         help="pause between a session's turns (a visitor reading and typing); 0 = back to back")
     parser.add_argument("--replay-rounds", type=int, default=3)
+    parser.add_argument("--profile", metavar="DIR", default=None,
+                        help="sample every service with py-spy during the measured turns; flame-graph input "
+                             "(collapsed stacks) per service written to DIR")
     parser.add_argument("--answer-backend", choices=("llm", "extractive"), default="llm",
                         help="extractive: the answer role has no LLM (the other roles keep the scripted one)")
     args = parser.parse_args(argv)
@@ -224,11 +245,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"system up; warming up, then {args.turns} turns from {args.concurrency} sessions "
                   f"(scripted TTFT {args.ttft_ms:.0f} ms)", flush=True)
             asyncio.run(drive(system.gateway_url, "warmup", args.concurrency, args.concurrency))
+            profilers = start_profilers(system, args.profile) if args.profile else []
             cpu_before = process_cpu_s(system)
             started = time.perf_counter()
             results, sessions = asyncio.run(
                 drive(system.gateway_url, site, args.turns, args.concurrency, args.think_ms / 1000, args.sessions))
             wall = time.perf_counter() - started
+            stop_profilers(profilers)
             cpu_s = {name: round(after - cpu_before.get(name, 0.0), 1) for name, after in process_cpu_s(system).items()}
             print("CPU seconds per process during the measured turns: "
                   + ", ".join(f"{name} {seconds}" for name, seconds in cpu_s.items()), flush=True)
