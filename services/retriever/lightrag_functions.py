@@ -16,14 +16,19 @@ from shared.llm import LLMClient
 log = logging.getLogger(__name__)
 
 
+QUERY_TEXTS = 8  # at most this many texts at once is a query (LightRAG embeds its three together)
+
+
 def embedding_function(embedder: Embedder):
     """A plain function (LightRAG deep-copies its config; a bound method would copy the
-    whole knowledge base): one text goes through the embedder's batching queue and cache,
-    many (ingestion) are embedded in length-sorted batches off the event loop."""
+    whole knowledge base): a query's few texts (the question and its two keyword lists, in
+    one call) go through the embedder's cache and batching, so a question asked again costs
+    no model call; many (ingestion) are embedded in length-sorted batches off the event
+    loop, without filling the cache."""
 
     async def embed(texts: list[str], **_: Any) -> np.ndarray:
-        if len(texts) == 1:
-            return (await embedder.aembed(texts[0]))[None, :]
+        if len(texts) <= QUERY_TEXTS:
+            return await embedder.aembed_all(list(texts))
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, embedder.embed_many, list(texts))
 
