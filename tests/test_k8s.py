@@ -431,11 +431,10 @@ import cli.main, cli.ingest
 for service in ("gateway", "router", "retriever", "enricher", "responder"):
     __import__(f"services.{service}.main")
 from services.router.local_model import LocalIntentModel
-from shared.embeddings import Embedder
-for quantize in ("1", "0"):
-    import os
-    os.environ["EMBEDDINGS_QUANTIZE"] = quantize
-    embedder = Embedder().load()
+import msgspec
+from shared.embeddings import Embedder, EmbeddingSettings
+for quantize in (True, False):
+    embedder = Embedder(msgspec.structs.replace(EmbeddingSettings.from_env(), quantize=quantize)).load()
     assert embedder.embed(["hello"]).shape == (1, 384)
     LocalIntentModel.load_or_train(embedder)
 print("torch" in sys.modules)
