@@ -244,8 +244,9 @@ def test_probes_target_the_paths_and_ports_the_processes_serve(overlay):
 
 def test_the_gateway_serves_the_paths_its_probes_ask_for():
     from services.gateway.app import create_app
+    from services.gateway.settings import GatewaySettings
 
-    paths = {route.path for route in create_app().routes}
+    paths = {route.path for route in create_app(GatewaySettings()).routes}
     assert OPS_PATHS <= paths
 
 

@@ -239,8 +239,9 @@ def test_llm_calls_are_counted_by_role_and_model():
 
 def test_the_gateway_serves_metrics():
     from services.gateway.app import create_app
+    from services.gateway.settings import GatewaySettings
 
-    assert "/metrics" in {route.path for route in create_app().routes}
+    assert "/metrics" in {route.path for route in create_app(GatewaySettings()).routes}
 
 
 # --- NATS server lists and clusters -----------------------------------------------------
