@@ -12,7 +12,7 @@ import pytest
 from shared import privacy
 from services.enricher.breaker import CircuitBreaker
 from services.enricher.chain import Enricher
-from services.enricher.main import DATASET
+from services.enricher.settings import DATASET
 from services.enricher.sources import (
     CacheSource, Guarded, IpApiSource, IpDatasetSource, Lookup, ReturningVisitorSource, RevealSource,
     SessionProviderSource,

@@ -14,7 +14,7 @@ import pytest
 
 from services.enricher import enrichment
 from services.enricher.chain import Enricher
-from services.enricher.main import DATASET
+from services.enricher.settings import DATASET
 from services.enricher.sources import (
     CacheSource, Guarded, IpApiSource, IpDatasetSource, ReturningVisitorSource, RevealSource,
 )

@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+import typing
 from functools import lru_cache
 from pathlib import Path
 
@@ -33,6 +34,7 @@ import yaml
 from kubernetes_validate import utils as kubernetes_validate
 
 from shared import subjects
+from shared.config import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 K8S = REPO / "deploy" / "k8s"
@@ -64,13 +66,16 @@ class _Anything:
 @lru_cache(maxsize=None)
 def code_nodes() -> dict[str, tuple[str, ...]]:
     """Each consumer service's node names, in the order its main.py lists them: its
-    `<service>_nodes(...)` (what `nodes(bus)` returns, and what a replay runs) called with
-    stand-ins for what the nodes close over, without connecting to anything."""
+    `<service>_nodes(...)` (what `nodes(bus, settings)` returns, and what a replay runs) called
+    with the service's default settings and stand-ins for what the nodes close over, without
+    connecting to anything."""
     nodes = {}
     for service in SERVICES:
         module = importlib.import_module(f"services.{service}.main")
         build = getattr(module, f"{service}_nodes")
-        arguments = [_Anything() for _ in inspect.signature(build).parameters]
+        hints = typing.get_type_hints(build)
+        arguments = [hints[name]() if isinstance(hints.get(name), type) and issubclass(hints[name], Settings)
+                     else _Anything() for name in inspect.signature(build).parameters]
         nodes[service] = tuple(node.name for node in build(*arguments))
     return nodes
 
