@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 
 from shared import events as ev
@@ -92,12 +93,14 @@ async def _delete_dead_letters(bus: Bus, site: str, session_id: str) -> int:
     return deleted
 
 
-async def erase(config: BusConfig, redis_url: str | None, site: str, sessions: list[str], ip: str | None) -> dict:
+async def erase(config: BusConfig, redis_url: str, site: str, sessions: list[str], ip: str | None,
+                secrets: privacy.PrivacySettings = privacy.PrivacySettings()) -> dict:
+    """`secrets`: the deployment's IP hash key, which found the visitor's sessions by `ip`."""
     bus = await connect(config, name="erase")
     redis = redis_client.connect(redis_url)
     report: dict = {"site": site, "sessions": {}, "ip_hashes": [], "notes": []}
     try:
-        hashes = {privacy.ip_hash(ip)} if ip else set()
+        hashes = {secrets.ip_hash(ip)} if ip else set()
         done: set[str] = set()
         todo = set(sessions) | (await sessions_of(bus, site, hashes) if hashes else set())
         while todo:  # each erased session may reveal another IP hash, hence more sessions
@@ -129,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.nats_url:
         config.url = args.nats_url
     try:
-        report = asyncio.run(erase(config, args.redis_url, args.site, args.session, args.ip))
+        report = asyncio.run(erase(config, args.redis_url or os.environ.get("REDIS_URL", redis_client.DEFAULT_URL),
+                                   args.site, args.session, args.ip, privacy.PrivacySettings.from_env()))
     except Busy as exc:
         print(f"refused: {exc}", file=sys.stderr)
         return 3

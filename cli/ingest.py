@@ -27,10 +27,11 @@ from shared.config import ConfigError
 
 def _open_kb():
     from services.retriever.knowledge import KnowledgeBase, KnowledgeBaseLocked
+    from services.retriever.settings import KnowledgeBaseSettings
     from shared.embeddings import shared_embedder
 
     try:
-        return KnowledgeBase.from_env(shared_embedder()).open()
+        return KnowledgeBase.configured(KnowledgeBaseSettings.from_env(), shared_embedder()).open()
     except KnowledgeBaseLocked as exc:
         print(f"concierge: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -42,13 +43,14 @@ async def _snapshots(site: str, kb):
     body, and `publish()`, to call once the body has changed the site, returning its
     version and whether it was new. Otherwise `publish` is None."""
     from services.retriever import snapshots
+    from services.retriever.settings import SnapshotSettings
 
     try:
-        on = snapshots.enabled()
+        settings = SnapshotSettings.from_env(server=bool(kb.qdrant_url))
     except ConfigError as exc:
         print(f"concierge: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    if not on:
+    if not settings.enabled:
         yield None
         return
     from shared.bus import connect
@@ -56,7 +58,7 @@ async def _snapshots(site: str, kb):
 
     bus = await connect(BusConfig.from_env(), name="ingest")
     try:
-        store = await snapshots.store_from_env(bus)
+        store = await snapshots.open_store(bus, settings.history)
         directory = kb.root / site
         await store.restore(site, directory)
 

@@ -65,7 +65,7 @@ def secret(argv: list[str]) -> int:
     path = Path(args.dir) / f"{args.site}.toml"
     try:
         config = parse(path) if path.exists() else SiteConfig()  # no file: the defaults, as the services do
-        print(webhook_secret.for_site(args.site, config.lead))
+        print(webhook_secret.WebhookSecrets.from_env().for_site(args.site, config.lead))
     except (SiteConfigError, webhook_secret.WebhookSecretError) as exc:
         print(exc, file=sys.stderr)
         return 1

@@ -11,17 +11,17 @@ router's intent model trained on those embeddings (services/router/local_model.p
 
 from __future__ import annotations
 
-import os
+import msgspec
 
 from services.router.local_model import LocalIntentModel
-from shared.embeddings import Embedder, onnx_path
+from shared.embeddings import Embedder, EmbeddingSettings, onnx_path
 
 
 def main() -> None:
-    for quantize in ("1", "0"):
-        os.environ["EMBEDDINGS_QUANTIZE"] = quantize
-        print(f"EMBEDDINGS_QUANTIZE={quantize}: {onnx_path()}", flush=True)
-        LocalIntentModel.load_or_train(Embedder().load())
+    for quantize in (True, False):
+        settings = msgspec.structs.replace(EmbeddingSettings.from_env(), quantize=quantize)
+        print(f"EMBEDDINGS_QUANTIZE={int(quantize)}: {onnx_path(settings)}", flush=True)
+        LocalIntentModel.load_or_train(Embedder(settings).load())
 
 
 if __name__ == "__main__":

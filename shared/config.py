@@ -1,18 +1,43 @@
 """Configuration from environment variables, read once at start-up.
 
-Every variable is listed in docs/operations.md. A bad value stops the process with a
-message naming the variable, rather than running with a surprise.
+Every variable is read by a settings Struct's `from_env` (these helpers, the Structs below,
+each service's `services/<service>/settings.py` and a few shared ones), which its service's
+`main.py` calls once and hands to what it builds; nothing else reads the environment
+(tests/test_settings.py checks). Every variable is listed in docs/operations.md. A bad value
+stops the process with a message naming the variable, rather than running with a surprise.
 """
 
 from __future__ import annotations
 
 import os
+from typing import ClassVar
 
 import msgspec
 
 
 class ConfigError(Exception):
     pass
+
+
+class Settings(msgspec.Struct, kw_only=True, frozen=True):
+    """Base of the settings Structs: read once by `from_env`, then passed to what uses them.
+    Fields named in `SECRETS` show as `***` in the repr (settings end up in logs and
+    tracebacks; secrets must not)."""
+
+    SECRETS: ClassVar[tuple[str, ...]] = ()
+
+    def __repr__(self) -> str:
+        return without_secrets(self, self.SECRETS)
+
+
+def without_secrets(struct: msgspec.Struct, secrets: tuple[str, ...]) -> str:
+    """`struct`'s repr with the fields named in `secrets` shown as `***` when set."""
+
+    def shown(name: str) -> str:
+        value = getattr(struct, name)
+        return "***" if name in secrets and value else repr(value)
+
+    return f"{type(struct).__name__}({', '.join(f'{name}={shown(name)}' for name in struct.__struct_fields__)})"
 
 
 def env_str(name: str, default: str) -> str:
@@ -37,6 +62,25 @@ def env_int(name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise ConfigError(f"{name}={raw!r} is not an integer") from None
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = env_str(name, "")
+    if not value:
+        return default
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name}={value!r}: use true or false")
+
+
+def env_choice(name: str, default: str, choices: tuple[str, ...], message: str = "") -> str:
+    """`name`'s value, one of `choices`; anything else stops the process naming the variable."""
+    value = env_str(name, default)
+    if value not in choices:
+        raise ConfigError(f"{name}={value!r}: {message or 'use ' + ' or '.join(choices)}")
+    return value
 
 
 class BusConfig(msgspec.Struct, kw_only=True):
@@ -193,6 +237,9 @@ class LLMRoleConfig(msgspec.Struct, kw_only=True):
     # The conversation history a prompt of this role may carry (shared/history.py: ~4
     # characters a token, oldest turns dropped first, the current turn always kept).
     history_tokens: int = 8000
+
+    def __repr__(self) -> str:
+        return without_secrets(self, ("api_key", "fallback_api_key"))
 
     @classmethod
     def from_env(cls, role: str) -> "LLMRoleConfig":

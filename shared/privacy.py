@@ -14,16 +14,31 @@ import re
 import msgspec
 
 from shared import events as ev
-from shared.config import env_float, env_str
+from shared.config import Settings, env_float, env_str
 
 # A deployment sets its own secret, so hashes cannot be reversed by hashing all IPv4s.
-_DEV_SECRET = "concierge-dev-only-ip-secret"
-RAW_IP_TTL_S = env_float("RAW_IP_TTL_S", 900.0)
+DEV_SECRET = "concierge-dev-only-ip-secret"
 
 
-def ip_hash(ip: str, secret: str | None = None) -> str:
-    key = (secret or env_str("IP_HASH_SECRET", _DEV_SECRET)).encode()
-    return hmac.new(key, ip.strip().encode(), hashlib.sha256).hexdigest()[:16]
+class PrivacySettings(Settings):
+    """The IP hash's key (IP_HASH_SECRET) and how long a raw IP stays in Redis (RAW_IP_TTL_S)."""
+
+    SECRETS = ("ip_hash_secret",)
+    ip_hash_secret: str = DEV_SECRET
+    raw_ip_ttl_s: float = 900.0
+
+    @classmethod
+    def from_env(cls) -> "PrivacySettings":
+        d = cls()
+        return cls(ip_hash_secret=env_str("IP_HASH_SECRET", d.ip_hash_secret),
+                   raw_ip_ttl_s=env_float("RAW_IP_TTL_S", d.raw_ip_ttl_s))
+
+    def ip_hash(self, ip: str) -> str:
+        return ip_hash(ip, self.ip_hash_secret)
+
+
+def ip_hash(ip: str, secret: str) -> str:
+    return hmac.new(secret.encode(), ip.strip().encode(), hashlib.sha256).hexdigest()[:16]
 
 
 def raw_ip_key(site: str, session_id: str) -> str:

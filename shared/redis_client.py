@@ -1,15 +1,13 @@
 """Redis: caches and lookups that are not events (enrichment cache, returning visitors,
-the short-lived raw IP the enricher needs). `REDIS_URL` says where."""
+the short-lived raw IP the enricher needs). `REDIS_URL` says where (read with the settings of
+the services that use it)."""
 
 from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from shared.config import env_str
-
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 
 
-def connect(url: str | None = None) -> aioredis.Redis:
-    return aioredis.from_url(url or env_str("REDIS_URL", DEFAULT_URL), socket_timeout=2.0,
-                             socket_connect_timeout=2.0, health_check_interval=30)
+def connect(url: str) -> aioredis.Redis:
+    return aioredis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0, health_check_interval=30)

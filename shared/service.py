@@ -19,11 +19,13 @@ import contextlib
 import gc
 import logging
 import signal
-from typing import Awaitable, Callable, Sequence
+from typing import Awaitable, Callable, Sequence, TypeVar
+
+import msgspec
 
 from shared import logs, telemetry
 from shared.bus import Bus, connect
-from shared.config import BusConfig, ConfigError, ConsumerConfig, env_float, env_int, env_str
+from shared.config import BusConfig, ConfigError, ConsumerConfig, Settings, env_float, env_int, env_str
 from shared.consumer import ConsumerRunner
 from shared.node import Node
 from shared.ops import OpsServer
@@ -32,6 +34,34 @@ from shared.site_config import SiteConfigs
 log = logging.getLogger(__name__)
 
 NodeFactory = Callable[[Bus], Awaitable[Sequence[Node]]]
+S = TypeVar("S")
+
+
+class ProcessSettings(Settings):
+    """What every consumer process reads, whatever its service. Each hosted node's delivery
+    policy (`ConsumerConfig.from_env`, its variables named after the node) is read when its
+    runner is made, at start too."""
+
+    bus: BusConfig = msgspec.field(default_factory=BusConfig)
+    nodes: str = ""  # comma-separated names of the nodes to host; empty: all
+    ops_port: int = 9000  # 0: no ops port
+    ops_host: str = "0.0.0.0"
+    ops_check_s: float = 5.0
+    start_lookback_s: float = 300.0  # where a node's new durable starts
+    site_config_ttl_s: float = 2.0
+
+    @classmethod
+    def from_env(cls) -> "ProcessSettings":
+        d = cls()
+        return cls(
+            bus=BusConfig.from_env(),
+            nodes=env_str("NODES", d.nodes),
+            ops_port=env_int("OPS_PORT", d.ops_port),
+            ops_host=env_str("OPS_HOST", d.ops_host),
+            ops_check_s=env_float("OPS_CHECK_S", d.ops_check_s),
+            start_lookback_s=env_float("CONSUMER_START_LOOKBACK_S", d.start_lookback_s),
+            site_config_ttl_s=env_float("SITE_CONFIG_TTL_S", d.site_config_ttl_s),
+        )
 
 
 def select_nodes(service: str, nodes: Sequence[Node], selected: str) -> list[Node]:
@@ -84,24 +114,23 @@ async def start_ops(process: Process, port: int, host: str) -> OpsServer | None:
     return server
 
 
-async def serve(service: str, make_nodes: NodeFactory, ready: asyncio.Event | None = None,
+async def serve(service: str, make_nodes: NodeFactory, settings: ProcessSettings, ready: asyncio.Event | None = None,
                 stop: asyncio.Event | None = None, process: Process | None = None) -> None:
     """Run the service until SIGTERM/SIGINT, or until `stop` is set when given (tests);
     `ready` is set once every runner is started."""
     process = process or Process()
-    ops = await start_ops(process, env_int("OPS_PORT", 9000), env_str("OPS_HOST", "0.0.0.0"))
+    ops = await start_ops(process, settings.ops_port, settings.ops_host)
     watcher = None
     try:
-        bus = process.bus = await connect(BusConfig.from_env(), name=service)
-        nodes = select_nodes(service, await make_nodes(bus), env_str("NODES", ""))
-        lookback = env_float("CONSUMER_START_LOOKBACK_S", 300.0)
-        configs = SiteConfigs(bus)  # one cache for every node of the process
+        bus = process.bus = await connect(settings.bus, name=service)
+        nodes = select_nodes(service, await make_nodes(bus), settings.nodes)
+        configs = SiteConfigs(bus, settings.site_config_ttl_s)  # one cache for every node of the process
         process.runners = [ConsumerRunner(bus, node, ConsumerConfig.from_env(node.name), configs=configs,
-                                          start_lookback_s=lookback) for node in nodes]
+                                          start_lookback_s=settings.start_lookback_s) for node in nodes]
         for runner in process.runners:
             await runner.start()
         process.started = True
-        watcher = asyncio.create_task(process.watch(env_float("OPS_CHECK_S", 5.0)), name="ops-watch")
+        watcher = asyncio.create_task(process.watch(settings.ops_check_s), name="ops-watch")
 
         if stop is None:
             stop = asyncio.Event()
@@ -140,11 +169,14 @@ def _dump_tasks() -> None:
         log.warning("task", extra={"task": task.get_name(), "stack": stack})
 
 
-def main(service: str, make_nodes: NodeFactory) -> None:
+def main(service: str, load: Callable[[], S], make_nodes: Callable[[Bus, S], Awaitable[Sequence[Node]]]) -> None:
+    """Run `service`: its settings read once here (`load`, its `from_env`, and the process's
+    own), then its nodes made by `make_nodes(bus, settings)`."""
     logs.setup(service)
     telemetry.setup(service)
     try:
-        asyncio.run(serve(service, make_nodes))
+        process, settings = ProcessSettings.from_env(), load()
+        asyncio.run(serve(service, lambda bus: make_nodes(bus, settings), process))
     except ConfigError as exc:
         log.error("configuration error", extra={"error": str(exc)})
         raise SystemExit(f"{service}: {exc}") from None

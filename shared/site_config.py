@@ -25,7 +25,6 @@ from nats.js.errors import KeyNotFoundError
 
 from shared import subjects
 from shared.bus import Bus
-from shared.config import env_float
 
 log = logging.getLogger(__name__)
 
@@ -228,10 +227,10 @@ class SiteConfigSync:
     """Files → bucket. Runs at start and then every `poll_s`; only changed files are
     re-read and only changed configs are written."""
 
-    def __init__(self, bus: Bus, directory: Path, poll_s: float | None = None):
+    def __init__(self, bus: Bus, directory: Path, poll_s: float = 1.0):
         self.bus = bus
         self.directory = directory
-        self.poll_s = poll_s if poll_s is not None else env_float("SITES_POLL_S", 1.0)
+        self.poll_s = poll_s
         self._mtimes: dict[Path, float] = {}
         self._task: asyncio.Task | None = None
         self.errors: dict[str, str] = {}  # file → last error, for tests and /readyz-style checks
@@ -309,11 +308,12 @@ MAX_CACHED_SITES = 4096
 
 
 class SiteConfigs:
-    """Read side: `await configs.get(site)`, cached for `ttl_s` (SITE_CONFIG_TTL_S)."""
+    """Read side: `await configs.get(site)`, cached for `ttl_s` (SITE_CONFIG_TTL_S, read with
+    the process's settings)."""
 
-    def __init__(self, bus: Bus, ttl_s: float | None = None):
+    def __init__(self, bus: Bus, ttl_s: float = 2.0):
         self.bus = bus
-        self.ttl_s = ttl_s if ttl_s is not None else env_float("SITE_CONFIG_TTL_S", 2.0)
+        self.ttl_s = ttl_s
         self._cache: dict[str, tuple[float, SiteConfig | None]] = {}
         self._sites: tuple[float, list[str]] | None = None
         self._kv = None

@@ -23,6 +23,8 @@ def setup(service: str) -> None:
     if _configured:
         return
     _configured = True
+    # Read here, at start-up only (beside logs.setup), like the OTEL_EXPORTER_OTLP_* variables
+    # the exporter reads itself (tests/test_settings.py lists this read).
     exporter_name = os.environ.get("OTEL_TRACES_EXPORTER", "none").strip().lower()
     if exporter_name in ("", "none"):
         return

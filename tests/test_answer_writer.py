@@ -19,17 +19,18 @@ from shared.events import VisitorProfile
 from shared.llm import LLMClient
 from shared.site_config import CTA, SiteConfig
 from services.responder import answer_writer
+from services.responder.settings import AnswerSettings
 from tests.helpers import FixedConfigs, decide, fast, isolated, turn, wait_for
 
 
 async def run_turn(bus, site, llm, background=(), config=None, earlier=(), history_tokens=8000,
-                   message="What do you do?", answer_url=None):
+                   message="What do you do?", answer_url=None, settings=AnswerSettings()):
     """One ANSWER turn through a consumer runner, after the `earlier` (message, reply) turns.
     `answer_url=""`: the answer role has no LLM endpoint."""
     base_url = llm.base_url if answer_url is None else answer_url
     client = LLMClient({"answer": LLMRoleConfig(role="answer", base_url=base_url, api_key="k", model="m",
                                                 history_tokens=history_tokens)})
-    node = answer_writer.make_node(client)
+    node = answer_writer.make_node(client, settings)
     runner = ConsumerRunner(bus, isolated(node, site), fast(), configs=FixedConfigs(config) if config else None,
                             start_lookback_s=5)
     await runner.start()
@@ -58,11 +59,9 @@ async def run_turn(bus, site, llm, background=(), config=None, earlier=(), histo
         await runner.stop()
 
 
-async def test_late_background_results_are_named_and_do_not_block(bus, site, llm, monkeypatch):
-    monkeypatch.setattr(answer_writer, "WAIT_S", 0.3)
-    monkeypatch.setattr(answer_writer, "RETRIEVAL_WAIT_S", 0.2)
+async def test_late_background_results_are_named_and_do_not_block(bus, site, llm):
     llm.clear()
-    completed, elapsed = await run_turn(bus, site, llm)
+    completed, elapsed = await run_turn(bus, site, llm, settings=AnswerSettings(wait_s=0.3, retrieval_wait_s=0.2))
     assert completed.late_inputs == ["retrieval_completed", "enrichment_completed", "profile_inferred"]
     assert elapsed < 0.3 + 2.0
     assert completed.sources == [] and "No knowledge-base documents were found" in llm.requests()[-1]["messages"][0]["content"]
@@ -180,9 +179,8 @@ async def heard_on_tokens(bus, site, turn_coro):
     return completed, heard
 
 
-async def test_without_an_answer_llm_the_answer_is_the_sources_sentences_cited_and_streamed(bus, site, llm, monkeypatch):
-    monkeypatch.setattr(answer_writer, "BACKEND", "")  # the default: no endpoint for the answer role
-    llm.clear()
+async def test_without_an_answer_llm_the_answer_is_the_sources_sentences_cited_and_streamed(bus, site, llm):
+    llm.clear()  # the default ANSWER_BACKEND with no endpoint for the answer role: extractive
     completed, heard = await heard_on_tokens(bus, site, run_turn(
         bus, site, llm, answer_url="", message="Do you integrate with QuickBooks?",
         background=[(ev.RetrievalCompleted, "retrieval", {"documents": DEMO_DOCS})]))
@@ -198,12 +196,12 @@ async def test_without_an_answer_llm_the_answer_is_the_sources_sentences_cited_a
     assert await bus.read(subjects.conv(site, "a1", "llm_call_recorded")) == []
 
 
-async def test_extractive_answer_with_nothing_relevant_says_so_and_gives_the_contact(bus, site, llm, monkeypatch):
-    monkeypatch.setattr(answer_writer, "BACKEND", "extractive")
+async def test_extractive_answer_with_nothing_relevant_says_so_and_gives_the_contact(bus, site, llm):
     llm.clear()
     config = SiteConfig(name="Tidewise", cta=CTA(label="Book a demo", url="https://tidewise.example/demo"))
     completed, _ = await run_turn(bus, site, llm, config=config, message="Who won the 2018 football World Cup?",
-                                  background=[(ev.RetrievalCompleted, "retrieval", {"documents": DEMO_DOCS})])
+                                  background=[(ev.RetrievalCompleted, "retrieval", {"documents": DEMO_DOCS})],
+                                  settings=AnswerSettings(backend="extractive"))
     assert completed.backend == "extractive" and llm.requests() == []
     assert completed.text == ("I couldn't find that in Tidewise's documentation, and I'd rather not guess. "
                               "The team can answer it: Book a demo, https://tidewise.example/demo")
@@ -220,12 +218,11 @@ async def test_an_llm_answer_without_citations_and_with_an_invented_number_is_fl
     assert stored.uncited and stored.unsupported_numbers == ["5"]  # recorded in the log, not only returned
 
 
-async def test_ANSWER_BACKEND_llm_without_an_endpoint_stops_at_start(monkeypatch):
+async def test_ANSWER_BACKEND_llm_without_an_endpoint_stops_at_start():
     from shared.config import ConfigError
-    monkeypatch.setattr(answer_writer, "BACKEND", "llm")
     client = LLMClient({"answer": LLMRoleConfig(role="answer", base_url="", api_key="k", model="m")})
     with pytest.raises(ConfigError, match="LLM_ANSWER_BASE_URL"):
-        answer_writer.make_node(client)
+        answer_writer.make_node(client, AnswerSettings(backend="llm"))
 
 
 # --- the extractive answer, given-when-then -------------------------------------------------
@@ -233,9 +230,8 @@ async def test_ANSWER_BACKEND_llm_without_an_endpoint_stops_at_start(monkeypatch
 
 
 @pytest.fixture
-def extractive(monkeypatch):
+def extractive():
     """The node with no endpoint for the answer role: the extractive backend."""
-    monkeypatch.setattr(answer_writer, "BACKEND", "")
     return answer_writer.make_node(LLMClient({}))
 
 
@@ -297,11 +293,9 @@ async def test_a_turn_routed_elsewhere_is_not_its_to_answer(extractive):
         assert (await decide(extractive, other, *given, config=TIDEWISE)).events == []
 
 
-def test_it_waits_for_retrieval_then_for_the_visitors_profile_each_on_its_deadline(monkeypatch):
-    monkeypatch.setattr(answer_writer, "RETRIEVAL_WAIT_S", 1.5)
-    monkeypatch.setattr(answer_writer, "WAIT_S", 0.3)
-    monkeypatch.setattr(answer_writer, "BACKEND", "llm")
+def test_it_waits_for_retrieval_then_for_the_visitors_profile_each_on_its_deadline():
     client = LLMClient({"answer": LLMRoleConfig(role="answer", base_url="http://127.0.0.1:9", api_key="k", model="m")})
-    waits = answer_writer.make_node(client).needs.waits
+    settings = AnswerSettings(retrieval_wait_s=1.5, wait_s=0.3, backend="llm")
+    waits = answer_writer.make_node(client, settings).needs.waits
     assert [(w.kinds, w.deadline_s) for w in waits] == [(("retrieval_completed",), 1.5),
                                                         (("enrichment_completed", "profile_inferred"), 0.3)]

@@ -12,12 +12,14 @@ import pytest
 from shared import privacy
 from services.enricher.breaker import CircuitBreaker
 from services.enricher.chain import Enricher
-from services.enricher.main import DATASET
+from services.enricher.settings import DATASET
 from services.enricher.sources import (
     CacheSource, Guarded, IpApiSource, IpDatasetSource, Lookup, ReturningVisitorSource, RevealSource,
     SessionProviderSource,
 )
 from tests.providers import provider_server
+
+KEYS = privacy.PrivacySettings()  # the development IP hash key
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +35,7 @@ async def client():
 
 
 def lookup(site="acme", ip="127.0.0.1", reveal=None, session_uuid=None, session=None):
-    return Lookup(site=site, session_id=session or uuid.uuid4().hex, ip_hash=privacy.ip_hash(ip) if ip else None,
+    return Lookup(site=site, session_id=session or uuid.uuid4().hex, ip_hash=KEYS.ip_hash(ip) if ip else None,
                   ip=ip, reveal=reveal, session_uuid=session_uuid, email=None)
 
 

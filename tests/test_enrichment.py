@@ -14,7 +14,7 @@ import pytest
 
 from services.enricher import enrichment
 from services.enricher.chain import Enricher
-from services.enricher.main import DATASET
+from services.enricher.settings import DATASET
 from services.enricher.sources import (
     CacheSource, Guarded, IpApiSource, IpDatasetSource, ReturningVisitorSource, RevealSource,
 )
@@ -22,6 +22,8 @@ from shared import events as ev
 from shared import privacy, subjects
 from tests.helpers import decide, fast, isolated, start, wait_for
 from tests.providers import provider_server
+
+KEYS = privacy.PrivacySettings()  # the development IP hash key
 
 
 def enricher(redis, sources, deadline_s=1.5) -> Enricher:
@@ -37,14 +39,14 @@ def offline(redis):
 def turn(site, session, n, visitor=None, ip="127.0.0.1"):
     return ev.TurnRequested(event_id=ev.new_id(), site=site, session_id=session, turn=n, ts=ev.now(),
                             producer="test", message="hello", visitor=visitor,
-                            ip_hash=privacy.ip_hash(ip) if ip else None)
+                            ip_hash=KEYS.ip_hash(ip) if ip else None)
 
 
 async def test_a_first_turn_from_a_known_company_names_it(redis, site):
     await redis.set(privacy.raw_ip_key(site, "k1"), "127.0.0.1", ex=60)
     (done,) = (await decide(offline(redis), turn(site, "k1", 1))).events
     assert done.ran and done.profile.status == "completed" and done.profile.company_name.startswith("Northwind")
-    assert done.profile.ip == privacy.ip_hash("127.0.0.1")  # the hash, never the address
+    assert done.profile.ip == KEYS.ip_hash("127.0.0.1")  # the hash, never the address
     assert done.sources["ip_dataset"] == "hit" and done.trouble == []
 
 
@@ -129,7 +131,7 @@ async def test_node_enriches_first_turn_and_keeps_raw_ip_out_of_events(bus, redi
         await bus.publish(turn(site, "v1", 1))
         (done,) = await wait_for(lambda: enrichments(bus, site, "v1"))
         assert done.ran and done.profile.company_name.startswith("Northwind")
-        assert done.profile.ip == privacy.ip_hash("127.0.0.1")
+        assert done.profile.ip == KEYS.ip_hash("127.0.0.1")
 
         await bus.publish(turn(site, "v1", 2))  # nothing new: no enrichment run, but an answer
         await wait_for(lambda: _len_at_least(enrichments(bus, site, "v1"), 2))

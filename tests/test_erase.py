@@ -10,9 +10,11 @@ from shared.config import BusConfig
 from shared.events import LLMCall, VisitorProfile
 from cli import erase
 
+KEYS = privacy.PrivacySettings()  # the development IP hash key
+
 
 async def conversation(bus, site, session, ip):
-    digest = privacy.ip_hash(ip)
+    digest = KEYS.ip_hash(ip)
     req = ev.TurnRequested(event_id=ev.new_id(), site=site, session_id=session, turn=1, ts=ev.now(),
                            producer="gateway", message="I'm ada@example.com, call me",
                            visitor={"email": "ada@example.com", "reveal": {"company": "Acme"}}, ip_hash=digest)
@@ -36,7 +38,7 @@ async def conversation(bus, site, session, ip):
 
 async def test_erase_visitor_everywhere(bus, nats_url, redis_url, site):
     ip = "192.0.2.77"
-    digest = privacy.ip_hash(ip)
+    digest = KEYS.ip_hash(ip)
     first_ids = await conversation(bus, site, "first", ip)
     await conversation(bus, site, "second", ip)        # same visitor, later session
     other_ids = await conversation(bus, site, "other", "198.51.100.1")
@@ -85,7 +87,7 @@ async def test_erase_by_ip_finds_the_visitors_sessions(bus, nats_url, redis_url,
     await conversation(bus, site, "c", "192.0.2.100")
     report = await erase.erase(BusConfig(url=nats_url), redis_url, site, [], "192.0.2.99")
     assert set(report["sessions"]) == {"a", "b"}
-    assert report["ip_hashes"][0]["ip_hash"] == privacy.ip_hash("192.0.2.99")
+    assert report["ip_hashes"][0]["ip_hash"] == KEYS.ip_hash("192.0.2.99")
 
 
 def test_one_email_pattern_for_redaction_routing_booking_and_form_fields():

@@ -13,6 +13,7 @@ import pytest
 
 from services.router import intent_router
 from services.router.classifiers import IntentClassifier
+from services.router.routing import STRIKE_CONFIDENCE
 from services.router.runtime import RouterParts
 from services.router.signals import SignalRules
 from shared import events as ev
@@ -20,7 +21,7 @@ from shared.site_config import Interest, SiteConfig
 from tests.helpers import decide, turn
 
 
-def router(strike_confidence: float | None = None):
+def router(strike_confidence: float = STRIKE_CONFIDENCE):
     """The node; it reads only the classifier's strike confidence of its parts (no model)."""
     classifier = IntentClassifier(None, None, backend="local", strike_confidence=strike_confidence)
     return intent_router.make_node(RouterParts(classifier=classifier, rules=SignalRules.load(), llm=None))

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import inspect
 import json
 import os
 import re
@@ -33,6 +32,7 @@ import yaml
 from kubernetes_validate import utils as kubernetes_validate
 
 from shared import subjects
+from tests.variables import every_variable, service_nodes as code_nodes, variables
 
 REPO = Path(__file__).resolve().parent.parent
 K8S = REPO / "deploy" / "k8s"
@@ -49,30 +49,6 @@ SSE_ANNOTATIONS = {
     "nginx.ingress.kubernetes.io/proxy-request-buffering": "off",
 }
 TIMEOUT_ANNOTATIONS = ("nginx.ingress.kubernetes.io/proxy-read-timeout", "nginx.ingress.kubernetes.io/proxy-send-timeout")
-
-
-class _Anything:
-    """Stands for every argument a node factory closes over: building a node only names it."""
-
-    def __getattr__(self, name):
-        return _Anything()
-
-    def __call__(self, *args, **kwargs):
-        return _Anything()
-
-
-@lru_cache(maxsize=None)
-def code_nodes() -> dict[str, tuple[str, ...]]:
-    """Each consumer service's node names, in the order its main.py lists them: its
-    `<service>_nodes(...)` (what `nodes(bus)` returns, and what a replay runs) called with
-    stand-ins for what the nodes close over, without connecting to anything."""
-    nodes = {}
-    for service in SERVICES:
-        module = importlib.import_module(f"services.{service}.main")
-        build = getattr(module, f"{service}_nodes")
-        arguments = [_Anything() for _ in inspect.signature(build).parameters]
-        nodes[service] = tuple(node.name for node in build(*arguments))
-    return nodes
 
 
 @lru_cache(maxsize=None)
@@ -244,8 +220,9 @@ def test_probes_target_the_paths_and_ports_the_processes_serve(overlay):
 
 def test_the_gateway_serves_the_paths_its_probes_ask_for():
     from services.gateway.app import create_app
+    from services.gateway.settings import GatewaySettings
 
-    paths = {route.path for route in create_app().routes}
+    paths = {route.path for route in create_app(GatewaySettings()).routes}
     assert OPS_PATHS <= paths
 
 
@@ -271,6 +248,27 @@ def test_keda_triggers_name_real_streams_and_durable_consumers(overlay):
     hpa = one(overlay, "HorizontalPodAutoscaler", "gateway")
     assert hpa["spec"]["metrics"][0]["resource"]["name"] == "cpu"
     assert hpa["spec"]["scaleTargetRef"]["name"] not in targets
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_variable_the_manifests_set_is_one_the_code_reads(overlay):
+    """Names from what the settings Structs' `from_env`s read (tests/variables.py), so a
+    renamed or misspelt variable in a manifest fails here instead of being ignored in a pod."""
+    unknown = set(concierge_env(overlay)) - every_variable()
+    assert not unknown, f"concierge-env sets variables no process reads: {unknown}"
+    errors = []
+    for obj in workloads(overlay):
+        for container in containers(obj):
+            command = container.get("command", []) + container.get("args", [])
+            process = service_of(container) or (command[1] if command[:1] == ["concierge"] else None)
+            if process is None:
+                continue  # NATS, Redis, Qdrant: their own variables
+            read = variables().get(process, every_variable())
+            referenced = " ".join(e.get("value") or "" for e in container.get("env", []))
+            for name in (e["name"] for e in container.get("env", [])):
+                if name not in read and f"$({name})" not in referenced:  # $(NAME): composes another one
+                    errors.append(f"{obj['metadata']['name']}/{container['name']}: {name}")
+    assert not errors, "variables set that the process does not read:\n" + "\n".join(errors)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -431,11 +429,10 @@ import cli.main, cli.ingest
 for service in ("gateway", "router", "retriever", "enricher", "responder"):
     __import__(f"services.{service}.main")
 from services.router.local_model import LocalIntentModel
-from shared.embeddings import Embedder
-for quantize in ("1", "0"):
-    import os
-    os.environ["EMBEDDINGS_QUANTIZE"] = quantize
-    embedder = Embedder().load()
+import msgspec
+from shared.embeddings import Embedder, EmbeddingSettings
+for quantize in (True, False):
+    embedder = Embedder(msgspec.structs.replace(EmbeddingSettings.from_env(), quantize=quantize)).load()
     assert embedder.embed(["hello"]).shape == (1, 384)
     LocalIntentModel.load_or_train(embedder)
 print("torch" in sys.modules)

@@ -28,7 +28,7 @@ from qdrant_client import QdrantClient
 from services.retriever import documents, snapshots
 from services.retriever.knowledge import KnowledgeBase
 from services.retriever.search import Retriever
-from services.retriever.settings import RetrievalSettings
+from services.retriever.settings import RetrievalSettings, RetrieverSettings, SnapshotSettings
 from shared.bus import connect
 from shared.config import BusConfig, ConfigError
 from shared.embeddings import shared_embedder
@@ -52,7 +52,7 @@ def qdrant():
 
 @pytest.fixture
 async def store(bus):
-    return await snapshots.store_from_env(bus)
+    return await snapshots.open_store(bus)
 
 
 def kb_at(root: Path, qdrant) -> KnowledgeBase:
@@ -168,7 +168,7 @@ async def test_a_site_without_a_snapshot_has_nothing_and_a_withdrawn_one_goes(tm
 
 
 async def test_history_keeps_the_newest_archives(tmp_path, bus, site):
-    store = snapshots.SnapshotStore((await snapshots.store_from_env(bus)).objects, history=2)
+    store = snapshots.SnapshotStore((await snapshots.open_store(bus)).objects, history=2)
     directory = tmp_path / site
     directory.mkdir()
     versions = []
@@ -191,12 +191,12 @@ async def test_with_the_production_permissions_ingestion_publishes_and_the_retri
         retriever = await connect(BusConfig(url=url, user="retriever", password=passwords["retriever"]), "retriever")
         admin = await connect(BusConfig(url=url, user="admin", password=passwords["admin"]), "ingest")
         try:
-            reading = await snapshots.store_from_env(retriever)  # first: the retriever creates the bucket
+            reading = await snapshots.open_store(retriever)  # first: the retriever creates the bucket
             assert await reading.digests() == {}
             directory = tmp_path / site
             directory.mkdir()
             (directory / "graph.graphml").write_bytes(os.urandom(400_000).hex().encode())  # several chunks
-            manifest, new = await (await snapshots.store_from_env(admin)).publish(site, directory)
+            manifest, new = await (await snapshots.open_store(admin)).publish(site, directory)
             assert new and list(await reading.digests()) == [site]
             assert (await reading.current(site)).version == manifest.version
             assert snapshots.unpack(await reading.fetch(manifest), tmp_path / "copy").version == manifest.version
@@ -252,16 +252,16 @@ def test_a_tampered_or_escaping_archive_is_refused(tmp_path):
 
 def test_snapshots_are_on_with_a_qdrant_server_and_off_in_the_embedded_default(monkeypatch):
     monkeypatch.delenv("KB_SNAPSHOTS", raising=False)
-    monkeypatch.delenv("QDRANT_URL", raising=False)
-    assert snapshots.enabled() is False
-    monkeypatch.setenv("QDRANT_URL", "http://qdrant:6333")
-    assert snapshots.enabled() is True
+    assert SnapshotSettings.from_env(server=False).enabled is False
+    assert SnapshotSettings.from_env(server=True).enabled is True
     monkeypatch.setenv("KB_SNAPSHOTS", "off")
-    assert snapshots.enabled() is False
+    assert SnapshotSettings.from_env(server=True).enabled is False
     monkeypatch.setenv("KB_SNAPSHOTS", "bus")
-    monkeypatch.delenv("QDRANT_URL")
     with pytest.raises(ConfigError, match="needs QDRANT_URL"):
-        snapshots.enabled()
+        SnapshotSettings.from_env(server=False)
     monkeypatch.setenv("KB_SNAPSHOTS", "sometimes")
     with pytest.raises(ConfigError):
-        snapshots.enabled()
+        SnapshotSettings.from_env(server=True)
+    monkeypatch.setenv("QDRANT_URL", "http://qdrant:6333")  # the retriever's settings pass it on
+    monkeypatch.setenv("KB_SNAPSHOTS", "")
+    assert RetrieverSettings.from_env().snapshots.enabled is True

@@ -16,10 +16,12 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from services.responder import lead_notifier
 from services.responder.lead_claims import Claim, LeadClaims, Outcome, lead_id
+from services.responder.settings import LeadSettings
 from shared import events as ev
 from shared import subjects, webhook_secret
 from shared.node import Context, gather
 from shared.site_config import Lead, SiteConfig, SiteConfigs
+from shared.webhook_secret import WebhookSecrets
 from tests.servers import WebhookReceiver
 from tests.helpers import decide, events_of, fast, isolated, start, turn, wait_for
 
@@ -27,13 +29,15 @@ DEPLOYMENT_SECRET = "deployment-secret"
 
 
 @pytest.fixture
-def receiver(monkeypatch):
+def receiver():
     server = WebhookReceiver()
-    monkeypatch.setenv("LEAD_WEBHOOK_URL", server.url)
-    monkeypatch.setenv("LEAD_WEBHOOK_SECRET", DEPLOYMENT_SECRET)
-    monkeypatch.setenv("LEAD_WEBHOOK_BACKOFF_S", "0.01")
     yield server
     server.close()
+
+
+def to(receiver, secrets=WebhookSecrets(deployment=DEPLOYMENT_SECRET)) -> LeadSettings:
+    """Leads POSTed to `receiver`, signed with `secrets`, retried without waiting long."""
+    return LeadSettings(webhook_url=receiver.url, backoff_s=0.01, secrets=secrets)
 
 
 def lead(site, session="s1", turn=2, email="ada@example.com"):
@@ -60,7 +64,8 @@ async def test_the_webhook_tells_the_receiver_the_booking_answers_and_the_visito
                                 collected={"email": "ada@example.com", "team_size": "11-50"}, done=True),
              ev.follow(request, ev.EnrichmentCompleted, "enrichment", profile=ev.VisitorProfile(company_name="Globex"))]
     captured = ev.follow(request, ev.LeadCaptured, "booking_handler", email="ada@example.com")
-    recorded, analytics = (await decide(lead_notifier.make_node(ClaimsInMemory()), captured, *given)).events
+    node = lead_notifier.make_node(ClaimsInMemory(), to(receiver))
+    recorded, analytics = (await decide(node, captured, *given)).events
     assert isinstance(recorded, ev.WebhookRecorded) and recorded.ok and recorded.target == receiver.url
     assert isinstance(analytics, ev.AnalyticsRecorded) and not analytics.sent  # no analytics API configured
     (delivered,) = receiver.requests
@@ -69,17 +74,16 @@ async def test_the_webhook_tells_the_receiver_the_booking_answers_and_the_visito
     assert payload["visitor_profile"]["company_name"] == "Globex" and payload["event_id"] == captured.event_id
 
 
-async def test_a_lead_with_no_webhook_configured_is_recorded_as_skipped(monkeypatch):
-    monkeypatch.delenv("LEAD_WEBHOOK_URL", raising=False)
+async def test_a_lead_with_no_webhook_configured_is_recorded_as_skipped():
     request = turn("s", "l2", 1, "I'm ada@example.com")
     captured = ev.follow(request, ev.LeadCaptured, "booking_handler", email="ada@example.com")
     recorded, _ = (await decide(lead_notifier.make_node(ClaimsInMemory()), captured, request)).events
     assert recorded.skipped and not recorded.ok and recorded.error == "no webhook configured"
 
 
-async def running(bus, site):
+async def running(bus, site, settings: LeadSettings):
     """The lead_notifier node on a durable of its own, acting on this test's site only."""
-    node = lead_notifier.make_node(LeadClaims(bus))
+    node = lead_notifier.make_node(LeadClaims(bus), settings)
     return await start(bus, isolated(node, site), fast(), configs=SiteConfigs(bus, ttl_s=0))
 
 
@@ -92,7 +96,7 @@ async def recorded(bus, site, count, session="s1"):
 
 
 async def test_the_signature_verifies_and_a_tampered_body_or_a_late_replay_fails(bus, site, receiver):
-    runner = await running(bus, site)
+    runner = await running(bus, site, to(receiver))
     try:
         captured = lead(site)
         await bus.publish(captured)
@@ -119,35 +123,43 @@ async def test_the_signature_verifies_and_a_tampered_body_or_a_late_replay_fails
         Webhook(secret).verify(body, late)
 
 
-def test_each_site_has_its_own_secret(monkeypatch):
-    monkeypatch.setenv("LEAD_WEBHOOK_SECRET", DEPLOYMENT_SECRET)
-    demo, other = webhook_secret.for_site("demo", Lead()), webhook_secret.for_site("other", Lead())
+def test_each_site_has_its_own_secret():
+    secrets = WebhookSecrets(deployment=DEPLOYMENT_SECRET)
+    demo, other = secrets.for_site("demo", Lead()), secrets.for_site("other", Lead())
     assert demo != other and demo.startswith("whsec_") and len(Webhook(demo)._whsecret) == 32
-    assert demo == webhook_secret.for_site("demo", Lead())  # stable: the customer's copy stays valid
-    monkeypatch.setenv("LEAD_WEBHOOK_SECRET", "rotated")
-    assert webhook_secret.for_site("demo", Lead()) != demo  # rotating the deployment secret rotates all derived ones
+    assert demo == secrets.for_site("demo", Lead())  # stable: the customer's copy stays valid
+    rotated = WebhookSecrets(deployment="rotated")
+    assert rotated.for_site("demo", Lead()) != demo  # rotating the deployment secret rotates all derived ones
 
     own_key = webhook_secret.new()
-    monkeypatch.setenv("LEAD_WEBHOOK_SECRET_DEMO", own_key)
-    assert webhook_secret.for_site("demo", Lead(webhook_secret_env="LEAD_WEBHOOK_SECRET_DEMO")) == own_key
-    monkeypatch.setenv("LEAD_WEBHOOK_SECRET_DEMO", "hunter2")
+    own = Lead(webhook_secret_env="LEAD_WEBHOOK_SECRET_DEMO")
+    assert WebhookSecrets(variables={"LEAD_WEBHOOK_SECRET_DEMO": own_key}).for_site("demo", own) == own_key
     with pytest.raises(webhook_secret.WebhookSecretError, match="LEAD_WEBHOOK_SECRET_DEMO") as info:
-        webhook_secret.for_site("demo", Lead(webhook_secret_env="LEAD_WEBHOOK_SECRET_DEMO"))
+        WebhookSecrets(variables={"LEAD_WEBHOOK_SECRET_DEMO": "hunter2"}).for_site("demo", own)
     assert "hunter2" not in str(info.value)
-    monkeypatch.delenv("LEAD_WEBHOOK_SECRET_DEMO")
     with pytest.raises(webhook_secret.WebhookSecretError, match="LEAD_WEBHOOK_SECRET_DEMO is not set"):
-        webhook_secret.for_site("demo", Lead(webhook_secret_env="LEAD_WEBHOOK_SECRET_DEMO"))
-    monkeypatch.delenv("LEAD_WEBHOOK_SECRET")
+        secrets.for_site("demo", own)
     with pytest.raises(webhook_secret.WebhookSecretError, match="LEAD_WEBHOOK_SECRET is not set"):
-        webhook_secret.for_site("demo", Lead())
+        WebhookSecrets().for_site("demo", Lead())
 
 
-async def test_a_site_naming_its_own_secret_is_signed_with_it(bus, site, receiver, monkeypatch):
+def test_the_secrets_are_the_environment_at_start(monkeypatch):
     own_key = webhook_secret.new()
-    monkeypatch.setenv("LEAD_WEBHOOK_SECRET_T", own_key)
+    monkeypatch.setenv("LEAD_WEBHOOK_SECRET", DEPLOYMENT_SECRET)
+    monkeypatch.setenv("LEAD_WEBHOOK_SECRET_DEMO", own_key)
+    secrets = webhook_secret.WebhookSecrets.from_env()
+    monkeypatch.setenv("LEAD_WEBHOOK_SECRET_DEMO", "changed later")
+    assert secrets.for_site("demo", Lead(webhook_secret_env="LEAD_WEBHOOK_SECRET_DEMO")) == own_key
+    assert secrets.for_site("demo", Lead()) == webhook_secret.derive(DEPLOYMENT_SECRET, "demo")
+    assert own_key not in repr(secrets) and DEPLOYMENT_SECRET not in repr(secrets)
+
+
+async def test_a_site_naming_its_own_secret_is_signed_with_it(bus, site, receiver):
+    own_key = webhook_secret.new()
+    secrets = WebhookSecrets(deployment=DEPLOYMENT_SECRET, variables={"LEAD_WEBHOOK_SECRET_T": own_key})
     kv = await bus.js.key_value(subjects.SITE_CONFIG_BUCKET)
     await kv.put(site, msgspec.json.encode(SiteConfig(lead=Lead(webhook_secret_env="LEAD_WEBHOOK_SECRET_T"))))
-    runner = await running(bus, site)
+    runner = await running(bus, site, to(receiver, secrets))
     try:
         await bus.publish(lead(site))
         (outcome,) = await recorded(bus, site, 1)
@@ -160,9 +172,8 @@ async def test_a_site_naming_its_own_secret_is_signed_with_it(bus, site, receive
         Webhook(webhook_secret.derive(DEPLOYMENT_SECRET, site)).verify(request["body"], request["headers"])
 
 
-async def test_without_a_secret_nothing_is_sent(bus, site, receiver, monkeypatch):
-    monkeypatch.delenv("LEAD_WEBHOOK_SECRET")
-    runner = await running(bus, site)
+async def test_without_a_secret_nothing_is_sent(bus, site, receiver):
+    runner = await running(bus, site, to(receiver, WebhookSecrets()))
     try:
         await bus.publish(lead(site))
         (outcome,) = await recorded(bus, site, 1)
@@ -175,7 +186,7 @@ async def test_without_a_secret_nothing_is_sent(bus, site, receiver, monkeypatch
 async def test_a_duplicate_lead_with_a_new_event_id_is_posted_once(bus, site, receiver):
     receiver.reset(fail_first=1)  # the first attempt fails: the duplicate must not add a delivery either
     first, copy = lead(site), lead(site, turn=3, email="ada@example.org")  # two booking turns racing
-    runner = await running(bus, site)
+    runner = await running(bus, site, to(receiver))
     try:
         await bus.publish(first)
         await bus.publish(copy)
@@ -200,7 +211,7 @@ async def test_a_lead_claimed_but_not_sent_is_sent_once_on_redelivery(bus, site,
     claims = LeadClaims(bus)
     captured = lead(site)
     assert (await claims.claim(site, "s1", captured.event_id)).outcome is None  # the dead process's claim
-    runner = await running(bus, site)
+    runner = await running(bus, site, to(receiver))
     try:
         await bus.publish(captured)
         (outcome,) = await recorded(bus, site, 1)
@@ -208,7 +219,7 @@ async def test_a_lead_claimed_but_not_sent_is_sent_once_on_redelivery(bus, site,
         await runner.stop()
     assert outcome.ok and len(receiver.requests) == 1
 
-    node = lead_notifier.make_node(claims)
+    node = lead_notifier.make_node(claims, to(receiver))
     inputs = await gather(node.needs, captured, bus, SiteConfigs(bus, ttl_s=0))
     again = await node.handle(captured, inputs, Context(bus=bus, node=runner.durable, cause=captured, attempt=2,
                                                         input_seq=inputs.state.last_seq))

@@ -67,30 +67,26 @@ def test_an_unknown_node_stops_the_process_naming_the_known_ones():
     assert "answer_writer, finalize" in message
 
 
-async def test_serve_refuses_an_unknown_node_at_start(nats_url, monkeypatch):
-    monkeypatch.setenv("NATS_URL", nats_url)
-    monkeypatch.setenv("OPS_PORT", "0")
-    monkeypatch.setenv("NODES", "nope")
+async def test_serve_refuses_an_unknown_node_at_start(nats_url):
+    settings = service.ProcessSettings(bus=BusConfig(url=nats_url), ops_port=0, nodes="nope")
 
     async def make_nodes(bus):
         return _nodes("known")
 
     with pytest.raises(ConfigError, match="its nodes are known"):
-        await asyncio.wait_for(service.serve("svc", make_nodes, stop=asyncio.Event()), 20)
+        await asyncio.wait_for(service.serve("svc", make_nodes, settings, stop=asyncio.Event()), 20)
 
 
-async def test_serve_hosts_only_the_selected_nodes(nats_url, monkeypatch):
-    monkeypatch.setenv("NATS_URL", nats_url)
-    monkeypatch.setenv("OPS_PORT", "0")
+async def test_serve_hosts_only_the_selected_nodes(nats_url):
     site, seen_a, seen_b = f"t{uuid.uuid4().hex[:10]}", [], []
     a, b = counting_node(site, seen_a), counting_node(site, seen_b)
-    monkeypatch.setenv("NODES", a.name)
+    settings = service.ProcessSettings(bus=BusConfig(url=nats_url), ops_port=0, nodes=a.name)
 
     async def make_nodes(bus):
         return [a, b]
 
     ready, stop, process = asyncio.Event(), asyncio.Event(), service.Process()
-    task = asyncio.create_task(service.serve("svc", make_nodes, ready=ready, stop=stop, process=process))
+    task = asyncio.create_task(service.serve("svc", make_nodes, settings, ready=ready, stop=stop, process=process))
     try:
         await asyncio.wait_for(ready.wait(), 20)
         assert [r.node.name for r in process.runners] == [a.name]
@@ -106,23 +102,20 @@ async def test_serve_hosts_only_the_selected_nodes(nats_url, monkeypatch):
 
 # --- the ops port -----------------------------------------------------------------------
 
-async def test_health_readiness_and_metrics_through_a_nats_restart(monkeypatch):
+async def test_health_readiness_and_metrics_through_a_nats_restart():
     with tempfile.TemporaryDirectory(prefix="concierge-ops-") as tmp:
         nats = NatsProcess(Path(tmp) / "store")
         nats.start()
         try:
-            await _health_readiness_and_metrics(nats, monkeypatch)
+            await _health_readiness_and_metrics(nats)
         finally:
             nats.kill()
 
 
-async def _health_readiness_and_metrics(nats: NatsProcess, monkeypatch) -> None:
+async def _health_readiness_and_metrics(nats: NatsProcess) -> None:
     ops_port = free_port()
-    monkeypatch.setenv("NATS_URL", nats.url)
-    monkeypatch.setenv("OPS_PORT", str(ops_port))
-    monkeypatch.setenv("OPS_HOST", "127.0.0.1")
-    monkeypatch.setenv("OPS_CHECK_S", "0.2")
-    monkeypatch.delenv("NODES", raising=False)
+    settings = service.ProcessSettings(bus=BusConfig(url=nats.url), ops_port=ops_port, ops_host="127.0.0.1",
+                                       ops_check_s=0.2)
     site, seen = f"t{uuid.uuid4().hex[:10]}", []
     node = counting_node(site, seen)
     gate = asyncio.Event()
@@ -132,7 +125,7 @@ async def _health_readiness_and_metrics(nats: NatsProcess, monkeypatch) -> None:
         return [node]
 
     ready, stop, process = asyncio.Event(), asyncio.Event(), service.Process()
-    task = asyncio.create_task(service.serve("svc", make_nodes, ready=ready, stop=stop, process=process))
+    task = asyncio.create_task(service.serve("svc", make_nodes, settings, ready=ready, stop=stop, process=process))
     base = f"http://127.0.0.1:{ops_port}"
     async with httpx.AsyncClient(base_url=base, timeout=5) as http:
 
@@ -239,8 +232,9 @@ def test_llm_calls_are_counted_by_role_and_model():
 
 def test_the_gateway_serves_metrics():
     from services.gateway.app import create_app
+    from services.gateway.settings import GatewaySettings
 
-    assert "/metrics" in {route.path for route in create_app().routes}
+    assert "/metrics" in {route.path for route in create_app(GatewaySettings()).routes}
 
 
 # --- NATS server lists and clusters -----------------------------------------------------

@@ -60,12 +60,11 @@ def client(llm):
 
 
 @asynccontextmanager
-async def responder(bus, site, client, monkeypatch):
+async def responder(bus, site, client):
     """The responder's reply, post-processing and finalize nodes, each its own consumer."""
-    monkeypatch.setattr(finalize, "WAIT_S", 0.1)
     nodes = [redirect_handler.make_node(client), booking_handler.make_node(client),
              dialog_state_extractor.make_node(), form_field_extractor.make_node(), suggestion_router.make_node(),
-             follow_up_suggester.make_node(client), answer_suggester.make_node(client), finalize.make_node()]
+             follow_up_suggester.make_node(client), answer_suggester.make_node(client), finalize.make_node(wait_s=0.1)]
     runners = [ConsumerRunner(bus, isolated(n, site), fast(), configs=FixedConfigs(CONFIG), start_lookback_s=5)
                for n in nodes]
     for runner in runners:
@@ -109,9 +108,9 @@ async def stored(bus, site, event_type: str) -> list:
     return [r.event for r in await bus.read(subjects.conv(site, SESSION, event_type))]
 
 
-async def test_redirect_without_a_model_streams_the_support_url_in_german(bus, site, llm, client, monkeypatch):
+async def test_redirect_without_a_model_streams_the_support_url_in_german(bus, site, llm, client):
     llm.clear()
-    async with responder(bus, site, client, monkeypatch):
+    async with responder(bus, site, client):
         done, streamed = await say(bus, site, 1, "Ich kann mich nicht bei meinem Konto anmelden, wer hilft mir?",
                                    "REDIRECT", "SUPPORT", "REDIRECT_SUPPORT")
     (reply,) = await stored(bus, site, "response_completed")
@@ -122,17 +121,17 @@ async def test_redirect_without_a_model_streams_the_support_url_in_german(bus, s
     assert await stored(bus, site, "llm_call_recorded") == [] and llm.requests() == []
 
 
-async def test_the_widgets_language_beats_the_guess(bus, site, client, monkeypatch):
-    async with responder(bus, site, client, monkeypatch):
+async def test_the_widgets_language_beats_the_guess(bus, site, client):
+    async with responder(bus, site, client):
         await say(bus, site, 1, "Login broken", "REDIRECT", "SUPPORT", "REDIRECT_SUPPORT",
                   visitor={"language": "fr-CA"})
     (reply,) = await stored(bus, site, "response_completed")
     assert reply.text.startswith("Pour toute aide sur votre compte") and "https://help.tidewise.example" in reply.text
 
 
-async def test_booking_without_a_model_asks_the_labels_and_offers_the_choices(bus, site, llm, client, monkeypatch):
+async def test_booking_without_a_model_asks_the_labels_and_offers_the_choices(bus, site, llm, client):
     llm.clear()
-    async with responder(bus, site, client, monkeypatch):
+    async with responder(bus, site, client):
         ask, ask_text = await say(bus, site, 1, "I'd like to book a demo", "BOOKING", "BOOKING", "DEMO_REQUESTED")
         choice, choice_text = await say(bus, site, 2, "sure, ada@example.com", "BOOKING", "BOOKING", "STAY")
         picked, picked_text = await say(bus, site, 3, "we are 11-50", "BOOKING", "BOOKING", "STAY")
@@ -153,11 +152,11 @@ async def test_booking_without_a_model_asks_the_labels_and_offers_the_choices(bu
     assert await stored(bus, site, "llm_call_recorded") == [] and llm.requests() == []
 
 
-async def test_follow_ups_without_a_model_come_from_the_retrieved_knowledge_base(bus, site, llm, client, monkeypatch):
+async def test_follow_ups_without_a_model_come_from_the_retrieved_knowledge_base(bus, site, llm, client):
     """The answer itself is stored as the answer writer would; its suggestions come from the
     turn's retrieved FAQ and pricing sections, minus what the conversation covered."""
     llm.clear()
-    async with responder(bus, site, client, monkeypatch):
+    async with responder(bus, site, client):
         req = ev.TurnRequested(event_id=ev.new_id(), site=site, session_id=SESSION, turn=1, ts=ev.now(),
                                producer="test", message="Is there a minimum contract length?")
         await bus.publish(req)

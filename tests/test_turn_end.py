@@ -15,6 +15,7 @@ import uvicorn
 from cli.harness.sse import chat
 from cli.harness.supervisor import free_port
 from services.gateway import app as gateway
+from services.gateway.settings import GatewaySettings
 from shared import events as ev
 from shared.config import BusConfig
 from tests.helpers import events_of, wait_for
@@ -25,12 +26,11 @@ DEADLINE_S = 1.0
 
 @contextlib.asynccontextmanager
 async def running_gateway(nats_url: str, redis_url: str, monkeypatch):
-    monkeypatch.setenv("REDIS_URL", redis_url)
-    monkeypatch.setenv("SESSION_TOKEN_SECRET", "turn-end-test-secret-0123456789")
     monkeypatch.setattr(gateway, "OVERDUE_MARGIN_S", 0.5)
     port = free_port()
-    settings = gateway.GatewaySettings(turn_deadline_s=DEADLINE_S, rate_per_ip_per_min=0)
-    server = uvicorn.Server(uvicorn.Config(gateway.create_app(BusConfig(url=nats_url), settings),
+    settings = GatewaySettings(bus=BusConfig(url=nats_url), redis_url=redis_url, turn_deadline_s=DEADLINE_S,
+                               rate_per_ip_per_min=0, session_token_secret="turn-end-test-secret-0123456789")
+    server = uvicorn.Server(uvicorn.Config(gateway.create_app(settings),
                                            host="127.0.0.1", port=port, log_level="warning"))
     task = asyncio.create_task(server.serve())
     await wait_for(lambda: server.started, 20, "gateway started")

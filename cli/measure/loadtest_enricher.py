@@ -49,6 +49,7 @@ def start_provider(delay_s: float) -> tuple[str, uvicorn.Server]:
 
 async def drive(nats_url: str, redis_url: str, rate: float, seconds: float, same_ip: bool) -> dict:
     redis = redis_client.connect(redis_url)
+    secrets = privacy.PrivacySettings.from_env()
     run = ev.new_id()[:8]
     ips: dict[str, str] = {}
 
@@ -57,7 +58,7 @@ async def drive(nats_url: str, redis_url: str, rate: float, seconds: float, same
         ip = ips[session] = ("203.0.113.10" if same_ip else
                              f"10.{random.randint(0, 255)}.{random.randint(0, 255)}.{i % 250 + 1}")
         return ev.TurnRequested(event_id=ev.new_id(), site=SITE, session_id=session, turn=1, ts=ev.now(),
-                                producer="loadtest", message="hello", ip_hash=privacy.ip_hash(ip))
+                                producer="loadtest", message="hello", ip_hash=secrets.ip_hash(ip))
 
     async def store_ip(request: ev.TurnRequested) -> None:  # the raw IP is in Redis, as the gateway keeps it
         await redis.set(privacy.raw_ip_key(SITE, request.session_id), ips.pop(request.session_id), ex=600)

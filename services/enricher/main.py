@@ -9,68 +9,60 @@ from pathlib import Path
 import httpx
 
 from shared import redis_client, service
-from shared.config import ConfigError, env_float, env_int, env_str
 from shared.llm import LLMClient
 from shared.node import Node
 from services.enricher import enrichment, visitor_profiler
 from services.enricher.breaker import CircuitBreaker
 from services.enricher.chain import Enricher
+from services.enricher.settings import EnricherSettings, RemoteSource
 from services.enricher.sources import (
     CacheSource, Guarded, IpApiSource, IpDatasetSource, ReturningVisitorSource, RevealSource,
     SessionProviderSource,
 )
 
-DATASET = Path(__file__).parent / "data" / "ip_companies.csv"
 
-
-def guarded(source, prefix: str) -> Guarded:
+def guarded(source, remote: RemoteSource) -> Guarded:
     return Guarded(
         source,
-        timeout_s=env_float(f"{prefix}_TIMEOUT_S", 0.8),
-        retries=env_int(f"{prefix}_RETRIES", 1),
-        breaker=CircuitBreaker(threshold=env_int(f"{prefix}_BREAKER_THRESHOLD", 3),
-                               reset_after_s=env_float(f"{prefix}_BREAKER_RESET_S", 30.0)),
+        timeout_s=remote.timeout_s,
+        retries=remote.retries,
+        breaker=CircuitBreaker(threshold=remote.breaker_threshold, reset_after_s=remote.breaker_reset_s),
     )
 
 
-def build_enricher(redis, client: httpx.AsyncClient) -> Enricher:
+def build_enricher(redis, client: httpx.AsyncClient, settings: EnricherSettings) -> Enricher:
     """Sources in priority order; remote providers only when configured, the offline IP
     dataset otherwise."""
     sources: list = [RevealSource()]
-    if env_str("ENRICH_SESSION_PROVIDER_URL", ""):
-        sources.append(guarded(SessionProviderSource(env_str("ENRICH_SESSION_PROVIDER_URL", ""),
-                                                     env_str("ENRICH_SESSION_PROVIDER_KEY", ""), client),
-                               "ENRICH_SESSION_PROVIDER"))
-    if env_str("ENRICH_IP_API_URL", ""):
-        sources.append(guarded(IpApiSource(env_str("ENRICH_IP_API_URL", ""), env_str("ENRICH_IP_API_KEY", ""), client),
-                               "ENRICH_IP_API"))
+    if (provider := settings.session_provider) is not None:
+        sources.append(guarded(SessionProviderSource(provider.url, provider.key, client), provider))
+    if (api := settings.ip_api) is not None:
+        sources.append(guarded(IpApiSource(api.url, api.key, client), api))
     else:
-        sources.append(IpDatasetSource(Path(env_str("ENRICH_IP_DATASET", str(DATASET)))))
+        sources.append(IpDatasetSource(Path(settings.ip_dataset)))
     return Enricher(
         redis=redis,
-        cache=CacheSource(redis, ttl_s=env_float("ENRICH_CACHE_TTL_S", 600.0)),
-        returning=ReturningVisitorSource(redis, ttl_s=env_float("ENRICH_RETURNING_TTL_S", 30 * 24 * 3600.0)),
+        cache=CacheSource(redis, ttl_s=settings.cache_ttl_s),
+        returning=ReturningVisitorSource(redis, ttl_s=settings.returning_ttl_s),
         sources=sources,
-        deadline_s=env_float("ENRICH_DEADLINE_S", 1.5),
+        deadline_s=settings.deadline_s,
     )
 
 
-async def nodes(bus):
-    enricher = build_enricher(redis_client.connect(), httpx.AsyncClient())
-    backend = env_str("PROFILER_BACKEND", "local")
-    if backend not in ("local", "llm"):
-        raise ConfigError(f"PROFILER_BACKEND={backend!r}: use local or llm")
-    llm = LLMClient.from_env(("profiler",)) if backend == "llm" else None
-    return enricher_nodes(enricher, llm)
+async def nodes(bus, settings: EnricherSettings):
+    enricher = build_enricher(redis_client.connect(settings.redis_url), httpx.AsyncClient(), settings)
+    llm = LLMClient(settings.llm) if settings.profiler_backend == "llm" else None
+    return enricher_nodes(enricher, llm, settings)
 
 
-def enricher_nodes(enricher: Enricher | None, profiler_llm: LLMClient | None) -> list[Node]:
+def enricher_nodes(enricher: Enricher | None, profiler_llm: LLMClient | None, settings: EnricherSettings) -> list[Node]:
     """The enricher's nodes (also what a replay runs, with no sources: enrichment is copied there)."""
-    return [enrichment.make_node(enricher), visitor_profiler.make_node(profiler_llm)]
+    return [enrichment.make_node(enricher),
+            visitor_profiler.make_node(profiler_llm, route_wait_s=settings.profiler_route_wait_s)]
 
 
 def main() -> None:
-    service.main("enricher", nodes)
+    service.main("enricher", EnricherSettings.from_env, nodes)
 
 
 if __name__ == "__main__":

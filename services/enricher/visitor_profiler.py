@@ -22,7 +22,6 @@ import msgspec
 from services.enricher.inference import Inferred, apply_inference, infer_locally, load_rules
 from shared import history, prompts
 from shared import events as ev
-from shared.config import env_float
 from shared.llm import LLMClient, LLMError
 from shared.node import Context, Inputs, Needs, Node, Wait
 from shared.state import ConversationState
@@ -31,7 +30,6 @@ log = logging.getLogger(__name__)
 
 NAME = "visitor_profiler"
 PROMPT = Path(__file__).parent / "prompts" / "profiler_system.md"
-ROUTE_WAIT_S = env_float("PROFILER_ROUTE_WAIT_S", 2.0)
 
 
 def withheld_turns(state: ConversationState, turn: int) -> set[int]:
@@ -53,9 +51,10 @@ async def infer_with_llm(llm: LLMClient, ctx: Context, state: ConversationState,
     return await llm.structured("profiler", messages, ctx.record_llm, Inferred, temperature=0)
 
 
-def make_node(llm: LLMClient | None = None, rules: dict | None = None) -> Node:
-    """With an LLM, the node waits for this turn's route (at most `ROUTE_WAIT_S`, read now)
-    and needs the site's config for the prompt; the local rules need the state only."""
+def make_node(llm: LLMClient | None = None, rules: dict | None = None, route_wait_s: float = 2.0) -> Node:
+    """With an LLM, the node waits for this turn's route (at most `route_wait_s`,
+    PROFILER_ROUTE_WAIT_S) and needs the site's config for the prompt; the local rules need
+    the state only."""
     rules = rules or load_rules()
 
     async def profile(event: ev.EnrichmentCompleted, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
@@ -75,5 +74,5 @@ def make_node(llm: LLMClient | None = None, rules: dict | None = None) -> Node:
                            method=method)]
 
     needs = (Needs(state=True) if llm is None
-             else Needs(config=True, waits=(Wait(("route_decided",), ROUTE_WAIT_S),)))
+             else Needs(config=True, waits=(Wait(("route_decided",), route_wait_s),)))
     return Node(name=NAME, consumes=("enrichment_completed",), handle=profile, needs=needs)

@@ -27,7 +27,6 @@ from sse_starlette import EventSourceResponse
 from shared import events as ev
 from shared import loader, logs, metrics, privacy, redis_client, subjects, telemetry
 from shared.bus import Bus, ConcurrencyConflict, connect, topology_ready
-from shared.config import BusConfig, env_float, env_int
 from shared.session_guard import SessionGuard
 from shared.state import fold
 from shared.site_config import SiteConfig, SiteConfigs
@@ -39,34 +38,14 @@ from services.gateway.openapi import (CHAT_OPENAPI, CHAT_RESPONSES, OPERATOR_RES
 from services.gateway.operators import Operator, OperatorAuth, Unauthorized
 from services.gateway.rate_limit import RateLimiter
 from services.gateway.relay import TurnRelay, from_log, restart
-from services.gateway.schemas import MAX_BODY_BYTES, RequestError, decode_chat, read_body
+from services.gateway.schemas import RequestError, decode_chat, read_body
 from services.gateway.sessions import SessionTokens
+from services.gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"  # the demo page and the embeddable widget
 VISITOR_PATHS = ("/v1/chat", "/v1/sites/")  # CORS for these only, from the sites' allowed_origins
 OVERDUE_MARGIN_S = 5.0  # after a turn's deadline, before another request may end it
-
-
-class GatewaySettings(msgspec.Struct, kw_only=True):
-    turn_deadline_s: float = 60.0
-    rate_per_ip_per_min: int = 30
-    rate_per_site_per_min: int = 1200
-    max_body_bytes: int = MAX_BODY_BYTES
-    guard_takeover_s: float = 3.0  # a held key this old, for a turn the log says ended, is taken over
-    keepalive_s: float = frames.KEEPALIVE_S
-
-    @classmethod
-    def from_env(cls) -> "GatewaySettings":
-        d = cls()
-        return cls(
-            turn_deadline_s=env_float("TURN_DEADLINE_S", d.turn_deadline_s),
-            rate_per_ip_per_min=env_int("RATE_LIMIT_PER_IP_PER_MIN", d.rate_per_ip_per_min),
-            rate_per_site_per_min=env_int("RATE_LIMIT_PER_SITE_PER_MIN", d.rate_per_site_per_min),
-            max_body_bytes=env_int("GATEWAY_MAX_BODY_BYTES", d.max_body_bytes),
-            guard_takeover_s=env_float("SESSION_GUARD_TAKEOVER_S", d.guard_takeover_s),
-            keepalive_s=env_float("SSE_KEEPALIVE_S", d.keepalive_s),
-        )
 
 
 def sse_headers(session_id: str, session_token: str) -> dict[str, str]:
@@ -81,19 +60,19 @@ def _for_visitor(payload: dict, session_token: str) -> dict:
             "session_token": session_token}
 
 
-def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | None = None) -> FastAPI:
-    bus_config = bus_config or BusConfig.from_env()
-    settings = settings or GatewaySettings.from_env()
-    tokens = SessionTokens.from_env()
+def create_app(settings: GatewaySettings) -> FastAPI:
+    """The API over `settings` (read once at start: `GatewaySettings.from_env` in main.py)."""
+    tokens = SessionTokens.configured(settings.session_token_secret, settings.session_token_key_id,
+                                      settings.session_token_previous)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        app.state.bus = await connect(bus_config, name="gateway")
-        app.state.redis = redis_client.connect()
+        app.state.bus = await connect(settings.bus, name="gateway")
+        app.state.redis = redis_client.connect(settings.redis_url)
         app.state.limiter = RateLimiter(app.state.redis, settings.rate_per_ip_per_min, settings.rate_per_site_per_min)
         app.state.guard = SessionGuard(app.state.bus, ttl_s=settings.turn_deadline_s + 10)
-        app.state.sites = SiteConfigs(app.state.bus)
-        app.state.operators = OperatorAuth(app.state.sites)
+        app.state.sites = SiteConfigs(app.state.bus, settings.site_config_ttl_s)
+        app.state.operators = OperatorAuth(app.state.sites, settings.admin_token)
         gc.freeze()  # as in shared/service.py: start-up objects out of the GC's way
         try:
             yield
@@ -197,8 +176,8 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
         bus: Bus = request.app.state.bus
         guard: SessionGuard = request.app.state.guard
         site = body.site
-        ip = client_ip(request)
-        digest = privacy.ip_hash(ip) if ip else None
+        ip = client_ip(request, settings.trusted_proxy_hops)
+        digest = settings.privacy.ip_hash(ip) if ip else None
         if (wait := await request.app.state.limiter.retry_after(None, digest)) is not None:
             metrics.turns.labels("none", "rate_limited").inc()
             return _rate_limited(wait)
@@ -255,7 +234,7 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
                 relay = TurnRelay(bus, site, session_id, turn, settings.turn_deadline_s)
                 await relay.open()
                 if ip:
-                    await _remember_ip(request, site, session_id, ip)
+                    await _remember_ip(request, site, session_id, ip, settings.privacy.raw_ip_ttl_s)
                 requested = ev.TurnRequested(
                     event_id=ev.new_id(), site=site, session_id=session_id, turn=turn, ts=ev.now(),
                     producer="gateway", message=body.message, visitor=visitor, ip_hash=digest,
@@ -407,11 +386,10 @@ def create_app(bus_config: BusConfig | None = None, settings: GatewaySettings | 
     return app
 
 
-def client_ip(request: Request) -> str | None:
-    """The visitor's address. Behind TRUSTED_PROXY_HOPS proxies (an ingress: 1), the address
-    the outermost of them saw: counted from the right of X-Forwarded-For, since the client
-    writes whatever it likes on the left. Not a valid IP: the connection's peer."""
-    hops = env_int("TRUSTED_PROXY_HOPS", 0)
+def client_ip(request: Request, hops: int) -> str | None:
+    """The visitor's address. Behind `hops` proxies (TRUSTED_PROXY_HOPS; an ingress: 1), the
+    address the outermost of them saw: counted from the right of X-Forwarded-For, since the
+    client writes whatever it likes on the left. Not a valid IP: the connection's peer."""
     if hops > 0:
         forwarded = [p.strip() for p in request.headers.get("x-forwarded-for", "").split(",") if p.strip()]
         if len(forwarded) >= hops:
@@ -422,11 +400,11 @@ def client_ip(request: Request) -> str | None:
     return request.client.host if request.client else None
 
 
-async def _remember_ip(request: Request, site: str, session_id: str, ip: str) -> None:
-    """Keep the raw IP in Redis (short TTL) for enrichment; events carry only its hash.
+async def _remember_ip(request: Request, site: str, session_id: str, ip: str, ttl_s: float) -> None:
+    """Keep the raw IP in Redis (`ttl_s`, short) for enrichment; events carry only its hash.
     Redis trouble degrades enrichment and never blocks the turn."""
     try:
-        await request.app.state.redis.set(privacy.raw_ip_key(site, session_id), ip, ex=int(privacy.RAW_IP_TTL_S))
+        await request.app.state.redis.set(privacy.raw_ip_key(site, session_id), ip, ex=int(ttl_s))
     except Exception as exc:
         log.warning("raw ip not stored; enrichment will skip IP sources", extra={"error": repr(exc)})
 

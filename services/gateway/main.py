@@ -1,19 +1,30 @@
 """Gateway service: `python -m services.gateway` serves the HTTP API with uvicorn."""
 
+import logging
+
 import uvicorn
 
 from shared import logs, telemetry
-from shared.config import env_int, env_str
+from shared.config import ConfigError
 from services.gateway.app import create_app
+from services.gateway.settings import GatewaySettings
+
+log = logging.getLogger(__name__)
 
 
 def main() -> None:
     logs.setup("gateway")
     telemetry.setup("gateway")
+    try:
+        settings = GatewaySettings.from_env()  # the only read of the environment: start-up
+        app = create_app(settings)
+    except ConfigError as exc:
+        log.error("configuration error", extra={"error": str(exc)})
+        raise SystemExit(f"gateway: {exc}") from None
     uvicorn.run(
-        create_app(),
-        host=env_str("GATEWAY_HOST", "127.0.0.1"),
-        port=env_int("GATEWAY_PORT", 8000),
+        app,
+        host=settings.host,
+        port=settings.port,
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=30,

@@ -16,7 +16,7 @@ import hmac
 
 import msgspec
 
-from shared.config import ConfigError, env_str
+from shared.config import ConfigError
 from shared.site_config import SiteConfigs
 from shared.subjects import TOKEN_RE
 
@@ -50,9 +50,10 @@ def site_of_key(key: str) -> str | None:
 
 
 class OperatorAuth:
-    def __init__(self, configs: SiteConfigs, admin_token: str | None = None):
+    def __init__(self, configs: SiteConfigs, admin_token: str):
+        """`admin_token`: ADMIN_TOKEN, from the gateway's settings; empty: site API keys only."""
         self.configs = configs
-        self.admin_token = env_str("ADMIN_TOKEN", "") if admin_token is None else admin_token
+        self.admin_token = admin_token
         if self.admin_token and len(self.admin_token) < MIN_TOKEN_CHARS:
             raise ConfigError(f"ADMIN_TOKEN is shorter than {MIN_TOKEN_CHARS} characters: it guards every site's data")
 

@@ -18,7 +18,7 @@ import logging
 import re
 import secrets
 
-from shared.config import ConfigError, env_str
+from shared.config import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -39,20 +39,14 @@ class SessionTokens:
         self._keys = {kid: value.encode() for kid, value in keys.items()}
 
     @classmethod
-    def from_env(cls) -> "SessionTokens":
-        secret = env_str("SESSION_TOKEN_SECRET", "")
+    def configured(cls, secret: str, key_id: str, previous: dict[str, str]) -> "SessionTokens":
+        """The gateway's tokens from its settings (SESSION_TOKEN_*)."""
         if not secret:
             # Tokens still protect conversations, but only this process can check them:
             # another replica or a restart would refuse every visitor's token.
             log.warning("SESSION_TOKEN_SECRET is not set: session tokens are valid in this process only")
             secret = secrets.token_urlsafe(32)
-        previous = {}
-        for item in filter(None, (p.strip() for p in env_str("SESSION_TOKEN_PREVIOUS", "").split(","))):
-            kid, sep, value = item.partition(":")
-            if not sep:
-                raise ConfigError("SESSION_TOKEN_PREVIOUS: expected kid:secret[,kid:secret]")
-            previous[kid] = value
-        return cls(secret, env_str("SESSION_TOKEN_KEY_ID", "1"), previous)
+        return cls(secret, key_id, previous)
 
     def issue(self, site: str, session_id: str) -> str:
         return f"{VERSION}.{self.key_id}.{self._mac(self._keys[self.key_id], site, session_id)}"

@@ -27,8 +27,9 @@ from services.responder.streaming import publish_sources, stream_llm, stream_tex
 from shared import history, language, persona, prompts
 from shared import skills as sk
 from shared import events as ev
-from shared.config import ConfigError, env_float, env_int, env_str
-from shared.embeddings import Embedder, shared_embedder
+from services.responder.settings import ANSWER_BACKENDS, AnswerSettings
+from shared.config import ConfigError
+from shared.embeddings import Embedder, EmbeddingSettings, shared_embedder
 from shared.llm import LLMClient
 from shared.node import Context, Inputs, Needs, Node, Wait
 from shared.site_config import SiteConfig
@@ -36,28 +37,8 @@ from shared.state import ConversationState
 
 NAME = "answer_writer"
 PROMPT = Path(__file__).parent / "prompts" / "answer.md"
-# Off by default: waiting for the profile (two hops after the turn starts) costs ~8-10 ms of
-# time to first token at p50 under `make bench`; a deployment that wants the profile in every
-# first answer sets it (e.g. 0.3). Late inputs are named in ResponseCompleted either way.
-WAIT_S = env_float("ANSWER_WAIT_S", 0.0)
 AWAITED = ("enrichment_completed", "profile_inferred")
-# Retrieval has its own deadline: an answer without the knowledge base is a poor answer, so
-# it is worth waiting for (mix mode takes tens of milliseconds), but never for ever.
-RETRIEVAL_WAIT_S = env_float("ANSWER_RETRIEVAL_WAIT_S", 2.0)
-MAX_SOURCES = env_int("ANSWER_MAX_SOURCES", 10)  # the first N retrieved documents go into the prompt
 SOURCE_CHARS = 700
-BACKENDS = ("llm", "extractive")
-# Empty: `llm` when the answer role has an endpoint (LLM_BASE_URL / LLM_ANSWER_BASE_URL), else `extractive`.
-BACKEND = env_str("ANSWER_BACKEND", "")
-# Extractive answers: the similarity to the question under which a sentence does not
-# answer it (none above: "not found"), and how many sentences an answer holds at most.
-EXTRACTIVE_THRESHOLD = env_float("ANSWER_EXTRACTIVE_THRESHOLD", 0.35)
-EXTRACTIVE_MAX_SENTENCES = env_int("ANSWER_EXTRACTIVE_MAX_SENTENCES", 4)
-# Sentences are read from the first N sources only: the retriever ranks them and the right
-# section is near the top (an entity's description, after the chunks, often holds the one
-# sentence that answers); each sentence read the first time costs an embedding before the
-# first token (then it is cached).
-EXTRACTIVE_DOCUMENTS = env_int("ANSWER_EXTRACTIVE_DOCUMENTS", 10)
 PROFILE_FIELDS = ("company_name", "company_description", "sector", "sub_sector", "job_to_be_done", "feature_list")
 SKILL_TEXT = {
     "propose_demo": "End by offering a short demo with the team, marked with 📅.",
@@ -117,33 +98,33 @@ def build_messages(state: ConversationState, turn: int, system_prompt: str, budg
     return messages
 
 
-def backend(llm: LLMClient) -> str:
-    """The answer backend this process uses: `ANSWER_BACKEND`, else by whether the answer
-    role has an endpoint. `llm` without an endpoint is a configuration error."""
-    chosen = BACKEND or ("llm" if llm.configured("answer") else "extractive")
-    if chosen not in BACKENDS:
-        raise ConfigError(f"ANSWER_BACKEND={chosen!r}: use {' or '.join(BACKENDS)}")
+def backend(llm: LLMClient, chosen: str = "") -> str:
+    """The answer backend this process uses: `chosen` (ANSWER_BACKEND), else by whether the
+    answer role has an endpoint. `llm` without an endpoint is a configuration error."""
+    chosen = chosen or ("llm" if llm.configured("answer") else "extractive")
+    if chosen not in ANSWER_BACKENDS:
+        raise ConfigError(f"ANSWER_BACKEND={chosen!r}: use {' or '.join(ANSWER_BACKENDS)}")
     if chosen == "llm" and not llm.configured("answer"):
         raise ConfigError("ANSWER_BACKEND=llm needs LLM_BASE_URL or LLM_ANSWER_BASE_URL")
     return chosen
 
 
-async def extractive_answer(ctx: Context, embedder: Embedder, event: ev.RouteDecided, state: ConversationState,
-                            documents: list[ev.RetrievedDocument], config: SiteConfig, skills: list[str],
-                            question: str | None, late: list[str]) -> ev.ResponseCompleted:
+async def extractive_answer(ctx: Context, embedder: Embedder, settings: AnswerSettings, event: ev.RouteDecided,
+                            state: ConversationState, documents: list[ev.RetrievedDocument], config: SiteConfig,
+                            skills: list[str], question: str | None, late: list[str]) -> ev.ResponseCompleted:
     """The answer from the sources' sentences (extractive.py), streamed word by word after
     the sources, as an LLM answer would be."""
     message, previous = history.message_of(state, event.turn), history.previous_message(state, event.turn)
     record = state.turns.get(event.turn)
     lang = language.guess(message, {"language": record.language} if record and record.language else None)
-    pool = extractive.candidates(documents[:EXTRACTIVE_DOCUMENTS])
+    pool = extractive.candidates(documents[:settings.extractive_documents])
     picked: list[extractive.Picked] = []
     if pool:
         asked = extractive.Question(text=message, previous=previous, name=config.name or event.site, lang=lang)
         texts, _, titles = extractive.texts_to_embed(asked, pool)
         vectors = await embedder.aembed_all(texts)
-        picked = extractive.choose_from(vectors, asked, titles, pool, threshold=EXTRACTIVE_THRESHOLD,
-                                        max_sentences=EXTRACTIVE_MAX_SENTENCES)
+        picked = extractive.choose_from(vectors, asked, titles, pool, threshold=settings.extractive_threshold,
+                                        max_sentences=settings.extractive_max_sentences)
     text = extractive.reply(picked, documents, skills=skills, question=question, lang=lang, config=config,
                             site=event.site)
     await publish_sources(ctx, documents)
@@ -162,20 +143,24 @@ def audited(completed: ev.ResponseCompleted, state: ConversationState, documents
     return completed
 
 
-def make_node(llm: LLMClient, embedder: Embedder | None = None) -> Node:
-    mode = backend(llm)
+def make_node(llm: LLMClient, settings: AnswerSettings = AnswerSettings(),
+              embeddings: EmbeddingSettings | None = None) -> Node:
+    """`embeddings`: the process's embedder's settings, for the extractive backend (None: read
+    from the environment when the process's embedder is made)."""
+    mode = backend(llm, settings.backend)
     language.load()  # the replies that come from no model guess the visitor's language with it
     if mode == "extractive":
-        embedder = embedder or shared_embedder()
+        embedder = shared_embedder(embeddings)
         embedder.embed(["warm-up"])  # load the model at start, not on the first question
 
     async def handle(event: ev.RouteDecided, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
         state, config, late = inputs.state, inputs.config, list(inputs.late)
         record = state.turns.get(event.turn)
-        documents = (record.sources or [])[:MAX_SOURCES] if record else []
+        documents = (record.sources or [])[:settings.max_sources] if record else []
         skills, question = applied_skills(state, event, config)
         if mode == "extractive":
-            completed = await extractive_answer(ctx, embedder, event, state, documents, config, skills, question, late)
+            completed = await extractive_answer(ctx, embedder, settings, event, state, documents, config, skills,
+                                                question, late)
             return [audited(completed, state, documents, declined=not citations.cited(completed.text))]
         system = prompts.compose(PROMPT, event.site, config, visitor=visitor_context(state),
                                  skills=skills_context(skills, question), persona=persona.block(config.persona),
@@ -188,6 +173,6 @@ def make_node(llm: LLMClient, embedder: Embedder | None = None) -> Node:
     # Retrieval first, on its own deadline; then the visitor's enrichment and profile, on
     # theirs (counted from the same start). Whatever is missing then is `late`, named in
     # the answer, never waited for longer.
-    waits = (Wait(("retrieval_completed",), RETRIEVAL_WAIT_S), Wait(AWAITED, WAIT_S))
+    waits = (Wait(("retrieval_completed",), settings.retrieval_wait_s), Wait(AWAITED, settings.wait_s))
     return Node(name=NAME, consumes=("route_decided",), handle=handle,
                 needs=Needs(config=True, waits=waits, when=lambda event: event.route == "ANSWER"))

@@ -13,13 +13,11 @@ import msgspec
 from services.responder import citations
 from services.responder.booking import booking_url
 from shared import events as ev
-from shared.config import env_float
 from shared.node import Context, Inputs, Needs, Node, Wait
 from shared.site_config import SiteConfig
 from shared.state import ConversationState
 
 NAME = "finalize"
-WAIT_S = env_float("FINALIZE_WAIT_S", 0.5)
 GATHERED = ("dialog_state_extracted", "form_fields_extracted", "enrichment_completed")
 
 
@@ -77,6 +75,7 @@ async def close_turn(event: ev.SuggestionsGenerated, inputs: Inputs, ctx: Contex
     return [ctx.follow(ev.TurnCompleted, metadata=metadata(inputs.state, event.turn, event, inputs.config))]
 
 
-def make_node() -> Node:
+def make_node(wait_s: float = 0.5) -> Node:
+    """`wait_s` (FINALIZE_WAIT_S): how long to wait for each of the turn's `GATHERED` events."""
     return Node(name=NAME, consumes=("suggestions_generated",), handle=close_turn,
-                needs=Needs(config=True, waits=(Wait(GATHERED, WAIT_S),)))
+                needs=Needs(config=True, waits=(Wait(GATHERED, wait_s),)))

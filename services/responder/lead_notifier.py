@@ -31,9 +31,9 @@ import msgspec
 from standardwebhooks.webhooks import Webhook
 
 from services.responder.lead_claims import LeadClaims, Outcome, lead_id
+from services.responder.settings import LeadSettings
 from shared import events as ev
 from shared import webhook_secret
-from shared.config import env_float, env_int, env_str
 from shared.node import Context, Inputs, Needs, Node
 
 log = logging.getLogger(__name__)
@@ -69,16 +69,17 @@ async def post_webhook(client: httpx.AsyncClient, url: str, body: bytes, signer:
     return False, status, attempts, error
 
 
-def make_node(claims: LeadClaims, client: httpx.AsyncClient | None = None) -> Node:
-    http = client or httpx.AsyncClient(timeout=env_float("LEAD_WEBHOOK_TIMEOUT_S", 5.0))
+def make_node(claims: LeadClaims, settings: LeadSettings = LeadSettings(),
+              client: httpx.AsyncClient | None = None) -> Node:
+    http = client or httpx.AsyncClient(timeout=settings.timeout_s)
 
     async def deliver(event: ev.LeadCaptured, inputs: Inputs) -> Outcome:
         state, config = inputs.state, inputs.config
-        url = config.lead.webhook_url or env_str("LEAD_WEBHOOK_URL", "")
+        url = config.lead.webhook_url or settings.webhook_url
         if not url:
             return Outcome(target="", ok=False, skipped=True, error="no webhook configured")
         try:
-            signer = Webhook(webhook_secret.for_site(event.site, config.lead))
+            signer = Webhook(settings.secrets.for_site(event.site, config.lead))
         except webhook_secret.WebhookSecretError as exc:
             log.error("lead webhook not sent: no secret", extra={"target": url, "error": str(exc)})
             return Outcome(target=url, ok=False, error=str(exc))
@@ -92,7 +93,7 @@ def make_node(claims: LeadClaims, client: httpx.AsyncClient | None = None) -> No
         body = json.dumps(payload, separators=(",", ":")).encode()
         ok, status, attempts, error = await post_webhook(
             http, url, body, signer, lead_id(event.site, event.session_id),
-            max(1, env_int("LEAD_WEBHOOK_ATTEMPTS", 4)), env_float("LEAD_WEBHOOK_BACKOFF_S", 0.5))
+            max(1, settings.attempts), settings.backoff_s)
         if not ok:
             log.error("lead webhook failed", extra={"target": url, "status": status, "error": error})
         return Outcome(target=url, ok=ok, status=status, attempts=attempts, error=error)
@@ -109,7 +110,7 @@ def make_node(claims: LeadClaims, client: httpx.AsyncClient | None = None) -> No
             await claims.settle(event.site, event.session_id, event.event_id, outcome)
         outputs: list[ev.Envelope] = [ctx.follow(ev.WebhookRecorded, **msgspec.structs.asdict(outcome))]
         properties = {"site": event.site, "capture_context": event.capture_context, "turn": event.turn}
-        host, key = env_str("POSTHOG_HOST", ""), env_str("POSTHOG_API_KEY", "")
+        host, key = settings.posthog_host, settings.posthog_api_key
         sent, ok, error = False, False, None
         if host and key:
             sent = True

@@ -21,17 +21,18 @@ from services.responder import (answer_suggester, answer_writer, booking_handler
                                 follow_up_suggester, form_field_extractor, lead_notifier, redirect_handler,
                                 suggestion_router)
 from services.responder.lead_claims import LeadClaims
+from services.responder.settings import ResponderSettings
 
 
-async def nodes(bus):
-    return responder_nodes(LLMClient.from_env(("answer", "redirect", "suggestions")), LeadClaims(bus))
+async def nodes(bus, settings: ResponderSettings):
+    return responder_nodes(LLMClient(settings.llm), LeadClaims(bus), settings)
 
 
-def responder_nodes(llm: LLMClient, claims: LeadClaims | None) -> list[Node]:
+def responder_nodes(llm: LLMClient, claims: LeadClaims | None, settings: ResponderSettings) -> list[Node]:
     """The responder's nodes (also what a replay runs, with no lead claims: its lead_notifier
     is never run there)."""
     return [
-        answer_writer.make_node(llm),
+        answer_writer.make_node(llm, settings.answer, settings.embeddings),
         redirect_handler.make_node(llm),
         booking_handler.make_node(llm),
         dialog_state_extractor.make_node(),
@@ -39,13 +40,13 @@ def responder_nodes(llm: LLMClient, claims: LeadClaims | None) -> list[Node]:
         suggestion_router.make_node(),
         follow_up_suggester.make_node(llm),
         answer_suggester.make_node(llm),
-        lead_notifier.make_node(claims),
-        finalize.make_node(),
+        lead_notifier.make_node(claims, settings.lead),
+        finalize.make_node(settings.finalize_wait_s),
     ]
 
 
 def main() -> None:
-    service.main("responder", nodes)
+    service.main("responder", ResponderSettings.from_env, nodes)
 
 
 if __name__ == "__main__":

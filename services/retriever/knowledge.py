@@ -43,9 +43,9 @@ from typing import Any
 from services.retriever import extraction
 from services.retriever.documents import SourceDocument
 from services.retriever.lightrag_functions import embedding_function, llm_function, no_llm, quiet_lightrag
+from services.retriever.settings import KnowledgeBaseSettings
 from services.retriever.word_tokenizer import WordTokenizer
 from shared import subjects
-from shared.config import ConfigError, env_float, env_str
 from shared.embeddings import Embedder, model_dir
 from shared.llm import LLMClient
 
@@ -90,7 +90,7 @@ class _Open:
 
 class KnowledgeBase:
     def __init__(self, root: Path, embedder: Embedder, qdrant_url: str = "", qdrant_api_key: str = "",
-                 extraction_llm: LLMClient | None = None, client=None):
+                 extraction_llm: LLMClient | None = None, client=None, cosine_threshold: float = 0.2):
         """`client`: an open Qdrant client to use (and leave open) instead of making one,
         as if it were a server: shared collections, every point tagged with its site."""
         self.root = root
@@ -101,7 +101,7 @@ class KnowledgeBase:
         self.embedder = embedder
         self.qdrant_url = qdrant_url
         self.qdrant_api_key = qdrant_api_key
-        self.cosine_threshold = env_float("RETRIEVAL_COSINE_THRESHOLD", 0.2)
+        self.cosine_threshold = cosine_threshold
         self._open: dict[str, _Open] = {}
         self._places: dict[str, Path] = {}  # sites served from a directory other than root/<site>
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
@@ -114,13 +114,10 @@ class KnowledgeBase:
         self._model_tokenizer = None
 
     @classmethod
-    def from_env(cls, embedder: Embedder) -> "KnowledgeBase":
-        mode = env_str("RETRIEVAL_EXTRACTION", "offline")
-        if mode not in ("offline", "llm"):
-            raise ConfigError(f"RETRIEVAL_EXTRACTION={mode!r}: use offline or llm")
-        return cls(Path(env_str("KB_DIR", ".data/kb")).resolve(), embedder,
-                   env_str("QDRANT_URL", ""), env_str("QDRANT_API_KEY", ""),
-                   LLMClient.from_env(("extraction",)) if mode == "llm" else None)
+    def configured(cls, settings: KnowledgeBaseSettings, embedder: Embedder) -> "KnowledgeBase":
+        return cls(Path(settings.kb_dir).resolve(), embedder, settings.qdrant_url, settings.qdrant_api_key,
+                   LLMClient(settings.llm) if settings.extraction == "llm" else None,
+                   cosine_threshold=settings.cosine_threshold)
 
     # --- lifecycle ------------------------------------------------------------------
 

@@ -61,6 +61,8 @@ def quiet_lightrag() -> None:
     Qdrant's local mode (they do nothing there); keep our logs readable."""
     import lightrag.utils  # noqa: F401 - it sets its logger's level on import; ours comes after
 
+    # LOG_LEVEL as logs.setup reads it: logging set-up, once, when the knowledge base opens at
+    # start (tests/test_settings.py lists this read).
     level = logging.DEBUG if os.environ.get("LOG_LEVEL", "").upper() == "DEBUG" else logging.ERROR
     logging.getLogger("lightrag").setLevel(level)
     warnings.filterwarnings("ignore", message="Payload indexes have no effect", category=UserWarning)

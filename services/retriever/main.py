@@ -4,26 +4,24 @@ snapshots ingestion publishes when KB_SNAPSHOTS=bus (snapshots.py)."""
 
 from __future__ import annotations
 
-from services.retriever import rerank, retrieval, snapshots
+from services.retriever import retrieval, search, snapshots
 from services.retriever.knowledge import KnowledgeBase
-from services.retriever.search import Retriever, keyword_llm_from_env
-from services.retriever.settings import RetrievalSettings
+from services.retriever.search import Retriever
+from services.retriever.settings import RetrieverSettings
 from shared import language, service
 from shared.embeddings import shared_embedder
 from shared.node import Node
 
 
-async def nodes(bus):
-    settings = RetrievalSettings.from_env()
-    kb = KnowledgeBase.from_env(shared_embedder()).open()
-    if snapshots.enabled():
-        follower = snapshots.Follower(await snapshots.store_from_env(bus), kb)
+async def nodes(bus, settings: RetrieverSettings):
+    kb = KnowledgeBase.configured(settings.knowledge_base, shared_embedder(settings.embeddings)).open()
+    if settings.snapshots.enabled:
+        store = await snapshots.open_store(bus, settings.snapshots.history)
+        follower = snapshots.Follower(store, kb, settings.snapshots.poll_s)
         await follower.sync()  # every published site loaded before the first turn is taken
         follower.start()
     language.load()  # a message's language decides its cross-language expansion (search.py)
-    retriever = Retriever(kb=kb, base=settings, rerankers=rerank.from_env(settings.rerank_timeout_s),
-                          llm=keyword_llm_from_env())
-    return retriever_nodes(retriever)
+    return retriever_nodes(search.configured(kb, settings))
 
 
 def retriever_nodes(retriever: Retriever | None) -> list[Node]:
@@ -32,7 +30,7 @@ def retriever_nodes(retriever: Retriever | None) -> list[Node]:
 
 
 def main() -> None:
-    service.main("retriever", nodes)
+    service.main("retriever", RetrieverSettings.from_env, nodes)
 
 
 if __name__ == "__main__":

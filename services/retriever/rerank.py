@@ -12,7 +12,9 @@ from typing import Protocol
 
 import httpx
 
-from shared.config import env_str
+from services.retriever.settings import RerankerSettings
+
+JINA_URL = "https://api.jina.ai/v1/rerank"  # JINA_RERANK_URL's default
 
 
 class RerankError(Exception):
@@ -72,13 +74,11 @@ class JinaReranker:
         return sorted(ranked, key=lambda r: -r[1])[:top_n]
 
 
-def from_env(timeout_s: float) -> dict[str, Reranker]:
+def configured(settings: RerankerSettings, timeout_s: float) -> dict[str, Reranker]:
     """The rerankers this deployment can use (a provider needs its key, or a URL for Jina)."""
     rerankers: dict[str, Reranker] = {}
-    if env_str("COHERE_API_KEY", ""):
-        rerankers["cohere"] = CohereReranker(env_str("COHERE_API_KEY", ""), env_str("COHERE_BASE_URL", "") or None,
-                                             timeout_s)
-    if env_str("JINA_API_KEY", "") or env_str("JINA_RERANK_URL", ""):
-        rerankers["jina"] = JinaReranker(env_str("JINA_API_KEY", ""),
-                                         env_str("JINA_RERANK_URL", "https://api.jina.ai/v1/rerank"), timeout_s)
+    if settings.cohere_api_key:
+        rerankers["cohere"] = CohereReranker(settings.cohere_api_key, settings.cohere_base_url or None, timeout_s)
+    if settings.jina_api_key or settings.jina_url:
+        rerankers["jina"] = JinaReranker(settings.jina_api_key, settings.jina_url or JINA_URL, timeout_s)
     return rerankers

@@ -21,13 +21,12 @@ from pathlib import Path
 
 import msgspec
 
-from services.retriever import extraction, limiter
+from services.retriever import extraction, limiter, rerank
 from services.retriever.knowledge import KnowledgeBase
 from services.retriever.rerank import Reranker, RerankError
-from services.retriever.settings import RetrievalSettings
+from services.retriever.settings import RetrievalSettings, RetrieverSettings
 from shared import follow_up, glossary, language, prompts
 from shared import events as ev
-from shared.config import ConfigError, env_str
 from shared.llm import LLMClient, LLMError
 from shared.site_config import SiteConfig
 
@@ -210,8 +209,8 @@ class KnowledgeBaseError(Exception):
     pass
 
 
-def keyword_llm_from_env() -> LLMClient | None:
-    backend = env_str("RETRIEVAL_KEYWORDS", "offline")
-    if backend not in ("offline", "llm"):
-        raise ConfigError(f"RETRIEVAL_KEYWORDS={backend!r}: use offline or llm")
-    return LLMClient.from_env(("classifier",)) if backend == "llm" else None
+def configured(kb: KnowledgeBase, settings: RetrieverSettings) -> Retriever:
+    """The retriever as the settings make it, over an open knowledge base."""
+    return Retriever(kb=kb, base=settings.retrieval,
+                     rerankers=rerank.configured(settings.rerankers, settings.retrieval.rerank_timeout_s),
+                     llm=LLMClient(settings.llm) if settings.keywords == "llm" else None)

@@ -1,15 +1,19 @@
-"""The retriever's settings: deployment defaults from RETRIEVAL_* variables, overridden per
-site by the `[retrieval]` table of its config file (shared/site_config.py)."""
+"""The retriever's settings, read once at start (main.py; `concierge ingest` reads the knowledge
+base's and the snapshots' part): the search's deployment defaults from RETRIEVAL_* variables,
+overridden per site by the `[retrieval]` table of its config file (shared/site_config.py),
+and what the search runs on (the knowledge base, its snapshots, the rerankers, the keywords)."""
 
 from __future__ import annotations
 
 import msgspec
 
-from shared.config import ConfigError, env_float, env_int, env_str
+from shared.config import (ConfigError, LLMRoleConfig, Settings, env_bool, env_choice, env_float, env_int,
+                           env_str)
+from shared.embeddings import EmbeddingSettings
 from shared.site_config import RERANK_PROVIDERS, RETRIEVAL_MODES, SiteConfig
 
 
-class RetrievalSettings(msgspec.Struct, kw_only=True, frozen=True):
+class RetrievalSettings(Settings):
     mode: str = "mix"
     rerank_enabled: bool = False
     limiter_enabled: bool = True
@@ -27,12 +31,12 @@ class RetrievalSettings(msgspec.Struct, kw_only=True, frozen=True):
     def from_env(cls) -> "RetrievalSettings":
         settings = cls(
             mode=env_str("RETRIEVAL_MODE", "mix"),
-            rerank_enabled=_flag("RETRIEVAL_RERANK_ENABLED", False),
-            limiter_enabled=_flag("RETRIEVAL_LIMITER_ENABLED", True),
+            rerank_enabled=env_bool("RETRIEVAL_RERANK_ENABLED", False),
+            limiter_enabled=env_bool("RETRIEVAL_LIMITER_ENABLED", True),
             rerank_top_k=env_int("RETRIEVAL_RERANK_TOP_K", 20),
             rerank_provider=env_str("RETRIEVAL_RERANK_PROVIDER", "cohere"),
             rerank_model=env_str("RETRIEVAL_RERANK_MODEL", "rerank-v3.5"),
-            relationships_enabled=_flag("RETRIEVAL_RELATIONSHIPS_ENABLED", True),
+            relationships_enabled=env_bool("RETRIEVAL_RELATIONSHIPS_ENABLED", True),
             graph_top_k=env_int("RETRIEVAL_GRAPH_TOP_K", 20),
             chunk_top_k=env_int("RETRIEVAL_CHUNK_TOP_K", 20),
             rerank_timeout_s=env_float("RETRIEVAL_RERANK_TIMEOUT_S", 3.0),
@@ -48,12 +52,94 @@ class RetrievalSettings(msgspec.Struct, kw_only=True, frozen=True):
         return msgspec.structs.replace(self, **overrides) if overrides else self
 
 
-def _flag(name: str, default: bool) -> bool:
-    value = env_str(name, "")
-    if not value:
-        return default
-    if value.lower() in ("1", "true", "yes", "on"):
-        return True
-    if value.lower() in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"{name}={value!r}: use true or false")
+
+class KnowledgeBaseSettings(Settings):
+    """Where the sites' knowledge bases live (knowledge.py), for the retriever and ingestion."""
+
+    SECRETS = ("qdrant_api_key",)
+
+    kb_dir: str = ".data/kb"
+    qdrant_url: str = ""  # a Qdrant server; empty: qdrant-client's local mode under kb_dir/qdrant
+    qdrant_api_key: str = ""
+    extraction: str = "offline"  # `llm`: ingestion through LightRAG's pipeline and the `extraction` role
+    cosine_threshold: float = 0.2  # vector matches below this similarity are dropped
+    llm: dict[str, LLMRoleConfig] = {}  # the `extraction` role, read when extraction is `llm`
+
+    @classmethod
+    def from_env(cls) -> "KnowledgeBaseSettings":
+        d = cls()
+        extraction = env_choice("RETRIEVAL_EXTRACTION", d.extraction, ("offline", "llm"))
+        return cls(
+            kb_dir=env_str("KB_DIR", d.kb_dir),
+            qdrant_url=env_str("QDRANT_URL", d.qdrant_url),
+            qdrant_api_key=env_str("QDRANT_API_KEY", d.qdrant_api_key),
+            extraction=extraction,
+            cosine_threshold=env_float("RETRIEVAL_COSINE_THRESHOLD", d.cosine_threshold),
+            llm={"extraction": LLMRoleConfig.from_env("extraction")} if extraction == "llm" else {},
+        )
+
+
+class SnapshotSettings(Settings):
+    """The knowledge bases on the bus (snapshots.py): KB_SNAPSHOTS, KB_SNAPSHOT_*."""
+
+    enabled: bool = False
+    history: int = 3  # archives kept per site
+    poll_s: float = 5.0  # how often a retriever looks for a new version
+
+    @classmethod
+    def from_env(cls, server: bool) -> "SnapshotSettings":
+        """KB_SNAPSHOTS: `bus` or `off`; unset, `bus` with a Qdrant `server` (QDRANT_URL: the
+        vectors are shared there) and `off` in the embedded default (Qdrant's local files sit
+        in KB_DIR beside the graph, one process owns them all, nothing to hand over)."""
+        d = cls()
+        value = env_str("KB_SNAPSHOTS", "").strip().lower()
+        if value and value not in ("bus", "off"):
+            raise ConfigError(f"KB_SNAPSHOTS={value!r}: use bus or off")
+        if value == "bus" and not server:
+            raise ConfigError("KB_SNAPSHOTS=bus needs QDRANT_URL: a snapshot carries the graph, not the vectors, "
+                              "which only a Qdrant server shares between processes")
+        if not (value == "bus" if value else server):
+            return cls(enabled=False)  # KB_SNAPSHOT_* not read: nothing uses them
+        return cls(enabled=True, history=max(1, env_int("KB_SNAPSHOT_HISTORY", d.history)),
+                   poll_s=env_float("KB_SNAPSHOT_POLL_S", d.poll_s))
+
+
+class RerankerSettings(Settings):
+    """The rerank providers' credentials (rerank.py): a provider is usable with its key (Jina:
+    or a URL of its own)."""
+
+    SECRETS = ("cohere_api_key", "jina_api_key")
+
+    cohere_api_key: str = ""
+    cohere_base_url: str = ""
+    jina_api_key: str = ""
+    jina_url: str = ""
+
+    @classmethod
+    def from_env(cls) -> "RerankerSettings":
+        return cls(cohere_api_key=env_str("COHERE_API_KEY", ""), cohere_base_url=env_str("COHERE_BASE_URL", ""),
+                   jina_api_key=env_str("JINA_API_KEY", ""), jina_url=env_str("JINA_RERANK_URL", ""))
+
+
+class RetrieverSettings(Settings):
+    retrieval: RetrievalSettings = msgspec.field(default_factory=RetrievalSettings)
+    knowledge_base: KnowledgeBaseSettings = msgspec.field(default_factory=KnowledgeBaseSettings)
+    snapshots: SnapshotSettings = msgspec.field(default_factory=SnapshotSettings)
+    rerankers: RerankerSettings = msgspec.field(default_factory=RerankerSettings)
+    keywords: str = "offline"  # `llm`: the `classifier` role extracts the query keywords
+    llm: dict[str, LLMRoleConfig] = {}  # the `classifier` role, read when keywords is `llm`
+    embeddings: EmbeddingSettings = msgspec.field(default_factory=EmbeddingSettings)
+
+    @classmethod
+    def from_env(cls) -> "RetrieverSettings":
+        knowledge_base = KnowledgeBaseSettings.from_env()
+        keywords = env_choice("RETRIEVAL_KEYWORDS", "offline", ("offline", "llm"))
+        return cls(
+            retrieval=RetrievalSettings.from_env(),
+            knowledge_base=knowledge_base,
+            snapshots=SnapshotSettings.from_env(server=bool(knowledge_base.qdrant_url)),
+            rerankers=RerankerSettings.from_env(),
+            keywords=keywords,
+            llm={"classifier": LLMRoleConfig.from_env("classifier")} if keywords == "llm" else {},
+            embeddings=EmbeddingSettings.from_env(),
+        )

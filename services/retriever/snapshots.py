@@ -40,7 +40,6 @@ from nats.js.object_store import ObjectStore
 
 from shared import subjects
 from shared.bus import Bus, object_store
-from shared.config import ConfigError, env_float, env_int, env_str
 
 log = logging.getLogger(__name__)
 
@@ -71,28 +70,13 @@ class Manifest(msgspec.Struct, kw_only=True, frozen=True):
         return f"{self.site}/{self.version}"
 
 
-# --- settings ---------------------------------------------------------------------------
+# --- the store ----------------------------------------------------------------------------
 
 
-def enabled() -> bool:
-    """KB_SNAPSHOTS: `bus` or `off`; unset, `bus` when QDRANT_URL names a Qdrant server (the
-    vectors are shared there) and `off` in the embedded default (Qdrant's local files sit in
-    KB_DIR beside the graph, one process owns them all, nothing to hand over)."""
-    value = env_str("KB_SNAPSHOTS", "").strip().lower()
-    server = bool(env_str("QDRANT_URL", ""))
-    if not value:
-        return server
-    if value not in ("bus", "off"):
-        raise ConfigError(f"KB_SNAPSHOTS={value!r}: use bus or off")
-    if value == "bus" and not server:
-        raise ConfigError("KB_SNAPSHOTS=bus needs QDRANT_URL: a snapshot carries the graph, not the vectors, "
-                          "which only a Qdrant server shares between processes")
-    return value == "bus"
-
-
-async def store_from_env(bus: Bus) -> "SnapshotStore":
-    return SnapshotStore(await object_store(bus, subjects.KB_SNAPSHOT_BUCKET),
-                         history=max(1, env_int("KB_SNAPSHOT_HISTORY", 3)))
+async def open_store(bus: Bus, history: int = 3) -> "SnapshotStore":
+    """The `kb_snapshots` object store, keeping the newest `history` archives per site
+    (KB_SNAPSHOT_HISTORY, in `SnapshotSettings`)."""
+    return SnapshotStore(await object_store(bus, subjects.KB_SNAPSHOT_BUCKET), history=history)
 
 
 # --- files and archives (pure, no bus) ------------------------------------------------------
@@ -245,10 +229,10 @@ class Follower:
     whose manifest changed into a directory of its own under KB_DIR/snapshots/. A site
     whose snapshot cannot be loaded keeps the version it had and is tried again next poll."""
 
-    def __init__(self, store: SnapshotStore, kb, poll_s: float | None = None):
+    def __init__(self, store: SnapshotStore, kb, poll_s: float = 5.0):
         self.store = store
         self.kb = kb
-        self.poll_s = env_float("KB_SNAPSHOT_POLL_S", 5.0) if poll_s is None else poll_s
+        self.poll_s = poll_s
         self.versions: dict[str, str] = {}
         self._digests: dict[str, str] = {}
         self._dir = Path(kb.root) / "snapshots"

@@ -27,8 +27,8 @@ import msgspec
 from services.router import routing
 from services.router.injection import InjectionMarkers
 from services.router.local_model import INTENTS, LocalIntentModel
+from services.router.settings import RouterSettings
 from shared import prompts
-from shared.config import env_float, env_str
 from shared.embeddings import Embedder
 from shared.llm import LLMClient, LLMError
 from shared.site_config import SiteConfig
@@ -80,22 +80,33 @@ async def _no_record(call) -> None:
 
 
 class IntentClassifier:
-    def __init__(self, model: LocalIntentModel | None, llm: LLMClient | None, backend: str | None = None,
-                 threshold: float | None = None, strike_confidence: float | None = None):
+    """`backend` (ROUTER_CLASSIFIER), `threshold` (ROUTER_CASCADE_THRESHOLD), `strike_confidence`
+    (ROUTER_HACK_STRIKE_CONFIDENCE) and `fast_path` (ROUTER_FAST_PATH_CONFIDENCE) come from the
+    router's settings (runtime.py); the defaults are theirs."""
+
+    def __init__(self, model: LocalIntentModel | None, llm: LLMClient | None, backend: str = "local",
+                 threshold: float = 0.5, strike_confidence: float = routing.STRIKE_CONFIDENCE,
+                 fast_path: float = 0.6):
         self.model = model
         self.llm = llm
-        self.backend = backend or env_str("ROUTER_CLASSIFIER", "local")
+        self.backend = backend
         if self.backend not in ("local", "llm", "cascade"):
             raise ValueError(f"ROUTER_CLASSIFIER={self.backend!r}: must be local, llm or cascade")
-        self.threshold = threshold if threshold is not None else env_float("ROUTER_CASCADE_THRESHOLD", 0.5)
+        self.threshold = threshold
         # A HACK strikes (two block the session for good) only at or above this confidence.
-        self.strike_confidence = (strike_confidence if strike_confidence is not None
-                                  else env_float("ROUTER_HACK_STRIKE_CONFIDENCE", routing.STRIKE_CONFIDENCE))
+        self.strike_confidence = strike_confidence
         self.markers = InjectionMarkers.load()
         self._recent: dict[str, IntentResult] = {}
         self._pending: dict[str, asyncio.Future] = {}
         # The n-gram-only stage decides alone at or above this confidence (1.01: never).
-        self.fast_path = env_float("ROUTER_FAST_PATH_CONFIDENCE", 0.6)
+        self.fast_path = fast_path
+
+    @classmethod
+    def configured(cls, model: LocalIntentModel | None, llm: LLMClient | None, settings: RouterSettings,
+                   backend: str | None = None) -> "IntentClassifier":
+        """The classifier as the router's settings make it (`backend`: another one, for evaluations)."""
+        return cls(model, llm, backend=backend or settings.classifier, threshold=settings.cascade_threshold,
+                   strike_confidence=settings.strike_confidence, fast_path=settings.fast_path_confidence)
 
     @property
     def embedder(self) -> Embedder | None:

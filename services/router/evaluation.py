@@ -31,6 +31,7 @@ from services.router import signals as sig
 from shared import skills as sk
 from services.router.classifiers import IntentClassifier, has_words
 from services.router.local_model import EVAL, INTENTS, LocalIntentModel, read_jsonl
+from services.router.settings import RouterSettings
 from shared.embeddings import shared_embedder
 from shared.llm import LLMClient
 from shared.site_config import SiteConfig
@@ -46,9 +47,10 @@ MIN_INJECTION_RECALL = 0.95
 
 
 def _classifier(backend: str) -> IntentClassifier:
-    model = LocalIntentModel.load_or_train(shared_embedder().load()) if backend != "llm" else None
-    llm = LLMClient.from_env(("classifier",))
-    return IntentClassifier(model, llm if llm.configured("classifier") else None, backend=backend)
+    settings = RouterSettings.from_env()  # the deployment's thresholds, as the router reads them
+    model = LocalIntentModel.load_or_train(shared_embedder(settings.embeddings).load()) if backend != "llm" else None
+    llm = LLMClient(settings.llm)
+    return IntentClassifier.configured(model, llm if llm.configured("classifier") else None, settings, backend)
 
 
 async def _classify_all(classifier: IntentClassifier, rows: list[dict]) -> tuple[list[str], list[float], int]:
@@ -132,8 +134,9 @@ def _state_for(row: dict) -> ConversationState:
 
 def eval_skills(dataset: Path = SKILLS_EVAL, out=sys.stdout) -> int:
     rows = read_jsonl(dataset)
-    model = LocalIntentModel.load_or_train(shared_embedder().load())
-    classifier = IntentClassifier(model, None, backend="local")
+    settings = RouterSettings.from_env()
+    model = LocalIntentModel.load_or_train(shared_embedder(settings.embeddings).load())
+    classifier = IntentClassifier.configured(model, None, settings, "local")
     rules = sig.SignalRules.load()
     config = SiteConfig()
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from scipy.sparse import csr_matrix, hstack
 
-from shared.embeddings import Embedder, cache_dir
+from shared.embeddings import Embedder
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class LocalIntentModel:
     @classmethod
     def load_or_train(cls, embedder: Embedder, train: Path = TRAIN) -> "LocalIntentModel":
         digest = hashlib.sha256(train.read_bytes() + f"|{MODEL_VERSION}|{embedder.name}".encode()).hexdigest()[:16]
-        cached = cache_dir() / "router" / f"intent-{digest}.pkl"
+        cached = embedder.settings.cache() / "router" / f"intent-{digest}.pkl"
         if cached.exists():
             try:
                 with open(cached, "rb") as f:

@@ -9,8 +9,8 @@ from pathlib import Path
 from services.router import (intent_classifier, intent_router, interest_signals_detector, skill_applier,
                              skill_selector)
 from services.router.runtime import RouterParts
+from services.router.settings import RouterSettings
 from shared import service
-from shared.config import env_str
 from shared.llm import LLMClient
 from shared.node import Node
 from shared.site_config import SiteConfigSync
@@ -19,16 +19,16 @@ log = logging.getLogger(__name__)
 _sync: SiteConfigSync | None = None
 
 
-async def nodes(bus):
+async def nodes(bus, settings: RouterSettings):
     global _sync
-    sites = Path(env_str("SITES_DIR", "sites"))
+    sites = Path(settings.sites_dir)
     if sites.is_dir():
-        _sync = SiteConfigSync(bus, sites)
+        _sync = SiteConfigSync(bus, sites, settings.sites_poll_s)
         await _sync.start()
     else:
         log.info("no SITES_DIR: every site runs on the default config", extra={"dir": str(sites)})
-    llm = LLMClient.from_env(("classifier",))
-    parts = await asyncio.to_thread(RouterParts.build, llm if llm.configured("classifier") else None)
+    llm = LLMClient(settings.llm)
+    parts = await asyncio.to_thread(RouterParts.build, llm if llm.configured("classifier") else None, settings)
     return router_nodes(parts)
 
 
@@ -44,7 +44,7 @@ def router_nodes(parts: RouterParts) -> list[Node]:
 
 
 def main() -> None:
-    service.main("router", nodes)
+    service.main("router", RouterSettings.from_env, nodes)
 
 
 if __name__ == "__main__":

@@ -17,8 +17,8 @@ from services.router.local_model import LocalIntentModel
 from services.router.signals import SignalRules
 from services.router import signals as sig
 from services.router.classifiers import has_words, normalize, transcript
+from services.router.settings import RouterSettings
 from shared import history, prompts
-from shared.config import env_str
 from shared.embeddings import shared_embedder
 from shared.llm import LLMClient, LLMError, Recorder
 from shared.site_config import SiteConfig
@@ -36,17 +36,17 @@ class RouterParts:
     skills_backend: str = "local"
 
     @classmethod
-    def build(cls, llm: LLMClient | None = None) -> "RouterParts":
+    def build(cls, llm: LLMClient | None, settings: RouterSettings) -> "RouterParts":
         started = time.monotonic()
-        embedder = shared_embedder().load()
+        embedder = shared_embedder(settings.embeddings).load()
         model = LocalIntentModel.load_or_train(embedder)
         embedder.embed(["warm-up"])  # first inference allocates; keep it off the first turn
         parts = cls(
-            classifier=IntentClassifier(model, llm),
+            classifier=IntentClassifier.configured(model, llm, settings),
             rules=SignalRules.load(),
             llm=llm,
-            signals_backend=_backend("ROUTER_SIGNALS_BACKEND"),
-            skills_backend=_backend("ROUTER_SKILLS_BACKEND"),
+            signals_backend=settings.signals_backend,
+            skills_backend=settings.skills_backend,
         )
         log.info("router ready", extra={"classifier": parts.classifier.backend, "seconds": round(time.monotonic() - started, 2)})
         return parts
@@ -82,9 +82,3 @@ class RouterParts:
                         extra={"prompt": prompt.name, "error": str(exc)[:200]})
             return None
 
-
-def _backend(name: str) -> str:
-    value = env_str(name, "local")
-    if value not in ("local", "llm"):
-        raise ValueError(f"{name}={value!r}: must be local or llm")
-    return value

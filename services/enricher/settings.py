@@ -1,0 +1,71 @@
+"""The enricher's settings, read once at start (main.py) and handed to its sources and nodes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from shared import redis_client
+from shared.config import LLMRoleConfig, Settings, env_choice, env_float, env_int, env_str
+
+DATASET = Path(__file__).parent / "data" / "ip_companies.csv"
+
+
+class RemoteSource(Settings):
+    """A remote company-lookup API, with its timeout, retries and circuit breaker
+    (ENRICH_<SOURCE>_*: SESSION_PROVIDER or IP_API)."""
+
+    SECRETS = ("key",)
+
+    url: str
+    key: str = ""
+    timeout_s: float = 0.8
+    retries: int = 1
+    breaker_threshold: int = 3
+    breaker_reset_s: float = 30.0
+
+    @classmethod
+    def from_env(cls, prefix: str) -> "RemoteSource | None":
+        """None when `<prefix>_URL` is not set (its other variables are then not read)."""
+        url = env_str(f"{prefix}_URL", "")
+        if not url:
+            return None
+        d = cls(url=url)
+        return cls(
+            url=url,
+            key=env_str(f"{prefix}_KEY", d.key),
+            timeout_s=env_float(f"{prefix}_TIMEOUT_S", d.timeout_s),
+            retries=env_int(f"{prefix}_RETRIES", d.retries),
+            breaker_threshold=env_int(f"{prefix}_BREAKER_THRESHOLD", d.breaker_threshold),
+            breaker_reset_s=env_float(f"{prefix}_BREAKER_RESET_S", d.breaker_reset_s),
+        )
+
+
+class EnricherSettings(Settings):
+    redis_url: str = redis_client.DEFAULT_URL
+    session_provider: RemoteSource | None = None
+    ip_api: RemoteSource | None = None  # None: the offline dataset
+    ip_dataset: str = str(DATASET)
+    cache_ttl_s: float = 600.0
+    returning_ttl_s: float = 30 * 24 * 3600.0
+    deadline_s: float = 1.5  # all sources of one enrichment together
+    profiler_backend: str = "local"  # `llm`: the `profiler` LLM role
+    # With the LLM: how long the profiler waits for the turn's route (visitor_profiler.py).
+    profiler_route_wait_s: float = 2.0
+    llm: dict[str, LLMRoleConfig] = {}  # the `profiler` role, read when the backend is `llm`
+
+    @classmethod
+    def from_env(cls) -> "EnricherSettings":
+        d = cls()
+        backend = env_choice("PROFILER_BACKEND", d.profiler_backend, ("local", "llm"))
+        return cls(
+            redis_url=env_str("REDIS_URL", d.redis_url),
+            session_provider=RemoteSource.from_env("ENRICH_SESSION_PROVIDER"),
+            ip_api=RemoteSource.from_env("ENRICH_IP_API"),
+            ip_dataset=env_str("ENRICH_IP_DATASET", d.ip_dataset),
+            cache_ttl_s=env_float("ENRICH_CACHE_TTL_S", d.cache_ttl_s),
+            returning_ttl_s=env_float("ENRICH_RETURNING_TTL_S", d.returning_ttl_s),
+            deadline_s=env_float("ENRICH_DEADLINE_S", d.deadline_s),
+            profiler_backend=backend,
+            profiler_route_wait_s=env_float("PROFILER_ROUTE_WAIT_S", d.profiler_route_wait_s),
+            llm={"profiler": LLMRoleConfig.from_env("profiler")} if backend == "llm" else {},
+        )

@@ -1,0 +1,69 @@
+"""The gateway's settings, read once at start (main.py) and handed to `create_app`."""
+
+from __future__ import annotations
+
+import msgspec
+
+from services.gateway import frames
+from services.gateway.schemas import MAX_BODY_BYTES
+from shared import redis_client
+from shared.config import BusConfig, ConfigError, Settings, env_float, env_int, env_str
+from shared.privacy import PrivacySettings
+
+
+class GatewaySettings(Settings):
+    SECRETS = ("session_token_secret", "session_token_previous", "admin_token")
+
+    bus: BusConfig = msgspec.field(default_factory=BusConfig)
+    host: str = "127.0.0.1"
+    port: int = 8000
+    turn_deadline_s: float = 60.0
+    rate_per_ip_per_min: int = 30
+    rate_per_site_per_min: int = 1200
+    max_body_bytes: int = MAX_BODY_BYTES
+    guard_takeover_s: float = 3.0  # a held key this old, for a turn the log says ended, is taken over
+    keepalive_s: float = frames.KEEPALIVE_S
+    trusted_proxy_hops: int = 0  # proxies in front that append to X-Forwarded-For (an ingress: 1)
+    site_config_ttl_s: float = 2.0
+    redis_url: str = redis_client.DEFAULT_URL
+    privacy: PrivacySettings = msgspec.field(default_factory=PrivacySettings)
+    # Session tokens (sessions.py): the current key signs; the previous ones still verify.
+    # No secret: a random one for this process, with a warning.
+    session_token_secret: str = ""
+    session_token_key_id: str = "1"
+    session_token_previous: dict[str, str] = {}
+    admin_token: str = ""  # the deployment operator's; empty: site API keys only (operators.py)
+
+    @classmethod
+    def from_env(cls) -> "GatewaySettings":
+        d = cls()
+        return cls(
+            bus=BusConfig.from_env(),
+            host=env_str("GATEWAY_HOST", d.host),
+            port=env_int("GATEWAY_PORT", d.port),
+            turn_deadline_s=env_float("TURN_DEADLINE_S", d.turn_deadline_s),
+            rate_per_ip_per_min=env_int("RATE_LIMIT_PER_IP_PER_MIN", d.rate_per_ip_per_min),
+            rate_per_site_per_min=env_int("RATE_LIMIT_PER_SITE_PER_MIN", d.rate_per_site_per_min),
+            max_body_bytes=env_int("GATEWAY_MAX_BODY_BYTES", d.max_body_bytes),
+            guard_takeover_s=env_float("SESSION_GUARD_TAKEOVER_S", d.guard_takeover_s),
+            keepalive_s=env_float("SSE_KEEPALIVE_S", d.keepalive_s),
+            trusted_proxy_hops=env_int("TRUSTED_PROXY_HOPS", d.trusted_proxy_hops),
+            site_config_ttl_s=env_float("SITE_CONFIG_TTL_S", d.site_config_ttl_s),
+            redis_url=env_str("REDIS_URL", d.redis_url),
+            privacy=PrivacySettings.from_env(),
+            session_token_secret=env_str("SESSION_TOKEN_SECRET", d.session_token_secret),
+            session_token_key_id=env_str("SESSION_TOKEN_KEY_ID", d.session_token_key_id),
+            session_token_previous=_previous_keys(env_str("SESSION_TOKEN_PREVIOUS", "")),
+            admin_token=env_str("ADMIN_TOKEN", d.admin_token),
+        )
+
+
+def _previous_keys(value: str) -> dict[str, str]:
+    """SESSION_TOKEN_PREVIOUS: `kid:secret[,kid:secret]`."""
+    previous = {}
+    for item in filter(None, (p.strip() for p in value.split(","))):
+        kid, sep, secret = item.partition(":")
+        if not sep:
+            raise ConfigError("SESSION_TOKEN_PREVIOUS: expected kid:secret[,kid:secret]")
+        previous[kid] = secret
+    return previous

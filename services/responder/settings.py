@@ -1,0 +1,96 @@
+"""The responder's settings, read once at start (main.py) and handed to its nodes."""
+
+from __future__ import annotations
+
+import msgspec
+
+from shared.config import LLMRoleConfig, Settings, env_choice, env_float, env_int, env_str
+from shared.embeddings import EmbeddingSettings
+from shared.webhook_secret import WebhookSecrets
+
+ROLES = ("answer", "redirect", "suggestions")
+ANSWER_BACKENDS = ("llm", "extractive")
+
+
+class AnswerSettings(Settings):
+    """answer_writer's (ANSWER_*)."""
+
+    # Off by default: waiting for the profile (two hops after the turn starts) costs ~8-10 ms
+    # of time to first token at p50 under `make bench`; a deployment that wants the profile in
+    # every first answer sets it (e.g. 0.3). Late inputs are named in ResponseCompleted either way.
+    wait_s: float = 0.0
+    # Retrieval has its own deadline: an answer without the knowledge base is a poor answer,
+    # so it is worth waiting for (mix mode takes tens of milliseconds), but never for ever.
+    retrieval_wait_s: float = 2.0
+    max_sources: int = 10  # the first N retrieved documents go into the prompt
+    # Empty: `llm` when the answer role has an endpoint (LLM_BASE_URL / LLM_ANSWER_BASE_URL),
+    # else `extractive`.
+    backend: str = ""
+    # Extractive answers: the similarity to the question under which a sentence does not
+    # answer it (none above: "not found"), and how many sentences an answer holds at most.
+    extractive_threshold: float = 0.35
+    extractive_max_sentences: int = 4
+    # Sentences are read from the first N sources only: the retriever ranks them and the
+    # right section is near the top (an entity's description, after the chunks, often holds
+    # the one sentence that answers); each sentence read the first time costs an embedding
+    # before the first token (then it is cached).
+    extractive_documents: int = 10
+
+    @classmethod
+    def from_env(cls) -> "AnswerSettings":
+        d = cls()
+        return cls(
+            wait_s=env_float("ANSWER_WAIT_S", d.wait_s),
+            retrieval_wait_s=env_float("ANSWER_RETRIEVAL_WAIT_S", d.retrieval_wait_s),
+            max_sources=env_int("ANSWER_MAX_SOURCES", d.max_sources),
+            backend=env_choice("ANSWER_BACKEND", d.backend, ("", *ANSWER_BACKENDS), "use llm or extractive"),
+            extractive_threshold=env_float("ANSWER_EXTRACTIVE_THRESHOLD", d.extractive_threshold),
+            extractive_max_sentences=env_int("ANSWER_EXTRACTIVE_MAX_SENTENCES", d.extractive_max_sentences),
+            extractive_documents=env_int("ANSWER_EXTRACTIVE_DOCUMENTS", d.extractive_documents),
+        )
+
+
+class LeadSettings(Settings):
+    """lead_notifier's: where leads go (a site's `lead.webhook_url` wins over `webhook_url`),
+    how hard to try, the signing secrets, and the analytics API."""
+
+    SECRETS = ("posthog_api_key",)
+
+    webhook_url: str = ""
+    attempts: int = 4
+    backoff_s: float = 0.5
+    timeout_s: float = 5.0
+    secrets: WebhookSecrets = msgspec.field(default_factory=WebhookSecrets)
+    posthog_host: str = ""
+    posthog_api_key: str = ""
+
+    @classmethod
+    def from_env(cls) -> "LeadSettings":
+        d = cls()
+        return cls(
+            webhook_url=env_str("LEAD_WEBHOOK_URL", d.webhook_url),
+            attempts=env_int("LEAD_WEBHOOK_ATTEMPTS", d.attempts),
+            backoff_s=env_float("LEAD_WEBHOOK_BACKOFF_S", d.backoff_s),
+            timeout_s=env_float("LEAD_WEBHOOK_TIMEOUT_S", d.timeout_s),
+            secrets=WebhookSecrets.from_env(),
+            posthog_host=env_str("POSTHOG_HOST", d.posthog_host),
+            posthog_api_key=env_str("POSTHOG_API_KEY", d.posthog_api_key),
+        )
+
+
+class ResponderSettings(Settings):
+    llm: dict[str, LLMRoleConfig] = {}  # the `answer`, `redirect` and `suggestions` roles
+    embeddings: EmbeddingSettings = msgspec.field(default_factory=EmbeddingSettings)  # extractive answers
+    answer: AnswerSettings = msgspec.field(default_factory=AnswerSettings)
+    lead: LeadSettings = msgspec.field(default_factory=LeadSettings)
+    finalize_wait_s: float = 0.5  # for each of the turn's dialog state, form fields and enrichment
+
+    @classmethod
+    def from_env(cls) -> "ResponderSettings":
+        return cls(
+            llm={role: LLMRoleConfig.from_env(role) for role in ROLES},
+            embeddings=EmbeddingSettings.from_env(),
+            answer=AnswerSettings.from_env(),
+            lead=LeadSettings.from_env(),
+            finalize_wait_s=env_float("FINALIZE_WAIT_S", 0.5),
+        )
