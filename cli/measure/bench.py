@@ -41,6 +41,7 @@ import httpx
 
 from cli.harness.sse import Conversation
 from cli.harness.supervisor import ROOT, free_port, make_system, wait_http
+from cli.measure import critical_path
 from cli.measure.stats import percentile
 from shared import events as ev
 from shared import subjects
@@ -83,62 +84,61 @@ async def drive(base_url: str, site: str, turns: int, concurrency: int, think_s:
                 for t in range(per_session):
                     if t:
                         await asyncio.sleep(think_s)
+                    sent_at = time.time()
                     r = await visitor.say(script[t % len(script)].format(i=i, t=t))
                     if t == 0 and visitor.session_id:
                         sessions.append(visitor.session_id)
                     final = r.final or {}
                     results.append({"status": r.status, "final": final.get("type"),
                                     "route": (final.get("metadata") or {}).get("route"),
-                                    "first_token_s": r.first_token_s, "total_s": r.total_s})
+                                    "first_token_s": r.first_token_s, "total_s": r.total_s,
+                                    "session": visitor.session_id, "turn": (r.start or {}).get("turn"),
+                                    "sent_at": sent_at,
+                                    "first_read_at": sent_at + r.first_token_s if r.first_token_s else None})
 
         await asyncio.gather(*(conversation(i) for i in range(sessions_total)))
     return results, sessions
 
 
-# Where an ANSWER turn's time goes, from the stored events' timestamps (ms after the turn's
-# TurnRequested): the route decided, the retrieval done, the answer complete.
-STAGES = ("route_decided", "retrieval_completed", "response_completed")
-
-
-def stage_ms(records: list) -> dict[str, list[float]]:
-    """Per stage, the ms from each ANSWER turn's TurnRequested to that stage's event."""
-    started: dict[int, float] = {}
-    seen: dict[int, dict[str, float]] = {}
-    answer: set[int] = set()
-    for record in records:
-        event, turn = record.event, record.event.turn
-        name = ev.event_type(event)
-        if name == "turn_requested":
-            started[turn] = event.ts
-        elif name in STAGES and turn in started:
-            seen.setdefault(turn, {}).setdefault(name, (event.ts - started[turn]) * 1000)
-            if name == "route_decided" and event.route == "ANSWER":
-                answer.add(turn)
-    out: dict[str, list[float]] = {stage: [] for stage in STAGES}
-    for turn in answer:
-        for stage, ms in seen[turn].items():
-            out[stage].append(ms)
-    return out
-
-
-async def replay_rate(nats_url: str, site: str, sessions: list[str], rounds: int) -> tuple[float, int, dict]:
+async def replay_rate(nats_url: str, site: str, sessions: list[str], rounds: int) -> tuple[float, int]:
     bus = await connect(BusConfig(url=nats_url), name="bench-replay")
-    stages: dict[str, list[float]] = {stage: [] for stage in STAGES}
     try:
         events = 0
         started = time.perf_counter()
-        for round_ in range(rounds):
+        for _ in range(rounds):
             for session in sessions:
                 records = await bus.read(subjects.conversation(site, session))
                 fold(records)
                 events += len(records)
-                if round_ == 0:
-                    for stage, values in stage_ms(records).items():
-                        stages[stage].extend(values)
         elapsed = time.perf_counter() - started
     finally:
         await bus.close()
-    return events / elapsed, events, stages
+    return events / elapsed, events
+
+
+async def critical_paths(nats_url: str, site: str, results: list[dict]) -> dict[str, dict[str, float]]:
+    """Each route's critical path (cli/measure/critical_path.py) over the measured turns:
+    their stored events, their first token events (TOKENS) and the client's clock."""
+    bus = await connect(BusConfig(url=nats_url), name="bench-critical-path")
+    turns = []
+    try:
+        for session in sorted({r["session"] for r in results if r.get("session")}):
+            by_turn: dict[int, list] = {}
+            for record in await bus.read(subjects.conversation(site, session)):
+                by_turn.setdefault(record.event.turn, []).append(record.event)
+            first_token: dict[int, float] = {}
+            async for _, _, data in bus.read_raw(subjects.session_tokens(site, session),
+                                                 stream=subjects.TOKENS_STREAM):
+                chunk = ev.decode(data)
+                if isinstance(chunk, ev.TokenChunk):
+                    first_token[chunk.turn] = min(chunk.ts, first_token.get(chunk.turn, chunk.ts))
+            for r in results:
+                if r.get("session") == session and r.get("turn") in by_turn:
+                    turns.append(critical_path.turn_segments(by_turn[r["turn"]], first_token.get(r["turn"]),
+                                                             r["sent_at"], r["first_read_at"]))
+    finally:
+        await bus.close()
+    return critical_path.summarize(turns)
 
 
 async def verify(nats_url: str, site: str, env: dict[str, str]) -> dict:
@@ -255,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
             cpu_s = {name: round(after - cpu_before.get(name, 0.0), 1) for name, after in process_cpu_s(system).items()}
             print("CPU seconds per process during the measured turns: "
                   + ", ".join(f"{name} {seconds}" for name, seconds in cpu_s.items()), flush=True)
-            rate, replayed, stages = asyncio.run(replay_rate(system.nats_url, site, sessions, args.replay_rounds))
+            paths = asyncio.run(critical_paths(system.nats_url, site, results))
+            rate, replayed = asyncio.run(replay_rate(system.nats_url, site, sessions, args.replay_rounds))
             verified = asyncio.run(verify(system.nats_url, site, {**llm_env, "SITES_DIR": str(sites)})) \
                 if args.verify else None
         finally:
@@ -292,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
         "ttft_overhead_ms_by_route": by_route,
         "turn_ms_p50": round(percentile(totals, 50), 1),
         "turns_per_s": round(len(ok) / wall, 1),
-        "answer_stage_ms_p50": {stage: round(percentile(values, 50), 1) for stage, values in stages.items() if values},
+        "critical_path_ms_p50": paths,
+        "cpu_ms_per_turn": {name: round(seconds * 1000 / max(1, len(results)), 1) for name, seconds in cpu_s.items()},
         **({"verify": verified} if verified is not None else {}),
         "replay_events": replayed,
         "replay_events_per_s": round(rate),
@@ -303,8 +305,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"TTFT overhead (ANSWER) p50 {figures['ttft_overhead_ms_p50']} ms, p99 {figures['ttft_overhead_ms_p99']} ms")
     for route, f in by_route.items():
         print(f"  {route:<8} {f['turns']:>4} turns  TTFT overhead p50 {f['p50']} ms  p99 {f['p99']} ms")
-    print("ANSWER turns, ms after TurnRequested (p50, from the events' timestamps): "
-          + ", ".join(f"{stage} {ms}" for stage, ms in figures["answer_stage_ms_p50"].items()))
+    print("critical path, p50 ms per segment (cli/measure/critical_path.py):")
+    for route, segments in paths.items():
+        print(f"  {route:<8} " + ", ".join(f"{segment} {ms}" for segment, ms in segments.items()))
+    print("CPU ms per turn: " + ", ".join(f"{name} {ms}" for name, ms in figures["cpu_ms_per_turn"].items())
+          + f" (all: {round(sum(figures['cpu_ms_per_turn'].values()), 1)})")
     print(f"replay: {replayed} events read and folded at {figures['replay_events_per_s']} events/s")
     if verified is not None:
         print(f"replay verify: {verified['conversations']} conversations, {verified['turns']} turns, "
