@@ -1,6 +1,8 @@
 """Every node of the five services, made for reruns: the router's trained intent model loaded
-once, and for each conversation the nodes over that conversation's LLM client (its recorded
-calls, or a live client).
+once, and the nodes made once per set of configured LLM roles, over a client that hands each
+call to the LLM client of the rerun in progress (`CURRENT_LLM`: that conversation's recorded
+calls, or a live client). Making the nodes is most of what a rerun would cost otherwise
+(language models, rule files, HTTP clients), and production makes them once per process too.
 
 Three nodes are `RECORDED`: they read or change the world outside the conversation
 (enrichment: company lookups and Redis; retrieval: a knowledge base that ingestion changes;
@@ -13,7 +15,9 @@ knowledge base is the shared Qdrant server when `QDRANT_URL` is set, else a priv
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
+from typing import Any
 
 from services.enricher.main import enricher_nodes
 from services.responder.main import responder_nodes
@@ -21,11 +25,20 @@ from services.retriever.main import retriever_nodes
 from services.router.main import router_nodes
 from services.router.classifiers import IntentClassifier
 from services.router.runtime import RouterParts
-from shared.config import env_str
+from shared.config import LLM_ROLES, env_str
 from shared.llm import LLMClient
 from shared.node import Node
 
 RECORDED = frozenset({"enrichment", "retrieval", "lead_notifier"})
+# The LLM client of the rerun in progress (each rerun sets its own; reruns in other tasks keep theirs).
+CURRENT_LLM: contextvars.ContextVar[LLMClient] = contextvars.ContextVar("replay_llm")
+
+
+class _CurrentLLM:
+    """What the nodes are made with: every attribute is the current rerun's client's."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(CURRENT_LLM.get(), name)
 
 
 class Graph:
@@ -34,14 +47,26 @@ class Graph:
         self._retriever = _retriever() if (live_retrieval or retrieval_for_new) else None
         self.recorded = RECORDED - ({"retrieval"} if live_retrieval else set())
         self.live_for_new = frozenset({"retrieval"}) if self._retriever is not None else frozenset()
+        self._made: dict[tuple, list[Node]] = {}
 
     def nodes(self, llm: LLMClient) -> list[Node]:
-        classifier_llm = llm if llm.configured("classifier") else None
+        """The nodes for a rerun whose LLM client is `llm` (the caller sets `CURRENT_LLM` to
+        it): which roles it configures decides how they are made (a local or an LLM
+        classifier, a template or a model reply), so nodes are kept per set of roles."""
+        profiler = env_str("PROFILER_BACKEND", "local")
+        key = (profiler, frozenset(role for role in LLM_ROLES if llm.configured(role)))
+        if key not in self._made:
+            self._made[key] = self._make(llm, profiler)
+        return self._made[key]
+
+    def _make(self, llm: LLMClient, profiler: str) -> list[Node]:
+        current: Any = _CurrentLLM()
+        classifier_llm = current if llm.configured("classifier") else None
         parts = dataclasses.replace(self._parts, llm=classifier_llm,
                                     classifier=IntentClassifier(self._parts.classifier.model, classifier_llm))
-        profiler_llm = llm if env_str("PROFILER_BACKEND", "local") == "llm" and llm.configured("profiler") else None
+        profiler_llm = current if profiler == "llm" and llm.configured("profiler") else None
         return [*router_nodes(parts), *enricher_nodes(None, profiler_llm), *retriever_nodes(self._retriever),
-                *responder_nodes(llm, None)]
+                *responder_nodes(current, None)]
 
 
 def _retriever():

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from cli.replay.diff import Difference, diff
-from cli.replay.graph import Graph
+from cli.replay.graph import CURRENT_LLM, Graph
 from cli.replay.recorded_llm import RecordedLLM
 from cli.replay.sandbox import Recording, Sandbox
 from shared import events as ev
@@ -82,6 +82,15 @@ async def rerun(recording: Recording, graph: Graph, config: SiteConfig, llm: str
     node runs, every other node's outputs are copied from the recording; `turn`: the turns
     before it are copied as they are, and only that turn runs."""
     llm_client = client(recording, llm)
+    current = CURRENT_LLM.set(llm_client)
+    try:
+        return await _rerun(recording, graph, config, llm_client, node, turn, extra_inputs)
+    finally:
+        CURRENT_LLM.reset(current)
+
+
+async def _rerun(recording: Recording, graph: Graph, config: SiteConfig, llm_client: LLMClient, node: str | None,
+                 turn: int | None, extra_inputs: tuple[ev.Envelope, ...]) -> Result:
     nodes = graph.nodes(llm_client)
     names = {n.name for n in nodes}
     if node is not None and node not in names:
