@@ -11,6 +11,7 @@ metrics (shared/metrics.py).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import time
@@ -261,8 +262,10 @@ class LLMClient:
             return decoder.decode(text)
 
 
+@functools.cache
 def object_schema(cls: type) -> dict:
-    """msgspec's JSON schema of a Struct as the object itself (providers want no top-level $ref)."""
+    """msgspec's JSON schema of a Struct as the object itself (providers want no top-level $ref).
+    Made once per class (building it walks the type's annotations); callers do not change it."""
     schema = msgspec.json.schema(cls)
     if "$ref" in schema:
         schema = {**schema["$defs"][schema["$ref"].rsplit("/", 1)[-1]], "$defs": schema["$defs"]}

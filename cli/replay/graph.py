@@ -25,6 +25,7 @@ from services.retriever.main import retriever_nodes
 from services.router.main import router_nodes
 from services.router.classifiers import IntentClassifier
 from services.router.runtime import RouterParts
+from shared import language
 from shared.config import LLM_ROLES, env_str
 from shared.llm import LLMClient
 from shared.node import Node
@@ -44,6 +45,7 @@ class _CurrentLLM:
 class Graph:
     def __init__(self, live_retrieval: bool = False, retrieval_for_new: bool = False):
         self._parts = RouterParts.build(None)
+        language.load()  # as the services load it at start: the answer's nodes guess languages with it
         self._retriever = _retriever() if (live_retrieval or retrieval_for_new) else None
         self.recorded = RECORDED - ({"retrieval"} if live_retrieval else set())
         self.live_for_new = frozenset({"retrieval"}) if self._retriever is not None else frozenset()
@@ -79,11 +81,9 @@ def _retriever():
     from services.retriever.knowledge import KnowledgeBase
     from services.retriever.search import Retriever, keyword_llm_from_env
     from services.retriever.settings import RetrievalSettings
-    from shared import language
     from shared.embeddings import shared_embedder
 
     settings = RetrievalSettings.from_env()
-    language.load()
     kb = KnowledgeBase.from_env(shared_embedder())
     if not env_str("QDRANT_URL", "") and kb.root.exists():
         copy = Path(tempfile.mkdtemp(prefix="concierge-replay-kb-")) / "kb"

@@ -20,7 +20,7 @@ from cli.replay.sandbox import Recording, Sandbox
 from shared import events as ev
 from shared import subjects
 from shared.bus import Bus
-from shared.config import LLM_ROLES
+from shared.config import LLM_ROLES, LLMRoleConfig
 from shared.llm import LLMClient
 from shared.site_config import SiteConfig
 from shared.state import ConversationState, Record, fold
@@ -64,24 +64,27 @@ def state_at(recording: Recording, seq: int) -> ConversationState:
     return fold(r for r in recording.records if r.seq <= seq)
 
 
-def client(recording: Recording, llm: str) -> LLMClient:
+def role_settings() -> dict[str, LLMRoleConfig]:
+    """This process's settings of every LLM role (the deployment's, whose conversations are replayed)."""
+    return {role: LLMRoleConfig.from_env(role) for role in LLM_ROLES}
+
+
+def client(recording: Recording, llm: str, roles: dict[str, LLMRoleConfig] | None = None) -> LLMClient:
     if llm == "live":
         return LLMClient.from_env()
     if llm != "recorded":
         raise ValueError(f"--llm {llm!r}: use recorded or live")
-    # A role this deployment configures counts as configured even when this conversation
-    # never called it, so nodes take the same path as in production.
-    configured = tuple(role for role in LLM_ROLES if LLMClient.from_env((role,)).configured(role))
-    return RecordedLLM(recording.llm_calls(), live_roles=configured)
+    return RecordedLLM(recording.llm_calls(), roles or role_settings())
 
 
 async def rerun(recording: Recording, graph: Graph, config: SiteConfig, llm: str = "recorded",
                 node: str | None = None, turn: int | None = None,
-                extra_inputs: tuple[ev.Envelope, ...] = ()) -> Result:
+                extra_inputs: tuple[ev.Envelope, ...] = (), roles: dict[str, LLMRoleConfig] | None = None) -> Result:
     """Run the conversation's recorded inputs (and `extra_inputs`) again. `node`: only that
     node runs, every other node's outputs are copied from the recording; `turn`: the turns
-    before it are copied as they are, and only that turn runs."""
-    llm_client = client(recording, llm)
+    before it are copied as they are, and only that turn runs. `roles`: the LLM role
+    settings (default: read from the environment now)."""
+    llm_client = client(recording, llm, roles)
     current = CURRENT_LLM.set(llm_client)
     try:
         return await _rerun(recording, graph, config, llm_client, node, turn, extra_inputs)
@@ -165,10 +168,11 @@ async def verify(recordings: list[Recording], graph: Graph, config: SiteConfig) 
     """Rerun every recording with its recorded LLM calls; what diverges, and where."""
     out = Verification()
     started = time.perf_counter()
+    roles = role_settings()
     for recording in recordings:
         if not recording.inputs():
             continue
-        result = await rerun(recording, graph, config)
+        result = await rerun(recording, graph, config, roles=roles)
         out.conversations += 1
         out.turns += result.turns
         if result.diverged:
