@@ -156,18 +156,20 @@ class Verification:
     diverged: int = 0
     divergences: list[dict] = field(default_factory=list)
     seconds: float = 0.0
+    cpu_s: float = 0.0  # this process's CPU time for it: steadier than `seconds` on a shared machine
 
     def figures(self, limit: int = 50) -> dict:
         return {"conversations": self.conversations, "turns": self.turns, "diverged": self.diverged,
                 "divergences": self.divergences[:limit], "divergences_total": len(self.divergences),
                 "conversations_per_s": round(self.conversations / self.seconds, 1) if self.seconds else None,
-                "seconds": round(self.seconds, 2)}
+                "seconds": round(self.seconds, 2), "cpu_s": round(self.cpu_s, 2),
+                "cpu_ms_per_conversation": round(self.cpu_s * 1000 / self.conversations, 1) if self.conversations else None}
 
 
 async def verify(recordings: list[Recording], graph: Graph, config: SiteConfig) -> Verification:
     """Rerun every recording with its recorded LLM calls; what diverges, and where."""
     out = Verification()
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     roles = role_settings()
     for recording in recordings:
         if not recording.inputs():
@@ -179,5 +181,5 @@ async def verify(recordings: list[Recording], graph: Graph, config: SiteConfig) 
             out.diverged += 1
             out.divergences += [{"session_id": result.session_id, **d.to_builtins()} for d in result.differences]
             out.divergences += [{"session_id": result.session_id, **d} for d in result.divergences]
-    out.seconds = time.perf_counter() - started
+    out.seconds, out.cpu_s = time.perf_counter() - started, time.process_time() - cpu
     return out
