@@ -246,7 +246,10 @@ class AnalyticsRecorded(Envelope, tag="analytics_recorded"):
 
 
 class LLMCall(msgspec.Struct, kw_only=True):
-    """One call to an LLM, complete enough to replay it without the provider."""
+    """One call to an LLM, complete enough to replay it without the provider: the request
+    (`model` as asked for, `messages`, `params`: temperature, response format, ... as the
+    node passed them) and what answered it (`served_model`, `system_fingerprint`: the
+    provider's own names for the model snapshot and its backend, empty when it sent none)."""
 
     role: str
     model: str
@@ -261,6 +264,8 @@ class LLMCall(msgspec.Struct, kw_only=True):
     error: str | None = None
     fallback_used: bool = False  # answered (or last tried) by the role's fallback endpoint
     truncated: int = 0  # characters cut from messages and response to fit the bus (0: recorded whole)
+    served_model: str = ""
+    system_fingerprint: str = ""
 
 
 class LLMCallRecorded(Envelope, tag="llm_call_recorded"):

@@ -56,7 +56,8 @@ class RecordedLLM(LLMClient):
         self.used += 1
         await record(ev.LLMCall(role=role, model=call.model, base_url=call.base_url, messages=messages, params=params,
                                 response_text=call.response_text, usage=dict(call.usage), attempts=call.attempts,
-                                error=call.error, fallback_used=call.fallback_used))
+                                error=call.error, fallback_used=call.fallback_used, served_model=call.served_model,
+                                system_fingerprint=call.system_fingerprint))
         if call.error and not call.response_text:
             raise LLMError(f"recorded failure: {call.error}")
         if _whole:
