@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from cli.replay.diff import Difference, diff
+from cli.replay.diff import Difference, VersionChange, diff, version_changes
 from cli.replay.graph import CURRENT_LLM, Graph
 from cli.replay.recorded_llm import RecordedLLM
 from cli.replay.sandbox import Recording, Sandbox
@@ -25,7 +25,12 @@ from shared.llm import LLMClient
 from shared.site_config import SiteConfig
 from shared.state import ConversationState, Record, fold
 
-VOLATILE = ("event_id", "ts", "input_seq", "causation_id")
+# Left out when one node's outputs are compared: a rerun's own ids, clocks and log
+# positions; the time a decision took (measured, not decided: the local classifier's
+# `latency_ms` differs on every run); the config and model versions (reported as version
+# changes, diff.py).
+VOLATILE = ("event_id", "ts", "input_seq", "causation_id", "latency_ms", "config_version", "classifier_version",
+            "embedding_version")
 
 
 @dataclass
@@ -36,6 +41,9 @@ class Result:
     differences: list[Difference]
     divergences: list[dict]  # what could not run as recorded: {turn, node, divergence}
     node_differences: list[dict] = field(default_factory=list)  # --node: that node's outputs, original vs rerun
+    # Site config or models the rerun's nodes ran under that differ from the recorded ones:
+    # said, not a divergence.
+    version_changes: list[VersionChange] = field(default_factory=list)
 
     @property
     def diverged(self) -> bool:
@@ -117,12 +125,13 @@ async def _rerun(recording: Recording, graph: Graph, config: SiteConfig, llm_cli
     return Result(session_id=recording.records[0].event.session_id if recording.records else "",
                   turns=len({e.turn for e in inputs}), events=events,
                   differences=diff(original, compared), divergences=divergences,
-                  node_differences=node_diff(original, compared, node) if node else [])
+                  node_differences=node_diff(original, compared, node) if node else [],
+                  version_changes=version_changes(original, compared))
 
 
 def node_diff(original: list[ev.Envelope], rerun: list[ev.Envelope], node: str) -> list[dict]:
-    """One node's outputs, per turn, where the rerun's differ from the original's (ids,
-    clocks and LLM call records left out)."""
+    """One node's outputs, per turn, where the rerun's differ from the original's (`VOLATILE`
+    fields and LLM call records left out)."""
     def outputs(events):
         per_turn: dict[int, list] = defaultdict(list)
         for e in events:
@@ -155,12 +164,16 @@ class Verification:
     turns: int = 0
     diverged: int = 0
     divergences: list[dict] = field(default_factory=list)
+    # {what, recorded, rerun, conversations}: the conversations rerun under another site
+    # config or model than they were recorded with (not divergences).
+    version_changes: list[dict] = field(default_factory=list)
     seconds: float = 0.0
     cpu_s: float = 0.0  # this process's CPU time for it: steadier than `seconds` on a shared machine
 
     def figures(self, limit: int = 50) -> dict:
         return {"conversations": self.conversations, "turns": self.turns, "diverged": self.diverged,
                 "divergences": self.divergences[:limit], "divergences_total": len(self.divergences),
+                "version_changes": self.version_changes,
                 "conversations_per_s": round(self.conversations / self.seconds, 1) if self.seconds else None,
                 "seconds": round(self.seconds, 2), "cpu_s": round(self.cpu_s, 2),
                 "cpu_ms_per_conversation": round(self.cpu_s * 1000 / self.conversations, 1) if self.conversations else None}
@@ -177,6 +190,13 @@ async def verify(recordings: list[Recording], graph: Graph, config: SiteConfig) 
         result = await rerun(recording, graph, config, roles=roles)
         out.conversations += 1
         out.turns += result.turns
+        for change in result.version_changes:
+            seen = next((c for c in out.version_changes if (c["what"], c["recorded"], c["rerun"])
+                         == (change.what, change.recorded, change.rerun)), None)
+            if seen is None:
+                seen = {"what": change.what, "recorded": change.recorded, "rerun": change.rerun, "conversations": 0}
+                out.version_changes.append(seen)
+            seen["conversations"] += 1
         if result.diverged:
             out.diverged += 1
             out.divergences += [{"session_id": result.session_id, **d.to_builtins()} for d in result.differences]

@@ -57,6 +57,7 @@ async def answer(bus: Bus, graph: Graph, op: str, request: dict) -> dict:
     return {"session_id": result.session_id, "turns": result.turns, "diverged": result.diverged,
             "differences": [d.to_builtins() for d in result.differences],
             "node_differences": result.node_differences, "divergences": result.divergences,
+            "version_changes": [c.to_builtins() for c in result.version_changes],
             "outcomes": {t: _outcome(o) for t, o in outcomes(result.events).items()}}
 
 
