@@ -68,10 +68,11 @@ class Process:
             await asyncio.sleep(every_s)
 
 
-async def start_ops(process: Process, port: int, host: str) -> OpsServer | None:
+async def start_ops(ready: Callable[[], bool], port: int, host: str) -> OpsServer | None:
+    """The ops port answering /readyz with `ready()`; None when there is none (port 0, or taken)."""
     if port == 0:
         return None
-    server = OpsServer(process.ready)
+    server = OpsServer(ready)
     try:
         await server.start(host, port)
     except OSError as exc:
@@ -89,7 +90,7 @@ async def serve(service: str, make_nodes: NodeFactory, ready: asyncio.Event | No
     """Run the service until SIGTERM/SIGINT, or until `stop` is set when given (tests);
     `ready` is set once every runner is started."""
     process = process or Process()
-    ops = await start_ops(process, env_int("OPS_PORT", 9000), env_str("OPS_HOST", "0.0.0.0"))
+    ops = await start_ops(process.ready, env_int("OPS_PORT", 9000), env_str("OPS_HOST", "0.0.0.0"))
     watcher = None
     try:
         bus = process.bus = await connect(BusConfig.from_env(), name=service)

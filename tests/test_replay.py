@@ -189,6 +189,8 @@ def replay_worker(system):
     """`concierge replay serve` beside the system, as `make run` starts it."""
     system.start_replay()
     system.wait_logged_ready("replay", 90, marker=b"replay ready")
+    ops = f"http://127.0.0.1:{system.ops_ports['replay']}"
+    assert httpx.get(f"{ops}/readyz").status_code == 200 and b"concierge" in httpx.get(f"{ops}/metrics").content
     return system
 
 

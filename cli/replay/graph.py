@@ -51,6 +51,19 @@ class Graph:
         self.live_for_new = frozenset({"retrieval"}) if self._retriever is not None else frozenset()
         self._made: dict[tuple, list[Node]] = {}
 
+    async def follow_kb_snapshots(self, bus):
+        """With the vectors on a Qdrant server (`KB_SNAPSHOTS=bus`), the rest of the knowledge
+        base comes from the snapshots ingestion publishes, as for the retriever service: loaded
+        now, then kept up to date. None when there is nothing to follow."""
+        from services.retriever import snapshots
+
+        if self._retriever is None or not snapshots.enabled():
+            return None
+        follower = snapshots.Follower(await snapshots.store_from_env(bus), self._retriever.kb)
+        await follower.sync()
+        follower.start()
+        return follower
+
     def nodes(self, llm: LLMClient) -> list[Node]:
         """The nodes for a rerun whose LLM client is `llm` (the caller sets `CURRENT_LLM` to
         it): which roles it configures decides how they are made (a local or an LLM
