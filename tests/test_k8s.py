@@ -33,6 +33,7 @@ import yaml
 from kubernetes_validate import utils as kubernetes_validate
 
 from shared import subjects
+from tests.servers import NATS_USERS
 
 REPO = Path(__file__).resolve().parent.parent
 K8S = REPO / "deploy" / "k8s"
@@ -352,7 +353,7 @@ def test_nats_config_is_valid_and_matches_the_replicas(overlay, tmp_path):
     for name, text in data.items():
         (tmp_path / name).write_text(text)
     env = {**os.environ, "POD_NAME": "nats-0"}
-    env.update({f"NATS_{user.upper()}_PASSWORD": "x" for user in (*SERVICES, "gateway", "admin")})
+    env.update({f"NATS_{user.upper()}_PASSWORD": "x" for user in NATS_USERS})
     out = subprocess.run([nats_server_binary(), "-t", "-c", str(tmp_path / "nats.conf")], capture_output=True,
                          text=True, env=env, timeout=30)
     assert out.returncode == 0, out.stderr
