@@ -249,7 +249,7 @@ class ConsumerRunner:
                     if self.node.concerns(event):
                         inputs = await gather(self.node.needs, event, self.bus, self.configs)
                         ctx = Context(bus=self.bus, node=self.durable, cause=event, attempt=attempt,
-                                      input_seq=inputs.state.last_seq)
+                                      input_seq=inputs.state.last_seq, config_version=inputs.config.version)
                         outputs = await self.node.handle(event, inputs, ctx)
                     for out in outputs:
                         await self.bus.publish(out)

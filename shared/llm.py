@@ -11,6 +11,7 @@ metrics (shared/metrics.py).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import time
@@ -69,6 +70,8 @@ class _Chunk(msgspec.Struct):
     choices: list[_Choice] = []
     usage: _Usage | None = None
     error: dict | None = None
+    model: str = ""  # the model that answered, as the provider names it (a dated snapshot of an alias)
+    system_fingerprint: str | None = None  # the provider's backend configuration (OpenAI)
 
 
 class _Message(msgspec.Struct):
@@ -82,6 +85,8 @@ class _WholeChoice(msgspec.Struct):
 class _Completion(msgspec.Struct):
     choices: list[_WholeChoice] = []
     usage: _Usage | None = None
+    model: str = ""
+    system_fingerprint: str | None = None
 
 
 _completion_decoder = msgspec.json.Decoder(_Completion)
@@ -192,11 +197,15 @@ class LLMClient:
                     # The messages travel in `extra_body`: openai's request transform walks
                     # every message's TypedDict and was the responder's largest CPU cost
                     # on long conversations; the JSON sent is the same.
+                    # A stream ends with a chunk of token usage (`include_usage`): without
+                    # it, a streamed call's record would have none.
                     async with ep.client.chat.completions.with_streaming_response.create(
-                        model=ep.model, messages=[], stream=not whole, extra_body={"messages": messages}, **params
+                        model=ep.model, messages=[], stream=not whole, extra_body={"messages": messages},
+                        **({} if whole else {"stream_options": {"include_usage": True}}), **params
                     ) as response:
                         if whole:
                             body = _completion_decoder.decode(await response.read())
+                            _served(rec, body)
                             if body.usage:
                                 rec.usage = {"prompt_tokens": body.usage.prompt_tokens,
                                              "completion_tokens": body.usage.completion_tokens}
@@ -212,6 +221,8 @@ class LLMClient:
                                 continue
                             if chunk is _DONE:
                                 break
+                            if not rec.served_model:
+                                _served(rec, chunk)
                             if chunk.usage:
                                 rec.usage = {
                                     "prompt_tokens": chunk.usage.prompt_tokens,
@@ -261,12 +272,20 @@ class LLMClient:
             return decoder.decode(text)
 
 
+@functools.cache
 def object_schema(cls: type) -> dict:
-    """msgspec's JSON schema of a Struct as the object itself (providers want no top-level $ref)."""
+    """msgspec's JSON schema of a Struct as the object itself (providers want no top-level $ref).
+    Made once per class (building it walks the type's annotations); callers do not change it."""
     schema = msgspec.json.schema(cls)
     if "$ref" in schema:
         schema = {**schema["$defs"][schema["$ref"].rsplit("/", 1)[-1]], "$defs": schema["$defs"]}
     return schema
+
+
+def _served(rec: LLMCall, answer: _Chunk | _Completion) -> None:
+    """What the provider says answered: the model's exact name and its backend's fingerprint,
+    the versions a replay of this call depends on."""
+    rec.served_model, rec.system_fingerprint = answer.model, answer.system_fingerprint or ""
 
 
 def _backoff(base: float, attempt: int) -> float:

@@ -69,13 +69,18 @@ class Context:
     cause: ev.Envelope
     attempt: int
     input_seq: int = 0  # the log position of the state the handler was given, stamped on its outputs
+    config_version: str = ""  # the version of the site config the handler was given, stamped likewise
+    # The time outputs are stamped with: now, or in a replay a fixed one, so a rerun makes the
+    # same log twice. Decisions read no clock.
+    clock: Callable[[], float] = ev.now
     _llm_calls: int = 0
 
     def follow(self, cls: type, key: str | None = None, *, cause_id: str | None = None, **fields):
         """An event caused by the handled event, or by the event `cause_id` names (one output
         per turn whichever of several inputs woke the node: its id derives from the cause)."""
-        event = ev.follow(self.cause, cls, self.node, key, **fields)
+        event = ev.follow(self.cause, cls, self.node, key, ts=self.clock(), **fields)
         event.input_seq = self.input_seq
+        event.config_version = self.config_version
         if cause_id is None:
             return event
         event.causation_id = cause_id

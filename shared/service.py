@@ -98,10 +98,11 @@ class Process:
             await asyncio.sleep(every_s)
 
 
-async def start_ops(process: Process, port: int, host: str) -> OpsServer | None:
+async def start_ops(ready: Callable[[], bool], port: int, host: str) -> OpsServer | None:
+    """The ops port answering /readyz with `ready()`; None when there is none (port 0, or taken)."""
     if port == 0:
         return None
-    server = OpsServer(process.ready)
+    server = OpsServer(ready)
     try:
         await server.start(host, port)
     except OSError as exc:
@@ -119,7 +120,7 @@ async def serve(service: str, make_nodes: NodeFactory, settings: ProcessSettings
     """Run the service until SIGTERM/SIGINT, or until `stop` is set when given (tests);
     `ready` is set once every runner is started."""
     process = process or Process()
-    ops = await start_ops(process, settings.ops_port, settings.ops_host)
+    ops = await start_ops(process.ready, settings.ops_port, settings.ops_host)
     watcher = None
     try:
         bus = process.bus = await connect(settings.bus, name=service)

@@ -60,6 +60,10 @@ def nats_server() -> Iterator[str]:
         yield f"nats://127.0.0.1:{port}"
 
 
+# The users of deploy/nats-server.conf (each reads `$NATS_<USER>_PASSWORD`).
+NATS_USERS = ("gateway", "router", "retriever", "enricher", "responder", "replay", "admin")
+
+
 @contextmanager
 def nats_server_with_config(config: str, env: dict[str, str] | None = None) -> Iterator[str]:
     """The wheel's nats-server with a configuration file's text (authorization, limits),

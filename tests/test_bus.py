@@ -15,10 +15,9 @@ from shared.bus import BusRefused, ConcurrencyConflict, connect, ensure_topology
 from shared.config import BusConfig, ConfigError
 from shared.consumer import ConsumerRunner
 from shared.node import Node
-from tests.servers import ROOT, nats_server_with_config
+from shared.site_config import SiteConfigs
+from tests.servers import NATS_USERS, ROOT, nats_server_with_config
 from tests.helpers import fast, unique, wait_for
-
-SERVICES = ("gateway", "router", "retriever", "enricher", "responder", "admin")
 
 
 def requested(site: str, session: str, turn: int, message: str = "hi", event_id: str | None = None):
@@ -104,7 +103,7 @@ def test_a_filter_names_the_subjects_nats_matches_it_with(filter_subject, subjec
 @pytest.fixture(scope="module")
 def secured_nats():
     """A server started with deploy/nats-server.conf, the documented production config."""
-    passwords = {name: uuid.uuid4().hex for name in SERVICES}
+    passwords = {name: uuid.uuid4().hex for name in NATS_USERS}
     env = {f"NATS_{name.upper()}_PASSWORD": pw for name, pw in passwords.items()}
     with nats_server_with_config((ROOT / "deploy" / "nats-server.conf").read_text(), env) as url:
         yield url, passwords
@@ -162,6 +161,38 @@ async def test_each_service_works_within_its_subjects_and_is_refused_outside(sec
             [ev.TurnRequested, ev.IntentClassified]
     finally:
         for bus in (gateway, router, responder):
+            await bus.close()
+
+
+async def test_the_replay_worker_reads_and_answers_requests_and_writes_nothing(secured_nats, site):
+    """`concierge replay serve` connects as `replay`: it reads the log and the site configs
+    and answers the gateway on replay.request.*; it can neither store an event, nor take
+    a node's messages, nor purge."""
+    gateway, replay = [await as_service(secured_nats, n) for n in ("gateway", "replay")]
+    try:
+        await gateway.publish(requested(site, "s1", 1))
+        assert [type(r.event) for r in await replay.read(subjects.conversation(site, "s1"))] == [ev.TurnRequested]
+        assert await SiteConfigs(replay).find(site) is None  # the bucket is readable (no config for it)
+
+        async def answer(msg):
+            await msg.respond(b'{"ok": true}')
+
+        sub = await replay.nc.subscribe(subjects.replay_request("diff"), queue="replay", cb=answer)
+        await replay.nc.flush()  # the server has the subscription
+        await gateway.nc.flush()  # (without it, one request in some thirty found no responder)
+        try:
+            reply = await gateway.nc.request(subjects.replay_request("diff"), b"{}", timeout=5)
+            assert reply.data == b'{"ok": true}'
+        finally:
+            await sub.unsubscribe()
+        with pytest.raises(nats.errors.TimeoutError):
+            await replay.js.publish(subjects.conv(site, "s1", "route_decided"), b"{}", timeout=0.5)
+        with pytest.raises(nats.errors.TimeoutError):
+            await replay.nc.request(f"$JS.API.CONSUMER.CREATE.{subjects.CONV_STREAM}", b"{}", timeout=0.5)
+        with pytest.raises(nats.errors.TimeoutError):
+            await replay.nc.request(f"$JS.API.STREAM.PURGE.{subjects.CONV_STREAM}", b"", timeout=0.5)
+    finally:
+        for bus in (gateway, replay):
             await bus.close()
 
 

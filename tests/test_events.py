@@ -68,3 +68,18 @@ def test_a_record_of_countless_messages_keeps_a_note_instead_of_them():
     fitted = ev.fit_llm_call(event, 50_000)
     assert len(ev.encode(fitted)) <= 50_000
     assert fitted.call.messages == [{"role": "system", "content": "…[truncated 20000 chars] (20000 messages)"}]
+
+
+def test_events_recorded_before_the_version_fields_still_decode():
+    """Logs are kept for ever: an event stored before a field existed decodes with its default."""
+    route = ev.decode(b'{"type":"route_decided","event_id":"e","site":"a","session_id":"s","turn":1,"ts":1.0,'
+                      b'"causation_id":"c","producer":"intent_router","schema_version":1,"input_seq":4,'
+                      b'"route":"ANSWER","reason":"r"}')
+    assert route.config_version == "" and route.input_seq == 4
+    classified = ev.decode(b'{"type":"intent_classified","event_id":"e","site":"a","session_id":"s","turn":1,'
+                           b'"ts":1.0,"intent":"LEARN","confidence":0.9,"classifier":"local"}')
+    assert (classified.classifier_version, classified.embedding_version) == ("", "")
+    call = ev.decode(b'{"type":"llm_call_recorded","event_id":"e","site":"a","session_id":"s","turn":1,"ts":1.0,'
+                     b'"node":"answer_writer","call":{"role":"answer","model":"m","base_url":"http://x",'
+                     b'"messages":[],"params":{"temperature":0.2},"usage":{}}}')
+    assert (call.call.served_model, call.call.system_fingerprint, call.call.params) == ("", "", {"temperature": 0.2})

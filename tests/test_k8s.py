@@ -32,6 +32,7 @@ import yaml
 from kubernetes_validate import utils as kubernetes_validate
 
 from shared import subjects
+from tests.servers import NATS_USERS
 from tests.variables import every_variable, service_nodes as code_nodes, variables
 
 REPO = Path(__file__).resolve().parent.parent
@@ -226,6 +227,29 @@ def test_the_gateway_serves_the_paths_its_probes_ask_for():
     assert OPS_PATHS <= paths
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_replay_worker_runs_every_node_on_production_prompts_as_its_own_nats_user(overlay):
+    """`concierge replay serve` (the operator UI's reruns): one replica, not autoscaled, as
+    the `replay` NATS user, with every prompt ConfigMap (a rerun must send the prompts
+    production sends) and the knowledge base's directory (a fork's retrieval)."""
+    replay = one(overlay, "Deployment", "replay")
+    (container,) = replay["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["concierge", "replay", "serve"] and replay["spec"]["replicas"] == 1
+    assert env_of(container)["NATS_USER"] == "replay"
+    password = next(e for e in container["env"] if e["name"] == "NATS_PASSWORD")["valueFrom"]["secretKeyRef"]
+    assert password == {"name": "concierge-nats", "key": "replay"}
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    prompts = {f"/app/{d.relative_to(REPO)}" for d in [REPO / "shared" / "prompts", *(REPO / "services").glob("*/prompts")]}
+    assert prompts <= mounts and concierge_env(overlay)["KB_DIR"] in mounts
+    labels = replay["spec"]["template"]["metadata"]["labels"]
+    assert labels["concierge.dev/bus-client"] == "true" and labels["concierge.dev/egress"] == "external"
+    scaled = {o["spec"]["scaleTargetRef"]["name"] for o in render(overlay) if o["kind"] in ("ScaledObject",
+                                                                                            "HorizontalPodAutoscaler")}
+    assert "replay" not in scaled and not [o for o in objects(overlay, "PodDisruptionBudget")
+                                           if o["spec"]["selector"]["matchLabels"].get("app.kubernetes.io/component")
+                                           == "replay"]
+
+
 @pytest.mark.parametrize("overlay", ["production"])
 def test_keda_triggers_name_real_streams_and_durable_consumers(overlay):
     namespace = one(overlay, "Namespace", "concierge")["metadata"]["name"]
@@ -350,7 +374,7 @@ def test_nats_config_is_valid_and_matches_the_replicas(overlay, tmp_path):
     for name, text in data.items():
         (tmp_path / name).write_text(text)
     env = {**os.environ, "POD_NAME": "nats-0"}
-    env.update({f"NATS_{user.upper()}_PASSWORD": "x" for user in (*SERVICES, "gateway", "admin")})
+    env.update({f"NATS_{user.upper()}_PASSWORD": "x" for user in NATS_USERS})
     out = subprocess.run([nats_server_binary(), "-t", "-c", str(tmp_path / "nats.conf")], capture_output=True,
                          text=True, env=env, timeout=30)
     assert out.returncode == 0, out.stderr

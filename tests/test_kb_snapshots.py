@@ -34,7 +34,7 @@ from shared.config import BusConfig, ConfigError
 from shared.embeddings import shared_embedder
 from shared.site_config import SiteConfig
 from tests.helpers import wait_for
-from tests.servers import ROOT, nats_server_with_config
+from tests.servers import NATS_USERS, ROOT, nats_server_with_config
 
 QUESTION = "How much does the Orbit plan cost?"
 
@@ -184,8 +184,9 @@ async def test_history_keeps_the_newest_archives(tmp_path, bus, site):
 
 async def test_with_the_production_permissions_ingestion_publishes_and_the_retriever_only_reads(tmp_path, site):
     """deploy/nats-server.conf: ingestion connects as `admin` (docs/deploy.md); the
-    retriever may create the bucket and read it (a multi-chunk archive), not write it."""
-    passwords = {name: uuid.uuid4().hex for name in ("gateway", "router", "retriever", "enricher", "responder", "admin")}
+    retriever may create the bucket and read it (a multi-chunk archive), not write it; so
+    may the replay worker, which follows the snapshots for a fork's retrieval."""
+    passwords = {name: uuid.uuid4().hex for name in NATS_USERS}
     env = {f"NATS_{name.upper()}_PASSWORD": pw for name, pw in passwords.items()}
     with nats_server_with_config((ROOT / "deploy" / "nats-server.conf").read_text(), env) as url:
         retriever = await connect(BusConfig(url=url, user="retriever", password=passwords["retriever"]), "retriever")
@@ -202,6 +203,15 @@ async def test_with_the_production_permissions_ingestion_publishes_and_the_retri
             assert snapshots.unpack(await reading.fetch(manifest), tmp_path / "copy").version == manifest.version
             with pytest.raises(nats.errors.TimeoutError):
                 await retriever.js.publish(f"$O.{reading.objects._name}.M.x", b"{}", timeout=0.5)
+            replay = await connect(BusConfig(url=url, user="replay", password=passwords["replay"]), "replay")
+            try:
+                replaying = await snapshots.store_from_env(replay)
+                assert (await replaying.current(site)).version == manifest.version
+                assert snapshots.unpack(await replaying.fetch(manifest), tmp_path / "again").version == manifest.version
+                with pytest.raises(nats.errors.TimeoutError):
+                    await replay.js.publish(f"$O.{reading.objects._name}.M.x", b"{}", timeout=0.5)
+            finally:
+                await replay.close()
         finally:
             await retriever.close()
             await admin.close()

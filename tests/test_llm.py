@@ -41,6 +41,10 @@ async def test_stream_yields_tokens_and_records_the_call(llm):
     assert rec.response_text == text and rec.attempts == 1 and rec.error is None
     assert rec.messages == MESSAGES and rec.params == {"temperature": 0.2} and rec.model == "scripted"
     assert rec.ttft_ms is not None and rec.latency_ms >= rec.ttft_ms
+    # The stream asked for its usage, which came in the last chunk; and what answered.
+    assert llm.requests()[-1]["stream_options"] == {"include_usage": True}
+    assert rec.usage == {"prompt_tokens": 10, "completion_tokens": len(parts)}
+    assert (rec.served_model, rec.system_fingerprint) == ("scripted", "fp_scripted")
 
 
 async def test_transient_errors_are_retried(llm):

@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 
 from cli.harness.sse import Conversation
@@ -93,11 +94,45 @@ async def test_unchanged_code_reruns_every_conversation_without_divergence_and_w
     recordings, config, stored = await _recordings(system)
     calls_before = (len(llm.requests()), len(suggestions_llm.requests()), sum(webhook.deliveries().values()))
     result = await reruns.verify(recordings, graph, config)
-    assert result.figures()["divergences"] == [] and result.diverged == 0
+    assert result.figures()["divergences"] == [] and result.diverged == 0 and result.version_changes == []
     assert result.conversations == len(SCRIPTS) and result.turns == sum(len(s) for s in SCRIPTS)
     # No model asked, no webhook sent, nothing written to the log.
     assert (len(llm.requests()), len(suggestions_llm.requests()), sum(webhook.deliveries().values())) == calls_before
     assert (await _recordings(system))[2] == stored
+
+
+async def test_the_log_records_what_a_rerun_depends_on(system, recorded):
+    """The site config's version on every output of a node that read it, the classifier's and
+    the embedding model's versions, and for streamed LLM calls their usage and what answered."""
+    recordings, config, _ = await _recordings(system)
+    events = [r.event for recording in recordings for r in recording.records]
+    assert config.version
+    assert {e.config_version for e in events if isinstance(e, (ev.RouteDecided, ev.SkillsApplied))} == {config.version}
+    assert {e.config_version for e in events if isinstance(e, ev.TurnRequested)} == {""}  # the gateway's
+    classified = [e for e in events if isinstance(e, ev.IntentClassified)]
+    assert classified and all(e.classifier_version and e.embedding_version.startswith("all-MiniLM") for e in classified)
+    retrieved = [e for e in events if isinstance(e, ev.RetrievalCompleted)]
+    assert retrieved and all(e.embedding_version == classified[0].embedding_version for e in retrieved)
+    answers = [e.call for e in events if isinstance(e, ev.LLMCallRecorded) and e.node == "answer_writer"]
+    assert answers and all(c.usage.get("completion_tokens") and c.served_model and c.system_fingerprint
+                           for c in answers)
+
+
+async def test_a_rerun_under_another_site_config_says_so_and_reruns_reproducibly(system, recorded, deployment_env,
+                                                                                 graph):
+    recordings, config, _ = await _recordings(system)
+    first = next(r for r in recordings if r.records[0].event.session_id == recorded[0])
+    edited = await reruns.rerun(first, graph, msgspec.structs.replace(config, version="edited"))
+    assert not edited.diverged  # a note, not a divergence
+    (change,) = edited.version_changes
+    assert (change.what, change.recorded, change.rerun) == ("site config", [config.version], ["edited"])
+    assert {"intent_router", "answer_writer"} <= set(change.nodes) and "retrieval" not in change.nodes  # copied
+
+    def log(result):  # all but the time the local classifier took, which is measured, not decided
+        return [{k: v for k, v in msgspec.to_builtins(e).items() if k != "latency_ms"} for e in result.events]
+
+    once, twice = await reruns.rerun(first, graph, config), await reruns.rerun(first, graph, config)
+    assert once.version_changes == [] and log(once) == log(twice)  # the same ids and timestamps
 
 
 async def test_a_changed_routing_rule_shows_exactly_the_turn_it_changes(
@@ -125,6 +160,9 @@ async def test_one_node_reruns_on_its_recorded_inputs(system, recorded, deployme
     booking = next(r for r in recordings if r.records[0].event.session_id == recorded[2])
     result = await reruns.rerun(booking, graph, config, node="booking_handler")
     assert not result.diverged, (result.node_differences, result.divergences)
+    # The local classifier's measured latency is not a difference either.
+    classified = await reruns.rerun(booking, graph, config, node="intent_classifier")
+    assert not classified.diverged, classified.node_differences
     produced = [e for e in result.events if e.producer == "booking_handler" and isinstance(e, ev.LeadCaptured)]
     assert len(produced) == 1  # decided again from the recorded inputs; the webhook node did not run
 
@@ -151,6 +189,8 @@ def replay_worker(system):
     """`concierge replay serve` beside the system, as `make run` starts it."""
     system.start_replay()
     system.wait_logged_ready("replay", 90, marker=b"replay ready")
+    ops = f"http://127.0.0.1:{system.ops_ports['replay']}"
+    assert httpx.get(f"{ops}/readyz").status_code == 200 and b"concierge" in httpx.get(f"{ops}/metrics").content
     return system
 
 

@@ -6,6 +6,8 @@ state and site config gathered by the runner."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from services.retriever import documents, retrieval
@@ -100,6 +102,8 @@ async def test_the_sites_config_chooses_the_mode(node):
 
 
 class FailingKnowledgeBase:
+    embedder = SimpleNamespace(version="test-embeddings")
+
     def entity_names(self, site):
         return []
 

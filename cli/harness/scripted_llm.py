@@ -5,6 +5,8 @@ The answer is derived from the request, so tests can see what the model was sent
 
     "You said: <last user message>. I have <N> earlier messages of context. ..."
 
+Like OpenAI's, every answer names the model and a `system_fingerprint`, and a stream asked
+for `stream_options.include_usage` ends with a chunk of token usage (no choices).
 A request with a JSON-schema `response_format` (OpenAI's `json_schema`, or llama-cpp-python's
 `json_object` with a `schema`) gets a small object that satisfies it.
 
@@ -29,6 +31,8 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+
+FINGERPRINT = "fp_scripted"
 from starlette.routing import Route
 
 
@@ -98,6 +102,7 @@ def create_app(script: Script) -> Starlette:
         if not body.get("stream"):
             return JSONResponse({
                 "id": completion_id, "object": "chat.completion", "created": int(time.time()), "model": model,
+                "system_fingerprint": FINGERPRINT,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
                 "usage": {"prompt_tokens": 10, "completion_tokens": len(parts), "total_tokens": 10 + len(parts)},
             })
@@ -107,7 +112,8 @@ def create_app(script: Script) -> Starlette:
 
         def chunk(delta: dict, finish: str | None = None) -> bytes:
             payload = {"id": completion_id, "object": "chat.completion.chunk", "created": int(time.time()),
-                       "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+                       "model": model, "system_fingerprint": FINGERPRINT,
+                       "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
             return f"data: {json.dumps(payload)}\n\n".encode()
 
         async def stream():
@@ -122,7 +128,7 @@ def create_app(script: Script) -> Starlette:
             yield chunk({}, "stop")
             if include_usage:
                 usage = {"id": completion_id, "object": "chat.completion.chunk", "created": int(time.time()),
-                         "model": model, "choices": [],
+                         "model": model, "system_fingerprint": FINGERPRINT, "choices": [],
                          "usage": {"prompt_tokens": 10, "completion_tokens": len(parts), "total_tokens": 10 + len(parts)}}
                 yield f"data: {json.dumps(usage)}\n\n".encode()
             yield b"data: [DONE]\n\n"

@@ -168,8 +168,11 @@ class System:
         return self.spawn(name, [sys.executable, "-m", f"services.{service}"], env)
 
     def start_replay(self) -> subprocess.Popen:
-        """`concierge replay serve`: the operator UI's reruns (it logs 'replay ready')."""
-        return self.spawn("replay", [sys.executable, "-m", "cli", "replay", "serve"])
+        """`concierge replay serve`: the operator UI's reruns (it logs 'replay ready'), with an
+        ops port of its own."""
+        self.ops_ports["replay"] = free_port()
+        return self.spawn("replay", [sys.executable, "-m", "cli", "replay", "serve"],
+                          {"OPS_PORT": str(self.ops_ports["replay"])})
 
     def ingest(self, site: str, source: Path = DEMO_KB, check: bool = True) -> subprocess.CompletedProcess:
         """`concierge ingest` into this system's knowledge base (before the retriever opens it)."""

@@ -141,21 +141,18 @@ async def critical_paths(nats_url: str, site: str, results: list[dict]) -> dict[
     return critical_path.summarize(turns)
 
 
-async def verify(nats_url: str, site: str, env: dict[str, str]) -> dict:
-    """`concierge replay verify --site SITE` over the bench's conversations, in this process
-    with the services' LLM settings (the calls are answered from the recording)."""
-    from cli.replay import rerun
-    from cli.replay.graph import Graph
-    from shared.site_config import SiteConfigs
-
-    os.environ.update(env)
-    bus = await connect(BusConfig(url=nats_url), name="bench-verify")
-    try:
-        recordings = await rerun.read_site(bus, site)
-        config = await SiteConfigs(bus).get(site)
-    finally:
-        await bus.close()
-    return (await rerun.verify(recordings, Graph(), config)).figures(limit=10)
+def verify(nats_url: str, site: str, env: dict[str, str]) -> dict:
+    """`concierge replay verify --site SITE` over the bench's conversations, run as an operator
+    runs it: its own process, with the services' LLM settings (`env`; the calls are answered
+    from the recording). Its last line, the figures."""
+    done = subprocess.run([sys.executable, "-m", "cli", "replay", "verify", "--site", site, "--nats-url", nats_url],
+                          cwd=ROOT, env={**os.environ, **env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode not in (0, 1) or not lines:  # 1: something diverged, reported in the figures
+        raise RuntimeError(f"replay verify failed ({done.returncode}): {done.stderr[-2000:]}")
+    figures = json.loads(lines[-1])
+    figures["divergences"] = figures["divergences"][:10]
+    return figures
 
 
 def process_cpu_s(system) -> dict[str, float]:
@@ -257,8 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                   + ", ".join(f"{name} {seconds}" for name, seconds in cpu_s.items()), flush=True)
             paths = asyncio.run(critical_paths(system.nats_url, site, results))
             rate, replayed = asyncio.run(replay_rate(system.nats_url, site, sessions, args.replay_rounds))
-            verified = asyncio.run(verify(system.nats_url, site, {**llm_env, "SITES_DIR": str(sites)})) \
-                if args.verify else None
+            verified = verify(system.nats_url, site, {**llm_env, "SITES_DIR": str(sites)}) if args.verify else None
         finally:
             system.stop()
             llm.terminate()
@@ -313,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"replay: {replayed} events read and folded at {figures['replay_events_per_s']} events/s")
     if verified is not None:
         print(f"replay verify: {verified['conversations']} conversations, {verified['turns']} turns, "
-              f"{verified['diverged']} diverged, {verified['conversations_per_s']} conversations/s")
+              f"{verified['diverged']} diverged, {verified['conversations_per_s']} conversations/s, "
+              f"{verified['cpu_ms_per_conversation']} ms CPU a conversation")
     print(json.dumps(figures))
     return 0 if figures["failed"] == 0 and not (verified or {}).get("diverged") else 1

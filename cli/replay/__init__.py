@@ -123,7 +123,7 @@ async def site_config(bus, site: str, sites_dir: Path | None) -> SiteConfig:
 
 async def run(args, bus_config: BusConfig) -> int:
     from cli.replay import rerun as reruns
-    from cli.replay.diff import describe, outcomes
+    from cli.replay.diff import describe, describe_versions, outcomes
     from cli.replay.timeline import replay, state_summary
 
     if args.command == "timeline":
@@ -155,6 +155,9 @@ async def run(args, bus_config: BusConfig) -> int:
         for item in result.divergences[:20]:
             print(f"  {item['session_id']} turn {item['turn']}: {item.get('field') or item.get('node')} "
                   f"{item.get('divergence', '')}".rstrip())
+        for change in result.version_changes:
+            print(f"note: {change['conversations']} conversations rerun under another {change['what']}: "
+                  f"{', '.join(change['rerun'])} (recorded: {', '.join(change['recorded'])}); not a divergence")
         print(f"{result.conversations} conversations, {result.turns} turns: {result.diverged} diverged "
               f"({result.seconds:.1f} s)")
         print(json.dumps(result.figures()))
@@ -187,6 +190,7 @@ async def run(args, bus_config: BusConfig) -> int:
         print(json.dumps({"session_id": result.session_id, "turns": result.turns, "diverged": result.diverged,
                           "differences": [d.to_builtins() for d in result.differences],
                           "node_differences": result.node_differences, "divergences": result.divergences,
+                          "version_changes": [c.to_builtins() for c in result.version_changes],
                           **({"events": [msgspec.to_builtins(e) for e in result.events]}
                              if args.command == "rerun" else {})}, default=str))
         return 1 if result.diverged else 0
@@ -196,6 +200,8 @@ async def run(args, bus_config: BusConfig) -> int:
             print(f"  answer: {o.answer!r}")
             print(f"  suggestions: {o.suggestions}")
     print(describe(result.differences))
+    if result.version_changes:
+        print(describe_versions(result.version_changes))
     for item in result.node_differences:
         print(f"turn {item['turn']} {item['node']}:\n  - original: {item['original']}\n  + rerun:    {item['rerun']}")
     for item in result.divergences:

@@ -5,6 +5,11 @@ answer's text, the suggestions, the `TurnCompleted` metadata, and which events i
 (a count per type: nodes run concurrently, so the order of a turn's events is not part of
 its outcome). LLM call records and the ids, clocks and attempts of events are left out: a
 rerun makes its own.
+
+Beside the differences, what each run's nodes decided under (`version_changes`): the site
+config's version, the intent model's and the embedding model's, as the events record them.
+A rerun under another config or model is not a divergence (it is often the point), but a
+reader of the diff needs to know.
 """
 
 from __future__ import annotations
@@ -84,6 +89,59 @@ def diff(original: list[ev.Envelope], rerun: list[ev.Envelope]) -> list[Differen
             if getattr(a, name) != getattr(b, name):
                 out.append(Difference(turn, name, getattr(a, name), getattr(b, name)))
     return out
+
+
+VERSIONED = ("site config", "intent model", "embedding model")
+
+
+def versions(events: list[ev.Envelope]) -> dict[tuple[str, str], set[str]]:
+    """Per (what, node): the versions the node's outputs record (old logs record none)."""
+    out: dict[tuple[str, str], set[str]] = {}
+
+    def add(what: str, event: ev.Envelope, version: str) -> None:
+        if version:
+            out.setdefault((what, event.producer), set()).add(version)
+
+    for event in events:
+        add("site config", event, event.config_version)
+        match event:
+            case ev.IntentClassified():
+                add("intent model", event, event.classifier_version)
+                add("embedding model", event, event.embedding_version)
+            case ev.RetrievalCompleted() | ev.ResponseCompleted():
+                add("embedding model", event, event.embedding_version)
+    return out
+
+
+@dataclass
+class VersionChange:
+    what: str  # site config | intent model | embedding model
+    recorded: list[str]
+    rerun: list[str]
+    nodes: list[str]  # the nodes whose outputs say so
+
+    def to_builtins(self) -> dict:
+        return {"what": self.what, "recorded": self.recorded, "rerun": self.rerun, "nodes": self.nodes}
+
+
+def version_changes(original: list[ev.Envelope], rerun: list[ev.Envelope]) -> list[VersionChange]:
+    """What the rerun's nodes decided under that differs from what the original's did,
+    node by node (a node copied from the recording keeps its versions), one entry per
+    change; nothing where the original recorded no version."""
+    before, after = versions(original), versions(rerun)
+    changes: dict[tuple[str, tuple, tuple], list[str]] = {}
+    for (what, node), was in before.items():
+        now = after.get((what, node))
+        if now and now != was:
+            changes.setdefault((what, tuple(sorted(was)), tuple(sorted(now))), []).append(node)
+    return [VersionChange(what, list(was), list(now), sorted(nodes))
+            for (what, was, now), nodes in sorted(changes.items(), key=lambda item: VERSIONED.index(item[0][0]))]
+
+
+def describe_versions(changes: list[VersionChange]) -> str:
+    return "\n".join(f"note: the rerun ran under another {c.what}: {', '.join(c.rerun)} "
+                     f"(recorded: {', '.join(c.recorded)}; {', '.join(c.nodes)}); not a divergence"
+                     for c in changes)
 
 
 def describe(differences: list[Difference], width: int = 160) -> str:

@@ -1,6 +1,8 @@
 """Every node of the five services, made for reruns: the router's trained intent model loaded
-once, and for each conversation the nodes over that conversation's LLM client (its recorded
-calls, or a live client).
+once, and the nodes made once per set of configured LLM roles, over a client that hands each
+call to the LLM client of the rerun in progress (`CURRENT_LLM`: that conversation's recorded
+calls, or a live client). Making the nodes is most of what a rerun would cost otherwise
+(language models, rule files, HTTP clients), and production makes them once per process too.
 
 Three nodes are `RECORDED`: they read or change the world outside the conversation
 (enrichment: company lookups and Redis; retrieval: a knowledge base that ingestion changes;
@@ -14,7 +16,9 @@ settings are read from this process's environment once, when the graph is made.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
+from typing import Any
 
 from services.enricher.main import enricher_nodes
 from services.enricher.settings import EnricherSettings
@@ -25,10 +29,21 @@ from services.router.main import router_nodes
 from services.router.classifiers import IntentClassifier
 from services.router.runtime import RouterParts
 from services.router.settings import RouterSettings
+from shared import language
+from shared.config import LLM_ROLES
 from shared.llm import LLMClient
 from shared.node import Node
 
 RECORDED = frozenset({"enrichment", "retrieval", "lead_notifier"})
+# The LLM client of the rerun in progress (each rerun sets its own; reruns in other tasks keep theirs).
+CURRENT_LLM: contextvars.ContextVar[LLMClient] = contextvars.ContextVar("replay_llm")
+
+
+class _CurrentLLM:
+    """What the nodes are made with: every attribute is the current rerun's client's."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(CURRENT_LLM.get(), name)
 
 
 class Graph:
@@ -36,21 +51,47 @@ class Graph:
         self._router, self._enricher = RouterSettings.from_env(), EnricherSettings.from_env()
         self._responder = ResponderSettings.from_env()
         self._parts = RouterParts.build(None, self._router)
-        self._retriever = _retriever() if (live_retrieval or retrieval_for_new) else None
+        language.load()  # as the services load it at start: the answer's nodes guess languages with it
+        self._retriever, self._snapshots = _retriever() if (live_retrieval or retrieval_for_new) else (None, None)
         self.recorded = RECORDED - ({"retrieval"} if live_retrieval else set())
         self.live_for_new = frozenset({"retrieval"}) if self._retriever is not None else frozenset()
+        self._made: dict[tuple, list[Node]] = {}
+
+    async def follow_kb_snapshots(self, bus):
+        """With the vectors on a Qdrant server (`KB_SNAPSHOTS=bus`), the rest of the knowledge
+        base comes from the snapshots ingestion publishes, as for the retriever service: loaded
+        now, then kept up to date. None when there is nothing to follow."""
+        from services.retriever import snapshots
+
+        if self._retriever is None or not self._snapshots.enabled:
+            return None
+        store = await snapshots.open_store(bus, self._snapshots.history)
+        follower = snapshots.Follower(store, self._retriever.kb, self._snapshots.poll_s)
+        await follower.sync()
+        follower.start()
+        return follower
 
     def nodes(self, llm: LLMClient) -> list[Node]:
-        classifier_llm = llm if llm.configured("classifier") else None
+        """The nodes for a rerun whose LLM client is `llm` (the caller sets `CURRENT_LLM` to
+        it): which roles it configures decides how they are made (a local or an LLM
+        classifier, a template or a model reply), so nodes are kept per set of roles."""
+        key = frozenset(role for role in LLM_ROLES if llm.configured(role))
+        if key not in self._made:
+            self._made[key] = self._make(llm)
+        return self._made[key]
+
+    def _make(self, llm: LLMClient) -> list[Node]:
+        current: Any = _CurrentLLM()
+        classifier_llm = current if llm.configured("classifier") else None
         classifier = IntentClassifier.configured(self._parts.classifier.model, classifier_llm, self._router)
         parts = dataclasses.replace(self._parts, llm=classifier_llm, classifier=classifier)
-        profiler_llm = llm if self._enricher.profiler_backend == "llm" and llm.configured("profiler") else None
+        profiler_llm = current if self._enricher.profiler_backend == "llm" and llm.configured("profiler") else None
         return [*router_nodes(parts), *enricher_nodes(None, profiler_llm, self._enricher),
-                *retriever_nodes(self._retriever), *responder_nodes(llm, None, self._responder)]
+                *retriever_nodes(self._retriever), *responder_nodes(current, None, self._responder)]
 
 
 def _retriever():
-    """The retriever as its service makes it, on this machine's knowledge base."""
+    """The retriever as its service makes it, on this machine's knowledge base, and its snapshot settings."""
     import shutil
     import tempfile
     from pathlib import Path
@@ -58,14 +99,12 @@ def _retriever():
     from services.retriever import search
     from services.retriever.knowledge import KnowledgeBase
     from services.retriever.settings import RetrieverSettings
-    from shared import language
     from shared.embeddings import shared_embedder
 
     settings = RetrieverSettings.from_env()
-    language.load()
     kb = KnowledgeBase.configured(settings.knowledge_base, shared_embedder(settings.embeddings))
     if not settings.knowledge_base.qdrant_url and kb.root.exists():
         copy = Path(tempfile.mkdtemp(prefix="concierge-replay-kb-")) / "kb"
         shutil.copytree(kb.root, copy, ignore=shutil.ignore_patterns(".lock"))
         kb.root = copy
-    return search.configured(kb.open(), settings)
+    return search.configured(kb.open(), settings), settings.snapshots

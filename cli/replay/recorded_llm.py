@@ -5,7 +5,8 @@ A rerun hands nodes this instead of the real client: every call is matched to a 
 a structured call) is the same, each recording used once, in order. A call with no such
 recording is a divergence, raised as an `LLMError` (the node fails or falls back as it would
 with a failing provider) and listed in `missing`, never sent to a provider. A role counts as
-configured when the conversation recorded calls for it, so a node takes the path it took.
+configured when the conversation recorded calls for it or the deployment configures it, so
+a node takes the path it took (and would take in production).
 """
 
 from __future__ import annotations
@@ -32,12 +33,11 @@ def request_key(role: str, messages: list[dict[str, Any]], params: dict[str, Any
 
 
 class RecordedLLM(LLMClient):
-    def __init__(self, calls: list[ev.LLMCall], live_roles: tuple[str, ...] = ()):
-        roles = {call.role for call in calls} | set(live_roles)
-        # This process's role settings (history budget, JSON mode) shape the prompts, as in
-        # the deployment whose conversations are replayed; only the endpoint is replaced.
-        super().__init__({role: msgspec.structs.replace(LLMRoleConfig.from_env(role), base_url="recorded://")
-                          for role in roles})
+    def __init__(self, calls: list[ev.LLMCall], settings: dict[str, LLMRoleConfig]):
+        """`settings`: the deployment's role settings (history budget, JSON mode), which shape
+        the prompts as they did there; only the endpoint is replaced."""
+        roles = {call.role for call in calls} | {role for role, config in settings.items() if config.base_url}
+        super().__init__({role: msgspec.structs.replace(settings[role], base_url="recorded://") for role in roles})
         self._recorded: dict[str, list[ev.LLMCall]] = defaultdict(list)
         for call in calls:
             self._recorded[request_key(call.role, call.messages, call.params)].append(call)
@@ -56,7 +56,8 @@ class RecordedLLM(LLMClient):
         self.used += 1
         await record(ev.LLMCall(role=role, model=call.model, base_url=call.base_url, messages=messages, params=params,
                                 response_text=call.response_text, usage=dict(call.usage), attempts=call.attempts,
-                                error=call.error, fallback_used=call.fallback_used))
+                                error=call.error, fallback_used=call.fallback_used, served_model=call.served_model,
+                                system_fingerprint=call.system_fingerprint))
         if call.error and not call.response_text:
             raise LLMError(f"recorded failure: {call.error}")
         if _whole:

@@ -245,7 +245,9 @@ class Sandbox:
         state = self._state(call) if (needs.state or needs.waits) else ConversationState()
         seen = set(state.turns[event.turn].seen) if event.turn in state.turns else set()
         late = tuple(kind for wait in needs.waits for kind in wait.kinds if kind not in seen)
-        ctx = Context(bus=self.bus, node=node.name, cause=event, attempt=1, input_seq=state.last_seq)
+        # Outputs are stamped with their cause's time: a rerun's log is the same every time.
+        ctx = Context(bus=self.bus, node=node.name, cause=event, attempt=1, input_seq=state.last_seq,
+                      config_version=self.config.version if needs.config else "", clock=lambda: event.ts)
         CURRENT_CALL.set((node.name, event.turn))
         try:
             return list(await node.handle(event, Inputs(state=state, config=self.config, late=late), ctx))
@@ -253,8 +255,8 @@ class Sandbox:
             reason = f"{type(exc).__name__}: {exc}"
             self.divergences.append({"turn": event.turn, "node": node.name,
                                      "divergence": f"failed on {ev.event_type(event)}: {reason}"})
-            return [ev.follow(event, ev.TurnFailed, node.name, key="failed", node=node.name, reason=reason[:2000],
-                              attempts=1, failed_event_id=event.event_id)]
+            return [ev.follow(event, ev.TurnFailed, node.name, key="failed", ts=event.ts, node=node.name,
+                              reason=reason[:2000], attempts=1, failed_event_id=event.event_id)]
 
 
 def _record(seq: int, event: ev.Envelope) -> Record:

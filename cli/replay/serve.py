@@ -6,6 +6,14 @@ this process answers with JSON. It reads the log and never writes to it, like ev
 A request: `{"site", "session_id", ...}` (`turn`, `node`, `llm`; fork: `at`, `message`,
 `instructions` to use in place of the site's; verify: `since_s`, `limit`). A reply:
 `{"ok": true, ...}` or `{"ok": false, "error": "..."}`.
+
+Like the services it has an ops port (`OPS_PORT`: `/healthz` from the start, `/readyz` once
+the models are loaded and it listens on the bus, `/metrics`), follows the knowledge base's
+published snapshots when the vectors are on a Qdrant server (`KB_SNAPSHOTS=bus`: a fork's
+new message is searched as the retriever would), and on SIGTERM stops taking requests and
+gives the one under way `CONSUMER_DRAIN_TIMEOUT_S` to finish. It reads the log, the site
+configs and the snapshots, and answers requests: its NATS user (`replay`,
+deploy/nats-server.conf) may do nothing else.
 """
 
 from __future__ import annotations
@@ -24,7 +32,8 @@ from cli.replay.diff import outcomes
 from cli.replay.graph import Graph
 from shared import logs, subjects
 from shared.bus import Bus, connect
-from shared.config import BusConfig
+from shared.config import BusConfig, env_float, env_int, env_str
+from shared.service import start_ops
 from shared.site_config import SiteConfigs
 
 log = logging.getLogger(__name__)
@@ -57,35 +66,64 @@ async def answer(bus: Bus, graph: Graph, op: str, request: dict) -> dict:
     return {"session_id": result.session_id, "turns": result.turns, "diverged": result.diverged,
             "differences": [d.to_builtins() for d in result.differences],
             "node_differences": result.node_differences, "divergences": result.divergences,
+            "version_changes": [c.to_builtins() for c in result.version_changes],
             "outcomes": {t: _outcome(o) for t, o in outcomes(result.events).items()}}
 
 
 async def serve(bus_config: BusConfig, stop: asyncio.Event) -> None:
-    # A fork's new message is searched in the knowledge base (a copy, or the Qdrant server).
-    graph = await asyncio.to_thread(Graph, False, True)
-    bus = await connect(bus_config, name="replay")
+    listening = asyncio.Event()  # set while requests reach this process
+    bus: Bus | None = None
+
+    def ready() -> bool:
+        return listening.is_set() and bus is not None and bus.nc.is_connected
+
+    ops = await start_ops(ready, env_int("OPS_PORT", 9000), env_str("OPS_HOST", "0.0.0.0"))
+    try:
+        # A fork's new message is searched in the knowledge base (a copy, or the Qdrant server).
+        graph = await asyncio.to_thread(Graph, False, True)
+        bus = await connect(bus_config, name="replay")
+        follower = await graph.follow_kb_snapshots(bus)
+        try:
+            await _answer_until(stop, bus, graph, listening)
+        finally:
+            if follower is not None:
+                await follower.stop()
+            await bus.close()
+    finally:
+        if ops is not None:
+            await ops.stop()
+
+
+async def _answer_until(stop: asyncio.Event, bus: Bus, graph: Graph, listening: asyncio.Event) -> None:
     lock = asyncio.Lock()  # one rerun at a time: they share the models and the CPU
 
     async def on_request(msg) -> None:
         op = msg.subject.rsplit(".", 1)[-1]
-        try:
-            request = json.loads(msg.data)
-            async with lock:
-                reply = {"ok": True, **await answer(bus, graph, op, request)}
-        except Exception as exc:  # noqa: BLE001 - the operator sees the reason; this process goes on
-            log.warning("replay request failed", extra={"op": op, "error": repr(exc)})
-            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-        await msg.respond(json.dumps(reply, default=str).encode())
+        async with lock:  # held until answered: a stop waits for the reply to be sent
+            try:
+                reply = {"ok": True, **await answer(bus, graph, op, json.loads(msg.data))}
+            except Exception as exc:  # noqa: BLE001 - the operator sees the reason; this process goes on
+                log.warning("replay request failed", extra={"op": op, "error": repr(exc)})
+                reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            await msg.respond(json.dumps(reply, default=str).encode())
 
     subs = [await bus.nc.subscribe(subjects.replay_request(op), queue="replay", cb=on_request)
             for op in subjects.REPLAY_OPS]
+    await bus.nc.flush()  # the server has the subscriptions: requests reach this process from now
+    listening.set()
     log.info("replay ready", extra={"ops": list(subjects.REPLAY_OPS)})
     try:
         await stop.wait()
     finally:
-        for sub in subs:
+        listening.clear()
+        for sub in subs:  # no new requests: another replica (or none, 503) answers them
             await sub.unsubscribe()
-        await bus.close()
+    log.info("stopping")
+    drain_s = env_float("CONSUMER_DRAIN_TIMEOUT_S", 30.0)
+    try:
+        await asyncio.wait_for(lock.acquire(), drain_s)  # the request under way, if any, answered (kept: none follows)
+    except asyncio.TimeoutError:
+        log.warning("a replay request was still running at the drain timeout", extra={"seconds": drain_s})
 
 
 def main(argv: list[str] | None = None) -> int:

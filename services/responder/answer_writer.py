@@ -130,7 +130,7 @@ async def extractive_answer(ctx: Context, embedder: Embedder, settings: AnswerSe
     await publish_sources(ctx, documents)
     completed = await stream_text(ctx, NAME, text)
     return msgspec.structs.replace(completed, backend="extractive", late_inputs=late,
-                                   sources=[d.n for d in documents])
+                                   sources=[d.n for d in documents], embedding_version=embedder.version)
 
 
 def audited(completed: ev.ResponseCompleted, state: ConversationState, documents: list[ev.RetrievedDocument],

@@ -33,7 +33,7 @@ def make_node(retriever: Retriever) -> Node:
         mode = retriever.base.for_site(inputs.config).mode
 
         def done(**fields) -> ev.RetrievalCompleted:
-            return ctx.follow(ev.RetrievalCompleted, mode=mode,
+            return ctx.follow(ev.RetrievalCompleted, mode=mode, embedding_version=retriever.kb.embedder.version,
                               latency_ms=round((time.perf_counter() - started) * 1000, 2), **fields)
 
         if not event.message.strip():

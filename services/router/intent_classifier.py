@@ -18,7 +18,10 @@ def make_node(parts: RouterParts) -> Node:
         result = await parts.classifier.classify(event.site, inputs.config, event.message, earlier, ctx.record_llm)
         return [ctx.follow(ev.IntentClassified, intent=result.intent, confidence=result.confidence,
                            classifier=result.classifier, scores=result.scores, latency_ms=result.latency_ms,
-                           note=result.note, markers=result.markers, runner_up=result.runner_up)]
+                           note=result.note, markers=result.markers, runner_up=result.runner_up, **versions)]
+
+    model = parts.classifier.model
+    versions = {"classifier_version": model.version, "embedding_version": model.embedder.version} if model else {}
 
     # The state only when an LLM will read the history: the local model needs the message alone.
     needs = Needs(state=parts.classifier.llm is not None, config=True)

@@ -59,8 +59,11 @@ class LocalIntentModel:
     is sure (`fast_probabilities` ≥ the fast-path threshold) its answer stands, otherwise
     the sentence embedding is computed and the full classifier decides."""
 
-    def __init__(self, embedder: Embedder, vectorizer, classifier, fast_classifier):
+    def __init__(self, embedder: Embedder, vectorizer, classifier, fast_classifier, version: str = ""):
         self.embedder = embedder
+        # The training data's hash with MODEL_VERSION and the embedding model: what the
+        # classifications record (`IntentClassified.classifier_version`). Empty: trained ad hoc.
+        self.version = version
         self.vectorizer = vectorizer
         self.classifier = classifier
         self.fast_classifier = fast_classifier
@@ -78,10 +81,11 @@ class LocalIntentModel:
             try:
                 with open(cached, "rb") as f:
                     vectorizer, classifier, fast_classifier = pickle.load(f)
-                return cls(embedder, vectorizer, classifier, fast_classifier)
+                return cls(embedder, vectorizer, classifier, fast_classifier, version=digest)
             except Exception:  # noqa: BLE001 - a stale or broken cache: retrain
                 log.warning("intent model cache unreadable; retraining", extra={"path": str(cached)})
         model = cls.train(embedder, read_jsonl(train))
+        model.version = digest
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_suffix(".tmp")
         with open(tmp, "wb") as f:
