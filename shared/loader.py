@@ -118,9 +118,9 @@ async def load(bus: Bus, site: str, session_id: str, use_snapshot: bool = True) 
     start, revision = cached, None
     if start is None and use_snapshot:
         start, revision = await read_snapshot(bus, site, session_id)
-    after = start.last_seq if start else 0
+    after, folded_turn = (start.last_seq, start.turn) if start else (0, 0)
     tail = await bus.read(subjects.conversation(site, session_id), after_seq=after)
-    if start is not None and any(isinstance(r.event, ev.TurnRequested) and r.event.turn <= start.turn for r in tail):
+    if start is not None and any(isinstance(r.event, ev.TurnRequested) and r.event.turn <= folded_turn for r in tail):
         # Turns we have already folded, appended again: the log was rewritten (a visitor's
         # erasure). Fold it from the beginning.
         _cache.drop(site, session_id)
@@ -148,7 +148,10 @@ async def load(bus: Bus, site: str, session_id: str, use_snapshot: bool = True) 
 
 
 def fold_into(state: ConversationState, records: list) -> ConversationState:
-    """Apply `records` to `state` itself (the cache's own state)."""
+    """Apply `records` to `state` itself (the cache's own state), skipping those it holds
+    already: two loads of one conversation read their tails concurrently, and the later
+    one to fold finds the cached state brought forward by the other."""
     for record in records:
-        apply(state, record)
+        if record.seq > state.last_seq:
+            apply(state, record)
     return state

@@ -205,7 +205,7 @@ async def test_with_the_production_permissions_ingestion_publishes_and_the_retri
                 await retriever.js.publish(f"$O.{reading.objects._name}.M.x", b"{}", timeout=0.5)
             replay = await connect(BusConfig(url=url, user="replay", password=passwords["replay"]), "replay")
             try:
-                replaying = await snapshots.store_from_env(replay)
+                replaying = await snapshots.open_store(replay)
                 assert (await replaying.current(site)).version == manifest.version
                 assert snapshots.unpack(await replaying.fetch(manifest), tmp_path / "again").version == manifest.version
                 with pytest.raises(nats.errors.TimeoutError):

@@ -11,8 +11,8 @@ from shared.config import BusConfig
 from shared.state import fold
 
 
-async def publish_turns(bus, site, session, turns):
-    for t in range(1, turns + 1):
+async def publish_turns(bus, site, session, turns, first=1):
+    for t in range(first, first + turns):
         req = ev.TurnRequested(event_id=ev.new_id(), site=site, session_id=session, turn=t, ts=ev.now(),
                                producer="test", message=f"q{t}")
         await bus.publish(req)
@@ -86,3 +86,27 @@ async def test_events_whose_envelope_disagrees_with_their_subject_are_not_folded
     assert state.turn == 1 and [m.content for m in state.messages] == ["q1", "a1"]
     assert state.site == site and state.session_id == "m1"
     assert await bus.last(subjects.conv(site, "m1", "turn_requested")) is None  # the newest one is the crafted one
+
+
+async def test_concurrent_loads_fold_each_event_once_and_hand_out_copies(bus, site):
+    """The fold cache's state is brought forward in place: loads of one conversation whose
+    tail reads overlap must not apply an event twice, and what they return is the caller's."""
+    import asyncio
+
+    await publish_turns(bus, site, "c", 1)
+    request = ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="c", turn=2, ts=ev.now(),
+                               producer="test", message="q2")
+    await bus.publish(request)
+    await loader.load(bus, site, "c")  # cached with turn 2 requested
+    # A tail with no TurnRequested in it.
+    await bus.publish(ev.follow(request, ev.IntentClassified, "router", intent="product_question", confidence=0.9,
+                                classifier="local"))
+    await bus.publish(ev.follow(request, ev.SkillsSelected, "router"))
+    await bus.publish(ev.follow(request, ev.ResponseCompleted, "answer_writer", node="answer_writer", text="a2",
+                                token_count=1))
+    loads = await asyncio.gather(*(loader.load(bus, site, "c") for _ in range(4)))
+    full = fold(await bus.read(subjects.conversation(site, "c")))
+    assert all(state == full for state in loads)
+    assert loads[0].event_count == full.event_count == 8
+    loads[0].messages.clear()  # the caller's own copy: the next load is whole
+    assert await loader.load(bus, site, "c") == full
