@@ -91,6 +91,8 @@ async def open_loop(rate: float, seconds: float, arrive: Callable[[int, float], 
         await asyncio.wait_for(recorder.done.wait(), ANSWER_WAIT_S)
     except asyncio.TimeoutError:
         pass
+    if tasks:  # answered, and finishing (an HTTP stream closing, its outcome counted)
+        await asyncio.wait(tasks, timeout=2.0)
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -133,7 +135,8 @@ async def drive(nats_url: str, rate: float, seconds: float, turn: Callable[[int]
     async def on_token(msg):
         event = ev.decode(msg.data)
         key = (event.session_id, event.turn)
-        if key in due_of and key not in tokened:
+        # The sources go out on the token subject ahead of the first token: not a token.
+        if isinstance(event, ev.TokenChunk) and key in due_of and key not in tokened:
             tokened.add(key)
             recorder.mark(FIRST_TOKEN, due_of[key])
 

@@ -1,19 +1,22 @@
 """The rate sweep every load test runs: one service process under rising fixed rates, the
 figures of each rate, and the highest rate it sustains.
 
-A rate is **sustainable** when the service answered at ≥ 95 % of it (`MIN_ACHIEVED`) with
-the p99 latency within the service's objective (`--objective-ms`). The sweep climbs the
+A rate is **sustainable** when the service answered every arrival, at ≥ 95 % of the rate
+(`MIN_ACHIEVED`), with the p99 latency within the service's objective (`--objective-ms`). The sweep climbs the
 rates in order and stops at the first one that is not sustainable (higher ones would only
 queue); `--refine N` then tries N rates halfway between the last sustained and the first
 failed. Per rate: the achieved rate, p50/p95/p99 of the service's latency, CPU
 milliseconds per answered event (the service process's own CPU time over the window,
-backlog included: stable on a shared machine) and its peak RSS during that rate.
+backlog included: stable on a shared machine) and its peak RSS during that rate; beside
+them the load generator's own CPU ms per event and the machine's 1-minute load average
+at the end of the rate, to judge what else was competing for the cores.
 
 Each load test's last line is `report(...)` as one JSON object:
 
     {"service": ..., "objective_p99_ms": ..., "latency": what is timed, "seconds": ...,
      "rates": [{"rate", "achieved", "sent", "answered", "p50_ms", "p95_ms", "p99_ms",
-                "cpu_ms_per_event", "rss_mb", "sustainable", ...}, ...],
+                "cpu_ms_per_event", "rss_mb", "sustainable", "generator_cpu_ms_per_event",
+                "load_1m", ...}, ...],
      "max_sustainable_rate": highest sustained rate or null, ...}
 """
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from typing import Callable
 
@@ -81,10 +85,15 @@ def measured(pid: int, rate: float, run: Callable[[float], driver.Run], objectiv
     if not process_usage.wait_quiet(pid, QUIET_WAIT_S):
         print(f"  (pid {pid} still busy after {QUIET_WAIT_S:g} s; measuring anyway)", flush=True)
     process_usage.reset_peak_rss(pid)
-    before = process_usage.cpu_s(pid)
+    before, generator_before = process_usage.cpu_s(pid), process_usage.cpu_s(os.getpid())
     result = run(rate)
     figures = point(result, process_usage.cpu_s(pid) - before, process_usage.peak_rss_mb(pid), objective_ms,
                     **point_args)
+    # The load generator shares the machine: when it costs more per event than the service,
+    # a rate it could not sustain may be the generator's limit, not the service's.
+    generator_s = process_usage.cpu_s(os.getpid()) - generator_before
+    figures["generator_cpu_ms_per_event"] = round(generator_s * 1000 / result.answered, 2) if result.answered else None
+    figures["load_1m"] = round(os.getloadavg()[0], 2)
     print(f"  {rate:g}/s: achieved {figures['achieved']}/s, p50 {figures['p50_ms']} ms, p95 {figures['p95_ms']} ms, "
           f"p99 {figures['p99_ms']} ms, {figures['cpu_ms_per_event']} CPU ms/event, {figures['rss_mb']} MiB"
           f"{'' if figures['sustainable'] else '  (not sustained)'}", flush=True)
@@ -128,7 +137,7 @@ def max_sustainable(points: list[dict]) -> float | None:
 def report(service: str, args: argparse.Namespace, latency: str, points: list[dict], **extra) -> dict:
     return {"service": service, "objective_p99_ms": args.objective_ms, "latency": latency, "seconds": args.seconds,
             "rates": points, "max_sustainable_rate": max_sustainable(points), **extra,
-            "date": time.strftime("%Y-%m-%d")}
+            "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d")}
 
 
 def print_report(result: dict) -> int:
