@@ -87,11 +87,13 @@ rehearsal: test-setup
 bench: setup
 	$(BIN)/concierge bench
 
-# Each service alone, swept over rising rates (about 20 minutes, most of it the retriever's
-# 5,000-chunk ingest): capacity per replica and CPU ms per event; the table goes into
-# docs/benchmarks.md between its markers, the chart into docs/loadtest.png.
+# Each service alone, swept over rising rates: capacity per replica and CPU ms per event;
+# the table goes into docs/benchmarks.md between its markers, the chart into
+# docs/loadtest.png. Most of the time is the retriever's 5,000-chunk ingest (about 6 minutes
+# on a quiet machine, 26 at load average 8). LOADTEST_ARGS adds options, e.g.
+# LOADTEST_ARGS='--reuse last.log' to measure again only the services last.log lacks.
 loadtest: $(BENCH_STAMP)
-	$(BIN)/concierge loadtest all --docs docs/benchmarks.md --chart docs/loadtest.png
+	$(BIN)/concierge loadtest all --docs docs/benchmarks.md --chart docs/loadtest.png $(LOADTEST_ARGS)
 
 # Every eval on the shipped sets (make eval; the answers eval starts a system of its own,
 # answering with the LLM environment as set), or one intent file.

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from cli.harness.supervisor import ROOT
-from cli.measure import driver, loadtest_report, sweep
+from cli.measure import driver, loadtest, loadtest_report, sweep
 
 POINT_KEYS = {"rate", "achieved", "sent", "answered", "p50_ms", "p95_ms", "p99_ms", "cpu_ms_per_event", "rss_mb",
               "sustainable", "generator_cpu_ms_per_event", "load_1m"}
@@ -110,3 +110,13 @@ def test_each_service_load_test_answers_and_prints_the_shared_json(service):
     assert point["rate"] == float(TINY[service][1]) and point["answered"] == point["sent"] > 0, report
     assert point["achieved"] > 0 and point["cpu_ms_per_event"] > 0 and point["rss_mb"] > 0, report
     assert point["p50_ms"] is not None and point["p50_ms"] <= point["p95_ms"] <= point["p99_ms"], report
+
+
+def test_an_earlier_runs_output_gives_each_services_last_result(tmp_path):
+    log = tmp_path / "make-loadtest.log"
+    first = {"service": "router", "rates": [], "max_sustainable_rate": 10.0}
+    again = {"service": "router", "rates": [], "max_sustainable_rate": 20.0}
+    gateway = {"service": "gateway", "rates": [], "max_sustainable_rate": 30.0}
+    log.write_text("\n".join(["== router", json.dumps(first), "  noise", json.dumps({"services": [gateway]}),
+                              json.dumps(again)]) + "\n")
+    assert loadtest.earlier_results(log) == {"router": again, "gateway": gateway}

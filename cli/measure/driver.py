@@ -29,6 +29,7 @@ from shared.config import BusConfig
 ANSWER_WAIT_S = 30.0  # after the last arrival, how long the answers still in flight are awaited
 COMPLETION = "completion"  # the mark every run has: the arrival answered
 FIRST_TOKEN = "first_token"
+PREPARE_BATCH = 50
 
 
 @dataclass
@@ -149,8 +150,9 @@ async def drive(nats_url: str, rate: float, seconds: float, turn: Callable[[int]
     if first_token:
         subs.append(await bus.nc.subscribe(subjects.TOKENS_SUBJECTS, cb=on_token))
     try:
-        if prepare is not None:
-            await asyncio.gather(*(prepare(i) for i in range(recorder.total)))
+        if prepare is not None:  # in batches: a client's connection pool (Redis's) is not asked for thousands at once
+            for start in range(0, recorder.total, PREPARE_BATCH):
+                await asyncio.gather(*(prepare(i) for i in range(start, min(start + PREPARE_BATCH, recorder.total))))
         return await open_loop(rate, seconds, arrive, recorder)
     finally:
         for sub in subs:

@@ -5,7 +5,9 @@ every one ends with the same JSON line.
 
 `concierge loadtest all` runs them one after the other with their defaults (what `make
 loadtest` does), prints each one's line as it ends and, last, one line with them all;
-`--docs` writes their table into docs/benchmarks.md, `--chart` their latency chart.
+`--docs` writes their table into docs/benchmarks.md, `--chart` their latency chart, and
+`--reuse LOG` takes the services an earlier run's output already holds (one service
+measured again without the others).
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ def run_all(argv: list[str]) -> int:
     parser.add_argument("--seconds", type=float, help="how long each rate is offered (default: each test's own)")
     parser.add_argument("--with", dest="extra", action="append", default=[], metavar="SERVICE=ARGS",
                         help="more arguments for one service's test, e.g. --with 'retriever=--sites 4'")
+    parser.add_argument("--reuse", type=Path, metavar="LOG",
+                        help="take the services already measured from an earlier run's output (its JSON lines) "
+                             "and run only the others: one service measured again, the table and chart rebuilt")
     parser.add_argument("--docs", type=Path, help="write the table between the markers of this file")
     parser.add_argument("--chart", type=Path, help="write the latency chart (PNG) here")
     args = parser.parse_args(argv)
@@ -47,8 +52,13 @@ def run_all(argv: list[str]) -> int:
         if service not in SERVICES:
             parser.error(f"--with {item!r}: SERVICE=ARGS with SERVICE one of {', '.join(SERVICES)}")
         extra.setdefault(service, []).extend(shlex.split(more))
+    reused = earlier_results(args.reuse) if args.reuse else {}
     results = []
     for service in services:
+        if service in reused:
+            print(f"== {service}: measured {reused[service]['date']}, taken from {args.reuse}", flush=True)
+            results.append(reused[service])
+            continue
         print(f"== {service}", flush=True)
         module = importlib.import_module(SERVICES[service])
         seconds = ["--seconds", str(args.seconds)] if args.seconds else []
@@ -68,6 +78,20 @@ def run_all(argv: list[str]) -> int:
         f"{r['service']} {r['max_sustainable_rate']}/s" for r in results), flush=True)
     print(json.dumps({"services": results}), flush=True)
     return 0 if all(p["answered"] for r in results for p in r["rates"]) else 1
+
+
+def earlier_results(log: Path) -> dict[str, dict]:
+    """Each service's last result in an earlier run's output: its own JSON line, or the
+    closing line of `all`."""
+    found: dict[str, dict] = {}
+    for line in log.read_text().splitlines():
+        if not line.startswith("{"):
+            continue
+        printed = json.loads(line)
+        for result in printed.get("services", [printed]):
+            if "service" in result and "rates" in result:
+                found[result["service"]] = result
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:

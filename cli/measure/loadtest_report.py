@@ -44,7 +44,7 @@ def table(results: list[dict], command: str) -> str:
         cores = f"{best['rate'] * best['cpu_ms_per_event'] / 1000:.2f}" if best and best["cpu_ms_per_event"] else "–"
         lines.append(
             f"| {_name(result)} | {result['latency']} | {result['objective_p99_ms']:g} ms "
-            f"| **{_ms(result['max_sustainable_rate'])}/s** | {_ms(best['cpu_ms_per_event']) if best else '–'} "
+            f"| {_capacity_text(result)} | {_ms(best['cpu_ms_per_event']) if best else '–'} "
             f"| {cores} | {_ms(best['rss_mb']) if best else '–'} MiB |")
     lines += ["", "| service | offered /s | achieved /s | p50 ms | p95 ms | p99 ms | CPU ms / event | peak RSS MiB "
                   "| sustained | generator CPU ms / event | load 1m |",
@@ -57,6 +57,11 @@ def table(results: list[dict], command: str) -> str:
                 f"| {'yes' if p['sustainable'] else '**no**'} | {_ms(p.get('generator_cpu_ms_per_event'))} "
                 f"| {_ms(p.get('load_1m'))} |")
     return "\n".join(lines)
+
+
+def _capacity_text(result: dict) -> str:
+    best = result["max_sustainable_rate"]
+    return f"**{best:g}/s**" if best is not None else "**none** (not even the lowest rate tried)"
 
 
 def _name(result: dict) -> str:
