@@ -1,6 +1,6 @@
 """`concierge loadtest`: the sweep's rules and the docs table on made-up figures (no
 server), then each service's load test at one tiny rate for about a second and a half
-(about 45 s for the five): the last line is the shared JSON shape, the service answered,
+(35–45 s for the five on this machine): the last line is the shared JSON shape, the service answered,
 and its own CPU time was read."""
 
 from __future__ import annotations
