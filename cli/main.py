@@ -40,7 +40,7 @@ COMMANDS = (
     Command("bench", "cli.measure.bench", (
         ("bench", "drive a fresh system with the scripted LLM and print figures (make bench)"),)),
     Command("loadtest", "cli.measure.loadtest", (
-        ("loadtest SERVICE", "one service alone under a set rate (enricher, router, retriever)"),)),
+        ("loadtest SERVICE|all", "one service alone over rising rates: capacity per replica, CPU ms per event (make loadtest)"),)),
     Command("eval", "cli.measure.evals", (
         ("eval intent|skills|hack|retrieval|all", "the router's and retriever's evals on labeled JSONL (make eval)"),
         ("eval answers [--base-url URL]", "ask the dataset's questions through a running system (or one it starts)"))),

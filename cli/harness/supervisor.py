@@ -194,6 +194,12 @@ class System:
             if name != "gateway":
                 self.wait_logged_ready(name, max(0.0, deadline - time.monotonic()))
 
+    def wait_ready(self, name: str, timeout: float) -> None:
+        """Until process `name` answers its /readyz (the gateway's on its HTTP port, a consumer
+        process's on its ops port): whatever LOG_LEVEL keeps it from logging 'service ready'."""
+        base = self.gateway_url if name == "gateway" else f"http://127.0.0.1:{self.ops_ports[name]}"
+        wait_http(f"{base}/readyz", timeout, self.procs[name])
+
     def wait_logged_ready(self, name: str, timeout: float, offset: int = 0, marker: bytes = b"service ready") -> None:
         """Until process `name` logs `marker` past byte `offset` of its log (a restarted process
         appends to the same file); its exit or the timeout is an error naming the log."""

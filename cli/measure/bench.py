@@ -41,7 +41,7 @@ import httpx
 
 from cli.harness.sse import Conversation
 from cli.harness.supervisor import ROOT, free_port, make_system, wait_http
-from cli.measure import critical_path
+from cli.measure import critical_path, process_usage
 from cli.measure.stats import percentile
 from shared import events as ev
 from shared import subjects
@@ -158,13 +158,12 @@ def verify(nats_url: str, site: str, env: dict[str, str]) -> dict:
 def process_cpu_s(system) -> dict[str, float]:
     """User + system CPU seconds of each process the system started (Linux /proc), to see
     where the measured turns' time went."""
-    ticks, out = os.sysconf("SC_CLK_TCK"), {}
+    out = {}
     for name, proc in system.procs.items():
         try:
-            fields = open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()
+            out[name] = process_usage.cpu_s(proc.pid)
         except OSError:
             continue
-        out[name] = (int(fields[11]) + int(fields[12])) / ticks
     return out
 
 

@@ -6,15 +6,15 @@ every section a chunk, so the defaults give 5,000 chunks), ingests it the way `c
 ingest` does and reports chunks/s; then starts nats-server and one retriever process on
 that knowledge base, publishes `TurnRequested` questions about the sites' content at each
 of `--rates` per second for `--seconds`, and times each to its `RetrievalCompleted` (mix
-mode, the limiter, offline keywords: the embedded defaults; `--variant` runs again with
-other retriever settings). One JSON line per run at the end.
+mode, the limiter, offline keywords: the embedded defaults; `--variant` sweeps again, in
+a new process, with other retriever settings). The sweep, its figures and the last line's
+JSON: cli/measure/sweep.py (the variant's sweep under `variant`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing
 import random
 import tempfile
@@ -23,7 +23,9 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from cli.harness.supervisor import free_port, make_system
-from cli.measure import driver
+from cli.measure import driver, sweep
+
+LATENCY = "TurnRequested published → RetrievalCompleted received"
 
 PRODUCTS = ["Atlas", "Beacon", "Cedar", "Delta", "Ember", "Fjord", "Granite", "Harbor", "Iris", "Juniper",
             "Kestrel", "Lumen", "Meridian", "Nimbus", "Orchid", "Pioneer", "Quarry", "Raven", "Summit", "Tundra"]
@@ -89,16 +91,18 @@ def _ingest(corpus: Path, kb_dir: Path, sites: list[str]) -> dict:
     return asyncio.run(ingest_corpus(corpus, kb_dir, sites))
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="concierge loadtest retriever", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rates", default="5,10", help="queries per second offered, one run each")
-    parser.add_argument("--variant", default="", help="also run with these retriever settings, e.g. RETRIEVAL_GRAPH_TOP_K=20")
-    parser.add_argument("--seconds", type=float, default=20.0)
+    sweep.add_arguments(parser, rates="5,10,15,20,30,40", objective_ms=250.0)
+    parser.add_argument("--variant", default="", help="also sweep with these retriever settings, e.g. RETRIEVAL_GRAPH_TOP_K=20")
     parser.add_argument("--sites", type=int, default=10)
     parser.add_argument("--docs", type=int, default=25, help="documents per site")
     parser.add_argument("--sections", type=int, default=20, help="sections (≈ chunks) per document")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def run(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="concierge-load-retriever-") as data:
         data_dir = Path(data)
         sites = make_corpus(data_dir / "corpus", args.sites, args.docs, args.sections)
@@ -110,34 +114,42 @@ def main(argv: list[str] | None = None) -> int:
             ingest = child.submit(_ingest, data_dir / "corpus", data_dir / "kb", sites).result()
         print(f"ingested {ingest['chunks']} chunks in {ingest['ingest_s']} s ({ingest['chunks_per_s']} chunks/s)",
               flush=True)
-        runs = []
-        for overrides in [{}] + ([dict(kv.split("=", 1) for kv in args.variant.split(","))] if args.variant else []):
-            for rate in (float(r) for r in args.rates.split(",")):
-                runs.append((overrides, rate, _run(data_dir, sites, rate, args.seconds, overrides)))
-    for overrides, rate, result in runs:
-        print(json.dumps({"service": "retriever", "mode": "mix", "sites": args.sites, **ingest,
-                          "settings": overrides or "defaults", "offered_per_s": rate, "sent": result.sent,
-                          "answered": result.answered, "queries_per_s": result.answered_per_s,
-                          "p50_ms": result.p50_ms, "p99_ms": result.p99_ms, "outcomes": result.labels}))
-    return 0 if all(r.answered == r.sent for _, _, r in runs) else 1
+        points = _sweep(data_dir, sites, args, {})
+        variant = None
+        if args.variant:
+            overrides = dict(kv.split("=", 1) for kv in args.variant.split(","))
+            variant_points = _sweep(data_dir, sites, args, overrides)
+            variant = {"settings": overrides, "rates": variant_points,
+                       "max_sustainable_rate": sweep.max_sustainable(variant_points)}
+    return sweep.report("retriever", args, LATENCY, points, mode="mix", sites=args.sites, **ingest,
+                        **({"variant": variant} if variant else {}))
 
 
-def _run(data_dir: Path, sites: list[str], rate: float, seconds: float, overrides: dict[str, str]) -> driver.Run:
-    """One retriever process (with `overrides` in its environment) under `rate` queries/s."""
+def main(argv: list[str] | None = None) -> int:
+    return sweep.print_report(run(parser().parse_args(argv)))
+
+
+def _sweep(data_dir: Path, sites: list[str], args: argparse.Namespace, overrides: dict[str, str]) -> list[dict]:
+    """One retriever process (with `overrides` in its environment), swept over the rates."""
     system = make_system(data_dir / f"run-{time.time_ns()}", free_port(), free_port(),
                          {"LOG_LEVEL": "WARNING", "KB_DIR": str(data_dir / "kb"), **overrides})
     try:
         system.start_nats()
         started = time.monotonic()
-        system.start_service("retriever")
-        asked = questions(int(rate * seconds) + 400, seed=int(rate * 100) + len(overrides))
-        answered = 0
-        while answered == 0 and time.monotonic() - started < 120:
-            answered = asyncio.run(_drive(system.nats_url, 2, 1, f"warm{time.time_ns()}", asked[:2], sites)).answered
-        print(f"retriever ready in {time.monotonic() - started:.1f} s ({overrides or 'defaults'}, {rate}/s)",
-              flush=True)
-        asyncio.run(_drive(system.nats_url, rate / 2, 3, "warmup", asked[-300:], sites))
-        return asyncio.run(_drive(system.nats_url, rate, seconds, f"run{time.time_ns()}", asked[:-300], sites))
+        pid = system.start_service("retriever").pid
+        system.wait_ready("retriever", 120)
+        print(f"retriever ready in {time.monotonic() - started:.1f} s ({overrides or 'defaults'})", flush=True)
+        # Every site's graph and key-value files are loaded on its first query: the warm-up
+        # asks each site at least once, so no measured query pays for a first load.
+        first = sweep.rates_of(args.rates)[0]
+        warmup_s = max(args.warmup_s, len(sites) / first)
+        asyncio.run(_drive(system.nats_url, first, warmup_s, "warmup", questions(int(first * warmup_s), seed=1), sites))
+
+        def run_at(rate: float) -> driver.Run:
+            asked = questions(int(rate * args.seconds), seed=int(rate * 100) + len(overrides))
+            return asyncio.run(_drive(system.nats_url, rate, args.seconds, f"run{time.time_ns()}", asked, sites))
+
+        return sweep.sweep(pid, args, run_at)
     finally:
         system.stop()
 
@@ -154,4 +166,3 @@ def _label(event) -> str:
     if event.error:
         return "error"
     return "documents" if event.documents else "empty"
-
