@@ -231,7 +231,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                     await _cleanup(None, guard, site, session_id, hold)
                     metrics.turns.labels("none", "blocked").inc()
                     return _blocked_response(event, session_token, settings.keepalive_s)
-                relay = TurnRelay(bus, site, session_id, turn, settings.turn_deadline_s)
+                relay = TurnRelay(bus, site, session_id, turn, settings.turn_deadline_s, settings.turn_stall_s)
                 await relay.open()
                 if ip:
                     await _remember_ip(request, site, session_id, ip, settings.privacy.raw_ip_ttl_s)
@@ -269,8 +269,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                     # No outcome: the visitor went away before the end.
                     metrics.turns.labels(route, relay.outcome or "abandoned").inc()
                     with anyio.CancelScope(shield=True):  # a dropped client cancels the stream
-                        if relay.outcome == "timeout":  # the visitor was told; the log says so too
-                            await end_turn(bus, requested, f"no outcome within the turn deadline ({settings.turn_deadline_s:g} s)")
+                        if reason := relay.gave_up():  # the visitor was told; the log says so too
+                            await end_turn(bus, requested, reason)
                         await _cleanup(relay, guard, site, session_id, hold)
 
         return frames.response(stream(), sse_headers(session_id, session_token), settings.keepalive_s)
@@ -296,7 +296,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             blocked = [r.event for r in await bus.read(subjects.conv(site, session_id, "turn_blocked"))
                        if r.event.turn == turn]
             return _blocked_response(blocked[0], session_token, settings.keepalive_s, after)
-        relay = TurnRelay(bus, site, session_id, turn, settings.turn_deadline_s)
+        relay = TurnRelay(bus, site, session_id, turn, settings.turn_deadline_s, settings.turn_stall_s)
         await relay.open()
         try:
             whole = await relay.catch_up()
@@ -333,6 +333,10 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                             yield chunk
                 finally:
                     with anyio.CancelScope(shield=True):
+                        # A resumed turn may have lost its first relay with its gateway: this
+                        # one ends it in the log as that one would have.
+                        if (reason := relay.gave_up()) and relay.requested is not None:
+                            await end_turn(bus, relay.requested, reason)
                         await relay.close()
 
         return frames.response(stream(), headers, settings.keepalive_s)
