@@ -192,9 +192,14 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             metrics.turns.labels("none", "rate_limited").inc()
             return _rate_limited(wait)
         hold = await guard.acquire(site, session_id)
-        if hold is None and turn_ended(await loader.load(bus, site, session_id)):
-            # Held, yet the log says the last turn ended: its gateway died before releasing.
-            hold = await guard.take_over_ended(site, session_id, settings.guard_takeover_s)
+        if hold is None:
+            state = await loader.load(bus, site, session_id)
+            if (sent := sent_before(state, body.client_message_id)) is not None:
+                # Held for the turn this very message started (the client's first try was cut).
+                return await turn_stream(request, site, session_id, sent)
+            if turn_ended(state):
+                # Held, yet the log says the last turn ended: its gateway died before releasing.
+                hold = await guard.take_over_ended(site, session_id, settings.guard_takeover_s)
         if hold is None:
             metrics.turns.labels("none", "busy").inc()
             return JSONResponse(
@@ -205,6 +210,11 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         try:
             with tracer.start_as_current_span("chat turn") as span:
                 state = await loader.load(bus, site, session_id)
+                if (sent := sent_before(state, body.client_message_id)) is not None:
+                    # The message was sent before and that try started its turn: the client
+                    # reads that turn's stream, from its start; no second turn.
+                    await _cleanup(None, guard, site, session_id, hold)
+                    return await turn_stream(request, site, session_id, sent)
                 if not turn_ended(state):
                     # The guard is free but the log has not ended the last turn (its visitor
                     # closed the stream): a next turn never overlaps it. Past the deadline
@@ -225,7 +235,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                     event = ev.TurnBlocked(
                         event_id=ev.new_id(), site=site, session_id=session_id, turn=turn, ts=ev.now(),
                         producer="gateway", reason=blocked, reply=abuse_gate.reply(blocked, lang),
-                        message_chars=len(body.message), language=lang,
+                        message_chars=len(body.message), language=lang, client_message_id=body.client_message_id,
                     )
                     await bus.publish(event)
                     await _cleanup(None, guard, site, session_id, hold)
@@ -238,6 +248,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                 requested = ev.TurnRequested(
                     event_id=ev.new_id(), site=site, session_id=session_id, turn=turn, ts=ev.now(),
                     producer="gateway", message=body.message, visitor=visitor, ip_hash=digest,
+                    client_message_id=body.client_message_id,
                 )
                 await bus.publish(requested, expected_subject_seq=state.turn_requested_seq)
         except ConcurrencyConflict:
@@ -284,7 +295,11 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         `error`. A finished turn replays from the log."""
         await configured_site(request, site)
         require_token(site, session_id, x_session_token)
-        after = frames.last_event_id(last_event_id, turn)
+        return await turn_stream(request, site, session_id, turn, frames.last_event_id(last_event_id, turn))
+
+    async def turn_stream(request: Request, site: str, session_id: str, turn: int, after: int = -1) -> Response:
+        """Turn `turn`'s frames after frame `after` (-1: from `start`), live until it ends; a
+        finished turn replays from the log. The caller checked the site and the token."""
         bus: Bus = request.app.state.bus
         state = await loader.load(bus, site, session_id)
         record = state.turns.get(turn)
@@ -434,6 +449,15 @@ async def end_overdue_turn(bus: Bus, site: str, session_id: str, turn: int, dead
         return False
     await end_turn(bus, requested, f"no outcome within the turn deadline ({deadline_s:g} s); ended by the next request")
     return True
+
+
+def sent_before(state, client_message_id: str | None) -> int | None:
+    """The turn an earlier try of this message started (the newest turn, if it carries the
+    same client message id), or None: the message starts a turn of its own."""
+    record = state.turns.get(state.turn)
+    if client_message_id is None or record is None or record.client_message_id != client_message_id:
+        return None
+    return state.turn
 
 
 def turn_ended(state) -> bool:

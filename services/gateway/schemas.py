@@ -46,6 +46,9 @@ class ChatRequest(msgspec.Struct, forbid_unknown_fields=True):
     session_id: Id | None = None  # null or absent: a new conversation (the server names it)
     session_token: Token | None = None  # or the X-Session-Token header
     visitor: Visitor | None = None
+    # The client's id for this message, the same when it sends the message again after a
+    # failed try: a try that had started the turn is streamed again instead of a second turn.
+    client_message_id: Id | None = None
 
 
 class RequestError(Exception):
