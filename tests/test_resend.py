@@ -15,7 +15,7 @@ import pytest
 from cli.harness.sse import chat
 from shared import events as ev
 from shared.node import Node
-from tests.helpers import events_of, fast, own, start, unique
+from tests.helpers import events_of, own, start, unique
 from tests.servers import configure_site
 from tests.test_turn_end import running_gateway
 

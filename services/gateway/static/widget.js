@@ -20,10 +20,10 @@
   var storeKey = "concierge:" + site + ":session";
   var tokenKey = "concierge:" + site + ":token";
   var streamKey = "concierge:" + site + ":stream";
-  // A try that failed in transit is tried again after each of these pauses (30 s in all),
-  // long enough for a gateway (or its only replica) to come back. cli/harness/visitor.py,
-  // the rehearsal's simulated visitor, does the same.
-  var RETRY_PAUSES_MS = [1000, 2000, 4000, 8000, 15000];
+  // A try that failed in transit is tried again after each of these pauses: every second at
+  // first (a load balancer sends the next try to a live gateway), 30 s in all (long enough for
+  // a lone gateway to come back). cli/harness/visitor.py, the rehearsals' visitor, does the same.
+  var RETRY_PAUSES_MS = [1000, 1000, 1000, 2000, 2000, 3000, 5000, 5000, 10000];
   if (!site) { console.error("concierge widget: data-site is required"); return; }
 
   var css = [
