@@ -33,7 +33,8 @@ requests:
 
 - errors_shown: an SSE `error`, a cut stream that could not be resumed, or a message that
   could not be sent after every try; resumed: turns completed through a resumed stream
-  (counted as completed, as a widget's visitor reads them);
+  (counted as completed, as a widget's visitor reads them); sent_again: turns whose message
+  was sent again (a try that started nothing, or was cut before the `start` frame);
 - lost_events: a `TurnRequested` never ended in the log, or a turn shown complete without a
   `TurnCompleted` (the rehearsal's audit);
 - corrupted_logs: conversations whose log holds an event id twice, a turn with more than one
@@ -513,6 +514,7 @@ def report(args, visitors: list[Visitor], scenarios: list[Scenario], result: Aud
         "completed": outcomes["complete"],
         "errors_shown": sum(outcomes[o] for o in ERRORS),
         "resumed": sum(t.outcome == "complete" and t.resumed > 0 for t in turns),
+        "sent_again": sum(t.retries > t.resumed for t in turns),
         "hung": outcomes["hung"],
         "lost_events": len(result.lost),
         "corrupted_logs": len(corrupted),
