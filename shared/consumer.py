@@ -243,10 +243,12 @@ class ConsumerRunner:
             span_name = f"{self.durable} {ev.event_type(event)}"
             with telemetry.tracer("concierge.consumer").start_as_current_span(span_name) as span:
                 span.set_attribute("concierge.attempt", attempt)
-                heartbeat = asyncio.create_task(self._keep_alive(msg))
+                concerned = self.node.concerns(event)
+                progress = subjects.progress(event.site, event.session_id, event.turn) if concerned else None
+                heartbeat = asyncio.create_task(self._keep_alive(msg, progress))
                 try:
                     outputs = []
-                    if self.node.concerns(event):
+                    if concerned:
                         inputs = await gather(self.node.needs, event, self.bus, self.configs)
                         ctx = Context(bus=self.bus, node=self.durable, cause=event, attempt=attempt,
                                       input_seq=inputs.state.last_seq, config_version=inputs.config.version)
@@ -281,13 +283,24 @@ class ConsumerRunner:
                 self.stats.handled += 1
                 self._count("ok")
 
-    async def _keep_alive(self, msg: Msg) -> None:
+    async def _keep_alive(self, msg: Msg, progress: str | None) -> None:
         """Long handlers (a streamed answer) tell the server they are alive, so only a dead
-        process gets its message redelivered."""
+        process gets its message redelivered. A handler at work on a turn also says so on
+        the turn's `progress` subject, at once and then with each heartbeat: the gateway
+        ends a turn nobody works on (TURN_STALL_S) but not one whose step is merely slow."""
         interval = max(self.config.ack_wait_s / 3, 0.2)
         while True:
+            if progress is not None:
+                await self._say_progress(progress)
             await asyncio.sleep(interval)
             await msg.in_progress()
+
+    async def _say_progress(self, subject: str) -> None:
+        try:
+            await self.bus.nc.publish(subject, self.durable.encode())
+        except nats.errors.Error as exc:
+            # Only the gateway's stall clock misses it; the heartbeat itself must go on.
+            log.warning("progress marker not sent", extra={"node": self.durable, "error": repr(exc)})
 
     async def _give_up(self, msg: Msg, event: ev.Envelope, attempts: int, reason: str) -> None:
         await self._record_failure(event, attempts, reason)

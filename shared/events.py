@@ -68,6 +68,7 @@ class TurnRequested(Envelope, tag="turn_requested"):
     message: str
     visitor: dict[str, Any] | None = None
     ip_hash: str | None = None  # never the raw IP: see shared/privacy.py
+    client_message_id: str | None = None  # the client's id of the message, the same when it sends it again
 
 
 class TurnBlocked(Envelope, tag="turn_blocked"):
@@ -77,6 +78,7 @@ class TurnBlocked(Envelope, tag="turn_blocked"):
     reply: str
     message_chars: int
     language: str = "en"
+    client_message_id: str | None = None  # as on TurnRequested
 
 
 class IntentClassified(Envelope, tag="intent_classified"):

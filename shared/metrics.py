@@ -55,7 +55,7 @@ llm_seconds = Histogram("concierge_llm_call_seconds", "LLM call latency, first r
                         ["role", "model"], buckets=LLM_BUCKETS)
 
 turns = Counter("concierge_gateway_turns",
-                "Chat requests by route and outcome (complete, timeout, failed, interrupted, abandoned, "
+                "Chat requests by route and outcome (complete, timeout, stalled, failed, interrupted, abandoned, "
                 "blocked, rate_limited, busy, conflict)", ["route", "outcome"])
 ttft_seconds = Histogram("concierge_gateway_ttft_seconds",
                          "Time from a chat request to the first answer token sent to the visitor",

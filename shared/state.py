@@ -72,6 +72,7 @@ class TurnRecord(msgspec.Struct, kw_only=True):
     sources_cited: list[int] = []  # the documents the answer was given (ResponseCompleted.sources)
     seen: list[str] = []  # event types stored for this turn, in arrival order
     language: str = ""  # TurnRequested.visitor["language"], when the widget sent one
+    client_message_id: str | None = None  # the message's id from the client (a message sent again: the same)
 
 
 class ConversationState(msgspec.Struct, kw_only=True):
@@ -185,6 +186,7 @@ def apply(state: ConversationState, record: Record) -> ConversationState:
             state.turn_requested_seq = record.seq
             state.messages.append(Message(role="user", content=event.message, turn=event.turn))
             rec = _turn(state, event.turn)
+            rec.client_message_id = event.client_message_id
             if event.visitor and isinstance(event.visitor.get("language"), str):
                 rec.language = event.visitor["language"]
         case ev.TurnBlocked():
@@ -194,6 +196,7 @@ def apply(state: ConversationState, record: Record) -> ConversationState:
             rec = _turn(state, event.turn)
             rec.status = "blocked"
             rec.error = event.reason
+            rec.client_message_id = event.client_message_id
         case ev.RouteDecided():
             rec = _turn(state, event.turn)
             rec.route = event.route

@@ -2,6 +2,7 @@
 
     conv.<site>.<session>.<event_type>   stream CONV    the conversation log (one tenant = conv.<site>.>)
     tokens.<site>.<session>.<turn>       stream TOKENS  streamed answer chunks, short retention
+    progress.<site>.<session>.<turn>     (no stream)    a node is at work on the turn (the gateway's stall clock)
     dlq.<node>                           stream DLQ     events a node could not handle
     replay.request.<op>                  (no stream)    operator reruns, request-reply to `concierge replay serve`
 """
@@ -61,6 +62,12 @@ def conv_of_type(event_type: str, site: str = "*") -> str:
 
 def tokens(site: str, session_id: str, turn: int) -> str:
     return f"tokens.{site}.{session_id}.{turn}"
+
+
+def progress(site: str, session_id: str, turn: int) -> str:
+    """Where a node handling an event of the turn says it is still at work (plain NATS, never
+    stored): the gateway's stall clock (services/gateway/relay.py) runs only while nobody does."""
+    return f"progress.{site}.{session_id}.{turn}"
 
 
 def session_tokens(site: str, session_id: str) -> str:

@@ -129,6 +129,13 @@ async def test_each_service_works_within_its_subjects_and_is_refused_outside(sec
             return [ctx.follow(ev.IntentClassified, intent="LEARN", confidence=1.0, classifier="rule")]
 
         runner = ConsumerRunner(router, Node(unique("perm"), ("turn_requested",), classify), fast(), start_lookback_s=5)
+        heard = []
+
+        async def hear(msg):
+            heard.append(msg.data)
+
+        # The router says it is at work on the turn; the gateway's stall clock hears it.
+        progress = await gateway.nc.subscribe(subjects.progress(site, "s1", 1), cb=hear)
         await runner.start()
         try:
             await gateway.publish(requested(site, "s1", 1))
@@ -138,8 +145,10 @@ async def test_each_service_works_within_its_subjects_and_is_refused_outside(sec
                         if isinstance(r.event, ev.IntentClassified)]
 
             await wait_for(classified)
+            await wait_for(lambda: heard, what="a progress marker")
         finally:
             await runner.stop()
+            await progress.unsubscribe()
         await responder.publish_token(ev.TokenChunk(event_id=ev.new_id(), site=site, session_id="s1", turn=1,
                                                     ts=ev.now(), index=0, content="Hi"))
         assert (await loader.load(responder, site, "s1", use_snapshot=True)).turn == 1

@@ -20,11 +20,11 @@ import pytest
 
 from cli.harness.supervisor import ROOT
 
-# A gateway killed mid-stream cuts its visitors' streams (their answers are then read back
-# from the other gateway, but they are not SSE completions), and its session guards hold
-# those sessions for the turn deadline + 10 s: on this bounded load that is a few turns in
-# thirty. The full command's figures are in docs/benchmarks.md.
-MIN_COMPLETED = 0.75
+# A gateway killed mid-stream cuts its visitors' streams; they resume them on the other
+# gateway (Last-Event-ID) and send again what it cut before the turn's start frame, as the
+# widget does, so nearly every turn completes (43 of 43 in the run that set this bound);
+# the margin is for a loaded machine. The full command's figures are in docs/benchmarks.md.
+MIN_COMPLETED = 0.9
 
 
 @pytest.mark.timeout(240)
@@ -43,6 +43,6 @@ def test_bounded_rehearsal_loses_nothing_and_hangs_nothing():
     assert figures["hung"] == 0, report
     assert figures["duplicate_side_effects"] == 0, report
     assert figures["leads"] >= 1 and figures["webhooks_recorded"] == figures["leads"], report
-    assert figures["turns"] == figures["completed"] + figures["read_back"] + figures["errors_shown"] + figures["hung"]
+    assert figures["turns"] == figures["completed"] + figures["errors_shown"] + figures["hung"]
     assert figures["completed"] >= MIN_COMPLETED * figures["turns"], report
     assert time.monotonic() - started < 200, report

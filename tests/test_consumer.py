@@ -7,7 +7,7 @@ import asyncio
 from shared import events as ev
 from shared import consumer, subjects
 from shared.consumer import ConsumerRunner
-from shared.node import Node, PermanentError
+from shared.node import Needs, Node, PermanentError
 from tests.helpers import events_of, fast, own, requested, start, unique, wait_for
 
 
@@ -235,7 +235,7 @@ async def test_stop_lets_in_flight_handlers_finish(bus, site):
     assert await _find(bus, site, ev.RouteDecided)
 
 
-async def _no_heartbeat(msg):
+async def _no_heartbeat(msg, progress):
     await asyncio.Event().wait()
 
 
@@ -249,6 +249,42 @@ async def _find(bus, site, cls):
 async def _acked(bus, durable):
     info = await bus.js.consumer_info(subjects.CONV_STREAM, durable)
     return info.num_ack_pending == 0 and info.num_pending == 0
+
+
+async def test_a_handler_at_work_on_a_turn_says_so_at_once_and_with_each_heartbeat(bus, site):
+    """The gateway's stall clock (TURN_STALL_S) must not cut a slow step: a node handling an
+    event of a turn says so on the turn's progress subject when it starts and with each
+    heartbeat (ack_wait / 3 = 0.2 s here), and falls silent when it is done. An event the node
+    is not concerned with says nothing."""
+    markers = []
+
+    async def heard(msg):
+        markers.append((msg.subject, msg.data.decode(), asyncio.get_running_loop().time()))
+
+    sub = await bus.nc.subscribe(f"progress.{site}.>", cb=heard)
+
+    async def slow(event, inputs, ctx):
+        await asyncio.sleep(1.0)
+        return [ctx.follow(ev.RouteDecided, route="ANSWER", reason="after a while")]
+
+    name = unique("slow")
+    node = Node(name, ("turn_requested",), own(site, slow), needs=Needs(when=lambda e: e.turn == 1))
+    runner = await start(bus, node, fast(ack_wait_s=0.6))
+    try:
+        sent = asyncio.get_running_loop().time()
+        await bus.publish(requested(site, "s1", 1))
+        await wait_for(lambda: _find(bus, site, ev.RouteDecided), 10, "the slow answer")
+        await bus.publish(requested(site, "s2", 2))  # turn 2: not this node's concern
+        await wait_for(lambda: _acked(bus, runner.durable), 10, "both acked")
+        await asyncio.sleep(0.5)
+    finally:
+        await runner.stop()
+        await sub.unsubscribe()
+    assert {(subject, node_name) for subject, node_name, _ in markers} == {(subjects.progress(site, "s1", 1), name)}
+    times = [at - sent for _, _, at in markers]
+    assert times[0] < 0.5 and len(times) >= 4, times  # at once, then every 0.2 s for 1 s
+    assert max(b - a for a, b in zip(times, times[1:])) < 0.5, times
+    assert times[-1] < 1.5, times  # silent once handled
 
 
 async def test_handler_that_never_answers_ends_in_failure_event(bus, site):

@@ -761,6 +761,67 @@ async def test_browser_resumes_the_answer_after_a_reload_and_a_dropped_connectio
             await browser.close()
 
 
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium not installed (Debian package `chromium`): browser test skipped")
+async def test_browser_sends_a_message_again_when_its_try_fails_before_the_turn_streams(system, llm, suggestions_llm,
+                                                                                        http):
+    """A try whose connection drops before any frame (the gateway stored the turn, then died)
+    is sent again with the same client_message_id: the visitor reads that turn's answer, and
+    the log has one turn for the message. A try that never reached the gateway is sent again
+    and answered. No error shown either time."""
+    from playwright.async_api import async_playwright
+
+    llm.clear(), suggestions_llm.clear()
+    bots = "document.querySelectorAll('[data-testid=cw-bot]')"
+    async with async_playwright() as pw:
+        browser = await launch_chromium(pw)
+        try:
+            page = await browser.new_page()
+            sent = []
+            page.on("request", lambda r: sent.append(json.loads(r.post_data)) if r.url.endswith("/v1/chat") else None)
+            await page.goto(system.gateway_url + "/")
+            await page.evaluate("localStorage.clear()")
+            await page.reload()
+            await page.click("[data-testid=cw-launch]")
+            await page.fill("[data-testid=cw-input]", "Hello there")
+            await page.press("[data-testid=cw-input]", "Enter")
+            await page.wait_for_function(f"() => {bots}.length === 1 && !!localStorage.getItem('concierge:demo:token')"
+                                         " && !document.querySelector('[data-testid=cw-input]').disabled"
+                                         " && !document.querySelector('.cw-form button').disabled", timeout=30000)
+            # The next try: 'cut' lets the request through, then its stream fails before any
+            # frame; 'lost' fails it before it leaves the page.
+            await page.evaluate("""() => {
+                const real = window.fetch;
+                window.fetch = (url, init) => {
+                    const mode = window.__fail;
+                    if (!String(url).endsWith('/v1/chat') || !mode) return real(url, init);
+                    window.__fail = null;
+                    if (mode === 'lost') return Promise.reject(new TypeError('network error'));
+                    return real(url, init).then(resp => {
+                        resp.body.cancel();
+                        const body = new ReadableStream({start(c) { c.error(new TypeError('network error')); }});
+                        return new Response(body, {status: resp.status, headers: resp.headers});
+                    });
+                };
+            }""")
+            for mode, message, count in (("cut", "Do you integrate with Xero?", 2), ("lost", "And with Sage?", 3)):
+                await page.evaluate(f"window.__fail = '{mode}'")
+                await page.fill("[data-testid=cw-input]", message)
+                await page.press("[data-testid=cw-input]", "Enter")
+                await page.wait_for_function(
+                    f"() => {bots}.length === {count} && [...{bots}].pop().textContent.includes('You said: {message}')"
+                    " && !document.querySelector('.cw-form button').disabled", timeout=30000)
+            assert await page.locator(".cw-error").count() == 0
+            session = await page.evaluate("localStorage.getItem('concierge:demo:session')")
+        finally:
+            await browser.close()
+    cut = [b for b in sent if b["message"] == "Do you integrate with Xero?"]
+    assert len(cut) == 2 and cut[0]["client_message_id"] == cut[1]["client_message_id"], cut
+    assert len({b["client_message_id"] for b in sent}) == 3
+    requested = [e["event"] for e in await events_of(http, system, "demo", session) if e["type"] == "turn_requested"]
+    assert [(e["turn"], e["message"]) for e in requested] == [
+        (1, "Hello there"), (2, "Do you integrate with Xero?"), (3, "And with Sage?")]
+
+
 async def test_bus_outage_is_503_and_not_ready(system, http, site):
     """Last in this module: it stops the module's nats-server."""
     system.kill("nats")

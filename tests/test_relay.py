@@ -5,6 +5,8 @@ up from the stored answer when some were lost, sources once before the first tok
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import dataclass
 
 from services.gateway import relay
@@ -111,6 +113,74 @@ async def test_other_turns_wrong_subjects_and_garbage_are_ignored_until_the_dead
                             on_bus(chunk(0, "elsewhere"), subject=subjects.tokens("other", SESSION, 1)),
                             Msg(subjects.tokens(SITE, SESSION, 1), b"not an event"), deadline_s=0.2)
     assert batches == [[{"type": "error", "message": "The assistant did not answer in time. Please try again."}]]
+
+
+# --- the stall clock: a turn nobody works on ends; one a node is at work on goes on ---------
+
+STALLED = {"type": "error", "message": "The assistant stopped answering. Please try again."}
+
+
+def at_work(turn_relay: TurnRelay, seconds: float, then: list[Msg] = ()) -> asyncio.Task:
+    """A node saying it is at work on turn 1 every 0.1 s for `seconds`, then `then` on the bus."""
+    marker = Msg(subjects.progress(SITE, SESSION, 1), b"answer_writer")
+
+    async def step():
+        for _ in range(round(seconds / 0.1)):
+            turn_relay.queue.put_nowait(marker)
+            await asyncio.sleep(0.1)
+        for msg in then:
+            turn_relay.queue.put_nowait(msg)
+
+    return asyncio.create_task(step())
+
+
+async def test_a_turn_nothing_progresses_ends_at_the_stall_and_says_why_for_the_log():
+    turn_relay = TurnRelay(None, SITE, SESSION, 1, deadline_s=5.0, stall_s=0.2)
+    turn_relay.queue.put_nowait(on_bus(REQUEST))
+    started = time.monotonic()
+    assert [batch async for batch in turn_relay.batches()] == [[STALLED]]
+    assert 0.2 <= time.monotonic() - started < 1.0
+    assert turn_relay.outcome == "stalled" and turn_relay.requested == REQUEST
+    assert turn_relay.gave_up().startswith("no progress for 0.2 s")
+
+
+async def test_a_node_at_work_on_the_turn_keeps_the_stall_clock_from_running():
+    """Three stall timeouts of a slow step (a remote model's first token), then the answer."""
+    turn_relay = TurnRelay(None, SITE, SESSION, 1, deadline_s=5.0, stall_s=0.2)
+    step = at_work(turn_relay, 0.6, [on_bus(chunk(0, "Hi")), on_bus(answered("Hi", 1)), on_bus(COMPLETED)])
+    batches = [batch async for batch in turn_relay.batches()]
+    await step
+    assert sum(batches, []) == [{"type": "token", "content": "Hi"}, COMPLETE]
+    assert turn_relay.gave_up() is None
+
+
+async def test_the_turns_own_tokens_are_progress_and_another_turns_are_not():
+    later = turn(SITE, SESSION, 2, "and Sage?")
+    turn_relay = TurnRelay(None, SITE, SESSION, 1, deadline_s=10.0, stall_s=0.5)
+
+    async def answer():
+        for msg in (on_bus(chunk(0, "Hi")), on_bus(chunk(1, " there"))):
+            turn_relay.queue.put_nowait(msg)
+            await asyncio.sleep(0.3)
+        for i in range(40):  # 4 s of another turn's answer
+            turn_relay.queue.put_nowait(on_bus(chunk(i, "other turn", cause=later)))
+            await asyncio.sleep(0.1)
+
+    started = time.monotonic()
+    step = asyncio.create_task(answer())
+    batches = [batch async for batch in turn_relay.batches()]
+    step.cancel()
+    assert sum(batches, []) == [{"type": "token", "content": "Hi"}, {"type": "token", "content": " there"}, STALLED]
+    assert time.monotonic() - started < 2.5
+
+
+async def test_a_node_at_work_for_ever_still_ends_at_the_deadline():
+    turn_relay = TurnRelay(None, SITE, SESSION, 1, deadline_s=0.5, stall_s=0.2)
+    step = at_work(turn_relay, 1.0)
+    batches = [batch async for batch in turn_relay.batches()]
+    step.cancel()
+    assert batches == [[{"type": "error", "message": "The assistant did not answer in time. Please try again."}]]
+    assert turn_relay.gave_up() == "no outcome within the turn deadline (0.5 s)"
 
 
 def test_progress_is_ready_once_every_token_of_the_stored_answer_went_out():

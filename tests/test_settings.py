@@ -73,6 +73,7 @@ def test_the_defaults_are_the_documented_ones():
         9000, 5.0, 300.0, 2.0)
     assert (gateway.host, gateway.port, gateway.turn_deadline_s, gateway.max_body_bytes, gateway.keepalive_s) == (
         "127.0.0.1", 8000, 60.0, 524288, 15.0)
+    assert gateway.turn_stall_s == 8.0
     assert gateway.privacy.raw_ip_ttl_s == 900.0 and gateway.redis_url == "redis://127.0.0.1:6379/0"
     assert (router.classifier, router.cascade_threshold, router.strike_confidence, router.fast_path_confidence) == (
         "local", 0.5, 0.8, 0.6)
@@ -89,7 +90,7 @@ def test_the_defaults_are_the_documented_ones():
 
 def test_process_and_gateway_overrides(env):
     env.set(NATS_URL="nats://a:4222", NODES="finalize", OPS_PORT="0", OPS_CHECK_S="0.5", SITE_CONFIG_TTL_S="9",
-            CONSUMER_START_LOOKBACK_S="60", TURN_DEADLINE_S="30", TRUSTED_PROXY_HOPS="1", REDIS_URL="redis://r:1/0",
+            CONSUMER_START_LOOKBACK_S="60", TURN_DEADLINE_S="30", TURN_STALL_S="12", TRUSTED_PROXY_HOPS="1", REDIS_URL="redis://r:1/0",
             IP_HASH_SECRET="ip-secret", RAW_IP_TTL_S="60", SESSION_TOKEN_SECRET="s" * 16,
             SESSION_TOKEN_PREVIOUS="0:old-secret-0123456789,1b:other-secret-012345", ADMIN_TOKEN="a" * 16,
             GATEWAY_PORT="9001")
@@ -97,8 +98,8 @@ def test_process_and_gateway_overrides(env):
     assert process == ProcessSettings(bus=BusConfig(url="nats://a:4222"), nodes="finalize", ops_port=0,
                                       ops_check_s=0.5, start_lookback_s=60.0, site_config_ttl_s=9.0)
     gateway = GatewaySettings.from_env()
-    assert (gateway.turn_deadline_s, gateway.trusted_proxy_hops, gateway.redis_url, gateway.port) == (
-        30.0, 1, "redis://r:1/0", 9001)
+    assert (gateway.turn_deadline_s, gateway.turn_stall_s, gateway.trusted_proxy_hops, gateway.redis_url,
+            gateway.port) == (30.0, 12.0, 1, "redis://r:1/0", 9001)
     assert gateway.privacy == PrivacySettings(ip_hash_secret="ip-secret", raw_ip_ttl_s=60.0)
     assert gateway.session_token_previous == {"0": "old-secret-0123456789", "1b": "other-secret-012345"}
     assert gateway.admin_token == "a" * 16 and gateway.site_config_ttl_s == 9.0

@@ -15,7 +15,7 @@ import httpx
 
 @dataclass
 class ChatResult:
-    status: int
+    status: int = 0  # 0: no response (yet)
     events: list[dict] = field(default_factory=list)  # every frame after `start`
     first_token_s: float | None = None
     total_s: float = 0.0
@@ -42,27 +42,32 @@ class ChatResult:
         return self.events[-1] if self.events else None
 
 
-async def chat(client: httpx.AsyncClient, base_url: str, payload: dict, on_event=None) -> ChatResult:
+async def chat(client: httpx.AsyncClient, base_url: str, payload: dict, on_event=None,
+               into: ChatResult | None = None) -> ChatResult:
     started = time.perf_counter()
     async with client.stream("POST", f"{base_url}/v1/chat", json=payload) as response:
-        return await read_stream(response, on_event, started)
+        return await read_stream(response, on_event, started, into)
 
 
 async def resume(client: httpx.AsyncClient, base_url: str, site: str, session_id: str, turn: int, session_token: str,
-                 last_event_id: str | None = None, on_event=None) -> ChatResult:
+                 last_event_id: str | None = None, on_event=None, into: ChatResult | None = None) -> ChatResult:
     """A turn's stream again, after the frame `last_event_id` (from the start without it)."""
     headers = {"X-Session-Token": session_token, **({"Last-Event-ID": last_event_id} if last_event_id else {})}
     url = f"{base_url}/v1/sites/{site}/conversations/{session_id}/turns/{turn}/stream"
     started = time.perf_counter()
     async with client.stream("GET", url, headers=headers) as response:
-        return await read_stream(response, on_event, started)
+        return await read_stream(response, on_event, started, into)
 
 
-async def read_stream(response: httpx.Response, on_event=None, started: float | None = None) -> ChatResult:
-    """Read the SSE frames (`id:` and `data:` lines; comments are keepalives) to the end."""
+async def read_stream(response: httpx.Response, on_event=None, started: float | None = None,
+                      into: ChatResult | None = None) -> ChatResult:
+    """Read the SSE frames (`id:` and `data:` lines; comments are keepalives) to the end, into
+    `into` as they come when given (a caller whose connection breaks keeps what was read)."""
     started = time.perf_counter() if started is None else started
-    result = ChatResult(status=response.status_code, session_id=response.headers.get("x-session-id"),
-                        session_token=response.headers.get("x-session-token"))
+    result = into if into is not None else ChatResult(status=0)
+    result.status = response.status_code
+    result.session_id = response.headers.get("x-session-id")
+    result.session_token = response.headers.get("x-session-token")
     if response.status_code != 200:
         result.body = json.loads(await response.aread())
         return result

@@ -4,9 +4,11 @@ time, and an audit of every conversation's log afterwards.
 A single nats-server (JetStream, file store), Redis, the scripted LLM and a local lead
 webhook, with `--replicas` (1 or 2) of every service; `--sessions` visitors talk through
 the gateways the whole time (the cluster rehearsal's visitors: two in three ask product
-questions, one in three books a demo, so leads fire webhooks; requests that never started
-a turn are retried, a stream cut by its gateway's death is read back from another). Each
-scenario is some load, one fault, the recovery and a few seconds to settle:
+questions, one in three books a demo, so leads fire webhooks; each takes a turn as the
+widget does, cli/harness/visitor.py: a message whose try started nothing or was cut before
+the turn's `start` frame is sent again with the same `client_message_id`, a stream cut by
+its gateway's death is resumed after its last frame, for up to 30 s). Each scenario is some
+load, one fault, the recovery and a few seconds to settle:
 
 - `kill-<service>` (router, retriever, enricher, responder, gateway): SIGKILL replica `a`
   as soon as the service is busy with a turn (a `TurnRequested` stored, for the nodes that
@@ -25,11 +27,14 @@ scenario is some load, one fault, the recovery and a few seconds to settle:
 
 A turn counts for the last fault before it ended for its visitor: the one it was under way
 through, or else the last one before it was sent (a turn in flight across two faults counts
-for the second; a cut stream ended at its gateway's death). After the load, the tool waits
-for quiescence and audits, from the conversation log and the webhook's requests:
+for the second; a stream that could not be resumed, for the fault that cut it). After the
+load, the tool waits for quiescence and audits, from the conversation log and the webhook's
+requests:
 
-- errors_shown: an SSE `error`, a stream cut with no answer to read back, or a request refused
-  after every retry; read_back: a cut stream whose answer the visitor read from a gateway;
+- errors_shown: an SSE `error`, a cut stream that could not be resumed, or a message that
+  could not be sent after every try; resumed: turns completed through a resumed stream
+  (counted as completed, as a widget's visitor reads them); sent_again: turns whose message
+  was sent again (a try that started nothing, or was cut before the `start` frame);
 - lost_events: a `TurnRequested` never ended in the log, or a turn shown complete without a
   `TurnCompleted` (the rehearsal's audit);
 - corrupted_logs: conversations whose log holds an event id twice, a turn with more than one
@@ -43,7 +48,8 @@ for quiescence and audits, from the conversation log and the webhook's requests:
 - answers_rewritten: turns whose answer a second attempt wrote (a token of attempt 2 or more
   on the bus): the fault did hit an answer being written;
 - in_flight_end_s: per fault, the longest time from the fault to the end of a turn that was
-  in flight at that moment (a stream cut by the gateway's death ends at the kill).
+  in flight at that moment, as its visitor saw it (a stream cut by its gateway's death ends
+  when the resumed stream does).
 
 The JSON also lists every turn not shown complete (session, outcome, scenario, when it ended)
 to look up in the log and in the processes' logs (`--data-dir`).
@@ -73,8 +79,8 @@ import httpx
 
 from cli.harness.supervisor import SERVICES, System, free_port, make_system, wait_http
 from cli.harness.webhook_receiver import WebhookReceiver
-from cli.measure.cluster_rehearsal import (REPLICAS, SITE, Audit, Cluster, Turn, Visitor, drive, quiesce, warm_up,
-                                           write_sites)
+from cli.harness.visitor import Turn, Visitor
+from cli.measure.cluster_rehearsal import REPLICAS, SITE, Audit, Cluster, drive, quiesce, warm_up, write_sites
 from shared import events as ev
 from shared import subjects
 from shared.bus import Bus, connect
@@ -88,7 +94,7 @@ BUSY_ON = {"router": "requested", "retriever": "requested", "enricher": "request
            "responder": "tokens", "gateway": "tokens"}
 ACK_WAIT_S = 4.0  # CONSUMER_ACK_WAIT_S of every node: a dead or frozen replica's messages go elsewhere after it
 ENDS = ("turn_completed", "turn_failed", "turn_blocked")
-ERRORS = ("error", "cut", "refused")  # what a visitor sees as an error (a cut read back is not one)
+ERRORS = ("error", "cut", "refused")  # what a visitor sees as an error
 READYZ_TARGET_S = 5.0
 ONE_REPLICA_END_TARGET_S = 10.0
 
@@ -150,9 +156,7 @@ class Topology(Cluster):
 
     @property
     def gateways(self) -> list[str]:
-        """Two URLs for the visitors' driver, which alternates between two gateways."""
-        urls = [f"http://127.0.0.1:{port}" for port in self.gateway_ports]
-        return urls * (2 // len(urls))
+        return [f"http://127.0.0.1:{port}" for port in self.gateway_ports]
 
     def start_all(self, timeout: float) -> None:
         started = [(s, r, self.start(s, r)) for s in SERVICES for r in range(self.replicas)]
@@ -340,10 +344,9 @@ async def run(args, topology: Topology, log) -> tuple[list[Visitor], list[Scenar
                 chaos_done.set()
 
         hang_s = args.turn_deadline_s + 15
-        retry_s = args.turn_deadline_s + 20  # a dead gateway's session guard lives the deadline + 10 s
         started = time.monotonic()
         visitors, _ = await asyncio.gather(
-            drive(topology.gateways, args.sessions, 1, args.think_ms / 1000, chaos_done, hang_s, retry_s), faults())
+            drive(topology.gateways, args.sessions, 1, args.think_ms / 1000, chaos_done, hang_s), faults())
         wall = time.monotonic() - started
         log(f"load over after {wall:.1f}s; waiting for quiescence")
         result = await quiesce(bus, visitors, args.quiesce_s)
@@ -436,10 +439,10 @@ def owner(scenarios: list[Scenario], at: float) -> str:
 
 
 def turn_owner(scenarios: list[Scenario], turn: Turn) -> str:
-    """The scenario of the last fault before the turn ended for its visitor. A cut stream
-    ended at the first fault after it was sent (its gateway's death), though the visitor
-    then waited for a read-back."""
-    if turn.outcome in ("cut", "read_back"):
+    """The scenario of the last fault before the turn ended for its visitor. A stream that
+    could not be resumed was cut by the first fault after it was sent (its gateway's death),
+    though the visitor then tried to resume it for a while."""
+    if turn.outcome == "cut":
         cutter = min((s for s in scenarios if s.fault_at >= turn.started), key=lambda s: s.fault_at, default=None)
         if cutter is not None:
             return cutter.name
@@ -455,11 +458,11 @@ def scenario_figures(scenario: Scenario, scenarios: list[Scenario], turns: list[
     outcomes = Counter(t.outcome for t in mine)
     fault = scenario.fault_at
     in_flight = [t for t in turns if t.started < fault < t.started + t.seconds]
-    # A stream cut by its gateway's death ended, for the visitor, when the gateway died.
-    ends = [0.0 if t.outcome in ("cut", "read_back") else t.started + t.seconds - fault for t in in_flight]
+    ends = [t.started + t.seconds - fault for t in in_flight]
     return {
         "turns": len(mine), "completed": outcomes["complete"],
-        "errors_shown": sum(outcomes[o] for o in ERRORS), "read_back": outcomes["read_back"],
+        "errors_shown": sum(outcomes[o] for o in ERRORS),
+        "resumed": sum(t.outcome == "complete" and t.resumed > 0 for t in mine),
         "hung": outcomes["hung"], "in_flight": len(in_flight),
         "in_flight_end_s": round(max(ends), 1) if ends else None,
         "recovery_s": scenario.recovery_s, "mid_turn": scenario.mid_turn,
@@ -473,7 +476,8 @@ def scenario_figures(scenario: Scenario, scenarios: list[Scenario], turns: list[
 def not_completed(visitors: list[Visitor], scenarios: list[Scenario]) -> list[dict]:
     """Every turn not shown complete, to look up in the log and the processes' logs."""
     return [{"session_id": v.session_id, "turn": t.turn, "outcome": t.outcome, "status": t.status,
-             "retries": t.retries, "scenario": turn_owner(scenarios, t), "seconds": round(t.seconds, 1),
+             "retries": t.retries, "resumed": t.resumed, "scenario": turn_owner(scenarios, t),
+             "seconds": round(t.seconds, 1),
              "ended_at": round(time.time() - time.monotonic() + t.started + t.seconds, 1)}
             for v in visitors for t in v.turns if t.outcome != "complete"]
 
@@ -509,7 +513,8 @@ def report(args, visitors: list[Visitor], scenarios: list[Scenario], result: Aud
         "turns": len(turns),
         "completed": outcomes["complete"],
         "errors_shown": sum(outcomes[o] for o in ERRORS),
-        "read_back": outcomes["read_back"],
+        "resumed": sum(t.outcome == "complete" and t.resumed > 0 for t in turns),
+        "sent_again": sum(t.retries > t.resumed for t in turns),
         "hung": outcomes["hung"],
         "lost_events": len(result.lost),
         "corrupted_logs": len(corrupted),
@@ -527,9 +532,9 @@ def report(args, visitors: list[Visitor], scenarios: list[Scenario], result: Aud
         "bounded": args.bounded,
         "load_s": round(wall, 1),
     }
-    columns = ("turns", "completed", "errors_shown", "read_back", "hung", "in_flight", "in_flight_end_s",
+    columns = ("turns", "completed", "errors_shown", "resumed", "hung", "in_flight", "in_flight_end_s",
                "answers_rewritten", "recovery_s")
-    heads = ("turns", "completed", "errors", "read back", "hung", "in flight", "ended ≤ s", "rewritten", "recovery s")
+    heads = ("turns", "completed", "errors", "resumed", "hung", "in flight", "ended ≤ s", "rewritten", "recovery s")
     print(f"\n{'scenario':<16}" + "".join(f"{h:>11}" for h in heads))
     for name, s in [*per_scenario.items(), ("total", figures)]:
         cells = ["—" if s.get(c) is None else s[c] for c in columns]

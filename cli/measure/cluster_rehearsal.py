@@ -13,19 +13,19 @@ one process at a time.
   `--down-s` and awaited until ready, in turn: the nats-server leading the conversation
   stream, then one replica of each service.
 
-A visitor retries what never started a turn (a refused connection to the dead gateway,
-429 while the session's guard is still held, 409, 503) on the other gateway; a stream
-cut by its gateway's death is not sent again (that could ask twice): the visitor reads
-its conversation from the other gateway instead. Then it waits
-for quiescence (every requested turn ended in the log, every lead's webhook recorded)
-and audits, from the log on the bus and the webhook's requests:
+Each visitor takes a turn as the widget does (cli/harness/visitor.py): a try that started
+nothing, or whose connection ended before the turn's `start` frame, is sent again with the
+same `client_message_id` (a gateway that had stored the turn streams it), a stream cut by
+its gateway's death is resumed from the other gateway after its last frame
+(`Last-Event-ID`), up to the widget's pauses (30 s). Then it waits for quiescence (every
+requested turn ended in the log, every lead's webhook recorded) and audits, from the log on
+the bus and the webhook's requests:
 
-- turns: turns the visitors asked for; completed: SSE `complete`; errors_shown: the
-  visitor saw an error (an SSE `error`, a stream cut, or refused after every retry);
-  read_back: a stream cut, whose answer the visitor then read from the other gateway
-  (GET /v1/sites/SITE/conversations/SESSION, what a widget can do without resumable
-  streams); hung: no `complete` or `error` within the turn deadline plus a margin;
-  turns = completed + read_back + errors_shown + hung;
+- turns: turns the visitors asked for; completed: ended with SSE `complete` (a resumed
+  stream's included; `resumed` counts those); errors_shown: the visitor saw an error (an SSE
+  `error`, a stream it could not resume, or a message it could not send after every try);
+  hung: a try with no `complete` or `error` within the turn deadline plus a margin;
+  turns = completed + errors_shown + hung;
 - lost_events: a `TurnRequested` with neither `TurnCompleted` nor `TurnFailed` after
   quiescence, or a turn shown complete that has no `TurnCompleted` in the log;
 - duplicate_side_effects: webhook deliveries beyond the first, per lead (`webhook-id`);
@@ -51,6 +51,7 @@ from pathlib import Path
 import httpx
 
 from cli.harness.supervisor import ROOT, SERVICES, System, free_port, make_system, wait_http
+from cli.harness.visitor import Turn, Visitor, ask
 from cli.harness.webhook_receiver import WebhookReceiver
 from cli.measure.bench import BOOKING, QUESTIONS
 from shared import events as ev
@@ -63,113 +64,13 @@ SCRIPTS = [QUESTIONS, QUESTIONS[5:] + QUESTIONS[:5], BOOKING]  # session i follo
 CONSUMERS = tuple(s for s in SERVICES if s != "gateway")
 REPLICAS = ("a", "b")
 TERMINAL = ("turn_completed", "turn_failed")
-RETRYABLE = (409, 429, 503)  # no turn was started: the visitor may send it again
 TARGET_COMPLETED = 0.99
 
 
-@dataclass
-class Turn:
-    session: int
-    message: str
-    outcome: str = ""  # complete, error, cut, refused, hung
-    status: int | None = None
-    turn: int | None = None  # the conversation's turn number, when the gateway said it
-    retries: int = 0
-    started: float = 0.0  # time.monotonic() when first sent
-    seconds: float = 0.0
-
-
-@dataclass
-class Visitor:
-    """One visitor's conversation: its id and token, as the widget keeps them."""
-
-    index: int
-    session_id: str | None = None
-    session_token: str | None = None
-    turns: list[Turn] = field(default_factory=list)
-
-
-class Cut(Exception):
-    """The stream ended without `complete` or `error`: its gateway went away mid-turn."""
-
-
-async def stream_turn(client: httpx.AsyncClient, base_url: str, visitor: Visitor, turn: Turn) -> int:
-    """One POST /v1/chat read to its end; the HTTP status, `turn` updated. Unlike
-    cli/harness/sse.py it keeps what a cut stream had already told (the session id)."""
-    payload = {"site": SITE, "session_id": visitor.session_id, "session_token": visitor.session_token,
-               "message": turn.message}
-    try:
-        async with client.stream("POST", f"{base_url}/v1/chat", json=payload) as response:
-            if response.status_code != 200:
-                await response.aread()
-                return response.status_code
-            visitor.session_id = response.headers.get("x-session-id") or visitor.session_id
-            visitor.session_token = response.headers.get("x-session-token") or visitor.session_token
-            async for line in response.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                event = json.loads(line[len("data: "):])
-                if event["type"] in ("complete", "error"):
-                    turn.outcome, turn.turn = event["type"], event.get("turn")
-                    if event.get("session_token"):
-                        visitor.session_token = event["session_token"]
-                    return 200
-    except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
-        # The request reached the gateway, which may have started the turn before dying:
-        # sending it again could ask twice, so the visitor sees an error instead.
-        raise Cut(str(exc)) from exc
-    raise Cut("stream ended without complete or error")
-
-
-async def read_back(client: httpx.AsyncClient, base_url: str, visitor: Visitor, wait_s: float) -> bool:
-    """After a cut stream, what a widget can do today: read its conversation from the other
-    gateway until the turn it sent has an answer (a turn newer than the last it was shown)."""
-    if visitor.session_id is None:
-        return False  # cut before the gateway named the session
-    shown = max((t.turn or 0 for t in visitor.turns if t.outcome == "complete"), default=0)
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        try:
-            response = await client.get(f"{base_url}/v1/sites/{SITE}/conversations/{visitor.session_id}",
-                                        headers={"X-Session-Token": visitor.session_token or ""})
-            if response.status_code == 200 and any(
-                    m["role"] == "assistant" and m["turn"] > shown for m in response.json()["messages"]):
-                return True
-        except httpx.TransportError:
-            pass
-        await asyncio.sleep(1.0)
-    return False
-
-
-async def ask(client: httpx.AsyncClient, gateways: list[str], first: int, visitor: Visitor, turn: Turn,
-              hang_s: float, retry_s: float) -> None:
-    started = turn.started = time.monotonic()
-    gateway = first
-    while True:
-        try:
-            turn.status = await asyncio.wait_for(stream_turn(client, gateways[gateway], visitor, turn), hang_s)
-        except asyncio.TimeoutError:
-            turn.outcome = "hung"
-        except Cut:
-            turn.outcome = "cut"
-            if await read_back(client, gateways[1 - gateway], visitor, hang_s):
-                turn.outcome = "read_back"
-        except (httpx.ConnectError, httpx.ConnectTimeout):
-            turn.status = None  # the gateway is down: nothing was sent
-        if turn.outcome:
-            break
-        if turn.status not in (None, *RETRYABLE) or time.monotonic() - started > retry_s:
-            turn.outcome = "refused"
-            break
-        turn.retries += 1
-        gateway = 1 - gateway
-        await asyncio.sleep(1.0)
-    turn.seconds = time.monotonic() - started
-
-
 async def drive(gateways: list[str], sessions: int, min_turns: int, think_s: float, chaos_done: asyncio.Event,
-                hang_s: float, retry_s: float) -> list[Visitor]:
-    """`sessions` visitors, each `min_turns` turns and more until the chaos is over."""
+                hang_s: float) -> list[Visitor]:
+    """`sessions` visitors, each `min_turns` turns and more until the chaos is over, each turn
+    to the other gateway than the last (cli/harness/visitor.py: how a visitor takes a turn)."""
     visitors = [Visitor(i) for i in range(sessions)]
     limits = httpx.Limits(max_connections=sessions * 2, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=httpx.Timeout(hang_s, connect=2.0), limits=limits) as client:
@@ -181,7 +82,7 @@ async def drive(gateways: list[str], sessions: int, min_turns: int, think_s: flo
             while t < min_turns or not chaos_done.is_set():
                 turn = Turn(visitor.index, script[t % len(script)].format(i=visitor.index, t=t))
                 visitor.turns.append(turn)
-                await ask(client, gateways, (visitor.index + t) % 2, visitor, turn, hang_s, retry_s)
+                await ask(client, SITE, gateways, (visitor.index + t) % len(gateways), visitor, turn, hang_s)
                 t += 1
                 await asyncio.sleep(think_s)
 
@@ -375,10 +276,9 @@ async def rehearse(args, cluster: Cluster, log) -> tuple[list[Visitor], dict[str
                 chaos_done.set()
 
         hang_s = args.turn_deadline_s + 15
-        retry_s = args.turn_deadline_s + 20  # a dead gateway's session guard lives the deadline + 10 s
         started = time.monotonic()
         visitors, recovery = await asyncio.gather(
-            drive(gateways, args.sessions, args.turns_per_session, args.think_ms / 1000, chaos_done, hang_s, retry_s),
+            drive(gateways, args.sessions, args.turns_per_session, args.think_ms / 1000, chaos_done, hang_s),
             run_chaos())
         wall = time.monotonic() - started
         log(f"load over after {wall:.1f}s; waiting for quiescence")
@@ -489,7 +389,6 @@ def report(args, visitors: list[Visitor], recovery: dict[str, float], result: Au
         "turns": len(turns),
         "completed": outcomes["complete"],
         "errors_shown": outcomes["error"] + outcomes["cut"] + outcomes["refused"],
-        "read_back": outcomes["read_back"],
         "hung": outcomes["hung"],
         "lost_events": len(result.lost),
         "duplicate_side_effects": sum(n - 1 for n in deliveries.values() if n > 1),
@@ -497,6 +396,8 @@ def report(args, visitors: list[Visitor], recovery: dict[str, float], result: Au
         "error_events": outcomes["error"],
         "streams_cut": outcomes["cut"],
         "refused": outcomes["refused"],
+        "resumed": sum(t.outcome == "complete" and t.resumed > 0 for t in turns),
+        "sent_again": sum(t.retries > t.resumed for t in turns),
         "retried_requests": sum(t.retries for t in turns),
         "turns_in_log": result.requested,
         "ended_in_log": result.ended_in_log,
@@ -514,9 +415,9 @@ def report(args, visitors: list[Visitor], recovery: dict[str, float], result: Au
     print(f"{'completed (SSE complete)':<34}{figures['completed']} ({share:.1%})")
     print(f"{'errors shown':<34}{figures['errors_shown']} (error events {figures['error_events']}, "
           f"streams cut {figures['streams_cut']}, refused {figures['refused']})")
-    print(f"{'cut, answer read back':<34}{figures['read_back']}")
+    print(f"{'completed after a resumed stream':<34}{figures['resumed']}")
     print(f"{'hung':<34}{figures['hung']}")
-    print(f"{'requests retried (nothing started)':<34}{figures['retried_requests']}")
+    print(f"{'messages sent again / all retries':<34}{figures['sent_again']} / {figures['retried_requests']}")
     print(f"{'turns in the log / ended there':<34}{figures['turns_in_log']} / {figures['ended_in_log']}")
     print(f"{'lost events':<34}{figures['lost_events']}")
     for line in result.lost[:10]:

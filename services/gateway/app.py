@@ -192,9 +192,14 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             metrics.turns.labels("none", "rate_limited").inc()
             return _rate_limited(wait)
         hold = await guard.acquire(site, session_id)
-        if hold is None and turn_ended(await loader.load(bus, site, session_id)):
-            # Held, yet the log says the last turn ended: its gateway died before releasing.
-            hold = await guard.take_over_ended(site, session_id, settings.guard_takeover_s)
+        if hold is None:
+            state = await loader.load(bus, site, session_id)
+            if (sent := sent_before(state, body.client_message_id)) is not None:
+                # Held for the turn this very message started (the client's first try was cut).
+                return await turn_stream(request, site, session_id, sent)
+            if turn_ended(state):
+                # Held, yet the log says the last turn ended: its gateway died before releasing.
+                hold = await guard.take_over_ended(site, session_id, settings.guard_takeover_s)
         if hold is None:
             metrics.turns.labels("none", "busy").inc()
             return JSONResponse(
@@ -205,6 +210,11 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         try:
             with tracer.start_as_current_span("chat turn") as span:
                 state = await loader.load(bus, site, session_id)
+                if (sent := sent_before(state, body.client_message_id)) is not None:
+                    # The message was sent before and that try started its turn: the client
+                    # reads that turn's stream, from its start; no second turn.
+                    await _cleanup(None, guard, site, session_id, hold)
+                    return await turn_stream(request, site, session_id, sent)
                 if not turn_ended(state):
                     # The guard is free but the log has not ended the last turn (its visitor
                     # closed the stream): a next turn never overlaps it. Past the deadline
@@ -225,19 +235,20 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                     event = ev.TurnBlocked(
                         event_id=ev.new_id(), site=site, session_id=session_id, turn=turn, ts=ev.now(),
                         producer="gateway", reason=blocked, reply=abuse_gate.reply(blocked, lang),
-                        message_chars=len(body.message), language=lang,
+                        message_chars=len(body.message), language=lang, client_message_id=body.client_message_id,
                     )
                     await bus.publish(event)
                     await _cleanup(None, guard, site, session_id, hold)
                     metrics.turns.labels("none", "blocked").inc()
                     return _blocked_response(event, session_token, settings.keepalive_s)
-                relay = TurnRelay(bus, site, session_id, turn, settings.turn_deadline_s)
+                relay = TurnRelay(bus, site, session_id, turn, settings.turn_deadline_s, settings.turn_stall_s)
                 await relay.open()
                 if ip:
                     await _remember_ip(request, site, session_id, ip, settings.privacy.raw_ip_ttl_s)
                 requested = ev.TurnRequested(
                     event_id=ev.new_id(), site=site, session_id=session_id, turn=turn, ts=ev.now(),
                     producer="gateway", message=body.message, visitor=visitor, ip_hash=digest,
+                    client_message_id=body.client_message_id,
                 )
                 await bus.publish(requested, expected_subject_seq=state.turn_requested_seq)
         except ConcurrencyConflict:
@@ -269,8 +280,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                     # No outcome: the visitor went away before the end.
                     metrics.turns.labels(route, relay.outcome or "abandoned").inc()
                     with anyio.CancelScope(shield=True):  # a dropped client cancels the stream
-                        if relay.outcome == "timeout":  # the visitor was told; the log says so too
-                            await end_turn(bus, requested, f"no outcome within the turn deadline ({settings.turn_deadline_s:g} s)")
+                        if reason := relay.gave_up():  # the visitor was told; the log says so too
+                            await end_turn(bus, requested, reason)
                         await _cleanup(relay, guard, site, session_id, hold)
 
         return frames.response(stream(), sse_headers(session_id, session_token), settings.keepalive_s)
@@ -284,7 +295,11 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         `error`. A finished turn replays from the log."""
         await configured_site(request, site)
         require_token(site, session_id, x_session_token)
-        after = frames.last_event_id(last_event_id, turn)
+        return await turn_stream(request, site, session_id, turn, frames.last_event_id(last_event_id, turn))
+
+    async def turn_stream(request: Request, site: str, session_id: str, turn: int, after: int = -1) -> Response:
+        """Turn `turn`'s frames after frame `after` (-1: from `start`), live until it ends; a
+        finished turn replays from the log. The caller checked the site and the token."""
         bus: Bus = request.app.state.bus
         state = await loader.load(bus, site, session_id)
         record = state.turns.get(turn)
@@ -296,7 +311,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             blocked = [r.event for r in await bus.read(subjects.conv(site, session_id, "turn_blocked"))
                        if r.event.turn == turn]
             return _blocked_response(blocked[0], session_token, settings.keepalive_s, after)
-        relay = TurnRelay(bus, site, session_id, turn, settings.turn_deadline_s)
+        relay = TurnRelay(bus, site, session_id, turn, settings.turn_deadline_s, settings.turn_stall_s)
         await relay.open()
         try:
             whole = await relay.catch_up()
@@ -333,6 +348,10 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                             yield chunk
                 finally:
                     with anyio.CancelScope(shield=True):
+                        # A resumed turn may have lost its first relay with its gateway: this
+                        # one ends it in the log as that one would have.
+                        if (reason := relay.gave_up()) and relay.requested is not None:
+                            await end_turn(bus, relay.requested, reason)
                         await relay.close()
 
         return frames.response(stream(), headers, settings.keepalive_s)
@@ -430,6 +449,15 @@ async def end_overdue_turn(bus: Bus, site: str, session_id: str, turn: int, dead
         return False
     await end_turn(bus, requested, f"no outcome within the turn deadline ({deadline_s:g} s); ended by the next request")
     return True
+
+
+def sent_before(state, client_message_id: str | None) -> int | None:
+    """The turn an earlier try of this message started (the newest turn, if it carries the
+    same client message id), or None: the message starts a turn of its own."""
+    record = state.turns.get(state.turn)
+    if client_message_id is None or record is None or record.client_message_id != client_message_id:
+        return None
+    return state.turn
 
 
 def turn_ended(state) -> bool:

@@ -5,6 +5,14 @@ subjects *before* it appends `TurnRequested`, so nothing the turn produces can b
 missed. It yields SSE payloads: tokens in order, then exactly one `complete` or one
 `error`, and never waits past the turn deadline.
 
+Nor does it wait for a turn nobody works on: its stall clock restarts at every event of the
+turn in the log, every token, and every progress marker (a node at work on the turn says
+so when it starts and with each heartbeat: shared/consumer.py). When the clock reaches the
+stall timeout (`TURN_STALL_S`) the relay gives up with an `error`, and its caller ends the
+turn in the log. A dead process's turn is thus ended within seconds when no replica takes it
+over (one replica: the replacement may need longer than that to start), while a step that
+is merely slow (a remote model's first token, a slow enrichment) keeps its node talking.
+
 If the responder is redelivered (its process died mid-answer) after tokens of the
 first attempt reached the browser, the relay sends `restart` (the widget drops the text
 shown so far) and goes on with the new attempt, so the visitor reads one coherent answer;
@@ -36,15 +44,19 @@ TOKEN_GRACE_S = 1.0
 
 
 class TurnRelay:
-    def __init__(self, bus: Bus, site: str, session_id: str, turn: int, deadline_s: float):
+    def __init__(self, bus: Bus, site: str, session_id: str, turn: int, deadline_s: float, stall_s: float = 0.0):
         self.bus = bus
         self.site, self.session_id, self.turn = site, session_id, turn
         self.deadline_s = deadline_s
+        self.stall_s = stall_s  # 0: no stall clock, only the deadline
         self.queue: asyncio.Queue = asyncio.Queue()
         self._subs = []
-        # How the stream ended, for the turn metrics: complete, timeout, failed or
+        self._progress_subject = subjects.progress(site, session_id, turn)
+        self._progress_at = time.monotonic()
+        # How the stream ended, for the turn metrics: complete, timeout, stalled, failed or
         # interrupted; None while running (or when the visitor left first).
         self.outcome: str | None = None
+        self.requested: ev.TurnRequested | None = None  # the turn's, once seen: what ends it in the log
 
     async def open(self) -> None:
         async def put(msg):
@@ -53,6 +65,7 @@ class TurnRelay:
         nc = self.bus.nc
         self._subs.append(await nc.subscribe(subjects.tokens(self.site, self.session_id, self.turn), cb=put))
         self._subs.append(await nc.subscribe(subjects.conversation(self.site, self.session_id), cb=put))
+        self._subs.append(await nc.subscribe(self._progress_subject, cb=put))
 
     async def catch_up(self) -> bool:
         """Queue the turn's stored tokens and log events before the live ones (after `open`).
@@ -84,19 +97,27 @@ class TurnRelay:
     async def batches(self) -> AsyncIterator[list[dict]]:
         """Payloads in order, grouped by what had already arrived: under load one write
         carries several tokens instead of one write per token."""
-        deadline = time.monotonic() + self.deadline_s
+        started = self._progress_at = time.monotonic()
+        deadline = started + self.deadline_s
         turn = _TurnProgress()
         while True:
             now = time.monotonic()
-            wait = deadline - now
             if turn.completed is not None:
-                wait = min(deadline, turn.completed_at + TOKEN_GRACE_S) - now
+                until = min(deadline, turn.completed_at + TOKEN_GRACE_S)
+            elif self.stall_s > 0:
+                until = min(deadline, self._progress_at + self.stall_s)
+            else:
+                until = deadline
+            wait = until - now
             if wait <= 0:
                 if turn.completed is not None:
                     yield self._finish(turn)
-                else:
+                elif now >= deadline:
                     self.outcome = "timeout"
                     yield [{"type": "error", "message": "The assistant did not answer in time. Please try again."}]
+                else:
+                    self.outcome = "stalled"
+                    yield [{"type": "error", "message": "The assistant stopped answering. Please try again."}]
                 return
             try:
                 msg = await asyncio.wait_for(self.queue.get(), wait)
@@ -114,6 +135,15 @@ class TurnRelay:
             if done:
                 return
 
+    def gave_up(self) -> str | None:
+        """Why the relay gave up on a turn nothing ended (the caller then ends it in the log
+        with this reason), or None when the turn ended or the visitor left."""
+        if self.outcome == "timeout":
+            return f"no outcome within the turn deadline ({self.deadline_s:g} s)"
+        if self.outcome == "stalled":
+            return f"no progress for {self.stall_s:g} s (TURN_STALL_S): no event, token or node at work on the turn"
+        return None
+
     def _finish(self, turn: "_TurnProgress") -> list[dict]:
         out = turn.finish(self.session_id, self.turn)
         self.outcome = "complete" if out[-1]["type"] == "complete" else "interrupted"
@@ -121,6 +151,9 @@ class TurnRelay:
 
     def _take(self, msg, turn: "_TurnProgress", out: list[dict]) -> bool:
         """Fold one bus message into the turn's progress; True when the stream must end."""
+        if msg.subject == self._progress_subject:  # a node at work on the turn
+            self._progress_at = time.monotonic()
+            return False
         try:
             event = ev.decode(msg.data)
         except ev.BadEvent as exc:
@@ -131,7 +164,10 @@ class TurnRelay:
             return False
         if event.turn != self.turn:
             return False
+        self._progress_at = time.monotonic()
         match event:
+            case ev.TurnRequested():
+                self.requested = event
             case ev.TokenChunk():
                 if turn.attempt is None:
                     turn.attempt = event.attempt

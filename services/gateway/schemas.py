@@ -24,6 +24,10 @@ MAX_BODY_BYTES = 512 * 1024
 Id = Annotated[str, msgspec.Meta(pattern=TOKEN_RE.pattern, description="letters, digits, '-' or '_'; 1-64")]
 Short = Annotated[str, msgspec.Meta(max_length=256)]
 Url = Annotated[str, msgspec.Meta(max_length=2048)]
+MessageId = Annotated[str, msgspec.Meta(
+    pattern=TOKEN_RE.pattern,
+    description="the client's id for this message, the same when it sends the message again after a try that "
+                "failed in transit: if that try started the turn, the answer is that turn's stream, not a second turn")]
 Token = Annotated[str, msgspec.Meta(max_length=256, description="the session_token of the conversation's last `complete`")]
 
 
@@ -46,6 +50,7 @@ class ChatRequest(msgspec.Struct, forbid_unknown_fields=True):
     session_id: Id | None = None  # null or absent: a new conversation (the server names it)
     session_token: Token | None = None  # or the X-Session-Token header
     visitor: Visitor | None = None
+    client_message_id: MessageId | None = None
 
 
 class RequestError(Exception):

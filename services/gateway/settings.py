@@ -18,6 +18,9 @@ class GatewaySettings(Settings):
     host: str = "127.0.0.1"
     port: int = 8000
     turn_deadline_s: float = 60.0
+    # A turn with no event, token or node at work on it for this long is ended (relay.py);
+    # above CONSUMER_ACK_WAIT_S (5 s), the time a replica's dead work takes to move on. 0: off.
+    turn_stall_s: float = 8.0
     rate_per_ip_per_min: int = 30
     rate_per_site_per_min: int = 1200
     max_body_bytes: int = MAX_BODY_BYTES
@@ -42,6 +45,7 @@ class GatewaySettings(Settings):
             host=env_str("GATEWAY_HOST", d.host),
             port=env_int("GATEWAY_PORT", d.port),
             turn_deadline_s=env_float("TURN_DEADLINE_S", d.turn_deadline_s),
+            turn_stall_s=env_float("TURN_STALL_S", d.turn_stall_s),
             rate_per_ip_per_min=env_int("RATE_LIMIT_PER_IP_PER_MIN", d.rate_per_ip_per_min),
             rate_per_site_per_min=env_int("RATE_LIMIT_PER_SITE_PER_MIN", d.rate_per_site_per_min),
             max_body_bytes=env_int("GATEWAY_MAX_BODY_BYTES", d.max_body_bytes),

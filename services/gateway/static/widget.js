@@ -6,8 +6,10 @@
  * this script came from). The session id and its token (the conversation's only key: the
  * gateway refuses a session id without it) are kept in localStorage per site, so a reload
  * resumes the conversation; an answer cut off (a reload, a dropped connection) is resumed
- * from the turn's stream after the last frame read. The page's origin must be in the site's
- * `allowed_origins`.
+ * from the turn's stream after the last frame read, and a message whose sending failed before
+ * its turn began streaming is sent again with the same id (the gateway then streams the turn
+ * that try started, if it did, instead of starting another). The page's origin must be in the
+ * site's `allowed_origins`.
  * No dependencies, no CDN.
  */
 (function () {
@@ -18,7 +20,10 @@
   var storeKey = "concierge:" + site + ":session";
   var tokenKey = "concierge:" + site + ":token";
   var streamKey = "concierge:" + site + ":stream";
-  var RESUME_TRIES = 3;
+  // A try that failed in transit is tried again after each of these pauses: every second at
+  // first (a load balancer sends the next try to a live gateway), 30 s in all (long enough for
+  // a lone gateway to come back). cli/harness/visitor.py, the rehearsals' visitor, does the same.
+  var RETRY_PAUSES_MS = [1000, 1000, 1000, 2000, 2000, 3000, 5000, 5000, 10000];
   if (!site) { console.error("concierge widget: data-site is required"); return; }
 
   var css = [
@@ -256,7 +261,14 @@
     bot.setAttribute("data-testid", "cw-bot");
     log.appendChild(bot);
     scroll();
-    return {bot: bot, answer: "", sources: [], started: false, number: null, last: null};
+    return {bot: bot, answer: "", sources: [], started: false, number: null, last: null,
+            text: null, id: null, tries: 0};
+  }
+
+  // The message's id, the same each time it is sent again.
+  function messageId() {
+    if (window.crypto && crypto.randomUUID) return crypto.randomUUID();
+    return Date.now().toString(36) + "-" + Math.random().toString(36).slice(2, 12);
   }
 
   // One frame into the bubble; true once the turn ended (complete or error).
@@ -321,6 +333,12 @@
     return pump().catch(function () { return false; });
   }
 
+  function fatal(message) {  // an error no retry can help
+    var err = new Error(message);
+    err.final = true;
+    return err;
+  }
+
   function reopen(turn) {
     var headers = {"X-Session-Token": localStorage.getItem(tokenKey)};
     if (turn.last) headers["Last-Event-ID"] = turn.last;
@@ -329,31 +347,76 @@
                  {headers: headers}).then(function (resp) {
       if (!resp.ok && resp.status < 500) {  // no such turn, or no longer this visitor's: nothing to resume
         localStorage.removeItem(streamKey);
-        var gone = new Error("The answer could not be resumed. Please ask again.");
-        gone.final = true;
-        throw gone;
+        throw fatal("The answer could not be resumed. Please ask again.");
       }
       if (!resp.ok) throw new Error("The assistant is unavailable.");
       return resp;
     });
   }
 
-  // Follow a turn to its end, resuming after the last frame read whenever the connection drops.
-  function stream(turn, resp, tries) {
-    return follow(resp, turn).then(function (ended) {
-      if (!ended) return resume(turn, tries);
+  // After a try that failed in transit, the next one when its pause is over: the turn resumed
+  // after the last frame read once its `start` frame named it, else the message sent again.
+  // `err` once the pauses are spent.
+  function again(turn, err) {
+    if (turn.tries >= RETRY_PAUSES_MS.length) {
+      localStorage.removeItem(streamKey);
+      return Promise.reject(err);
+    }
+    var pause = RETRY_PAUSES_MS[turn.tries++];
+    return new Promise(function (ok) { setTimeout(ok, pause); }).then(function () {
+      return turn.number ? resume(turn) : post(turn);
     });
   }
 
-  function resume(turn, tries) {
-    if (!turn.number || tries <= 0) {
-      localStorage.removeItem(streamKey);
-      return Promise.reject(new Error("The connection was lost. Please ask again."));
-    }
-    return new Promise(function (ok) { setTimeout(ok, 1000); })
-      .then(function () { return reopen(turn); })
-      .then(function (resp) { return stream(turn, resp, tries - 1); },
-            function (err) { if (err.final) throw err; return resume(turn, tries - 1); });
+  // Follow a turn to its end; a connection that ends first is tried again.
+  function stream(turn, resp) {
+    return follow(resp, turn).then(function (ended) {
+      if (!ended) {
+        return again(turn, new Error(turn.number ? "The connection was lost. Please ask again."
+                                                 : "The assistant is unavailable."));
+      }
+    });
+  }
+
+  function resume(turn) {
+    return reopen(turn).then(function (resp) { return stream(turn, resp); },
+                             function (err) { if (err.final) throw err; return again(turn, err); });
+  }
+
+  // Send the visitor's message, or send it again (the same id) after a try that failed before
+  // its turn's `start` frame came: the gateway may or may not have started the turn.
+  function post(turn) {
+    var session = localStorage.getItem(storeKey), token = localStorage.getItem(tokenKey);
+    if (!session || !token) session = null;  // no token: the conversation cannot be resumed, start anew
+    return fetch(api + "/v1/chat", {
+      method: "POST",
+      headers: {"content-type": "application/json"},
+      body: JSON.stringify({site: site, session_id: session, session_token: session ? token : null,
+                            message: turn.text, client_message_id: turn.id})
+    }).then(function (resp) {
+      if (resp.status === 403 && session) {  // the token is no longer valid: start a new conversation
+        localStorage.removeItem(storeKey);
+        localStorage.removeItem(tokenKey);
+        throw fatal("This conversation could not be resumed. Please send your message again.");
+      }
+      if (resp.ok) {
+        var sid = resp.headers.get("X-Session-Id"), stoken = resp.headers.get("X-Session-Token");
+        if (sid && stoken) { localStorage.setItem(storeKey, sid); localStorage.setItem(tokenKey, stoken); }
+        return stream(turn, resp);
+      }
+      return resp.json().catch(function () { return {}; }).then(function (b) {
+        // Nothing was started: the session's last turn has not ended yet (or its gateway died
+        // holding it), another gateway got there first, or the bus is down. Soon, again.
+        var inProgress = resp.status === 429 && b.error === "turn_in_progress";
+        if (inProgress || resp.status === 409 || resp.status === 503) {
+          return again(turn, new Error(inProgress ? "One message at a time, please — or wait a moment and try again."
+                                                  : "The assistant is unavailable."));
+        }
+        throw fatal((b.detail && b.detail[0] && b.detail[0].message) || b.detail || "The assistant is unavailable.");
+      });
+    }, function () {  // a network error: the message may or may not have reached the gateway
+      return again(turn, new Error("The assistant is unavailable."));
+    });
   }
 
   function failed(turn) {
@@ -370,26 +433,9 @@
     input.value = "";
     log.appendChild(el("div", "cw-msg cw-user", text));
     var turn = bubble();
-    var session = localStorage.getItem(storeKey), token = localStorage.getItem(tokenKey);
-    if (!session || !token) session = null;  // no token: the conversation cannot be resumed, start anew
-    fetch(api + "/v1/chat", {
-      method: "POST",
-      headers: {"content-type": "application/json"},
-      body: JSON.stringify({site: site, session_id: session, session_token: session ? token : null, message: text})
-    }).then(function (resp) {
-      if (resp.status === 403 && session) {  // the token is no longer valid: start a new conversation
-        localStorage.removeItem(storeKey);
-        localStorage.removeItem(tokenKey);
-        throw new Error("This conversation could not be resumed. Please send your message again.");
-      }
-      if (resp.status === 429) throw new Error("One message at a time, please — or wait a moment and try again.");
-      if (!resp.ok) return resp.json().then(function (b) {
-        throw new Error((b.detail && b.detail[0] && b.detail[0].message) || b.detail || "The assistant is unavailable.");
-      });
-      var sid = resp.headers.get("X-Session-Id"), stoken = resp.headers.get("X-Session-Token");
-      if (sid && stoken) { localStorage.setItem(storeKey, sid); localStorage.setItem(tokenKey, stoken); }
-      return stream(turn, resp, RESUME_TRIES);
-    }).catch(failed(turn)).then(idle);
+    turn.text = text;
+    turn.id = messageId();
+    post(turn).catch(failed(turn)).then(idle);
   }
 
   // After a reload: the visitor's own view of the conversation (its token required), and the
@@ -421,8 +467,7 @@
           busy = true; send.disabled = true;
           var turn = bubble();
           turn.number = streaming.turn;
-          reopen(turn).then(function (resp) { return stream(turn, resp, RESUME_TRIES); })
-            .catch(failed(turn)).then(idle);
+          resume(turn).catch(failed(turn)).then(idle);
         } else {
           localStorage.removeItem(streamKey);
           if (messages.length) finish(view.last);
