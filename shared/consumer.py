@@ -286,14 +286,16 @@ class ConsumerRunner:
     async def _keep_alive(self, msg: Msg, progress: str | None) -> None:
         """Long handlers (a streamed answer) tell the server they are alive, so only a dead
         process gets its message redelivered. A handler at work on a turn also says so on
-        the turn's `progress` subject, at once and then with each heartbeat: the gateway
-        ends a turn nobody works on (TURN_STALL_S) but not one whose step is merely slow."""
+        the turn's `progress` subject with each heartbeat: the gateway ends a turn nobody
+        works on (TURN_STALL_S) but not one whose step is merely slow. Not at once: the
+        gateway hears every event of the turn too, and most handlers are done long before
+        their first heartbeat (a marker from each would be most of a turn's messages)."""
         interval = max(self.config.ack_wait_s / 3, 0.2)
         while True:
-            if progress is not None:
-                await self._say_progress(progress)
             await asyncio.sleep(interval)
             await msg.in_progress()
+            if progress is not None:
+                await self._say_progress(progress)
 
     async def _say_progress(self, subject: str) -> None:
         try:

@@ -126,9 +126,11 @@ async def test_each_service_works_within_its_subjects_and_is_refused_outside(sec
     gateway, router, responder = [await as_service(secured_nats, n) for n in ("gateway", "router", "responder")]
     try:
         async def classify(event, inputs, ctx):
+            await asyncio.sleep(1.0)  # at work past a heartbeat (every 0.2 s), so it says so
             return [ctx.follow(ev.IntentClassified, intent="LEARN", confidence=1.0, classifier="rule")]
 
-        runner = ConsumerRunner(router, Node(unique("perm"), ("turn_requested",), classify), fast(), start_lookback_s=5)
+        runner = ConsumerRunner(router, Node(unique("perm"), ("turn_requested",), classify), fast(ack_wait_s=0.6),
+                                start_lookback_s=5)
         heard = []
 
         async def hear(msg):
