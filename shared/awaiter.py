@@ -56,12 +56,10 @@ async def turn_state(bus: Bus, site: str, session_id: str, turn: int, wanted: se
         state = await loader.load(bus, site, session_id)
         missing -= _seen(state, turn)
         deadline = time.monotonic() + timeout_s
-        looks = 0
+        pauses = iter(RECHECK_S)
         while missing and not missing <= heard.keys() and (remaining := deadline - time.monotonic()) > 0:
-            pause = RECHECK_S[min(looks, len(RECHECK_S) - 1)]
-            looks += 1
             try:
-                await asyncio.wait_for(complete.wait(), min(remaining, pause))
+                await asyncio.wait_for(complete.wait(), min(remaining, next(pauses, RECHECK_S[-1])))
             except asyncio.TimeoutError:
                 # An event published just before we subscribed, and stored just after we
                 # looked, reaches neither: look at the log again.

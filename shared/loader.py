@@ -114,8 +114,8 @@ _cache = FoldCache()
 async def load(bus: Bus, site: str, session_id: str, use_snapshot: bool = True) -> ConversationState:
     """The conversation's state: the cached or snapshotted state plus the log after it,
     as the caller's own copy (one copy per load: the cache's state is folded forward in place)."""
-    cached = _cache.get(site, session_id) if use_snapshot else None
-    start, revision = cached, None
+    start = _cache.get(site, session_id) if use_snapshot else None
+    revision = None
     if start is None and use_snapshot:
         start, revision = await read_snapshot(bus, site, session_id)
     after, folded_turn = (start.last_seq, start.turn) if start else (0, 0)
@@ -124,7 +124,7 @@ async def load(bus: Bus, site: str, session_id: str, use_snapshot: bool = True) 
         # Turns we have already folded, appended again: the log was rewritten (a visitor's
         # erasure). Fold it from the beginning.
         _cache.drop(site, session_id)
-        start = cached = None
+        start = None
         tail = await bus.read(subjects.conversation(site, session_id))
     try:
         # The cached state, or a snapshot's (decoded just now: ours), folded forward in place.

@@ -47,7 +47,7 @@ class ConciergeQdrantStorage(QdrantVectorDBStorage):
             return await super().query(query, top_k, query_embedding)
         if query_embedding is None:
             query_embedding = (await self.embedding_func([query], context="query"))[0]
-        if self._pending_vector_docs or self._pending_vector_deletes:
+        if self._buffered():
             # The collection holds this site's points only: no payload filter to evaluate.
             points = self._client.query_points(collection_name=self.final_namespace, query=query_embedding,
                                                limit=top_k, with_payload=True,
@@ -58,23 +58,17 @@ class ConciergeQdrantStorage(QdrantVectorDBStorage):
         return self._index.search(np.asarray(query_embedding, dtype=np.float32), top_k,
                                   self.cosine_better_than_threshold)
 
-    # Every write (this process is the embedded store's only writer) forgets the index.
+    def _buffered(self) -> bool:
+        """Writes LightRAG holds back until its next flush (upsert, delete, delete_entity):
+        until then reads go to the store with them, as LightRAG's own do."""
+        return bool(self._pending_vector_docs or self._pending_vector_deletes)
 
-    async def upsert(self, data):
-        self._index = None
-        return await super().upsert(data)
+    # What writes the store itself forgets the index (this process is the embedded store's
+    # only writer): the flush of the buffered writes, and the two that write directly.
 
     async def _flush_pending_vector_ops(self):
         self._index = None
         return await super()._flush_pending_vector_ops()
-
-    async def delete(self, ids):
-        self._index = None
-        return await super().delete(ids)
-
-    async def delete_entity(self, entity_name):
-        self._index = None
-        return await super().delete_entity(entity_name)
 
     async def delete_entity_relation(self, entity_name):
         self._index = None
@@ -85,7 +79,7 @@ class ConciergeQdrantStorage(QdrantVectorDBStorage):
         return await super().drop()
 
     async def get_vectors_by_ids(self, ids: list[str]) -> dict[str, list[float]]:
-        if not self._per_site or self._pending_vector_docs or self._pending_vector_deletes:
+        if not self._per_site or self._buffered():
             return await super().get_vectors_by_ids(ids)
         # Nothing buffered (the query path): read the vectors without their payloads,
         # which qdrant-client's local mode would deep-copy point by point only for
@@ -109,6 +103,7 @@ class ConciergeQdrantStorage(QdrantVectorDBStorage):
     async def finalize(self):
         # Flush, but leave the shared client open: the knowledge base closes it.
         await self._flush_pending_vector_ops()
+
 
 class LocalIndex:
     """One local-mode collection's vectors as a matrix, searched with one product.
