@@ -25,6 +25,7 @@ import re
 import tomllib
 import unicodedata
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 GLOSSARY = Path(__file__).parent / "data" / "glossary.toml"
@@ -135,8 +136,11 @@ def terms(text: str, lang: str) -> list[str]:
     return out
 
 
+@lru_cache(maxsize=4096)
 def expand(text: str, lang: str) -> str:
     """The text, then the English of its glossary terms; unchanged in English, in a
-    language the glossary lacks, or without any term."""
+    language the glossary lacks, or without any term. Cached: an extractive answer asks for
+    the same message's expansion several times (question, context, lexical scores), and the
+    retriever for each query; matching every glossary form costs more than the lookup."""
     english = terms(text, lang)
     return f"{text} {' '.join(english)}" if english else text
