@@ -140,7 +140,7 @@ def terms(text: str, lang: str) -> list[str]:
 def expand(text: str, lang: str) -> str:
     """The text, then the English of its glossary terms; unchanged in English, in a
     language the glossary lacks, or without any term. Cached: an extractive answer asks for
-    the same message's expansion several times (question, context, lexical scores), and the
-    retriever for each query; matching every glossary form costs more than the lookup."""
+    the same message's expansion several times (question, follow-up context, lexical
+    scores), and matching every glossary form costs more than the lookup."""
     english = terms(text, lang)
     return f"{text} {' '.join(english)}" if english else text

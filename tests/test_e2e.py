@@ -586,6 +586,17 @@ async def test_stop_booking_leaves_the_flow(system, http):
 CHROMIUM = next((p for p in ("/usr/bin/chromium", "/usr/bin/chromium-browser") if Path(p).exists()), None)
 
 
+async def ask_in_a_fresh_widget(page, gateway_url: str, message: str) -> None:
+    """Open the demo page as a first-time visitor (nothing in localStorage), open the widget
+    and send `message`."""
+    await page.goto(gateway_url + "/")
+    await page.evaluate("localStorage.clear()")
+    await page.reload()
+    await page.click("[data-testid=cw-launch]")
+    await page.fill("[data-testid=cw-input]", message)
+    await page.press("[data-testid=cw-input]", "Enter")
+
+
 async def launch_chromium(pw):
     """Debian's Chromium, headless, without the background calls a closed network refuses."""
     return await pw.chromium.launch(executable_path=CHROMIUM, args=[
@@ -670,12 +681,7 @@ async def test_browser_renders_the_answers_markdown_and_never_its_html(system, l
             page = await browser.new_page(viewport={"width": 1200, "height": 800})
             dialogs = []
             page.on("dialog", lambda d: (dialogs.append(d.message), asyncio.ensure_future(d.dismiss())))
-            await page.goto(system.gateway_url + "/")
-            await page.evaluate("localStorage.clear()")
-            await page.reload()
-            await page.click("[data-testid=cw-launch]")
-            await page.fill("[data-testid=cw-input]", "How does scheduling work?")
-            await page.press("[data-testid=cw-input]", "Enter")
+            await ask_in_a_fresh_widget(page, system.gateway_url, "How does scheduling work?")
             bot = page.locator("[data-testid=cw-bot]").last
             # While streaming, the list is already a list.
             await page.wait_for_selector("[data-testid=cw-bot] ul > li > strong", timeout=30000)
@@ -714,12 +720,7 @@ async def test_browser_resumes_the_answer_after_a_reload_and_a_dropped_connectio
             page = await context.new_page()
             resumed = []
             page.on("request", lambda r: resumed.append(r.url) if "/stream" in r.url else None)
-            await page.goto(system.gateway_url + "/")
-            await page.evaluate("localStorage.clear()")
-            await page.reload()
-            await page.click("[data-testid=cw-launch]")
-            await page.fill("[data-testid=cw-input]", "What does Tidewise do?")
-            await page.press("[data-testid=cw-input]", "Enter")
+            await ask_in_a_fresh_widget(page, system.gateway_url, "What does Tidewise do?")
             await page.wait_for_function(f"() => {last_bot}?.textContent.includes('routes')", timeout=30000)
             streaming = json.loads(await page.evaluate("localStorage.getItem('concierge:demo:stream')"))
             assert streaming["turn"] == 1 and streaming["last"].startswith("1:"), streaming
@@ -778,12 +779,7 @@ async def test_browser_sends_a_message_again_when_its_try_fails_before_the_turn_
             page = await browser.new_page()
             sent = []
             page.on("request", lambda r: sent.append(json.loads(r.post_data)) if r.url.endswith("/v1/chat") else None)
-            await page.goto(system.gateway_url + "/")
-            await page.evaluate("localStorage.clear()")
-            await page.reload()
-            await page.click("[data-testid=cw-launch]")
-            await page.fill("[data-testid=cw-input]", "Hello there")
-            await page.press("[data-testid=cw-input]", "Enter")
+            await ask_in_a_fresh_widget(page, system.gateway_url, "Hello there")
             await page.wait_for_function(f"() => {bots}.length === 1 && !!localStorage.getItem('concierge:demo:token')"
                                          " && !document.querySelector('[data-testid=cw-input]').disabled"
                                          " && !document.querySelector('.cw-form button').disabled", timeout=30000)

@@ -64,6 +64,17 @@ async def stalling_url(nats_url, redis_url, site, monkeypatch):
         yield url
 
 
+async def leave_at_the_start(client, url: str, site: str) -> tuple[str, str]:
+    """Start a turn and go away once its start frame arrives (the turn is stored; the visitor
+    leaves, or the connection drops): the session and its token."""
+    async with client.stream("POST", f"{url}/v1/chat", json={"site": site, "message": "Hi"}) as response:
+        session, token = response.headers["x-session-id"], response.headers["x-session-token"]
+        async for line in response.aiter_lines():
+            if line.startswith("data:"):
+                break
+    return session, token
+
+
 def kinds(events, turn):
     return [ev.event_type(e) for e in events if e.turn == turn]
 
@@ -83,11 +94,7 @@ async def test_a_turn_nothing_answers_ends_in_the_log_at_the_deadline(bus, site,
 
 async def test_a_next_turn_waits_for_an_abandoned_one_then_ends_it_when_overdue(bus, site, base_url):
     async with httpx.AsyncClient(timeout=10) as client:
-        async with client.stream("POST", f"{base_url}/v1/chat", json={"site": site, "message": "Hi"}) as response:
-            session, token = response.headers["x-session-id"], response.headers["x-session-token"]
-            async for line in response.aiter_lines():
-                if line.startswith("data:"):
-                    break  # the start frame: the turn is stored; the visitor leaves
+        session, token = await leave_at_the_start(client, base_url, site)
         follow_up = {"site": site, "session_id": session, "session_token": token, "message": "Still there?"}
         refused = await client.post(f"{base_url}/v1/chat", json=follow_up)
         assert refused.status_code == 429 and refused.json()["error"] == "turn_in_progress"
@@ -135,11 +142,7 @@ async def test_a_slow_step_whose_node_says_it_is_at_work_is_not_cut(bus, site, s
 async def test_a_resumed_turn_nobody_works_on_is_ended_by_the_relay_that_resumed_it(bus, site, stalling_url):
     """Its first relay went away with its visitor (or its gateway): the resumed one ends it."""
     async with httpx.AsyncClient(timeout=10) as client:
-        async with client.stream("POST", f"{stalling_url}/v1/chat", json={"site": site, "message": "Hi"}) as response:
-            session, token = response.headers["x-session-id"], response.headers["x-session-token"]
-            async for line in response.aiter_lines():
-                if line.startswith("data:"):
-                    break  # the start frame: the turn is stored; the connection drops
+        session, token = await leave_at_the_start(client, stalling_url, site)
         again = await resume(client, stalling_url, site, session, 1, token, last_event_id="1:0")
     assert again.status == 200 and again.final["type"] == "error", again.events
     (failed,) = [e for e in await events_of(bus, site, session) if isinstance(e, ev.TurnFailed)]
