@@ -122,6 +122,13 @@ class Bus:
                 raise ConcurrencyConflict(f"{subject}: expected last sequence {expected_subject_seq}") from exc
             raise
 
+    async def publish_work(self, item: ev.BriefRequested | ev.TriageRequested) -> api.PubAck:
+        """Queue a work item on the BRIEFS work queue (deduplicated by its id like any event)."""
+        subject = subjects.work(item.site, item.session_id, ev.event_type(item))
+        headers = {"Nats-Msg-Id": item.event_id}
+        telemetry.inject(headers)
+        return await self.js.publish(subject, ev.encode(item), headers=headers, stream=subjects.BRIEFS_STREAM)
+
     async def publish_token(self, chunk: ev.TokenChunk | ev.SourcesAttached) -> None:
         """Token chunks (and the sources sent ahead of them) go out as plain publishes: the
         TOKENS stream captures them for later reading, and the gateway, already subscribed,
@@ -413,6 +420,18 @@ async def ensure_topology(bus: Bus) -> None:
             num_replicas=cfg.replicas,
         ),
     )
+    await _ensure_stream(
+        bus.js,
+        api.StreamConfig(
+            name=subjects.BRIEFS_STREAM,
+            subjects=[subjects.BRIEFS_SUBJECTS],
+            # A work queue: a message is removed once acked, and a subject has one consumer.
+            retention=api.RetentionPolicy.WORK_QUEUE,
+            storage=api.StorageType.FILE,
+            duplicate_window=cfg.dedupe_window_s,
+            num_replicas=cfg.replicas,
+        ),
+    )
     for bucket, ttl in (
         (subjects.SITE_CONFIG_BUCKET, None),
         (subjects.SESSION_GUARD_BUCKET, None),
@@ -454,7 +473,7 @@ async def topology_ready(bus: Bus) -> bool:
     if not bus.nc.is_connected:
         return False
     try:
-        for name in (subjects.CONV_STREAM, subjects.TOKENS_STREAM, subjects.DLQ_STREAM):
+        for name in (subjects.CONV_STREAM, subjects.TOKENS_STREAM, subjects.DLQ_STREAM, subjects.BRIEFS_STREAM):
             await bus.js.stream_info(name)
     except (NotFoundError, NoRespondersError, asyncio.TimeoutError, nats.errors.Error):
         return False

@@ -6,8 +6,10 @@ turn's awaited events: shared/node.py) and calls its handler with them. A messag
 only after the handler returned and its output events are stored.
 A handler that raises is retried: `nak` with the configured backoff, up to
 `max_deliver` deliveries; a crash (no ack at all) is redelivered by the server after
-`ack_wait`. After the last attempt the runner appends a `TurnFailed` event to the
-conversation and copies the message to `dlq.<node>`; nothing ends in silence. A
+`ack_wait`. After the last attempt the runner appends the node's failure event (a
+`TurnFailed` unless the node names another) to the conversation and copies the message to
+`dlq.<node>`; nothing ends in silence. Most nodes consume the conversation log (CONV); a
+node may consume a work queue instead (BRIEFS: each item to one replica, gone once acked). A
 payload that does not decode, or whose envelope (site, session, type) disagrees with the
 subject it came on, is counted, logged with its subject, dead-lettered and terminated; it
 never reaches a handler and never stops the loop.
@@ -16,6 +18,7 @@ never reaches a handler and never stops the loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -73,18 +76,26 @@ class ConsumerRunner:
     def durable(self) -> str:
         return self.node.name
 
+    @property
+    def stream(self) -> str:
+        return self.node.stream
+
     def consumer_config(self) -> api.ConsumerConfig:
-        return api.ConsumerConfig(
+        cfg = api.ConsumerConfig(
             durable_name=self.durable,
-            filter_subjects=[subjects.conv_of_type(t) for t in self.node.consumes],
+            filter_subjects=[subjects.of_type(self.stream, t) for t in self.node.consumes],
             ack_policy=api.AckPolicy.EXPLICIT,
             # A node added to a running system picks up recent turns, not all of history.
             deliver_policy=api.DeliverPolicy.BY_START_TIME,
             opt_start_time=_rfc3339(time.time() - self.start_lookback_s),
             max_deliver=self.config.max_deliver,
             ack_wait=self.config.ack_wait_s,
-            max_ack_pending=max(self.config.concurrency * 4, 64),
+            max_ack_pending=self.node.max_in_flight or max(self.config.concurrency * 4, 64),
         )
+        if self.stream != subjects.CONV_STREAM:
+            # A work queue holds only what is still to do: all of it is this node's.
+            cfg.deliver_policy, cfg.opt_start_time = api.DeliverPolicy.ALL, None
+        return cfg
 
     async def start(self) -> None:
         for attempt in range(1, START_ATTEMPTS + 1):
@@ -97,8 +108,8 @@ class ConsumerRunner:
                 log.warning("durable consumer not answering at start; asking again",
                             extra={"node": self.durable, "attempt": attempt, "error": repr(exc)})
                 await asyncio.sleep(attempt)
-        self._psub = await self.bus.js.pull_subscribe_bind(durable=self.durable, stream=subjects.CONV_STREAM)
-        advisory = f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{subjects.CONV_STREAM}.{self.durable}"
+        self._psub = await self.bus.js.pull_subscribe_bind(durable=self.durable, stream=self.stream)
+        advisory = f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{self.stream}.{self.durable}"
         self._advisory_sub = await self.bus.nc.subscribe(advisory, queue=f"advisory-{self.durable}", cb=self._on_max_deliveries)
         self._loop_task = asyncio.create_task(self._fetch_loop(), name=f"consumer-{self.durable}")
         self._set_bound(True)
@@ -109,17 +120,17 @@ class ConsumerRunner:
         keeping where it started (the server refuses to move a start time)."""
         cfg = self.consumer_config()
         try:
-            current = await self.bus.js.consumer_info(subjects.CONV_STREAM, self.durable)
+            current = await self.bus.js.consumer_info(self.stream, self.durable)
         except NotFoundError:
             current = None
         if current is not None:
             cfg.deliver_policy = current.config.deliver_policy
             cfg.opt_start_time = current.config.opt_start_time
         try:
-            await self.bus.js.add_consumer(subjects.CONV_STREAM, cfg)
+            await self.bus.js.add_consumer(self.stream, cfg)
         except APIError as exc:
             # Another replica created it between our look and our create: that one is ours too.
-            await self.bus.js.consumer_info(subjects.CONV_STREAM, self.durable)
+            await self.bus.js.consumer_info(self.stream, self.durable)
             log.info("consumer created by a peer", extra={"node": self.durable, "detail": exc.description})
 
     async def check(self) -> bool:
@@ -128,7 +139,7 @@ class ConsumerRunner:
         created again, so the node recovers by itself; the pull subscription is bound by name
         and fetches from the new one."""
         try:
-            info = await self.bus.js.consumer_info(subjects.CONV_STREAM, self.durable)
+            info = await self.bus.js.consumer_info(self.stream, self.durable)
         except NotFoundError:
             log.warning("durable consumer missing; creating it again", extra={"node": self.durable})
             try:
@@ -238,13 +249,15 @@ class ConsumerRunner:
 
         # What the handler reads of the log includes this event (and so what caused it), even
         # from a replica that had not stored it yet when asked.
-        with logs.conversation(event.site, event.session_id, event.turn), telemetry.continued(msg.headers), \
-                reading_from(msg.subject, msg.metadata.sequence.stream):
+        conv = self.stream == subjects.CONV_STREAM
+        floor = reading_from(msg.subject, msg.metadata.sequence.stream) if conv else contextlib.nullcontext()
+        with logs.conversation(event.site, event.session_id, event.turn), telemetry.continued(msg.headers), floor:
             span_name = f"{self.durable} {ev.event_type(event)}"
             with telemetry.tracer("concierge.consumer").start_as_current_span(span_name) as span:
                 span.set_attribute("concierge.attempt", attempt)
                 concerned = self.node.concerns(event)
-                progress = subjects.progress(event.site, event.session_id, event.turn) if concerned else None
+                # Only a turn's steps feed the gateway's stall clock; a work item has no visitor waiting.
+                progress = subjects.progress(event.site, event.session_id, event.turn) if concerned and conv else None
                 heartbeat = asyncio.create_task(self._keep_alive(msg, progress))
                 try:
                     outputs = []
@@ -312,18 +325,14 @@ class ConsumerRunner:
         self._count("failed")
 
     async def _record_failure(self, event: ev.Envelope, attempts: int, reason: str) -> None:
-        failed = ev.follow(
-            event, ev.TurnFailed, self.durable, key="failed", node=self.durable, reason=reason[:2000],
-            attempts=attempts, failed_event_id=event.event_id,
-        )
-        await self.bus.publish(failed)
+        await self.bus.publish(self.node.failure(event, self.durable, attempts, reason))
 
     async def _on_max_deliveries(self, advisory: Msg) -> None:
         """The server gave up on a message whose handler never answered (the process died on
         its last attempt). Make that failure visible like any other."""
         try:
             info = json.loads(advisory.data)
-            stored = await self.bus.js.get_msg(subjects.CONV_STREAM, seq=info["stream_seq"])
+            stored = await self.bus.js.get_msg(self.stream, seq=info["stream_seq"])
             event = ev.decode(stored.data)
         except Exception:
             log.exception("could not handle max-deliveries advisory", extra={"node": self.durable})

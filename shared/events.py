@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
@@ -370,6 +370,145 @@ class TurnFailed(Envelope, tag="turn_failed"):
     failed_event_id: str | None = None
 
 
+# --- lead briefs (services/enricher/briefs) -----------------------------------------------
+# A captured lead becomes a work item (BriefRequested, on the BRIEFS work-queue stream); the
+# steps that follow are stored in the lead's conversation like every other fact about it.
+
+BriefStage = Literal["exploring", "evaluating", "ready_to_buy", "support_only", "not_a_fit"]
+TriageClass = Literal["call_first", "nurture", "disqualify"]
+Verdict = Literal["pass", "marginal", "fail"]
+BRIEF_STAGES: tuple[str, ...] = BriefStage.__args__
+TRIAGE_CLASSES: tuple[str, ...] = TriageClass.__args__
+# A site's triage lives in a log of its own: this session id (a valid subject token that no
+# widget session can have: the gateway makes session ids without a leading underscore).
+TRIAGE_SESSION = "_triage"
+
+
+class BriefMetadata(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The brief's machine-readable line; decoding it is its validation."""
+
+    priority: Annotated[int, msgspec.Meta(ge=1, le=10)]
+    stage: BriefStage
+    estimated_seats: Annotated[int, msgspec.Meta(ge=0)]
+    confidence: Annotated[int, msgspec.Meta(ge=0, le=100)]
+
+
+class BriefMessage(msgspec.Struct, kw_only=True):
+    role: str
+    content: str
+    turn: int
+
+
+class BriefSource(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A knowledge-base section the conversation retrieved, numbered for citing as [n]."""
+
+    number: int
+    title: str = ""
+    url: str = ""
+    text: str = ""
+
+
+class SimilarLead(msgspec.Struct, kw_only=True):
+    session_id: str
+    stage: str
+    priority: int
+    summary: str
+
+
+class BriefInputs(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Everything a brief may say, gathered once (BriefGathered): what the writer is given,
+    and what the numeric audit checks the brief against."""
+
+    site_name: str = ""
+    email: str = ""
+    capture_context: str = ""
+    language: str = ""
+    transcript: list[BriefMessage] = []
+    profile: VisitorProfile = msgspec.field(default_factory=VisitorProfile)
+    interest_signals: dict[str, bool] = {}
+    interest_score: float = 0.0
+    form_fields: dict[str, str] = {}
+    sources: list[BriefSource] = []
+    similar_leads: list[SimilarLead] = []
+
+
+class BriefRequested(Envelope, tag="brief_requested", kw_only=True):
+    """A work item: write this lead's brief. On `briefs.<site>.<session>.brief_requested`
+    (the BRIEFS work queue: each item handled once, by any replica)."""
+
+    reason: str = "lead_captured"  # lead_captured | operator
+    request_id: str = ""
+
+
+class BriefGathered(Envelope, tag="brief_gathered", kw_only=True):
+    request_id: str = ""
+    inputs: BriefInputs
+
+
+class BriefDrafted(Envelope, tag="brief_drafted", kw_only=True):
+    """One draft after its checks: sections still missing after the focused re-prompt (and
+    which it added), the metadata and how it was obtained, numbers found in no input."""
+
+    attempt: int
+    text: str
+    repaired_sections: list[str] = []
+    missing_sections: list[str] = []
+    metadata: BriefMetadata | None = None
+    metadata_method: str = "line"  # line | structured | none
+    metadata_error: str = ""
+    ungrounded_numbers: list[str] = []
+
+
+class BriefEvaluated(Envelope, tag="brief_evaluated", kw_only=True):
+    attempt: int
+    verdict: Verdict
+    issues: list[str] = []
+
+
+class BriefCompleted(Envelope, tag="brief_completed", kw_only=True):
+    request_id: str = ""
+    backend: str = "llm"  # llm | data (built from the gathered data only, no model)
+    brief: str
+    metadata: BriefMetadata
+    call_script: str
+    summary: str  # one line, what a triage is given
+    verdict: str = ""  # the evaluator's last verdict ("": not evaluated, the data backend)
+    issues: list[str] = []
+    ungrounded_numbers: list[str] = []
+    missing_sections: list[str] = []
+    attempts: int = 1  # drafts written (2: the evaluator failed the first)
+    duration_s: float = 0.0
+
+
+class BriefFailed(Envelope, tag="brief_failed", kw_only=True):
+    """A brief step gave up (its last attempt failed, or a model never gave valid metadata)."""
+
+    node: str
+    reason: str
+    attempts: int = 1
+    request_id: str = ""
+    failed_event_id: str | None = None
+
+
+class TriageRequested(Envelope, tag="triage_requested", kw_only=True):
+    """A work item: rank the site's open leads. Session `TRIAGE_SESSION`."""
+
+    request_id: str = ""
+
+
+class TriageItem(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    session_id: str
+    classification: TriageClass
+    reason: str
+
+
+class TriageCompleted(Envelope, tag="triage_completed", kw_only=True):
+    request_id: str = ""
+    backend: str = "llm"  # llm | data
+    items: list[TriageItem] = []
+    leads: int = 0
+
+
 Event = Union[
     TurnRequested,
     TurnBlocked,
@@ -395,6 +534,14 @@ Event = Union[
     ResponseCompleted,
     TurnCompleted,
     TurnFailed,
+    BriefRequested,
+    BriefGathered,
+    BriefDrafted,
+    BriefEvaluated,
+    BriefCompleted,
+    BriefFailed,
+    TriageRequested,
+    TriageCompleted,
 ]
 
 EVENT_TYPES: dict[str, type[Envelope]] = {cls.__struct_config__.tag: cls for cls in Event.__args__}

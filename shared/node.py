@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Sequence
 
-from shared import awaiter, loader
+from shared import awaiter, loader, subjects
 from shared import events as ev
 from shared.bus import Bus
 from shared.site_config import SiteConfig, SiteConfigs
@@ -112,6 +112,15 @@ class Context:
 Handler = Callable[[ev.Envelope, Inputs, Context], Awaitable[Sequence[ev.Envelope]]]
 
 
+def turn_failed(event: ev.Envelope, node: str, attempts: int, reason: str) -> ev.Envelope:
+    """The default failure event: the turn failed (the gateway ends its stream)."""
+    return ev.follow(event, ev.TurnFailed, node, key="failed", node=node, reason=reason[:2000],
+                     attempts=attempts, failed_event_id=event.event_id)
+
+
+Failure = Callable[[ev.Envelope, str, int, str], ev.Envelope]
+
+
 @dataclass(frozen=True)
 class Node:
     """A graph node: the event types it consumes, what it needs, and its handler."""
@@ -120,6 +129,12 @@ class Node:
     consumes: tuple[str, ...]
     handle: Handler
     needs: Needs = Needs()
+    stream: str = subjects.CONV_STREAM  # or BRIEFS: work items, each gone once handled
+    # At most this many of the node's events handed out and not yet acked, across all its
+    # replicas (the durable's max ack pending): a limit on e.g. LLM calls that holds for the
+    # whole deployment. None: the runner's default (several times its own concurrency).
+    max_in_flight: int | None = None
+    failure: Failure = turn_failed  # the event that records its last attempt failing
 
     def concerns(self, event: ev.Envelope) -> bool:
         return self.needs.when is None or self.needs.when(event)

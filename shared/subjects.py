@@ -3,6 +3,8 @@
     conv.<site>.<session>.<event_type>   stream CONV    the conversation log (one tenant = conv.<site>.>)
     tokens.<site>.<session>.<turn>       stream TOKENS  streamed answer chunks, short retention
     progress.<site>.<session>.<turn>     (no stream)    a node is at work on the turn (the gateway's stall clock)
+    briefs.<site>.<session>.<type>       stream BRIEFS  work items (a lead's brief, a site's triage): each
+                                                        handled once by one replica, gone once acked
     dlq.<node>                           stream DLQ     events a node could not handle
     replay.request.<op>                  (no stream)    operator reruns, request-reply to `concierge replay serve`
 """
@@ -14,10 +16,14 @@ import re
 CONV_STREAM = "CONV"
 TOKENS_STREAM = "TOKENS"
 DLQ_STREAM = "DLQ"
+BRIEFS_STREAM = "BRIEFS"
 # What each stream holds.
 CONV_SUBJECTS = "conv.>"
 TOKENS_SUBJECTS = "tokens.>"
 DLQ_SUBJECTS = "dlq.>"
+BRIEFS_SUBJECTS = "briefs.>"
+# The streams of events nodes consume, by the first token of their subjects.
+EVENT_STREAMS = {"conv": CONV_STREAM, "briefs": BRIEFS_STREAM}
 
 SITE_CONFIG_BUCKET = "site_config"
 SESSION_GUARD_BUCKET = "session_guards"
@@ -60,6 +66,17 @@ def conv_of_type(event_type: str, site: str = "*") -> str:
     return f"conv.{site}.*.{event_type}"
 
 
+def of_type(stream: str, event_type: str) -> str:
+    """Every event of one type on a stream nodes consume (CONV or BRIEFS)."""
+    prefix = next(p for p, name in EVENT_STREAMS.items() if name == stream)
+    return f"{prefix}.*.*.{event_type}"
+
+
+def work(site: str, session_id: str, event_type: str) -> str:
+    """A work item on the BRIEFS work queue."""
+    return f"briefs.{site}.{session_id}.{event_type}"
+
+
 def tokens(site: str, session_id: str, turn: int) -> str:
     return f"tokens.{site}.{session_id}.{turn}"
 
@@ -100,12 +117,12 @@ def envelope_mismatch(subject: str, site: str, session_id: str, event_type: str,
     body that names another site, session, type (or, on `tokens.*`, turn) was crafted or
     misrouted, and trusting it would let one publish write into another conversation."""
     parts = subject.split(".")
-    if len(parts) == 4 and parts[0] == "conv":
+    if len(parts) == 4 and parts[0] in EVENT_STREAMS:
         expected = {"site": parts[1], "session_id": parts[2], "type": parts[3]}
     elif len(parts) == 4 and parts[0] == "tokens":
         expected = {"site": parts[1], "session_id": parts[2], "turn": parts[3]}
     else:
-        return f"{subject!r} is not a conversation or token subject"
+        return f"{subject!r} is not a conversation, work or token subject"
     got = {"site": site, "session_id": session_id, "type": event_type, "turn": str(turn)}
     wrong = [f"{k} {got[k]!r} != {v!r}" for k, v in expected.items() if got[k] != v]
     return f"envelope disagrees with subject {subject}: " + ", ".join(wrong) if wrong else None
