@@ -6,25 +6,25 @@ number no source holds), recorded on `ResponseCompleted` (`uncited`,
 never blocks an answer: the text has already streamed; it is a flag to count and review.
 
 - Citations: `[n]` (also `[1, 2]`, `[1][2]`) naming a document the answer was given.
-- Numbers: digits with their decimals, thousands separators, and a trailing `%`
-  ("$29", "99.95%", "5,000", "TLS 1.3"), compared as normalized digits ("5,000" = "5000");
+- Numbers: the figures of shared/numbers.py ("$29", "99.95%", "5,000", "TLS 1.3", not
+  citation markers nor list numbering), compared as normalized digits ("5,000" = "5000");
   an answer's number is supported when a source's text or the visitor's messages hold it.
-  Citation markers and list numbering ("1. ") are not figures.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from collections import Counter
 
 from shared import events as ev
+# Re-exported under the names this module's callers know: the figures audit is one, shared
+# with the lead briefs.
+from shared.numbers import CITATION
+from shared.numbers import figures as numbers
+from shared.numbers import ungrounded as unsupported_numbers
 
 log = logging.getLogger(__name__)
 
-CITATION = re.compile(r"\[(\d+(?:\s*,\s*\d+)*)\]")
-NUMBER = re.compile(r"(?<![\w.])\d+(?:[.,]\d+)*%?")
-LIST_NUMBER = re.compile(r"^\s*\d{1,2}[.)]\s", re.MULTILINE)
 # Flagged answers since the process started, by flag: a log counter (see docs/operations.md).
 FLAGGED: Counter[str] = Counter()
 
@@ -32,37 +32,13 @@ FLAGGED: Counter[str] = Counter()
 def cited(text: str, given: list[int] | None = None) -> list[int]:
     """The document numbers the text cites, in order of first citation; only those in
     `given` when it is passed."""
-    numbers: list[int] = []
+    found: list[int] = []
     for match in CITATION.finditer(text):
         for part in match.group(1).split(","):
             n = int(part)
-            if n not in numbers and (given is None or n in given):
-                numbers.append(n)
-    return numbers
-
-
-def _normalized(number: str) -> str:
-    digits = number.rstrip("%")
-    if re.fullmatch(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?", digits):  # 5,000 / 1,250.50
-        digits = digits.replace(",", "")
-    return digits.replace(",", ".")
-
-
-def numbers(text: str) -> list[str]:
-    """The figures written in `text`, as written, citation markers and list numbering left out."""
-    text = LIST_NUMBER.sub(" ", CITATION.sub(" ", text))
-    return [m.group(0) for m in NUMBER.finditer(text)]
-
-
-def unsupported_numbers(answer: str, references: list[str]) -> list[str]:
-    """The answer's figures that appear in none of the reference texts (sources, the
-    visitor's messages), each once, as written in the answer."""
-    known = {_normalized(n) for text in references for n in numbers(text)}
-    out: list[str] = []
-    for number in numbers(answer):
-        if _normalized(number) not in known and number not in out:
-            out.append(number)
-    return out
+            if n not in found and (given is None or n in given):
+                found.append(n)
+    return found
 
 
 def audit(answer: str, documents: list[ev.RetrievedDocument], conversation: list[str], *,
