@@ -216,7 +216,7 @@ class ConsumerConfig(msgspec.Struct, kw_only=True):
         return config
 
 
-LLM_ROLES = ("classifier", "answer", "redirect", "suggestions", "profiler", "extraction")
+LLM_ROLES = ("classifier", "answer", "redirect", "suggestions", "profiler", "extraction", "briefs")
 
 
 class LLMRoleConfig(msgspec.Struct, kw_only=True):

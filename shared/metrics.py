@@ -78,3 +78,11 @@ def observe_llm_call(call: LLMCall) -> None:
 def exposition() -> tuple[bytes, str]:
     """The Prometheus text of every metric of this process, and its content type."""
     return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+
+# Lead briefs (services/enricher: brief_gatherer, lead_briefer, lead_triager), by outcome:
+#   generated  a BriefCompleted stored     failed   a BriefFailed stored (a step gave up)
+#   retried    a draft the evaluator failed, written again with its issues as feedback
+BRIEF_OUTCOMES = ("generated", "failed", "retried")
+briefs = Counter("concierge_briefs", "Lead briefs by outcome and backend (llm | data)", ["outcome", "backend"])
+brief_seconds = Histogram("concierge_brief_seconds", "Time to write one brief, gathered data to BriefCompleted",
+                          ["backend"], buckets=HANDLER_BUCKETS)

@@ -65,6 +65,16 @@ async def bus(nats_url):
 
 
 @pytest.fixture
+async def work_bus():
+    """A bus on a nats-server of its own: a work-queue stream allows one consumer per subject
+    filter, and the system tests' enricher consumes the BRIEFS work queue's subjects."""
+    with nats_server() as url:
+        b = await connect(BusConfig(url=url, dedupe_window_s=120), name="test-work-queue")
+        yield b
+        await b.close()
+
+
+@pytest.fixture
 def site():
     """A site of its own per test, so tests never read each other's conversations."""
     return f"t{uuid.uuid4().hex[:10]}"

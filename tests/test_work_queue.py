@@ -2,30 +2,17 @@
 replicas, never more than `max_in_flight` at a time deployment-wide, gone once acked, and a
 give-up recorded with the node's own failure event.
 
-A work queue allows one consumer per subject filter, so these tests run a nats-server of
-their own (the system tests' enricher consumes the same subjects)."""
+A work queue allows one consumer per subject filter: these tests use `work_bus`, a nats-server
+of their own (conftest.py)."""
 
 from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from shared import events as ev
 from shared import subjects
-from shared.bus import connect
-from shared.config import BusConfig
 from shared.node import Node
 from tests.helpers import fast, start, unique, wait_for
-from tests.servers import nats_server
-
-
-@pytest.fixture
-async def own_bus():
-    with nats_server() as url:
-        bus = await connect(BusConfig(url=url, dedupe_window_s=120), name="test-work-queue")
-        yield bus
-        await bus.close()
 
 
 def item(site: str, session: str) -> ev.BriefRequested:
@@ -38,8 +25,8 @@ def brief_failed(event, node, attempts, reason):
                      request_id=event.request_id, failed_event_id=event.event_id)
 
 
-async def test_each_item_once_across_replicas_within_the_in_flight_limit(own_bus):
-    bus, site, limit = own_bus, unique("wq"), 2
+async def test_each_item_once_across_replicas_within_the_in_flight_limit(work_bus):
+    bus, site, limit = work_bus, unique("wq"), 2
     handled: list[str] = []
     in_flight = peak = 0
 
@@ -74,8 +61,8 @@ async def test_each_item_once_across_replicas_within_the_in_flight_limit(own_bus
             await runner.stop()
 
 
-async def test_a_give_up_is_recorded_with_the_nodes_failure_event(own_bus):
-    bus, site = own_bus, unique("wq")
+async def test_a_give_up_is_recorded_with_the_nodes_failure_event(work_bus):
+    bus, site = work_bus, unique("wq")
 
     async def handle(event, inputs, ctx):
         raise RuntimeError("the model is down")

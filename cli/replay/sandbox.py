@@ -88,9 +88,7 @@ class LogBus:
         self._on_token(chunk)
 
     async def read(self, filter_subject: str, after_seq: int = 0) -> list[Record]:
-        prefix = filter_subject[:-1] if filter_subject.endswith(">") else None
-        return [r for r in self._records() if r.seq > after_seq
-                and (r.subject == filter_subject or (prefix is not None and r.subject.startswith(prefix)))]
+        return [r for r in self._records() if r.seq > after_seq and subjects.matches(filter_subject, r.subject)]
 
     async def last(self, subject: str):
         found = await self.read(subject)

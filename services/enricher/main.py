@@ -1,6 +1,11 @@
 """Enricher service: the `enrichment` node (which company? from cache, returning visitors,
 browser reveal data, a session-identification provider and an IP source: the chain in
-chain.py), then the `visitor_profiler` node (what are they trying to do?)."""
+chain.py), then the `visitor_profiler` node (what are they trying to do?).
+
+And the lead briefs (briefs/): `brief_requester` (a captured lead → a work item on the BRIEFS
+work queue), `brief_gatherer` (the lead's data, gathered once), `lead_briefer` (the brief,
+its checks and a call script, at most BRIEFS_CONCURRENCY at a time deployment-wide) and
+`lead_triager` (a site's open leads ranked)."""
 
 from __future__ import annotations
 
@@ -11,7 +16,8 @@ import httpx
 from shared import redis_client, service
 from shared.llm import LLMClient
 from shared.node import Node
-from services.enricher import enrichment, visitor_profiler
+from services.enricher import (brief_gatherer, brief_requester, enrichment, lead_briefer, lead_triager,
+                               visitor_profiler)
 from services.enricher.breaker import CircuitBreaker
 from services.enricher.chain import Enricher
 from services.enricher.settings import EnricherSettings, RemoteSource
@@ -51,14 +57,22 @@ def build_enricher(redis, client: httpx.AsyncClient, settings: EnricherSettings)
 
 async def nodes(bus, settings: EnricherSettings):
     enricher = build_enricher(redis_client.connect(settings.redis_url), httpx.AsyncClient(), settings)
-    llm = LLMClient(settings.llm) if settings.profiler_backend == "llm" else None
-    return enricher_nodes(enricher, llm, settings)
+    llm = LLMClient(settings.llm) if settings.llm else None
+    profiler_llm = llm if settings.profiler_backend == "llm" else None
+    return enricher_nodes(enricher, profiler_llm, settings) + brief_nodes(llm if settings.briefs_backend == "llm" else None,
+                                                                          settings)
 
 
 def enricher_nodes(enricher: Enricher | None, profiler_llm: LLMClient | None, settings: EnricherSettings) -> list[Node]:
     """The enricher's nodes (also what a replay runs, with no sources: enrichment is copied there)."""
     return [enrichment.make_node(enricher),
             visitor_profiler.make_node(profiler_llm, route_wait_s=settings.profiler_route_wait_s)]
+
+
+def brief_nodes(llm: LLMClient | None, settings: EnricherSettings) -> list[Node]:
+    """The lead-brief nodes (not in a replay: a brief is an operator's artefact, not part of a turn)."""
+    return [brief_requester.make_node(), brief_gatherer.make_node(),
+            lead_briefer.make_node(llm, concurrency=settings.briefs_concurrency), lead_triager.make_node(llm)]
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from shared import redis_client
-from shared.config import LLMRoleConfig, Settings, env_choice, env_float, env_int, env_str
+from shared.config import ConfigError, LLMRoleConfig, Settings, env_choice, env_float, env_int, env_str
 
 DATASET = Path(__file__).parent / "data" / "ip_companies.csv"
 
@@ -51,12 +51,25 @@ class EnricherSettings(Settings):
     profiler_backend: str = "local"  # `llm`: the `profiler` LLM role
     # With the LLM: how long the profiler waits for the turn's route (visitor_profiler.py).
     profiler_route_wait_s: float = 2.0
-    llm: dict[str, LLMRoleConfig] = {}  # the `profiler` role, read when the backend is `llm`
+    # Lead briefs: `llm` (the `briefs` role) or `data` (from the captured data only, no
+    # model); empty: `llm` when the role has an endpoint (LLM_BASE_URL / LLM_BRIEFS_BASE_URL).
+    briefs_backend: str = ""
+    # How many leads' briefs are written at once, across all replicas (lead_briefer.py).
+    briefs_concurrency: int = 2
+    llm: dict[str, LLMRoleConfig] = {}  # `profiler` when its backend is `llm`; `briefs` when theirs is
 
     @classmethod
     def from_env(cls) -> "EnricherSettings":
         d = cls()
         backend = env_choice("PROFILER_BACKEND", d.profiler_backend, ("local", "llm"))
+        briefs_role = LLMRoleConfig.from_env("briefs")
+        briefs = env_choice("BRIEFS_BACKEND", d.briefs_backend, ("", "llm", "data"), "use llm or data") or \
+            ("llm" if briefs_role.base_url else "data")
+        if briefs == "llm" and not briefs_role.base_url:
+            raise ConfigError("BRIEFS_BACKEND=llm needs LLM_BASE_URL or LLM_BRIEFS_BASE_URL")
+        roles = {"profiler": LLMRoleConfig.from_env("profiler")} if backend == "llm" else {}
+        if briefs == "llm":
+            roles["briefs"] = briefs_role
         return cls(
             redis_url=env_str("REDIS_URL", d.redis_url),
             session_provider=RemoteSource.from_env("ENRICH_SESSION_PROVIDER"),
@@ -67,5 +80,7 @@ class EnricherSettings(Settings):
             deadline_s=env_float("ENRICH_DEADLINE_S", d.deadline_s),
             profiler_backend=backend,
             profiler_route_wait_s=env_float("PROFILER_ROUTE_WAIT_S", d.profiler_route_wait_s),
-            llm={"profiler": LLMRoleConfig.from_env("profiler")} if backend == "llm" else {},
+            briefs_backend=briefs,
+            briefs_concurrency=env_int("BRIEFS_CONCURRENCY", d.briefs_concurrency),
+            llm=roles,
         )

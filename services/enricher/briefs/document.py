@@ -133,7 +133,7 @@ def _references(inputs: BriefInputs) -> list[str]:
             *(message.content for message in inputs.transcript),
             *msgspec.structs.astuple(inputs.profile),
             *inputs.form_fields.values(),
-            *(text for source in inputs.sources for text in (source.title, source.text)),
+            *(text for source in inputs.sources for text in (source.title, source.url, source.text)),
             *(f"{lead.summary} {lead.priority}" for lead in inputs.similar_leads)]
 
 

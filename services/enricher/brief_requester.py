@@ -1,0 +1,23 @@
+"""brief_requester: a captured lead becomes a work item for its brief.
+
+`LeadCaptured` → a `BriefRequested` on the BRIEFS work queue (its id derived from the lead's
+event, so a redelivered lead queues nothing twice). The brief itself is written by whichever
+replica takes the item (brief_gatherer.py, then lead_briefer.py); operators queue more with
+`concierge briefs generate` or the operator API.
+"""
+
+from __future__ import annotations
+
+from shared import events as ev
+from shared.node import Context, Inputs, Node
+
+NAME = "brief_requester"
+
+
+async def request(event: ev.LeadCaptured, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
+    await ctx.bus.publish_work(ctx.follow(ev.BriefRequested, reason="lead_captured", request_id=event.event_id))
+    return []
+
+
+def make_node() -> Node:
+    return Node(name=NAME, consumes=("lead_captured",), handle=request)

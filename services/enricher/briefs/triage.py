@@ -1,0 +1,74 @@
+"""A site's triage: which open leads to call first, nurture or disqualify, each with a reason.
+
+The open leads are those with a completed brief (the latest one per lead). With a model:
+one call over all of them (compact one-line summaries), validated: every lead classified
+exactly once and no other, each with a reason; a reply that is not gets one repair round
+with the problems named, then the triage fails (never a silent default). Without one
+(`BRIEFS_BACKEND=data`): a rule over each brief's metadata, its reason saying which.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from services.enricher.briefs.writer import ROLE, system
+from shared import events as ev
+from shared.llm import LLMClient, Recorder
+
+
+class TriageReply(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    items: list[ev.TriageItem]
+
+
+class InvalidTriage(Exception):
+    """The model's triage did not cover the open leads exactly, even after a repair round."""
+
+
+def open_leads(briefs: list[ev.BriefCompleted]) -> list[ev.BriefCompleted]:
+    """The latest brief of each lead, in the order the leads were first briefed."""
+    latest: dict[str, ev.BriefCompleted] = {}
+    for brief in briefs:
+        if brief.session_id not in latest or brief.ts >= latest[brief.session_id].ts:
+            latest[brief.session_id] = brief
+    return list(latest.values())
+
+
+def summary_line(brief: ev.BriefCompleted) -> str:
+    return f"{brief.session_id}: {brief.summary}"
+
+
+def by_rule(brief: ev.BriefCompleted) -> ev.TriageItem:
+    meta = brief.metadata
+    if meta.stage in ("support_only", "not_a_fit"):
+        cls, why = "disqualify", f"stage {meta.stage.replace('_', ' ')}"
+    elif meta.stage == "ready_to_buy" or meta.priority >= 7:
+        cls, why = "call_first", f"priority {meta.priority}, stage {meta.stage.replace('_', ' ')}"
+    else:
+        cls, why = "nurture", f"priority {meta.priority}, stage {meta.stage.replace('_', ' ')}"
+    seats = f", about {meta.estimated_seats} seats" if meta.estimated_seats else ""
+    return ev.TriageItem(session_id=brief.session_id, classification=cls, reason=f"{why}{seats} (from the brief's metadata)")
+
+
+def problems(reply: TriageReply, sessions: list[str]) -> list[str]:
+    """What keeps a triage from being accepted: leads missing, unknown or repeated, reasons empty."""
+    named = [item.session_id for item in reply.items]
+    found = [f"lead {s} is not classified" for s in sessions if s not in named]
+    found += [f"{s} is not one of the leads" for s in dict.fromkeys(named) if s not in sessions]
+    found += [f"lead {s} is classified more than once" for s in dict.fromkeys(named) if named.count(s) > 1]
+    found += [f"lead {item.session_id} has no reason" for item in reply.items if not item.reason.strip()]
+    return found
+
+
+async def with_llm(llm: LLMClient, site_name: str, briefs: list[ev.BriefCompleted], record: Recorder) -> list[ev.TriageItem]:
+    sessions = [b.session_id for b in briefs]
+    messages = [system("triage", site_name),
+                {"role": "user", "content": "Open leads:\n" + "\n".join(summary_line(b) for b in briefs)}]
+    reply = await llm.structured(ROLE, messages, record, TriageReply, temperature=0)
+    if wrong := problems(reply, sessions):
+        messages += [{"role": "assistant", "content": msgspec.json.encode(reply).decode()},
+                     {"role": "user", "content": "That triage is not valid: " + "; ".join(wrong)
+                                                 + ". Classify every lead above exactly once."}]
+        reply = await llm.structured(ROLE, messages, record, TriageReply, temperature=0)
+        if wrong := problems(reply, sessions):
+            raise InvalidTriage("; ".join(wrong))
+    return reply.items

@@ -1,0 +1,120 @@
+"""The LLM passes of a lead brief, each a function of the lead data, the model and a recorder
+(every call is recorded by the caller's `record`, an `LLMCallRecorded` in the lead's log):
+
+1. `draft`: the brief in markdown with its required sections and a metadata line; sections
+   still missing → one focused re-prompt for those only (merged in canonical order); a
+   metadata line that does not validate → structured-output extraction from the brief, and
+   when that fails too, no metadata (the caller fails the brief: never silent defaults);
+   numbers found in no input → flagged, never blocking.
+2. `review`: the evaluator's rubric → pass / marginal / fail with its issues (a failed draft
+   is written once more with the issues as feedback: lead_briefer.py).
+3. `call_script`: the second pass, a talk track, objection handlers and a close.
+
+Prompts are data files in services/enricher/prompts/; the lead data is rendered once
+(`render`) and given to every pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from string import Template
+
+import msgspec
+
+from services.enricher.briefs.document import merge, missing_sections, split_metadata, ungrounded_numbers
+from shared import events as ev
+from shared.llm import LLMClient, Recorder
+
+ROLE = "briefs"
+PROMPTS = Path(__file__).parent.parent / "prompts"
+
+
+class Review(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    verdict: ev.Verdict
+    issues: list[str] = []
+
+
+@dataclass
+class Draft:
+    text: str  # the brief without its metadata line
+    metadata: ev.BriefMetadata | None
+    metadata_method: str  # line | structured | none
+    metadata_error: str = ""
+    repaired_sections: list[str] = field(default_factory=list)
+    missing_sections: list[str] = field(default_factory=list)
+    ungrounded_numbers: list[str] = field(default_factory=list)
+
+
+def system(name: str, site_name: str) -> dict:
+    text = Template((PROMPTS / f"{name}.md").read_text(encoding="utf-8")).safe_substitute(site_name=site_name)
+    return {"role": "system", "content": text.strip()}
+
+
+def render(inputs: ev.BriefInputs) -> str:
+    """The lead data as the model reads it: known facts only, unknown ones left out."""
+    profile = {k: v for k, v in msgspec.structs.asdict(inputs.profile).items() if v and v != ev.UNKNOWN}
+    lines = [f"Lead e-mail: {inputs.email}", f"Captured during: {inputs.capture_context or 'unknown'}"]
+    if inputs.language:
+        lines.append(f"Conversation language: {inputs.language}")
+    lines.append("Visitor profile: " + (", ".join(f"{k}: {v}" for k, v in profile.items()) or "nothing known"))
+    signals = [name for name, on in inputs.interest_signals.items() if on]
+    lines.append(f"Interest signals: {', '.join(signals) or 'none'} (score {inputs.interest_score:g})")
+    lines.append("Captured form fields: " + (", ".join(f"{k}: {v}" for k, v in inputs.form_fields.items()) or "none"))
+    lines.append("\nConversation:")
+    lines += [f"{'visitor' if m.role == 'user' else 'assistant'}: {m.content}" for m in inputs.transcript]
+    lines.append("\nKnowledge-base sources:")
+    lines += [f"[{s.number}] {s.title} ({s.url}): {s.text}" for s in inputs.sources] or ["none"]
+    if inputs.similar_leads:
+        lines.append("\nSimilar earlier leads of this site:")
+        lines += [f"- {lead.summary}" for lead in inputs.similar_leads]
+    return "\n".join(lines)
+
+
+async def draft(llm: LLMClient, inputs: ev.BriefInputs, record: Recorder, feedback: list[str] | None = None) -> Draft:
+    data = render(inputs)
+    user = data if not feedback else data + "\n\nReviewer feedback: the previous brief was rejected for:\n" + \
+        "\n".join(f"- {issue}" for issue in feedback) + "\nWrite the brief again without these problems."
+    text = await llm.complete(ROLE, [system("brief_writer", inputs.site_name), {"role": "user", "content": user}],
+                              record, temperature=0.2)
+    body, metadata, error = split_metadata(text)
+    missing, repaired = missing_sections(body), []
+    if missing:
+        ask = (f"{data}\n\nThe brief so far:\n{body}\n\nWrite only these sections: "
+               + ", ".join(missing) + ".")
+        addition = await llm.complete(ROLE, [system("brief_sections", inputs.site_name),
+                                             {"role": "user", "content": ask}], record, temperature=0)
+        body = merge(body, split_metadata(addition)[0])
+        still = missing_sections(body)
+        repaired, missing = [s for s in missing if s not in still], still
+    method = "line"
+    if metadata is None:
+        try:
+            metadata = await llm.structured(ROLE, [
+                system("brief_metadata", inputs.site_name),
+                {"role": "user", "content": f"Lead e-mail: {inputs.email}\n\nBrief:\n{body}"}],
+                record, ev.BriefMetadata, temperature=0)
+            method = "structured"
+        except msgspec.MsgspecError as exc:
+            method, error = "none", f"{error}; structured extraction: {exc}"
+    return Draft(text=body, metadata=metadata, metadata_method=method, metadata_error=error if method != "line" else "",
+                 repaired_sections=repaired, missing_sections=missing, ungrounded_numbers=ungrounded_numbers(body, inputs))
+
+
+async def review(llm: LLMClient, inputs: ev.BriefInputs, brief: Draft, record: Recorder) -> Review:
+    """The evaluator. Its answer not validating (after the structured call's repair round)
+    is a failed review, not a pass."""
+    flagged = ", ".join(brief.ungrounded_numbers) or "none"
+    user = (f"Lead data:\n{render(inputs)}\n\nThe brief:\n{brief.text}\n\nMetadata: "
+            f"{msgspec.json.encode(brief.metadata).decode()}\n\nNumbers in the brief found in no input: {flagged}")
+    try:
+        return await llm.structured(ROLE, [system("brief_evaluator", inputs.site_name),
+                                           {"role": "user", "content": user}], record, Review, temperature=0)
+    except msgspec.MsgspecError as exc:
+        return Review(verdict="fail", issues=[f"the review did not validate: {exc}"])
+
+
+async def call_script(llm: LLMClient, inputs: ev.BriefInputs, brief: Draft, record: Recorder) -> str:
+    user = f"Lead e-mail: {inputs.email}\n\nThe brief:\n{brief.text}"
+    return (await llm.complete(ROLE, [system("call_script", inputs.site_name), {"role": "user", "content": user}],
+                               record, temperature=0.3)).strip()

@@ -1,0 +1,95 @@
+"""lead_briefer: a lead's gathered data → a validated brief and a call script.
+
+With a model (`BRIEFS_BACKEND=llm`, the `briefs` LLM role), the passes of briefs/writer.py,
+each step stored as it happens: `BriefDrafted` (sections repaired, metadata and how it was
+obtained, numbers found in no input), `BriefEvaluated` (pass / marginal / fail); a failed
+draft is written once more with the evaluator's issues as feedback; then the call script,
+and `BriefCompleted`. A draft whose metadata neither validates nor can be extracted ends in
+`BriefFailed`: a brief is never completed with made-up metadata.
+
+Without one (`BRIEFS_BACKEND=data`): briefs/plain.py, labelled, from the data only.
+
+The model calls are limited deployment-wide: this node's durable hands out at most
+`BRIEFS_CONCURRENCY` gathered leads at a time across all replicas (its max ack pending);
+each call retries with backoff on rate limits and timeouts (shared/llm.py).
+"""
+
+from __future__ import annotations
+
+import time
+
+from services.enricher.briefs import plain, writer
+from services.enricher.briefs.document import sections
+from services.enricher.briefs.failure import brief_failed
+from shared import events as ev
+from shared import metrics
+from shared.llm import LLMClient
+from shared.node import Context, Inputs, Node
+
+NAME = "lead_briefer"
+
+
+def summary(inputs: ev.BriefInputs, text: str, meta: ev.BriefMetadata) -> str:
+    """One line for a triage: who, the metadata, and the executive summary's first sentence."""
+    company = plain.company(inputs)
+    lead = " ".join(sections(text).get("Executive summary", "").split()).split(". ")[0][:240]
+    return (f"{inputs.email} ({company}): priority {meta.priority}, {meta.stage}, {meta.estimated_seats} seats, "
+            f"confidence {meta.confidence}. {lead}").strip()
+
+
+def drafted(ctx: Context, attempt: int, draft: writer.Draft) -> ev.BriefDrafted:
+    return ctx.follow(ev.BriefDrafted, key=f"drafted-{attempt}", attempt=attempt, text=draft.text,
+                      repaired_sections=draft.repaired_sections, missing_sections=draft.missing_sections,
+                      metadata=draft.metadata, metadata_method=draft.metadata_method,
+                      metadata_error=draft.metadata_error, ungrounded_numbers=draft.ungrounded_numbers)
+
+
+def make_node(llm: LLMClient | None, concurrency: int = 2) -> Node:
+    backend = "llm" if llm is not None else "data"
+
+    async def from_data(event: ev.BriefGathered, started: float, ctx: Context) -> list[ev.Envelope]:
+        text, meta = plain.brief(event.inputs)
+        return [completed(event, ctx, started, backend=backend, brief=text, metadata=meta,
+                          call_script=plain.call_script(event.inputs), summary=summary(event.inputs, text, meta))]
+
+    async def brief(event: ev.BriefGathered, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
+        started = time.monotonic()
+        if llm is None:
+            return await from_data(event, started, ctx)
+        data = event.inputs
+        draft = await writer.draft(llm, data, ctx.record_llm)
+        await ctx.emit(drafted(ctx, 1, draft))
+        if draft.metadata is None:
+            return [brief_failed(event, NAME, 1, f"the brief's metadata is not valid: {draft.metadata_error}", backend)]
+        review = await writer.review(llm, data, draft, ctx.record_llm)
+        await ctx.emit(ctx.follow(ev.BriefEvaluated, key="evaluated-1", attempt=1, verdict=review.verdict,
+                                  issues=review.issues))
+        attempts = 1
+        if review.verdict == "fail":
+            metrics.briefs.labels("retried", backend).inc()
+            attempts = 2
+            second = await writer.draft(llm, data, ctx.record_llm, feedback=review.issues)
+            await ctx.emit(drafted(ctx, 2, second))
+            if second.metadata is None:
+                return [brief_failed(event, NAME, 2, f"the rewritten brief's metadata is not valid: "
+                                                     f"{second.metadata_error}", backend)]
+            draft = second
+            review = await writer.review(llm, data, draft, ctx.record_llm)
+            await ctx.emit(ctx.follow(ev.BriefEvaluated, key="evaluated-2", attempt=2, verdict=review.verdict,
+                                      issues=review.issues))
+        script = await writer.call_script(llm, data, draft, ctx.record_llm)
+        return [completed(event, ctx, started, backend=backend, brief=draft.text, metadata=draft.metadata,
+                          call_script=script, summary=summary(data, draft.text, draft.metadata),
+                          verdict=review.verdict, issues=review.issues, ungrounded_numbers=draft.ungrounded_numbers,
+                          missing_sections=draft.missing_sections, attempts=attempts)]
+
+    return Node(name=NAME, consumes=("brief_gathered",), handle=brief, max_in_flight=concurrency,
+                failure=lambda event, node, attempts, reason: brief_failed(event, node, attempts, reason, backend))
+
+
+def completed(event: ev.BriefGathered, ctx: Context, started: float, backend: str, **fields) -> ev.BriefCompleted:
+    duration = time.monotonic() - started
+    metrics.briefs.labels("generated", backend).inc()
+    metrics.brief_seconds.labels(backend).observe(duration)
+    return ctx.follow(ev.BriefCompleted, request_id=event.request_id, backend=backend,
+                      duration_s=round(duration, 3), **fields)
