@@ -17,6 +17,12 @@ drops the connection after 3 chunks; `{"delay_s": 2}` waits before answering;
 that exact text.
 `GET /_requests` lists the requests received (newest last); `DELETE /_requests` clears
 them and any faults still queued.
+
+Recorded replies (`--recorded FILE`) stand in for a real model's answers to known requests:
+a JSON file `{"replies": [{"when": ["substring", ...], "reply": "text"}, ...]}`. A request
+gets the reply of the first entry all of whose substrings occur in its messages' contents;
+that wins over the JSON-schema object and the echo, and a queued fault's `reply` wins over it.
+A request no entry matches is answered as above.
 """
 
 from __future__ import annotations
@@ -26,23 +32,47 @@ import asyncio
 import json
 import time
 import uuid
+from collections.abc import Iterable
+from pathlib import Path
 
+import msgspec
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
 
 FINGERPRINT = "fp_scripted"
-from starlette.routing import Route
+
+
+class Recorded(msgspec.Struct):
+    """One recorded reply: sent to a request whose messages contain every `when` substring."""
+
+    when: list[str]
+    reply: str
+
+
+class Recording(msgspec.Struct):
+    replies: list[Recorded]
+
+
+def read_recording(path: str | Path) -> list[Recorded]:
+    return msgspec.json.decode(Path(path).read_bytes(), type=Recording).replies
 
 
 class Script:
-    def __init__(self, ttft_ms: float, inter_token_ms: float, extra_words: int):
+    def __init__(self, ttft_ms: float = 0.0, inter_token_ms: float = 0.0, extra_words: int = 8,
+                 recorded: Iterable[Recorded] = ()):
         self.ttft_s = ttft_ms / 1000
         self.inter_token_s = inter_token_ms / 1000
         self.extra_words = extra_words
+        self.recorded = list(recorded)
         self.faults: list[dict] = []
         self.requests: list[dict] = []
+
+    def recorded_reply(self, messages: list[dict]) -> str | None:
+        sent = "\n".join(m["content"] for m in messages if isinstance(m.get("content"), str))
+        return next((r.reply for r in self.recorded if all(w in sent for w in r.when)), None)
 
     def answer(self, messages: list[dict]) -> str:
         users = [m for m in messages if m.get("role") == "user"]
@@ -91,6 +121,8 @@ def create_app(script: Script) -> Starlette:
         model = body.get("model", "scripted")
         if "reply" in fault:
             text = fault["reply"]
+        elif (recorded := script.recorded_reply(body.get("messages", []))) is not None:
+            text = recorded
         elif (body.get("response_format") or {}).get("type") == "json_schema":
             text = json.dumps(conforming(body["response_format"]["json_schema"]["schema"]))
         elif (body.get("response_format") or {}).get("type") == "json_object" and "schema" in body["response_format"]:
@@ -165,7 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ttft-ms", type=float, default=0.0, help="delay before the first chunk")
     parser.add_argument("--inter-token-ms", type=float, default=0.0, help="delay between chunks")
     parser.add_argument("--extra-words", type=int, default=8, help="filler words appended to every answer")
+    parser.add_argument("--recorded", metavar="FILE",
+                        help='recorded replies: {"replies": [{"when": [...], "reply": "..."}]}')
     args = parser.parse_args(argv)
-    script = Script(args.ttft_ms, args.inter_token_ms, args.extra_words)
+    script = Script(args.ttft_ms, args.inter_token_ms, args.extra_words,
+                    recorded=read_recording(args.recorded) if args.recorded else ())
     uvicorn.run(create_app(script), host=args.host, port=args.port, log_level="warning")
     return 0
