@@ -43,7 +43,8 @@ COMMANDS = (
         ("loadtest SERVICE|all", "one service alone over rising rates: capacity per replica, CPU ms per event (make loadtest)"),)),
     Command("eval", "cli.measure.evals", (
         ("eval intent|skills|hack|retrieval|all", "the router's and retriever's evals on labeled JSONL (make eval)"),
-        ("eval answers [--base-url URL]", "ask the dataset's questions through a running system (or one it starts)"))),
+        ("eval answers [--base-url URL]", "ask the dataset's questions through a running system (or one it starts)"),
+        ("eval briefs [--mock]", "lead briefs and a triage on the contract cases (--mock: recorded model replies)"))),
     Command("cluster-rehearsal", "cli.measure.cluster_rehearsal", (
         ("cluster-rehearsal [--sessions N] [--bounded]",
          "3 clustered nats-servers, 2 replicas of each service, load; kill one of each in turn"),)),

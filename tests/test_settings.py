@@ -63,7 +63,7 @@ def test_unset_variables_give_each_services_defaults(env):
     assert msgspec.structs.replace(responder, lead=lead) == ResponderSettings(
         llm={r: role(r) for r in ("answer", "redirect", "suggestions")})
     assert RetrieverSettings.from_env() == RetrieverSettings()
-    assert EnricherSettings.from_env() == EnricherSettings()
+    assert EnricherSettings.from_env() == EnricherSettings(llm={"briefs": role("briefs")})
     assert role("answer") == LLMRoleConfig(role="answer", base_url="", api_key="not-needed", model="default")
 
 

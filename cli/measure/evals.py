@@ -1,6 +1,7 @@
-"""`concierge eval intent|skills|hack|retrieval|answers|all`: the router's evals (services/router/evaluation.py),
-the retriever's (services/retriever/evaluation.py) and the answers' (cli/measure/answer_eval.py: through a running
-system, the one `--base-url` names or one it starts)."""
+"""`concierge eval intent|skills|hack|retrieval|answers|briefs|all`: the router's evals (services/router/evaluation.py),
+the retriever's (services/retriever/evaluation.py), the answers' (cli/measure/answer_eval.py: through a running
+system, the one `--base-url` names or one it starts) and the lead briefs' (cli/measure/brief_eval.py: `--mock`
+for the recorded model replies)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,16 @@ from pathlib import Path
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="concierge eval")
-    parser.add_argument("which", choices=("intent", "skills", "hack", "retrieval", "answers", "all"))
+    parser.add_argument("which", choices=("intent", "skills", "hack", "retrieval", "answers", "briefs", "all"))
     parser.add_argument("--dataset", type=Path, help="JSONL file (default: the shipped evaluation set)")
     parser.add_argument("--backend", choices=("local", "llm", "cascade"), default="local",
                         help="intent classifier backend (default: local, the embedded default)")
     parser.add_argument("--base-url", help="answers: a running gateway (default: start a system for the eval)")
     parser.add_argument("--site", default="demo", help="answers: the site asked (default: demo)")
-    parser.add_argument("--concurrency", type=int, default=1, help="answers: conversations at once (default: 1)")
+    parser.add_argument("--concurrency", type=int, default=1,
+                        help="answers: conversations at once; briefs: briefs at once (default: 1)")
+    parser.add_argument("--mock", action="store_true",
+                        help="briefs: the recorded model replies (deterministic) instead of LLM_BASE_URL")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     from services.router import evaluation
@@ -34,6 +38,9 @@ def main(argv: list[str]) -> int:
         if args.which == "retrieval":
             from services.retriever import evaluation as retrieval_eval
             return retrieval_eval.eval_retrieval(args.dataset or retrieval_eval.EVAL)
+        if args.which == "briefs":
+            from cli.measure import brief_eval
+            return brief_eval.eval_briefs(args.dataset or brief_eval.DATASET, args.mock, concurrency=args.concurrency)
         if args.which == "answers":
             from cli.measure import answer_eval
             return answer_eval.eval_answers(args.dataset or answer_eval.DATASET, args.base_url, args.site,

@@ -56,20 +56,22 @@ class EnricherSettings(Settings):
     briefs_backend: str = ""
     # How many leads' briefs are written at once, across all replicas (lead_briefer.py).
     briefs_concurrency: int = 2
-    llm: dict[str, LLMRoleConfig] = {}  # `profiler` when its backend is `llm`; `briefs` when theirs is
+    llm: dict[str, LLMRoleConfig] = {}  # `briefs`; `profiler` when its backend is `llm`
+
+    def briefs_with_llm(self) -> bool:
+        """Whether briefs are written by the `briefs` role (else from the data only)."""
+        role = self.llm.get("briefs")
+        if self.briefs_backend == "llm" and (role is None or not role.base_url):
+            raise ConfigError("BRIEFS_BACKEND=llm needs LLM_BASE_URL or LLM_BRIEFS_BASE_URL")
+        return self.briefs_backend == "llm" or (self.briefs_backend == "" and role is not None and bool(role.base_url))
 
     @classmethod
     def from_env(cls) -> "EnricherSettings":
         d = cls()
         backend = env_choice("PROFILER_BACKEND", d.profiler_backend, ("local", "llm"))
-        briefs_role = LLMRoleConfig.from_env("briefs")
-        briefs = env_choice("BRIEFS_BACKEND", d.briefs_backend, ("", "llm", "data"), "use llm or data") or \
-            ("llm" if briefs_role.base_url else "data")
-        if briefs == "llm" and not briefs_role.base_url:
-            raise ConfigError("BRIEFS_BACKEND=llm needs LLM_BASE_URL or LLM_BRIEFS_BASE_URL")
-        roles = {"profiler": LLMRoleConfig.from_env("profiler")} if backend == "llm" else {}
-        if briefs == "llm":
-            roles["briefs"] = briefs_role
+        roles = {"briefs": LLMRoleConfig.from_env("briefs")}
+        if backend == "llm":
+            roles["profiler"] = LLMRoleConfig.from_env("profiler")
         return cls(
             redis_url=env_str("REDIS_URL", d.redis_url),
             session_provider=RemoteSource.from_env("ENRICH_SESSION_PROVIDER"),
@@ -80,7 +82,7 @@ class EnricherSettings(Settings):
             deadline_s=env_float("ENRICH_DEADLINE_S", d.deadline_s),
             profiler_backend=backend,
             profiler_route_wait_s=env_float("PROFILER_ROUTE_WAIT_S", d.profiler_route_wait_s),
-            briefs_backend=briefs,
+            briefs_backend=env_choice("BRIEFS_BACKEND", d.briefs_backend, ("", "llm", "data"), "use llm or data"),
             briefs_concurrency=env_int("BRIEFS_CONCURRENCY", d.briefs_concurrency),
             llm=roles,
         )
