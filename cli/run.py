@@ -8,9 +8,11 @@ everything it started.
 Which model answers:
 - `LLM_BASE_URL` set: that OpenAI-compatible endpoint, for every role;
 - nothing set (the default): no LLM at all: answers are extracted from the knowledge base
-  and cited, replies and suggestions come from templates and the knowledge base;
+  and cited, replies and suggestions come from templates and the knowledge base, lead
+  briefs from the captured data;
 - `--local-llm` (or `LLM=local make run`): the embedded llama.cpp model (cli/harness/local_llm.py,
-  compiled once, ~4 minutes); it shows the LLM path offline but invents facts.
+  compiled once, ~4 minutes); it shows the LLM path offline but invents facts (lead briefs
+  stay built from the data: BRIEFS_BACKEND=data).
 """
 
 from __future__ import annotations
@@ -57,8 +59,11 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         llm_port = free_port()
         llm_url = f"http://127.0.0.1:{llm_port}/v1"
+    # The embedded model is too small to write a lead brief that validates: briefs stay
+    # built from the data unless BRIEFS_BACKEND says otherwise.
     extra = {} if model is None else {"LLM_BASE_URL": llm_url, "LLM_API_KEY": "local", "LLM_MODEL": local_llm.MODEL_NAME,
-                                      "LLM_JSON_MODE": "json_object"}
+                                      "LLM_JSON_MODE": "json_object",
+                                      "BRIEFS_BACKEND": os.environ.get("BRIEFS_BACKEND", "data")}
     system = make_system(args.data_dir.resolve(), args.nats_port, args.port, extra, redis_port=args.redis_port)
     print(f"starting nats-server (JetStream, store {system.data_dir / 'nats'}) on {system.nats_url}", flush=True)
     stop = {"now": False}
