@@ -31,11 +31,10 @@ def test_the_mock_eval_passes_and_ends_with_its_figures():
 
 
 def test_the_eval_fails_when_a_repair_path_breaks(tmp_path):
-    """Without the recorded metadata fallback, the case whose metadata line is invalid gets
-    the scripted server's schema-shaped answer, which does not validate (priority 0): that
-    brief fails, never completed with made-up metadata, and the eval with it."""
+    """Without the recorded section re-prompt, the case whose brief lacks two sections gets
+    the scripted server's echo instead: the sections stay missing, and the eval fails."""
     recording = json.loads(brief_eval.RECORDED.read_text())
-    recording["replies"] = [r for r in recording["replies"] if "You extract the brief's metadata" not in r["when"]]
+    recording["replies"] = [r for r in recording["replies"] if "You add missing sections" not in r["when"]]
     broken = tmp_path / "recorded.json"
     broken.write_text(json.dumps(recording))
     assert brief_eval.eval_briefs(mock=True, recording=broken) == 1

@@ -8,7 +8,7 @@ import httpx
 import msgspec
 import pytest
 
-from cli.harness.scripted_llm import Recorded, Script, create_app, read_recording
+from cli.harness.scripted_llm import Recorded, Script, conforming, create_app, read_recording
 
 REPLIES = [
     Recorded(when=["You review an account brief", "ana@a.example", "Reviewer feedback:"], reply="retry verdict"),
@@ -88,3 +88,11 @@ def test_a_recording_file_is_read_and_validated(tmp_path):
     path.write_text(json.dumps({"replies": [{"when": "x", "reply": "y"}]}))
     with pytest.raises(msgspec.ValidationError, match="Expected `array`"):
         read_recording(path)
+
+
+def test_a_prompt_asking_for_sections_gets_them_and_numbers_their_minimum():
+    script = Script()
+    messages = [{"role": "system", "content": "Write markdown with exactly these sections:\n## Talk track\n(x)\n## Close"},
+                {"role": "user", "content": "Lead e-mail: a@b.example"}]
+    assert script.answer(messages) == "## Talk track\nYou said: Lead e-mail: a@b.example\n\n## Close\nYou said: Lead e-mail: a@b.example"
+    assert conforming({"properties": {"priority": {"type": "integer", "minimum": 1, "maximum": 10}}}) == {"priority": 1}

@@ -5,6 +5,9 @@ The answer is derived from the request, so tests can see what the model was sent
 
     "You said: <last user message>. I have <N> earlier messages of context. ..."
 
+(a system prompt asking for "exactly these sections" gets each of its `## ` headings, each
+followed by "You said: ...").
+
 Like OpenAI's, every answer names the model and a `system_fingerprint`, and a stream asked
 for `stream_options.include_usage` ends with a chunk of token usage (no choices).
 A request with a JSON-schema `response_format` (OpenAI's `json_schema`, or llama-cpp-python's
@@ -77,9 +80,20 @@ class Script:
     def answer(self, messages: list[dict]) -> str:
         users = [m for m in messages if m.get("role") == "user"]
         last = users[-1]["content"] if users else ""
+        if headings := asked_sections(messages):
+            said = " ".join(last.split())[:160]
+            return "\n\n".join(f"{heading}\nYou said: {said}" for heading in headings)
         earlier = len([m for m in messages if m.get("role") in ("user", "assistant")]) - 1
         filler = " ".join(f"word{i}" for i in range(self.extra_words))
         return f"You said: {last}. I have {max(earlier, 0)} earlier messages of context. {filler}".strip()
+
+
+def asked_sections(messages: list[dict]) -> list[str]:
+    """The `## ` headings a system prompt asks for after "exactly these sections" (a lead
+    brief, a call script): a model following the format writes them."""
+    system = "\n".join(m.get("content") or "" for m in messages if m.get("role") == "system")
+    _, found, rest = system.partition("exactly these sections")
+    return [line.strip() for line in rest.splitlines() if line.startswith("## ")] if found else []
 
 
 def conforming(schema: dict) -> dict:
@@ -95,7 +109,7 @@ def conforming(schema: dict) -> dict:
         elif kind == "array":
             out[name] = [f"Scripted {name} {i}" for i in (1, 2)]
         elif kind in ("number", "integer"):
-            out[name] = 0
+            out[name] = prop.get("minimum", 0)
         elif kind == "boolean":
             out[name] = False
         else:
