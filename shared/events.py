@@ -384,6 +384,11 @@ TRIAGE_CLASSES: tuple[str, ...] = TriageClass.__args__
 TRIAGE_SESSION = "_triage"
 
 
+# Stored in a lead's log, but about the lead, not a step of its turn (a replay leaves them out).
+LEAD_BRIEF_EVENTS = ("brief_gathered", "brief_drafted", "brief_evaluated", "brief_completed", "brief_failed",
+                     "triage_completed")
+
+
 class BriefMetadata(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The brief's machine-readable line; decoding it is its validation."""
 

@@ -107,7 +107,7 @@ def scripted_system():
     with scripted_llm() as answers, scripted_llm() as others, \
             tempfile.TemporaryDirectory(prefix="concierge-answer-eval-test-") as data:
         system = make_system(Path(data), free_port(), free_port(), {
-            "LLM_BASE_URL": others.base_url, "LLM_ANSWER_BASE_URL": answers.base_url,
+            "LLM_BASE_URL": others.base_url, "LLM_ANSWER_BASE_URL": answers.base_url, "BRIEFS_BACKEND": "data",
             "RATE_LIMIT_PER_IP_PER_MIN": "0", "ANSWER_WAIT_S": "5", "ANSWER_RETRIEVAL_WAIT_S": "5"})
         try:
             system.ingest("demo", KB)

@@ -31,6 +31,8 @@ def system(llm, fallback_llm, suggestions_llm, webhook):
             "LLM_BASE_URL": llm.base_url,
             "LLM_FALLBACK_BASE_URL": fallback_llm.base_url,
             "LLM_SUGGESTIONS_BASE_URL": suggestions_llm.base_url,
+            # Briefs from the data: the scripted replies queued for a turn are that turn's.
+            "BRIEFS_BACKEND": "data",
             "LLM_MAX_RETRIES": "1",
             "LLM_BACKOFF_BASE_S": "0.05",
             "TURN_DEADLINE_S": str(DEADLINE_S),

@@ -35,6 +35,7 @@ def system(llm, suggestions_llm):
         sys_ = make_system(Path(data), free_port(), free_port(), {
             "LLM_BASE_URL": llm.base_url,
             "LLM_SUGGESTIONS_BASE_URL": suggestions_llm.base_url,
+            "BRIEFS_BACKEND": "data",  # the scripted replies queued for a turn are that turn's
             "ADMIN_TOKEN": ADMIN,
             "SESSION_TOKEN_SECRET": "hostile-suite-session-secret-0123456789",
             "TURN_DEADLINE_S": "15",

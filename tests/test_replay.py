@@ -40,6 +40,7 @@ def system(llm, suggestions_llm, webhook):
         sys_ = make_system(Path(data), free_port(), free_port(), {
             "LLM_BASE_URL": llm.base_url,
             "LLM_SUGGESTIONS_BASE_URL": suggestions_llm.base_url,
+            "BRIEFS_BACKEND": "data",  # the scripted replies queued for a turn are that turn's
             "ANSWER_WAIT_S": "3",  # the profile in the answer's prompt, as deterministic as it gets
             "ANSWER_RETRIEVAL_WAIT_S": "5",
             "RATE_LIMIT_PER_IP_PER_MIN": "10000",

@@ -225,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             llm_env = {"LLM_BASE_URL": llm_url, "ANSWER_BACKEND": "llm"}
         system = make_system(Path(data), free_port(), free_port(), {
             "SITES_DIR": str(sites),
+            "BRIEFS_BACKEND": "data",  # the turn path is measured; a captured lead's brief makes no model call
             **llm_env,
             # Every simulated visitor comes from 127.0.0.1: the per-IP limit would stop the
             # bench, not measure anything. The per-site limit stays on, above the offered load.

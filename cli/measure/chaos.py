@@ -400,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
             "SITES_DIR": str(write_sites(data, receiver.url)),
             "LLM_BASE_URL": f"http://127.0.0.1:{llm_port}/v1",
             "ANSWER_BACKEND": "llm",
+            "BRIEFS_BACKEND": "data",  # the audit is of turns; leads' briefs make no model call
             "TURN_DEADLINE_S": str(args.turn_deadline_s),
             # A killed or frozen replica's unacked events go to another after this, not after 30 s.
             "CONSUMER_ACK_WAIT_S": str(ACK_WAIT_S),

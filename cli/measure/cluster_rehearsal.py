@@ -322,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
             "SITES_DIR": str(write_sites(data, receiver.url)),
             "LLM_BASE_URL": f"http://127.0.0.1:{llm_port}/v1",
             "ANSWER_BACKEND": "llm",
+            "BRIEFS_BACKEND": "data",  # the audit is of turns; leads' briefs make no model call
             "NATS_REPLICAS": "3",
             "TURN_DEADLINE_S": str(args.turn_deadline_s),
             # A killed replica's unacked events go to the other one after this, not after 30 s.
