@@ -2,7 +2,8 @@
 
 Two kinds of caller (docs/security.md): visitors, who own a conversation by its session
 token (sessions.py) and see only what the widget shows (visitor_view.py), from the origins
-their site allows (cors.py); and operators, with a bearer token (operators.py).
+their site allows (cors.py); and operators, with a bearer token (operators.py), who also
+read and queue lead briefs (briefs.py).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from shared.bus import Bus, ConcurrencyConflict, connect, topology_ready
 from shared.session_guard import SessionGuard
 from shared.state import fold
 from shared.site_config import SiteConfig, SiteConfigs
-from services.gateway import abuse_gate, admin, frames, visitor_view
+from services.gateway import abuse_gate, admin, briefs, frames, visitor_view
 from services.gateway.cors import SiteCORS, origin_allowed
 from services.gateway.openapi import (CHAT_OPENAPI, CHAT_RESPONSES, OPERATOR_RESPONSES, RESUME_RESPONSES,
                                       VISITOR_READ_RESPONSES, LastEventId, SessionId, SiteId, TokenHeader, Turn,
@@ -142,6 +143,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         return await request.app.state.operators.authenticate(request.headers.get("authorization"))
 
     admin.add_routes(app, operator)
+    briefs.add_routes(app, operator)
 
     @app.get("/", include_in_schema=False)
     async def demo_page():
