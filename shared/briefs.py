@@ -58,6 +58,11 @@ def latest_outcomes(records: Iterable[Record]) -> dict[str, Outcome]:
     return {session: record.event for session, record in newest.items()}
 
 
+def open_leads(captures: dict[str, ev.LeadCaptured], latest: dict[str, Outcome]) -> list[str]:
+    """The leads a triage ranks: those whose latest brief completed."""
+    return [session for session in captures if isinstance(latest.get(session), ev.BriefCompleted)]
+
+
 def brief_request(site: str, session_id: str, turn: int, producer: str) -> ev.BriefRequested:
     """An operator's work item for one lead's brief, as of the conversation's turn `turn`."""
     request_id = ev.new_id()
