@@ -17,6 +17,7 @@ from tests.servers import configure_site
 from tests.test_turn_end import running_gateway
 
 ADMIN = "briefs-api-admin-token-0123456789"
+ORIGIN = "https://shop.example"  # the sites' widget page
 
 
 def key_of(site: str) -> str:
@@ -32,7 +33,8 @@ async def api(nats_url, redis_url, site, monkeypatch):
     """The gateway, the site configured with its key, and another site with its own."""
     other = unique("other")
     for name in (site, other):
-        await configure_site(nats_url, name, operator_key_sha256=[hashlib.sha256(key_of(name).encode()).hexdigest()])
+        await configure_site(nats_url, name, operator_key_sha256=[hashlib.sha256(key_of(name).encode()).hexdigest()],
+                             allowed_origins=[ORIGIN])
     async with running_gateway(nats_url, redis_url, monkeypatch, admin_token=ADMIN) as url:
         async with httpx.AsyncClient(base_url=url, timeout=10) as client:
             yield client, other
@@ -139,3 +141,16 @@ async def test_a_triage_is_queued_and_the_latest_one_read_ranked(bus, site, api)
     assert latest["request_id"] == item.request_id
     assert [(i["session_id"], i["classification"]) for i in latest["items"]] == \
         [("bob", "call_first"), ("ada", "nurture"), ("cyd", "disqualify")]
+
+
+async def test_no_cors_for_the_brief_endpoints_under_the_visitor_prefix(site, api):
+    """A page of an origin the site allows for its widget cannot read briefs from a browser."""
+    client, _ = api
+    for path in (f"/v1/sites/{site}/briefs", f"/v1/sites/{site}/briefs/ada", f"/v1/sites/{site}/triage"):
+        read = await client.get(path, headers={**bearer(ADMIN), "Origin": ORIGIN})
+        assert "access-control-allow-origin" not in read.headers, path
+        preflight = await client.options(path, headers={"Origin": ORIGIN, "Access-Control-Request-Method": "GET",
+                                                        "Access-Control-Request-Headers": "authorization"})
+        assert "access-control-allow-origin" not in preflight.headers, path
+    visitor = await client.get(f"/v1/sites/{site}/conversations/nobody", headers={"Origin": ORIGIN})
+    assert visitor.headers["access-control-allow-origin"] == ORIGIN  # the widget's paths keep theirs

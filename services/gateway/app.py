@@ -46,6 +46,7 @@ from services.gateway.settings import GatewaySettings
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"  # the demo page and the embeddable widget
 VISITOR_PATHS = ("/v1/chat", "/v1/sites/")  # CORS for these only, from the sites' allowed_origins
+OPERATOR_UNDER_VISITOR_PATHS = briefs.PATHS  # ... except these, operators' (no CORS)
 OVERDUE_MARGIN_S = 5.0  # after a turn's deadline, before another request may end it
 
 
@@ -122,7 +123,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         origins_cache[:] = [time.monotonic(), origins]
         return origins
 
-    app.add_middleware(SiteCORS, known_origins=known_origins, path_prefixes=VISITOR_PATHS)
+    app.add_middleware(SiteCORS, known_origins=known_origins, path_prefixes=VISITOR_PATHS,
+                       operator_paths=OPERATOR_UNDER_VISITOR_PATHS)
 
     async def configured_site(request: Request, site: str) -> SiteConfig:
         config = await request.app.state.sites.find(site)

@@ -9,11 +9,14 @@ briefs and the triage the enricher wrote, and queue new ones (shared/briefs.py).
 - `POST /v1/sites/{site}/triage`: a triage of the open leads, 202 with its request id;
 - `GET  /v1/sites/{site}/triage`: the latest triage, its items ranked (404: none yet).
 
-Another site's key gets 404, as if the site had no leads.
+Another site's key gets 404, as if the site had no leads. These paths are under the visitor
+prefix `/v1/sites/` but are operators': the CORS middleware leaves them alone (`PATHS`), so
+no page can read them from a browser, as for every operator endpoint.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 import msgspec
@@ -25,6 +28,7 @@ from shared import events as ev
 from shared import subjects
 from services.gateway.openapi import OPERATOR_RESPONSES, SessionId, SiteId
 
+PATHS = re.compile(r"^/v1/sites/[^/]+/(briefs|triage)(/|$)")
 SessionToken = Annotated[str, msgspec.Meta(pattern=subjects.TOKEN_RE.pattern)]
 
 
