@@ -54,6 +54,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    return asyncio.run(amain(argv))
+
+
+async def amain(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     named = getattr(args, "lead", None) or []
     leads = named if isinstance(named, list) else [named]
@@ -63,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     config = BusConfig.from_env()
     if args.nats_url:
         config.url = args.nats_url
-    return asyncio.run(run(config, args))
+    return await run(config, args)
 
 
 async def run(config: BusConfig, args: argparse.Namespace) -> int:

@@ -15,9 +15,9 @@ from tests.helpers import wait_for
 
 
 async def arun(capsys, nats_url: str, *argv: str) -> tuple[int, str, str]:
-    """The command in a thread (it runs its own event loop), while this test's loop answers."""
+    """The command on this test's loop, beside the simulated enricher."""
     capsys.readouterr()
-    code = await asyncio.to_thread(cli.main, [*argv, "--nats-url", nats_url])
+    code = await asyncio.wait_for(cli.amain([*argv, "--nats-url", nats_url]), 60)
     out, err = capsys.readouterr()
     return code, out, err
 

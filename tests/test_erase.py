@@ -158,7 +158,8 @@ async def test_erase_covers_the_leads_brief_and_what_other_briefs_and_triages_sa
     assert privacy.REDACTED in done.brief and privacy.REDACTED in done.call_script and done.metadata.priority == 7
 
     bob = [r.event for r in await bus.read(subjects.conversation(site, "bob"))]
-    similar = {s.session_id: s.summary for s in next(e for e in bob if isinstance(e, ev.BriefGathered)).inputs.similar_leads}
+    gathered = next(e for e in bob if isinstance(e, ev.BriefGathered)).inputs
+    similar = {s.session_id: s.summary for s in gathered.similar_leads}
     assert similar == {"ada": privacy.REDACTED, "cyd": "Cyd's shop, 3 seats"}
     assert b"bob@example.org" in b"".join(ev.encode(e) for e in bob)  # another visitor's own data stays
     triages = [r.event for r in await bus.read(subjects.conversation(site, ev.TRIAGE_SESSION))]
