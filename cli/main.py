@@ -2,7 +2,7 @@
 
 A command's module is imported only when it runs, so `concierge sites check` does not load
 LightRAG or the models. Three kinds of module live under cli/: the operator commands here
-(run, ingest, replay, erase, sites), the measurements in cli/measure/, and the system harness
+(run, ingest, replay, erase, briefs, sites), the measurements in cli/measure/, and the system harness
 that `run`, the measurements and the tests share in cli/harness/.
 """
 
@@ -33,6 +33,10 @@ COMMANDS = (
         ("replay verify --site SITE [--since 24h] [--limit N]", "rerun many; exit 1 when any diverges"),
         ("replay serve", "answer the operator UI's reruns, diffs, forks and verifies (/admin)"))),
     Command("erase-visitor", "cli.erase", (("erase-visitor", "forget a visitor: redact their events, delete their cached data"),)),
+    Command("briefs", "cli.briefs", (
+        ("briefs generate --site SITE [--lead S...] [--wait]", "queue briefs for the site's leads"),
+        ("briefs show --site SITE [--lead S]", "a lead's brief and call script, or the site's leads"),
+        ("briefs triage --site SITE", "rank the site's open leads: whom to call first"))),
     Command("sites", "cli.sites", (
         ("sites check [DIR]", "validate the site config files (default: sites/)"),
         ("sites key --site SITE", "make an operator API key for one site (its hash goes in the site file)"),

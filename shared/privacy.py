@@ -68,11 +68,32 @@ def _scrub(text: str) -> str:
     return EMAIL_RE.sub(REDACTED, text)
 
 
+def _profile(profile: ev.VisitorProfile) -> ev.VisitorProfile:
+    return msgspec.structs.replace(
+        profile,
+        ip=REDACTED if profile.ip not in ("", ev.UNKNOWN) else profile.ip,
+        email=REDACTED if profile.email not in ("", ev.UNKNOWN) else profile.email,
+    )
+
+
+def _brief_inputs(inputs: ev.BriefInputs) -> ev.BriefInputs:
+    return msgspec.structs.replace(
+        inputs,
+        email=REDACTED if inputs.email else "",
+        capture_context=_scrub(inputs.capture_context),
+        transcript=[msgspec.structs.replace(m, content=_scrub(m.content)) for m in inputs.transcript],
+        profile=_profile(inputs.profile),
+        form_fields={k: REDACTED for k in inputs.form_fields},
+        similar_leads=[msgspec.structs.replace(lead, summary=_scrub(lead.summary)) for lead in inputs.similar_leads],
+    )
+
+
 def redact(event: ev.Envelope) -> tuple[ev.Envelope, list[str]]:
     """The event with its personal data removed, and the names of the fields it touched.
 
     Personal data: the visitor object the widget sent, IP hashes, e-mail addresses in
-    profiles, and e-mail addresses written in free text (messages, prompts, answers)."""
+    profiles, form fields, and e-mail addresses written in free text (messages, prompts,
+    answers, a lead's brief, its call script and what its brief was written from)."""
     changes: dict = {}
     match event:
         case ev.TurnRequested():
@@ -83,13 +104,7 @@ def redact(event: ev.Envelope) -> tuple[ev.Envelope, list[str]]:
             if _scrub(event.message) != event.message:
                 changes["message"] = _scrub(event.message)
         case ev.EnrichmentCompleted() | ev.ProfileInferred():
-            profile = event.profile
-            fixed = msgspec.structs.replace(
-                profile,
-                ip=REDACTED if profile.ip not in ("", ev.UNKNOWN) else profile.ip,
-                email=REDACTED if profile.email not in ("", ev.UNKNOWN) else profile.email,
-            )
-            if fixed != profile:
+            if (fixed := _profile(event.profile)) != event.profile:
                 changes["profile"] = fixed
         case ev.LLMCallRecorded():
             call = event.call
@@ -116,6 +131,44 @@ def redact(event: ev.Envelope) -> tuple[ev.Envelope, list[str]]:
                 cleaned = {**profile, **{k: REDACTED for k in ("ip", "email")
                                          if profile.get(k) not in (None, "", ev.UNKNOWN)}}
                 changes["metadata"] = {**event.metadata, "visitor_profile": cleaned}
+        case ev.BriefGathered():
+            if (fixed := _brief_inputs(event.inputs)) != event.inputs:
+                changes["inputs"] = fixed
+        case ev.BriefDrafted():
+            if _scrub(event.text) != event.text:
+                changes["text"] = _scrub(event.text)
+        case ev.BriefEvaluated():
+            if [_scrub(i) for i in event.issues] != event.issues:
+                changes["issues"] = [_scrub(i) for i in event.issues]
+        case ev.BriefCompleted():
+            for name in ("brief", "call_script", "summary"):
+                if _scrub(getattr(event, name)) != getattr(event, name):
+                    changes[name] = _scrub(getattr(event, name))
+            if [_scrub(i) for i in event.issues] != event.issues:
+                changes["issues"] = [_scrub(i) for i in event.issues]
+        case ev.BriefFailed():
+            if _scrub(event.reason) != event.reason:
+                changes["reason"] = _scrub(event.reason)
+    return _changed(event, changes)
+
+
+def forget_mentions(event: ev.Envelope, sessions: set[str]) -> tuple[ev.Envelope, list[str]]:
+    """An event of another conversation with what it says about the leads of `sessions`
+    removed: their reasons in a site's triage, their summaries among a brief's similar
+    leads. (Which leads they were stays: an id, no personal data.)"""
+    changes: dict = {}
+    match event:
+        case ev.TriageCompleted() if any(item.session_id in sessions for item in event.items):
+            changes["items"] = [msgspec.structs.replace(item, reason=REDACTED) if item.session_id in sessions
+                                else item for item in event.items]
+        case ev.BriefGathered() if any(lead.session_id in sessions for lead in event.inputs.similar_leads):
+            similar = [msgspec.structs.replace(lead, summary=REDACTED) if lead.session_id in sessions else lead
+                       for lead in event.inputs.similar_leads]
+            changes["inputs"] = msgspec.structs.replace(event.inputs, similar_leads=similar)
+    return _changed(event, changes)
+
+
+def _changed(event: ev.Envelope, changes: dict) -> tuple[ev.Envelope, list[str]]:
     if not changes:
         return event, []
     return msgspec.structs.replace(event, **changes), sorted(changes)

@@ -207,6 +207,64 @@ async def test_the_replay_worker_reads_and_answers_requests_and_writes_nothing(s
             await bus.close()
 
 
+async def test_the_gateway_queues_brief_work_and_the_enricher_takes_it_and_answers(secured_nats, site):
+    """Lead briefs under deploy/nats-server.conf: the gateway (the operator API) queues a
+    brief and a triage on the BRIEFS work queue; the enricher consumes it and stores each
+    step in the conversation; neither may publish the other's part, nor the router any."""
+    from shared import briefs
+
+    gateway, enricher, router = [await as_service(secured_nats, n) for n in ("gateway", "enricher", "router")]
+    metadata = ev.BriefMetadata(priority=5, stage="exploring", estimated_seats=0, confidence=10)
+
+    async def brief(event, inputs, ctx):
+        return [ctx.follow(ev.BriefGathered, key="gathered", request_id=event.request_id, inputs=ev.BriefInputs()),
+                ctx.follow(ev.BriefCompleted, key="completed", request_id=event.request_id, brief="b",
+                           metadata=metadata, call_script="c", summary="s")]
+
+    async def rank(event, inputs, ctx):
+        return [ctx.follow(ev.TriageCompleted, request_id=event.request_id)]
+
+    def gave_up(event, node, attempts, reason):
+        return ev.follow(event, ev.BriefFailed, node, key="failed", node=node, reason=reason, attempts=attempts,
+                         request_id=event.request_id, failed_event_id=event.event_id)
+
+    runners = [ConsumerRunner(enricher, Node(unique(name), (consumes,), handle, stream=subjects.BRIEFS_STREAM,
+                                             failure=gave_up), fast(), start_lookback_s=5)
+               for name, consumes, handle in (("brief", "brief_requested", brief),
+                                              ("triage", "triage_requested", rank))]
+    try:
+        for runner in runners:
+            await runner.start()
+        item, triage = briefs.brief_request(site, "lead1", 1, "gateway"), briefs.triage_request(site, "gateway")
+        await gateway.publish_work(item)
+        await gateway.publish_work(triage)
+        await enricher.publish_work(briefs.brief_request(site, "lead2", 1, "enricher"))
+
+        async def both_completed():
+            done = await gateway.read(subjects.conv_of_type("brief_completed", site))
+            return done if len(done) == 2 else None
+
+        done = await wait_for(both_completed, what="the briefs completed")
+        await wait_for(lambda: gateway.read(subjects.conv(site, ev.TRIAGE_SESSION, "triage_completed")),
+                       what="the triage completed")
+        await wait_for(lambda: _emptied(gateway, site), what="the work queue emptied")
+        assert item.request_id in {r.event.request_id for r in done}
+        with pytest.raises(nats.errors.TimeoutError):  # the gateway writes no brief
+            await gateway.js.publish(subjects.conv(site, "lead1", "brief_completed"), b"{}", timeout=0.5)
+        with pytest.raises(nats.errors.TimeoutError):  # nor does the router queue work
+            await router.publish_work(briefs.triage_request(site, "router"))
+    finally:
+        for runner in runners:
+            await runner.stop()
+        for bus in (gateway, enricher, router):
+            await bus.close()
+
+
+async def _emptied(bus, site: str) -> bool:
+    info = await bus.js.stream_info(subjects.BRIEFS_STREAM, subjects_filter=f"briefs.{site}.>")
+    return not info.state.subjects
+
+
 async def test_nkey_seed_file_authenticates(tmp_path, site):
     nkeys = pytest.importorskip("nkeys")
     seed = nkeys.encode_seed(uuid.uuid4().bytes * 2, nkeys.PREFIX_BYTE_USER)

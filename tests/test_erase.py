@@ -99,3 +99,78 @@ def test_one_email_pattern_for_redaction_routing_booking_and_form_fields():
     found = [m.group(0) for m in privacy.EMAIL_RE.finditer("ada.l+x@mail.acme.co.uk, bob@acme, eve@acme..com")]
     assert found == ["ada.l+x@mail.acme.co.uk"]
     assert privacy._scrub("write to ada@acme.io") == f"write to {privacy.REDACTED}"
+
+
+# --- lead briefs -------------------------------------------------------------------------
+
+async def lead_with_brief(bus, site, session, email, similar=()):
+    """A captured lead and every step of its brief, as the enricher stores them; `similar`:
+    (session, summary) of other leads its brief was compared with."""
+    req = ev.TurnRequested(event_id=ev.new_id(), site=site, session_id=session, turn=1, ts=ev.now(),
+                           producer="gateway", message=f"Demo please, I'm {email}", ip_hash=KEYS.ip_hash(session))
+    inputs = ev.BriefInputs(
+        email=email, capture_context=f"booking form, {email}",
+        transcript=[ev.BriefMessage(role="user", content=f"Demo please, I'm {email}", turn=1)],
+        profile=VisitorProfile(company_name="Acme", email=email), form_fields={"email": email, "company": "Acme"},
+        similar_leads=[ev.SimilarLead(session_id=s, stage="evaluating", priority=5, summary=text)
+                       for s, text in similar])
+    metadata = ev.BriefMetadata(priority=7, stage="evaluating", estimated_seats=25, confidence=60)
+    events = [
+        req,
+        ev.follow(req, ev.LeadCaptured, "booking_handler", email=email),
+        ev.follow(req, ev.BriefGathered, "brief_gatherer", request_id="r", inputs=inputs),
+        ev.follow(req, ev.BriefDrafted, "brief_writer", attempt=1, text=f"## Summary\nAcme; write to {email}",
+                  metadata=metadata),
+        ev.follow(req, ev.BriefEvaluated, "brief_evaluator", attempt=1, verdict="marginal",
+                  issues=[f"{email} is quoted twice"]),
+        ev.follow(req, ev.BriefCompleted, "brief_writer", request_id="r", brief=f"## Summary\nAcme; write to {email}",
+                  metadata=metadata, call_script=f"Hi, is this {email}?", summary=f"Acme ({email}), 25 seats"),
+    ]
+    for e in events:
+        await bus.publish(e)
+
+
+def triage(site, *items):
+    return ev.TriageCompleted(event_id=ev.new_id(), site=site, session_id=ev.TRIAGE_SESSION, turn=0, ts=ev.now(),
+                              producer="lead_triage", request_id=ev.new_id(), leads=len(items),
+                              items=[ev.TriageItem(session_id=s, classification=c, reason=r) for s, c, r in items])
+
+
+async def test_erase_covers_the_leads_brief_and_what_other_briefs_and_triages_say_of_it(bus, nats_url, redis_url, site):
+    await lead_with_brief(bus, site, "ada", "ada@example.com")
+    await lead_with_brief(bus, site, "bob", "bob@example.org",
+                          similar=[("ada", "Ada Lovelace of Acme, 25 seats"), ("cyd", "Cyd's shop, 3 seats")])
+    first = triage(site, ("ada", "call_first", "Ada Lovelace is ready to buy"), ("bob", "nurture", "Bob is early"))
+    second = triage(site, ("bob", "call_first", "Bob is ready now"))
+    for e in (first, second):
+        await bus.publish(e)
+
+    report = await erase.erase(BusConfig(url=nats_url), redis_url, site, ["ada"], None)
+    assert set(report["sessions"]) == {"ada"}
+    assert set(report["mentions"]) == {"bob", ev.TRIAGE_SESSION}
+    assert report["sessions"]["ada"]["fields_redacted"] == 9  # 2 of the turn, 7 of the lead and its brief
+    ada = [r.event for r in await bus.read(subjects.conversation(site, "ada"))]
+    assert len(ada) == 6 and b"ada@example.com" not in b"".join(ev.encode(e) for e in ada)
+    gathered = next(e for e in ada if isinstance(e, ev.BriefGathered)).inputs
+    assert gathered.email == gathered.form_fields["company"] == privacy.REDACTED
+    assert gathered.profile.company_name == "Acme"  # the company is not personal data
+    done = next(e for e in ada if isinstance(e, ev.BriefCompleted))
+    assert privacy.REDACTED in done.brief and privacy.REDACTED in done.call_script and done.metadata.priority == 7
+
+    bob = [r.event for r in await bus.read(subjects.conversation(site, "bob"))]
+    gathered = next(e for e in bob if isinstance(e, ev.BriefGathered)).inputs
+    similar = {s.session_id: s.summary for s in gathered.similar_leads}
+    assert similar == {"ada": privacy.REDACTED, "cyd": "Cyd's shop, 3 seats"}
+    assert b"bob@example.org" in b"".join(ev.encode(e) for e in bob)  # another visitor's own data stays
+    triages = [r.event for r in await bus.read(subjects.conversation(site, ev.TRIAGE_SESSION))]
+    assert [t.event_id for t in triages] == [first.event_id, second.event_id]
+    assert [(i.session_id, i.reason) for i in triages[0].items] == \
+        [("ada", privacy.REDACTED), ("bob", "Bob is early")]
+    assert triages[1].items == second.items
+
+    # A second visitor erased at once: the triage log is rewritten again, and keeps every event.
+    report = await erase.erase(BusConfig(url=nats_url), redis_url, site, ["bob"], None)
+    assert set(report["mentions"]) == {ev.TRIAGE_SESSION}
+    triages = [r.event for r in await bus.read(subjects.conversation(site, ev.TRIAGE_SESSION))]
+    assert [t.event_id for t in triages] == [first.event_id, second.event_id]
+    assert all(i.reason == privacy.REDACTED for t in triages for i in t.items)

@@ -2,7 +2,8 @@
 
 Two kinds of caller (docs/security.md): visitors, who own a conversation by its session
 token (sessions.py) and see only what the widget shows (visitor_view.py), from the origins
-their site allows (cors.py); and operators, with a bearer token (operators.py).
+their site allows (cors.py); and operators, with a bearer token (operators.py), who also
+read and queue lead briefs (briefs.py).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from shared.bus import Bus, ConcurrencyConflict, connect, topology_ready
 from shared.session_guard import SessionGuard
 from shared.state import fold
 from shared.site_config import SiteConfig, SiteConfigs
-from services.gateway import abuse_gate, admin, frames, visitor_view
+from services.gateway import abuse_gate, admin, briefs, frames, visitor_view
 from services.gateway.cors import SiteCORS, origin_allowed
 from services.gateway.openapi import (CHAT_OPENAPI, CHAT_RESPONSES, OPERATOR_RESPONSES, RESUME_RESPONSES,
                                       VISITOR_READ_RESPONSES, LastEventId, SessionId, SiteId, TokenHeader, Turn,
@@ -45,6 +46,7 @@ from services.gateway.settings import GatewaySettings
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"  # the demo page and the embeddable widget
 VISITOR_PATHS = ("/v1/chat", "/v1/sites/")  # CORS for these only, from the sites' allowed_origins
+OPERATOR_UNDER_VISITOR_PATHS = briefs.PATHS  # ... except these, operators' (no CORS)
 OVERDUE_MARGIN_S = 5.0  # after a turn's deadline, before another request may end it
 
 
@@ -121,7 +123,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         origins_cache[:] = [time.monotonic(), origins]
         return origins
 
-    app.add_middleware(SiteCORS, known_origins=known_origins, path_prefixes=VISITOR_PATHS)
+    app.add_middleware(SiteCORS, known_origins=known_origins, path_prefixes=VISITOR_PATHS,
+                       operator_paths=OPERATOR_UNDER_VISITOR_PATHS)
 
     async def configured_site(request: Request, site: str) -> SiteConfig:
         config = await request.app.state.sites.find(site)
@@ -142,6 +145,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         return await request.app.state.operators.authenticate(request.headers.get("authorization"))
 
     admin.add_routes(app, operator)
+    briefs.add_routes(app, operator)
 
     @app.get("/", include_in_schema=False)
     async def demo_page():

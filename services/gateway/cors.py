@@ -11,6 +11,7 @@ no other page can read them from a browser.
 from __future__ import annotations
 
 import logging
+import re
 from typing import Awaitable, Callable
 from urllib.parse import urlsplit
 
@@ -41,13 +42,17 @@ def origin_allowed(origin: str | None, host: str | None, config: SiteConfig) -> 
 class SiteCORS:
     """ASGI middleware: answers preflights and adds CORS headers on the visitor paths."""
 
-    def __init__(self, app, known_origins: Callable[[], Awaitable[set[str]]], path_prefixes: tuple[str, ...]):
+    def __init__(self, app, known_origins: Callable[[], Awaitable[set[str]]], path_prefixes: tuple[str, ...],
+                 operator_paths: re.Pattern | None = None):
+        """`operator_paths`: operator endpoints under a visitor prefix, which get no CORS."""
         self.app = app
         self.known_origins = known_origins
         self.path_prefixes = path_prefixes
+        self.operator_paths = operator_paths
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or not scope["path"].startswith(self.path_prefixes):
+        if scope["type"] != "http" or not scope["path"].startswith(self.path_prefixes) or \
+                (self.operator_paths is not None and self.operator_paths.match(scope["path"])):
             return await self.app(scope, receive, send)
         headers = Headers(scope=scope)
         origin = headers.get("origin")

@@ -1,0 +1,133 @@
+"""Lead briefs as operators ask for and read them: a site's leads, each lead's latest brief,
+the work items that ask for a brief or a triage, a triage in the order to act on it.
+
+One place for both ways in: `concierge briefs` (cli/briefs.py) and the gateway's operator
+API (services/gateway/briefs.py). The briefs themselves are written by the enricher's brief
+nodes, which take the work items off the BRIEFS queue and store their steps in the lead's
+conversation (`conv.<site>.<session>.brief_*`); a site's triages live in the conversation
+`TRIAGE_SESSION`.
+
+A lead is a conversation with a `LeadCaptured`; its latest brief is its newest stored
+`BriefCompleted` or `BriefFailed` (a failed retry after a good brief is what an operator
+should see); an open lead, one whose latest brief completed, is what a triage ranks.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from shared import events as ev
+from shared import loader, subjects
+from shared.bus import Bus
+from shared.state import Record
+
+Outcome = ev.BriefCompleted | ev.BriefFailed
+PRODUCERS = ("cli", "gateway")
+# The order a triage is read in: whom to call, whom to keep warm, whom to drop.
+CLASS_ORDER = {name: i for i, name in enumerate(ev.TRIAGE_CLASSES)}
+
+
+class UnknownLead(Exception):
+    """A session named as a lead has no captured lead on that site."""
+
+    def __init__(self, site: str, sessions: Iterable[str]):
+        self.site, self.sessions = site, sorted(sessions)
+        super().__init__(f"no captured lead {', '.join(self.sessions)} on site {site!r}")
+
+
+# --- pure ------------------------------------------------------------------------------
+
+def first_captures(records: Iterable[Record]) -> dict[str, ev.LeadCaptured]:
+    """Each lead's capture (its first `LeadCaptured`), by session, in capture order."""
+    leads: dict[str, ev.LeadCaptured] = {}
+    for record in records:
+        if isinstance(record.event, ev.LeadCaptured):
+            leads.setdefault(record.event.session_id, record.event)
+    return leads
+
+
+def latest_outcomes(records: Iterable[Record]) -> dict[str, Outcome]:
+    """Each session's newest brief outcome (by stream sequence: the records of several
+    subjects may come in any order)."""
+    newest: dict[str, Record] = {}
+    for record in records:
+        if isinstance(record.event, (ev.BriefCompleted, ev.BriefFailed)):
+            seen = newest.get(record.event.session_id)
+            if seen is None or record.seq > seen.seq:
+                newest[record.event.session_id] = record
+    return {session: record.event for session, record in newest.items()}
+
+
+def open_leads(captures: dict[str, ev.LeadCaptured], latest: dict[str, Outcome]) -> list[str]:
+    """The leads a triage ranks: those whose latest brief completed."""
+    return [session for session in captures if isinstance(latest.get(session), ev.BriefCompleted)]
+
+
+def brief_request(site: str, session_id: str, turn: int, producer: str) -> ev.BriefRequested:
+    """An operator's work item for one lead's brief, as of the conversation's turn `turn`."""
+    request_id = ev.new_id()
+    return ev.BriefRequested(event_id=ev.derived_id(request_id, "briefs", session_id), site=site,
+                             session_id=session_id, turn=turn, ts=ev.now(), producer=producer,
+                             reason="operator", request_id=request_id)
+
+
+def triage_request(site: str, producer: str) -> ev.TriageRequested:
+    request_id = ev.new_id()
+    return ev.TriageRequested(event_id=ev.derived_id(request_id, "briefs", ev.TRIAGE_SESSION), site=site,
+                              session_id=ev.TRIAGE_SESSION, turn=0, ts=ev.now(), producer=producer,
+                              request_id=request_id)
+
+
+def ranked(triage: ev.TriageCompleted) -> list[ev.TriageItem]:
+    """The triage's items, call_first first, then nurture, then disqualify (stable within a class)."""
+    return sorted(triage.items, key=lambda item: CLASS_ORDER[item.classification])
+
+
+def row(capture: ev.LeadCaptured, outcome: Outcome | None) -> dict:
+    """One lead as a line of a list: who, and where its latest brief stands."""
+    line: dict = {"session_id": capture.session_id, "email": capture.email, "captured": capture.ts,
+                  "status": "none", "priority": None, "stage": None, "verdict": None, "backend": None,
+                  "request_id": None, "ts": None}
+    match outcome:
+        case ev.BriefCompleted():
+            line.update(status="completed", priority=outcome.metadata.priority, stage=outcome.metadata.stage,
+                        metadata=ev.to_builtins(outcome.metadata), verdict=outcome.verdict or None,
+                        backend=outcome.backend, request_id=outcome.request_id, ts=outcome.ts)
+        case ev.BriefFailed():
+            line.update(status="failed", reason=outcome.reason, request_id=outcome.request_id, ts=outcome.ts)
+    return line
+
+
+# --- reading and queueing ----------------------------------------------------------------
+
+async def leads(bus: Bus, site: str) -> dict[str, ev.LeadCaptured]:
+    return first_captures(await bus.read(subjects.conv_of_type("lead_captured", site)))
+
+
+async def outcomes(bus: Bus, site: str, session_id: str = "*") -> dict[str, Outcome]:
+    """The latest brief outcome of each of the site's leads (or of one)."""
+    records = [*await bus.read(subjects.conv(site, session_id, "brief_completed")),
+               *await bus.read(subjects.conv(site, session_id, "brief_failed"))]
+    return latest_outcomes(records)
+
+
+async def latest_triage(bus: Bus, site: str) -> ev.TriageCompleted | None:
+    triage = await bus.last(subjects.conv(site, ev.TRIAGE_SESSION, "triage_completed"))
+    return triage if isinstance(triage, ev.TriageCompleted) else None
+
+
+async def requests_for(bus: Bus, site: str, sessions: Iterable[str] | None, producer: str) -> list[ev.BriefRequested]:
+    """One work item per lead named (None: every lead of the site), each as of its
+    conversation's current turn. Raises `UnknownLead` before anything is made when a
+    session has no captured lead."""
+    known = await leads(bus, site)
+    wanted = list(known) if sessions is None else list(dict.fromkeys(sessions))
+    if missing := [s for s in wanted if s not in known]:
+        raise UnknownLead(site, missing)
+    return [brief_request(site, session, (await loader.load(bus, site, session)).turn, producer)
+            for session in wanted]
+
+
+async def queue(bus: Bus, items: Iterable[ev.BriefRequested | ev.TriageRequested]) -> None:
+    for item in items:
+        await bus.publish_work(item)
