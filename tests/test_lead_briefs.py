@@ -4,6 +4,7 @@ scripted OpenAI-compatible server, its replies queued per request (`fail_next(re
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from services.enricher import brief_gatherer, brief_requester, lead_briefer, lead_triager
@@ -14,6 +15,7 @@ from shared import subjects
 from shared.config import LLMRoleConfig
 from shared.llm import LLMClient
 from shared.node import Context, Inputs, PermanentError
+from shared.privacy import REDACTED
 from tests.helpers import RecordingBus, decide, records_of, start, state_of, turn, wait_for
 
 SITE, SESSION = "acme", "lead1"
@@ -302,3 +304,9 @@ async def test_a_brief_asked_for_a_conversation_without_a_lead_fails_visibly(wor
         assert "no lead was captured" in record.event.reason and record.event.request_id == "r9"
     finally:
         await runner.stop()
+
+
+async def test_an_erased_lead_stored_again_queues_no_brief():
+    erased = ev.LeadCaptured(event_id="l1", site=SITE, session_id=SESSION, turn=2, ts=1.0, email=REDACTED)
+    assert not brief_requester.make_node().concerns(erased)
+    assert brief_requester.make_node().concerns(msgspec.structs.replace(erased, email="dana@northwind.example"))

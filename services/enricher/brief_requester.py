@@ -3,13 +3,15 @@
 `LeadCaptured` → a `BriefRequested` on the BRIEFS work queue (its id derived from the lead's
 event, so a redelivered lead queues nothing twice). The brief itself is written by whichever
 replica takes the item (brief_gatherer.py, then lead_briefer.py); operators queue more with
-`concierge briefs generate` or the operator API.
+`concierge briefs generate` or the operator API. An erased lead (`concierge erase-visitor`
+stores its log again, the e-mail redacted) is nobody to brief: not queued.
 """
 
 from __future__ import annotations
 
 from shared import events as ev
-from shared.node import Context, Inputs, Node
+from shared.node import Context, Inputs, Needs, Node
+from shared.privacy import REDACTED
 
 NAME = "brief_requester"
 
@@ -20,4 +22,5 @@ async def request(event: ev.LeadCaptured, inputs: Inputs, ctx: Context) -> list[
 
 
 def make_node() -> Node:
-    return Node(name=NAME, consumes=("lead_captured",), handle=request)
+    return Node(name=NAME, consumes=("lead_captured",), handle=request,
+                needs=Needs(when=lambda event: event.email != REDACTED))
