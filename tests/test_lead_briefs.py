@@ -37,14 +37,16 @@ def conversation() -> list[ev.Envelope]:
         first,
         then(first, ev.RetrievalCompleted, documents=[doc(1, "Integrations", "QuickBooks Online and Xero sync every 10 minutes."),
                                                       doc(2, "Tidewise", "An entity", kind="entity")]),
-        then(first, ev.InterestSignalsDetected, signals={"team_size": True}, score=0.2),
+        then(first, ev.InterestSignalsDetected, signals={"team_size": True, "competitor_mentioned": True}, score=0.2),
         second,
         then(second, ev.RetrievalCompleted, documents=[doc(1, "Pricing", "Pro is $39 per technician per month."),
                                                        doc(2, "Integrations", "QuickBooks Online and Xero sync every 10 minutes.")]),
         then(second, ev.InterestSignalsDetected, signals={"team_size": True, "pricing_interest": True,
-                                                          "demo_interest": True}, score=0.75),
+                                                          "demo_interest": True, "competitor_mentioned": False},
+             score=0.75),
         then(second, ev.FormFieldsExtracted, values={"company": "Northwind Plumbing", "team_size": "11-50"}),
         then(second, ev.LeadCaptured, email="dana@northwind.example"),
+        turn(SITE, SESSION, 3, "dana@northwind.example"),  # the booking form's answer
     ]
 
 
@@ -60,12 +62,14 @@ def completed(session: str, priority: int, stage: str, ts: float = 1.0, seats: i
 
 def inputs() -> ev.BriefInputs:
     events = conversation()
-    return brief_gatherer.gathered(state_of(*events), lead(events), "Acme", retrievals(events),
+    return brief_gatherer.gathered(state_of(*events), lead(events), "Acme", *logged(events),
                                    [completed("other", 8, "evaluating")])
 
 
-def retrievals(events) -> list[ev.RetrievalCompleted]:
-    return [e for e in events if isinstance(e, ev.RetrievalCompleted)]
+def logged(events) -> tuple[list[ev.RetrievalCompleted], list[ev.InterestSignalsDetected]]:
+    """What the gatherer reads of the lead's log besides its state."""
+    return ([e for e in events if isinstance(e, ev.RetrievalCompleted)],
+            [e for e in events if isinstance(e, ev.InterestSignalsDetected)])
 
 
 # --- gathering ---------------------------------------------------------------------------
@@ -77,6 +81,7 @@ def test_gathering_collects_the_conversation_signals_fields_and_each_source_once
     assert [m.content for m in data.transcript if m.role == "user"][0].startswith("Do you integrate with QuickBooks")
     assert [(s.number, s.title) for s in data.sources] == [(1, "Integrations"), (2, "Pricing")], "chunks only, once"
     assert data.interest_signals["demo_interest"] and data.interest_score == 0.75
+    assert data.interest_signals["competitor_mentioned"], "a signal any turn showed, not only the last turn's"
     assert data.form_fields == {"company": "Northwind Plumbing", "team_size": "11-50"}
     assert [s.session_id for s in data.similar_leads] == ["other"]
 
@@ -85,7 +90,7 @@ def test_similar_leads_leave_out_the_lead_itself_and_keep_each_others_latest_bri
     events = conversation()
     earlier = [completed(SESSION, 3, "exploring"), completed("b", 2, "exploring", ts=1.0),
                completed("b", 9, "ready_to_buy", ts=2.0)]
-    data = brief_gatherer.gathered(state_of(*events), lead(events), "Acme", retrievals(events), earlier)
+    data = brief_gatherer.gathered(state_of(*events), lead(events), "Acme", *logged(events), earlier)
     assert [(s.session_id, s.priority) for s in data.similar_leads] == [("b", 9)]
 
 
@@ -98,7 +103,8 @@ def test_the_data_brief_has_every_section_is_labelled_and_invents_no_number():
     assert missing_sections(text) == []
     assert "without a language model" in text
     assert ungrounded_numbers(text, data) == []
-    assert "QuickBooks" in text and "[1] Integrations" in text
+    assert "QuickBooks" in text and "[1] Integrations" in text and "(Northwind Plumbing)" in text
+    assert 'Asked: "dana@northwind.example"' not in text, "a form answer is not a question"
     assert meta == ev.BriefMetadata(priority=8, stage="ready_to_buy", estimated_seats=11, confidence=30)
     script = plain.call_script(data)
     assert all(f"## {name}" in script for name in ("Talk track", "Objection handlers", "Close"))

@@ -3,7 +3,7 @@
 Takes `BriefRequested` work items from the BRIEFS work queue (each item to one replica; the
 gathering runs in parallel, unlike the model calls after it) and stores a `BriefGathered`
 in the lead's log: the conversation, the visitor profile and enrichment, the interest
-signals and score, the captured form fields, the knowledge-base sections the conversation
+signals (each: did any turn show it) and score, the captured form fields, the knowledge-base sections the conversation
 retrieved (numbered for citing) and the site's similar earlier leads (the latest briefs of
 other leads at the same stage or sector). A conversation without a captured lead fails the
 item (`BriefFailed`): there is no one to brief about.
@@ -46,14 +46,23 @@ def similar(state: ConversationState, earlier: list[ev.BriefCompleted]) -> list[
                            summary=b.summary) for b in others[:MAX_SIMILAR]]
 
 
-def gathered(state: ConversationState, lead: ev.LeadCaptured, site_name: str,
-             retrievals: list[ev.RetrievalCompleted], earlier: list[ev.BriefCompleted]) -> ev.BriefInputs:
+def signals_of(detected: list[ev.InterestSignalsDetected]) -> dict[str, bool]:
+    """Each buying signal, and whether any turn showed it (the state keeps the last turn's)."""
+    out: dict[str, bool] = {}
+    for event in detected:
+        for name, on in event.signals.items():
+            out[name] = out.get(name, False) or on
+    return out
+
+
+def gathered(state: ConversationState, lead: ev.LeadCaptured, site_name: str, retrievals: list[ev.RetrievalCompleted],
+             detected: list[ev.InterestSignalsDetected], earlier: list[ev.BriefCompleted]) -> ev.BriefInputs:
     languages = [t.language for _, t in sorted(state.turns.items()) if t.language]
     return ev.BriefInputs(
         site_name=site_name, email=lead.email, capture_context=lead.capture_context,
         language=languages[-1] if languages else "",
         transcript=[ev.BriefMessage(role=m.role, content=m.content, turn=m.turn) for m in state.messages[-MAX_MESSAGES:]],
-        profile=state.visitor_profile, interest_signals=state.interest.signals,
+        profile=state.visitor_profile, interest_signals=signals_of(detected),
         interest_score=round(state.interest.score, 2),
         form_fields={**state.form.values, **state.booking.collected},
         sources=sources_of(retrievals), similar_leads=similar(state, earlier),
@@ -64,9 +73,12 @@ async def gather(event: ev.BriefRequested, inputs: Inputs, ctx: Context) -> list
     leads = await ctx.bus.read(subjects.conv(event.site, event.session_id, "lead_captured"))
     if not leads:
         raise PermanentError(f"no lead was captured in conversation {event.site}/{event.session_id}")
-    retrievals = [r.event for r in await ctx.bus.read(subjects.conv(event.site, event.session_id, "retrieval_completed"))]
+    async def of_lead(event_type: str) -> list:
+        return [r.event for r in await ctx.bus.read(subjects.conv(event.site, event.session_id, event_type))]
+
     earlier = [r.event for r in await ctx.bus.read(subjects.conv_of_type("brief_completed", event.site))]
-    data = gathered(inputs.state, leads[0].event, inputs.config.name or event.site, retrievals, earlier)
+    data = gathered(inputs.state, leads[0].event, inputs.config.name or event.site, await of_lead("retrieval_completed"),
+                    await of_lead("interest_signals_detected"), earlier)
     return [ctx.follow(ev.BriefGathered, request_id=event.request_id, inputs=data)]
 
 

@@ -27,14 +27,25 @@ def _known(profile: ev.VisitorProfile) -> dict[str, str]:
     return {k: v for k, v in msgspec.structs.asdict(profile).items() if v and v != ev.UNKNOWN}
 
 
+# What the sales rep should ask when the data leaves a fact open.
+ASK = {"company": "Which company are they with?", "sector": "Which sector are they in?",
+       "what they want to achieve": "What do they want to achieve, and by when?",
+       "team size": "How many people would use it?"}
+
+
 def company(inputs: ev.BriefInputs) -> str:
-    """Who the lead works for: enrichment's answer, else what they typed in the form."""
-    known = inputs.profile.company_name
-    return known if known != ev.UNKNOWN else inputs.form_fields.get("company", "").strip() or "company unknown"
+    """Who the lead works for: what they typed in the form, else enrichment's answer (a guess
+    from their network)."""
+    typed, known = inputs.form_fields.get("company", "").strip(), inputs.profile.company_name
+    return typed or (known if known != ev.UNKNOWN else "company unknown")
 
 
 def _questions(inputs: ev.BriefInputs) -> list[str]:
-    return [m.content.strip() for m in inputs.transcript if m.role == "user" and m.content.strip()]
+    """The visitor's own messages, without those that only answered a form field (an
+    e-mail address, a company name)."""
+    answers = {v.strip().lower() for v in inputs.form_fields.values()} | {inputs.email.lower()}
+    return [m.content.strip() for m in inputs.transcript
+            if m.role == "user" and m.content.strip() and m.content.strip().lower() not in answers]
 
 
 def _unknowns(inputs: ev.BriefInputs, known: dict[str, str]) -> list[str]:
@@ -78,7 +89,7 @@ def brief(inputs: ev.BriefInputs) -> tuple[str, ev.BriefMetadata]:
         fit="\n".join(f"- [{s.number}] {s.title} ({s.url})" for s in inputs.sources) or "- No knowledge-base section was retrieved.",
         risks="\n".join(f"- Unknown: {u}." for u in unknowns) or "- None visible in the data.",
         next_steps="- Read the pages they were shown before calling." if inputs.sources else "",
-        key_question=f"What is their {unknowns[0]}?" if unknowns else "When do they want to decide?",
+        key_question=ASK[unknowns[0]] if unknowns else "When do they want to decide?",
     )
     return f"{text.strip()}\n", meta
 
