@@ -251,6 +251,8 @@ async def triage(bus: Bus, args: argparse.Namespace) -> int:
 def triage_text(done: ev.TriageCompleted, captures: dict[str, ev.LeadCaptured],
                 latest: dict[str, briefs.Outcome]) -> str:
     lines = [f"# Triage: {done.site}, {done.leads} open lead(s) ({done.backend} backend, {when(done.ts)})"]
+    if done.model_error:
+        lines.append(f"(ranked by each brief's metadata: {done.model_error})")
     heading = None
     for rank, item in enumerate(briefs.ranked(done), start=1):
         if item.classification != heading:

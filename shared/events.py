@@ -509,9 +509,11 @@ class TriageItem(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 class TriageCompleted(Envelope, tag="triage_completed", kw_only=True):
     request_id: str = ""
-    backend: str = "llm"  # llm | data
+    backend: str = "llm"  # llm | data (the rule over each brief's metadata)
     items: list[TriageItem] = []
     leads: int = 0
+    # Why a model's triage was not used (invalid after its repair round): the rule ranked them.
+    model_error: str = ""
 
 
 Event = Union[

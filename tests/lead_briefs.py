@@ -43,5 +43,5 @@ def failed(site: str, session: str, request_id: str = "", reason: str = "the mod
 def triage(site: str, request_id: str, *items: tuple[str, str, str]) -> ev.TriageCompleted:
     """`items`: (session, classification, reason)."""
     return ev.TriageCompleted(event_id=ev.new_id(), site=site, session_id=ev.TRIAGE_SESSION, turn=0, ts=ev.now(),
-                              producer="lead_triage", request_id=request_id, backend="data", leads=len(items),
+                              producer="lead_triager", request_id=request_id, backend="data", leads=len(items),
                               items=[ev.TriageItem(session_id=s, classification=c, reason=r) for s, c, r in items])

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+import msgspec
+
 from cli import briefs as cli
 from shared import events as ev
 from shared import subjects
@@ -145,3 +147,11 @@ async def test_triage_ranks_the_open_leads_with_their_reasons(bus, nats_url, sit
     body = out[out.index("# Triage"):]
     assert body.index("CALL FIRST") < body.index("1. bob (bob@example.org, priority 9): ready to buy, 25 seats") \
         < body.index("DISQUALIFY") < body.index("2. ada (ada@example.com, priority 3): a student project")
+
+
+def test_a_triage_the_rule_ranked_says_why_the_models_was_not_used():
+    done = msgspec.structs.replace(lead_briefs.triage("demo", "r1", ("ada", "nurture", "priority 3")),
+                                   model_error="the model's triage is not valid: lead ada is not classified")
+    text = cli.triage_text(done, {}, {})
+    assert "(ranked by each brief's metadata: the model's triage is not valid: lead ada is not classified)" in text
+    assert "1. ada: priority 3" in text

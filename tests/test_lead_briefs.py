@@ -14,7 +14,7 @@ from shared import events as ev
 from shared import subjects
 from shared.config import LLMRoleConfig
 from shared.llm import LLMClient
-from shared.node import Context, Inputs, PermanentError
+from shared.node import Context, Inputs
 from shared.privacy import REDACTED
 from tests.helpers import RecordingBus, decide, records_of, start, state_of, turn, wait_for
 
@@ -254,11 +254,14 @@ async def test_an_incomplete_triage_is_repaired_once_then_accepted(briefs_llm):
     assert len(emitted) == 2, "both calls recorded"
 
 
-async def test_a_triage_wrong_twice_fails_visibly(briefs_llm):
-    wrong = '{"items": [{"session_id": "a", "classification": "call_first", "reason": "ready"}]}'
+async def test_a_triage_wrong_twice_is_ranked_by_rule_and_says_why(briefs_llm):
+    wrong = '{"items": [{"session_id": "a", "classification": "nurture", "reason": "ready"}]}'
     briefs_llm.fail_next(*replies(wrong, wrong))
-    with pytest.raises(PermanentError, match="lead b is not classified"):
-        await triage_with(client(briefs_llm), completed("a", 8, "ready_to_buy"), completed("b", 2, "support_only"))
+    [done], emitted = await triage_with(client(briefs_llm), completed("a", 8, "ready_to_buy"),
+                                        completed("b", 2, "support_only"))
+    assert done.backend == "data" and "lead b is not classified" in done.model_error
+    assert [(i.session_id, i.classification) for i in done.items] == [("a", "call_first"), ("b", "disqualify")]
+    assert len(emitted) == 2, "both model calls recorded"
 
 
 async def test_triage_without_a_model_ranks_by_rule():

@@ -25,7 +25,7 @@ import re
 import msgspec
 
 from shared import numbers
-from shared.events import BriefInputs, BriefMetadata
+from shared.events import UNKNOWN, BriefInputs, BriefMetadata, VisitorProfile
 
 REQUIRED_SECTIONS = ("Executive summary", "Situation", "Needs", "Evidence from the conversation",
                      "Product fit", "Risks", "Next steps", "Key question")
@@ -141,3 +141,14 @@ def ungrounded_numbers(text: str, inputs: BriefInputs) -> list[str]:
     """The brief's figures that no input holds, each once, as written in the brief; the
     metadata line is not audited (its figures are the writer's estimates)."""
     return numbers.ungrounded(split_metadata(text)[0], _references(inputs))
+
+
+# Enrichment's own bookkeeping (its status, which source answered, the IP's hash): nothing a
+# brief should say about the lead.
+INTERNAL_PROFILE_FIELDS = ("status", "source", "ip")
+
+
+def profile_facts(profile: VisitorProfile) -> dict[str, str]:
+    """What is known about the lead's company and aims, unknown and internal fields left out."""
+    return {k: v for k, v in msgspec.structs.asdict(profile).items()
+            if v and v != UNKNOWN and k not in INTERNAL_PROFILE_FIELDS}

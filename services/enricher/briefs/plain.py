@@ -9,8 +9,7 @@ import re
 from pathlib import Path
 from string import Template
 
-import msgspec
-
+from services.enricher.briefs.document import profile_facts
 from shared import events as ev
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -21,10 +20,6 @@ SEATS_FIELDS = ("team_size", "seats", "employees")
 
 def _template(name: str) -> Template:
     return Template((TEMPLATES / name).read_text(encoding="utf-8"))
-
-
-def _known(profile: ev.VisitorProfile) -> dict[str, str]:
-    return {k: v for k, v in msgspec.structs.asdict(profile).items() if v and v != ev.UNKNOWN}
 
 
 # What the sales rep should ask when the data leaves a fact open.
@@ -73,7 +68,7 @@ def metadata(inputs: ev.BriefInputs) -> ev.BriefMetadata:
 
 
 def brief(inputs: ev.BriefInputs) -> tuple[str, ev.BriefMetadata]:
-    known, questions = _known(inputs.profile), _questions(inputs)
+    known, questions = profile_facts(inputs.profile), _questions(inputs)
     signals = [name.replace("_", " ") for name, on in inputs.interest_signals.items() if on]
     unknowns = _unknowns(inputs, known)
     meta = metadata(inputs)
@@ -81,7 +76,7 @@ def brief(inputs: ev.BriefInputs) -> tuple[str, ev.BriefMetadata]:
         email=inputs.email, company=company(inputs),
         capture_context=(inputs.capture_context or "the conversation").replace("_", " "),
         score=f"{inputs.interest_score:g}", signals=", ".join(signals) or "none",
-        profile="\n".join(f"- {k.replace('_', ' ')}: {v}" for k, v in known.items() if k != "ip") or "- Nothing known about the company.",
+        profile="\n".join(f"- {k.replace('_', ' ')}: {v}" for k, v in known.items()) or "- Nothing known about the company.",
         needs="\n".join(f"- Asked: \"{q}\"" for q in questions[:5]) or "- No question asked.",
         evidence="\n".join(f"> {q}" for q in questions[-5:]) + "\n" +
                  "\n".join(f"- {k.replace('_', ' ')}: {v}" for k, v in inputs.form_fields.items()) if questions or inputs.form_fields
@@ -96,7 +91,7 @@ def brief(inputs: ev.BriefInputs) -> tuple[str, ev.BriefMetadata]:
 
 def call_script(inputs: ev.BriefInputs) -> str:
     questions = _questions(inputs)
-    known = _known(inputs.profile)
+    known = profile_facts(inputs.profile)
     return _template("plain_call_script.md").substitute(
         topics="; ".join(f"\"{q}\"" for q in questions[:3]) or "the product",
         unknowns=", ".join(_unknowns(inputs, known)) or "nothing",

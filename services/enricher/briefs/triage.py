@@ -3,8 +3,9 @@
 The open leads are those with a completed brief (the latest one per lead). With a model:
 one call over all of them (compact one-line summaries), validated: every lead classified
 exactly once and no other, each with a reason; a reply that is not gets one repair round
-with the problems named, then the triage fails (never a silent default). Without one
-(`BRIEFS_BACKEND=data`): a rule over each brief's metadata, its reason saying which.
+with the problems named; still not: the rule ranks them instead, and the stored triage
+says why (`TriageCompleted.model_error`). Without a model (`BRIEFS_BACKEND=data`): the rule
+over each brief's metadata, its reason saying so.
 """
 
 from __future__ import annotations

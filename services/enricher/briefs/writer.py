@@ -22,7 +22,7 @@ from string import Template
 
 import msgspec
 
-from services.enricher.briefs.document import merge, missing_sections, split_metadata, ungrounded_numbers
+from services.enricher.briefs.document import merge, missing_sections, profile_facts, split_metadata, ungrounded_numbers
 from shared import events as ev
 from shared.llm import LLMClient, Recorder
 
@@ -53,7 +53,7 @@ def system(name: str, site_name: str) -> dict:
 
 def render(inputs: ev.BriefInputs) -> str:
     """The lead data as the model reads it: known facts only, unknown ones left out."""
-    profile = {k: v for k, v in msgspec.structs.asdict(inputs.profile).items() if v and v != ev.UNKNOWN}
+    profile = profile_facts(inputs.profile)
     lines = [f"Lead e-mail: {inputs.email}", f"Captured during: {inputs.capture_context or 'unknown'}"]
     if inputs.language:
         lines.append(f"Conversation language: {inputs.language}")
