@@ -138,7 +138,7 @@ async def test_a_triage_is_queued_and_the_latest_one_read_ranked(bus, site, api)
                                          ("ada", "nurture", "evaluating, no budget yet"),
                                          ("bob", "call_first", "ready to buy, 40 seats")))
     latest = (await client.get(f"/v1/sites/{site}/triage", headers=bearer(key_of(site)))).json()
-    assert latest["request_id"] == item.request_id
+    assert latest["request_id"] == item.request_id and latest["backend"] == "data" and latest["model_error"] == ""
     assert [(i["session_id"], i["classification"]) for i in latest["items"]] == \
         [("bob", "call_first"), ("ada", "nurture"), ("cyd", "disqualify")]
 

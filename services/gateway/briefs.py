@@ -99,4 +99,5 @@ def add_routes(api: FastAPI, operator) -> None:
         if triage is None:
             return _not_found(f"no triage for {site}")
         return {"site": site, "request_id": triage.request_id, "backend": triage.backend, "leads": triage.leads,
-                "ts": triage.ts, "items": [msgspec.to_builtins(i) for i in briefs.ranked(triage)]}
+                "model_error": triage.model_error, "ts": triage.ts,
+                "items": [msgspec.to_builtins(i) for i in briefs.ranked(triage)]}
