@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from prometheus_client import REGISTRY
 
 from services.enricher import brief_gatherer, brief_requester, lead_briefer, lead_triager
 from services.enricher.briefs import plain, triage, writer
@@ -117,7 +118,12 @@ def test_the_data_brief_of_a_lead_who_said_nothing_still_has_every_section():
     assert "No message from the visitor" in text
 
 
+def counted(outcome: str, backend: str) -> float:
+    return REGISTRY.get_sample_value("concierge_briefs_total", {"outcome": outcome, "backend": backend}) or 0.0
+
+
 async def test_the_data_backend_completes_a_brief_without_any_call():
+    before = counted("generated", "data")
     data = inputs()
     gathered = ev.BriefGathered(event_id="g1", site=SITE, session_id=SESSION, turn=2, ts=1.0, request_id="r1",
                                 inputs=data)
@@ -127,6 +133,7 @@ async def test_the_data_backend_completes_a_brief_without_any_call():
     assert missing_sections(done.brief) == [] and "## Close" in done.call_script
     assert done.summary.startswith("dana@northwind.example (Northwind Plumbing): priority 8, ready_to_buy")
     assert out.emitted == []
+    assert counted("generated", "data") == before + 1
 
 
 # --- with a model -----------------------------------------------------------------------
@@ -185,8 +192,10 @@ async def test_a_failed_review_is_written_again_with_its_issues_then_the_call_sc
     briefs_llm.fail_next(*replies(brief_text(), '{"verdict": "fail", "issues": ["priority not justified"]}',
                                   brief_text(extra="Rewritten."), '{"verdict": "pass", "issues": []}',
                                   "## Talk track\nHi.\n\n## Objection handlers\nNone.\n\n## Close\nA demo."))
+    retried = counted("retried", "llm")
     out = await decide(lead_briefer.make_node(client(briefs_llm)), gathered)
     [done] = out.events
+    assert counted("retried", "llm") == retried + 1
     assert isinstance(done, ev.BriefCompleted) and done.backend == "llm"
     assert done.attempts == 2 and done.verdict == "pass" and "Rewritten." in done.brief
     assert done.call_script.startswith("## Talk track")
@@ -201,7 +210,9 @@ async def test_metadata_that_never_validates_fails_the_brief_instead_of_defaulti
     gathered = ev.BriefGathered(event_id="g3", site=SITE, session_id=SESSION, turn=2, ts=1.0, request_id="r3",
                                 inputs=inputs())
     briefs_llm.fail_next(*replies(brief_text(metadata="none"), '{"priority": 0}', '{"priority": 0}'))
+    failed_before = counted("failed", "llm")
     out = await decide(lead_briefer.make_node(client(briefs_llm)), gathered)
+    assert counted("failed", "llm") == failed_before + 1
     [failed] = out.events
     assert isinstance(failed, ev.BriefFailed) and "metadata is not valid" in failed.reason
     assert failed.request_id == "r3"
