@@ -137,5 +137,9 @@ def apply_for_turn(state: ConversationState, route: "RouteDecided", config: Site
     signals = state.interest.signals if state.interest.turn == route.turn else {}
     asked = [q for q in state.qualification_asked if not record or q != record.qualification_question]
     before = msgspec.structs.replace(state, qualification_asked=asked) if asked != state.qualification_asked else state
+    if not state.booking.active and state.booking.ended_turn == route.turn:
+        # This turn's own booking step (after its route) ended the flow: as of the route, the
+        # booking was still going, whether or not the handler has stored its step yet.
+        before = msgspec.structs.replace(before, booking=msgspec.structs.replace(state.booking, active=True))
     return apply((record.skills_selected if record else None) or [], intent=route.intent, route=route.route,
                  branch=route.branch, turn=route.turn, signals=signals, state=before, config=config)

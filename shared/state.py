@@ -50,6 +50,7 @@ class BookingState(msgspec.Struct, kw_only=True):
     collected: dict[str, str] = {}
     lead_captured: bool = False
     lead_turn: int = 0
+    ended_turn: int = 0  # the turn whose booking step asked for nothing more (BookingProgressed.done)
 
 
 class TurnRecord(msgspec.Struct, kw_only=True):
@@ -229,6 +230,7 @@ def apply(state: ConversationState, record: Record) -> ConversationState:
             if event.done:
                 booking.active = False
                 booking.pending_field = None
+                booking.ended_turn = event.turn
         case ev.LeadCaptured():
             booking = state.booking
             if not booking.lead_captured:

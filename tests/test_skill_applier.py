@@ -136,3 +136,18 @@ async def test_skills_the_site_disabled_are_dropped_and_a_hack_ends_plainly():
     assert applied.skills == ["suggest_follow_up"] and applied.rules == ["not_enabled"]
     hack = await apply(3, ["share_resource"], intent="HACK", route="REDIRECT", branch="REDIRECT_HACK")
     assert hack.skills == ["none"] and hack.rules == ["hack"]
+
+
+async def test_the_turn_that_ends_the_booking_asks_no_qualification_question_whenever_the_step_is_stored():
+    """The booking handler's last step of turn 2 may be stored before this node reads the
+    state: as of the route, the booking was still going, so no post-conversion question."""
+    config = SiteConfig(qualification=Qualification(questions=["Team size?", "Current tool?"]))
+    request = turn("s", SESSION, 1, "I'd like a demo")
+    lead = [request, ev.follow(request, ev.RouteDecided, "intent_router", route="BOOKING", reason="t",
+                               intent="BOOKING", branch="DEMO_REQUESTED"),
+            ev.follow(request, ev.LeadCaptured, "booking_handler", email="ada@example.com")]
+    given, decision = routed(2, ["suggest_follow_up"], intent="BOOKING", route="BOOKING", branch="STAY")
+    done = ev.follow(decision, ev.BookingProgressed, "booking_handler", collected={"company": "Acme"}, done=True)
+    for stored in ([], [done]):
+        (applied,) = (await decide(NODE, decision, *lead, *given, *stored, config=config)).events
+        assert applied.qualification_question is None and "post_conversion" not in applied.rules, stored
