@@ -6,6 +6,7 @@ message, and none of it calls a model, sends a webhook or writes to the bus."""
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from shared import subjects
 from shared.bus import connect
 from shared.config import BusConfig
 from shared.site_config import SiteConfigs
+from tests import lead_briefs
 from tests.servers import ROOT
 from tests.test_e2e import CHROMIUM, launch_chromium
 
@@ -270,5 +272,79 @@ async def test_the_operator_ui_in_chromium(replay_worker, recorded):
             await page.wait_for_function("() => document.querySelector('#right').textContent.includes('fork, turn')",
                                          timeout=120000)
             await page.screenshot(path=str(artifacts / "admin.png"), full_page=True)
+        finally:
+            await browser.close()
+
+
+HOSTILE = "<img src=x onerror=alert(1)>"
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium not installed (Debian package `chromium`): browser test skipped")
+async def test_the_leads_view_in_chromium(system, recorded):
+    """An operator opens /admin's Leads: the lead the booking conversation captured, its brief
+    (written from the data) and call script, a triage that ranks it; a brief whose text is
+    HTML shows that HTML as text; "Write briefs again" writes it anew. Screenshot in
+    artifacts/admin-leads.png."""
+    from playwright.async_api import async_playwright
+
+    lead = recorded[2]
+    briefs_url = f"{system.gateway_url}/v1/sites/{SITE}/briefs"
+    async with httpx.AsyncClient(timeout=10) as client:
+        for _ in range(120):  # the enricher writes the captured lead's brief on its own
+            rows = (await client.get(briefs_url, headers=ops(system))).json()["leads"]
+            if [r["status"] for r in rows if r["session_id"] == lead] == ["completed"]:
+                break
+            await asyncio.sleep(0.5)
+        else:
+            pytest.fail(f"no brief for the lead: {rows}")
+    artifacts = ROOT / "artifacts"
+    artifacts.mkdir(exist_ok=True)
+    dialogs = []
+    async with async_playwright() as pw:
+        browser = await launch_chromium(pw)
+        try:
+            page = await browser.new_page(viewport={"width": 1600, "height": 900})
+            page.on("dialog", lambda dialog: (dialogs.append(dialog.message), asyncio.ensure_future(dialog.dismiss())))
+            await page.goto(system.gateway_url + "/admin")
+            await page.fill("#token", system.env["ADMIN_TOKEN"])
+            await page.fill("#site", SITE)
+            await page.click("#leads")
+            row = page.locator(f"#leadRows tr[data-session='{lead}']")
+            await row.wait_for(timeout=30000)
+            assert "ada@example.com" in await row.inner_text() and "completed" in await row.inner_text()
+            await row.click()
+            await page.locator("#brief h3", has_text="Executive summary").wait_for(timeout=30000)
+            assert await page.locator("#brief h3", has_text="Next steps").is_visible()
+            assert await page.locator("#callScript h3", has_text="Talk track").is_visible()
+            assert await page.locator("#callScript li").count() >= 2
+
+            await page.click("#triage")
+            ranked = page.locator("#triageBox .group", has=page.locator(f".row[data-session='{lead}']"))
+            await ranked.wait_for(timeout=60000)
+            assert (await ranked.locator("h3").inner_text()) in ("CALL FIRST", "NURTURE", "DISQUALIFY")
+            assert "ada@example.com" in await ranked.inner_text()
+            await page.screenshot(path=str(artifacts / "admin-leads.png"), full_page=True)
+
+            bus = await connect(BusConfig(url=system.nats_url), name="test-admin-leads")
+            try:
+                await bus.publish(lead_briefs.completed(
+                    SITE, lead, brief=f"## Summary\nSays {HOSTILE} and **means it**.", call_script=f"- {HOSTILE}",
+                    verdict="fail", issues=["quotes markup"], ungrounded_numbers=["250"]))
+            finally:
+                await bus.close()
+            await row.click()
+            await page.locator("#brief strong", has_text="means it").wait_for(timeout=30000)
+            assert f"Says {HOSTILE} and means it." in await page.locator("#brief p").inner_text()
+            assert await page.locator("#callScript li").inner_text() == HOSTILE
+            assert await page.locator("#brief img, #callScript img").count() == 0
+            brief_text = await page.locator("#brief").inner_text()
+            assert "verdict fail" in brief_text and "quotes markup" in brief_text and "250" in brief_text
+
+            await page.click("#rewrite")
+            await page.wait_for_function("() => /^(\\d+) of \\1 briefs written$/.test(document.querySelector('#status').textContent)",
+                                         timeout=60000)
+            await page.locator("#brief h3", has_text="Executive summary").wait_for(timeout=30000)
+            assert HOSTILE not in await page.locator("#brief").inner_text()
+            assert dialogs == []
         finally:
             await browser.close()

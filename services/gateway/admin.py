@@ -11,7 +11,9 @@ The page is static (static/admin.html); everything it shows comes from these end
   timeline and the state at any event;
 - `POST /v1/admin/sites/{site}/conversations/{session}/{rerun|diff|fork}` and
   `POST /v1/admin/sites/{site}/verify`: asked over the bus of `concierge replay serve`
-  (request-reply), which runs them in its sandbox; 503 when none is running.
+  (request-reply), which runs them in its sandbox; 503 when none is running;
+- its Leads view: the lead-brief endpoints (briefs.py): the site's leads, a lead's brief and
+  call script, "Write briefs again" and a triage, each waited for by asking again.
 """
 
 from __future__ import annotations
