@@ -187,6 +187,16 @@ async def test_state_at_an_event_and_a_fork_with_a_new_message(system, recorded,
 
 # --- the operator API and UI (/admin), reruns by `concierge replay serve` -------------------
 
+
+async def admin_page(browser, system, width: int):
+    """/admin opened by an operator: the token and the site filled in."""
+    page = await browser.new_page(viewport={"width": width, "height": 900})
+    await page.goto(system.gateway_url + "/admin")
+    await page.fill("#token", system.env["ADMIN_TOKEN"])
+    await page.fill("#site", SITE)
+    return page
+
+
 @pytest.fixture(scope="module")
 def replay_worker(system):
     """`concierge replay serve` beside the system, as `make run` starts it."""
@@ -246,10 +256,7 @@ async def test_the_operator_ui_in_chromium(replay_worker, recorded):
     async with async_playwright() as pw:
         browser = await launch_chromium(pw)
         try:
-            page = await browser.new_page(viewport={"width": 1400, "height": 900})
-            await page.goto(system.gateway_url + "/admin")
-            await page.fill("#token", system.env["ADMIN_TOKEN"])
-            await page.fill("#site", SITE)
+            page = await admin_page(browser, system, width=1400)
             await page.click("#load")
             row = page.locator(f".row[data-session='{recorded[0]}']")
             await row.wait_for(timeout=30000)
@@ -303,11 +310,8 @@ async def test_the_leads_view_in_chromium(system, recorded):
     async with async_playwright() as pw:
         browser = await launch_chromium(pw)
         try:
-            page = await browser.new_page(viewport={"width": 1600, "height": 900})
+            page = await admin_page(browser, system, width=1600)
             page.on("dialog", lambda dialog: (dialogs.append(dialog.message), asyncio.ensure_future(dialog.dismiss())))
-            await page.goto(system.gateway_url + "/admin")
-            await page.fill("#token", system.env["ADMIN_TOKEN"])
-            await page.fill("#site", SITE)
             await page.click("#leads")
             row = page.locator(f"#leadRows tr[data-session='{lead}']")
             await row.wait_for(timeout=30000)
