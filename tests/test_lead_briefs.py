@@ -330,3 +330,18 @@ async def test_an_erased_lead_stored_again_queues_no_brief():
     erased = ev.LeadCaptured(event_id="l1", site=SITE, session_id=SESSION, turn=2, ts=1.0, email=REDACTED)
     assert not brief_requester.make_node().concerns(erased)
     assert brief_requester.make_node().concerns(msgspec.structs.replace(erased, email="dana@northwind.example"))
+
+
+async def test_a_rate_limited_call_is_retried_with_backoff_and_the_brief_completes(briefs_llm):
+    patient = LLMClient({"briefs": LLMRoleConfig(role="briefs", base_url=briefs_llm.base_url, api_key="k", model="m",
+                                                 max_retries=2, backoff_base_s=0.05)})
+    briefs_llm.fail_next({"status": 429}, {"status": 503},
+                         *replies(brief_text(), '{"verdict": "pass", "issues": []}', "## Talk track\nHi.\n\n"
+                                  "## Objection handlers\nNone.\n\n## Close\nA demo."))
+    gathered = ev.BriefGathered(event_id="g4", site=SITE, session_id=SESSION, turn=2, ts=1.0, request_id="r4",
+                                inputs=inputs())
+    out = await decide(lead_briefer.make_node(patient), gathered)
+    [done] = out.events
+    assert isinstance(done, ev.BriefCompleted) and done.verdict == "pass" and done.attempts == 1
+    first = next(e for e in out.emitted if isinstance(e, ev.LLMCallRecorded))
+    assert first.call.attempts == 3, "two refusals, then the brief"
