@@ -7,9 +7,11 @@ nodes, which take the work items off the BRIEFS queue and store their steps in t
 conversation (`conv.<site>.<session>.brief_*`); a site's triages live in the conversation
 `TRIAGE_SESSION`.
 
-A lead is a conversation with a `LeadCaptured`; its latest brief is its newest stored
-`BriefCompleted` or `BriefFailed` (a failed retry after a good brief is what an operator
-should see); an open lead, one whose latest brief completed, is what a triage ranks.
+A lead is a conversation with a `LeadCaptured` (an erased visitor's, its e-mail redacted,
+is no lead any more); its latest brief is its newest stored `BriefCompleted` or
+`BriefFailed` (a failed retry after a good brief is what an operator should see); an open
+lead, one whose latest brief completed, is what a triage ranks and what a new brief is
+compared with (the enricher's brief nodes read them here too).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Iterable
 from shared import events as ev
 from shared import loader, subjects
 from shared.bus import Bus
+from shared.privacy import REDACTED
 from shared.state import Record
 
 Outcome = ev.BriefCompleted | ev.BriefFailed
@@ -38,12 +41,13 @@ class UnknownLead(Exception):
 # --- pure ------------------------------------------------------------------------------
 
 def first_captures(records: Iterable[Record]) -> dict[str, ev.LeadCaptured]:
-    """Each lead's capture (its first `LeadCaptured`), by session, in capture order."""
+    """Each lead's capture (its first `LeadCaptured`), by session, in capture order; erased
+    leads left out."""
     leads: dict[str, ev.LeadCaptured] = {}
     for record in records:
         if isinstance(record.event, ev.LeadCaptured):
             leads.setdefault(record.event.session_id, record.event)
-    return leads
+    return {session: lead for session, lead in leads.items() if lead.email != REDACTED}
 
 
 def latest_outcomes(records: Iterable[Record]) -> dict[str, Outcome]:
@@ -109,6 +113,22 @@ async def outcomes(bus: Bus, site: str, session_id: str = "*") -> dict[str, Outc
     records = [*await bus.read(subjects.conv(site, session_id, "brief_completed")),
                *await bus.read(subjects.conv(site, session_id, "brief_failed"))]
     return latest_outcomes(records)
+
+
+async def has_step(bus: Bus, site: str, session_id: str, request_id: str,
+                   kinds: tuple[str, ...] = ("brief_gathered", "brief_completed", "brief_failed")) -> bool:
+    """Whether the lead's log holds a step (of these kinds) of the brief asked for as
+    `request_id`: a log stored again by an erase is not a new request."""
+    for kind in kinds:
+        if any(r.event.request_id == request_id for r in await bus.read(subjects.conv(site, session_id, kind))):
+            return True
+    return False
+
+
+async def open_briefs(bus: Bus, site: str) -> list[ev.BriefCompleted]:
+    """The latest brief of each open lead of the site, in capture order."""
+    captures, latest = await leads(bus, site), await outcomes(bus, site)
+    return [latest[session] for session in open_leads(captures, latest)]
 
 
 async def latest_triage(bus: Bus, site: str) -> ev.TriageCompleted | None:

@@ -344,6 +344,9 @@ class ConsumerRunner:
         reason = f"no answer from {self.durable} after {info.get('deliveries')} deliveries"
         log.error("max deliveries reached", extra={"node": self.durable, "stream_seq": info["stream_seq"]})
         await self._record_failure(event, int(info.get("deliveries", 0)), reason)
+        if self.stream != subjects.CONV_STREAM:
+            # A work item nobody will ack again would stay on the work queue for good.
+            await self.bus.js.delete_msg(self.stream, info["stream_seq"])
         self.stats.failed += 1
         self._count("failed")
 

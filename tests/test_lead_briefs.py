@@ -87,10 +87,9 @@ def test_gathering_collects_the_conversation_signals_fields_and_each_source_once
     assert [s.session_id for s in data.similar_leads] == ["other"]
 
 
-def test_similar_leads_leave_out_the_lead_itself_and_keep_each_others_latest_brief():
+def test_similar_leads_leave_out_the_lead_itself():
     events = conversation()
-    earlier = [completed(SESSION, 3, "exploring"), completed("b", 2, "exploring", ts=1.0),
-               completed("b", 9, "ready_to_buy", ts=2.0)]
+    earlier = [completed(SESSION, 3, "exploring"), completed("b", 9, "ready_to_buy", ts=2.0)]
     data = brief_gatherer.gathered(state_of(*events), lead(events), "Acme", *logged(events), earlier)
     assert [(s.session_id, s.priority) for s in data.similar_leads] == [("b", 9)]
 
@@ -131,7 +130,7 @@ async def test_the_data_backend_completes_a_brief_without_any_call():
     [done] = out.events
     assert isinstance(done, ev.BriefCompleted) and done.backend == "data" and done.request_id == "r1"
     assert missing_sections(done.brief) == [] and "## Close" in done.call_script
-    assert done.summary.startswith("dana@northwind.example (Northwind Plumbing): priority 8, ready_to_buy")
+    assert done.summary.startswith("Northwind Plumbing: priority 8, ready_to_buy") and "@" not in done.summary
     assert out.emitted == []
     assert counted("generated", "data") == before + 1
 
@@ -244,8 +243,14 @@ def triage_request() -> ev.TriageRequested:
                               request_id="t1")
 
 
-async def triage_with(llm_client, *briefs):
-    bus = RecordingBus(records_of(*briefs))
+def captured(session: str, email: str | None = None) -> ev.LeadCaptured:
+    return ev.LeadCaptured(event_id=ev.new_id(), site=SITE, session_id=session, turn=1, ts=0.5,
+                           email=email or f"{session}@x.example")
+
+
+async def triage_with(llm_client, *briefs, erased=()):
+    leads = {b.session_id: captured(b.session_id, REDACTED if b.session_id in erased else None) for b in briefs}
+    bus = RecordingBus(records_of(*leads.values(), *briefs))
     node = lead_triager.make_node(llm_client)
     request = triage_request()
     ctx = Context(bus=bus, node=node.name, cause=request, attempt=1)
@@ -275,9 +280,16 @@ async def test_a_triage_wrong_twice_is_ranked_by_rule_and_says_why(briefs_llm):
     assert len(emitted) == 2, "both model calls recorded"
 
 
-async def test_triage_without_a_model_ranks_by_rule():
-    [done], _ = await triage_with(None, completed("a", 8, "ready_to_buy"), completed("a", 2, "exploring", ts=0.5))
+async def test_triage_without_a_model_ranks_each_leads_latest_brief_by_rule_and_forgets_erased_leads():
+    [done], _ = await triage_with(None, completed("a", 2, "exploring"), completed("a", 8, "ready_to_buy", ts=0.5),
+                                  completed("gone", 9, "ready_to_buy"), erased=("gone",))
     assert done.backend == "data" and done.leads == 1 and done.items[0].classification == "call_first"
+
+
+async def test_a_model_that_does_not_answer_leaves_the_triage_to_the_rule(briefs_llm):
+    briefs_llm.fail_next({"status": 400})
+    [done], _ = await triage_with(client(briefs_llm), completed("a", 8, "ready_to_buy"))
+    assert done.backend == "data" and "400" in done.model_error and done.items[0].classification == "call_first"
 
 
 # --- on the bus ----------------------------------------------------------------------------
@@ -345,3 +357,22 @@ async def test_a_rate_limited_call_is_retried_with_backoff_and_the_brief_complet
     assert isinstance(done, ev.BriefCompleted) and done.verdict == "pass" and done.attempts == 1
     first = next(e for e in out.emitted if isinstance(e, ev.LLMCallRecorded))
     assert first.call.attempts == 3, "two refusals, then the brief"
+
+
+async def test_a_log_stored_again_by_an_erase_writes_no_second_brief():
+    """An erase stores a lead's log again (and other leads' logs that mention it): the nodes
+    see its LeadCaptured and BriefGathered once more, and do nothing."""
+    events = conversation()
+    capture = lead(events)
+    gathered = ev.follow(capture, ev.BriefGathered, brief_gatherer.NAME, request_id=capture.event_id, inputs=inputs())
+    done = ev.follow(gathered, ev.BriefCompleted, lead_briefer.NAME, request_id=capture.event_id, brief="x",
+                     metadata=ev.BriefMetadata(priority=1, stage="exploring", estimated_seats=0, confidence=1),
+                     call_script="x", summary="x")
+    bus = RecordingBus(records_of(*events, gathered, done))
+    requester = brief_requester.make_node()
+    ctx = Context(bus=bus, node=requester.name, cause=capture, attempt=1)
+    assert await requester.handle(capture, Inputs(), ctx) == [] and bus.emitted == []
+    assert (await decide(lead_briefer.make_node(None), gathered, *events, done)).events == []
+    erased = msgspec.structs.replace(gathered, inputs=msgspec.structs.replace(gathered.inputs, email=REDACTED))
+    assert (await decide(lead_briefer.make_node(None), erased)).events == []
+    assert len((await decide(lead_briefer.make_node(None), gathered, *events)).events) == 1, "not yet written: written"

@@ -11,6 +11,7 @@ import asyncio
 
 from shared import events as ev
 from shared import subjects
+from shared.consumer import ConsumerRunner
 from shared.node import Node
 from tests.helpers import fast, start, unique, wait_for
 
@@ -84,3 +85,29 @@ async def test_a_give_up_is_recorded_with_the_nodes_failure_event(work_bus):
 async def _empty(bus) -> bool:
     info = await bus.js.stream_info(subjects.BRIEFS_STREAM)
     return info.state.messages == 0
+
+
+async def test_a_work_item_whose_handler_never_answers_is_failed_and_taken_off_the_queue(work_bus):
+    """The server gives up after max deliveries (a process dying on each attempt): the item
+    is recorded as failed and removed, not left on the work queue for good."""
+    bus, site = work_bus, unique("wq")
+
+    async def handle(event, inputs, ctx):
+        await asyncio.sleep(30)
+        return []
+
+    async def no_heartbeat(msg, progress):
+        await asyncio.sleep(3600)
+
+    node = Node("brief_hung", ("brief_requested",), handle, stream=subjects.BRIEFS_STREAM, failure=brief_failed)
+    runner = ConsumerRunner(bus, node, fast(max_deliver=2, ack_wait_s=0.3, drain_timeout_s=0.1), start_lookback_s=5)
+    runner._keep_alive = no_heartbeat
+    await runner.start()
+    try:
+        await bus.publish_work(item(site, "lead1"))
+        [record] = await wait_for(lambda: bus.read(subjects.conv(site, "lead1", "brief_failed")), timeout=15,
+                                  what="a BriefFailed")
+        assert "2 deliveries" in record.event.reason
+        await wait_for(lambda: _empty(bus), what="the item taken off the work queue")
+    finally:
+        await runner.stop()

@@ -108,9 +108,12 @@ async def evaluate(cases: list[Case], llm: LLMClient, concurrency: int) -> dict:
         return returned[0]
 
     started = time.monotonic()
-    outcomes = await asyncio.gather(*(one(case) for case in cases))
+    outcomes = await asyncio.gather(*(one(case) for case in cases), return_exceptions=True)
     done = {o.session_id: o for o in outcomes if isinstance(o, ev.BriefCompleted)}
     for case, outcome in zip(cases, outcomes):
+        if isinstance(outcome, BaseException):  # the model failed (the service would store a BriefFailed)
+            misses.append(f"{case.id}: no brief: {type(outcome).__name__}: {outcome}")
+            continue
         if isinstance(outcome, ev.BriefFailed):
             misses.append(f"{case.id}: no brief: {outcome.reason}")
             continue
@@ -124,16 +127,22 @@ async def evaluate(cases: list[Case], llm: LLMClient, concurrency: int) -> dict:
             misses.append(f"{case.id}: audit flagged {outcome.ungrounded_numbers}, expected {case.expect.ungrounded}")
         if absent := [s for s in SCRIPT_SECTIONS if f"## {s}" not in outcome.call_script]:
             misses.append(f"{case.id}: call script lacks {', '.join(absent)}")
-    log = [Record(seq=i, subject=subjects.conv(b.site, b.session_id, "brief_completed"), event=b)
-           for i, b in enumerate(done.values(), start=1)]
+    # What the triager reads of the site: each lead's capture, then its brief.
+    captures = [ev.LeadCaptured(event_id=ev.derived_id(c.id, "eval", "lead"), site=SITE, session_id=c.session_id,
+                                turn=1, ts=ev.now(), email=c.inputs.email) for c in cases]
+    log = [Record(seq=i, subject=subjects.conv(e.site, e.session_id, ev.event_type(e)), event=e)
+           for i, e in enumerate([*captures, *done.values()], start=1)]
     request = ev.TriageRequested(event_id=ev.derived_id("eval", "eval", "triage"), site=SITE,
                                  session_id=ev.TRIAGE_SESSION, turn=0, ts=ev.now(), request_id="eval")
+    classes: dict[str, str] = {}
     try:
         [ranked], _ = await run(triager, request, log)
-        classes = {item.session_id: item.classification for item in ranked.items}
+        if ranked.model_error:  # the rule ranked them: the model's triage is what is measured
+            misses.append(f"triage: the model's was not used: {ranked.model_error}")
+        else:
+            classes = {item.session_id: item.classification for item in ranked.items}
     except Exception as exc:  # noqa: BLE001 - a triage that fails is scored, and said
         misses.append(f"triage failed: {exc}")
-        classes = {}
     for case in cases:
         got = classes.get(case.session_id)
         if got != case.expect.triage:

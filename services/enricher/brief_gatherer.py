@@ -12,11 +12,10 @@ item (`BriefFailed`): there is no one to brief about.
 from __future__ import annotations
 
 from shared import events as ev
-from shared import subjects
+from shared import briefs, subjects
 from shared.node import Context, Inputs, Needs, Node, PermanentError
 from shared.state import ConversationState
 from services.enricher.briefs.failure import brief_failed
-from services.enricher.briefs.triage import open_leads
 
 NAME = "brief_gatherer"
 MAX_MESSAGES = 40  # the conversation's last messages; a brief is about what they asked lately
@@ -38,9 +37,9 @@ def sources_of(retrievals: list[ev.RetrievalCompleted]) -> list[ev.BriefSource]:
 
 
 def similar(state: ConversationState, earlier: list[ev.BriefCompleted]) -> list[ev.SimilarLead]:
-    """Other leads' latest briefs, those of the same sector first, the newest first."""
+    """Other open leads' latest briefs, those of the same sector first, the newest first."""
     sector = state.visitor_profile.sector
-    others = [b for b in open_leads(earlier) if b.session_id != state.session_id]
+    others = [b for b in earlier if b.session_id != state.session_id]
     others.sort(key=lambda b: (sector != ev.UNKNOWN and sector in b.summary, b.ts), reverse=True)
     return [ev.SimilarLead(session_id=b.session_id, stage=b.metadata.stage, priority=b.metadata.priority,
                            summary=b.summary) for b in others[:MAX_SIMILAR]]
@@ -76,7 +75,7 @@ async def gather(event: ev.BriefRequested, inputs: Inputs, ctx: Context) -> list
     async def of_lead(event_type: str) -> list:
         return [r.event for r in await ctx.bus.read(subjects.conv(event.site, event.session_id, event_type))]
 
-    earlier = [r.event for r in await ctx.bus.read(subjects.conv_of_type("brief_completed", event.site))]
+    earlier = await briefs.open_briefs(ctx.bus, event.site)
     data = gathered(inputs.state, leads[0].event, inputs.config.name or event.site, await of_lead("retrieval_completed"),
                     await of_lead("interest_signals_detected"), earlier)
     return [ctx.follow(ev.BriefGathered, request_id=event.request_id, inputs=data)]

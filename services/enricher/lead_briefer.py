@@ -22,23 +22,27 @@ from services.enricher.briefs import plain, writer
 from services.enricher.briefs.document import sections
 from services.enricher.briefs.failure import brief_failed
 from shared import events as ev
-from shared import metrics
+from shared import briefs, metrics
 from shared.llm import LLMClient
 from shared.node import Context, Inputs, Node
+from shared.privacy import EMAIL_RE, REDACTED
 
 NAME = "lead_briefer"
 
 
 def summary(inputs: ev.BriefInputs, text: str, meta: ev.BriefMetadata) -> str:
-    """One line for a triage: who, the metadata, and the executive summary's first sentence."""
-    company = plain.company(inputs)
+    """One line for a triage and for other leads' briefs (similar leads): the company, the
+    metadata and the executive summary's first sentence; no e-mail address, so what other
+    conversations are told of a lead holds none to erase."""
     lead = " ".join(sections(text).get("Executive summary", "").split()).split(". ")[0][:240]
-    return (f"{inputs.email} ({company}): priority {meta.priority}, {meta.stage}, {meta.estimated_seats} seats, "
-            f"confidence {meta.confidence}. {lead}").strip()
+    return EMAIL_RE.sub("the lead", f"{plain.company(inputs)}: priority {meta.priority}, {meta.stage}, "
+                                    f"{meta.estimated_seats} seats, confidence {meta.confidence}. {lead}").strip()
 
 
 def drafted(ctx: Context, attempt: int, draft: writer.Draft) -> ev.BriefDrafted:
-    return ctx.follow(ev.BriefDrafted, key=f"drafted-{attempt}", attempt=attempt, text=draft.text,
+    # Keyed by the delivery too: a redelivered item writes its drafts anew, and its stored
+    # steps must be those of the brief it completes.
+    return ctx.follow(ev.BriefDrafted, key=f"drafted-{ctx.attempt}-{attempt}", attempt=attempt, text=draft.text,
                       repaired_sections=draft.repaired_sections, missing_sections=draft.missing_sections,
                       metadata=draft.metadata, metadata_method=draft.metadata_method,
                       metadata_error=draft.metadata_error, ungrounded_numbers=draft.ungrounded_numbers)
@@ -53,6 +57,9 @@ def make_node(llm: LLMClient | None, concurrency: int = 2) -> Node:
                           call_script=plain.call_script(event.inputs), summary=summary(event.inputs, text, meta))]
 
     async def brief(event: ev.BriefGathered, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
+        if event.inputs.email == REDACTED or await briefs.has_step(ctx.bus, event.site, event.session_id,
+                                                                   event.request_id, ("brief_completed", "brief_failed")):
+            return []  # an erase stored the log again: the brief was written (or the lead forgotten)
         started = time.monotonic()
         if llm is None:
             return await from_data(event, started, ctx)
@@ -62,7 +69,7 @@ def make_node(llm: LLMClient | None, concurrency: int = 2) -> Node:
         if draft.metadata is None:
             return [brief_failed(event, NAME, 1, f"the brief's metadata is not valid: {draft.metadata_error}", backend)]
         review = await writer.review(llm, data, draft, ctx.record_llm)
-        await ctx.emit(ctx.follow(ev.BriefEvaluated, key="evaluated-1", attempt=1, verdict=review.verdict,
+        await ctx.emit(ctx.follow(ev.BriefEvaluated, key=f"evaluated-{ctx.attempt}-1", attempt=1, verdict=review.verdict,
                                   issues=review.issues))
         attempts = 1
         if review.verdict == "fail":
@@ -75,7 +82,7 @@ def make_node(llm: LLMClient | None, concurrency: int = 2) -> Node:
                                                      f"{second.metadata_error}", backend)]
             draft = second
             review = await writer.review(llm, data, draft, ctx.record_llm)
-            await ctx.emit(ctx.follow(ev.BriefEvaluated, key="evaluated-2", attempt=2, verdict=review.verdict,
+            await ctx.emit(ctx.follow(ev.BriefEvaluated, key=f"evaluated-{ctx.attempt}-2", attempt=2, verdict=review.verdict,
                                       issues=review.issues))
         script = await writer.call_script(llm, data, draft, ctx.record_llm)
         return [completed(event, ctx, started, backend=backend, brief=draft.text, metadata=draft.metadata,

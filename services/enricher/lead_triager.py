@@ -3,8 +3,9 @@
 Takes `TriageRequested` work items (session `TRIAGE_SESSION`) from the BRIEFS work queue,
 reads the latest completed brief of each of the site's leads, and stores a `TriageCompleted`
 in the site's triage log: one validated model call over all of them (briefs/triage.py), or
-without a model the rule over each brief's metadata. A triage the model gets wrong twice is
-not used: the rule ranks the leads, and the event says so (`backend` data, `model_error`).
+without a model the rule over each brief's metadata. A triage the model gets wrong twice, or
+a model that does not answer, is not used: the rule ranks the leads, and the event says so
+(`backend` data, `model_error`).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import msgspec
 from services.enricher.briefs import triage
 from services.enricher.briefs.failure import brief_failed
 from shared import events as ev
-from shared import subjects
-from shared.llm import LLMClient
+from shared import briefs, subjects
+from shared.llm import LLMClient, LLMError
 from shared.node import Context, Inputs, Needs, Node
 
 log = logging.getLogger(__name__)
@@ -29,13 +30,12 @@ def make_node(llm: LLMClient | None) -> Node:
     backend = "llm" if llm is not None else "data"
 
     async def rank(event: ev.TriageRequested, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
-        stored = [r.event for r in await ctx.bus.read(subjects.conv_of_type("brief_completed", event.site))]
-        leads = triage.open_leads(stored)
+        leads = await briefs.open_briefs(ctx.bus, event.site)
         items, used, error = [], backend, ""
         if leads and llm is not None:
             try:
                 items = await triage.with_llm(llm, inputs.config.name or event.site, leads, ctx.record_llm)
-            except (triage.InvalidTriage, msgspec.MsgspecError) as exc:
+            except (triage.InvalidTriage, msgspec.MsgspecError, LLMError) as exc:
                 used, error = "data", f"the model's triage is not valid: {exc}"
                 log.warning("model triage not valid; ranked by rule", extra={"site": event.site, "error": error})
         if leads and not items:

@@ -1,6 +1,6 @@
 """A site's triage: which open leads to call first, nurture or disqualify, each with a reason.
 
-The open leads are those with a completed brief (the latest one per lead). With a model:
+The open leads are those whose latest brief completed (shared/briefs.py). With a model:
 one call over all of them (compact one-line summaries), validated: every lead classified
 exactly once and no other, each with a reason; a reply that is not gets one repair round
 with the problems named; still not: the rule ranks them instead, and the stored triage
@@ -23,15 +23,6 @@ class TriageReply(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 class InvalidTriage(Exception):
     """The model's triage did not cover the open leads exactly, even after a repair round."""
-
-
-def open_leads(briefs: list[ev.BriefCompleted]) -> list[ev.BriefCompleted]:
-    """The latest brief of each lead, in the order the leads were first briefed."""
-    latest: dict[str, ev.BriefCompleted] = {}
-    for brief in briefs:
-        if brief.session_id not in latest or brief.ts >= latest[brief.session_id].ts:
-            latest[brief.session_id] = brief
-    return list(latest.values())
 
 
 def summary_line(brief: ev.BriefCompleted) -> str:
