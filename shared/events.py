@@ -441,7 +441,7 @@ class BriefRequested(Envelope, tag="brief_requested", kw_only=True):
     """A work item: write this lead's brief. On `briefs.<site>.<session>.brief_requested`
     (the BRIEFS work queue: each item handled once, by any replica)."""
 
-    reason: str = "lead_captured"  # lead_captured | operator
+    reason: str = "lead_captured"  # lead_captured | booking_completed | operator
     request_id: str = ""
 
 

@@ -338,10 +338,23 @@ async def test_a_brief_asked_for_a_conversation_without_a_lead_fails_visibly(wor
         await runner.stop()
 
 
-async def test_an_erased_lead_stored_again_queues_no_brief():
-    erased = ev.LeadCaptured(event_id="l1", site=SITE, session_id=SESSION, turn=2, ts=1.0, email=REDACTED)
-    assert not brief_requester.make_node().concerns(erased)
-    assert brief_requester.make_node().concerns(msgspec.structs.replace(erased, email="dana@northwind.example"))
+def test_a_brief_is_asked_for_on_capture_and_again_when_a_booking_goes_on_after_it():
+    events = conversation()
+    capture = lead(events)
+    later = turn(SITE, SESSION, 3, "Northwind Plumbing")
+    done = ev.follow(later, ev.BookingProgressed, "booking_handler", collected={"company": "Northwind"}, done=True)
+    same_turn = ev.follow(capture, ev.BookingProgressed, "booking_handler", collected={}, done=True)
+    asking = ev.follow(later, ev.BookingProgressed, "booking_handler", pending_field="team_size")
+
+    def why(event, *given):
+        return brief_requester.wanted(event, Inputs(state=state_of(*given, event)))
+
+    assert why(capture, *events) == "lead_captured"
+    assert why(done, *events, later) == "booking_completed"
+    assert why(same_turn, *events) is None, "the capture's own brief has it"
+    assert why(msgspec.structs.replace(done, turn=1), *events[:3]) is None, "no lead: nobody to brief"
+    assert not brief_requester.make_node().concerns(asking), "the booking goes on"
+    assert why(msgspec.structs.replace(capture, email=REDACTED), *events) is None, "an erased lead"
 
 
 async def test_a_rate_limited_call_is_retried_with_backoff_and_the_brief_completes(briefs_llm):
