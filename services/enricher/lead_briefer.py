@@ -51,39 +51,37 @@ def drafted(ctx: Context, attempt: int, draft: writer.Draft) -> ev.BriefDrafted:
 def make_node(llm: LLMClient | None, concurrency: int = 2) -> Node:
     backend = "llm" if llm is not None else "data"
 
-    async def from_data(event: ev.BriefGathered, started: float, ctx: Context) -> list[ev.Envelope]:
-        text, meta = plain.brief(event.inputs)
-        return [completed(event, ctx, started, backend=backend, brief=text, metadata=meta,
-                          call_script=plain.call_script(event.inputs), summary=summary(event.inputs, text, meta))]
+    async def write(number: int, data: ev.BriefInputs, ctx: Context, feedback: list[str] | None = None
+                    ) -> tuple[writer.Draft, writer.Review | None]:
+        """One draft and its review, each stored as it is made; no review for a draft
+        without valid metadata (the brief fails)."""
+        draft = await writer.draft(llm, data, ctx.record_llm, feedback=feedback)
+        await ctx.emit(drafted(ctx, number, draft))
+        if draft.metadata is None:
+            return draft, None
+        review = await writer.review(llm, data, draft, ctx.record_llm)
+        await ctx.emit(ctx.follow(ev.BriefEvaluated, key=f"evaluated-{ctx.attempt}-{number}", attempt=number,
+                                  verdict=review.verdict, issues=review.issues))
+        return draft, review
 
     async def brief(event: ev.BriefGathered, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
         if event.inputs.email == REDACTED or await briefs.has_step(ctx.bus, event.site, event.session_id,
                                                                    event.request_id, ("brief_completed", "brief_failed")):
             return []  # an erase stored the log again: the brief was written (or the lead forgotten)
-        started = time.monotonic()
+        started, data = time.monotonic(), event.inputs
         if llm is None:
-            return await from_data(event, started, ctx)
-        data = event.inputs
-        draft = await writer.draft(llm, data, ctx.record_llm)
-        await ctx.emit(drafted(ctx, 1, draft))
-        if draft.metadata is None:
-            return [brief_failed(event, NAME, 1, f"the brief's metadata is not valid: {draft.metadata_error}", backend)]
-        review = await writer.review(llm, data, draft, ctx.record_llm)
-        await ctx.emit(ctx.follow(ev.BriefEvaluated, key=f"evaluated-{ctx.attempt}-1", attempt=1, verdict=review.verdict,
-                                  issues=review.issues))
+            text, meta = plain.brief(data)
+            return [completed(event, ctx, started, backend=backend, brief=text, metadata=meta,
+                              call_script=plain.call_script(data), summary=summary(data, text, meta))]
         attempts = 1
-        if review.verdict == "fail":
+        draft, review = await write(attempts, data, ctx)
+        if review is not None and review.verdict == "fail":
             metrics.briefs.labels("retried", backend).inc()
             attempts = 2
-            second = await writer.draft(llm, data, ctx.record_llm, feedback=review.issues)
-            await ctx.emit(drafted(ctx, 2, second))
-            if second.metadata is None:
-                return [brief_failed(event, NAME, 2, f"the rewritten brief's metadata is not valid: "
-                                                     f"{second.metadata_error}", backend)]
-            draft = second
-            review = await writer.review(llm, data, draft, ctx.record_llm)
-            await ctx.emit(ctx.follow(ev.BriefEvaluated, key=f"evaluated-{ctx.attempt}-2", attempt=2, verdict=review.verdict,
-                                      issues=review.issues))
+            draft, review = await write(attempts, data, ctx, feedback=review.issues)
+        if review is None:
+            return [brief_failed(event, NAME, attempts,
+                                 f"the brief's metadata is not valid (draft {attempts}): {draft.metadata_error}", backend)]
         script = await writer.call_script(llm, data, draft, ctx.record_llm)
         return [completed(event, ctx, started, backend=backend, brief=draft.text, metadata=draft.metadata,
                           call_script=script, summary=summary(data, draft.text, draft.metadata),

@@ -78,9 +78,9 @@ def brief(inputs: ev.BriefInputs) -> tuple[str, ev.BriefMetadata]:
         score=f"{inputs.interest_score:g}", signals=", ".join(signals) or "none",
         profile="\n".join(f"- {k.replace('_', ' ')}: {v}" for k, v in known.items()) or "- Nothing known about the company.",
         needs="\n".join(f"- Asked: \"{q}\"" for q in questions[:5]) or "- No question asked.",
-        evidence="\n".join(f"> {q}" for q in questions[-5:]) + "\n" +
-                 "\n".join(f"- {k.replace('_', ' ')}: {v}" for k, v in inputs.form_fields.items()) if questions or inputs.form_fields
-                 else "No message from the visitor.",
+        evidence="\n".join([*(f"> {q}" for q in questions[-5:]),
+                            *(f"- {k.replace('_', ' ')}: {v}" for k, v in inputs.form_fields.items())])
+                 or "No message from the visitor.",
         fit="\n".join(f"- [{s.number}] {s.title} ({s.url})" for s in inputs.sources) or "- No knowledge-base section was retrieved.",
         risks="\n".join(f"- Unknown: {u}." for u in unknowns) or "- None visible in the data.",
         next_steps="- Read the pages they were shown before calling." if inputs.sources else "",
