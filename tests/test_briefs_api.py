@@ -141,6 +141,11 @@ async def test_a_triage_is_queued_and_the_latest_one_read_ranked(bus, site, api)
     assert latest["request_id"] == item.request_id and latest["backend"] == "data" and latest["model_error"] == ""
     assert [(i["session_id"], i["classification"]) for i in latest["items"]] == \
         [("bob", "call_first"), ("ada", "nurture"), ("cyd", "disqualify")]
+    assert latest["status"] == "completed"
+    # A later request the triager gave up on: what the operator waiting for it sees.
+    await bus.publish(lead_briefs.failed(site, ev.TRIAGE_SESSION, "gave-up", reason="the bus did not answer"))
+    failed = (await client.get(f"/v1/sites/{site}/triage", headers=bearer(key_of(site)))).json()
+    assert (failed["status"], failed["request_id"], failed["reason"]) == ("failed", "gave-up", "the bus did not answer")
 
 
 async def test_no_cors_for_the_brief_endpoints_under_the_visitor_prefix(site, api):

@@ -92,12 +92,16 @@ def add_routes(api: FastAPI, operator) -> None:
 
     @api.get("/v1/sites/{site}/triage", responses=OPERATOR_RESPONSES)
     async def show_triage(request: Request, site: SiteId, who=Depends(operator)):
-        """The site's latest triage, its items ranked: call_first, nurture, disqualify."""
+        """The site's latest triage, its items ranked: call_first, nurture, disqualify (`status`
+        completed); or, when the latest request gave up, why (`status` failed, `reason`)."""
         if not who.sees(site):
             return _not_found(f"no triage for {site}")
         triage = await briefs.latest_triage(request.app.state.bus, site)
         if triage is None:
             return _not_found(f"no triage for {site}")
-        return {"site": site, "request_id": triage.request_id, "backend": triage.backend, "leads": triage.leads,
-                "model_error": triage.model_error, "ts": triage.ts,
+        if isinstance(triage, ev.BriefFailed):
+            return {"site": site, "request_id": triage.request_id, "status": "failed", "reason": triage.reason,
+                    "ts": triage.ts}
+        return {"site": site, "request_id": triage.request_id, "status": "completed", "backend": triage.backend,
+                "leads": triage.leads, "model_error": triage.model_error, "ts": triage.ts,
                 "items": [msgspec.to_builtins(i) for i in briefs.ranked(triage)]}
