@@ -3,9 +3,9 @@
 Takes `BriefRequested` work items from the BRIEFS work queue (each item to one replica; the
 gathering runs in parallel, unlike the model calls after it) and stores a `BriefGathered`
 in the lead's log: the conversation, the visitor profile and enrichment, the interest
-signals (each: did any turn show it) and score, the captured form fields, the knowledge-base sections the conversation
-retrieved (numbered for citing) and the site's similar earlier leads (the latest briefs of
-other leads at the same stage or sector). A conversation without a captured lead fails the
+signals (each: did any turn show it) and score, the captured form fields, the
+knowledge-base sections the conversation retrieved (numbered for citing) and the site's
+similar earlier leads (other open leads' latest briefs, those of the same sector first). A conversation without a captured lead fails the
 item (`BriefFailed`): there is no one to brief about.
 """
 
@@ -69,14 +69,14 @@ def gathered(state: ConversationState, lead: ev.LeadCaptured, site_name: str, re
 
 
 async def gather(event: ev.BriefRequested, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
-    leads = await ctx.bus.read(subjects.conv(event.site, event.session_id, "lead_captured"))
-    if not leads:
-        raise PermanentError(f"no lead was captured in conversation {event.site}/{event.session_id}")
     async def of_lead(event_type: str) -> list:
         return [r.event for r in await ctx.bus.read(subjects.conv(event.site, event.session_id, event_type))]
 
+    leads = await of_lead("lead_captured")
+    if not leads:
+        raise PermanentError(f"no lead was captured in conversation {event.site}/{event.session_id}")
     earlier = await briefs.open_briefs(ctx.bus, event.site)
-    data = gathered(inputs.state, leads[0].event, inputs.config.name or event.site, await of_lead("retrieval_completed"),
+    data = gathered(inputs.state, leads[0], inputs.config.name or event.site, await of_lead("retrieval_completed"),
                     await of_lead("interest_signals_detected"), earlier)
     return [ctx.follow(ev.BriefGathered, request_id=event.request_id, inputs=data)]
 
