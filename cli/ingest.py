@@ -10,6 +10,12 @@ With KB_SNAPSHOTS=bus (the default with QDRANT_URL), the site's files in KB_DIR 
 made the snapshot published on the bus, and after the run (and after `docs delete`) they
 are published as the site's new snapshot, which every retriever replica loads
 (services/retriever/snapshots.py); the same files publish no new version.
+
+Then, when a NATS server answers (NATS_URL), the vectors of every sentence and title the
+site's knowledge base can hand an extractive answer are embedded and stored in the
+`kb_vectors` bucket (services/responder/kb_vectors.py), those already there skipped: the
+first visitors' answers then embed only their question. With no server it says so and
+goes on (answers embed what they need on first use and store it).
 """
 
 from __future__ import annotations
@@ -85,6 +91,7 @@ async def ingest(site: str, paths: list[Path], quiet: bool = False) -> dict[str,
     try:
         async with _snapshots(site, kb) as publish:
             await _ingest_files(kb, site, files, paths, counts, quiet)
+            counts["vectors"] = await _prepare_vectors(kb, site)
             if publish is not None:
                 counts["snapshot"], counts["published"] = await publish()
     finally:
@@ -115,6 +122,59 @@ async def _ingest_files(kb, site: str, files: list[Path], paths: list[Path], cou
             counts["chunks"] += record.get("chunk_count", len(record["chunks"]))
 
 
+VECTORS_CONNECT_S = 5.0  # how long ingest waits for a NATS server before leaving the vectors to the answers
+
+
+async def _prepare_vectors(kb, site: str) -> dict[str, int] | str:
+    """The site's knowledge-base texts' vectors stored in the `kb_vectors` bucket; counts,
+    or why not."""
+    import os
+
+    from services.responder import kb_vectors
+    from services.retriever import search
+    from shared import subjects
+    from shared.bus import connect
+    from shared.config import BusConfig
+    from shared.site_config import SiteConfigError, SiteConfigs, parse
+
+    config = BusConfig.from_env()
+    if not any(_listening(server) for server in config.servers()):
+        return f"not prepared: no NATS server at {config.url}"
+    try:
+        bus = await asyncio.wait_for(connect(config, name="ingest"), VECTORS_CONNECT_S)
+    except Exception as exc:  # noqa: BLE001 - no server (or not ours): the answers embed on first use
+        return f"not prepared: no NATS server at {config.url} ({type(exc).__name__})"
+    try:
+        found = await SiteConfigs(bus).find(site)
+        path = Path(os.environ.get("SITES_DIR", "sites")) / f"{site}.toml"
+        if found is None and path.exists():
+            try:
+                found = parse(path)
+            except SiteConfigError:
+                found = None
+        name = (found.name if found else "") or site  # as answer_writer masks it
+        by_type = search.candidates(kb, site, await kb.everything(site))
+        documents = search.numbered([c for kind in by_type.values() for c in kind])
+        return await kb_vectors.warm(bus.kv[subjects.KB_VECTORS_BUCKET], kb.embedder, site,
+                                     kb_vectors.texts(documents, name))
+    finally:
+        await bus.close()
+
+
+def _listening(server: str) -> bool:
+    """Whether something accepts connections at the server's address (a quick look before
+    the client, which would keep retrying)."""
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(server if "://" in server else f"nats://{server}")
+    try:
+        with socket.create_connection((url.hostname or "127.0.0.1", url.port or 4222), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
 def _name(path: Path, roots: list[Path]) -> str:
     """How a document is known: its path relative to the directory given, else as given."""
     for root in roots:
@@ -138,6 +198,10 @@ def main(argv: list[str]) -> int:
     print(f"{args.site}: {counts['added']} added, {counts['replaced']} replaced, {counts['unchanged']} unchanged, "
           f"{counts['skipped']} skipped; {counts['chunks']} chunks in {counts['seconds']} s "
           f"({counts['chunks_per_s']} chunks/s)")
+    vectors = counts["vectors"]
+    print(f"{args.site}: knowledge vectors " + (vectors if isinstance(vectors, str) else
+                                                 f"{vectors['stored']} stored, {vectors['texts'] - vectors['stored']} "
+                                                 f"already stored"))
     if "snapshot" in counts:
         print(f"{args.site}: snapshot {counts['snapshot']} "
               f"{'published' if counts['published'] else 'unchanged (already published)'}")

@@ -437,6 +437,7 @@ async def ensure_topology(bus: Bus) -> None:
         (subjects.SESSION_GUARD_BUCKET, None),
         (subjects.SNAPSHOT_BUCKET, cfg.snapshot_ttl_s or None),
         (subjects.LEAD_CLAIM_BUCKET, None),  # kept as long as the log that may replay a lead
+        (subjects.KB_VECTORS_BUCKET, cfg.kb_vectors_ttl_s or None),
     ):
         bus.kv[bucket] = await _ensure_bucket(bus.js, bucket, ttl, cfg.replicas)
 

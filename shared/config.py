@@ -93,6 +93,7 @@ class BusConfig(msgspec.Struct, kw_only=True):
     tokens_max_bytes: int = 256 * 1024 * 1024
     dlq_max_age_s: float = 14 * 24 * 3600.0
     snapshot_ttl_s: float = 0.0
+    kb_vectors_ttl_s: float = 30 * 86400.0  # knowledge-base text vectors (services/responder/kb_vectors.py)
     snapshot_every: int = 16  # write a snapshot when a load folded this many events past the last one
     # Credentials, at most one kind: a .creds file (JWT + nkey seed), an nkey seed file, a
     # user and password, or a token. None: the embedded default, an open server on loopback.
@@ -160,6 +161,7 @@ class BusConfig(msgspec.Struct, kw_only=True):
             dlq_max_age_s=env_float("DLQ_MAX_AGE_S", d.dlq_max_age_s),
             snapshot_every=env_int("SNAPSHOT_EVERY", d.snapshot_every),
             snapshot_ttl_s=env_float("SNAPSHOT_TTL_S", d.snapshot_ttl_s),
+            kb_vectors_ttl_s=env_float("KB_VECTORS_TTL_S", d.kb_vectors_ttl_s),
             tokens_max_bytes=env_int("TOKENS_MAX_BYTES", d.tokens_max_bytes),
             creds_file=env_str("NATS_CREDS", ""),
             nkey_seed_file=env_str("NATS_NKEY_SEED", ""),

@@ -45,6 +45,10 @@ log_reads = Counter("concierge_log_reads",
                     "Direct-get requests for stored events (one per batch of up to 256), by stream: the "
                     "cost of rebuilding state, which snapshots and the fold cache keep down", ["stream"])
 
+kb_vectors = Counter("concierge_kb_vectors",
+                     "Knowledge-base text vectors extractive answers needed, by where they came from: memory, the "
+                     "kb_vectors bucket, or embedded on the turn's path (services/responder/kb_vectors.py)", ["source"])
+
 llm_calls = Counter("concierge_llm_calls", "LLM calls (a call = one request, retries included)", ["role", "model"])
 llm_errors = Counter("concierge_llm_errors", "LLM calls that ended in an error", ["role", "model"])
 llm_fallbacks = Counter("concierge_llm_fallbacks", "LLM calls answered (or failed) by the fallback endpoint",

@@ -160,6 +160,14 @@ async def test_each_service_works_within_its_subjects_and_is_refused_outside(sec
         claims = LeadClaims(responder)
         claim = await asyncio.wait_for(claims.claim(site, "s1", "lead-event-1"), 5)
         assert claim.owner == "lead-event-1" and claim.outcome is None
+        # It stores the knowledge vectors it embedded (kb_vectors.py), and reads them back.
+        from services.responder import kb_vectors
+
+        vectors = kb_vectors.KnowledgeVectors(_FixedEmbedder())
+        kv = responder.kv[subjects.KB_VECTORS_BUCKET]
+        first = await vectors.vectors(kv, site, ["Invoices sync hourly."])
+        stored = await kv.get(kb_vectors.key(site, "fixed", "Invoices sync hourly."))
+        assert stored.value == first[0].tobytes()
         # A router cannot start turns, and nobody but the admin can purge the log.
         with pytest.raises(nats.errors.TimeoutError):
             await router.js.publish(subjects.conv(site, "s1", "turn_requested"), ev.encode(requested(site, "s1", 2)),
@@ -302,3 +310,13 @@ def test_credentials_from_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("NATS_CREDS", str(tmp_path / "missing.creds"))
     with pytest.raises(ConfigError, match="NATS_CREDS"):
         BusConfig.from_env()
+
+
+class _FixedEmbedder:
+    """An embedder whose vectors say which text they are for (the bucket's bytes are checked)."""
+    version, dim = "fixed", 4
+
+    async def aembed_all(self, texts):
+        import numpy as np
+
+        return np.array([[len(t), 1.0, 0.0, 0.0] for t in texts], dtype=np.float32)

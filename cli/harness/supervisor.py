@@ -123,6 +123,9 @@ class System:
         return proc
 
     def start_nats(self) -> None:
+        """This system's nats-server, unless it is running already."""
+        if "nats" in self.procs and self.procs["nats"].poll() is None:
+            return
         store = self.data_dir / "nats"
         store.mkdir(parents=True, exist_ok=True)
         proc = self.spawn("nats", [nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(self.nats_port),
@@ -175,7 +178,11 @@ class System:
                           {"OPS_PORT": str(self.ops_ports["replay"])})
 
     def ingest(self, site: str, source: Path = DEMO_KB, check: bool = True) -> subprocess.CompletedProcess:
-        """`concierge ingest` into this system's knowledge base (before the retriever opens it)."""
+        """`concierge ingest` into this system's knowledge base (before the retriever opens it),
+        its nats-server up (started here when no server is), so the ingest stores the
+        knowledge vectors extractive answers read (services/responder/kb_vectors.py)."""
+        if not self.cluster_ports:
+            self.start_nats()
         return subprocess.run([sys.executable, "-m", "cli", "ingest", "--site", site, "--quiet", str(source)],
                               env=self.env, cwd=ROOT, check=check)
 

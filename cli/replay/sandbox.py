@@ -76,6 +76,7 @@ class LogBus:
     `records()`, and nothing arrives live on a subscription."""
 
     max_event_bytes = 1 << 20
+    kv: dict = {}  # no key-value bucket: what a handler would cache there it computes itself
 
     def __init__(self, records: Callable[[], list[Record]], on_event: Callable, on_token: Callable):
         self._records, self._on_event, self._on_token = records, on_event, on_token

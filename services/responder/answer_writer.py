@@ -18,18 +18,20 @@ none was cited, `unsupported_numbers` for figures that no source nor the visitor
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import msgspec
+import numpy as np
 
-from services.responder import citations, extractive
+from services.responder import citations, extractive, kb_vectors
 from services.responder.streaming import publish_sources, stream_llm, stream_text
-from shared import history, language, persona, prompts
+from shared import history, language, persona, prompts, subjects
 from shared import skills as sk
 from shared import events as ev
 from services.responder.settings import ANSWER_BACKENDS, AnswerSettings
 from shared.config import ConfigError
-from shared.embeddings import Embedder, EmbeddingSettings, shared_embedder
+from shared.embeddings import EmbeddingSettings, shared_embedder
 from shared.llm import LLMClient
 from shared.node import Context, Inputs, Needs, Node, Wait
 from shared.site_config import SiteConfig
@@ -109,11 +111,14 @@ def backend(llm: LLMClient, chosen: str = "") -> str:
     return chosen
 
 
-async def extractive_answer(ctx: Context, embedder: Embedder, settings: AnswerSettings, event: ev.RouteDecided,
+async def extractive_answer(ctx: Context, knowledge: kb_vectors.KnowledgeVectors, settings: AnswerSettings,
+                            event: ev.RouteDecided,
                             state: ConversationState, documents: list[ev.RetrievedDocument], config: SiteConfig,
                             skills: list[str], question: str | None, late: list[str]) -> ev.ResponseCompleted:
-    """The answer from the sources' sentences (extractive.py), streamed word by word after
-    the sources, as an LLM answer would be."""
+    """The answer from the sources' sentences (extractive.py), streamed a sentence at a time
+    after the sources, as an LLM answer would be. The question is embedded here; the
+    sources' sentences and titles mostly come ready from the `kb_vectors` bucket
+    (kb_vectors.py), both at once."""
     message, previous = history.message_of(state, event.turn), history.previous_message(state, event.turn)
     record = state.turns.get(event.turn)
     lang = language.guess(message, {"language": record.language} if record and record.language else None)
@@ -121,8 +126,12 @@ async def extractive_answer(ctx: Context, embedder: Embedder, settings: AnswerSe
     picked: list[extractive.Picked] = []
     if pool:
         asked = extractive.Question(text=message, previous=previous, name=config.name or event.site, lang=lang)
-        texts, _, titles = extractive.texts_to_embed(asked, pool)
-        vectors = await embedder.aembed_all(texts)
+        texts, with_context, titles = extractive.texts_to_embed(asked, pool)
+        asked_rows = 2 if with_context else 1
+        question, sources = await asyncio.gather(
+            knowledge.embedder.aembed_all(texts[:asked_rows]),
+            knowledge.vectors(ctx.bus.kv.get(subjects.KB_VECTORS_BUCKET), event.site, texts[asked_rows:]))
+        vectors = np.vstack([question, sources])
         picked = extractive.choose_from(vectors, asked, titles, pool, threshold=settings.extractive_threshold,
                                         max_sentences=settings.extractive_max_sentences)
     text = extractive.reply(picked, documents, skills=skills, question=question, lang=lang, config=config,
@@ -130,7 +139,7 @@ async def extractive_answer(ctx: Context, embedder: Embedder, settings: AnswerSe
     await publish_sources(ctx, documents)
     completed = await stream_text(ctx, NAME, text)
     return msgspec.structs.replace(completed, backend="extractive", late_inputs=late,
-                                   sources=[d.n for d in documents], embedding_version=embedder.version)
+                                   sources=[d.n for d in documents], embedding_version=knowledge.embedder.version)
 
 
 def audited(completed: ev.ResponseCompleted, state: ConversationState, documents: list[ev.RetrievedDocument],
@@ -150,8 +159,8 @@ def make_node(llm: LLMClient, settings: AnswerSettings = AnswerSettings(),
     mode = backend(llm, settings.backend)
     language.load()  # the replies that come from no model guess the visitor's language with it
     if mode == "extractive":
-        embedder = shared_embedder(embeddings)
-        embedder.embed(["warm-up"])  # load the model at start, not on the first question
+        knowledge = kb_vectors.KnowledgeVectors(shared_embedder(embeddings))
+        knowledge.embedder.embed(["warm-up"])  # load the model at start, not on the first question
 
     async def handle(event: ev.RouteDecided, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
         state, config, late = inputs.state, inputs.config, list(inputs.late)
@@ -159,7 +168,7 @@ def make_node(llm: LLMClient, settings: AnswerSettings = AnswerSettings(),
         documents = (record.sources or [])[:settings.max_sources] if record else []
         skills, question = applied_skills(state, event, config)
         if mode == "extractive":
-            completed = await extractive_answer(ctx, embedder, settings, event, state, documents, config, skills,
+            completed = await extractive_answer(ctx, knowledge, settings, event, state, documents, config, skills,
                                                 question, late)
             return [audited(completed, state, documents, declined=not citations.cited(completed.text))]
         system = prompts.compose(PROMPT, event.site, config, visitor=visitor_context(state),

@@ -298,6 +298,34 @@ class KnowledgeBase:
         return {"chunk": data.get("chunks", []), "entity": data.get("entities", []),
                 "relationship": data.get("relationships", [])}
 
+    async def everything(self, site: str) -> dict[str, list[dict]]:
+        """Every chunk, entity and relationship of the site, in the shape `query` returns
+        them: what a query could ever hand an answer (`concierge ingest` prepares their
+        sentences' vectors from it, services/responder/kb_vectors.py)."""
+        found: dict[str, list[dict]] = {"chunk": [], "entity": [], "relationship": []}
+        opened = await self._opened(site)
+        if opened is None:
+            return found
+        registry = self.registry(site)
+        with opened.use() as rag:
+            for doc_id, record in registry.items():
+                found["chunk"] += [{"content": content, "file_path": doc_id} for content in record["chunks"].values()]
+                if record.get("extraction") == "llm":  # chunked by LightRAG: its chunks, by its status record
+                    status = await rag.doc_status.get_by_id(doc_id) or {}
+                    chunks = await rag.text_chunks.get_by_ids(list(status.get("chunks_list") or []))
+                    found["chunk"] += [{"content": c["content"], "file_path": doc_id} for c in chunks if c]
+            graph = rag.chunk_entity_relation_graph
+            for node in await graph.get_all_nodes():
+                found["entity"].append({"entity_name": node.get("entity_id") or node["id"],
+                                        "description": node.get("description", ""),
+                                        "file_path": node.get("file_path", "")})
+            for edge in await graph.get_all_edges():
+                found["relationship"].append({"src_id": edge.get("src_id") or edge["source"],
+                                              "tgt_id": edge.get("tgt_id") or edge["target"],
+                                              "description": edge.get("description", ""),
+                                              "file_path": edge.get("file_path", "")})
+        return found
+
     def document(self, site: str, file_path: str) -> dict | None:
         """The registry record of a document, from a LightRAG `file_path` (the doc id; a
         merged graph field names several)."""
