@@ -266,6 +266,15 @@ async def test_the_answer_is_the_given_sources_sentence_cited(extractive):
     assert "".join(t.content for t in tokens) == completed.text and len(tokens) == completed.token_count
 
 
+async def test_the_turns_skills_end_the_answer_its_qualifying_question_last(extractive):
+    routed, given = asked("e6", "How much is the Growth plan?")
+    given.append(ev.follow(given[0], ev.SkillsApplied, "skill_applier", skills=["ask_qualifying_question"],
+                           qualification_question="How many technicians do you have?"))
+    (completed,) = (await decide(extractive, routed, *given, config=TIDEWISE)).events
+    assert completed.text.startswith("The Growth plan costs $59")
+    assert completed.text.endswith("\n\nHow many technicians do you have? ❓")
+
+
 async def test_without_sources_it_says_it_did_not_find_it_and_names_what_was_late(extractive):
     routed, given = asked("e2", "How much is the Growth plan?", documents=None)
     late = ("retrieval_completed", "enrichment_completed", "profile_inferred")

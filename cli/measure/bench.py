@@ -3,7 +3,8 @@
 Starts a fresh system (its own nats-server and the five services, as `make run` does)
 and the scripted LLM with a fixed time to first token, drives `--turns` chat turns
 from `--concurrency` concurrent sessions through HTTP SSE (each session waits
-`--think-ms` between its turns, like a visitor reading the answer), and measures:
+`--think-ms` between its turns, like a visitor reading the answer; or, with `--pace-ms`,
+sends one every PACE ms), and measures:
 
 - ttft_overhead_ms: request sent → first SSE token, minus the scripted LLM's configured
   first-token delay (what Concierge adds; the scripted server's own scheduling slack
@@ -14,7 +15,10 @@ from `--concurrency` concurrent sessions through HTTP SSE (each session waits
 - `--answer-backend extractive`: the answer role gets no LLM (ANSWER_BACKEND=extractive,
   answers composed from the sources' sentences); the other roles keep the scripted LLM.
   ANSWER turns then call no model, so their TTFT overhead is the whole time to first
-  token (nothing is subtracted): the figure to compare with the LLM path's overhead;
+  token (nothing is subtracted): the figure to compare with the LLM path's overhead, at
+  the same `--pace-ms`. (With `--think-ms` a session's next turn waits for the whole
+  answer: the LLM's streams for about a second, an extractive answer's at once, so the
+  extractive run offers more turns a second to the same two cores and queues longer.)
 - replay_events_per_s: conversation logs read from JetStream and folded into state,
   from the first event (no snapshots), events per second.
 
@@ -62,9 +66,11 @@ SCRIPTS = [QUESTIONS, QUESTIONS[3:] + QUESTIONS[:3], QUESTIONS[6:] + QUESTIONS[:
 
 
 async def drive(base_url: str, site: str, turns: int, concurrency: int, think_s: float = 0.0,
-                sessions_total: int | None = None) -> tuple[list[dict], list[str]]:
+                sessions_total: int | None = None, pace_s: float = 0.0) -> tuple[list[dict], list[str]]:
     """`sessions_total` conversations (default: `concurrency`), at most `concurrency` at once,
-    `turns` turns in all."""
+    `turns` turns in all. Each session waits `think_s` after a turn's answer, or, with
+    `pace_s`, sends a turn every `pace_s` (right after the previous one's answer when that
+    came later): the same offered load whatever the answers' length."""
     sessions_total = sessions_total or concurrency
     per_session = max(1, turns // sessions_total)
     results: list[dict] = []
@@ -78,11 +84,14 @@ async def drive(base_url: str, site: str, turns: int, concurrency: int, think_s:
         async def conversation(i: int) -> None:
             visitor = Conversation(client, base_url, site)
             # Sessions start spread over one think time, as visitors do not all type at once.
-            await asyncio.sleep(think_s * (i % concurrency) / concurrency)
+            await asyncio.sleep((pace_s or think_s) * (i % concurrency) / concurrency)
             script = SCRIPTS[i % len(SCRIPTS)]
             async with slots:
+                began = time.monotonic()
                 for t in range(per_session):
-                    if t:
+                    if t and pace_s:
+                        await asyncio.sleep(max(0.0, began + t * pace_s - time.monotonic()))
+                    elif t:
                         await asyncio.sleep(think_s)
                     sent_at = time.time()
                     r = await visitor.say(script[t % len(script)].format(i=i, t=t))
@@ -197,6 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inter-token-ms", type=float, default=20.0, help="scripted LLM delay between chunks")
     parser.add_argument("--think-ms", type=float, default=1000.0,
                         help="pause between a session's turns (a visitor reading and typing); 0 = back to back")
+    parser.add_argument("--pace-ms", type=float, default=0.0,
+                        help="instead of --think-ms: each session sends a turn every PACE ms (open loop: the "
+                             "offered load, concurrency / pace turns/s, does not depend on how long answers "
+                             "stream; compare backends with it)")
     parser.add_argument("--replay-rounds", type=int, default=3)
     parser.add_argument("--profile", metavar="DIR", default=None,
                         help="sample every service with py-spy during the measured turns; flame-graph input "
@@ -246,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
             cpu_before = process_cpu_s(system)
             started = time.perf_counter()
             results, sessions = asyncio.run(
-                drive(system.gateway_url, site, args.turns, args.concurrency, args.think_ms / 1000, args.sessions))
+                drive(system.gateway_url, site, args.turns, args.concurrency, args.think_ms / 1000, args.sessions,
+                      args.pace_ms / 1000))
             wall = time.perf_counter() - started
             stop_profilers(profilers)
             cpu_s = {name: round(after - cpu_before.get(name, 0.0), 1) for name, after in process_cpu_s(system).items()}
@@ -283,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         "scripted_ttft_ms": args.ttft_ms,
         "scripted_inter_token_ms": args.inter_token_ms,
         "think_ms": args.think_ms,
+        "pace_ms": args.pace_ms,
         "ttft_overhead_ms_p50": round(percentile(overhead, 50), 2),
         "ttft_overhead_ms_p99": round(percentile(overhead, 99), 2),
         "ttft_overhead_ms_mean": round(statistics.fmean(overhead), 2) if overhead else None,

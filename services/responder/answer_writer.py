@@ -128,10 +128,10 @@ async def extractive_answer(ctx: Context, knowledge: kb_vectors.KnowledgeVectors
         asked = extractive.Question(text=message, previous=previous, name=config.name or event.site, lang=lang)
         texts, with_context, titles = extractive.texts_to_embed(asked, pool)
         asked_rows = 2 if with_context else 1
-        question, sources = await asyncio.gather(
+        asked_vectors, source_vectors = await asyncio.gather(
             knowledge.embedder.aembed_all(texts[:asked_rows]),
             knowledge.vectors(ctx.bus.kv.get(subjects.KB_VECTORS_BUCKET), event.site, texts[asked_rows:]))
-        vectors = np.vstack([question, sources])
+        vectors = np.vstack([asked_vectors, source_vectors])
         picked = extractive.choose_from(vectors, asked, titles, pool, threshold=settings.extractive_threshold,
                                         max_sentences=settings.extractive_max_sentences)
     text = extractive.reply(picked, documents, skills=skills, question=question, lang=lang, config=config,
