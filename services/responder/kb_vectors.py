@@ -14,8 +14,8 @@ every visitor, so they are prepared once, ahead:
   so every replica, and the next process after a restart, finds it there.
 
 Keys: `<site>.<sha256 of the embedding version and the text>`: a site's vectors are
-found by the texts it holds and go with `concierge sites delete`-style purges of
-`<site>.>`; vectors of another model are other keys. Values: the float32 vector's bytes,
+found only by the texts it holds, all under `<site>.` (one subject filter purges a site's);
+vectors of another model are other keys. Values: the float32 vector's bytes,
 as the embedder returns them. Only knowledge-base texts are stored, never a visitor's
 words (the question is embedded in the process, as before). The bucket's entries expire
 after `KB_VECTORS_TTL_S` (30 days by default; an expired one is embedded and stored
