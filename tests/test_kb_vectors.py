@@ -136,3 +136,18 @@ async def test_an_ingest_with_no_server_says_so_at_once(monkeypatch):
     started = time.monotonic()
     outcome = await ingest._prepare_vectors(None, "demo")
     assert outcome.startswith("not prepared: no NATS server") and time.monotonic() - started < 3
+
+
+async def test_a_bucket_that_does_not_answer_costs_an_embedding_not_the_answer():
+    import nats.errors
+
+    class Unreachable:
+        async def get(self, key):
+            raise nats.errors.TimeoutError
+
+        async def put(self, key, value):
+            raise nats.errors.TimeoutError
+
+    embedder = CountingEmbedder()
+    vectors = await kb_vectors.KnowledgeVectors(embedder).vectors(Unreachable(), "s", ["One sentence here."])
+    assert vectors.shape == (1, 4) and embedder.embedded == ["One sentence here."]

@@ -30,6 +30,7 @@ import logging
 from collections import OrderedDict
 from typing import Iterable
 
+import nats.errors
 import numpy as np
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
@@ -101,9 +102,14 @@ class KnowledgeVectors:
 
 
 async def _get(kv: KeyValue, k: str, dim: int) -> np.ndarray | None:
+    """The stored vector, or None: not stored, or the bucket not answering (then the
+    answer embeds it: a cache that fails costs time, never the answer)."""
     try:
         entry = await kv.get(k)
     except KeyNotFoundError:
+        return None
+    except (nats.errors.Error, asyncio.TimeoutError) as exc:
+        log.warning("knowledge vector not read", extra={"error": repr(exc)})
         return None
     if not entry.value or len(entry.value) != dim * 4:
         return None  # deleted, or another model's size: embedded again
