@@ -127,13 +127,14 @@ VECTORS_CONNECT_S = 5.0  # how long ingest waits for a NATS server before leavin
 
 async def _prepare_vectors(kb, site: str) -> dict[str, int] | str:
     """The site's knowledge-base texts' vectors stored in the `kb_vectors` bucket; counts,
-    or why not."""
+    or why not. Only that bucket is touched (made when missing), never the bus's other
+    streams and buckets; anything that goes wrong here leaves the ingest as it was."""
     import os
 
     from services.responder import kb_vectors
     from services.retriever import search
     from shared import subjects
-    from shared.bus import connect
+    from shared.bus import connect, opened_bucket
     from shared.config import BusConfig
     from shared.site_config import SiteConfigError, SiteConfigs, parse
 
@@ -141,11 +142,14 @@ async def _prepare_vectors(kb, site: str) -> dict[str, int] | str:
     if not any(_listening(server) for server in config.servers()):
         return f"not prepared: no NATS server at {config.url}"
     try:
-        bus = await asyncio.wait_for(connect(config, name="ingest"), VECTORS_CONNECT_S)
+        bus = await asyncio.wait_for(connect(config, name="ingest", topology=False), VECTORS_CONNECT_S)
     except Exception as exc:  # noqa: BLE001 - no server (or not ours): the answers embed on first use
         return f"not prepared: no NATS server at {config.url} ({type(exc).__name__})"
     try:
-        found = await SiteConfigs(bus).find(site)
+        try:
+            found = await SiteConfigs(bus).find(site)
+        except Exception:  # noqa: BLE001 - no site_config bucket yet (no service has started): the file
+            found = None
         path = Path(os.environ.get("SITES_DIR", "sites")) / f"{site}.toml"
         if found is None and path.exists():
             try:
@@ -155,8 +159,10 @@ async def _prepare_vectors(kb, site: str) -> dict[str, int] | str:
         name = (found.name if found else "") or site  # as answer_writer masks it
         by_type = search.candidates(kb, site, await kb.everything(site))
         documents = search.numbered([c for kind in by_type.values() for c in kind])
-        return await kb_vectors.warm(bus.kv[subjects.KB_VECTORS_BUCKET], kb.embedder, site,
-                                     kb_vectors.texts(documents, name))
+        kv = await opened_bucket(bus, subjects.KB_VECTORS_BUCKET, config.kb_vectors_ttl_s or None)
+        return await kb_vectors.warm(kv, kb.embedder, site, kb_vectors.texts(documents, name))
+    except Exception as exc:  # noqa: BLE001 - a cache: the answers embed what is missing on first use
+        return f"not prepared: {type(exc).__name__}: {exc}"
     finally:
         await bus.close()
 

@@ -30,7 +30,8 @@ import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
-from nats.js.errors import APIError, BadRequestError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
+from nats.js.errors import (APIError, BadRequestError, BucketNotFoundError, NoStreamResponseError, NotFoundError,
+                            ServiceUnavailableError)
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 from nats.errors import NoRespondersError
@@ -318,13 +319,15 @@ class BusRefused(Exception):
     retry mends (the start-up connect would otherwise retry for ever)."""
 
 
-async def connect(config: BusConfig, name: str) -> Bus:
+async def connect(config: BusConfig, name: str, topology: bool = True) -> Bus:
     """Connect with unlimited reconnects and make sure streams and buckets exist. `config.url`
     may list several servers (NATS_URL="nats://a:4222,nats://b:4222"): the client connects to
     one of them and, when it goes, reconnects to another (or to any the cluster announced
     since). Credentials
     come from `config` (NATS_CREDS, NATS_NKEY_SEED, NATS_USER/NATS_PASSWORD or NATS_TOKEN);
-    a server that refuses them at start raises `BusRefused` instead of being retried."""
+    a server that refuses them at start raises `BusRefused` instead of being retried.
+    `topology=False`: streams and buckets are left as they are (a tool that only reads or
+    writes one bucket does not bring the bus to its own settings)."""
     refused: asyncio.Future = asyncio.get_running_loop().create_future()
     connected: dict[str, Bus] = {}
 
@@ -364,7 +367,8 @@ async def connect(config: BusConfig, name: str) -> Bus:
     connecting.result()
     js = nc.jetstream(timeout=config.request_timeout)
     bus = Bus(nc=nc, js=js, config=config)
-    await ensure_topology(bus)
+    if topology:
+        await ensure_topology(bus)
     connected["bus"] = bus
     return bus
 
@@ -462,11 +466,20 @@ async def _ensure_bucket(js: JetStreamContext, bucket: str, ttl: float | None, r
         if exc.err_code != ALREADY_EXISTS:
             raise
     info = await js.stream_info(f"KV_{bucket}")
-    if info.config.num_replicas != replicas:
+    if info.config.num_replicas != replicas or abs((info.config.max_age or 0) - (ttl or 0)) > 0.001:
         info.config.num_replicas = replicas
+        info.config.max_age = ttl or 0
         await js.update_stream(info.config)
-        log.info("bucket replicas changed", extra={"bucket": bucket, "replicas": replicas})
+        log.info("bucket settings changed", extra={"bucket": bucket, "replicas": replicas, "ttl_s": ttl})
     return await js.key_value(bucket)
+
+
+async def opened_bucket(bus: Bus, bucket: str, ttl: float | None) -> KeyValue:
+    """A bucket as it is, or made when missing, and nothing else of the bus changed."""
+    try:
+        return await bus.js.key_value(bucket)
+    except BucketNotFoundError:
+        return await _ensure_bucket(bus.js, bucket, ttl, bus.config.replicas)
 
 
 async def topology_ready(bus: Bus) -> bool:

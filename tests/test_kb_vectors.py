@@ -69,7 +69,8 @@ async def test_the_ingest_stores_every_sentence_a_retrieval_hands_an_answer(demo
     monkeypatch.setenv("SITES_DIR", str(sites))
     prepared = await ingest._prepare_vectors(kb, site)
     assert prepared["stored"] == prepared["texts"] > 100
-    assert (await ingest._prepare_vectors(kb, site))["stored"] == 0  # a second ingest embeds nothing again
+    again = await ingest._prepare_vectors(kb, site)
+    assert again == {"texts": prepared["texts"], "stored": 0}  # a second ingest embeds nothing (it rewrites them)
 
     node = retrieval.make_node(Retriever(kb=kb, base=RetrievalSettings(), rerankers={}))
     kv = bus.kv[subjects.KB_VECTORS_BUCKET]
@@ -109,7 +110,9 @@ async def test_a_second_replica_reads_what_the_first_embedded(bus):
     texts = ["Invoices sync every hour.", "Data stays in Frankfurt.", "Invoices sync every hour."]
     first, second = CountingEmbedder(), CountingEmbedder()
     before = {s: count(s) for s in ("memory", "bucket", "embedded")}
-    a = await kb_vectors.KnowledgeVectors(first).vectors(kv, site, texts)
+    writer = kb_vectors.KnowledgeVectors(first)
+    a = await writer.vectors(kv, site, texts)
+    await writer.flush()  # stored in the background, off the answer's path
     assert first.embedded == ["Invoices sync every hour.", "Data stays in Frankfurt."]
     replica = kb_vectors.KnowledgeVectors(second)
     b = await replica.vectors(kv, site, texts)
@@ -149,5 +152,36 @@ async def test_a_bucket_that_does_not_answer_costs_an_embedding_not_the_answer()
             raise nats.errors.TimeoutError
 
     embedder = CountingEmbedder()
-    vectors = await kb_vectors.KnowledgeVectors(embedder).vectors(Unreachable(), "s", ["One sentence here."])
+    knowledge = kb_vectors.KnowledgeVectors(embedder)
+    vectors = await knowledge.vectors(Unreachable(), "s", ["One sentence here."])
     assert vectors.shape == (1, 4) and embedder.embedded == ["One sentence here."]
+    await knowledge.flush()  # the failed store is logged, not raised
+
+
+async def test_what_other_calls_remember_meanwhile_cannot_lose_a_calls_vectors():
+    embedder = CountingEmbedder()
+    knowledge = kb_vectors.KnowledgeVectors(embedder, memory=1)
+    vectors = await knowledge.vectors(None, "s", ["The first sentence.", "The second sentence."])
+    assert vectors.shape == (2, 4) and vectors[0][0] == len("The first sentence.")
+
+
+async def test_a_failure_while_preparing_leaves_the_ingest_as_it_was(demo, nats_url, monkeypatch):
+    kb, site = demo
+
+    async def refused(*_):
+        raise PermissionError("Permissions Violation for Publish to $KV.kb_vectors")
+
+    monkeypatch.setenv("NATS_URL", nats_url)
+    monkeypatch.setattr(kb_vectors, "warm", refused)
+    assert await ingest._prepare_vectors(kb, site) == \
+        "not prepared: PermissionError: Permissions Violation for Publish to $KV.kb_vectors"
+
+
+async def test_a_changed_time_to_live_reaches_the_existing_bucket(bus):
+    from shared.bus import _ensure_bucket
+
+    name = unique("ttl")
+    await _ensure_bucket(bus.js, name, 60.0, 1)
+    await _ensure_bucket(bus.js, name, 120.0, 1)
+    assert (await bus.js.stream_info(f"KV_{name}")).config.max_age == 120.0
+    await bus.js.delete_stream(f"KV_{name}")

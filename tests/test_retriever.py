@@ -186,7 +186,10 @@ async def test_storage_reads_answer_like_lightrags_own(kb):
 async def test_cli_ingest_reports_unreadable_files_and_ingests_the_rest(tmp_path, monkeypatch, capsys):
     from cli import ingest
 
+    from cli.harness.supervisor import free_port
+
     monkeypatch.setenv("KB_DIR", str(tmp_path / "kb"))
+    monkeypatch.setenv("NATS_URL", f"nats://127.0.0.1:{free_port()}")  # no bus: the vectors are not prepared
     good = tmp_path / "docs" / "good.md"
     good.parent.mkdir()
     good.write_text("# Good\n\nThe Nimbus plan includes reporting.\n")
@@ -195,6 +198,7 @@ async def test_cli_ingest_reports_unreadable_files_and_ingests_the_rest(tmp_path
     counts = await ingest.ingest("iso_cli", [tmp_path / "docs", tmp_path / "missing.md"], quiet=True)
     err = capsys.readouterr().err
     assert counts["added"] == 1 and counts["skipped"] == 3 and counts["chunks"] >= 1
+    assert counts["vectors"].startswith("not prepared: no NATS server")
     assert "broken.pdf" in err and "latin1.txt" in err and "missing.md" in err
     again = await ingest.ingest("iso_cli", [tmp_path / "docs"], quiet=True)
     assert again["added"] == 0 and again["unchanged"] == 1

@@ -1,25 +1,26 @@
 """The vectors of a site's knowledge-base texts (sentences, section titles) that extractive
 answers compare with the question, kept on the bus so a turn does not embed them.
 
-An extractive answer embeds its question, and every sentence and title of the retrieved
-sources it has not embedded before: 50 to 100 sentences for sources seen the first time,
+An extractive answer compares its question with every sentence and title of the retrieved
+sources; embedding those it had not seen before took 50 to 100 sentences for new sources,
 a few hundred milliseconds of CPU on the turn's path (the slowest answers of `concierge
-bench --answer-backend extractive`). Those texts are the knowledge base's, the same for
+bench --answer-backend extractive`). They are the knowledge base's texts, the same for
 every visitor, so they are prepared once, ahead:
 
 - `concierge ingest` embeds every sentence and title the site's knowledge base can hand an
   answer (`warm`) and stores them in the JetStream key-value bucket `kb_vectors`;
-- a responder reads what it misses in memory from the bucket, and stores in it what it
-  had to embed itself (a text the ingest did not foresee, a site ingested without a bus),
-  so every replica, and the next process after a restart, finds it there.
+- a responder reads what it misses in memory from the bucket, and stores in it, in the
+  background, what it had to embed itself (a text the ingest did not foresee, a site
+  ingested without a bus), so every replica, and the next process after a restart, finds
+  it there.
 
 Keys: `<site>.<sha256 of the embedding version and the text>`: a site's vectors are
 found only by the texts it holds, all under `<site>.` (one subject filter purges a site's);
 vectors of another model are other keys. Values: the float32 vector's bytes,
 as the embedder returns them. Only knowledge-base texts are stored, never a visitor's
 words (the question is embedded in the process, as before). The bucket's entries expire
-after `KB_VECTORS_TTL_S` (30 days by default; an expired one is embedded and stored
-again on first use).
+after `KB_VECTORS_TTL_S` (30 days by default): each ingest writes the site's again, and
+an expired one is embedded and stored again on first use.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import asyncio
 import hashlib
 import logging
 from collections import OrderedDict
-from typing import Iterable
 
 import nats.errors
 import numpy as np
@@ -37,8 +37,8 @@ from nats.js.kv import KeyValue
 
 from services.responder import extractive
 from shared import events as ev
-from shared.embeddings import Embedder
 from shared import metrics
+from shared.embeddings import Embedder
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,7 @@ class KnowledgeVectors:
         self.embedder = embedder
         self._memory: OrderedDict[str, np.ndarray] = OrderedDict()
         self._size = memory
+        self._storing: set[asyncio.Task] = set()
 
     def _remember(self, k: str, vector: np.ndarray) -> None:
         self._memory[k] = vector
@@ -82,23 +83,38 @@ class KnowledgeVectors:
 
     async def vectors(self, kv: KeyValue | None, site: str, texts: list[str]) -> np.ndarray:
         keys = [key(site, self.embedder.version, t) for t in texts]
-        wanted = {k: t for k, t in zip(keys, texts) if k not in self._memory}
-        metrics.kb_vectors.labels("memory").inc(len(set(keys)) - len(wanted))
+        have: dict[str, np.ndarray] = {}  # this call's own: what other calls remember meanwhile cannot evict them
+        wanted: dict[str, str] = {}
+        for k, t in zip(keys, texts):
+            if k in self._memory:
+                self._memory.move_to_end(k)
+                have[k] = self._memory[k]
+            else:
+                wanted[k] = t
+        metrics.kb_vectors.labels("memory").inc(len(have))
         if wanted and kv is not None:
             found = await asyncio.gather(*(_get(kv, k, self.embedder.dim) for k in wanted))
             for k, vector in zip(list(wanted), found):
                 if vector is not None:
+                    have[k] = vector
                     self._remember(k, vector)
                     del wanted[k]
             metrics.kb_vectors.labels("bucket").inc(len(found) - len(wanted))
         if wanted:
             embedded = await self.embedder.aembed_all(list(wanted.values()))
             for k, vector in zip(wanted, embedded):
+                have[k] = vector
                 self._remember(k, vector)
             metrics.kb_vectors.labels("embedded").inc(len(wanted))
-            if kv is not None:
-                await _put_all(kv, zip(wanted, embedded))
-        return np.stack([self._memory[k] for k in keys]) if keys else np.zeros((0, self.embedder.dim), np.float32)
+            if kv is not None:  # stored off the turn's path: the answer does not wait for the bucket
+                task = asyncio.create_task(_put_all(kv, list(zip(wanted, embedded))), name="kb-vectors-store")
+                self._storing.add(task)
+                task.add_done_callback(self._storing.discard)
+        return np.stack([have[k] for k in keys]) if keys else np.zeros((0, self.embedder.dim), np.float32)
+
+    async def flush(self) -> None:
+        """Until what was handed to the bucket in the background is stored."""
+        await asyncio.gather(*self._storing, return_exceptions=True)
 
 
 async def _get(kv: KeyValue, k: str, dim: int) -> np.ndarray | None:
@@ -116,7 +132,7 @@ async def _get(kv: KeyValue, k: str, dim: int) -> np.ndarray | None:
     return np.frombuffer(entry.value, dtype=np.float32)
 
 
-async def _put_all(kv: KeyValue, items: Iterable[tuple[str, np.ndarray]]) -> None:
+async def _put_all(kv: KeyValue, items: list[tuple[str, np.ndarray]]) -> None:
     """Store the vectors; a failure costs only a later embedding, so it is logged, not raised."""
     try:
         await asyncio.gather(*(kv.put(k, np.asarray(v, dtype=np.float32).tobytes()) for k, v in items))
@@ -125,14 +141,21 @@ async def _put_all(kv: KeyValue, items: Iterable[tuple[str, np.ndarray]]) -> Non
 
 
 async def warm(kv: KeyValue, embedder: Embedder, site: str, texts: list[str]) -> dict[str, int]:
-    """Embed and store the texts the bucket does not hold yet; {"texts", "stored"}."""
+    """Store the texts' vectors: those the bucket lacks embedded, those it holds written
+    again (their time to live starts over, so a site ingested now and then never finds
+    them expired). `WARM_BATCH` texts at a time. {"texts", "stored": newly embedded}."""
     distinct = list(dict.fromkeys(texts))
-    present = await asyncio.gather(*(_get(kv, key(site, embedder.version, t), embedder.dim) for t in distinct))
-    missing = [t for t, vector in zip(distinct, present) if vector is None]
     loop = asyncio.get_running_loop()
-    for start in range(0, len(missing), WARM_BATCH):
-        batch = missing[start:start + WARM_BATCH]
-        vectors = await loop.run_in_executor(None, embedder.embed_many, batch)
-        await asyncio.gather(*(kv.put(key(site, embedder.version, t), np.asarray(v, np.float32).tobytes())
-                               for t, v in zip(batch, vectors)))
-    return {"texts": len(distinct), "stored": len(missing)}
+    stored = 0
+    for start in range(0, len(distinct), WARM_BATCH):
+        batch = distinct[start:start + WARM_BATCH]
+        keys = [key(site, embedder.version, t) for t in batch]
+        present = await asyncio.gather(*(_get(kv, k, embedder.dim) for k in keys))
+        missing = [i for i, vector in enumerate(present) if vector is None]
+        if missing:
+            made = await loop.run_in_executor(None, embedder.embed_many, [batch[i] for i in missing])
+            for i, vector in zip(missing, made):
+                present[i] = vector
+            stored += len(missing)
+        await asyncio.gather(*(kv.put(k, np.asarray(v, np.float32).tobytes()) for k, v in zip(keys, present)))
+    return {"texts": len(distinct), "stored": stored}

@@ -32,8 +32,8 @@ class AnswerSettings(Settings):
     extractive_max_sentences: int = 4
     # Sentences are read from the first N sources only: the retriever ranks them and the
     # right section is near the top (an entity's description, after the chunks, often holds
-    # the one sentence that answers); each sentence read the first time costs an embedding
-    # before the first token (then it is cached).
+    # the one sentence that answers); their vectors come ready from the `kb_vectors` bucket
+    # (kb_vectors.py), one missing there costs an embedding before the first token.
     extractive_documents: int = 10
 
     @classmethod

@@ -320,8 +320,8 @@ class KnowledgeBase:
                                         "description": node.get("description", ""),
                                         "file_path": node.get("file_path", "")})
             for edge in await graph.get_all_edges():
-                found["relationship"].append({"src_id": edge.get("src_id") or edge["source"],
-                                              "tgt_id": edge.get("tgt_id") or edge["target"],
+                source, target = sorted((edge["source"], edge["target"]))  # as a query returns a pair
+                found["relationship"].append({"src_id": source, "tgt_id": target,
                                               "description": edge.get("description", ""),
                                               "file_path": edge.get("file_path", "")})
         return found
