@@ -28,6 +28,7 @@ async def test_snapshot_is_written_and_used(nats_url, site):
     try:
         await publish_turns(bus, site, "s", 3)
         first = await loader.load(bus, site, "s")
+        await loader.snapshots_written()  # written after the load returned
         snapshot, revision = await loader.read_snapshot(bus, site, "s")
         assert snapshot is not None and snapshot.last_seq == first.last_seq and revision
 
