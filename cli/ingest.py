@@ -13,8 +13,9 @@ are published as the site's new snapshot, which every retriever replica loads
 
 Then, when a NATS server answers (NATS_URL), the vectors of every sentence and title the
 site's knowledge base can hand an extractive answer are embedded and stored in the
-`kb_vectors` bucket (services/responder/kb_vectors.py), those already there skipped: the
-first visitors' answers then embed only their question. With no server it says so and
+`kb_vectors` bucket (services/responder/kb_vectors.py); those already there are not
+embedded again, only written again (their time to live starts over). The first visitors'
+answers then embed only their question. With no server it says so and
 goes on (answers embed what they need on first use and store it).
 """
 
