@@ -166,6 +166,7 @@ async def test_each_service_works_within_its_subjects_and_is_refused_outside(sec
         vectors = kb_vectors.KnowledgeVectors(_FixedEmbedder())
         kv = responder.kv[subjects.KB_VECTORS_BUCKET]
         first = await vectors.vectors(kv, site, ["Invoices sync hourly."])
+        await vectors.flush()  # stored in the background
         stored = await kv.get(kb_vectors.key(site, "fixed", "Invoices sync hourly."))
         assert stored.value == first[0].tobytes()
         # A router cannot start turns, and nobody but the admin can purge the log.
