@@ -126,11 +126,11 @@ async def extractive_answer(ctx: Context, knowledge: kb_vectors.KnowledgeVectors
     picked: list[extractive.Picked] = []
     if pool:
         asked = extractive.Question(text=message, previous=previous, name=config.name or event.site, lang=lang)
-        texts, with_context, titles = extractive.texts_to_embed(asked, pool)
-        asked_rows = 2 if with_context else 1
+        texts, _, titles = extractive.texts_to_embed(asked, pool)
+        visitors = extractive.asked_rows(asked)
         asked_vectors, source_vectors = await asyncio.gather(
-            knowledge.embedder.aembed_all(texts[:asked_rows]),
-            knowledge.vectors(ctx.bus.kv.get(subjects.KB_VECTORS_BUCKET), event.site, texts[asked_rows:]))
+            knowledge.embedder.aembed_all(texts[:visitors]),
+            knowledge.vectors(ctx.bus.kv.get(subjects.KB_VECTORS_BUCKET), event.site, texts[visitors:]))
         vectors = np.vstack([asked_vectors, source_vectors])
         picked = extractive.choose_from(vectors, asked, titles, pool, threshold=settings.extractive_threshold,
                                         max_sentences=settings.extractive_max_sentences)

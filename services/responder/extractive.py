@@ -311,11 +311,17 @@ def texts_to_embed(question: Question, pool: list[Candidate]) -> tuple[list[str]
     return [masked(t, question.name) or t for t in texts], bool(context), titles
 
 
+def asked_rows(question: Question) -> int:
+    """How many of `texts_to_embed`'s texts come first as the visitor's (the question, and
+    the follow-up context when there is one); the rest are the knowledge base's."""
+    return 2 if question.context else 1
+
+
 def choose_from(vectors: np.ndarray, question: Question, titles: list[str], pool: list[Candidate],
                 **params) -> list[Picked]:
     """`choose` over the rows of `texts_to_embed`'s texts, embedded."""
     with_context = bool(question.context)
-    start = 2 if with_context else 1
+    start = asked_rows(question)
     title_row = {t: start + i for i, t in enumerate(titles)}
     sentences_at = start + len(titles)
     return choose(vectors[0], vectors[sentences_at:], vectors[[title_row[c.title] for c in pool]], pool,

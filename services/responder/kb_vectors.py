@@ -60,7 +60,7 @@ def texts(documents: list[ev.RetrievedDocument], name: str) -> list[str]:
     out: dict[str, None] = {}
     for document in documents:
         embedded, _, _ = extractive.texts_to_embed(asked, extractive.candidates([document]))
-        out.update(dict.fromkeys(embedded[1:]))
+        out.update(dict.fromkeys(embedded[extractive.asked_rows(asked):]))
     return list(out)
 
 
