@@ -71,22 +71,29 @@ def _encoded(bus: Bus, state: ConversationState) -> bytes | None:
 
 
 async def _store(bus: Bus, site: str, session_id: str, data: bytes | None, revision: int | None) -> bool:
-    if data is None:
-        return False
+    return data is not None and await _stored(bus, site, session_id, data, revision) is not None
+
+
+async def _stored(bus: Bus, site: str, session_id: str, data: bytes, revision: int | None) -> int | None:
+    """The snapshot's new revision, or None when another writer got there first."""
     kv = bus.bucket(subjects.SNAPSHOT_BUCKET)
     key = subjects.kv_key(site, session_id)
     try:
         if revision is None:
-            await kv.create(key, data)
-        else:
-            await kv.update(key, data, last=revision)
+            return await kv.create(key, data)
+        return await kv.update(key, data, last=revision)
     except (KeyWrongLastSequenceError, BadRequestError):
-        return False
-    return True
+        return None
+
+
+# A snapshot revision this process does not know (another process wrote since): a write
+# reads the snapshot's revision first. (None: no snapshot stored, a write creates it.)
+UNKNOWN = 0
 
 
 class FoldCache:
-    """The last folded state of recently used conversations, in this process.
+    """The last folded state of recently used conversations, in this process, and the
+    revision of their stored snapshot as far as this process knows it.
 
     Only a starting point: every load still reads the log after the cached sequence, so a
     cached state is never stale, just shorter to bring up to date. It matters because
@@ -98,6 +105,14 @@ class FoldCache:
     def __init__(self, size: int = 4096):
         self.size = size
         self._states: OrderedDict[tuple[str, str], ConversationState] = OrderedDict()
+        self._revisions: dict[tuple[str, str], int | None] = {}
+
+    def revision(self, site: str, session_id: str) -> int | None:
+        return self._revisions.get((site, session_id), UNKNOWN)
+
+    def set_revision(self, site: str, session_id: str, revision: int | None) -> None:
+        if (site, session_id) in self._states:
+            self._revisions[(site, session_id)] = revision
 
     def get(self, site: str, session_id: str) -> ConversationState | None:
         state = self._states.get((site, session_id))
@@ -113,20 +128,31 @@ class FoldCache:
             self._states[key] = state
             self._states.move_to_end(key)
             while len(self._states) > self.size:
-                self._states.popitem(last=False)
+                old, _ = self._states.popitem(last=False)
+                self._revisions.pop(old, None)
 
     def drop(self, site: str, session_id: str) -> None:
         self._states.pop((site, session_id), None)
+        self._revisions.pop((site, session_id), None)
 
 
 _cache = FoldCache()
 
 
-async def load(bus: Bus, site: str, session_id: str, use_snapshot: bool = True) -> ConversationState:
+async def load(bus: Bus, site: str, session_id: str, use_snapshot: bool = True,
+               write_snapshot: bool = False) -> ConversationState:
     """The conversation's state: the cached or snapshotted state plus the log after it,
-    as the caller's own copy (one copy per load: the cache's state is folded forward in place)."""
+    as the caller's own copy (one copy per load: the cache's state is folded forward in place).
+
+    `write_snapshot`: a load that folded SNAPSHOT_EVERY events or more stores the state as
+    the conversation's snapshot (in the background). One load per turn asks for it, the
+    gateway's as the turn starts (it folds the whole previous turn): a snapshot per turn.
+    The nodes' loads only read snapshots; when each of the five services wrote one, most
+    of every turn's snapshot writes were wasted (each of them another's compare-and-set
+    loser, or a copy of the same state)."""
     start = _cache.get(site, session_id) if use_snapshot else None
-    revision = None
+    cached = start is not None
+    revision = _cache.revision(site, session_id) if cached else None
     if start is None and use_snapshot:
         start, revision = await read_snapshot(bus, site, session_id)
     after, folded_turn = (start.last_seq, start.turn) if start else (0, 0)
@@ -148,7 +174,9 @@ async def load(bus: Bus, site: str, session_id: str, use_snapshot: bool = True) 
     if not use_snapshot:
         return state
     _cache.put(state)
-    if tail and len(tail) >= bus.config.snapshot_every:
+    if not cached:
+        _cache.set_revision(site, session_id, revision)
+    if write_snapshot and tail and len(tail) >= bus.config.snapshot_every:
         _snapshot_later(bus, state, revision)
     return copy_state(state)
 
@@ -167,10 +195,12 @@ def _snapshot_later(bus: Bus, state: ConversationState, revision: int | None) ->
 
     async def store(site: str, session_id: str, revision: int | None) -> None:
         try:
-            if revision is None:
+            if revision == UNKNOWN:
                 _, revision = await read_snapshot(bus, site, session_id)
-            await _store(bus, site, session_id, data, revision)
+            # The next write starts from this one's revision; a lost race leaves it unknown.
+            _cache.set_revision(site, session_id, await _stored(bus, site, session_id, data, revision) or UNKNOWN)
         except Exception:  # noqa: BLE001 - a missing snapshot only means a longer fold
+            _cache.set_revision(site, session_id, UNKNOWN)
             log.exception("snapshot write failed", extra={"site": site, "session_id": session_id})
 
     task = asyncio.create_task(store(state.site, state.session_id, revision), name="snapshot-write")

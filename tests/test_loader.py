@@ -27,7 +27,7 @@ async def test_snapshot_is_written_and_used(nats_url, site):
     bus = await connect(BusConfig(url=nats_url, snapshot_every=4), name="test-loader")
     try:
         await publish_turns(bus, site, "s", 3)
-        first = await loader.load(bus, site, "s")
+        first = await loader.load(bus, site, "s", write_snapshot=True)
         await loader.snapshots_written()  # written after the load returned
         snapshot, revision = await loader.read_snapshot(bus, site, "s")
         assert snapshot is not None and snapshot.last_seq == first.last_seq and revision
@@ -111,3 +111,52 @@ async def test_concurrent_loads_fold_each_event_once_and_hand_out_copies(bus, si
     assert loads[0].event_count == full.event_count == 8
     loads[0].messages.clear()  # the caller's own copy: the next load is whole
     assert await loader.load(bus, site, "c") == full
+
+
+async def test_only_a_load_that_asks_writes_the_snapshot(nats_url, site):
+    """The nodes' loads fold long tails too (a process's first load of a conversation), but
+    the gateway's turn-start load is the one that writes the snapshot."""
+    bus = await connect(BusConfig(url=nats_url, snapshot_every=4), name="test-loader")
+    try:
+        await publish_turns(bus, site, "n", 3)
+        await loader.load(bus, site, "n")
+        await loader.snapshots_written()
+        assert await loader.read_snapshot(bus, site, "n") == (None, None)
+        await publish_turns(bus, site, "n", 1, first=4)
+        state = await loader.load(bus, site, "n", write_snapshot=True)
+        await loader.snapshots_written()
+        snapshot, _ = await loader.read_snapshot(bus, site, "n")
+        assert snapshot == state
+    finally:
+        await bus.close()
+
+
+async def test_a_writer_that_lost_a_race_learns_the_new_revision_and_writes_again(nats_url, site):
+    bus = await connect(BusConfig(url=nats_url, snapshot_every=4), name="test-loader")
+    kv = bus.bucket(subjects.SNAPSHOT_BUCKET)
+    try:
+        await publish_turns(bus, site, "r", 2)
+        await loader.load(bus, site, "r", write_snapshot=True)
+        await loader.snapshots_written()
+        first = await kv.get(subjects.kv_key(site, "r"))
+        # Another process (another gateway replica) writes a snapshot meanwhile.
+        other = await loader.load(bus, site, "r", use_snapshot=False)
+        await kv.put(subjects.kv_key(site, "r"), msgspec.json.encode(
+            loader.Snapshot(schema_version=loader.SCHEMA_VERSION, state=other)))
+        await publish_turns(bus, site, "r", 1, first=3)
+        await loader.load(bus, site, "r", write_snapshot=True)  # its revision is stale: loses
+        await loader.snapshots_written()
+        lost = await kv.get(subjects.kv_key(site, "r"))
+        assert lost.revision == first.revision + 1
+        await publish_turns(bus, site, "r", 1, first=4)
+        state = await loader.load(bus, site, "r", write_snapshot=True)  # reads the revision, wins
+        await loader.snapshots_written()
+        snapshot, revision = await loader.read_snapshot(bus, site, "r")
+        assert snapshot == state and revision == lost.revision + 1
+        await publish_turns(bus, site, "r", 1, first=5)
+        state = await loader.load(bus, site, "r", write_snapshot=True)  # knows its own revision
+        await loader.snapshots_written()
+        snapshot, _ = await loader.read_snapshot(bus, site, "r")
+        assert snapshot == state
+    finally:
+        await bus.close()

@@ -1,8 +1,13 @@
-"""A reply known whole (a template, an extractive answer) goes out a sentence at a time."""
+"""A reply known whole (a template, an extractive answer) goes out a sentence at a time; a
+model's deltas go out batched, the first at once."""
 
 from __future__ import annotations
 
-from services.responder.streaming import stream_text
+import asyncio
+
+import pytest
+
+from services.responder.streaming import stream_llm, stream_text
 from shared.node import Context
 from tests.helpers import RecordingBus, turn
 
@@ -18,3 +23,73 @@ async def test_a_known_reply_streams_a_sentence_at_a_time_and_adds_up_to_the_tex
                       "📅 Would a short demo help?"]
     assert "".join(pieces) == completed.text == text and completed.token_count == 4
     assert [t.index for t in bus.tokens] == [0, 1, 2, 3]
+
+
+class ScriptedStream:
+    """An LLMClient's `stream` as the model would feed it: (delay before, delta) pairs; a
+    `check` callable runs before a delta, to see what went out meanwhile."""
+
+    def __init__(self, steps, fail_after: int | None = None):
+        self.steps, self.fail_after = steps, fail_after
+
+    async def stream(self, role, messages, record, **params):
+        for i, (delay, delta) in enumerate(self.steps):
+            if self.fail_after is not None and i == self.fail_after:
+                raise RuntimeError("model went away")
+            await asyncio.sleep(delay)
+            if callable(delta):
+                delta = delta()
+            yield delta
+
+
+async def test_a_models_deltas_go_out_batched_the_first_at_once_and_add_up_to_the_text():
+    bus, cause = RecordingBus(), turn("s", "x", 1, "Do you integrate with QuickBooks?")
+    ctx = Context(bus=bus, node="answer_writer", cause=cause, attempt=1)
+    words = ["Quick", "Books", " Online", " and", " Xero", " sync", " every", " 10", " minutes", "."]
+    seen_first = []
+
+    def first_out():  # what had gone out when the second delta came: the first, alone
+        seen_first.extend(t.content for t in bus.tokens)
+        return words[1]
+
+    steps = [(0, words[0]), (0.001, first_out)] + [(0.001, w) for w in words[2:]]
+    completed = await stream_llm(ctx, ScriptedStream(steps), "answer", "answer_writer", [], batch_s=10.0)
+    assert seen_first == ["Quick"]
+    pieces = [t.content for t in bus.tokens]
+    assert pieces == ["Quick", "Books Online and Xero sync every 10 minutes."]  # the rest at the end
+    assert completed.text == "".join(words) and completed.token_count == len(pieces) == 2
+    assert [t.index for t in bus.tokens] == [0, 1]
+
+
+async def test_a_delta_left_waiting_by_a_pausing_model_goes_out_without_the_next():
+    bus, cause = RecordingBus(), turn("s", "x", 1, "Hello?")
+    ctx = Context(bus=bus, node="answer_writer", cause=cause, attempt=1)
+    during_pause = []
+
+    def after_pause():
+        during_pause.extend(t.content for t in bus.tokens)
+        return " there"
+
+    steps = [(0, "Hello"), (0.001, ","), (0.001, " you"), (0.5, after_pause)]
+    completed = await stream_llm(ctx, ScriptedStream(steps), "answer", "answer_writer", [], batch_s=0.02)
+    assert during_pause == ["Hello", ", you"]  # the timer sent them while the model paused
+    assert [t.content for t in bus.tokens] == ["Hello", ", you", " there"]
+    assert completed.token_count == 3 and completed.text == "Hello, you there"
+
+
+async def test_no_batching_sends_one_token_event_per_delta():
+    bus, cause = RecordingBus(), turn("s", "x", 1, "Hello?")
+    ctx = Context(bus=bus, node="answer_writer", cause=cause, attempt=1)
+    completed = await stream_llm(ctx, ScriptedStream([(0, "a"), (0, "b"), (0, "c")]), "answer", "answer_writer", [],
+                                 batch_s=0)
+    assert [t.content for t in bus.tokens] == ["a", "b", "c"] and completed.token_count == 3
+
+
+async def test_a_stream_that_fails_leaves_no_timer_behind_to_send_later():
+    bus, cause = RecordingBus(), turn("s", "x", 1, "Hello?")
+    ctx = Context(bus=bus, node="answer_writer", cause=cause, attempt=1)
+    with pytest.raises(RuntimeError):
+        await stream_llm(ctx, ScriptedStream([(0, "a"), (0, "b"), (0, "c")], fail_after=2), "answer",
+                         "answer_writer", [], batch_s=0.05)
+    await asyncio.sleep(0.1)
+    assert [t.content for t in bus.tokens] == ["a"]  # "b" waited for the timer, which died with the stream

@@ -213,7 +213,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         relay = None
         try:
             with tracer.start_as_current_span("chat turn") as span:
-                state = await loader.load(bus, site, session_id)
+                # The one load of a turn that writes the conversation's snapshot (loader.load).
+                state = await loader.load(bus, site, session_id, write_snapshot=True)
                 if (sent := sent_before(state, body.client_message_id)) is not None:
                     # The message was sent before and that try started its turn: the client
                     # reads that turn's stream, from its start; no second turn.

@@ -25,7 +25,7 @@ import msgspec
 import numpy as np
 
 from services.responder import citations, extractive, kb_vectors
-from services.responder.streaming import publish_sources, stream_llm, stream_text
+from services.responder.streaming import TOKEN_BATCH_S, publish_sources, stream_llm, stream_text
 from shared import history, language, persona, prompts, subjects
 from shared import skills as sk
 from shared import events as ev
@@ -153,9 +153,10 @@ def audited(completed: ev.ResponseCompleted, state: ConversationState, documents
 
 
 def make_node(llm: LLMClient, settings: AnswerSettings = AnswerSettings(),
-              embeddings: EmbeddingSettings | None = None) -> Node:
+              embeddings: EmbeddingSettings | None = None, token_batch_s: float = TOKEN_BATCH_S) -> Node:
     """`embeddings`: the process's embedder's settings, for the extractive backend (None: read
-    from the environment when the process's embedder is made)."""
+    from the environment when the process's embedder is made); `token_batch_s`: how a
+    model's deltas are batched into token events (streaming.TokenBatcher)."""
     mode = backend(llm, settings.backend)
     language.load()  # the replies that come from no model guess the visitor's language with it
     if mode == "extractive":
@@ -176,7 +177,7 @@ def make_node(llm: LLMClient, settings: AnswerSettings = AnswerSettings(),
                                  sources=sources_context(documents))
         messages = build_messages(state, event.turn, system, llm.history_tokens("answer"))
         completed = await stream_llm(ctx, llm, "answer", NAME, messages, late_inputs=late, sources=documents,
-                                     temperature=persona.temperature(config.persona))
+                                     batch_s=token_batch_s, temperature=persona.temperature(config.persona))
         return [audited(completed, state, documents, declined=False)]
 
     # Retrieval first, on its own deadline; then the visitor's enrichment and profile, on

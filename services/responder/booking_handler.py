@@ -20,7 +20,7 @@ from pathlib import Path
 
 from services.responder import replies
 from services.responder.booking import booking_url, next_field, parse_answer
-from services.responder.streaming import stream_llm, stream_text
+from services.responder.streaming import TOKEN_BATCH_S, stream_llm, stream_text
 from shared import events as ev
 from shared import history, prompts
 from shared.llm import LLMClient
@@ -123,7 +123,7 @@ def wording(step: Step, lang: str, site_name: str) -> str:
     return " ".join(replies.text(key, lang, **fields) for key in parts)
 
 
-def make_node(llm: LLMClient) -> Node:
+def make_node(llm: LLMClient, token_batch_s: float = TOKEN_BATCH_S) -> Node:
     async def handle(event: ev.RouteDecided, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
         state, config = inputs.state, inputs.config
         outputs: list[ev.Envelope] = []
@@ -142,7 +142,8 @@ def make_node(llm: LLMClient) -> Node:
         system = prompts.compose(PROMPT, event.site, config, step=instruction(step))
         messages = [{"role": "system", "content": system},
                     {"role": "user", "content": history.message_of(state, event.turn)}]
-        completed = await stream_llm(ctx, llm, "redirect", NAME, messages, temperature=0.3, max_tokens=200)
+        completed = await stream_llm(ctx, llm, "redirect", NAME, messages, temperature=0.3, max_tokens=200,
+                                     batch_s=token_batch_s)
         return outputs + [completed]
 
     return Node(name=NAME, consumes=("route_decided",), handle=handle,

@@ -32,9 +32,9 @@ def responder_nodes(llm: LLMClient, claims: LeadClaims | None, settings: Respond
     """The responder's nodes (also what a replay runs, with no lead claims: its lead_notifier
     is never run there)."""
     return [
-        answer_writer.make_node(llm, settings.answer, settings.embeddings),
-        redirect_handler.make_node(llm),
-        booking_handler.make_node(llm),
+        answer_writer.make_node(llm, settings.answer, settings.embeddings, settings.token_batch_s),
+        redirect_handler.make_node(llm, settings.token_batch_s),
+        booking_handler.make_node(llm, settings.token_batch_s),
         dialog_state_extractor.make_node(),
         form_field_extractor.make_node(),
         suggestion_router.make_node(),

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 from services.responder import replies
-from services.responder.streaming import stream_llm, stream_text
+from services.responder.streaming import TOKEN_BATCH_S, stream_llm, stream_text
 from shared import events as ev
 from shared import history, prompts
 from shared.llm import LLMClient
@@ -70,7 +70,7 @@ def template_reply(intent: str, message: str, config: SiteConfig, site: str, lan
     return "\n".join(lines + [replies.text("redirect.offer", lang, site_name=config.name or site)])
 
 
-def make_node(llm: LLMClient) -> Node:
+def make_node(llm: LLMClient, token_batch_s: float = TOKEN_BATCH_S) -> Node:
     async def handle(event: ev.RouteDecided, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
         state, config = inputs.state, inputs.config
         message = history.message_of(state, event.turn)
@@ -83,7 +83,8 @@ def make_node(llm: LLMClient) -> Node:
         system = prompts.compose(PROMPT, event.site, config, reason=REASONS.get(event.intent, event.reason),
                                  targets=targets(event.intent, config))
         messages = [{"role": "system", "content": system}, {"role": "user", "content": message}]
-        return [await stream_llm(ctx, llm, "redirect", NAME, messages, temperature=0.3, max_tokens=160)]
+        return [await stream_llm(ctx, llm, "redirect", NAME, messages, temperature=0.3, max_tokens=160,
+                                 batch_s=token_batch_s)]
 
     return Node(name=NAME, consumes=("route_decided",), handle=handle,
                 needs=Needs(state=True, config=True, when=lambda event: event.route == "REDIRECT"))

@@ -84,6 +84,9 @@ class ResponderSettings(Settings):
     answer: AnswerSettings = msgspec.field(default_factory=AnswerSettings)
     lead: LeadSettings = msgspec.field(default_factory=LeadSettings)
     finalize_wait_s: float = 0.5  # for each of the turn's dialog state, form fields and enrichment
+    # A model's deltas sent within this long of the last token event go out as one
+    # (streaming.TokenBatcher; the first at once); 0: one event per delta.
+    token_batch_s: float = 0.05
 
     @classmethod
     def from_env(cls) -> "ResponderSettings":
@@ -93,4 +96,5 @@ class ResponderSettings(Settings):
             answer=AnswerSettings.from_env(),
             lead=LeadSettings.from_env(),
             finalize_wait_s=env_float("FINALIZE_WAIT_S", 0.5),
+            token_batch_s=env_float("TOKEN_BATCH_S", 0.05),
         )

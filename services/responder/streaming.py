@@ -1,9 +1,18 @@
 """How every response handler sends its reply: tokens to `tokens.<site>.<session>.<turn>`
-as they come, then the whole text once as `ResponseCompleted`."""
+as they come, then the whole text once as `ResponseCompleted`.
+
+A model's deltas go out batched (`TokenBatcher`): the first at once (the time to first
+token is untouched), then whatever the model streams within `batch_s` of the last send
+as one `TokenChunk`. A model streams a word every 10-30 ms; one event per word made every
+word cost a publish, a store in TOKENS, the gateway's decode and an SSE write, the
+largest share of an answer's CPU (docs/benchmarks.md). A reader sees text arrive at
+most `batch_s` later than it would have, in fewer, larger pieces."""
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 from typing import Any
 
 from shared import events as ev
@@ -14,11 +23,66 @@ from shared.llm import LLMClient
 SENTENCE_RE = re.compile(r"[^\n]*?[.!?…](?:\s*\[\d+\])*(?:\s+|$)|[^\n]+\n*|\n+")
 
 
+TOKEN_BATCH_S = 0.05
+
+
+class TokenBatcher:
+    """A model's deltas → the turn's `TokenChunk`s, numbered 0..n-1: the first delta at
+    once, later ones gathered until `batch_s` after the last send (a timer sends what a
+    pausing model left waiting). `batch_s` 0: one chunk per delta."""
+
+    def __init__(self, ctx: Context, batch_s: float = TOKEN_BATCH_S):
+        self.ctx, self.batch_s = ctx, batch_s
+        self.sent = 0  # chunks sent: the next one's index
+        self._pending: list[str] = []
+        self._sent_at = float("-inf")
+        self._timer: asyncio.Task | None = None
+
+    async def add(self, delta: str) -> None:
+        self._pending.append(delta)
+        if self._timer is not None:
+            return  # the timer sends it with the rest
+        wait = self._sent_at + self.batch_s - time.monotonic()
+        if wait <= 0:
+            await self._send()
+        else:
+            self._timer = asyncio.create_task(self._send_after(wait))
+
+    async def _send_after(self, wait: float) -> None:
+        await asyncio.sleep(wait)
+        self._timer = None
+        await self._send()
+
+    async def _send(self) -> None:
+        if not self._pending:
+            return
+        # Taken and numbered before the publish yields: chunks go out in index order.
+        content, index = "".join(self._pending), self.sent
+        self._pending.clear()
+        self.sent += 1
+        self._sent_at = time.monotonic()
+        await self.ctx.token(index, content)
+
+    async def close(self) -> None:
+        """Send what is waiting (the stream ended)."""
+        await self.cancel()
+        await self._send()
+
+    async def cancel(self) -> None:
+        if self._timer is not None:
+            timer, self._timer = self._timer, None
+            timer.cancel()
+            try:
+                await timer
+            except asyncio.CancelledError:
+                pass
+
+
 async def stream_llm(ctx: Context, llm: LLMClient, role: str, node: str, messages: list[dict], *,
                      late_inputs: list[str] | None = None, sources: list[ev.RetrievedDocument] | None = None,
-                     **params: Any) -> ev.ResponseCompleted:
-    """Stream the model's answer as tokens. `sources` go out first, on the same subject, so
-    the browser has them before the first token that cites one."""
+                     batch_s: float = TOKEN_BATCH_S, **params: Any) -> ev.ResponseCompleted:
+    """Stream the model's answer as tokens, batched (`TokenBatcher`). `sources` go out
+    first, on the same subject, so the browser has them before the first token that cites one."""
     await publish_sources(ctx, sources)
     parts: list[str] = []
     calls = []
@@ -27,10 +91,15 @@ async def stream_llm(ctx: Context, llm: LLMClient, role: str, node: str, message
         calls.append(call)
         await ctx.record_llm(call)
 
-    async for delta in llm.stream(role, messages, record, **params):
-        await ctx.token(len(parts), delta)
-        parts.append(delta)
-    return ctx.follow(ev.ResponseCompleted, node=node, text="".join(parts), token_count=len(parts),
+    tokens = TokenBatcher(ctx, batch_s)
+    try:
+        async for delta in llm.stream(role, messages, record, **params):
+            parts.append(delta)
+            await tokens.add(delta)
+        await tokens.close()
+    finally:
+        await tokens.cancel()
+    return ctx.follow(ev.ResponseCompleted, node=node, text="".join(parts), token_count=tokens.sent,
                       attempt=ctx.attempt, fallback_used=any(call.fallback_used for call in calls),
                       late_inputs=late_inputs or [], sources=[d.n for d in sources or []])
 
