@@ -375,3 +375,18 @@ async def test_with_an_extraction_llm_documents_go_through_lightrags_own_pipelin
         assert found.documents == []
     finally:
         await base.close()
+
+
+async def test_a_query_counts_its_tokens_inline_not_on_lightrags_tokenizer_thread(kb, monkeypatch):
+    """lightrag_functions.tokenize_inline: LightRAG's hand-over of token counting to a thread
+    cost more than the counting (a regex pass); an opened knowledge base's query makes none."""
+    import lightrag.utils
+
+    def no_thread():
+        raise AssertionError("a query handed token counting to LightRAG's tokenizer thread")
+
+    monkeypatch.setattr(lightrag.utils, "get_tokenizer_executor", no_thread)
+    for mode in ("mix", "local", "global"):
+        retriever = Retriever(kb=kb, base=RetrievalSettings(mode=mode, limiter_enabled=False), rerankers={})
+        result = await retriever.retrieve("iso_north", "How much does Acme Sync cost?", SiteConfig(), _no_record)
+        assert any("$19" in text for text in texts(result))

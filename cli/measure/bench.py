@@ -258,11 +258,13 @@ def main(argv: list[str] | None = None) -> int:
             profilers = start_profilers(system, args.profile) if args.profile else []
             cpu_before = process_cpu_s(system)
             llm_cpu_before = process_usage.cpu_s(llm.pid)
+            driver_cpu_before = time.process_time()
             started = time.perf_counter()
             results, sessions = asyncio.run(
                 drive(system.gateway_url, site, args.turns, args.concurrency, args.think_ms / 1000, args.sessions,
                       args.pace_ms / 1000))
             wall = time.perf_counter() - started
+            driver_cpu_s = time.process_time() - driver_cpu_before
             stop_profilers(profilers)
             cpu_s = {name: round(after - cpu_before.get(name, 0.0), 1) for name, after in process_cpu_s(system).items()}
             llm_cpu_s = process_usage.cpu_s(llm.pid) - llm_cpu_before
@@ -310,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_ms_per_turn": {name: round(seconds * 1000 / max(1, len(results)), 1) for name, seconds in cpu_s.items()},
         # On the same cores, outside the figure above: a real provider's is not on ours.
         "scripted_llm_cpu_ms_per_turn": round(llm_cpu_s * 1000 / max(1, len(results)), 1),
+        # The load generator (this process: HTTP clients reading SSE), on the same cores too.
+        "driver_cpu_ms_per_turn": round(driver_cpu_s * 1000 / max(1, len(results)), 1),
         **({"verify": verified} if verified is not None else {}),
         "replay_events": replayed,
         "replay_events_per_s": round(rate),
@@ -324,8 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     for route, segments in paths.items():
         print(f"  {route:<8} " + ", ".join(f"{segment} {ms}" for segment, ms in segments.items()))
     print("CPU ms per turn: " + ", ".join(f"{name} {ms}" for name, ms in figures["cpu_ms_per_turn"].items())
-          + f" (all: {round(sum(figures['cpu_ms_per_turn'].values()), 1)}; the scripted LLM, on the same cores: "
-          f"{figures['scripted_llm_cpu_ms_per_turn']})")
+          + f" (all: {round(sum(figures['cpu_ms_per_turn'].values()), 1)}; on the same cores, the scripted LLM "
+          f"{figures['scripted_llm_cpu_ms_per_turn']} and the load generator {figures['driver_cpu_ms_per_turn']})")
     print(f"replay: {replayed} events read and folded at {figures['replay_events_per_s']} events/s")
     if verified is not None:
         print(f"replay verify: {verified['conversations']} conversations, {verified['turns']} turns, "

@@ -42,7 +42,8 @@ from typing import Any
 
 from services.retriever import extraction
 from services.retriever.documents import SourceDocument
-from services.retriever.lightrag_functions import embedding_function, llm_function, no_llm, quiet_lightrag
+from services.retriever.lightrag_functions import (embedding_function, llm_function, no_llm, quiet_lightrag,
+                                                    tokenize_inline)
 from services.retriever.settings import KnowledgeBaseSettings
 from services.retriever.word_tokenizer import WordTokenizer
 from shared import subjects
@@ -127,6 +128,7 @@ class KnowledgeBase:
         from services.retriever import lightrag_storage
 
         quiet_lightrag()
+        tokenize_inline()
         lightrag_storage.register()
         self.root.mkdir(parents=True, exist_ok=True)
         if self._client is not None:
