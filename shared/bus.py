@@ -90,6 +90,11 @@ def reading_from(subject: str, seq: int) -> Iterator[None]:
         _floor.reset(token)
 
 
+def reading_floor() -> _Floor | None:
+    """The event being acted on (`reading_from`), if any: its subject and log position."""
+    return _floor.get()
+
+
 @dataclass
 class Bus:
     nc: NATS

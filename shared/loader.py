@@ -16,7 +16,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, BadReque
 
 from shared import events as ev
 from shared import subjects
-from shared.bus import Bus
+from shared.bus import Bus, reading_floor
 from shared.events import SCHEMA_VERSION
 from shared.state import ConversationState, apply, copy_state
 
@@ -139,6 +139,59 @@ class FoldCache:
 _cache = FoldCache()
 
 
+class _Read:
+    """A load of one conversation in flight in this process, and how far its read is sure
+    to reach: the log position of the event its caller acts on (`reading_from`)."""
+
+    def __init__(self, floor: int):
+        self.floor = floor
+        self.done: asyncio.Future = asyncio.get_running_loop().create_future()
+
+
+_reads: dict[tuple[str, str], _Read] = {}
+
+
+async def load_for_event(bus: Bus, site: str, session_id: str) -> ConversationState:
+    """`load` for a handler's inputs, inside `reading_from` (the event it acts on): the state
+    must hold the log up to that event, nothing more is asked. Loads of one conversation
+    for events at once (the router's three analyses of one `TurnRequested`; the responder's
+    nodes on one `ResponseCompleted`) share one read: a load joins one in flight whose read
+    goes at least as far (its event was stored at or after this one), and gets its own copy
+    of the state that read folded. A load that must see the log as it is now (the awaiter's
+    looks after a wake-up) is not this one: it calls `load`."""
+    floor = current_floor(site, session_id)
+    if floor is None:
+        return await load(bus, site, session_id)
+    key = (site, session_id)
+    shared = _reads.get(key)
+    if shared is not None and shared.floor >= floor:
+        try:
+            return copy_state(await asyncio.shield(shared.done))
+        except Exception:  # noqa: BLE001 - its read failed: this load reads for itself
+            pass
+    read = _Read(floor)
+    _reads[key] = read
+    try:
+        state = await _load(bus, site, session_id, True, False)
+        read.done.set_result(state)
+        return copy_state(state)
+    except BaseException as exc:
+        read.done.set_exception(exc if isinstance(exc, Exception) else RuntimeError("load cancelled"))
+        read.done.exception()  # retrieved: no "never retrieved" warning when nobody joined
+        raise
+    finally:
+        if _reads.get(key) is read:
+            del _reads[key]
+
+
+def current_floor(site: str, session_id: str) -> int | None:
+    """The log position of the event being acted on when it is this conversation's."""
+    floor = reading_floor()
+    if floor is None or not subjects.matches(subjects.conversation(site, session_id), floor.subject):
+        return None
+    return floor.seq
+
+
 async def load(bus: Bus, site: str, session_id: str, use_snapshot: bool = True,
                write_snapshot: bool = False) -> ConversationState:
     """The conversation's state: the cached or snapshotted state plus the log after it,
@@ -150,6 +203,13 @@ async def load(bus: Bus, site: str, session_id: str, use_snapshot: bool = True,
     The nodes' loads only read snapshots; when each of the five services wrote one, most
     of every turn's snapshot writes were wasted (each of them another's compare-and-set
     loser, or a copy of the same state)."""
+    state = await _load(bus, site, session_id, use_snapshot, write_snapshot)
+    return copy_state(state) if use_snapshot else state
+
+
+async def _load(bus: Bus, site: str, session_id: str, use_snapshot: bool,
+                write_snapshot: bool) -> ConversationState:
+    """The cache's own state brought up to date (use_snapshot), or a fold of the whole log."""
     start = _cache.get(site, session_id) if use_snapshot else None
     cached = start is not None
     revision = _cache.revision(site, session_id) if cached else None
@@ -178,7 +238,7 @@ async def load(bus: Bus, site: str, session_id: str, use_snapshot: bool = True,
         _cache.set_revision(site, session_id, revision)
     if write_snapshot and tail and len(tail) >= bus.config.snapshot_every:
         _snapshot_later(bus, state, revision)
-    return copy_state(state)
+    return state
 
 
 _writing: set[asyncio.Task] = set()

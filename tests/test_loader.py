@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
+import pytest
 
 from shared import events as ev
 from shared import loader, subjects
-from shared.bus import connect
+from shared.bus import connect, reading_from
 from shared.config import BusConfig
 from shared.state import fold
 
@@ -92,8 +95,6 @@ async def test_events_whose_envelope_disagrees_with_their_subject_are_not_folded
 async def test_concurrent_loads_fold_each_event_once_and_hand_out_copies(bus, site):
     """The fold cache's state is brought forward in place: loads of one conversation whose
     tail reads overlap must not apply an event twice, and what they return is the caller's."""
-    import asyncio
-
     await publish_turns(bus, site, "c", 1)
     request = ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="c", turn=2, ts=ev.now(),
                                producer="test", message="q2")
@@ -160,3 +161,91 @@ async def test_a_writer_that_lost_a_race_learns_the_new_revision_and_writes_agai
         assert snapshot == state
     finally:
         await bus.close()
+
+
+class GatedReads:
+    """Counts the bus's log reads; the first waits for `open` (a read in flight)."""
+
+    def __init__(self, bus, fail_first: bool = False):
+        self.bus, self.read, self.calls, self.fail_first = bus, bus.read, 0, fail_first
+        self.open, self.started = asyncio.Event(), asyncio.Event()
+        bus.read = self
+
+    async def __call__(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls == 1:
+            self.started.set()
+            await self.open.wait()
+            if self.fail_first:
+                raise RuntimeError("the bus went away")
+        return await self.read(*args, **kwargs)
+
+
+async def _stored(bus, event):
+    ack = await bus.publish(event)
+    return subjects.conv(event.site, event.session_id, ev.event_type(event)), ack.seq
+
+
+async def test_loads_for_one_event_at_once_share_one_read_and_get_their_own_copies(bus, site):
+    await publish_turns(bus, site, "j", 1)
+    subject, seq = await _stored(bus, ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="j", turn=2,
+                                                       ts=ev.now(), producer="test", message="q2"))
+    reads = GatedReads(bus)
+
+    async def handler_load():
+        with reading_from(subject, seq):
+            return await loader.load_for_event(bus, site, "j")
+
+    first = asyncio.create_task(handler_load())
+    await reads.started.wait()
+    others = [asyncio.create_task(handler_load()) for _ in range(2)]
+    await asyncio.sleep(0.05)
+    reads.open.set()
+    states = await asyncio.gather(first, *others)
+    assert reads.calls == 1
+    full = fold(await reads.read(subjects.conversation(site, "j")))
+    assert all(state == full for state in states) and full.turn == 2
+    states[0].messages.clear()
+    assert states[1] == full  # each its own copy
+
+
+async def test_a_load_for_a_later_event_does_not_join_a_read_that_may_stop_before_it(bus, site):
+    await publish_turns(bus, site, "k", 1)
+    request = ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="k", turn=2, ts=ev.now(),
+                               producer="test", message="q2")
+    subject, seq = await _stored(bus, request)
+    reads = GatedReads(bus)
+
+    async def handler_load(subject, seq):
+        with reading_from(subject, seq):
+            return await loader.load_for_event(bus, site, "k")
+
+    early = asyncio.create_task(handler_load(subject, seq))
+    await reads.started.wait()
+    later_subject, later_seq = await _stored(bus, ev.follow(request, ev.IntentClassified, "router",
+                                                             intent="product_question", confidence=0.9,
+                                                             classifier="local"))
+    later = await handler_load(later_subject, later_seq)  # reads for itself, while the first waits
+    assert reads.calls == 2 and "intent_classified" in later.turns[2].seen
+    reads.open.set()
+    assert (await early).turn == 2
+
+
+async def test_when_the_shared_read_fails_a_joined_load_reads_for_itself(bus, site):
+    await publish_turns(bus, site, "f", 1)
+    subject, seq = await _stored(bus, ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="f", turn=2,
+                                                       ts=ev.now(), producer="test", message="q2"))
+    reads = GatedReads(bus, fail_first=True)
+
+    async def handler_load():
+        with reading_from(subject, seq):
+            return await loader.load_for_event(bus, site, "f")
+
+    first = asyncio.create_task(handler_load())
+    await reads.started.wait()
+    joined = asyncio.create_task(handler_load())
+    await asyncio.sleep(0.05)
+    reads.open.set()
+    with pytest.raises(RuntimeError):
+        await first
+    assert (await joined).turn == 2 and reads.calls == 2
