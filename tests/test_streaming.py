@@ -85,11 +85,12 @@ async def test_no_batching_sends_one_token_event_per_delta():
     assert [t.content for t in bus.tokens] == ["a", "b", "c"] and completed.token_count == 3
 
 
-async def test_a_stream_that_fails_leaves_no_timer_behind_to_send_later():
+async def test_a_stream_that_fails_sends_what_the_model_said_and_leaves_no_timer_behind():
     bus, cause = RecordingBus(), turn("s", "x", 1, "Hello?")
     ctx = Context(bus=bus, node="answer_writer", cause=cause, attempt=1)
     with pytest.raises(RuntimeError):
-        await stream_llm(ctx, ScriptedStream([(0, "a"), (0, "b"), (0, "c")], fail_after=2), "answer",
+        await stream_llm(ctx, ScriptedStream([(0, "a"), (0, "b"), (0, " c"), (0, "d")], fail_after=3), "answer",
                          "answer_writer", [], batch_s=0.05)
+    assert [t.content for t in bus.tokens] == ["a", "b c"]  # what waited for the timer, sent with the failure
     await asyncio.sleep(0.1)
-    assert [t.content for t in bus.tokens] == ["a"]  # "b" waited for the timer, which died with the stream
+    assert [t.index for t in bus.tokens] == [0, 1]  # and nothing after it

@@ -11,6 +11,7 @@ most `batch_s` later than it would have, in fewer, larger pieces."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 from typing import Any
@@ -96,9 +97,14 @@ async def stream_llm(ctx: Context, llm: LLMClient, role: str, node: str, message
         async for delta in llm.stream(role, messages, record, **params):
             parts.append(delta)
             await tokens.add(delta)
-        await tokens.close()
+    except Exception:
+        # What the model did say goes out before the failure, as it did unbatched.
+        with contextlib.suppress(Exception):
+            await tokens.close()
+        raise
     finally:
         await tokens.cancel()
+    await tokens.close()
     return ctx.follow(ev.ResponseCompleted, node=node, text="".join(parts), token_count=tokens.sent,
                       attempt=ctx.attempt, fallback_used=any(call.fallback_used for call in calls),
                       late_inputs=late_inputs or [], sources=[d.n for d in sources or []])
