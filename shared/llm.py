@@ -134,6 +134,16 @@ class LLMClient:
         config = self.roles.get(role)
         return bool(config and config.base_url)
 
+    def prepare(self) -> "LLMClient":
+        """Make every configured role's clients now, at the service's start: an openai client
+        loads its TLS trust store when it is made (~30 ms here), which the first turn that
+        used a role otherwise waited for (a booking's first reply 34 ms late, one session).
+        Returns the client."""
+        for role in self.roles:
+            if self.configured(role):
+                self.endpoints(role)
+        return self
+
     def endpoints(self, role: str) -> list[_Endpoint]:
         """The role's primary endpoint, then its fallback when one is configured."""
         if role not in self._endpoints:

@@ -126,3 +126,15 @@ async def test_structured_output_in_either_request_form(llm, json_mode):
 
 async def _ignore(_call):
     return None
+
+
+def test_prepare_makes_the_configured_roles_clients_before_the_first_call():
+    """A service makes its roles' clients at start (`prepare`): an openai client loads its
+    TLS trust store when made, which the first turn using the role would otherwise wait for."""
+    client = LLMClient({"answer": LLMRoleConfig(role="answer", base_url="http://127.0.0.1:9/v1", api_key="k", model="m",
+                                                fallback_base_url="http://127.0.0.1:10/v1"),
+                        "redirect": LLMRoleConfig(role="redirect", base_url="", api_key="k", model="m")})
+    assert client._endpoints == {}
+    assert client.prepare() is client
+    assert set(client._endpoints) == {"answer"}  # made now; an unconfigured role gets none
+    assert [e.name for e in client.endpoints("answer")] == ["primary", "fallback"]

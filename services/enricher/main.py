@@ -57,7 +57,7 @@ def build_enricher(redis, client: httpx.AsyncClient, settings: EnricherSettings)
 
 async def nodes(bus, settings: EnricherSettings):
     enricher = build_enricher(redis_client.connect(settings.redis_url), httpx.AsyncClient(), settings)
-    llm = LLMClient(settings.llm)
+    llm = LLMClient(settings.llm).prepare()
     profiler_llm = llm if settings.profiler_backend == "llm" else None
     return enricher_nodes(enricher, profiler_llm, settings) + brief_nodes(llm if settings.briefs_with_llm() else None,
                                                                           settings)

@@ -25,7 +25,7 @@ from services.responder.settings import ResponderSettings
 
 
 async def nodes(bus, settings: ResponderSettings):
-    return responder_nodes(LLMClient(settings.llm), LeadClaims(bus), settings)
+    return responder_nodes(LLMClient(settings.llm).prepare(), LeadClaims(bus), settings)
 
 
 def responder_nodes(llm: LLMClient, claims: LeadClaims | None, settings: ResponderSettings) -> list[Node]:

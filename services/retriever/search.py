@@ -213,4 +213,4 @@ def configured(kb: KnowledgeBase, settings: RetrieverSettings) -> Retriever:
     """The retriever as the settings make it, over an open knowledge base."""
     return Retriever(kb=kb, base=settings.retrieval,
                      rerankers=rerank.configured(settings.rerankers, settings.retrieval.rerank_timeout_s),
-                     llm=LLMClient(settings.llm) if settings.keywords == "llm" else None)
+                     llm=LLMClient(settings.llm).prepare() if settings.keywords == "llm" else None)

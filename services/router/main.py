@@ -27,7 +27,7 @@ async def nodes(bus, settings: RouterSettings):
         await _sync.start()
     else:
         log.info("no SITES_DIR: every site runs on the default config", extra={"dir": str(sites)})
-    llm = LLMClient(settings.llm)
+    llm = LLMClient(settings.llm).prepare()
     parts = await asyncio.to_thread(RouterParts.build, llm if llm.configured("classifier") else None, settings)
     return router_nodes(parts)
 
