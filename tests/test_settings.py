@@ -6,6 +6,7 @@ variable the code reads is in docs/operations.md."""
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import subprocess
@@ -360,3 +361,17 @@ def test_settings_are_frozen_once_read(env):
     with pytest.raises(AttributeError):
         settings.finalize_wait_s = 1.0  # type: ignore[misc]
     assert msgspec.structs.replace(settings, finalize_wait_s=1.0).finalize_wait_s == 1.0
+
+
+def test_a_service_process_runs_numpy_on_one_blas_thread():
+    """shared/service.one_blas_thread: OpenBLAS's spinning pool cost tens of CPU ms per small
+    product; every service (and replay serve) limits it to one thread at start."""
+    code = ("import numpy, json; from threadpoolctl import threadpool_info; "
+            "from shared.service import one_blas_thread; before = [p['num_threads'] for p in threadpool_info() "
+            "if p['user_api'] == 'blas']; one_blas_thread(); after = [p['num_threads'] for p in threadpool_info() "
+            "if p['user_api'] == 'blas']; print(json.dumps([before, after]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "OPENBLAS_NUM_THREADS": "", "OMP_NUM_THREADS": ""})
+    before, after = json.loads(out.stdout.strip().splitlines()[-1])
+    assert after and set(after) == {1}
+    assert before != after or os.cpu_count() == 1  # the pool had more than one thread to begin with

@@ -30,7 +30,7 @@ import msgspec
 from cli.replay import rerun as reruns
 from cli.replay.diff import outcomes
 from cli.replay.graph import Graph
-from shared import logs, subjects
+from shared import logs, service, subjects
 from shared.bus import Bus, connect
 from shared.config import BusConfig, env_float, env_int, env_str
 from shared.service import start_ops
@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.parse_args(argv)
     logs.setup("replay")
+    service.one_blas_thread()  # it runs the services' nodes: the same reason
 
     async def run() -> None:
         stop = asyncio.Event()
