@@ -123,7 +123,8 @@ async def test_a_connection_without_or_with_wrong_credentials_is_refused(secured
 
 
 async def test_each_service_works_within_its_subjects_and_is_refused_outside(secured_nats, site):
-    gateway, router, responder = [await as_service(secured_nats, n) for n in ("gateway", "router", "responder")]
+    gateway, router, responder = [await as_service(secured_nats, n, snapshot_every=1)
+                                  for n in ("gateway", "router", "responder")]
     try:
         async def classify(event, inputs, ctx):
             await asyncio.sleep(1.0)  # at work past a heartbeat (every 0.2 s), so it says so
@@ -179,6 +180,14 @@ async def test_each_service_works_within_its_subjects_and_is_refused_outside(sec
             await responder.nc.request(f"$JS.API.STREAM.PURGE.{subjects.CONV_STREAM}", b"", timeout=0.5)
         assert [type(r.event) for r in await gateway.read(subjects.conversation(site, "s1"))] == \
             [ev.TurnRequested, ev.IntentClassified]
+        # The gateway writes the conversation's snapshot as a turn starts; the nodes'
+        # services only read it.
+        await gateway.publish(requested(site, "s1", 2))
+        state = await loader.load(gateway, site, "s1", write_snapshot=True)
+        await loader.snapshots_written()
+        assert (await loader.read_snapshot(responder, site, "s1"))[0] == state and state.turn == 2
+        with pytest.raises(nats.errors.TimeoutError):
+            await responder.bucket(subjects.SNAPSHOT_BUCKET).put(subjects.kv_key(site, "s1"), b"{}")
     finally:
         for bus in (gateway, router, responder):
             await bus.close()
