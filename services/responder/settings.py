@@ -90,11 +90,12 @@ class ResponderSettings(Settings):
 
     @classmethod
     def from_env(cls) -> "ResponderSettings":
+        d = cls()
         return cls(
             llm={role: LLMRoleConfig.from_env(role) for role in ROLES},
             embeddings=EmbeddingSettings.from_env(),
             answer=AnswerSettings.from_env(),
             lead=LeadSettings.from_env(),
-            finalize_wait_s=env_float("FINALIZE_WAIT_S", 0.5),
-            token_batch_s=env_float("TOKEN_BATCH_S", 0.05),
+            finalize_wait_s=env_float("FINALIZE_WAIT_S", d.finalize_wait_s),
+            token_batch_s=env_float("TOKEN_BATCH_S", d.token_batch_s),
         )
