@@ -18,7 +18,7 @@ from shared import events as ev
 from shared import subjects
 from shared.bus import Bus, reading_floor
 from shared.events import SCHEMA_VERSION
-from shared.state import ConversationState, apply, copy_state
+from shared.state import ConversationState, apply, copy_state, fork
 
 log = logging.getLogger(__name__)
 
@@ -95,11 +95,13 @@ class FoldCache:
     """The last folded state of recently used conversations, in this process, and the
     revision of their stored snapshot as far as this process knows it.
 
-    Only a starting point: every load still reads the log after the cached sequence, so a
-    cached state is never stale, just shorter to bring up to date. It matters because
+    Only a starting point: a load reads the log after the cached sequence (a handler's
+    load not when the cached state holds its event already), so a cached state is never
+    stale, just shorter to bring up to date. It matters because
     JetStream finds a conversation's next events by scanning the stream from the start
     sequence: reading from a recent sequence is cheap, reading from an old one is not.
-    The cache owns its states: `load` brings them up to date in place and hands out copies.
+    A cached state is never changed: a load with new events folds them into a fork of it
+    (state.fork) and caches that, so the states handed to handlers stay as they were.
     """
 
     def __init__(self, size: int = 4096):
@@ -153,20 +155,28 @@ _reads: dict[tuple[str, str], _Read] = {}
 
 async def load_for_event(bus: Bus, site: str, session_id: str) -> ConversationState:
     """`load` for a handler's inputs, inside `reading_from` (the event it acts on): the state
-    must hold the log up to that event, nothing more is asked. Loads of one conversation
-    for events at once (the router's three analyses of one `TurnRequested`; the responder's
-    nodes on one `ResponseCompleted`) share one read: a load joins one in flight whose read
-    goes at least as far (its event was stored at or after this one), and gets its own copy
-    of the state that read folded. A load that must see the log as it is now (the awaiter's
-    looks after a wake-up) is not this one: it calls `load`."""
+    must hold the log up to that event, nothing more is asked. So a cached state that holds
+    it already is the answer, with no read (a read for an earlier event that found this one
+    stored); and loads of one conversation for events at once (the router's three analyses
+    of one `TurnRequested`; the responder's nodes on one `ResponseCompleted`) share one
+    read: a load joins one in flight whose read goes at least as far (its event was stored
+    at or after this one). A load that must see the log as it is now (the awaiter's looks
+    after a wake-up) is not this one: it calls `load`.
+
+    The state is the cache's own, not a copy (copies of states for handlers that only read
+    them were an eighth of the router's busy time under `make bench`): a handler must not
+    change its inputs."""
     floor = current_floor(site, session_id)
     if floor is None:
         return await load(bus, site, session_id)
+    cached = _cache.get(site, session_id)
+    if cached is not None and cached.last_seq >= floor:
+        return cached
     key = (site, session_id)
     shared = _reads.get(key)
     if shared is not None and shared.floor >= floor:
         try:
-            return copy_state(await asyncio.shield(shared.done))
+            return await asyncio.shield(shared.done)
         except Exception:  # noqa: BLE001 - its read failed: this load reads for itself
             pass
     read = _Read(floor)
@@ -174,7 +184,7 @@ async def load_for_event(bus: Bus, site: str, session_id: str) -> ConversationSt
     try:
         state = await _load(bus, site, session_id, True, False)
         read.done.set_result(state)
-        return copy_state(state)
+        return state
     except BaseException as exc:
         read.done.set_exception(exc if isinstance(exc, Exception) else RuntimeError("load cancelled"))
         read.done.exception()  # retrieved: no "never retrieved" warning when nobody joined
@@ -195,7 +205,7 @@ def current_floor(site: str, session_id: str) -> int | None:
 async def load(bus: Bus, site: str, session_id: str, use_snapshot: bool = True,
                write_snapshot: bool = False) -> ConversationState:
     """The conversation's state: the cached or snapshotted state plus the log after it,
-    as the caller's own copy (one copy per load: the cache's state is folded forward in place).
+    as the caller's own copy.
 
     `write_snapshot`: a load that folded SNAPSHOT_EVERY events or more stores the state as
     the conversation's snapshot (in the background). One load per turn asks for it, the
@@ -209,7 +219,8 @@ async def load(bus: Bus, site: str, session_id: str, use_snapshot: bool = True,
 
 async def _load(bus: Bus, site: str, session_id: str, use_snapshot: bool,
                 write_snapshot: bool) -> ConversationState:
-    """The cache's own state brought up to date (use_snapshot), or a fold of the whole log."""
+    """The cache's state brought up to date (use_snapshot; never change it), or a fold of the
+    whole log."""
     start = _cache.get(site, session_id) if use_snapshot else None
     cached = start is not None
     revision = _cache.revision(site, session_id) if cached else None
@@ -223,8 +234,10 @@ async def _load(bus: Bus, site: str, session_id: str, use_snapshot: bool,
         _cache.drop(site, session_id)
         start = None
         tail = await bus.read(subjects.conversation(site, session_id))
+    if cached and start is not None and any(r.seq > start.last_seq for r in tail):
+        start = fork(start)  # handed out as it is: new events go into a fork of it
     try:
-        # The cached state, or a snapshot's (decoded just now: ours), folded forward in place.
+        # A fork of the cached state, or a snapshot's (decoded just now: ours), folded forward.
         state = fold_into(start if start is not None else ConversationState(), tail)
     except Exception:
         _cache.drop(site, session_id)  # half-applied: never start from it again
@@ -274,9 +287,8 @@ async def snapshots_written() -> None:
 
 
 def fold_into(state: ConversationState, records: list) -> ConversationState:
-    """Apply `records` to `state` itself (the cache's own state), skipping those it holds
-    already: two loads of one conversation read their tails concurrently, and the later
-    one to fold finds the cached state brought forward by the other."""
+    """Apply `records` to `state` itself (a state no one else holds yet), skipping those it
+    holds already."""
     for record in records:
         if record.seq > state.last_seq:
             apply(state, record)

@@ -299,6 +299,24 @@ _copy_encoder = msgspec.msgpack.Encoder()
 _copy_decoder = msgspec.msgpack.Decoder(ConversationState)
 
 
+def fork(state: ConversationState) -> ConversationState:
+    """A copy that `apply` may fold forward while `state` stays as it was, at a fraction of
+    `copy_state`'s cost: new are the containers `apply` changes in place (the state, its
+    message list, each turn's record and `seen` list, the booking, the asked questions);
+    shared is what it only ever replaces (messages, profiles, a record's other lists, the
+    retrieved documents). Neither side may be changed other than by `apply`: a load hands
+    the cache's states to handlers as they are (tests/helpers.decide checks no handler
+    changes its input; tests/test_state.py that folding a fork leaves the original as it
+    was, for every event type)."""
+    return msgspec.structs.replace(
+        state,
+        messages=list(state.messages),
+        turns={n: msgspec.structs.replace(r, seen=list(r.seen)) for n, r in state.turns.items()},
+        booking=msgspec.structs.replace(state.booking),
+        qualification_asked=list(state.qualification_asked),
+    )
+
+
 def copy_state(state: ConversationState) -> ConversationState:
     """A deep copy (every load copies: callers may change what they get). MessagePack, not
     JSON: a third faster on a long conversation's state, and the copy is on the hot path."""

@@ -16,7 +16,7 @@ from cli.replay.sandbox import LogBus
 from shared.consumer import ConsumerRunner
 from shared.node import Context, Inputs
 from shared.site_config import SiteConfig
-from shared.state import ConversationState, Record, fold
+from shared.state import ConversationState, Record, encode_state, fold
 
 
 def requested(site, session="s1", turn=1, event_id=None):
@@ -131,7 +131,11 @@ async def decide(node, event, *given, config=None, late=(), attempt=1) -> Decisi
     state = state_of(*given, event) if (needs.state or needs.waits) else ConversationState()
     inputs = Inputs(state=state, config=config or SiteConfig(), late=tuple(late))
     ctx = Context(bus=bus, node=node.name, cause=event, attempt=attempt)
-    return Decision(list(await node.handle(event, inputs, ctx)), bus.emitted, bus.tokens)
+    given_state = encode_state(state)
+    outputs = list(await node.handle(event, inputs, ctx))
+    # The runner hands handlers the loader's cached state itself (shared/loader.load_for_event).
+    assert encode_state(state) == given_state, f"{node.name} changed the state it was given"
+    return Decision(outputs, bus.emitted, bus.tokens)
 
 
 class StructuredLLM:

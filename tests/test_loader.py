@@ -11,7 +11,7 @@ from shared import events as ev
 from shared import loader, subjects
 from shared.bus import connect, reading_from
 from shared.config import BusConfig
-from shared.state import fold
+from shared.state import encode_state, fold
 
 
 async def publish_turns(bus, site, session, turns, first=1):
@@ -186,10 +186,11 @@ async def _stored(bus, event):
     return subjects.conv(event.site, event.session_id, ev.event_type(event)), ack.seq
 
 
-async def test_loads_for_one_event_at_once_share_one_read_and_get_their_own_copies(bus, site):
+async def test_loads_for_one_event_at_once_share_one_read_and_one_unchanging_state(bus, site):
     await publish_turns(bus, site, "j", 1)
-    subject, seq = await _stored(bus, ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="j", turn=2,
-                                                       ts=ev.now(), producer="test", message="q2"))
+    request = ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="j", turn=2, ts=ev.now(),
+                               producer="test", message="q2")
+    subject, seq = await _stored(bus, request)
     reads = GatedReads(bus)
 
     async def handler_load():
@@ -204,9 +205,30 @@ async def test_loads_for_one_event_at_once_share_one_read_and_get_their_own_copi
     states = await asyncio.gather(first, *others)
     assert reads.calls == 1
     full = fold(await reads.read(subjects.conversation(site, "j")))
-    assert all(state == full for state in states) and full.turn == 2
-    states[0].messages.clear()
-    assert states[1] == full  # each its own copy
+    assert all(state is states[0] for state in states) and states[0] == full and full.turn == 2
+    handed = encode_state(states[0])
+    await _stored(bus, ev.follow(request, ev.IntentClassified, "router", intent="LEARN", confidence=0.9,
+                                 classifier="local"))
+    newer = await loader.load(bus, site, "j")
+    assert "intent_classified" in newer.turns[2].seen
+    assert encode_state(states[0]) == handed  # new events went into a fork, not the state handed out
+
+
+async def test_a_load_for_an_event_the_cached_state_holds_reads_nothing(bus, site):
+    await publish_turns(bus, site, "h", 1)
+    request = ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="h", turn=2, ts=ev.now(),
+                               producer="test", message="q2")
+    subject, seq = await _stored(bus, request)
+    later_subject, later_seq = await _stored(bus, ev.follow(request, ev.IntentClassified, "router",
+                                                             intent="LEARN", confidence=0.9, classifier="local"))
+    reads = GatedReads(bus)
+    reads.open.set()
+    with reading_from(later_subject, later_seq):
+        later = await loader.load_for_event(bus, site, "h")  # reads: the cache holds neither event
+    assert reads.calls == 1 and "intent_classified" in later.turns[2].seen
+    with reading_from(subject, seq):
+        earlier = await loader.load_for_event(bus, site, "h")  # that read went past this event
+    assert reads.calls == 1 and earlier is later
 
 
 async def test_a_load_for_a_later_event_does_not_join_a_read_that_may_stop_before_it(bus, site):

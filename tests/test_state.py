@@ -101,6 +101,20 @@ def event_strategy(turn: int):
                   words, st.integers(1, 3)),
         st.builds(lambda: env(ev.TurnCompleted, turn, metadata={"k": turn})),
         st.builds(lambda: env(ev.TurnFailed, turn, node="n", reason="r", attempts=2)),
+        st.builds(lambda r: env(ev.TurnBlocked, turn, reason=r, reply="no", message_chars=3),
+                  st.sampled_from(["hack", "spam"])),
+        st.builds(lambda i, m: env(ev.IntentClassified, turn, intent=i, confidence=0.5, classifier="local",
+                                   markers=m), st.sampled_from(["LEARN", "HACK"]), st.lists(words, max_size=2)),
+        st.builds(lambda k: env(ev.SkillsSelected, turn, skills=k), st.lists(words, max_size=2)),
+        st.builds(lambda k, q: env(ev.SkillsApplied, turn, skills=k, qualification_question=q),
+                  st.lists(st.sampled_from(["propose_demo", "collect_email", "x"]), max_size=2),
+                  st.one_of(st.none(), words)),
+        st.builds(lambda f, c, d: env(ev.BookingProgressed, turn, pending_field=f, collected=c, done=d),
+                  st.one_of(st.none(), words), st.dictionaries(st.sampled_from(["email", "phone"]), words,
+                                                              max_size=2), st.booleans()),
+        st.builds(lambda e: env(ev.LeadCaptured, turn, email=e), words),
+        st.builds(lambda t: env(ev.RetrievalCompleted, turn, documents=[ev.RetrievedDocument(
+            n=1, document_type="chunk", title=t, source="s", snippet=t, content=t)]), words),
     )
 
 
@@ -132,6 +146,26 @@ def test_initial_state_is_not_mutated_by_fold(log):
     kept = copy_state(initial)
     fold(log[3:], initial=initial)
     assert initial == kept
+
+
+@settings(max_examples=200, deadline=None)
+@given(log=logs, cut=st.integers(0, 40))
+def test_folding_a_fork_leaves_the_original_as_it_was(log, cut):
+    """A load hands the cache's state to handlers and folds new events into a fork of it
+    (shared/loader.py): no event type may change the original through what they share."""
+    original = fold(log[:cut])
+    before = encode_state(original)
+    forked = fold_into_fork(original, log[cut:])
+    assert encode_state(original) == before
+    assert forked == fold(log)
+
+
+def fold_into_fork(state, records):
+    from shared.state import apply, fork
+    forked = fork(state)
+    for record in records:
+        apply(forked, record)
+    return forked
 
 
 def test_only_the_newest_turn_keeps_its_retrieved_text():
