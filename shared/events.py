@@ -69,6 +69,11 @@ class TurnRequested(Envelope, tag="turn_requested"):
     visitor: dict[str, Any] | None = None
     ip_hash: str | None = None  # never the raw IP: see shared/privacy.py
     client_message_id: str | None = None  # the client's id of the message, the same when it sends it again
+    # The visitor's message before this one as the log held it when the turn started
+    # (shared/history.previous_message: "" when none, or a HACK turn's): what a follow-up
+    # is searched with, so retrieval reads no log before its search. None: stored before
+    # the gateway said (searched alone).
+    previous: str | None = None
 
 
 class TurnBlocked(Envelope, tag="turn_blocked"):

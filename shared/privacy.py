@@ -103,6 +103,8 @@ def redact(event: ev.Envelope) -> tuple[ev.Envelope, list[str]]:
                 changes["ip_hash"] = REDACTED
             if _scrub(event.message) != event.message:
                 changes["message"] = _scrub(event.message)
+            if event.previous and _scrub(event.previous) != event.previous:
+                changes["previous"] = _scrub(event.previous)
         case ev.EnrichmentCompleted() | ev.ProfileInferred():
             if (fixed := _profile(event.profile)) != event.profile:
                 changes["profile"] = fixed

@@ -174,3 +174,12 @@ async def test_erase_covers_the_leads_brief_and_what_other_briefs_and_triages_sa
     triages = [r.event for r in await bus.read(subjects.conversation(site, ev.TRIAGE_SESSION))]
     assert [t.event_id for t in triages] == [first.event_id, second.event_id]
     assert all(i.reason == privacy.REDACTED for t in triages for i in t.items)
+
+
+def test_a_turns_copy_of_the_previous_message_is_redacted_like_the_message():
+    """TurnRequested.previous repeats the visitor's message before (for the retrieval)."""
+    request = ev.TurnRequested(event_id=ev.new_id(), site="s", session_id="x", turn=2, ts=ev.now(),
+                               producer="gateway", message="and the price?", previous="I'm ada@example.com, call me")
+    redacted, fields = privacy.redact(request)
+    assert "ada@example.com" not in redacted.previous and "previous" in fields
+    assert redacted.message == "and the price?"

@@ -15,9 +15,10 @@ from services.retriever.knowledge import KnowledgeBase
 from services.retriever.search import Retriever
 from services.retriever.settings import RetrievalSettings
 from shared import events as ev
+from shared import history
 from shared.embeddings import shared_embedder
 from shared.site_config import Retrieval, SiteConfig
-from tests.helpers import FixedConfigs, decide, events_of, isolated, start, turn, unique, wait_for
+from tests.helpers import FixedConfigs, decide, events_of, isolated, start, state_of, turn, unique, wait_for
 
 SITE = "retrieval_node"  # a knowledge-base workspace of this module's own
 
@@ -58,16 +59,28 @@ async def test_a_question_is_searched_as_it_is_and_the_documents_numbered(node):
     assert done.documents[0].source == "pricing.md" and "$19" in done.documents[0].content
 
 
+def following(given: list[ev.Envelope], message: str) -> ev.TurnRequested:
+    """The next turn's request as the gateway makes it: with the previous message it finds
+    in the log (services/gateway/app.py; tests/test_turn_request.py checks the gateway's)."""
+    state = state_of(*given)
+    return turn(SITE, "s1", state.turn + 1, message, previous=history.previous_message(state, state.turn + 1))
+
+
 async def test_a_short_follow_up_is_searched_with_the_previous_message(node):
-    first = turn(SITE, "s1", 1, "How much does Acme Sync cost?")
-    (done,) = (await decide(node, turn(SITE, "s1", 2, "and the hosting?"), *answered(first, "$19 a user."))).events
+    given = answered(turn(SITE, "s1", 1, "How much does Acme Sync cost?"), "$19 a user.")
+    (done,) = (await decide(node, following(given, "and the hosting?"), *given)).events
     assert done.query == "How much does Acme Sync cost? and the hosting?"
 
 
+async def test_a_request_stored_before_it_carried_the_previous_message_is_searched_alone(node):
+    given = answered(turn(SITE, "s1", 1, "How much does Acme Sync cost?"), "$19 a user.")
+    (done,) = (await decide(node, turn(SITE, "s1", 2, "and the hosting?"), *given)).events
+    assert done.query == "and the hosting?"
+
+
 async def test_a_question_that_stands_alone_is_searched_alone(node):
-    first = turn(SITE, "s1", 1, "How much does Acme Sync cost?")
-    (done,) = (await decide(node, turn(SITE, "s1", 2, "Where is the Acme Sync data hosted?"),
-                            *answered(first, "$19 a user."))).events
+    given = answered(turn(SITE, "s1", 1, "How much does Acme Sync cost?"), "$19 a user.")
+    (done,) = (await decide(node, following(given, "Where is the Acme Sync data hosted?"), *given)).events
     assert done.query == "Where is the Acme Sync data hosted?"
     assert "Frankfurt" in done.documents[0].content
 
@@ -80,7 +93,7 @@ async def test_a_follow_up_to_a_hack_turn_is_searched_alone(node):
                        classifier="rule"),
              ev.follow(hack, ev.RouteDecided, "intent_router", route="REDIRECT", reason="t", intent="HACK",
                        branch="REDIRECT_HACK", hack_increment=1)]
-    (done,) = (await decide(node, turn(SITE, "s1", 2, "And the price?"), *given)).events
+    (done,) = (await decide(node, following(given, "And the price?"), *given)).events
     assert done.query == "And the price?"
 
 
@@ -138,8 +151,8 @@ async def retrieval_of(bus, site, session, turn_no=1):
 
 
 async def test_node_emits_numbered_documents_of_the_site(bus, node):
-    """The runner gathers the state (the follow-up's previous message) and the site's config
-    (its mode)."""
+    """The runner gathers the site's config (its mode); the follow-up's previous message
+    comes on the request, as the gateway puts it there."""
     configs = FixedConfigs(SiteConfig(retrieval=Retrieval(mode="naive")))
     runner = await start(bus, isolated(node, SITE), configs=configs)
     try:
@@ -150,7 +163,7 @@ async def test_node_emits_numbered_documents_of_the_site(bus, node):
         assert done.selection == "limiter" and done.mode == "naive" and not done.cancelled
         assert any("$19" in d.content for d in done.documents)
         assert all(d.source in {"pricing.md", "security.md"} for d in done.documents)
-        await bus.publish(turn(SITE, session, 2, "and the hosting?"))
+        await bus.publish(turn(SITE, session, 2, "and the hosting?", previous="How much does Acme Sync cost?"))
         follow_up = await retrieval_of(bus, SITE, session, 2)
         assert follow_up.query == "How much does Acme Sync cost? and the hosting?"
     finally:

@@ -26,7 +26,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response, StreamingRes
 from sse_starlette import EventSourceResponse
 
 from shared import events as ev
-from shared import loader, logs, metrics, privacy, redis_client, subjects, telemetry
+from shared import history, loader, logs, metrics, privacy, redis_client, subjects, telemetry
 from shared.bus import Bus, ConcurrencyConflict, connect, topology_ready
 from shared.session_guard import SessionGuard
 from shared.state import fold
@@ -253,7 +253,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                 requested = ev.TurnRequested(
                     event_id=ev.new_id(), site=site, session_id=session_id, turn=turn, ts=ev.now(),
                     producer="gateway", message=body.message, visitor=visitor, ip_hash=digest,
-                    client_message_id=body.client_message_id,
+                    client_message_id=body.client_message_id, previous=history.previous_message(state, turn),
                 )
                 await bus.publish(requested, expected_subject_seq=state.turn_requested_seq)
         except ConcurrencyConflict:

@@ -2,9 +2,10 @@
 
 On `TurnRequested`: the search text is the message, with the visitor's previous message in
 front for a short follow-up ("and with Salesforce?"), unless that message was a HACK
-turn's (shared/history.previous_message); the site's `Retriever` (search.py: keywords,
-LightRAG, reranker or limiter) finds the documents → `RetrievalCompleted` with them
-numbered 1..N for `[N]` citations.
+turn's (the gateway puts it on the event, `TurnRequested.previous`, from the state it
+loaded to start the turn: retrieval, the long pole of an ANSWER turn, reads no log before
+its search); the site's `Retriever` (search.py: keywords, LightRAG, reranker or limiter)
+finds the documents → `RetrievalCompleted` with them numbered 1..N for `[N]` citations.
 
 A REDIRECT or BOOKING route for the turn cancels a retrieval still running; the event
 says `cancelled`. A knowledge base that fails twice gives a `RetrievalCompleted` with the
@@ -18,7 +19,7 @@ import logging
 import time
 
 from services.retriever.search import KnowledgeBaseError, Retriever, search_text
-from shared import awaiter, history, language
+from shared import awaiter, language
 from shared import events as ev
 from shared.node import Context, Inputs, Needs, Node
 
@@ -38,7 +39,7 @@ def make_node(retriever: Retriever) -> Node:
 
         if not event.message.strip():
             return [done(error="empty message: nothing to search for")]
-        query = search_text(history.previous_message(inputs.state, event.turn), event.message)
+        query = search_text(event.previous or "", event.message)
         lang = language.guess(query, event.visitor)
         work = asyncio.create_task(retriever.retrieve(event.site, query, inputs.config, ctx.record_llm, lang))
         try:
@@ -53,4 +54,4 @@ def make_node(retriever: Retriever) -> Node:
                      selection=result.selection, fallback=result.fallback,
                      error="; ".join(result.errors) or None)]
 
-    return Node(name=NAME, consumes=("turn_requested",), handle=retrieve, needs=Needs(state=True, config=True))
+    return Node(name=NAME, consumes=("turn_requested",), handle=retrieve, needs=Needs(config=True))
