@@ -109,6 +109,9 @@ class ConsumerRunner:
                             extra={"node": self.durable, "attempt": attempt, "error": repr(exc)})
                 await asyncio.sleep(attempt)
         self._psub = await self.bus.js.pull_subscribe_bind(durable=self.durable, stream=self.stream)
+        if not all(hasattr(self._psub, name) for name in ("_sub", "_nms", "_deliver")) or not hasattr(
+                self._psub._sub, "_pending_queue"):
+            raise RuntimeError("nats-py's pull subscription changed: check its version (pinned 2.16.0)")
         advisory = f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{self.stream}.{self.durable}"
         self._advisory_sub = await self.bus.nc.subscribe(advisory, queue=f"advisory-{self.durable}", cb=self._on_max_deliveries)
         self._loop_task = asyncio.create_task(self._fetch_loop(), name=f"consumer-{self.durable}")
@@ -171,8 +174,16 @@ class ConsumerRunner:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
         if self.bus.nc.is_connected:
-            # Messages fetched but not started stay unacked and are redelivered to a peer.
             await self._psub.unsubscribe()
+            # Messages pulled but not started go back now, to a peer (not after ack_wait).
+            while True:
+                try:
+                    msg = self._psub._sub._pending_queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    break
+                if not (msg.headers and msg.headers.get(api.Header.STATUS)):
+                    with contextlib.suppress(Exception):
+                        await msg.nak()
             if self._advisory_sub:
                 await self._advisory_sub.unsubscribe()
         if self._tasks:
@@ -182,6 +193,13 @@ class ConsumerRunner:
         log.info("consumer stopped", extra={"node": self.durable, "stats": self.stats.__dict__})
 
     async def _fetch_loop(self) -> None:
+        """Pull continuously: one pull request at a time asks for as many messages as the node
+        has free slots, and the messages are handled as they arrive; the next request goes
+        out when this one is used up or over (expired: 408; or ended by the server: 409
+        leadership change, deleted consumer, ...). A fetch of one message at a time
+        (nats-py's batched fetch waits to fill its batch) cost a pull request per message: a
+        publish, a timer and the server's work for each event every node handled."""
+        asked, asked_until = 0, 0.0  # messages the open request may still bring, and until when
         while not self._stopping:
             free = self.config.concurrency - len(self._tasks)
             if free <= 0:
@@ -189,21 +207,54 @@ class ConsumerRunner:
                 await asyncio.sleep(0)  # let the done callbacks free the slots
                 continue
             try:
-                # One at a time: nats-py's batched fetch waits to fill the batch, which would
-                # hold a ready message back for up to the fetch timeout.
-                msgs = await self._psub.fetch(batch=1, timeout=FETCH_TIMEOUT_S)
+                if asked <= 0:
+                    asked = await self._ask(free)
+                    # Past its expiry with no word from the server (a reconnect lost the
+                    # request), ask again.
+                    asked_until = time.monotonic() + FETCH_TIMEOUT_S + 0.5
+                msg = await self._next(max(0.05, asked_until - time.monotonic()))
             except asyncio.TimeoutError:
+                asked = 0
                 continue
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("fetch failed", extra={"node": self.durable})
+                asked = 0
                 await asyncio.sleep(0.5)
                 continue
-            for msg in msgs:
-                task = asyncio.create_task(self._run(msg))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+            status = msg.headers.get(api.Header.STATUS) if msg.headers else None
+            if status:
+                if status == api.StatusCode.CONTROL_MESSAGE:
+                    continue
+                if status not in (api.StatusCode.REQUEST_TIMEOUT, api.StatusCode.NO_MESSAGES, api.StatusCode.CONFLICT):
+                    log.warning("pull request ended by the server", extra={
+                        "node": self.durable, "status": status,
+                        "description": msg.headers.get(api.Header.DESCRIPTION, "")})
+                asked = 0  # that request is over
+                continue
+            asked -= 1
+            task = asyncio.create_task(self._run(msg))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _ask(self, batch: int) -> int:
+        """Send a pull request for up to `batch` messages, open for FETCH_TIMEOUT_S. (nats-py
+        2.16, pinned, has no continuous pull of its own: the request goes to the pull
+        subscription's subject with its inbox, as its `fetch` sends it; `start` checks the
+        subscription has them.)"""
+        request = {"batch": batch, "expires": int(FETCH_TIMEOUT_S * 1_000_000_000)}
+        await self.bus.nc.publish(self._psub._nms, json.dumps(request).encode(), reply=self._psub._deliver)
+        return batch
+
+    async def _next(self, timeout: float) -> Msg:
+        """The next message the pull requests brought (`Subscription.next_msg` without its
+        task and uuid per call)."""
+        sub = self._psub._sub
+        queue = sub._pending_queue
+        msg = queue.get_nowait() if not queue.empty() else await asyncio.wait_for(queue.get(), timeout)
+        sub._pending_size -= len(msg.data)
+        return msg
 
     async def _run(self, msg: Msg) -> None:
         self.stats.in_flight += 1

@@ -219,6 +219,34 @@ async def test_concurrency_limit_is_respected(bus, site):
         await runner.stop()
 
 
+async def test_one_pull_request_brings_as_many_messages_as_the_node_has_free_slots(bus, site):
+    """The runner pulls continuously: a request asks for its free slots and the messages are
+    handled as they come, so events arriving one by one cost no pull request each."""
+    done = []
+
+    async def handle(event, inputs, ctx):
+        done.append(event.event_id)
+        return []
+
+    node = Node(unique("pulling"), ("turn_requested",), own(site, handle))
+    asked = []
+
+    async def heard(msg):
+        asked.append(msg.data)
+
+    watch = await bus.nc.subscribe(f"$JS.API.CONSUMER.MSG.NEXT.{subjects.CONV_STREAM}.{node.name}", cb=heard)
+    runner = await start(bus, node, fast(concurrency=8))
+    try:
+        for i in range(24):
+            await bus.publish(requested(site, session=f"p{i}"))
+        await wait_for(lambda: len(done) == 24, timeout=15)
+        assert 1 <= len(asked) <= 8, asked  # one at a time would have been 24 or more
+        assert b'"batch": 8' in asked[0]
+    finally:
+        await runner.stop()
+        await watch.unsubscribe()
+
+
 async def test_stop_lets_in_flight_handlers_finish(bus, site):
     finished = []
 
