@@ -307,9 +307,18 @@ async def _get(kv, site: str) -> SiteConfig | None:
 MAX_CACHED_SITES = 4096
 
 
+# How much older than its TTL a cached config may be and still be used once more while it is
+# read again in the background.
+STALE_S = 60.0
+
+
 class SiteConfigs:
     """Read side: `await configs.get(site)`, cached for `ttl_s` (SITE_CONFIG_TTL_S, read with
-    the process's settings)."""
+    the process's settings). A copy past its TTL (by less than STALE_S) is used once more
+    while a fresh one is read in the background: no turn waits for the bucket because a
+    visitor took longer than the TTL to write (a one-session turn read it in four of the
+    services on its way; each a round trip on the critical path). A change applies from the
+    first use after the TTL plus that read. `ttl_s` 0: read every time."""
 
     def __init__(self, bus: Bus, ttl_s: float = 2.0):
         self.bus = bus
@@ -317,6 +326,7 @@ class SiteConfigs:
         self._cache: dict[str, tuple[float, SiteConfig | None]] = {}
         self._sites: tuple[float, list[str]] | None = None
         self._kv = None
+        self._refreshing: dict[str, asyncio.Task] = {}
 
     async def get(self, site: str) -> SiteConfig:
         """The site's config, or the defaults when it has none."""
@@ -328,6 +338,22 @@ class SiteConfigs:
         now = time.monotonic()
         if hit is not None and now - hit[0] < self.ttl_s:
             return hit[1]
+        if hit is not None and self.ttl_s > 0 and now - hit[0] < self.ttl_s + STALE_S:
+            if site not in self._refreshing:
+                task = asyncio.create_task(self._refresh(site), name="site-config-refresh")
+                self._refreshing[site] = task
+                task.add_done_callback(lambda _: self._refreshing.pop(site, None))
+            return hit[1]
+        return await self._read(site, hit, now)
+
+    async def _refresh(self, site: str) -> None:
+        hit = self._cache.get(site)
+        try:
+            await self._read(site, hit, time.monotonic())
+        except Exception:  # noqa: BLE001 - the bucket unreachable: the copy stays, read again next use
+            log.warning("site config refresh failed", extra={"site": site}, exc_info=True)
+
+    async def _read(self, site: str, hit: tuple[float, SiteConfig | None] | None, now: float) -> SiteConfig | None:
         try:
             config = await _get(await self._bucket(), site)
         except Exception:  # noqa: BLE001 - the bucket unreachable: keep what we had

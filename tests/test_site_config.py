@@ -154,3 +154,27 @@ def test_shipped_sets_are_separate_and_large_enough():
     for intent in INTENTS:
         assert sum(r["intent"] == intent for r in train) >= 40
     assert not {r["message"].lower() for r in train} & {r["message"].lower() for r in held_out}
+
+
+async def test_a_config_past_its_ttl_is_used_once_more_while_it_is_read_again(bus, nats_url, monkeypatch):
+    """No turn waits for the bucket when the cached copy has just expired: the copy is used
+    and a fresh one read in the background; much older copies are read again first."""
+    from shared import site_config
+    from tests.servers import configure_site
+
+    site = f"swr{int(time.time() * 1000) % 10**8}"
+    await configure_site(nats_url, site, name="First")
+    configs = SiteConfigs(bus, ttl_s=0.1)
+    assert (await configs.get(site)).name == "First"
+    await configure_site(nats_url, site, name="Second")
+    assert (await configs.get(site)).name == "First"  # within the TTL: the copy
+    await _sleep(0.15)
+    assert (await configs.get(site)).name == "First"  # past it: the copy once more, a read goes out
+    deadline = time.monotonic() + 5
+    while (await configs.get(site)).name != "Second":
+        assert time.monotonic() < deadline, "the background read did not replace the copy"
+        await _sleep(0.02)
+    monkeypatch.setattr(site_config, "STALE_S", 0.1)
+    await configure_site(nats_url, site, name="Third")
+    await _sleep(0.25)  # past the TTL and the stale allowance: read before answering
+    assert (await configs.get(site)).name == "Third"

@@ -195,9 +195,19 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         if (wait := await request.app.state.limiter.retry_after(site, None)) is not None:
             metrics.turns.labels("none", "rate_limited").inc()
             return _rate_limited(wait)
-        hold = await guard.acquire(site, session_id)
+        # The log is read while the guard is taken (two round trips at once, not one after
+        # the other). A read that starts before the guard is ours misses nothing the turn
+        # needs: the previous turn's end is stored before its stream's `complete` reaches the
+        # client, and a turn that started meanwhile fails the publish's sequence check.
+        loading = asyncio.ensure_future(loader.load(bus, site, session_id, write_snapshot=True))
+        try:
+            hold = await guard.acquire(site, session_id)
+        except BaseException:
+            loading.cancel()
+            await asyncio.gather(loading, return_exceptions=True)
+            raise
         if hold is None:
-            state = await loader.load(bus, site, session_id)
+            state = await loading
             if (sent := sent_before(state, body.client_message_id)) is not None:
                 # Held for the turn this very message started (the client's first try was cut).
                 return await turn_stream(request, site, session_id, sent)
@@ -214,7 +224,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         try:
             with tracer.start_as_current_span("chat turn") as span:
                 # The one load of a turn that writes the conversation's snapshot (loader.load).
-                state = await loader.load(bus, site, session_id, write_snapshot=True)
+                state = await loading
                 if (sent := sent_before(state, body.client_message_id)) is not None:
                     # The message was sent before and that try started its turn: the client
                     # reads that turn's stream, from its start; no second turn.
