@@ -23,7 +23,7 @@ from typing import Awaitable, Callable, Sequence, TypeVar
 
 import msgspec
 
-from shared import logs, telemetry
+from shared import llm, logs, telemetry
 from shared.bus import Bus, connect
 from shared.config import BusConfig, ConfigError, ConsumerConfig, Settings, env_float, env_int, env_str
 from shared.consumer import ConsumerRunner
@@ -159,6 +159,7 @@ async def serve(service: str, make_nodes: NodeFactory, settings: ProcessSettings
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
+        await llm.close_clients()
         if ops is not None:
             await ops.stop()
 

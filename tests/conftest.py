@@ -10,6 +10,15 @@ from shared import redis_client
 from tests.servers import WebhookReceiver, nats_server, redis_server, scripted_llm
 
 
+@pytest.fixture(scope="session", autouse=True)
+async def llm_connections_closed():
+    """The LLM clients the tests made close their connections at the end (aiohttp warns
+    about sessions left open)."""
+    yield
+    from shared.llm import close_clients
+    await close_clients()
+
+
 @pytest.fixture(scope="session")
 def nats_url():
     with nats_server() as url:

@@ -17,7 +17,7 @@ def client_with_fallback(llm, fallback) -> LLMClient:
 
 def client(llm, **over) -> LLMClient:
     config = LLMRoleConfig(role="answer", base_url=llm.base_url, api_key="k", model="scripted",
-                           max_retries=over.pop("max_retries", 2), backoff_base_s=0.01, timeout_s=5, **over)
+                           max_retries=over.pop("max_retries", 2), backoff_base_s=0.01, timeout_s=over.pop("timeout_s", 5), **over)
     return LLMClient({"answer": config})
 
 
@@ -84,6 +84,19 @@ async def test_a_stream_broken_after_tokens_is_not_retried(llm):
     assert info.value.after_tokens
     assert len(llm.requests()) == 1
     assert records[0].response_text  # what did arrive is on record
+
+
+async def test_a_provider_slower_than_the_timeout_is_given_up_on_and_retried(llm):
+    """The role's `timeout_s` holds on the HTTP transport the clients use (aiohttp's)."""
+    import time
+
+    llm.clear()
+    llm.fail_next({"delay_s": 3})
+    records = []
+    started = time.monotonic()
+    parts = await collect(client(llm, timeout_s=0.5), records)
+    assert "".join(parts).startswith("You said: Ping.") and time.monotonic() - started < 2.5
+    assert records[0].attempts == 2 and len(llm.requests()) == 2
 
 
 async def test_fallback_endpoint_answers_when_the_primary_is_down(llm, fallback_llm):
