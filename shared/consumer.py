@@ -232,6 +232,8 @@ class ConsumerRunner:
                         "node": self.durable, "status": status,
                         "description": msg.headers.get(api.Header.DESCRIPTION, "")})
                 asked = 0  # that request is over
+                if status != api.StatusCode.REQUEST_TIMEOUT:
+                    await asyncio.sleep(0.1)  # refused, not expired: no tight loop of asking again
                 continue
             asked -= 1
             task = asyncio.create_task(self._run(msg))

@@ -13,15 +13,7 @@ from cli.harness.sse import chat
 from shared import events as ev
 from shared.node import Node
 from tests.helpers import events_of, own, start, unique
-from tests.servers import configure_site
-from tests.test_turn_end import running_gateway
-
-
-@pytest.fixture
-async def base_url(nats_url, redis_url, site, monkeypatch):
-    await configure_site(nats_url, site)
-    async with running_gateway(nats_url, redis_url, monkeypatch, turn_deadline_s=20.0) as url:
-        yield url
+from tests.test_resend import base_url  # noqa: F401 - the gateway in process, as test_resend runs it
 
 
 @pytest.fixture
