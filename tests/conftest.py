@@ -10,32 +10,6 @@ from shared import redis_client
 from tests.servers import WebhookReceiver, nats_server, redis_server, scripted_llm
 
 
-@pytest.fixture(scope="session", autouse=True)
-async def connections_closed():
-    """At the end, the LLM clients the tests made close their connections (aiohttp warns
-    about sessions left open), and so does any NATS client a test left open: once the
-    servers are gone it would be reconnecting every 0.5 s while the event loop shuts down,
-    and a cancellation lost in its connect attempt's timeout kept it at that for good (the
-    session's teardown timed out once)."""
-    yield
-    import asyncio
-    import gc
-    import logging
-
-    import nats.aio.client
-
-    from shared.llm import close_clients
-    await close_clients()
-    left = [c for c in gc.get_objects() if isinstance(c, nats.aio.client.Client) and not c.is_closed]
-    for client in left:
-        logging.getLogger(__name__).warning("NATS client left open by a test, closed at the end",
-                                            extra={"client": client.options.get("name")})
-        try:
-            await asyncio.wait_for(client.close(), 5)
-        except Exception:  # noqa: BLE001 - closing what is left; the servers may be gone
-            pass
-
-
 @pytest.fixture(scope="session")
 def nats_url():
     with nats_server() as url:
