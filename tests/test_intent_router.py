@@ -1,6 +1,7 @@
 """intent_router, given-when-then: given a turn's three analyses (IntentClassified,
 InterestSignalsDetected, SkillsSelected) and the conversation so far, when the last of them
-arrives, then the RouteDecided it decides: nothing before all three are in, the route read
+arrives, then the RouteDecided it decides: nothing before all three are in, nothing from
+the handlers of the two stored first (one decision per turn), the route read
 from what the analyses and the booking flow left in the state and from the site's
 threshold, one decision id whichever analysis woke it, nothing for a turn already over.
 The routing table itself: test_router.py (pure, and through the bus)."""
@@ -18,7 +19,8 @@ from services.router.runtime import RouterParts
 from services.router.signals import SignalRules
 from shared import events as ev
 from shared.site_config import Interest, SiteConfig
-from tests.helpers import decide, turn
+from shared.node import Context, Inputs
+from tests.helpers import RecordingBus, decide, state_of, turn
 
 
 def router(strike_confidence: float = STRIKE_CONFIDENCE):
@@ -147,6 +149,20 @@ async def test_the_decision_is_the_same_whichever_analysis_woke_the_node():
     assert len({d.event_id for d in decisions}) == 1
     assert {d.causation_id for d in decisions} == {request.event_id}
     assert len({(d.route, d.branch, d.reason) for d in decisions}) == 1
+
+
+async def test_only_the_handler_of_the_analysis_stored_last_decides():
+    """The three arrive close together: the handlers woken by the first two often find all
+    three in the log; they publish nothing, so a turn's route is decided once."""
+    request = turn("s", "r1", 1, "What integrations do you offer?")
+    for stored in itertools.permutations(analysed(request)):
+        state = state_of(request, *stored)
+        decided = []
+        for woken_by in stored:
+            ctx = Context(bus=RecordingBus([]), node=NODE.name, cause=woken_by, attempt=1)
+            decided.append(await NODE.handle(woken_by, Inputs(state=state, config=SiteConfig()), ctx))
+        assert [len(events) for events in decided] == [0, 0, 1], [ev.event_type(e) for e in stored]
+        assert decided[-1][0].route == "ANSWER"
 
 
 def ended(request: ev.TurnRequested, how: str) -> ev.Envelope:

@@ -1,11 +1,14 @@
 """intent_router: decides where a turn goes (ANSWER / REDIRECT / BOOKING). Deterministic,
 no LLM: it waits for this turn's IntentClassified, InterestSignalsDetected and
-SkillsSelected (it consumes all three and acts on whichever arrives last) and applies the
+SkillsSelected (it consumes all three and acts on the one stored last) and applies the
 routing table of routing.py.
 
-Two handlers may both see the three events (they arrive close together); the decision is
-caused by the turn's TurnRequested (the analyses' common cause), not by the event that woke
-the node, so its id is the same either way and the bus stores it once.
+The three arrive close together, so a handler woken by the first often finds all three in
+the log already; only the one woken by the analysis the log stored last decides (the
+state's `seen` is in log order), so a turn's route is decided and published once, not up
+to three times. Should two decide anyway (a rewritten log), the decision is caused by the
+turn's TurnRequested (the analyses' common cause), not by the event that woke the node, so
+its id is the same either way and the bus stores it once.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ def make_node(parts: RouterParts) -> Node:
         record = state.turns.get(event.turn)
         if record is None or not set(ANALYSES) <= set(record.seen) or "route_decided" in record.seen:
             return []
+        if [kind for kind in record.seen if kind in ANALYSES][-1] != ev.event_type(event):
+            return []  # an earlier analysis: the handler of the last one decides
         if record.status != "requested":  # blocked, completed or failed: nothing to route
             return []
         decision = routing.decide(
