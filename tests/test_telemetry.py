@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from shared import events as ev
-from shared import logs
+from shared import logs, telemetry
 from shared.consumer import ConsumerRunner
 from shared.node import Node
 from tests.helpers import fast, own, requested, unique, wait_for
@@ -52,6 +52,26 @@ async def test_trace_context_travels_in_nats_headers(bus, site):
     names = {s.name for s in exporter.get_finished_spans() if s.context.trace_id == trace_id}
     assert f"{runners[0].durable} turn_requested" in names
     assert f"{runners[1].durable} route_decided" in names
+
+
+def test_a_message_without_trace_context_costs_no_span_unless_this_process_exports():
+    """No exporter here (telemetry.setup found none) and nothing carried: the inert span, no
+    context made current; a message that carries a trace context goes on in that trace."""
+    tracer = trace.get_tracer("test")
+    before = trace.get_current_span()
+    with telemetry.handling(tracer, "quiet", {"Nats-Msg-Id": "x"}) as span:
+        assert span is trace.INVALID_SPAN and trace.get_current_span() is before
+    with tracer.start_as_current_span("upstream") as upstream:
+        headers: dict[str, str] = {}
+        telemetry.inject(headers)
+    assert "traceparent" in headers
+    with telemetry.handling(tracer, "carried", headers) as span:
+        assert span.get_span_context().trace_id == upstream.get_span_context().trace_id
+        assert trace.get_current_span() is span
+    assert "carried" in {s.name for s in exporter.get_finished_spans()}
+    outside: dict[str, str] = {}
+    telemetry.inject(outside)  # no span, no baggage: nothing to carry
+    assert outside == {}
 
 
 def test_json_logs_carry_site_session_and_turn(capsys):
