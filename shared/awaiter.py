@@ -31,10 +31,10 @@ async def turn_state(bus: Bus, site: str, session_id: str, turn: int, wanted: se
     only while waiting.
 
     A subscriber can hear of an event a moment before the stream has stored it; such an
-    event is folded into the returned state directly (the returned state is the caller's
-    own copy, so no cache ever holds an event the log does not)."""
+    event is folded into the returned state directly (the returned state is a fork of the
+    cache's, so no cache ever holds an event the log does not)."""
     if timeout_s <= 0:  # not waiting: no subscription to set up and tear down on the hot path
-        return await loader.load(bus, site, session_id)
+        return await loader.load(bus, site, session_id, forked=True)
     heard: dict[str, ev.Envelope] = {}
     complete = asyncio.Event()
     missing: set[str] = set(wanted)
@@ -53,7 +53,7 @@ async def turn_state(bus: Bus, site: str, session_id: str, turn: int, wanted: se
 
     sub = await bus.nc.subscribe(subjects.conversation(site, session_id), cb=on_message)
     try:
-        state = await loader.load(bus, site, session_id)
+        state = await loader.load(bus, site, session_id, forked=True)
         missing -= _seen(state, turn)
         deadline = time.monotonic() + timeout_s
         pauses = iter(RECHECK_S)
@@ -63,7 +63,7 @@ async def turn_state(bus: Bus, site: str, session_id: str, turn: int, wanted: se
             except asyncio.TimeoutError:
                 # An event published just before we subscribed, and stored just after we
                 # looked, reaches neither: look at the log again.
-                state = await loader.load(bus, site, session_id)
+                state = await loader.load(bus, site, session_id, forked=True)
                 missing -= _seen(state, turn)
         # Heard is not yet stored: look in the log again, briefly, so the state is one the log
         # can reproduce (its `last_seq` says what the node saw, for replay); only an event
@@ -72,7 +72,7 @@ async def turn_state(bus: Bus, site: str, session_id: str, turn: int, wanted: se
             if not (set(heard) - _seen(state, turn)):
                 return state
             await asyncio.sleep(pause)
-            state = await loader.load(bus, site, session_id)
+            state = await loader.load(bus, site, session_id, forked=True)
         seen = _seen(state, turn)
         for kind, event in heard.items():
             if kind not in seen:

@@ -203,9 +203,13 @@ def current_floor(site: str, session_id: str) -> int | None:
 
 
 async def load(bus: Bus, site: str, session_id: str, use_snapshot: bool = True,
-               write_snapshot: bool = False) -> ConversationState:
+               write_snapshot: bool = False, forked: bool = False) -> ConversationState:
     """The conversation's state: the cached or snapshotted state plus the log after it,
     as the caller's own copy.
+
+    `forked`: a fork of the cached state (state.fork) rather than a deep copy, for a caller
+    that only folds events into it (`apply`) and reads it: the awaiter, whose deep copies
+    were most of the responder's `fold/copy` time.
 
     `write_snapshot`: a load that folded SNAPSHOT_EVERY events or more stores the state as
     the conversation's snapshot (in the background). One load per turn asks for it, the
@@ -214,7 +218,9 @@ async def load(bus: Bus, site: str, session_id: str, use_snapshot: bool = True,
     of every turn's snapshot writes were wasted (each of them another's compare-and-set
     loser, or a copy of the same state)."""
     state = await _load(bus, site, session_id, use_snapshot, write_snapshot)
-    return copy_state(state) if use_snapshot else state
+    if not use_snapshot:
+        return state
+    return fork(state) if forked else copy_state(state)
 
 
 async def _load(bus: Bus, site: str, session_id: str, use_snapshot: bool,

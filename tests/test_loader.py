@@ -11,7 +11,7 @@ from shared import events as ev
 from shared import loader, subjects
 from shared.bus import connect, reading_from
 from shared.config import BusConfig
-from shared.state import encode_state, fold
+from shared.state import Record, apply, encode_state, fold
 
 
 async def publish_turns(bus, site, session, turns, first=1):
@@ -112,6 +112,22 @@ async def test_concurrent_loads_fold_each_event_once_and_hand_out_copies(bus, si
     assert loads[0].event_count == full.event_count == 8
     loads[0].messages.clear()  # the caller's own copy: the next load is whole
     assert await loader.load(bus, site, "c") == full
+
+
+async def test_a_forked_load_may_be_folded_forward_without_touching_the_cache(bus, site):
+    """The awaiter's loads: a fork of the cached state, into which it folds an event it heard
+    before the log stored it; the next load still folds only what the log holds."""
+    await publish_turns(bus, site, "f", 1)
+    request = ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="f", turn=2, ts=ev.now(),
+                               producer="test", message="q2")
+    await bus.publish(request)
+    state = await loader.load(bus, site, "f", forked=True)
+    stored = encode_state(fold(await bus.read(subjects.conversation(site, "f"))))
+    assert encode_state(state) == stored
+    heard = ev.follow(request, ev.ResponseCompleted, "answer_writer", node="answer_writer", text="a2", token_count=1)
+    apply(state, Record(seq=state.last_seq, subject=subjects.conv(site, "f", "response_completed"), event=heard))
+    assert state.turns[2].seen[-1] == "response_completed" and state.messages[-1].content == "a2"
+    assert encode_state(await loader.load(bus, site, "f")) == stored
 
 
 async def test_only_a_load_that_asks_writes_the_snapshot(nats_url, site):
