@@ -96,6 +96,23 @@ def reading_floor() -> _Floor | None:
 
 
 @dataclass
+class _BatchAnswer:
+    """A batched direct get's answer as it arrives: the stored messages, then a status
+    message (204 end of batch, 404 nothing found, or an error) that completes it."""
+
+    done: asyncio.Future
+    found: list[Msg] = field(default_factory=list)
+
+    def take(self, msg: Msg) -> None:
+        if self.done.done():
+            return
+        if msg.headers and msg.headers.get("Status"):
+            self.done.set_result(msg)
+        else:
+            self.found.append(msg)
+
+
+@dataclass
 class Bus:
     nc: NATS
     js: JetStreamContext
@@ -103,7 +120,7 @@ class Bus:
     kv: dict[str, KeyValue] = field(default_factory=dict)
     _read_prefix: str | None = None
     _read_counter: int = 0
-    _read_queues: dict[str, asyncio.Queue] = field(default_factory=dict)
+    _read_queues: dict[str, "_BatchAnswer"] = field(default_factory=dict)
 
     # --- publishing ---------------------------------------------------------------------
 
@@ -231,30 +248,27 @@ class Bus:
 
     async def _direct_batch(self, stream: str, request: dict) -> tuple[list[Msg], Msg | None]:
         """One batched direct get: the messages, and the end-of-batch status message (None
-        when the server found nothing: 404)."""
+        when the server found nothing: 404). The reply subscription gathers the answer and
+        wakes this read once, at its end (a wait per message was a task and a timer each)."""
         prefix = await self._read_inbox()
         metrics.log_reads.labels(stream).inc()
         self._read_counter += 1
         token = str(self._read_counter)
-        queue: asyncio.Queue = asyncio.Queue()
-        self._read_queues[token] = queue
+        answer = _BatchAnswer(asyncio.get_running_loop().create_future())
+        self._read_queues[token] = answer
         try:
             await self.nc.publish(f"$JS.API.DIRECT.GET.{stream}", json.dumps(request).encode(),
                                   reply=f"{prefix}.{token}")
-            found: list[Msg] = []
-            while True:
-                try:
-                    msg = await asyncio.wait_for(queue.get(), self.config.request_timeout)
-                except asyncio.TimeoutError:
-                    raise nats.errors.TimeoutError from None
-                status = msg.headers.get("Status") if msg.headers else None
-                if status == "404":
-                    return found, None
-                if status == "204":  # end of batch
-                    return found, msg
-                if status:
-                    raise RuntimeError(f"direct get {request}: status {status} {msg.headers}")
-                found.append(msg)
+            try:
+                end = await asyncio.wait_for(answer.done, self.config.request_timeout)
+            except asyncio.TimeoutError:
+                raise nats.errors.TimeoutError from None
+            status = end.headers.get("Status") if end.headers else None
+            if status == "404":
+                return answer.found, None
+            if status == "204":  # end of batch
+                return answer.found, end
+            raise RuntimeError(f"direct get {request}: status {status} {end.headers}")
         finally:
             self._read_queues.pop(token, None)
 
@@ -266,9 +280,9 @@ class Bus:
             prefix = self.nc.new_inbox()
 
             async def route(msg):
-                queue = self._read_queues.get(msg.subject.rsplit(".", 1)[-1])
-                if queue is not None:
-                    queue.put_nowait(msg)
+                answer = self._read_queues.get(msg.subject.rsplit(".", 1)[-1])
+                if answer is not None:
+                    answer.take(msg)
 
             await self.nc.subscribe(f"{prefix}.*", cb=route)
             self._read_prefix = prefix
