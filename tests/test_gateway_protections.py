@@ -115,6 +115,34 @@ async def test_a_turns_guard_is_taken_over_only_when_old_and_never_an_erases(bus
     assert await guard.take_over_ended(site, "erasing", min_age_s=0.2) is None
 
 
+async def test_a_released_session_is_taken_again_in_one_write_unless_someone_wrote_since(bus, site):
+    """Each turn takes and releases the session's key: the next turn on this replica writes
+    once, expecting its own release's delete marker (no create-read-write of nats-py's
+    `create` over a deleted key); another replica's turn in between is still seen."""
+    from shared.session_guard import SessionGuard
+
+    mine, other = SessionGuard(bus, ttl_s=60), SessionGuard(bus, ttl_s=60)
+    reads = []
+    real_get = mine.kv.get
+
+    async def get(key, *args, **kwargs):
+        reads.append(key)
+        return await real_get(key, *args, **kwargs)
+
+    mine.kv.get = get
+    first = await mine.acquire(site, "s1")
+    await mine.release(site, "s1", first)
+    second = await mine.acquire(site, "s1")
+    assert second is not None and second > first and reads == []
+    assert await other.acquire(site, "s1") is None  # held: the one write took it
+    await mine.release(site, "s1", second)
+    theirs = await other.acquire(site, "s1")  # another replica's turn after our release
+    assert theirs is not None
+    assert await mine.acquire(site, "s1") is None  # our remembered marker is stale: held, refused
+    await other.release(site, "s1", theirs)
+    assert await mine.acquire(site, "s1") is not None  # the long way round, once free
+
+
 def test_a_turn_has_ended_when_the_log_says_so():
     from services.gateway.app import turn_ended
     from shared.state import ConversationState, TurnRecord
