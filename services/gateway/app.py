@@ -221,6 +221,10 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                 status_code=429,
             )
         relay = None
+        # The raw IP goes to Redis while the turn starts (enrichment reads it only after
+        # TurnRequested, which is published once this is done): one round trip fewer in series.
+        remembering = asyncio.ensure_future(
+            _remember_ip(request, site, session_id, ip, settings.privacy.raw_ip_ttl_s) if ip else asyncio.sleep(0))
         try:
             with tracer.start_as_current_span("chat turn") as span:
                 # The one load of a turn that writes the conversation's snapshot (loader.load).
@@ -258,8 +262,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                     return _blocked_response(event, session_token, settings.keepalive_s)
                 relay = TurnRelay(bus, site, session_id, turn, settings.turn_deadline_s, settings.turn_stall_s)
                 await relay.open()
-                if ip:
-                    await _remember_ip(request, site, session_id, ip, settings.privacy.raw_ip_ttl_s)
+                await remembering
                 requested = ev.TurnRequested(
                     event_id=ev.new_id(), site=site, session_id=session_id, turn=turn, ts=ev.now(),
                     producer="gateway", message=body.message, visitor=visitor, ip_hash=digest,
@@ -276,6 +279,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         except BaseException:
             await _cleanup(relay, guard, site, session_id, hold)
             raise
+        finally:
+            await asyncio.gather(remembering, return_exceptions=True)  # a turn that ended early: not left running
 
         async def stream():
             route, first_token = "none", True
