@@ -9,6 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
+from collections import OrderedDict
+from typing import Callable
+
+from nats.aio.client import Client as NATS
+
 from shared import events as ev
 from shared import loader, subjects
 from shared.bus import Bus
@@ -87,31 +93,106 @@ def _seen(state: ConversationState, turn: int) -> set[str]:
     return set(record.seen) if record else set()
 
 
+class RouteWatch:
+    """Every conversation's `RouteDecided`, heard on one subscription a process keeps (not a
+    subscribe, a log read and an unsubscribe per turn: retrieval races each turn's route).
+    REDIRECT and BOOKING routes are remembered (the newest MAX_REMEMBERED), so a race that
+    starts after its turn was routed away is cancelled at once.
+
+    A route published while the subscription was not in place (before it was made, or while
+    the connection was down) was not heard: a turn requested before the watch could hear
+    everything, allowing CLOCK_MARGIN_S for the clocks of the machines, is looked up in
+    the log as before. A bus with no live connection (a replay's) never hears anything."""
+
+    MAX_REMEMBERED = 50_000
+    CLOCK_MARGIN_S = 1.0
+
+    def __init__(self, bus: Bus, live: bool):
+        self.bus, self.live = bus, live
+        self._routes: OrderedDict[tuple[str, str, int], str] = OrderedDict()
+        self._followers: dict[tuple[str, str, int], list[Callable[[str], None]]] = {}
+        self._hearing_since = float("inf")  # wall time from which every route was heard
+        self._reconnects = 0
+
+    @classmethod
+    async def of(cls, bus: Bus) -> "RouteWatch":
+        watch = _watches.get(bus.nc)
+        if watch is None:
+            watch = _watches[bus.nc] = cls(bus, live=isinstance(bus.nc, NATS))
+            await watch._subscribe()
+        return watch
+
+    async def _subscribe(self) -> None:
+        self._reconnects = self._reconnect_count()
+        await self.bus.nc.subscribe(subjects.conv("*", "*", "route_decided"), cb=self._heard)
+        if self.live:
+            await self.bus.nc.flush()  # the server has the subscription: from now on, every route is heard
+            self._hearing_since = time.time()
+
+    def _reconnect_count(self) -> int:
+        return self.bus.nc.stats.get("reconnects", 0) if self.live else 0
+
+    async def _heard(self, msg) -> None:
+        try:
+            decided = ev.decode(msg.data)
+        except ev.BadEvent:
+            return
+        if (not isinstance(decided, ev.RouteDecided) or decided.route not in CANCELLING_ROUTES
+                or ev.subject_mismatch(decided, msg.subject) is not None):
+            return
+        key = (decided.site, decided.session_id, decided.turn)
+        self._routes[key] = decided.route
+        if len(self._routes) > self.MAX_REMEMBERED:
+            self._routes.popitem(last=False)
+            self._hearing_since = time.time()  # an older turn's route may be forgotten now
+        for follower in self._followers.get(key, ()):
+            follower(decided.route)
+
+    def covers(self, event: ev.Envelope) -> bool:
+        """Whether any route of `event`'s turn was heard: the turn was requested after the
+        watch could hear every route (and nothing was missed since)."""
+        if self._reconnect_count() != self._reconnects:  # the connection went: routes may be missed
+            self._reconnects, self._hearing_since = self._reconnect_count(), time.time()
+        return event.ts - self.CLOCK_MARGIN_S >= self._hearing_since
+
+    def follow(self, event: ev.Envelope, on_route: Callable[[str], None]) -> Callable[[], None]:
+        """Call `on_route` with the REDIRECT or BOOKING route of `event`'s turn: now, when it
+        was heard already, or when it is. Returns what stops following."""
+        key = (event.site, event.session_id, event.turn)
+        self._followers.setdefault(key, []).append(on_route)
+        if key in self._routes:
+            on_route(self._routes[key])
+
+        def stop() -> None:
+            followers = self._followers.get(key, [])
+            if on_route in followers:
+                followers.remove(on_route)
+            if not followers:
+                self._followers.pop(key, None)
+        return stop
+
+
+_watches: "weakref.WeakKeyDictionary[object, RouteWatch]" = weakref.WeakKeyDictionary()
+
+
 async def race_with_route(bus: Bus, event: ev.Envelope, work: asyncio.Task) -> bool:
     """Wait for `work`; True if this turn was routed away (REDIRECT/BOOKING) first, in which
     case `work` was cancelled. Background nodes (enrichment, retrieval) use it so a turn that
     does not need their result does not pay for it."""
     routed = []
 
-    def route_away(decided: ev.Envelope) -> None:
-        if decided.turn == event.turn and decided.route in CANCELLING_ROUTES and not routed:
-            routed.append(decided.route)
+    def route_away(route: str) -> None:
+        if route in CANCELLING_ROUTES and not routed:
+            routed.append(route)
             work.cancel()
 
-    async def on_route(msg):
-        try:
-            decided = ev.decode(msg.data)
-        except ev.BadEvent:
-            return
-        if ev.subject_mismatch(decided, msg.subject) is None:
-            route_away(decided)
-
-    subject = subjects.conv(event.site, event.session_id, "route_decided")
-    # Subscribe first, then look in the log: a route stored in between is seen either way.
-    sub = await bus.nc.subscribe(subject, cb=on_route)
+    watch = await RouteWatch.of(bus)
+    stop = watch.follow(event, route_away)
     try:
-        for record in await bus.read(subject):
-            route_away(record.event)
+        if not watch.covers(event):  # a route stored before the watch heard everything
+            for record in await bus.read(subjects.conv(event.site, event.session_id, "route_decided")):
+                if record.event.turn == event.turn:
+                    route_away(record.event.route)
         try:
             await work
         except asyncio.CancelledError:
@@ -119,4 +200,4 @@ async def race_with_route(bus: Bus, event: ev.Envelope, work: asyncio.Task) -> b
                 raise  # we are being stopped ourselves
         return bool(routed)
     finally:
-        await sub.unsubscribe()
+        stop()
