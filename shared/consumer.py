@@ -321,7 +321,7 @@ class ConsumerRunner:
                 concerned = self.node.concerns(event)
                 # Only a turn's steps feed the gateway's stall clock; a work item has no visitor waiting.
                 progress = subjects.progress(event.site, event.session_id, event.turn) if concerned and conv else None
-                heartbeat = asyncio.create_task(self._keep_alive(msg, progress))
+                heartbeat = _Heartbeat(self, msg, progress)
                 try:
                     outputs = []
                     if concerned:
@@ -359,19 +359,24 @@ class ConsumerRunner:
                 self.stats.handled += 1
                 self._count("ok")
 
+    @property
+    def heartbeat_s(self) -> float:
+        return max(self.config.ack_wait_s / 3, 0.2)
+
     async def _keep_alive(self, msg: Msg, progress: str | None) -> None:
         """Long handlers (a streamed answer) tell the server they are alive, so only a dead
         process gets its message redelivered. A handler at work on a turn also says so on
         the turn's `progress` subject with each heartbeat: the gateway ends a turn nobody
         works on (TURN_STALL_S) but not one whose step is merely slow. Not at once: the
         gateway hears every event of the turn too, and most handlers are done long before
-        their first heartbeat (a marker from each would be most of a turn's messages)."""
-        interval = max(self.config.ack_wait_s / 3, 0.2)
+        their first heartbeat (a marker from each would be most of a turn's messages).
+        Started by a timer at the first heartbeat (`_Heartbeat`), so a handler done before
+        it costs no task."""
         while True:
-            await asyncio.sleep(interval)
             await msg.in_progress()
             if progress is not None:
                 await self._say_progress(progress)
+            await asyncio.sleep(self.heartbeat_s)
 
     async def _say_progress(self, subject: str) -> None:
         try:
@@ -412,6 +417,23 @@ class ConsumerRunner:
             await self.bus.js.delete_msg(self.stream, info["stream_seq"])
         self.stats.failed += 1
         self._count("failed")
+
+
+class _Heartbeat:
+    """The heartbeats of one message's handling: a timer until the first is due, then the
+    runner's `_keep_alive` task; `cancel` stops either."""
+
+    def __init__(self, runner: ConsumerRunner, msg: Msg, progress: str | None):
+        self._task: asyncio.Task | None = None
+        self._timer = asyncio.get_running_loop().call_later(runner.heartbeat_s, self._start, runner, msg, progress)
+
+    def _start(self, runner: ConsumerRunner, msg: Msg, progress: str | None) -> None:
+        self._task = asyncio.ensure_future(runner._keep_alive(msg, progress))
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+        if self._task is not None:
+            self._task.cancel()
 
 
 def _rfc3339(ts: float) -> str:
