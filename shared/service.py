@@ -22,6 +22,7 @@ import signal
 from typing import Awaitable, Callable, Sequence, TypeVar
 
 import msgspec
+import uvloop
 
 from shared import llm, logs, telemetry
 from shared.bus import Bus, connect
@@ -190,7 +191,10 @@ def main(service: str, load: Callable[[], S], make_nodes: Callable[[Bus, S], Awa
     one_blas_thread()
     try:
         process, settings = ProcessSettings.from_env(), load()
-        asyncio.run(serve(service, lambda bus: make_nodes(bus, settings), process))
+        # On uvloop, as uvicorn runs the gateway: the event loop and its sockets in C. Most of
+        # a node's work per message is the loop's and nats-py's I/O (reading, writing acks and
+        # publishes), which the default loop does in Python.
+        uvloop.run(serve(service, lambda bus: make_nodes(bus, settings), process))
     except ConfigError as exc:
         log.error("configuration error", extra={"error": str(exc)})
         raise SystemExit(f"{service}: {exc}") from None

@@ -27,6 +27,7 @@ def main() -> None:
         port=settings.port,
         log_config=None,
         access_log=False,
+        loop="uvloop",  # as every service (shared/service.main); "auto" would pick it only when installed
         timeout_graceful_shutdown=30,
     )
 
