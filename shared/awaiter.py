@@ -107,8 +107,9 @@ class RouteWatch:
     MAX_REMEMBERED = 50_000
     CLOCK_MARGIN_S = 1.0
 
-    def __init__(self, bus: Bus, live: bool):
-        self.bus, self.live = bus, live
+    def __init__(self, nc, live: bool):
+        # Weakly: the watch is the value of a weak-keyed map whose key is this connection.
+        self._nc, self.live = weakref.ref(nc), live
         self._routes: OrderedDict[tuple[str, str, int], str] = OrderedDict()
         self._followers: dict[tuple[str, str, int], list[Callable[[str], None]]] = {}
         self._hearing_since = float("inf")  # wall time from which every route was heard
@@ -118,19 +119,20 @@ class RouteWatch:
     async def of(cls, bus: Bus) -> "RouteWatch":
         watch = _watches.get(bus.nc)
         if watch is None:
-            watch = _watches[bus.nc] = cls(bus, live=isinstance(bus.nc, NATS))
-            await watch._subscribe()
+            watch = _watches[bus.nc] = cls(bus.nc, live=isinstance(bus.nc, NATS))
+            await watch._subscribe(bus.nc)
         return watch
 
-    async def _subscribe(self) -> None:
+    async def _subscribe(self, nc) -> None:
         self._reconnects = self._reconnect_count()
-        await self.bus.nc.subscribe(subjects.conv("*", "*", "route_decided"), cb=self._heard)
+        await nc.subscribe(subjects.conv("*", "*", "route_decided"), cb=self._heard)
         if self.live:
-            await self.bus.nc.flush()  # the server has the subscription: from now on, every route is heard
+            await nc.flush()  # the server has the subscription: from now on, every route is heard
             self._hearing_since = time.time()
 
     def _reconnect_count(self) -> int:
-        return self.bus.nc.stats.get("reconnects", 0) if self.live else 0
+        nc = self._nc()
+        return nc.stats.get("reconnects", 0) if self.live and nc is not None else 0
 
     async def _heard(self, msg) -> None:
         try:
