@@ -223,8 +223,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         relay = None
         # The raw IP goes to Redis while the turn starts (enrichment reads it only after
         # TurnRequested, which is published once this is done): one round trip fewer in series.
-        remembering = asyncio.ensure_future(
-            _remember_ip(request, site, session_id, ip, settings.privacy.raw_ip_ttl_s) if ip else asyncio.sleep(0))
+        remembering = asyncio.ensure_future(_remember_ip(request, site, session_id, ip, settings.privacy.raw_ip_ttl_s))
         try:
             with tracer.start_as_current_span("chat turn") as span:
                 # The one load of a turn that writes the conversation's snapshot (loader.load).
@@ -439,9 +438,11 @@ def client_ip(request: Request, hops: int) -> str | None:
     return request.client.host if request.client else None
 
 
-async def _remember_ip(request: Request, site: str, session_id: str, ip: str, ttl_s: float) -> None:
+async def _remember_ip(request: Request, site: str, session_id: str, ip: str | None, ttl_s: float) -> None:
     """Keep the raw IP in Redis (`ttl_s`, short) for enrichment; events carry only its hash.
-    Redis trouble degrades enrichment and never blocks the turn."""
+    Redis trouble degrades enrichment and never blocks the turn. No IP: nothing to keep."""
+    if not ip:
+        return
     try:
         await request.app.state.redis.set(privacy.raw_ip_key(site, session_id), ip, ex=int(ttl_s))
     except Exception as exc:
