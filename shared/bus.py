@@ -120,7 +120,7 @@ class Bus:
     kv: dict[str, KeyValue] = field(default_factory=dict)
     _read_prefix: str | None = None
     _read_counter: int = 0
-    _read_queues: dict[str, "_BatchAnswer"] = field(default_factory=dict)
+    _read_answers: dict[str, "_BatchAnswer"] = field(default_factory=dict)  # reads under way, by reply token
 
     # --- publishing ---------------------------------------------------------------------
 
@@ -255,7 +255,7 @@ class Bus:
         self._read_counter += 1
         token = str(self._read_counter)
         answer = _BatchAnswer(asyncio.get_running_loop().create_future())
-        self._read_queues[token] = answer
+        self._read_answers[token] = answer
         try:
             await self.nc.publish(f"$JS.API.DIRECT.GET.{stream}", json.dumps(request).encode(),
                                   reply=f"{prefix}.{token}")
@@ -270,7 +270,7 @@ class Bus:
                 return answer.found, end
             raise RuntimeError(f"direct get {request}: status {status} {end.headers}")
         finally:
-            self._read_queues.pop(token, None)
+            self._read_answers.pop(token, None)
 
     async def _read_inbox(self) -> str:
         """One long-lived reply subscription for every log read (replies routed by the last
@@ -280,7 +280,7 @@ class Bus:
             prefix = self.nc.new_inbox()
 
             async def route(msg):
-                answer = self._read_queues.get(msg.subject.rsplit(".", 1)[-1])
+                answer = self._read_answers.get(msg.subject.rsplit(".", 1)[-1])
                 if answer is not None:
                     answer.take(msg)
 
