@@ -46,6 +46,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 FINGERPRINT = "fp_scripted"
+BREAK_AFTER_LAST_CHUNK_S = 0.05  # a `break_after` fault: how long after its last chunk the connection drops
 
 
 class Recorded(msgspec.Struct):
@@ -167,6 +168,10 @@ def create_app(script: Script) -> Starlette:
             yield chunk({"role": "assistant", "content": ""})
             for i, part in enumerate(parts):
                 if break_after is not None and i >= int(break_after):
+                    # The connection drops a moment after the last chunk, as a provider's does
+                    # between chunks: a reset in the same read as the chunks before it makes
+                    # aiohttp (the LLM clients' transport) raise before handing them over.
+                    await asyncio.sleep(max(inter_token_s, BREAK_AFTER_LAST_CHUNK_S))
                     raise ConnectionResetError("scripted break")
                 if i:
                     await asyncio.sleep(inter_token_s)
