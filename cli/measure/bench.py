@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             wall = time.perf_counter() - started
             driver_cpu_s = time.process_time() - driver_cpu_before
             stop_profilers(profilers)
-            cpu_s = {name: round(after - cpu_before.get(name, 0.0), 1) for name, after in process_cpu_s(system).items()}
+            cpu_s = {name: round(after - cpu_before.get(name, 0.0), 2) for name, after in process_cpu_s(system).items()}
             llm_cpu_s = process_usage.cpu_s(llm.pid) - llm_cpu_before
             print("CPU seconds per process during the measured turns: "
                   + ", ".join(f"{name} {seconds}" for name, seconds in cpu_s.items()), flush=True)
