@@ -108,6 +108,7 @@ class FoldCache:
         self.size = size
         self._states: OrderedDict[tuple[str, str], ConversationState] = OrderedDict()
         self._revisions: dict[tuple[str, str], int | None] = {}
+        self._snapshotted: dict[tuple[str, str], int] = {}  # event_count of the last snapshot known
 
     def revision(self, site: str, session_id: str) -> int | None:
         return self._revisions.get((site, session_id), UNKNOWN)
@@ -115,6 +116,14 @@ class FoldCache:
     def set_revision(self, site: str, session_id: str, revision: int | None) -> None:
         if (site, session_id) in self._states:
             self._revisions[(site, session_id)] = revision
+
+    def snapshotted(self, site: str, session_id: str) -> int:
+        """How many of the conversation's events its last known snapshot holds (0: none)."""
+        return self._snapshotted.get((site, session_id), 0)
+
+    def set_snapshotted(self, site: str, session_id: str, event_count: int) -> None:
+        if (site, session_id) in self._states:
+            self._snapshotted[(site, session_id)] = event_count
 
     def get(self, site: str, session_id: str) -> ConversationState | None:
         state = self._states.get((site, session_id))
@@ -132,36 +141,44 @@ class FoldCache:
             while len(self._states) > self.size:
                 old, _ = self._states.popitem(last=False)
                 self._revisions.pop(old, None)
+                self._snapshotted.pop(old, None)
 
     def drop(self, site: str, session_id: str) -> None:
         self._states.pop((site, session_id), None)
         self._revisions.pop((site, session_id), None)
+        self._snapshotted.pop((site, session_id), None)
 
 
 _cache = FoldCache()
 
 
 class _Read:
-    """A load of one conversation in flight in this process, and how far its read is sure
-    to reach: the log position of the event its caller acts on (`reading_from`)."""
+    """A load of one conversation in flight in this process (`load_for_event`): its state,
+    once read."""
 
-    def __init__(self, floor: int):
-        self.floor = floor
+    def __init__(self):
         self.done: asyncio.Future = asyncio.get_running_loop().create_future()
 
 
 _reads: dict[tuple[str, str], _Read] = {}
+# Reads in flight a load waits for, one after another, before reading for itself (each one it
+# waits for began before its own event was read, so more than one is rare).
+JOINS = 3
 
 
 async def load_for_event(bus: Bus, site: str, session_id: str) -> ConversationState:
     """`load` for a handler's inputs, inside `reading_from` (the event it acts on): the state
     must hold the log up to that event, nothing more is asked. So a cached state that holds
     it already is the answer, with no read (a read for an earlier event that found this one
-    stored); and loads of one conversation for events at once (the router's three analyses
-    of one `TurnRequested`; the responder's nodes on one `ResponseCompleted`) share one
-    read: a load joins one in flight whose read goes at least as far (its event was stored
-    at or after this one). A load that must see the log as it is now (the awaiter's looks
-    after a wake-up) is not this one: it calls `load`.
+    stored); and loads of one conversation at once share reads. A load joins the read in
+    flight for the conversation: when that read's state holds this load's event (its read
+    went at least as far: the same event, or one stored after; or it found this one stored
+    when it reached the server), it is the answer; otherwise this load reads what follows
+    it. The router's three analyses of one `TurnRequested` arrive within a millisecond, in
+    any order: reading for each one's event while another's read was in flight read the
+    same events up to three times (a third of the router's log reads). A load that must see
+    the log as it is now (the awaiter's looks after a wake-up) is not this one: it calls
+    `load`.
 
     The state is the cache's own, not a copy (copies of states for handlers that only read
     them were an eighth of the router's busy time under `make bench`): a handler must not
@@ -169,17 +186,21 @@ async def load_for_event(bus: Bus, site: str, session_id: str) -> ConversationSt
     floor = current_floor(site, session_id)
     if floor is None:
         return await load(bus, site, session_id)
-    cached = _cache.get(site, session_id)
-    if cached is not None and cached.last_seq >= floor:
-        return cached
     key = (site, session_id)
-    shared = _reads.get(key)
-    if shared is not None and shared.floor >= floor:
+    for _ in range(JOINS):
+        cached = _cache.get(site, session_id)
+        if cached is not None and cached.last_seq >= floor:
+            return cached
+        shared = _reads.get(key)
+        if shared is None:
+            break
         try:
-            return await asyncio.shield(shared.done)
+            state = await asyncio.shield(shared.done)
         except Exception:  # noqa: BLE001 - its read failed: this load reads for itself
-            pass
-    read = _Read(floor)
+            break
+        if state.last_seq >= floor:
+            return state
+    read = _Read()
     _reads[key] = read
     try:
         state = await _load(bus, site, session_id, True, False)
@@ -211,10 +232,12 @@ async def load(bus: Bus, site: str, session_id: str, use_snapshot: bool = True,
     that only folds events into it (`apply`) and reads it: the awaiter, whose deep copies
     were most of the responder's `fold/copy` time.
 
-    `write_snapshot`: a load that folded SNAPSHOT_EVERY events or more stores the state as
-    the conversation's snapshot (in the background). One load per turn asks for it, the
-    gateway's as the turn starts (it folds the whole previous turn): a snapshot per turn.
-    The nodes' loads only read snapshots; when each of the five services wrote one, most
+    `write_snapshot`: a load whose state holds SNAPSHOT_EVERY events or more past the
+    conversation's last snapshot (the one this process read or wrote) stores the state as
+    the new snapshot (in the background). One load per turn asks for it, the gateway's as
+    the turn starts: a snapshot every few turns (a turn is 15 to 20 events), not every turn
+    (each write is the whole state encoded and stored, and a cold load folds at most
+    SNAPSHOT_EVERY events and a turn more). The nodes' loads only read snapshots; when each of the five services wrote one, most
     of every turn's snapshot writes were wasted (each of them another's compare-and-set
     loser, or a copy of the same state)."""
     state = await _load(bus, site, session_id, use_snapshot, write_snapshot)
@@ -255,7 +278,8 @@ async def _load(bus: Bus, site: str, session_id: str, use_snapshot: bool,
     _cache.put(state)
     if not cached:
         _cache.set_revision(site, session_id, revision)
-    if write_snapshot and tail and len(tail) >= bus.config.snapshot_every:
+        _cache.set_snapshotted(site, session_id, start.event_count if start is not None else 0)
+    if write_snapshot and state.event_count - _cache.snapshotted(site, session_id) >= bus.config.snapshot_every:
         _snapshot_later(bus, state, revision)
     return state
 
@@ -272,12 +296,17 @@ def _snapshot_later(bus: Bus, state: ConversationState, revision: int | None) ->
     if data is None:
         return
 
+    event_count = state.event_count
+
     async def store(site: str, session_id: str, revision: int | None) -> None:
         try:
             if revision == UNKNOWN:
                 _, revision = await read_snapshot(bus, site, session_id)
             # The next write starts from this one's revision; a lost race leaves it unknown.
-            _cache.set_revision(site, session_id, await _stored(bus, site, session_id, data, revision) or UNKNOWN)
+            stored = await _stored(bus, site, session_id, data, revision)
+            _cache.set_revision(site, session_id, stored or UNKNOWN)
+            if stored:
+                _cache.set_snapshotted(site, session_id, event_count)
         except Exception:  # noqa: BLE001 - a missing snapshot only means a longer fold
             _cache.set_revision(site, session_id, UNKNOWN)
             log.exception("snapshot write failed", extra={"site": site, "session_id": session_id})

@@ -148,6 +148,36 @@ async def test_only_a_load_that_asks_writes_the_snapshot(nats_url, site):
         await bus.close()
 
 
+async def test_a_snapshot_is_written_once_enough_events_are_past_the_last_one(nats_url, site):
+    """Not on every turn: a turn-start load writes when SNAPSHOT_EVERY events are past the
+    snapshot the process last read or wrote (each turn here is four events)."""
+    bus = await connect(BusConfig(url=nats_url, snapshot_every=10), name="test-loader")
+    try:
+        await publish_turns(bus, site, "c", 3)  # 12 events: past 10
+        written = await loader.load(bus, site, "c", write_snapshot=True)
+        await loader.snapshots_written()
+        snapshot, revision = await loader.read_snapshot(bus, site, "c")
+        assert snapshot == written and snapshot.event_count == 12
+        for t in (4, 5):  # 4, then 8 events past it: no write
+            await publish_turns(bus, site, "c", 1, first=t)
+            await loader.load(bus, site, "c", write_snapshot=True)
+            await loader.snapshots_written()
+            assert (await loader.read_snapshot(bus, site, "c"))[1] == revision
+        await publish_turns(bus, site, "c", 1, first=6)  # 12 past it
+        state = await loader.load(bus, site, "c", write_snapshot=True)
+        await loader.snapshots_written()
+        snapshot, newer = await loader.read_snapshot(bus, site, "c")
+        assert newer > revision and snapshot == state and snapshot.event_count == 24
+        # Another process (no cached state) starts from that snapshot and counts from it.
+        loader._cache.drop(site, "c")
+        await publish_turns(bus, site, "c", 1, first=7)
+        await loader.load(bus, site, "c", write_snapshot=True)
+        await loader.snapshots_written()
+        assert (await loader.read_snapshot(bus, site, "c"))[1] == newer
+    finally:
+        await bus.close()
+
+
 async def test_a_writer_that_lost_a_race_learns_the_new_revision_and_writes_again(nats_url, site):
     bus = await connect(BusConfig(url=nats_url, snapshot_every=4), name="test-loader")
     kv = bus.bucket(subjects.SNAPSHOT_BUCKET)
@@ -180,20 +210,25 @@ async def test_a_writer_that_lost_a_race_learns_the_new_revision_and_writes_agai
 
 
 class GatedReads:
-    """Counts the bus's log reads; the first waits for `open` (a read in flight)."""
+    """Counts the bus's log reads; the first waits for `open` (a read in flight) before it
+    reaches the server, or with `gate_after_read` after it has its answer."""
 
-    def __init__(self, bus, fail_first: bool = False):
+    def __init__(self, bus, fail_first: bool = False, gate_after_read: bool = False):
         self.bus, self.read, self.calls, self.fail_first = bus, bus.read, 0, fail_first
+        self.gate_after_read = gate_after_read
         self.open, self.started = asyncio.Event(), asyncio.Event()
         bus.read = self
 
     async def __call__(self, *args, **kwargs):
         self.calls += 1
         if self.calls == 1:
+            answer = await self.read(*args, **kwargs) if self.gate_after_read else None
             self.started.set()
             await self.open.wait()
             if self.fail_first:
                 raise RuntimeError("the bus went away")
+            if self.gate_after_read:
+                return answer
         return await self.read(*args, **kwargs)
 
 
@@ -247,7 +282,7 @@ async def test_a_load_for_an_event_the_cached_state_holds_reads_nothing(bus, sit
     assert reads.calls == 1 and earlier is later
 
 
-async def test_a_load_for_a_later_event_does_not_join_a_read_that_may_stop_before_it(bus, site):
+async def test_a_load_for_a_later_event_joins_the_read_in_flight_and_reads_nothing_when_it_got_there(bus, site):
     await publish_turns(bus, site, "k", 1)
     request = ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="k", turn=2, ts=ev.now(),
                                producer="test", message="q2")
@@ -259,14 +294,42 @@ async def test_a_load_for_a_later_event_does_not_join_a_read_that_may_stop_befor
             return await loader.load_for_event(bus, site, "k")
 
     early = asyncio.create_task(handler_load(subject, seq))
-    await reads.started.wait()
+    await reads.started.wait()  # the early event's read is in flight, not at the server yet
     later_subject, later_seq = await _stored(bus, ev.follow(request, ev.IntentClassified, "router",
                                                              intent="product_question", confidence=0.9,
                                                              classifier="local"))
-    later = await handler_load(later_subject, later_seq)  # reads for itself, while the first waits
-    assert reads.calls == 2 and "intent_classified" in later.turns[2].seen
+    later = asyncio.create_task(handler_load(later_subject, later_seq))
+    await asyncio.sleep(0.05)
     reads.open.set()
-    assert (await early).turn == 2
+    early_state, later_state = await asyncio.gather(early, later)
+    assert reads.calls == 1  # the early read found the later event stored: no second read
+    assert later_state is early_state and "intent_classified" in later_state.turns[2].seen
+
+
+async def test_a_load_for_a_later_event_reads_what_the_read_it_joined_stopped_before(bus, site):
+    await publish_turns(bus, site, "m", 1)
+    request = ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="m", turn=2, ts=ev.now(),
+                               producer="test", message="q2")
+    subject, seq = await _stored(bus, request)
+    reads = GatedReads(bus, gate_after_read=True)
+
+    async def handler_load(subject, seq):
+        with reading_from(subject, seq):
+            return await loader.load_for_event(bus, site, "m")
+
+    early = asyncio.create_task(handler_load(subject, seq))
+    await reads.started.wait()  # the early event's read has its answer, without the later event
+    later_subject, later_seq = await _stored(bus, ev.follow(request, ev.IntentClassified, "router",
+                                                             intent="product_question", confidence=0.9,
+                                                             classifier="local"))
+    later = asyncio.create_task(handler_load(later_subject, later_seq))
+    await asyncio.sleep(0.05)
+    assert reads.calls == 1  # waiting for the read in flight, not reading beside it
+    reads.open.set()
+    early_state, later_state = await asyncio.gather(early, later)
+    assert reads.calls == 2 and "intent_classified" not in early_state.turns[2].seen
+    assert "intent_classified" in later_state.turns[2].seen
+    assert later_state == fold(await reads.read(subjects.conversation(site, "m")))
 
 
 async def test_when_the_shared_read_fails_a_joined_load_reads_for_itself(bus, site):
