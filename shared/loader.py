@@ -224,9 +224,13 @@ def current_floor(site: str, session_id: str) -> int | None:
 
 
 async def load(bus: Bus, site: str, session_id: str, use_snapshot: bool = True,
-               write_snapshot: bool = False, forked: bool = False) -> ConversationState:
+               write_snapshot: bool = False, forked: bool = False, shared: bool = False) -> ConversationState:
     """The conversation's state: the cached or snapshotted state plus the log after it,
     as the caller's own copy.
+
+    `shared`: the cache's own state, no copy, for a caller that only reads it (the
+    gateway's turn start: a deep copy of the whole conversation per turn, for reading a
+    few fields). Later loads never change it (they fold new events into a fork).
 
     `forked`: a fork of the cached state (state.fork) rather than a deep copy, for a caller
     that only folds events into it (`apply`) and reads it: the awaiter, whose deep copies
@@ -241,7 +245,7 @@ async def load(bus: Bus, site: str, session_id: str, use_snapshot: bool = True,
     of every turn's snapshot writes were wasted (each of them another's compare-and-set
     loser, or a copy of the same state)."""
     state = await _load(bus, site, session_id, use_snapshot, write_snapshot)
-    if not use_snapshot:
+    if not use_snapshot or shared:
         return state
     return fork(state) if forked else copy_state(state)
 

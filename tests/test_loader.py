@@ -130,6 +130,18 @@ async def test_a_forked_load_may_be_folded_forward_without_touching_the_cache(bu
     assert encode_state(await loader.load(bus, site, "f")) == stored
 
 
+async def test_a_shared_load_is_the_cache_own_state_and_later_loads_leave_it_as_it_was(bus, site):
+    await publish_turns(bus, site, "sh", 1)
+    first = await loader.load(bus, site, "sh", shared=True)
+    assert await loader.load(bus, site, "sh", shared=True) is first  # no copy
+    assert await loader.load(bus, site, "sh") is not first  # a caller's own copy
+    handed = encode_state(first)
+    await publish_turns(bus, site, "sh", 1, first=2)
+    later = await loader.load(bus, site, "sh", shared=True)
+    assert later.turn == 2 and later is not first
+    assert encode_state(first) == handed
+
+
 async def test_only_a_load_that_asks_writes_the_snapshot(nats_url, site):
     """The nodes' loads fold long tails too (a process's first load of a conversation), but
     the gateway's turn-start load is the one that writes the snapshot."""

@@ -199,7 +199,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         # the other). A read that starts before the guard is ours misses nothing the turn
         # needs: the previous turn's end is stored before its stream's `complete` reaches the
         # client, and a turn that started meanwhile fails the publish's sequence check.
-        loading = asyncio.ensure_future(loader.load(bus, site, session_id, write_snapshot=True))
+        # (The cache's own state: the turn start only reads it.)
+        loading = asyncio.ensure_future(loader.load(bus, site, session_id, write_snapshot=True, shared=True))
         try:
             hold = await guard.acquire(site, session_id)
         except BaseException:
@@ -243,7 +244,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                         return JSONResponse(
                             {"error": "turn_in_progress", "detail": "the previous turn of this session has not ended yet"},
                             status_code=429, headers={"Retry-After": "2"})
-                    state = await loader.load(bus, site, session_id)
+                    state = await loader.load(bus, site, session_id, shared=True)
                 turn = state.turn + 1
                 span.set_attributes({"concierge.site": site, "concierge.session": session_id, "concierge.turn": turn})
                 visitor = msgspec.to_builtins(body.visitor) if body.visitor is not None else None
