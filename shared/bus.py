@@ -333,6 +333,39 @@ class Bus:
         await self.nc.close()
 
 
+_HEADER_SPACE = " \t\n\r\x0b\x0c"  # what bytes.strip strips
+
+
+def _header_lines(raw: bytes) -> dict[str, str]:
+    """nats-py's `Client._parse_header_lines` (nats-py 2.16, pinned), the same dict for any
+    header block, in half the time: the block is decoded once rather than line by line, and
+    a header name is checked for spaces by `isprintable` (C) rather than a generator over its
+    characters. Every message a service gets carries headers (a log read's each carry seven),
+    and parsing them was 4 to 13 % of the router's, enricher's, responder's and gateway's busy
+    samples under make bench. A block that is not UTF-8 goes to nats-py's own parser (which
+    replaces the bad bytes value by value)."""
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError:
+        return _nats_header_lines(raw)
+    out: dict[str, str] = {}
+    for line in text.split("\r\n"):
+        name, sep, value = line.partition(":")
+        if not sep:
+            continue
+        name = name.strip(_HEADER_SPACE)
+        if not name.isascii():
+            continue  # nats-py: a name that is not ASCII is skipped
+        if not (name.isprintable() and " " not in name) and any(c.isspace() for c in name):
+            continue  # nats-py: a name with a space in it is skipped
+        out[name] = value.strip(_HEADER_SPACE)
+    return out
+
+
+_nats_header_lines = NATS._parse_header_lines
+NATS._parse_header_lines = staticmethod(_header_lines)
+
+
 class BusRefused(Exception):
     """The NATS server refused this process's credentials: a configuration error that no
     retry mends (the start-up connect would otherwise retry for ever)."""
