@@ -42,7 +42,9 @@ async def test_stream_yields_tokens_and_records_the_call(llm):
     assert rec.messages == MESSAGES and rec.params == {"temperature": 0.2} and rec.model == "scripted"
     assert rec.ttft_ms is not None and rec.latency_ms >= rec.ttft_ms
     # The stream asked for its usage, which came in the last chunk; and what answered.
-    assert llm.requests()[-1]["stream_options"] == {"include_usage": True}
+    sent = llm.requests()[-1]
+    assert sent["stream_options"] == {"include_usage": True}
+    assert (sent["messages"], sent["temperature"], sent["stream"]) == (MESSAGES, 0.2, True)  # in extra_body
     assert rec.usage == {"prompt_tokens": 10, "completion_tokens": len(parts)}
     assert (rec.served_model, rec.system_fingerprint) == ("scripted", "fp_scripted")
 
