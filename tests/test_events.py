@@ -83,3 +83,21 @@ def test_events_recorded_before_the_version_fields_still_decode():
                      b'"node":"answer_writer","call":{"role":"answer","model":"m","base_url":"http://x",'
                      b'"messages":[],"params":{"temperature":0.2},"usage":{}}}')
     assert (call.call.served_model, call.call.system_fingerprint, call.call.params) == ("", "", {"temperature": 0.2})
+
+
+@pytest.mark.parametrize("subject,envelope,agrees", [
+    ("conv.acme.s1.turn_requested", ("acme", "s1", "turn_requested", 3), True),
+    ("briefs.acme.s1.brief_requested", ("acme", "s1", "brief_requested", 3), True),
+    ("tokens.acme.s1.3", ("acme", "s1", "token_chunk", 3), True),
+    ("conv.acme.s1.turn_requested", ("other", "s1", "turn_requested", 3), False),
+    ("conv.acme.s1.turn_requested", ("acme", "s2", "turn_requested", 3), False),
+    ("conv.acme.s1.turn_requested", ("acme", "s1", "route_decided", 3), False),
+    ("tokens.acme.s1.3", ("acme", "s1", "token_chunk", 4), False),
+    ("conv.acme.s1.x.turn_requested", ("acme", "s1.x", "turn_requested", 3), False),  # a dot in a name
+    ("conv.acme.s1", ("acme", "s1", "turn_requested", 3), False),
+    ("other.acme.s1.turn_requested", ("acme", "s1", "turn_requested", 3), False),
+])
+def test_an_envelope_agrees_only_with_the_subject_it_names(subject, envelope, agrees):
+    from shared.subjects import envelope_mismatch
+    reason = envelope_mismatch(subject, *envelope)
+    assert (reason is None) == agrees, reason
