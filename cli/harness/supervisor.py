@@ -99,6 +99,7 @@ class System:
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     ops_ports: dict[str, int] = field(default_factory=dict)  # consumer process → its OPS_PORT
     cluster_ports: list[tuple[int, int]] = field(default_factory=list)  # per clustered server: client, route
+    nats_profile_port: int | None = None  # nats-server's Go profiling port (`--profile`), when asked
 
     @property
     def nats_url(self) -> str:
@@ -128,8 +129,9 @@ class System:
             return
         store = self.data_dir / "nats"
         store.mkdir(parents=True, exist_ok=True)
+        profiling = ["--profile", str(self.nats_profile_port)] if self.nats_profile_port else []
         proc = self.spawn("nats", [nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(self.nats_port),
-                                   "-sd", str(store), "-n", "concierge"])
+                                   "-sd", str(store), "-n", "concierge", *profiling])
         wait_port(self.nats_port, 20, proc)
 
     def start_nats_cluster(self, size: int = 3) -> None:

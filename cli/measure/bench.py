@@ -37,7 +37,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -45,7 +47,7 @@ import httpx
 
 from cli.harness.sse import Conversation
 from cli.harness.supervisor import ROOT, free_port, make_system, wait_http
-from cli.measure import critical_path, process_usage
+from cli.measure import critical_path, pprof_summary, process_usage
 from cli.measure.stats import percentile
 from shared import events as ev
 from shared import subjects
@@ -176,21 +178,62 @@ def process_cpu_s(system) -> dict[str, float]:
     return out
 
 
-def start_profilers(system, directory: str) -> list[subprocess.Popen]:
-    """py-spy sampling every Python process the system started (not nats-server or redis)."""
+class NatsProfiler(threading.Thread):
+    """nats-server's CPU profile while the measured turns run, from its profiling port (Go's
+    pprof): one window of `window_s` seconds a request, fetched one after another until
+    `stop`, which reads them together into DIR/nats.txt (cli/measure/pprof_summary.py)."""
+
+    def __init__(self, port: int, directory: Path, window_s: int = 5):
+        super().__init__(name="nats-profiler", daemon=True)
+        self.url = f"http://127.0.0.1:{port}/debug/pprof/profile?seconds={window_s}"
+        self.directory, self.window_s = Path(directory), window_s
+        self.windows: list[Path] = []
+        self._stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self._stopping.is_set():
+            path = self.directory / f"nats-{len(self.windows)}.pprof"
+            try:
+                with urllib.request.urlopen(self.url, timeout=self.window_s + 30) as answer:
+                    path.write_bytes(answer.read())
+            except OSError as exc:
+                print(f"nats-server profile window not collected: {exc}", file=sys.stderr, flush=True)
+                return
+            self.windows.append(path)
+
+    def stop(self) -> str:
+        """After the window under way: the summary of all of them (also in DIR/nats.txt)."""
+        self._stopping.set()
+        self.join(self.window_s + 35)
+        text = pprof_summary.summary(path.read_bytes() for path in self.windows)
+        (self.directory / "nats.txt").write_text(text)
+        return text
+
+
+def start_profilers(system, directory: str) -> list:
+    """py-spy sampling every Python process the system started (collapsed stacks in
+    DIR/<service>.txt), and nats-server's own CPU profile when it serves one (DIR/nats.txt)."""
     Path(directory).mkdir(parents=True, exist_ok=True)
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    return [subprocess.Popen([spy, "record", "--pid", str(proc.pid), "--format", "raw", "--rate", "200",
-                              "--output", str(Path(directory) / f"{name}.txt")],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            for name, proc in system.procs.items() if name not in ("nats", "redis")]
+    profilers: list = [subprocess.Popen([spy, "record", "--pid", str(proc.pid), "--format", "raw", "--rate", "200",
+                                         "--output", str(Path(directory) / f"{name}.txt")],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                       for name, proc in system.procs.items() if name not in ("nats", "redis")]
+    if system.nats_profile_port:
+        profilers.append(NatsProfiler(system.nats_profile_port, Path(directory)))
+        profilers[-1].start()
+    return profilers
 
 
-def stop_profilers(profilers: list[subprocess.Popen]) -> None:
-    for profiler in profilers:
+def stop_profilers(profilers: list) -> None:
+    spies = [p for p in profilers if isinstance(p, subprocess.Popen)]
+    for profiler in spies:
         profiler.send_signal(signal.SIGINT)
-    for profiler in profilers:
+    for profiler in spies:
         profiler.wait(30)
+    for profiler in profilers:
+        if isinstance(profiler, NatsProfiler):
+            profiler.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -212,8 +255,9 @@ def main(argv: list[str] | None = None) -> int:
                              "stream; compare backends with it)")
     parser.add_argument("--replay-rounds", type=int, default=3)
     parser.add_argument("--profile", metavar="DIR", default=None,
-                        help="sample every service with py-spy during the measured turns; flame-graph input "
-                             "(collapsed stacks) per service written to DIR")
+                        help="sample every service with py-spy during the measured turns (flame-graph input: "
+                             "collapsed stacks per service in DIR/<service>.txt), and nats-server with its own "
+                             "CPU profiler (Go pprof windows in DIR/nats-N.pprof, read into DIR/nats.txt)")
     parser.add_argument("--answer-backend", choices=("llm", "extractive"), default="llm",
                         help="extractive: the answer role has no LLM (the other roles keep the scripted one)")
     args = parser.parse_args(argv)
@@ -245,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
             "RATE_LIMIT_PER_IP_PER_MIN": "0",
             "RATE_LIMIT_PER_SITE_PER_MIN": "100000",
         })
+        if args.profile:
+            system.nats_profile_port = free_port()
         try:
             wait_http(f"http://127.0.0.1:{llm_port}/v1/models", 30, llm)
             site = "bench"
