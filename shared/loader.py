@@ -241,9 +241,9 @@ async def load(bus: Bus, site: str, session_id: str, use_snapshot: bool = True,
     the new snapshot (in the background). One load per turn asks for it, the gateway's as
     the turn starts: a snapshot every few turns (a turn is 15 to 20 events), not every turn
     (each write is the whole state encoded and stored, and a cold load folds at most
-    SNAPSHOT_EVERY events and a turn more). The nodes' loads only read snapshots; when each of the five services wrote one, most
-    of every turn's snapshot writes were wasted (each of them another's compare-and-set
-    loser, or a copy of the same state)."""
+    SNAPSHOT_EVERY events and a turn more). The nodes' loads only read snapshots; when
+    each of the five services wrote one, most of every turn's snapshot writes were wasted
+    (each of them another's compare-and-set loser, or a copy of the same state)."""
     state = await _load(bus, site, session_id, use_snapshot, write_snapshot)
     if not use_snapshot or shared:
         return state
