@@ -362,7 +362,11 @@ def _header_lines(raw: bytes) -> dict[str, str]:
     return out
 
 
-_nats_header_lines = NATS._parse_header_lines
+# nats-py's own, kept on the class once: a second import of this module (a reload) must not
+# take the swapped parser for it (its fallback would call itself).
+if not hasattr(NATS, "_nats_parse_header_lines"):
+    NATS._nats_parse_header_lines = NATS._parse_header_lines
+_nats_header_lines = NATS._nats_parse_header_lines
 NATS._parse_header_lines = staticmethod(_header_lines)
 
 

@@ -283,7 +283,10 @@ async def _load(bus: Bus, site: str, session_id: str, use_snapshot: bool,
     if not cached:
         _cache.set_revision(site, session_id, revision)
         _cache.set_snapshotted(site, session_id, start.event_count if start is not None else 0)
-    if write_snapshot and state.event_count - _cache.snapshotted(site, session_id) >= bus.config.snapshot_every:
+    # Only a load that folded something new: requests of a session that start while the
+    # first one's write is under way (turned away as busy, say) do not write it again.
+    past_snapshot = state.event_count - _cache.snapshotted(site, session_id)
+    if write_snapshot and tail and past_snapshot >= bus.config.snapshot_every:
         _snapshot_later(bus, state, revision)
     return state
 
@@ -294,8 +297,8 @@ _writing: set[asyncio.Task] = set()
 def _snapshot_later(bus: Bus, state: ConversationState, revision: int | None) -> None:
     """Write the state's snapshot after the load has returned: it shortens a later cold
     load, so a handler should not wait for it (two KV round trips and the state's
-    encoding, 5 to 18 ms of the first load of every turn in a one-session bench). Encoded
-    now: the cache folds this state forward in place."""
+    encoding, 5 to 18 ms of the first load of every turn in a one-session bench). The
+    state is encoded now, the write goes out in the background."""
     data = _encoded(bus, state)
     if data is None:
         return

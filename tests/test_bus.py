@@ -343,6 +343,7 @@ def test_headers_are_parsed_as_nats_py_parses_them():
     from shared.bus import _header_lines, _nats_header_lines
 
     assert Client._parse_header_lines is _header_lines
+    assert _nats_header_lines.__module__ == "nats.aio.client"  # nats-py's own, even after a second import
     pieces = [b"Nats-Msg-Id", b"Nats-Sequence", b"a b", b"\xc3\xa9t\xc3\xa9", b"", b" ", b"\t", b":", b": ",
               b"value", b"\xc2\xa0", b"\xe2\x80\x83x", b"\x1c", b"\x0b", b"\xff\xfe", b"1:2", b"\r", b"\n", b"-"]
     rng = random.Random(7)

@@ -362,3 +362,26 @@ async def test_when_the_shared_read_fails_a_joined_load_reads_for_itself(bus, si
     with pytest.raises(RuntimeError):
         await first
     assert (await joined).turn == 2 and reads.calls == 2
+
+
+async def test_a_turn_start_load_with_nothing_new_writes_no_snapshot(nats_url, site):
+    """Requests of a session that start while its snapshot is being written (turned away
+    as busy, say) fold nothing new and write nothing again."""
+    bus = await connect(BusConfig(url=nats_url, snapshot_every=4), name="test-loader")
+    writes = []
+    stored = loader._stored
+    try:
+        await publish_turns(bus, site, "w", 2)
+
+        async def counted(*args):
+            writes.append(args)
+            return await stored(*args)
+
+        loader._stored = counted
+        for _ in range(3):
+            await loader.load(bus, site, "w", write_snapshot=True, shared=True)
+        await loader.snapshots_written()
+        assert len(writes) == 1
+    finally:
+        loader._stored = stored
+        await bus.close()

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import json
 import os
 import shutil
@@ -196,8 +197,8 @@ class NatsProfiler(threading.Thread):
             try:
                 with urllib.request.urlopen(self.url, timeout=self.window_s + 30) as answer:
                     path.write_bytes(answer.read())
-            except OSError as exc:
-                print(f"nats-server profile window not collected: {exc}", file=sys.stderr, flush=True)
+            except (OSError, http.client.HTTPException) as exc:
+                print(f"nats-server profile window not collected: {exc!r}", file=sys.stderr, flush=True)
                 return
             self.windows.append(path)
 
