@@ -236,11 +236,11 @@ class LLMClient:
                     # under make bench); the JSON sent is the same.
                     # A stream ends with a chunk of token usage (`include_usage`): without
                     # it, a streamed call's record would have none.
-                    body = {"messages": messages, **params}
+                    sent = {"messages": messages, **params}
                     if not whole:
-                        body["stream_options"] = {"include_usage": True}
+                        sent["stream_options"] = {"include_usage": True}
                     async with ep.client.chat.completions.with_streaming_response.create(
-                        model=ep.model, messages=[], stream=not whole, extra_body=body
+                        model=ep.model, messages=[], stream=not whole, extra_body=sent
                     ) as response:
                         if whole:
                             body = _completion_decoder.decode(await response.read())
