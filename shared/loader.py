@@ -152,15 +152,9 @@ class FoldCache:
 _cache = FoldCache()
 
 
-class _Read:
-    """A load of one conversation in flight in this process (`load_for_event`): its state,
-    once read."""
-
-    def __init__(self):
-        self.done: asyncio.Future = asyncio.get_running_loop().create_future()
-
-
-_reads: dict[tuple[str, str], _Read] = {}
+# The loads of a conversation in flight in this process (`load_for_event`): each one's state,
+# once read.
+_reads: dict[tuple[str, str], asyncio.Future] = {}
 # Reads in flight a load waits for, one after another, before reading for itself (each one it
 # waits for began before its own event was read, so more than one is rare).
 JOINS = 3
@@ -195,20 +189,20 @@ async def load_for_event(bus: Bus, site: str, session_id: str) -> ConversationSt
         if shared is None:
             break
         try:
-            state = await asyncio.shield(shared.done)
+            state = await asyncio.shield(shared)
         except Exception:  # noqa: BLE001 - its read failed: this load reads for itself
             break
         if state.last_seq >= floor:
             return state
-    read = _Read()
+    read = asyncio.get_running_loop().create_future()
     _reads[key] = read
     try:
         state = await _load(bus, site, session_id, True, False)
-        read.done.set_result(state)
+        read.set_result(state)
         return state
     except BaseException as exc:
-        read.done.set_exception(exc if isinstance(exc, Exception) else RuntimeError("load cancelled"))
-        read.done.exception()  # retrieved: no "never retrieved" warning when nobody joined
+        read.set_exception(exc if isinstance(exc, Exception) else RuntimeError("load cancelled"))
+        read.exception()  # retrieved: no "never retrieved" warning when nobody joined
         raise
     finally:
         if _reads.get(key) is read:
