@@ -254,3 +254,30 @@ def test_a_finished_turn_from_the_log_is_its_sources_the_whole_answer_and_comple
         {"type": "sources", "sources": [{"n": 1, "url": "https://x.example"}]},
         {"type": "token", "content": "Xero syncs"},
         {"type": "complete", "session_id": SESSION, "turn": 1, "metadata": meta}]
+
+
+async def test_the_turns_other_log_events_are_progress_read_by_their_turn_only():
+    """Events the relay does not act on (a retrieval, an LLM call record) only restart the
+    stall clock, read by their turn number alone: the turn's do, another turn's and an
+    undecodable one do not."""
+    later = turn(SITE, SESSION, 2, "and Sage?")
+    retrieved = ev.follow(REQUEST, ev.RetrievalCompleted, "retrieval", documents=[])
+    other_turn = ev.follow(later, ev.RetrievalCompleted, "retrieval", documents=[])
+    garbage = Msg(subjects.conv(SITE, SESSION, "retrieval_completed"), b"{not json")
+    turn_relay = TurnRelay(None, SITE, SESSION, 1, deadline_s=10.0, stall_s=0.5)
+
+    async def steps():
+        for _ in range(4):  # 1.2 s of the turn's own events: no stall
+            turn_relay.queue.put_nowait(on_bus(retrieved))
+            await asyncio.sleep(0.3)
+        for _ in range(30):  # then only another turn's and garbage: the stall
+            turn_relay.queue.put_nowait(on_bus(other_turn))
+            turn_relay.queue.put_nowait(garbage)
+            await asyncio.sleep(0.1)
+
+    started = time.monotonic()
+    step = asyncio.create_task(steps())
+    batches = [batch async for batch in turn_relay.batches()]
+    step.cancel()
+    assert sum(batches, []) == [STALLED]
+    assert 1.4 <= time.monotonic() - started < 2.5

@@ -33,6 +33,8 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator
 
+import msgspec
+
 from shared import events as ev
 from shared import subjects
 from shared.bus import Bus
@@ -154,6 +156,16 @@ class TurnRelay:
         if msg.subject == self._progress_subject:  # a node at work on the turn
             self._progress_at = time.monotonic()
             return False
+        if msg.subject.startswith(_CONV) and msg.subject.rpartition(".")[2] not in _ACTED_ON:
+            # An event the relay only times the turn by: its turn number, not the whole
+            # event (a retrieval's documents and an LLM call's prompt are most of a turn's
+            # bytes; decoding them was the gateway's largest share of decoding).
+            try:
+                if _turn_of.decode(msg.data).turn == self.turn:
+                    self._progress_at = time.monotonic()
+            except msgspec.MsgspecError as exc:
+                log.error("undecodable event on relay", extra={"subject": msg.subject, "error": str(exc)})
+            return False
         try:
             event = ev.decode(msg.data)
         except ev.BadEvent as exc:
@@ -200,6 +212,17 @@ class TurnRelay:
                 out.append({"type": "error", "message": "Sorry, something went wrong while answering. Please try again."})
                 return True
         return False
+
+
+class _TurnOf(msgspec.Struct):
+    turn: int
+
+
+_turn_of = msgspec.json.Decoder(_TurnOf)
+# The conversation's event types `_take` acts on; any other event of the turn in the log only
+# restarts the stall clock.
+_ACTED_ON = {"turn_requested", "response_completed", "turn_completed", "turn_failed"}
+_CONV = subjects.CONV_SUBJECTS[:-1]  # "conv."
 
 
 class _TurnProgress:
