@@ -66,10 +66,13 @@ SUPPORT = ["I can't log in to my account", "The HubSpot sync stopped working", "
 BOOKING = ["I'd like to book a demo", "visitor{i}@example.com", "Company {i}", "Does the mobile app work offline?",
            "What integrations do you offer?"]
 SCRIPTS = [QUESTIONS, QUESTIONS[3:] + QUESTIONS[:3], QUESTIONS[6:] + QUESTIONS[:6], QUESTIONS[::-1], SUPPORT, BOOKING]
+# `--only answer`: every session asks product questions (the CPU target is per ANSWER turn).
+ANSWER_SCRIPTS = SCRIPTS[:4]
 
 
 async def drive(base_url: str, site: str, turns: int, concurrency: int, think_s: float = 0.0,
-                sessions_total: int | None = None, pace_s: float = 0.0) -> tuple[list[dict], list[str]]:
+                sessions_total: int | None = None, pace_s: float = 0.0,
+                scripts: list[list[str]] = SCRIPTS) -> tuple[list[dict], list[str]]:
     """`sessions_total` conversations (default: `concurrency`), at most `concurrency` at once,
     `turns` turns in all. Each session waits `think_s` after a turn's answer, or, with
     `pace_s`, sends a turn every `pace_s` (right after the previous one's answer when that
@@ -88,7 +91,7 @@ async def drive(base_url: str, site: str, turns: int, concurrency: int, think_s:
             visitor = Conversation(client, base_url, site)
             # Sessions start spread over one think time, as visitors do not all type at once.
             await asyncio.sleep((pace_s or think_s) * (i % concurrency) / concurrency)
-            script = SCRIPTS[i % len(SCRIPTS)]
+            script = scripts[i % len(scripts)]
             async with slots:
                 began = time.monotonic()
                 for t in range(per_session):
@@ -254,6 +257,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="instead of --think-ms: each session sends a turn every PACE ms (open loop: the "
                              "offered load, concurrency / pace turns/s, does not depend on how long answers "
                              "stream; compare backends with it)")
+    parser.add_argument("--only", choices=("answer",), default=None,
+                        help="answer: every session asks product questions (ANSWER turns only), for the CPU "
+                             "figure per ANSWER turn; by default two in three sessions do, the others "
+                             "REDIRECT and BOOKING")
     parser.add_argument("--replay-rounds", type=int, default=3)
     parser.add_argument("--profile", metavar="DIR", default=None,
                         help="sample every service with py-spy during the measured turns (flame-graph input: "
@@ -309,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
             started = time.perf_counter()
             results, sessions = asyncio.run(
                 drive(system.gateway_url, site, args.turns, args.concurrency, args.think_ms / 1000, args.sessions,
-                      args.pace_ms / 1000))
+                      args.pace_ms / 1000, ANSWER_SCRIPTS if args.only == "answer" else SCRIPTS))
             wall = time.perf_counter() - started
             driver_cpu_s = time.process_time() - driver_cpu_before
             stop_profilers(profilers)
@@ -349,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         "scripted_inter_token_ms": args.inter_token_ms,
         "think_ms": args.think_ms,
         "pace_ms": args.pace_ms,
+        "only": args.only,
         "ttft_overhead_ms_p50": round(percentile(overhead, 50), 2),
         "ttft_overhead_ms_p99": round(percentile(overhead, 99), 2),
         "ttft_overhead_ms_mean": round(statistics.fmean(overhead), 2) if overhead else None,
