@@ -7,7 +7,7 @@ as one `TokenChunk`. A model streams a word every few tens of milliseconds; one 
 word made each word cost a publish, a store in TOKENS, the gateway's decode and an SSE
 frame. A reader sees text arrive at most `batch_s` later than it would have, in fewer,
 larger pieces: at the default 0.1 s, ten updates a second (0.05 s sent twice the events
-for 8-9 % more CPU per ANSWER turn under make bench)."""
+for about 8 % more CPU per ANSWER turn under make bench)."""
 
 from __future__ import annotations
 
