@@ -156,7 +156,8 @@ class TurnRelay:
         if msg.subject == self._progress_subject:  # a node at work on the turn
             self._progress_at = time.monotonic()
             return False
-        if msg.subject.startswith(_CONV) and msg.subject.rpartition(".")[2] not in _ACTED_ON:
+        if (subjects.in_conversation(msg.subject, self.site, self.session_id)
+                and msg.subject.rpartition(".")[2] not in _ACTED_ON):
             # An event the relay only times the turn by: its turn number, not the whole
             # event (a retrieval's documents and an LLM call's prompt are most of a turn's
             # bytes; decoding them was the gateway's largest share of decoding).
@@ -221,8 +222,7 @@ class _TurnOf(msgspec.Struct):
 _turn_of = msgspec.json.Decoder(_TurnOf)
 # The conversation's event types `_take` acts on; any other event of the turn in the log only
 # restarts the stall clock.
-_ACTED_ON = {"turn_requested", "response_completed", "turn_completed", "turn_failed"}
-_CONV = subjects.CONV_SUBJECTS[:-1]  # "conv."
+_ACTED_ON = {ev.event_type(cls) for cls in (ev.TurnRequested, ev.ResponseCompleted, ev.TurnCompleted, ev.TurnFailed)}
 
 
 class _TurnProgress:
