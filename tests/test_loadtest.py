@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from cli.harness.supervisor import ROOT
-from cli.measure import driver, loadtest, loadtest_report, sweep
+from cli.measure import driver, loadtest, loadtest_report, machine, sweep
 
 POINT_KEYS = {"rate", "achieved", "sent", "answered", "p50_ms", "p95_ms", "p99_ms", "cpu_ms_per_event", "rss_mb",
               "sustainable", "generator_cpu_ms_per_event", "load_1m"}
@@ -69,12 +69,12 @@ def test_the_docs_table_replaces_what_is_between_its_markers_and_nothing_else(tm
     doc = tmp_path / "benchmarks.md"
     doc.write_text("# Benchmarks\n\nbefore\n")
     result = {"service": "router", "objective_p99_ms": 100.0, "latency": "TurnRequested → RouteDecided",
-              "seconds": 1.0, "max_sustainable_rate": 20.0, "cpus": 2, "date": "2026-11-23",
+              "seconds": 1.0, "max_sustainable_rate": 20.0, "cpus": 2, "date": "2026-11-23", "machine_gauge_ms": 41.5,
               "rates": [sweep.point(run_of(20, [10.0] * 20), cpu_s=0.2, rss_mb=250, objective_ms=100)]}
     loadtest_report.write_docs(doc, [result], "make loadtest", None)  # the first time: appended
     first = doc.read_text()
     assert first.startswith("# Benchmarks\n\nbefore\n") and "| router |" in first
-    assert "| **20/s** | 10 | 0.20 | 250 MiB |" in first  # 10 CPU ms per event: 0.2 of a core at 20/s
+    assert "| **20/s** | 10 | 0.20 | 250 MiB | 41.5 |" in first  # 10 CPU ms per event: 0.2 of a core at 20/s
     doc.write_text(first + "\nafter\n")
     result["rates"] = [sweep.point(run_of(10, [10.0] * 10), cpu_s=0.2, rss_mb=250, objective_ms=100)]
     result["max_sustainable_rate"] = 10.0
@@ -110,6 +110,7 @@ def test_each_service_load_test_answers_and_prints_the_shared_json(service):
     assert point["rate"] == float(TINY[service][1]) and point["answered"] == point["sent"] > 0, report
     assert point["achieved"] > 0 and point["cpu_ms_per_event"] > 0 and point["rss_mb"] > 0, report
     assert point["p50_ms"] is not None and point["p50_ms"] <= point["p95_ms"] <= point["p99_ms"], report
+    assert result["machine_gauge_ms"] > 0, report  # the machine's speed, read with the figures
 
 
 def test_an_earlier_runs_output_gives_each_services_last_result(tmp_path):
@@ -120,3 +121,10 @@ def test_an_earlier_runs_output_gives_each_services_last_result(tmp_path):
     log.write_text("\n".join(["== router", json.dumps(first), "  noise", json.dumps({"services": [gateway]}),
                               json.dumps(again)]) + "\n")
     assert loadtest.earlier_results(log) == {"router": again, "gateway": gateway}
+
+
+def test_the_machine_gauge_times_the_same_work_each_time(monkeypatch):
+    assert machine.work() == machine.work()
+    clock = iter([0.0, 0.050, 1.0, 1.040, 2.0, 2.045])  # three tries: 50, 40 and 45 ms
+    monkeypatch.setattr(machine.time, "perf_counter", lambda: next(clock))
+    assert machine.gauge_ms(tries=3) == 40.0  # the fastest: a moment's preemption does not count

@@ -48,7 +48,7 @@ import httpx
 
 from cli.harness.sse import Conversation
 from cli.harness.supervisor import ROOT, free_port, make_system, wait_http
-from cli.measure import critical_path, pprof_summary, process_usage
+from cli.measure import critical_path, machine, pprof_summary, process_usage
 from cli.measure.stats import percentile
 from shared import events as ev
 from shared import subjects
@@ -270,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="extractive: the answer role has no LLM (the other roles keep the scripted one)")
     args = parser.parse_args(argv)
 
+    gauge_before = machine.gauge_ms()
     llm_port = free_port()
     llm = subprocess.Popen(
         [sys.executable, "-m", "cli", "scripted-llm", "--port", str(llm_port), "--ttft-ms", str(args.ttft_ms),
@@ -331,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
             system.stop()
             llm.terminate()
             llm.wait(10)
+    gauge_after = machine.gauge_ms()
 
     ok = [r for r in results if r["status"] == 200 and r["final"] == "complete" and r["first_token_s"] is not None]
 
@@ -373,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
         "replay_events": replayed,
         "replay_events_per_s": round(rate),
         "cpus": os.cpu_count(),
+        # This machine's speed before and after (cli/measure/machine.py: ms, higher is slower).
+        "machine_gauge_ms": {"before": gauge_before, "after": gauge_after},
     }
     print(f"completed {figures['completed']}/{figures['turns']} turns in {wall:.1f}s "
           f"({figures['turns_per_s']} turns/s)")
@@ -390,5 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"replay verify: {verified['conversations']} conversations, {verified['turns']} turns, "
               f"{verified['diverged']} diverged, {verified['conversations_per_s']} conversations/s, "
               f"{verified['cpu_ms_per_conversation']} ms CPU a conversation")
+    print(f"machine gauge: {gauge_before} ms before, {gauge_after} ms after (cli/measure/machine.py; "
+          "higher is slower: read the figures against it)")
     print(json.dumps(figures))
     return 0 if figures["failed"] == 0 and not (verified or {}).get("diverged") else 1

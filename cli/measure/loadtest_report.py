@@ -33,11 +33,13 @@ def table(results: list[dict], command: str) -> str:
         f"`{command}`, {' to '.join(dates[:1] + dates[1:][-1:])}, {results[0].get('cpus')} cores. Per replica "
         "(one process of the service); CPU ms per event is the service process's own CPU time over the "
         "rate's window divided by the events it answered; the 1-minute load average is the machine's at "
-        "the end of each rate (everything this run started counts in it).",
+        "the end of each rate (everything this run started counts in it); the machine gauge is the time of a "
+        "fixed piece of Python work when the service's sweep ended (cli/measure/machine.py: this machine's "
+        "speed changes by the hour, higher is slower).",
         "",
         "| service | what is timed | p99 objective | max sustainable rate / replica | CPU ms / event there "
-        "| cores at that rate | peak RSS |",
-        "|---|---|---|---|---|---|---|",
+        "| cores at that rate | peak RSS | machine gauge ms |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for result in results:
         best = capacity(result)
@@ -45,7 +47,7 @@ def table(results: list[dict], command: str) -> str:
         lines.append(
             f"| {_name(result)} | {result['latency']} | {result['objective_p99_ms']:g} ms "
             f"| {_capacity_text(result)} | {_ms(best['cpu_ms_per_event']) if best else '–'} "
-            f"| {cores} | {_ms(best['rss_mb']) if best else '–'} MiB |")
+            f"| {cores} | {_ms(best['rss_mb']) if best else '–'} MiB | {_ms(result.get('machine_gauge_ms'))} |")
     lines += ["", "| service | offered /s | achieved /s | p50 ms | p95 ms | p99 ms | CPU ms / event | peak RSS MiB "
                   "| sustained | generator CPU ms / event | load 1m |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]

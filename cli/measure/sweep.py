@@ -28,7 +28,7 @@ import os
 import time
 from typing import Callable
 
-from cli.measure import driver, process_usage
+from cli.measure import driver, machine, process_usage
 from cli.measure.stats import percentile
 
 MIN_ACHIEVED = 0.95
@@ -137,7 +137,9 @@ def max_sustainable(points: list[dict]) -> float | None:
 def report(service: str, args: argparse.Namespace, latency: str, points: list[dict], **extra) -> dict:
     return {"service": service, "objective_p99_ms": args.objective_ms, "latency": latency, "seconds": args.seconds,
             "rates": points, "max_sustainable_rate": max_sustainable(points), **extra,
-            "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d")}
+            "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d"),
+            # This machine's speed when the sweep ended (cli/measure/machine.py: ms, higher is slower).
+            "machine_gauge_ms": machine.gauge_ms()}
 
 
 def print_report(result: dict) -> int:
