@@ -1,12 +1,13 @@
 """How fast this machine runs Python right now: a fixed piece of work, timed.
 
-The machine the figures in docs/benchmarks.md come from changes speed from hour to hour
-(the host it shares): on 2026-11-24 the same pure-Python loop took 0.88 s at 15:34 and
-1.50 s at 15:42, and `make bench`'s CPU per turn and latencies moved with it. A figure
-read without the speed it was measured at cannot be compared with a later run, so every
+The machine the figures in docs/benchmarks.md come from changes speed with the host it
+shares, within seconds and from hour to hour: on 2026-11-24 one process timed this work
+at 37 to 68 ms over twenty seconds, the same pure-Python loop took 0.88 s at 15:34 and
+1.50 s at 15:42, and `make bench`'s CPU per turn and latencies moved with it. A figure read
+without the speed it was measured at cannot be compared with a later run, so every
 `concierge bench` and `concierge loadtest` reports this gauge next to its figures:
-milliseconds for the same work each time (the fastest of a few tries, so a moment's
-preemption does not count), higher is slower.
+milliseconds for the same work, the median of a few tries (the speed right then, not the
+best moment), higher is slower.
 
 The work is the kind the services spend their CPU on: interpreted loops, dict and string
 handling, JSON in and out.
@@ -15,6 +16,7 @@ handling, JSON in and out.
 from __future__ import annotations
 
 import json
+import statistics
 import time
 
 RECORD = {"type": "token_chunk", "site": "bench", "session_id": "s-0123456789abcdef", "turn": 3,
@@ -23,7 +25,7 @@ RECORD = {"type": "token_chunk", "site": "bench", "session_id": "s-0123456789abc
 
 
 def work() -> int:
-    """The fixed work: about 40 ms on this machine when it is fast."""
+    """The fixed work: about 37 ms on this machine at its fastest."""
     total = 0
     for i in range(150_000):
         total += i % 7
@@ -34,11 +36,11 @@ def work() -> int:
     return total
 
 
-def gauge_ms(tries: int = 5) -> float:
-    """Milliseconds `work` takes, the fastest of `tries`."""
-    best = float("inf")
+def gauge_ms(tries: int = 7) -> float:
+    """Milliseconds `work` takes, the median of `tries`."""
+    times = []
     for _ in range(tries):
         started = time.perf_counter()
         work()
-        best = min(best, time.perf_counter() - started)
-    return round(best * 1000, 1)
+        times.append(time.perf_counter() - started)
+    return round(statistics.median(times) * 1000, 1)
