@@ -240,8 +240,22 @@ def stop_profilers(profilers: list) -> None:
             profiler.stop()
 
 
+def without_options(argv: list[str], names: tuple[str, ...]) -> list[str]:
+    """`argv` without the options `names` and their values (`--name VALUE` or `--name=VALUE`)."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in names:
+            skip = True
+        elif not arg.startswith(tuple(f"{name}=" for name in names)):
+            kept.append(arg)
+    return kept
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="concierge bench", description=__doc__,
+    # No abbreviations: --against's runs get the other options as given, and only the full names are taken out.
+    parser = argparse.ArgumentParser(prog="concierge bench", description=__doc__, allow_abbrev=False,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--turns", type=int, default=240)
     parser.add_argument("--concurrency", type=int, default=24)
@@ -268,7 +282,18 @@ def main(argv: list[str] | None = None) -> int:
                              "CPU profiler (Go pprof windows in DIR/nats-N.pprof, read into DIR/nats.txt)")
     parser.add_argument("--answer-backend", choices=("llm", "extractive"), default="llm",
                         help="extractive: the answer role has no LLM (the other roles keep the scripted one)")
+    parser.add_argument("--against", metavar="REV", default=None,
+                        help="measure this tree and git revision REV alternately, the same bench with the other "
+                             "arguments (cli/measure/alternate.py): the way to compare code on this machine")
+    parser.add_argument("--pairs", type=int, default=3, help="with --against: runs of each code (default 3)")
     args = parser.parse_args(argv)
+    if args.pairs < 1:
+        parser.error("--pairs: at least 1")
+    if args.against:
+        from cli.measure import alternate
+
+        return alternate.run(args.against, args.pairs, without_options(
+            sys.argv[1:] if argv is None else argv, ("--against", "--pairs")))
 
     gauge_before = machine.gauge_ms()
     llm_port = free_port()

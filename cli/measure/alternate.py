@@ -1,0 +1,134 @@
+"""`concierge bench --against REV --pairs N [ARGS]`: this tree's code and REV's, measured
+by the same bench, alternately.
+
+On this machine only runs made side by side compare: figures swing by half between
+identical runs hours apart and the speed moves within seconds (docs/benchmarks.md,
+cli/measure/machine.py). So a before/after figure is N pairs of runs, one of each code
+per pair, the order switching from pair to pair (this tree first in the first pair, REV
+first in the second, ...), so a machine slowing down or speeding up through the runs
+favours neither.
+
+REV's code is checked out into a temporary git worktree (removed at the end), and this
+tree's measuring modules (`MEASURING`) are copied over it: both sides are driven and
+measured the same way, only the system under test differs. Both run on this tree's
+virtualenv (REV's pins are not installed). Each run is its own `concierge bench ARGS`; its
+output is shown as it comes, then each pair's figures side by side (REV's over this
+tree's), and last one JSON line with every run's figures and the ratios.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from cli.harness.supervisor import ROOT
+
+# What drives and measures a bench run: the same on both sides.
+MEASURING = ("bench.py", "critical_path.py", "machine.py", "pprof_summary.py", "process_usage.py", "stats.py")
+
+
+class AgainstError(Exception):
+    """REV cannot be checked out, or one of its runs printed no figures."""
+
+
+def git(*args: str, cwd: Path = ROOT) -> str:
+    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise AgainstError(f"git {' '.join(args)}: {done.stderr.strip() or done.stdout.strip()}")
+    return done.stdout.strip()
+
+
+def describe_this() -> str:
+    """This tree's commit, and whether its files differ from it (they are what is measured)."""
+    commit = git("rev-parse", "--short", "HEAD")
+    return f"{commit} with uncommitted changes" if git("status", "--porcelain") else commit
+
+
+def checkout(rev: str, into: Path) -> str:
+    """REV's code in a worktree at `into`, this tree's measuring modules over it; its commit."""
+    commit = git("rev-parse", "--verify", "--short", f"{rev}^{{commit}}")
+    git("worktree", "add", "--detach", "--force", str(into), commit)
+    for name in MEASURING:
+        shutil.copy(ROOT / "cli" / "measure" / name, into / "cli" / "measure" / name)
+    return commit
+
+
+def run_bench(tree: Path, args: list[str]) -> dict:
+    """One `concierge bench ARGS` on the code in `tree`, its output passed through; its figures."""
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "bench", *args], cwd=tree,
+                            env={**os.environ, "PYTHONPATH": str(tree)}, stdout=subprocess.PIPE, text=True)
+    last = ""
+    for line in proc.stdout:
+        print(f"  {line}", end="", flush=True)
+        last = line if line.strip() else last
+    proc.wait()
+    try:
+        figures = json.loads(last)
+    except json.JSONDecodeError:
+        raise AgainstError(f"the bench on {tree} ended (exit {proc.returncode}) without its JSON line") from None
+    figures["exit"] = proc.returncode
+    return figures
+
+
+def order(pair: int) -> tuple[str, str]:
+    """Which code runs first in pair `pair` (from 0): this tree, then REV, then the other way."""
+    return ("this", "against") if pair % 2 == 0 else ("against", "this")
+
+
+def headline(figures: dict) -> dict:
+    """The figures a pair is read by."""
+    cpu = figures.get("cpu_ms_per_turn", {})
+    routes = figures.get("ttft_overhead_ms_by_route", {})
+    return {
+        "cpu_ms_per_turn": round(sum(cpu.values()), 1),
+        "services_cpu_ms_per_turn": round(sum(v for k, v in cpu.items() if k not in ("nats", "redis")), 1),
+        **{f"{route}_p50_ms": routes[route]["p50"] for route in ("ANSWER", "REDIRECT", "BOOKING") if route in routes},
+        "ANSWER_p99_ms": figures.get("ttft_overhead_ms_p99"),
+        "turns_per_s": figures.get("turns_per_s"),
+    }
+
+
+def ratios(this: dict, against: dict) -> dict:
+    """REV's headline figures over this tree's (below 1: REV's is lower)."""
+    mine, theirs = headline(this), headline(against)
+    return {key: round(theirs[key] / value, 2) for key, value in mine.items()
+            if key != "turns_per_s" and value and theirs.get(key) is not None}
+
+
+def run(rev: str, pairs: int, bench_args: list[str]) -> int:
+    this_code = describe_this()
+    with tempfile.TemporaryDirectory(prefix="concierge-against-") as tmp:
+        tree = Path(tmp) / "code"
+        try:
+            commit = checkout(rev, tree)
+        except AgainstError as exc:
+            print(f"concierge bench --against {rev}: {exc}", file=sys.stderr)
+            return 2
+        runs: list[dict] = []
+        try:
+            for pair in range(pairs):
+                for side in order(pair):
+                    label = f"this tree ({this_code})" if side == "this" else f"{rev} ({commit})"
+                    print(f"== pair {pair + 1} of {pairs}: {label}", flush=True)
+                    runs.append({"pair": pair + 1, "code": side,
+                                 "figures": run_bench(ROOT if side == "this" else tree, bench_args)})
+        except AgainstError as exc:
+            print(f"concierge bench --against {rev}: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
+            subprocess.run(["git", "worktree", "prune"], cwd=ROOT, capture_output=True)
+    by_pair = [{run_["code"]: run_["figures"] for run_ in runs if run_["pair"] == pair + 1} for pair in range(pairs)]
+    print(f"this tree ({this_code}) against {rev} ({commit}), {pairs} pairs; {rev}'s figure over this tree's:")
+    for pair, both in enumerate(by_pair, 1):
+        mine, theirs = headline(both["this"]), headline(both["against"])
+        print(f"  pair {pair}: " + ", ".join(f"{key} {mine[key]} vs {theirs.get(key)}" for key in mine)
+              + f" | ratios {ratios(both['this'], both['against'])}")
+    print(json.dumps({"against": rev, "against_commit": commit, "this": this_code, "pairs": pairs,
+                      "runs": runs, "ratios": [ratios(both["this"], both["against"]) for both in by_pair]}))
+    return 0 if all(r["figures"]["exit"] == 0 for r in runs) else 1

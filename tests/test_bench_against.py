@@ -1,0 +1,75 @@
+"""`concierge bench --against REV`: this tree and REV measured alternately by the same bench.
+The pairing and the ratios on made-up figures, then one real pair against HEAD at a tiny
+load (two benches, about a minute): REV's code runs from a worktree that is gone after."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from cli.harness.supervisor import ROOT
+from cli.measure import alternate
+from cli.measure.bench import without_options
+
+
+def figures(cpu: float, answer: float, redirect: float) -> dict:
+    return {"cpu_ms_per_turn": {"nats": cpu / 4, "redis": 0.0, "router": cpu * 3 / 4},
+            "ttft_overhead_ms_by_route": {"ANSWER": {"p50": answer, "p99": answer * 3},
+                                          "REDIRECT": {"p50": redirect, "p99": redirect * 2}},
+            "ttft_overhead_ms_p99": answer * 3, "turns_per_s": 15.0}
+
+
+def test_the_runs_take_the_other_options_as_given():
+    argv = ["--turns", "40", "--against", "HEAD~3", "--pairs=2", "--pace-ms", "3000", "--against=x", "--pairs", "4"]
+    assert without_options(argv, ("--against", "--pairs")) == ["--turns", "40", "--pace-ms", "3000"]
+
+
+def test_the_order_switches_from_pair_to_pair():
+    assert [alternate.order(pair) for pair in range(3)] == [
+        ("this", "against"), ("against", "this"), ("this", "against")]
+
+
+def test_a_pair_reads_as_revs_figure_over_this_trees():
+    assert alternate.headline(figures(40.0, 30.0, 25.0)) == {
+        "cpu_ms_per_turn": 40.0, "services_cpu_ms_per_turn": 30.0, "ANSWER_p50_ms": 30.0, "REDIRECT_p50_ms": 25.0,
+        "ANSWER_p99_ms": 90.0, "turns_per_s": 15.0}
+    assert alternate.ratios(figures(40.0, 30.0, 25.0), figures(80.0, 60.0, 25.0)) == {
+        "cpu_ms_per_turn": 2.0, "services_cpu_ms_per_turn": 2.0, "ANSWER_p50_ms": 2.0, "REDIRECT_p50_ms": 1.0,
+        "ANSWER_p99_ms": 2.0}
+
+
+def test_a_revision_git_does_not_know_is_a_clear_error_and_no_run():
+    out = subprocess.run([sys.executable, "-m", "cli", "bench", "--against", "no-such-revision", "--pairs", "1"],
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2 and "no-such-revision" in out.stderr and "== pair" not in out.stdout
+
+
+def worktrees() -> set[str]:
+    listed = subprocess.run(["git", "worktree", "list", "--porcelain"], cwd=ROOT, capture_output=True, text=True)
+    return {line.split(" ", 1)[1] for line in listed.stdout.splitlines() if line.startswith("worktree ")}
+
+
+@pytest.mark.timeout(240)
+def test_one_pair_against_head_measures_both_codes_and_leaves_no_worktree():
+    before = worktrees()
+    out = subprocess.run([sys.executable, "-m", "cli", "bench", "--against", "HEAD", "--pairs", "1", "--turns", "4",
+                          "--concurrency", "2", "--think-ms", "0", "--replay-rounds", "0"],
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                         timeout=230)
+    report = f"{out.stdout[-3000:]}\n{out.stderr[-2000:]}"
+    assert out.returncode == 0, report
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["against"] == "HEAD" and result["against_commit"] and result["pairs"] == 1, report
+    assert [r["code"] for r in result["runs"]] == ["this", "against"], report
+    for run in result["runs"]:
+        assert run["figures"]["completed"] == 4 and run["figures"]["exit"] == 0, report
+        assert run["figures"]["machine_gauge_ms"]["before"] > 0, report
+    [ratios] = result["ratios"]
+    assert ratios["cpu_ms_per_turn"] > 0, report
+    assert "== pair 1 of 1: HEAD" in out.stdout, report
+    assert worktrees() == before, report
