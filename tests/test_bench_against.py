@@ -49,6 +49,17 @@ def test_a_revision_git_does_not_know_is_a_clear_error_and_no_run():
     assert out.returncode == 2 and "no-such-revision" in out.stderr and "== pair" not in out.stdout
 
 
+def test_a_revision_older_than_the_bench_is_a_clear_error_and_leaves_no_worktree():
+    first = subprocess.run(["git", "rev-list", "--max-parents=0", "HEAD"], cwd=ROOT, capture_output=True,
+                           text=True).stdout.split()[0]  # the first commit: no cli/measure/bench.py yet
+    before = worktrees()
+    out = subprocess.run([sys.executable, "-m", "cli", "bench", "--against", first, "--pairs", "1"],
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2 and "older than `concierge bench`" in out.stderr, out.stderr
+    assert worktrees() == before
+
+
 def worktrees() -> set[str]:
     listed = subprocess.run(["git", "worktree", "list", "--porcelain"], cwd=ROOT, capture_output=True, text=True)
     return {line.split(" ", 1)[1] for line in listed.stdout.splitlines() if line.startswith("worktree ")}

@@ -53,9 +53,17 @@ def checkout(rev: str, into: Path) -> str:
     """REV's code in a worktree at `into`, this tree's measuring modules over it; its commit."""
     commit = git("rev-parse", "--verify", "--short", f"{rev}^{{commit}}")
     git("worktree", "add", "--detach", "--force", str(into), commit)
+    if not (into / "cli" / "measure" / "bench.py").exists():
+        raise AgainstError(f"{rev} ({commit}) has no cli/measure/bench.py: older than `concierge bench`")
     for name in MEASURING:
         shutil.copy(ROOT / "cli" / "measure" / name, into / "cli" / "measure" / name)
     return commit
+
+
+def remove_worktree(tree: Path) -> None:
+    """The worktree gone, and git's record of it (a no-op when it was never added)."""
+    subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
+    subprocess.run(["git", "worktree", "prune"], cwd=ROOT, capture_output=True)
 
 
 def run_bench(tree: Path, args: list[str]) -> dict:
@@ -108,6 +116,7 @@ def run(rev: str, pairs: int, bench_args: list[str]) -> int:
             commit = checkout(rev, tree)
         except AgainstError as exc:
             print(f"concierge bench --against {rev}: {exc}", file=sys.stderr)
+            remove_worktree(tree)
             return 2
         runs: list[dict] = []
         try:
@@ -121,8 +130,7 @@ def run(rev: str, pairs: int, bench_args: list[str]) -> int:
             print(f"concierge bench --against {rev}: {exc}", file=sys.stderr)
             return 1
         finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
-            subprocess.run(["git", "worktree", "prune"], cwd=ROOT, capture_output=True)
+            remove_worktree(tree)
     by_pair = [{run_["code"]: run_["figures"] for run_ in runs if run_["pair"] == pair + 1} for pair in range(pairs)]
     print(f"this tree ({this_code}) against {rev} ({commit}), {pairs} pairs; {rev}'s figure over this tree's:")
     for pair, both in enumerate(by_pair, 1):
