@@ -49,7 +49,18 @@ def test_a_revision_git_does_not_know_is_a_clear_error_and_no_run():
     assert out.returncode == 2 and "no-such-revision" in out.stderr and "== pair" not in out.stdout
 
 
+def test_options_that_do_not_go_together_are_refused():
+    for argv in (["--pairs", "2"], ["--against", "HEAD", "--profile", "/tmp/x"], ["--against", "HEAD", "--pairs", "0"]):
+        out = subprocess.run([sys.executable, "-m", "cli", "bench", *argv], cwd=ROOT,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and "error:" in out.stderr and "== pair" not in out.stdout, (argv, out.stderr)
+
+
 def test_a_revision_older_than_the_bench_is_a_clear_error_and_leaves_no_worktree():
+    shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=ROOT, capture_output=True,
+                             text=True).stdout.strip()
+    if shallow != "false":
+        pytest.skip("a shallow clone's first commit is not the project's first")
     first = subprocess.run(["git", "rev-list", "--max-parents=0", "HEAD"], cwd=ROOT, capture_output=True,
                            text=True).stdout.split()[0]  # the first commit: no cli/measure/bench.py yet
     before = worktrees()
@@ -82,5 +93,5 @@ def test_one_pair_against_head_measures_both_codes_and_leaves_no_worktree():
         assert run["figures"]["machine_gauge_ms"]["before"] > 0, report
     [ratios] = result["ratios"]
     assert ratios["cpu_ms_per_turn"] > 0, report
-    assert "== pair 1 of 1: HEAD" in out.stdout, report
+    assert "== pair 1 of 1: HEAD" in out.stdout and "1 pair:" in out.stdout, report
     assert worktrees() == before, report

@@ -1,19 +1,21 @@
-"""`concierge bench --against REV --pairs N [ARGS]`: this tree's code and REV's, measured
+"""`concierge bench --against REV [--pairs N] [ARGS]`: this tree's code and REV's, measured
 by the same bench, alternately.
 
 On this machine only runs made side by side compare: figures swing by half between
 identical runs hours apart and the speed moves within seconds (docs/benchmarks.md,
 cli/measure/machine.py). So a before/after figure is N pairs of runs, one of each code
 per pair, the order switching from pair to pair (this tree first in the first pair, REV
-first in the second, ...), so a machine slowing down or speeding up through the runs
-favours neither.
+first in the second, ...): with an even N, a machine slowing down or speeding up through
+the runs favours neither.
 
 REV's code is checked out into a temporary git worktree (removed at the end), and this
-tree's measuring modules (`MEASURING`) are copied over it: both sides are driven and
-measured the same way, only the system under test differs. Both run on this tree's
-virtualenv (REV's pins are not installed). Each run is its own `concierge bench ARGS`; its
-output is shown as it comes, then each pair's figures side by side (REV's over this
-tree's), and last one JSON line with every run's figures and the ratios.
+tree's load generator, scripted LLM and measuring modules (`SAME_ON_BOTH_SIDES`) are copied
+over it: both sides are driven and measured the same way; the system under test and the
+supervisor that starts it are REV's. Both run on this tree's virtualenv (REV's pins are not
+installed). Each run is its own `concierge bench ARGS`; its output is shown as it comes,
+then each pair's figures side by side, and last one JSON line with every run's figures and
+REV's over this tree's (`ratios`). A run that fails stops the comparison; the line then
+holds the runs made so far and the error.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -28,12 +31,15 @@ from pathlib import Path
 
 from cli.harness.supervisor import ROOT
 
-# What drives and measures a bench run: the same on both sides.
-MEASURING = ("bench.py", "critical_path.py", "machine.py", "pprof_summary.py", "process_usage.py", "stats.py")
+# What drives and measures a bench run (paths in the project): the same on both sides.
+SAME_ON_BOTH_SIDES = tuple(f"cli/measure/{name}" for name in (
+    "bench.py", "critical_path.py", "machine.py", "pprof_summary.py", "process_usage.py", "stats.py",
+)) + ("cli/harness/sse.py", "cli/harness/scripted_llm.py")
+STOP_S = 60  # how long a stopped run may take to stop its system
 
 
 class AgainstError(Exception):
-    """REV cannot be checked out, or one of its runs printed no figures."""
+    """REV cannot be checked out or measured, or one of its runs printed no figures."""
 
 
 def git(*args: str, cwd: Path = ROOT) -> str:
@@ -44,19 +50,29 @@ def git(*args: str, cwd: Path = ROOT) -> str:
 
 
 def describe_this() -> str:
-    """This tree's commit, and whether its files differ from it (they are what is measured)."""
+    """This tree's commit, and whether its files differ from it (they are what is measured):
+    tracked files changed, or Python files git does not know yet."""
     commit = git("rev-parse", "--short", "HEAD")
-    return f"{commit} with uncommitted changes" if git("status", "--porcelain") else commit
+    changed = git("status", "--porcelain", "--untracked-files=no") or git(
+        "ls-files", "--others", "--exclude-standard", "--", "*.py")
+    return f"{commit} with uncommitted changes" if changed else commit
 
 
 def checkout(rev: str, into: Path) -> str:
-    """REV's code in a worktree at `into`, this tree's measuring modules over it; its commit."""
+    """REV's code in a worktree at `into`, this tree's `SAME_ON_BOTH_SIDES` over it; its commit."""
     commit = git("rev-parse", "--verify", "--short", f"{rev}^{{commit}}")
     git("worktree", "add", "--detach", "--force", str(into), commit)
     if not (into / "cli" / "measure" / "bench.py").exists():
         raise AgainstError(f"{rev} ({commit}) has no cli/measure/bench.py: older than `concierge bench`")
-    for name in MEASURING:
-        shutil.copy(ROOT / "cli" / "measure" / name, into / "cli" / "measure" / name)
+    for path in SAME_ON_BOTH_SIDES:
+        shutil.copy(ROOT / path, into / path)
+    # What the bench imports from REV's code (its supervisor, events, bus) must be there:
+    # found out now, not after this tree's first run.
+    check = subprocess.run([sys.executable, "-c", "import cli.measure.bench"], cwd=into,
+                           env={**os.environ, "PYTHONPATH": str(into)}, capture_output=True, text=True)
+    if check.returncode != 0:
+        last = (check.stderr.strip().splitlines() or ["?"])[-1]
+        raise AgainstError(f"this tree's bench cannot drive {rev} ({commit}): {last}")
     return commit
 
 
@@ -67,14 +83,26 @@ def remove_worktree(tree: Path) -> None:
 
 
 def run_bench(tree: Path, args: list[str]) -> dict:
-    """One `concierge bench ARGS` on the code in `tree`, its output passed through; its figures."""
+    """One `concierge bench ARGS` on the code in `tree`, its output passed through; its
+    figures. Stopped early (Ctrl-C, SIGTERM), the run is interrupted as Ctrl-C would, so it
+    stops the system it started, and waited for."""
     proc = subprocess.Popen([sys.executable, "-m", "cli", "bench", *args], cwd=tree,
-                            env={**os.environ, "PYTHONPATH": str(tree)}, stdout=subprocess.PIPE, text=True)
+                            env={**os.environ, "PYTHONPATH": str(tree), "PYTHONUNBUFFERED": "1"},
+                            stdout=subprocess.PIPE, text=True)
     last = ""
-    for line in proc.stdout:
-        print(f"  {line}", end="", flush=True)
-        last = line if line.strip() else last
-    proc.wait()
+    try:
+        for line in proc.stdout:
+            print(f"  {line}", end="", flush=True)
+            last = line if line.strip() else last
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(STOP_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
     try:
         figures = json.loads(last)
     except json.JSONDecodeError:
@@ -108,35 +136,47 @@ def ratios(this: dict, against: dict) -> dict:
             if key != "turns_per_s" and value and theirs.get(key) is not None}
 
 
+def _stop(signum, _frame):
+    raise KeyboardInterrupt(f"signal {signum}")  # the runs and the worktree are cleaned up as on Ctrl-C
+
+
 def run(rev: str, pairs: int, bench_args: list[str]) -> int:
-    this_code = describe_this()
-    with tempfile.TemporaryDirectory(prefix="concierge-against-") as tmp:
-        tree = Path(tmp) / "code"
-        try:
-            commit = checkout(rev, tree)
-        except AgainstError as exc:
-            print(f"concierge bench --against {rev}: {exc}", file=sys.stderr)
-            remove_worktree(tree)
-            return 2
-        runs: list[dict] = []
-        try:
-            for pair in range(pairs):
-                for side in order(pair):
-                    label = f"this tree ({this_code})" if side == "this" else f"{rev} ({commit})"
-                    print(f"== pair {pair + 1} of {pairs}: {label}", flush=True)
-                    runs.append({"pair": pair + 1, "code": side,
-                                 "figures": run_bench(ROOT if side == "this" else tree, bench_args)})
-        except AgainstError as exc:
-            print(f"concierge bench --against {rev}: {exc}", file=sys.stderr)
-            return 1
-        finally:
-            remove_worktree(tree)
-    by_pair = [{run_["code"]: run_["figures"] for run_ in runs if run_["pair"] == pair + 1} for pair in range(pairs)]
-    print(f"this tree ({this_code}) against {rev} ({commit}), {pairs} pairs; {rev}'s figure over this tree's:")
-    for pair, both in enumerate(by_pair, 1):
+    try:
+        this_code = describe_this()
+    except AgainstError as exc:
+        print(f"concierge bench --against {rev}: {exc}", file=sys.stderr)
+        return 2
+    runs: list[dict] = []
+    error = None
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        with tempfile.TemporaryDirectory(prefix="concierge-against-") as tmp:
+            tree = Path(tmp) / "code"
+            try:
+                commit = checkout(rev, tree)
+                for pair in range(pairs):
+                    for side in order(pair):
+                        label = f"this tree ({this_code})" if side == "this" else f"{rev} ({commit})"
+                        print(f"== pair {pair + 1} of {pairs}: {label}", flush=True)
+                        runs.append({"pair": pair + 1, "code": side,
+                                     "figures": run_bench(ROOT if side == "this" else tree, bench_args)})
+            except AgainstError as exc:
+                error = str(exc)
+                print(f"concierge bench --against {rev}: {exc}", file=sys.stderr)
+                if not runs:
+                    return 2
+            finally:
+                remove_worktree(tree)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    complete = [pair for pair in range(1, pairs + 1) if len([r for r in runs if r["pair"] == pair]) == 2]
+    by_pair = [{r["code"]: r["figures"] for r in runs if r["pair"] == pair} for pair in complete]
+    print(f"this tree ({this_code}) and {rev} ({commit}), {len(complete)} pair{'s' * (len(complete) != 1)}:")
+    for pair, both in zip(complete, by_pair):
         mine, theirs = headline(both["this"]), headline(both["against"])
-        print(f"  pair {pair}: " + ", ".join(f"{key} {mine[key]} vs {theirs.get(key)}" for key in mine)
-              + f" | ratios {ratios(both['this'], both['against'])}")
-    print(json.dumps({"against": rev, "against_commit": commit, "this": this_code, "pairs": pairs,
-                      "runs": runs, "ratios": [ratios(both["this"], both["against"]) for both in by_pair]}))
-    return 0 if all(r["figures"]["exit"] == 0 for r in runs) else 1
+        print(f"  pair {pair}: " + ", ".join(f"{key} this {mine[key]} / {rev} {theirs.get(key)}" for key in mine)
+              + f"; {rev} over this: {ratios(both['this'], both['against'])}")
+    print(json.dumps({"against": rev, "against_commit": commit, "this": this_code, "pairs": pairs, "runs": runs,
+                      "ratios": [ratios(both["this"], both["against"]) for both in by_pair],
+                      **({"error": error} if error else {})}))
+    return 0 if error is None and all(r["figures"]["exit"] == 0 for r in runs) else 1

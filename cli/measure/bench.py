@@ -285,14 +285,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--against", metavar="REV", default=None,
                         help="measure this tree and git revision REV alternately, the same bench with the other "
                              "arguments (cli/measure/alternate.py): the way to compare code on this machine")
-    parser.add_argument("--pairs", type=int, default=3, help="with --against: runs of each code (default 3)")
+    parser.add_argument("--pairs", type=int, default=None,
+                        help="with --against: runs of each code, the order switching every pair (default 2; an "
+                             "even number favours neither)")
     args = parser.parse_args(argv)
-    if args.pairs < 1:
+    if args.pairs is not None and not args.against:
+        parser.error("--pairs goes with --against")
+    if args.pairs is not None and args.pairs < 1:
         parser.error("--pairs: at least 1")
+    if args.against and args.profile:
+        parser.error("--profile measures one run: not with --against, whose runs would write over each other")
     if args.against:
         from cli.measure import alternate
 
-        return alternate.run(args.against, args.pairs, without_options(
+        return alternate.run(args.against, args.pairs or 2, without_options(
             sys.argv[1:] if argv is None else argv, ("--against", "--pairs")))
 
     gauge_before = machine.gauge_ms()
