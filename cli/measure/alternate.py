@@ -88,7 +88,7 @@ def run_bench(tree: Path, args: list[str]) -> dict:
     stops the system it started, and waited for."""
     proc = subprocess.Popen([sys.executable, "-m", "cli", "bench", *args], cwd=tree,
                             env={**os.environ, "PYTHONPATH": str(tree), "PYTHONUNBUFFERED": "1"},
-                            stdout=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)  # one SIGINT: ours
     last = ""
     try:
         for line in proc.stdout:
