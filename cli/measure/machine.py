@@ -2,8 +2,8 @@
 
 The machine the figures in docs/benchmarks.md come from changes speed with the host it
 shares, within seconds and from hour to hour: on 2026-11-24 one process timed this work
-at 37 to 68 ms over twenty seconds, the same pure-Python loop took 0.88 s at 15:34 and
-1.50 s at 15:42, and `make bench`'s CPU per turn and latencies moved with it. A figure read
+at 37 to 68 ms over twenty seconds, the same pure-Python loop took 0.88 s at 15:35 and
+1.50 s at 15:37, and `make bench`'s CPU per turn and latencies moved with it. A figure read
 without the speed it was measured at cannot be compared with a later run, so every
 `concierge bench` and `concierge loadtest` reports this gauge next to its figures:
 milliseconds for the same work, the median of a few tries (the speed right then, not the
