@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -95,3 +96,32 @@ def test_one_pair_against_head_measures_both_codes_and_leaves_no_worktree():
     assert ratios["cpu_ms_per_turn"] > 0, report
     assert "== pair 1 of 1: HEAD" in out.stdout and "1 pair:" in out.stdout, report
     assert worktrees() == before, report
+
+
+def bench_processes() -> list[str]:
+    """Processes a bench started (its nats-server's store is in a `concierge-bench-` directory)."""
+    listed = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
+    return [line for line in listed if "concierge-bench-" in line]
+
+
+@pytest.mark.timeout(180)
+def test_a_comparison_stopped_by_sigterm_stops_its_run_and_leaves_nothing_behind():
+    before = worktrees()
+    assert not bench_processes()
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "bench", "--against", "HEAD", "--pairs", "1",
+                             "--turns", "400", "--concurrency", "4"], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:  # the first run's system is up: its processes are running
+            if "system up" in line:
+                break
+        assert bench_processes()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130 and "stopped before the end" in err, err[-2000:]
+    assert not bench_processes() and worktrees() == before

@@ -82,13 +82,20 @@ def remove_worktree(tree: Path) -> None:
     subprocess.run(["git", "worktree", "prune"], cwd=ROOT, capture_output=True)
 
 
+def _interruptible() -> None:
+    """In the run: SIGINT is Ctrl-C again (Python raises KeyboardInterrupt for it only if its
+    parent left it at the default; a shell's background job, for one, gets it ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_bench(tree: Path, args: list[str]) -> dict:
     """One `concierge bench ARGS` on the code in `tree`, its output passed through; its
     figures. Stopped early (Ctrl-C, SIGTERM), the run is interrupted as Ctrl-C would, so it
     stops the system it started, and waited for."""
     proc = subprocess.Popen([sys.executable, "-m", "cli", "bench", *args], cwd=tree,
                             env={**os.environ, "PYTHONPATH": str(tree), "PYTHONUNBUFFERED": "1"},
-                            stdout=subprocess.PIPE, text=True, start_new_session=True)  # one SIGINT: ours
+                            stdout=subprocess.PIPE, text=True, start_new_session=True,  # one SIGINT: ours
+                            preexec_fn=_interruptible)
     last = ""
     try:
         for line in proc.stdout:
@@ -147,7 +154,7 @@ def run(rev: str, pairs: int, bench_args: list[str]) -> int:
         print(f"concierge bench --against {rev}: {exc}", file=sys.stderr)
         return 2
     runs: list[dict] = []
-    error = None
+    error, stopped = None, False
     previous = signal.signal(signal.SIGTERM, _stop)
     try:
         with tempfile.TemporaryDirectory(prefix="concierge-against-") as tmp:
@@ -160,11 +167,12 @@ def run(rev: str, pairs: int, bench_args: list[str]) -> int:
                         print(f"== pair {pair + 1} of {pairs}: {label}", flush=True)
                         runs.append({"pair": pair + 1, "code": side,
                                      "figures": run_bench(ROOT if side == "this" else tree, bench_args)})
-            except AgainstError as exc:
-                error = str(exc)
-                print(f"concierge bench --against {rev}: {exc}", file=sys.stderr)
+            except (AgainstError, KeyboardInterrupt) as exc:
+                stopped = isinstance(exc, KeyboardInterrupt)
+                error = "stopped before the end (Ctrl-C or SIGTERM)" if stopped else str(exc)
+                print(f"concierge bench --against {rev}: {error}", file=sys.stderr)
                 if not runs:
-                    return 2
+                    return 130 if stopped else 2
             finally:
                 remove_worktree(tree)
     finally:
@@ -179,4 +187,6 @@ def run(rev: str, pairs: int, bench_args: list[str]) -> int:
     print(json.dumps({"against": rev, "against_commit": commit, "this": this_code, "pairs": pairs, "runs": runs,
                       "ratios": [ratios(both["this"], both["against"]) for both in by_pair],
                       **({"error": error} if error else {})}))
+    if stopped:
+        return 130
     return 0 if error is None and all(r["figures"]["exit"] == 0 for r in runs) else 1
