@@ -143,10 +143,6 @@ def ratios(this: dict, against: dict) -> dict:
             if key != "turns_per_s" and value and theirs.get(key) is not None}
 
 
-def _stop(signum, _frame):
-    raise KeyboardInterrupt(f"signal {signum}")  # the runs and the worktree are cleaned up as on Ctrl-C
-
-
 def run(rev: str, pairs: int, bench_args: list[str]) -> int:
     try:
         this_code = describe_this()
@@ -155,28 +151,24 @@ def run(rev: str, pairs: int, bench_args: list[str]) -> int:
         return 2
     runs: list[dict] = []
     error, stopped = None, False
-    previous = signal.signal(signal.SIGTERM, _stop)
-    try:
-        with tempfile.TemporaryDirectory(prefix="concierge-against-") as tmp:
-            tree = Path(tmp) / "code"
-            try:
-                commit = checkout(rev, tree)
-                for pair in range(pairs):
-                    for side in order(pair):
-                        label = f"this tree ({this_code})" if side == "this" else f"{rev} ({commit})"
-                        print(f"== pair {pair + 1} of {pairs}: {label}", flush=True)
-                        runs.append({"pair": pair + 1, "code": side,
-                                     "figures": run_bench(ROOT if side == "this" else tree, bench_args)})
-            except (AgainstError, KeyboardInterrupt) as exc:
-                stopped = isinstance(exc, KeyboardInterrupt)
-                error = "stopped before the end (Ctrl-C or SIGTERM)" if stopped else str(exc)
-                print(f"concierge bench --against {rev}: {error}", file=sys.stderr)
-                if not runs:
-                    return 130 if stopped else 2
-            finally:
-                remove_worktree(tree)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    with tempfile.TemporaryDirectory(prefix="concierge-against-") as tmp:
+        tree = Path(tmp) / "code"
+        try:
+            commit = checkout(rev, tree)
+            for pair in range(pairs):
+                for side in order(pair):
+                    label = f"this tree ({this_code})" if side == "this" else f"{rev} ({commit})"
+                    print(f"== pair {pair + 1} of {pairs}: {label}", flush=True)
+                    runs.append({"pair": pair + 1, "code": side,
+                                 "figures": run_bench(ROOT if side == "this" else tree, bench_args)})
+        except (AgainstError, KeyboardInterrupt) as exc:
+            stopped = isinstance(exc, KeyboardInterrupt)
+            error = "stopped before the end (Ctrl-C or SIGTERM)" if stopped else str(exc)
+            print(f"concierge bench --against {rev}: {error}", file=sys.stderr)
+            if not runs:
+                return 130 if stopped else 2
+        finally:
+            remove_worktree(tree)
     complete = [pair for pair in range(1, pairs + 1) if len([r for r in runs if r["pair"] == pair]) == 2]
     by_pair = [{r["code"]: r["figures"] for r in runs if r["pair"] == pair} for pair in complete]
     print(f"this tree ({this_code}) and {rev} ({commit}), {len(complete)} pair{'s' * (len(complete) != 1)}:")

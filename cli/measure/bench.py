@@ -240,6 +240,10 @@ def stop_profilers(profilers: list) -> None:
             profiler.stop()
 
 
+def interrupt(signum, _frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def without_options(argv: list[str], names: tuple[str, ...]) -> list[str]:
     """`argv` without the options `names` and their values (`--name VALUE` or `--name=VALUE`)."""
     kept, skip = [], False
@@ -295,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--pairs: at least 1")
     if args.against and args.profile:
         parser.error("--profile measures one run: not with --against, whose runs would write over each other")
+    # SIGTERM stops a run as Ctrl-C does: the system it started is stopped, its data removed
+    # (with --against: the run under way, then the worktree).
+    signal.signal(signal.SIGTERM, interrupt)
     if args.against:
         from cli.measure import alternate
 

@@ -1,6 +1,8 @@
-"""`concierge bench --against REV`: this tree and REV measured alternately by the same bench.
-The pairing and the ratios on made-up figures, then one real pair against HEAD at a tiny
-load (two benches, about a minute): REV's code runs from a worktree that is gone after."""
+"""`concierge bench` stopped early (SIGTERM stops it as Ctrl-C does, with the system it
+started and the scripted LLM), and `concierge bench --against REV`: this tree and REV
+measured alternately by the same bench. The pairing and the ratios on made-up figures, then
+one real pair against HEAD at a tiny load (two benches, about a minute): REV's code runs
+from a worktree that is gone after."""
 
 from __future__ import annotations
 
@@ -99,9 +101,9 @@ def test_one_pair_against_head_measures_both_codes_and_leaves_no_worktree():
 
 
 def bench_processes() -> list[str]:
-    """Processes a bench started (its nats-server's store is in a `concierge-bench-` directory)."""
+    """Processes a bench started: its nats-server (its store in a `concierge-bench-` directory), its scripted LLM."""
     listed = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
-    return [line for line in listed if "concierge-bench-" in line]
+    return [line for line in listed if "concierge-bench-" in line or "cli scripted-llm --port" in line]
 
 
 @pytest.mark.timeout(180)
@@ -125,3 +127,23 @@ def test_a_comparison_stopped_by_sigterm_stops_its_run_and_leaves_nothing_behind
             proc.wait()
     assert proc.returncode == 130 and "stopped before the end" in err, err[-2000:]
     assert not bench_processes() and worktrees() == before
+
+
+@pytest.mark.timeout(180)
+def test_a_bench_stopped_by_sigterm_stops_its_system_and_its_llm():
+    assert not bench_processes()
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "bench", "--turns", "400", "--concurrency", "4"], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:
+            if "system up" in line:
+                break
+        assert len(bench_processes()) == 2  # nats-server, scripted LLM
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0 and not bench_processes()
