@@ -100,16 +100,18 @@ def test_one_pair_against_head_measures_both_codes_and_leaves_no_worktree():
     assert worktrees() == before, report
 
 
-def bench_processes() -> list[str]:
-    """Processes a bench started: its nats-server (its store in a `concierge-bench-` directory), its scripted LLM."""
-    listed = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
-    return [line for line in listed if "concierge-bench-" in line or "cli scripted-llm --port" in line]
+def bench_processes(besides: dict[int, str] | None = None) -> dict[int, str]:
+    """Processes like those a bench starts (a nats-server storing in a `concierge-bench-`
+    directory, a scripted LLM), by pid; `besides`' left out (other tests' scripted LLMs)."""
+    listed = subprocess.run(["ps", "-ww", "-eo", "pid=,args="], capture_output=True, text=True).stdout.splitlines()
+    found = {int(pid): args for pid, _, args in (line.strip().partition(" ") for line in listed)
+             if "concierge-bench-" in args or "cli scripted-llm --port" in args}
+    return {pid: args for pid, args in found.items() if pid not in (besides or {})}
 
 
 @pytest.mark.timeout(180)
 def test_a_comparison_stopped_by_sigterm_stops_its_run_and_leaves_nothing_behind():
-    before = worktrees()
-    assert not bench_processes()
+    before, others = worktrees(), bench_processes()
     proc = subprocess.Popen([sys.executable, "-m", "cli", "bench", "--against", "HEAD", "--pairs", "1",
                              "--turns", "400", "--concurrency", "4"], cwd=ROOT,
                             env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
@@ -118,7 +120,7 @@ def test_a_comparison_stopped_by_sigterm_stops_its_run_and_leaves_nothing_behind
         for line in proc.stdout:  # the first run's system is up: its processes are running
             if "system up" in line:
                 break
-        assert bench_processes()
+        assert len(bench_processes(others)) == 2  # the run's nats-server and scripted LLM
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
     finally:
@@ -126,12 +128,12 @@ def test_a_comparison_stopped_by_sigterm_stops_its_run_and_leaves_nothing_behind
             proc.kill()
             proc.wait()
     assert proc.returncode == 130 and "stopped before the end" in err, err[-2000:]
-    assert not bench_processes() and worktrees() == before
+    assert not bench_processes(others) and worktrees() == before
 
 
 @pytest.mark.timeout(180)
 def test_a_bench_stopped_by_sigterm_stops_its_system_and_its_llm():
-    assert not bench_processes()
+    others = bench_processes()
     proc = subprocess.Popen([sys.executable, "-m", "cli", "bench", "--turns", "400", "--concurrency", "4"], cwd=ROOT,
                             env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -139,11 +141,11 @@ def test_a_bench_stopped_by_sigterm_stops_its_system_and_its_llm():
         for line in proc.stdout:
             if "system up" in line:
                 break
-        assert len(bench_processes()) == 2  # nats-server, scripted LLM
+        assert len(bench_processes(others)) == 2  # its nats-server and scripted LLM
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode != 0 and not bench_processes()
+    assert proc.returncode != 0 and not bench_processes(others)
