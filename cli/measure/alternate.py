@@ -82,20 +82,13 @@ def remove_worktree(tree: Path) -> None:
     subprocess.run(["git", "worktree", "prune"], cwd=ROOT, capture_output=True)
 
 
-def _interruptible() -> None:
-    """In the run: SIGINT is Ctrl-C again (Python raises KeyboardInterrupt for it only if its
-    parent left it at the default; a shell's background job, for one, gets it ignored)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def run_bench(tree: Path, args: list[str]) -> dict:
     """One `concierge bench ARGS` on the code in `tree`, its output passed through; its
-    figures. Stopped early (Ctrl-C, SIGTERM), the run is interrupted as Ctrl-C would, so it
-    stops the system it started, and waited for."""
+    figures. Stopped early (Ctrl-C, SIGTERM), the run gets SIGTERM, which a bench takes as
+    Ctrl-C: it stops the system it started; it is waited for."""
     proc = subprocess.Popen([sys.executable, "-m", "cli", "bench", *args], cwd=tree,
                             env={**os.environ, "PYTHONPATH": str(tree), "PYTHONUNBUFFERED": "1"},
-                            stdout=subprocess.PIPE, text=True, start_new_session=True,  # one SIGINT: ours
-                            preexec_fn=_interruptible)
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)  # no Ctrl-C but ours
     last = ""
     try:
         for line in proc.stdout:
@@ -104,7 +97,7 @@ def run_bench(tree: Path, args: list[str]) -> dict:
         proc.wait()
     finally:
         if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(STOP_S)
             except subprocess.TimeoutExpired:
