@@ -21,6 +21,12 @@ sends one every PACE ms), and measures:
   extractive run offers more turns a second to the same two cores and queues longer.)
 - replay_events_per_s: conversation logs read from JetStream and folded into state,
   from the first event (no snapshots), events per second.
+- machine_gauge_ms: a fixed piece of Python work, timed before and after the run
+  (cli/measure/machine.py): this machine's speed moves, and the figures with it.
+
+`--against REV` measures this tree and git revision REV alternately, the same bench with
+the other arguments, `--pairs` times each (cli/measure/alternate.py): the way to compare
+code here, where only runs made side by side compare.
 
 The last line printed is one JSON object with every figure.
 """

@@ -34,8 +34,9 @@ def table(results: list[dict], command: str) -> str:
         "(one process of the service); CPU ms per event is the service process's own CPU time over the "
         "rate's window divided by the events it answered; the 1-minute load average is the machine's at "
         "the end of each rate (everything this run started counts in it); the machine gauge is the time of a "
-        "fixed piece of Python work when the service's sweep ended (cli/measure/machine.py: this machine's "
-        "speed changes by the hour, higher is slower).",
+        "fixed piece of Python work when the service's sweep ended, the machine idle (cli/measure/machine.py; "
+        "higher is slower); the generator's CPU per event, the same code at every run, shows the machine's "
+        "speed during the rates.",
         "",
         "| service | what is timed | p99 objective | max sustainable rate / replica | CPU ms / event there "
         "| cores at that rate | peak RSS | machine gauge ms |",
