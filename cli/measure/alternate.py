@@ -162,16 +162,18 @@ def run(rev: str, pairs: int, bench_args: list[str]) -> int:
                 return 130 if stopped else 2
         finally:
             remove_worktree(tree)
-    complete = [pair for pair in range(1, pairs + 1) if len([r for r in runs if r["pair"] == pair]) == 2]
-    by_pair = [{r["code"]: r["figures"] for r in runs if r["pair"] == pair} for pair in complete]
+    by_pair: dict[int, dict] = {}
+    for r in runs:
+        by_pair.setdefault(r["pair"], {})[r["code"]] = r["figures"]
+    complete = {pair: both for pair, both in by_pair.items() if len(both) == 2}  # a stopped pair has one run
+    pair_ratios = [ratios(both["this"], both["against"]) for both in complete.values()]
     print(f"this tree ({this_code}) and {rev} ({commit}), {len(complete)} pair{'s' * (len(complete) != 1)}:")
-    for pair, both in zip(complete, by_pair):
+    for (pair, both), their_over_mine in zip(complete.items(), pair_ratios):
         mine, theirs = headline(both["this"]), headline(both["against"])
         print(f"  pair {pair}: " + ", ".join(f"{key} this {mine[key]} / {rev} {theirs.get(key)}" for key in mine)
-              + f"; {rev} over this: {ratios(both['this'], both['against'])}")
+              + f"; {rev} over this: {their_over_mine}")
     print(json.dumps({"against": rev, "against_commit": commit, "this": this_code, "pairs": pairs, "runs": runs,
-                      "ratios": [ratios(both["this"], both["against"]) for both in by_pair],
-                      **({"error": error} if error else {})}))
+                      "ratios": pair_ratios, **({"error": error} if error else {})}))
     if stopped:
         return 130
     return 0 if error is None and all(r["figures"]["exit"] == 0 for r in runs) else 1
