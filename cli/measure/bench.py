@@ -220,11 +220,17 @@ class NatsProfiler(threading.Thread):
         return text
 
 
+def py_spy() -> str | None:
+    """py-spy on PATH or beside this Python (the bench extra's), or None."""
+    beside = Path(sys.executable).with_name("py-spy")
+    return shutil.which("py-spy") or (str(beside) if beside.exists() else None)
+
+
 def start_profilers(system, directory: str) -> list:
     """py-spy sampling every Python process the system started (collapsed stacks in
     DIR/<service>.txt), and nats-server's own CPU profile when it serves one (DIR/nats.txt)."""
     Path(directory).mkdir(parents=True, exist_ok=True)
-    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    spy = py_spy()
     profilers: list = [subprocess.Popen([spy, "record", "--pid", str(proc.pid), "--format", "raw", "--rate", "200",
                                          "--output", str(Path(directory) / f"{name}.txt")],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -305,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--pairs: at least 1")
     if args.against and args.profile:
         parser.error("--profile measures one run: not with --against, whose runs would write over each other")
+    if args.profile and not py_spy():
+        parser.error("--profile samples with py-spy, which is not installed: pip install -e '.[bench]' "
+                     "(or make loadtest, which installs it)")
     # SIGTERM stops a run as Ctrl-C does: the system it started is stopped, its data removed
     # (with --against: the run under way, then the worktree).
     signal.signal(signal.SIGTERM, interrupt)
