@@ -18,6 +18,7 @@ from shared import events as ev
 from shared import subjects
 from shared.bus import Bus, reading_floor
 from shared.events import SCHEMA_VERSION
+from shared.feed import LogFeed
 from shared.state import ConversationState, apply, copy_state, fork
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,10 @@ class FoldCache:
         self._states: OrderedDict[tuple[str, str], ConversationState] = OrderedDict()
         self._revisions: dict[tuple[str, str], int | None] = {}
         self._snapshotted: dict[tuple[str, str], int] = {}  # event_count of the last snapshot known
+        self._attached: set[tuple[str, str]] = set()  # kept current by the log feed (shared/feed.py)
+        # States the log feed folded and nobody has been given since: it may fold into them in
+        # place (a fork per event was a third of its folding).
+        self._unlent: set[tuple[str, str]] = set()
 
     def revision(self, site: str, session_id: str) -> int | None:
         return self._revisions.get((site, session_id), UNKNOWN)
@@ -126,30 +131,85 @@ class FoldCache:
             self._snapshotted[(site, session_id)] = event_count
 
     def get(self, site: str, session_id: str) -> ConversationState | None:
+        """The cached state, to be used as it is: never changed after (its holder may keep it)."""
         state = self._states.get((site, session_id))
         if state is not None:
             self._states.move_to_end((site, session_id))
+            self._unlent.discard((site, session_id))
         return state
 
-    def put(self, state: ConversationState) -> None:
-        """Keep `state` itself (not a copy): the caller hands it over."""
+    def peek(self, site: str, session_id: str) -> ConversationState | None:
+        """The cached state for the log feed to fork, not given out."""
+        return self._states.get((site, session_id))
+
+    def unlent(self, site: str, session_id: str) -> ConversationState | None:
+        """The cached state if the log feed folded it and nobody got it since (`get`): the
+        feed may fold more into it in place."""
+        return self._states.get((site, session_id)) if (site, session_id) in self._unlent else None
+
+    def put(self, state: ConversationState, unlent: bool = False) -> None:
+        """Keep `state` itself (not a copy): the caller hands it over. `unlent`: the log
+        feed's fork, which no one else holds."""
         key = (state.site, state.session_id)
         cached = self._states.get(key)
         if cached is None or cached.last_seq < state.last_seq:  # equal: it holds this state already
             self._states[key] = state
             self._states.move_to_end(key)
+            if unlent:
+                self._unlent.add(key)
+            else:
+                self._unlent.discard(key)
             while len(self._states) > self.size:
                 old, _ = self._states.popitem(last=False)
                 self._revisions.pop(old, None)
                 self._snapshotted.pop(old, None)
+                self._attached.discard(old)
+                self._unlent.discard(old)
 
     def drop(self, site: str, session_id: str) -> None:
         self._states.pop((site, session_id), None)
         self._revisions.pop((site, session_id), None)
         self._snapshotted.pop((site, session_id), None)
+        self._attached.discard((site, session_id))
+        self._unlent.discard((site, session_id))
+
+    def attached(self, site: str, session_id: str) -> bool:
+        """Whether the log feed keeps this conversation's cached state current."""
+        return (site, session_id) in self._attached
+
+    def attach(self, site: str, session_id: str) -> None:
+        if (site, session_id) in self._states:
+            self._attached.add((site, session_id))
+
+    def detach_all(self) -> None:
+        self._attached.clear()
 
 
 _cache = FoldCache()
+# The log pushed to this process (shared/feed.py) while it follows it (`follow`), and how
+# many of its services asked for it (one a process, but a test may run several in one).
+_feed: LogFeed | None = None
+_followers = 0
+
+
+async def follow(bus: Bus) -> LogFeed:
+    """Keep this process's cached states current from the log as it is stored, so that
+    handlers' loads need no read (a service whose nodes fold state, shared/service.py)."""
+    global _feed, _followers
+    if _feed is None:
+        feed = LogFeed(_cache)
+        await feed.start(bus)
+        _feed = feed
+    _followers += 1
+    return _feed
+
+
+async def unfollow() -> None:
+    global _feed, _followers
+    _followers = max(0, _followers - 1)
+    if _followers == 0 and _feed is not None:
+        feed, _feed = _feed, None
+        await feed.stop()
 
 
 # The loads of a conversation in flight in this process (`load_for_event`): each one's state,
@@ -181,6 +241,15 @@ async def load_for_event(bus: Bus, site: str, session_id: str) -> ConversationSt
     if floor is None:
         return await load(bus, site, session_id)
     key = (site, session_id)
+    feed = _feed
+    if feed is not None and _cache.attached(site, session_id):
+        if not await feed.reach(floor):
+            feed.lagging(floor)
+        elif _cache.attached(site, session_id):
+            feed.fold(site, session_id)
+            cached = _cache.get(site, session_id)
+            if cached is not None:
+                return cached
     for _ in range(JOINS):
         cached = _cache.get(site, session_id)
         if cached is not None and cached.last_seq >= floor:
@@ -198,6 +267,8 @@ async def load_for_event(bus: Bus, site: str, session_id: str) -> ConversationSt
     _reads[key] = read
     try:
         state = await _load(bus, site, session_id, True, False)
+        if feed is not None:
+            feed.attach(site, session_id, floor)
         read.set_result(state)
         return state
     except BaseException as exc:

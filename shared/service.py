@@ -24,7 +24,7 @@ from typing import Awaitable, Callable, Sequence, TypeVar
 import msgspec
 import uvloop
 
-from shared import llm, logs, telemetry
+from shared import llm, loader, logs, telemetry
 from shared.bus import Bus, connect
 from shared.config import BusConfig, ConfigError, ConsumerConfig, Settings, env_float, env_int, env_str
 from shared.consumer import ConsumerRunner
@@ -117,18 +117,22 @@ async def start_ops(ready: Callable[[], bool], port: int, host: str) -> OpsServe
 
 
 async def serve(service: str, make_nodes: NodeFactory, settings: ProcessSettings, ready: asyncio.Event | None = None,
-                stop: asyncio.Event | None = None, process: Process | None = None) -> None:
+                stop: asyncio.Event | None = None, process: Process | None = None, follow_log: bool = False) -> None:
     """Run the service until SIGTERM/SIGINT, or until `stop` is set when given (tests);
     `ready` is set once every runner is started."""
     process = process or Process()
     ops = await start_ops(process.ready, settings.ops_port, settings.ops_host)
     watcher = None
+    following = False
     try:
         bus = process.bus = await connect(settings.bus, name=service)
         nodes = select_nodes(service, await make_nodes(bus), settings.nodes)
         configs = SiteConfigs(bus, settings.site_config_ttl_s)  # one cache for every node of the process
         process.runners = [ConsumerRunner(bus, node, ConsumerConfig.from_env(node.name), configs=configs,
                                           start_lookback_s=settings.start_lookback_s) for node in nodes]
+        if follow_log and any(node.needs.state or node.needs.waits for node in nodes):
+            await loader.follow(bus)
+            following = True
         for runner in process.runners:
             await runner.start()
         process.started = True
@@ -151,11 +155,16 @@ async def serve(service: str, make_nodes: NodeFactory, settings: ProcessSettings
         log.info("stopping")
         process.started = False  # not ready while draining: no new work should be routed here
         await asyncio.gather(*(runner.stop() for runner in process.runners))
+        if following:
+            following = False
+            await loader.unfollow()
         await bus.close()
         log.info("stopped")
     finally:
         if process.bus is not None:
             await process.bus.close()  # already closed after a clean stop; here for a failed start
+        if following:
+            await loader.unfollow()
         if watcher is not None:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -183,9 +192,13 @@ def one_blas_thread() -> None:
     threadpool_limits(limits=1, user_api="blas")
 
 
-def main(service: str, load: Callable[[], S], make_nodes: Callable[[Bus, S], Awaitable[Sequence[Node]]]) -> None:
+def main(service: str, load: Callable[[], S], make_nodes: Callable[[Bus, S], Awaitable[Sequence[Node]]],
+         follow_log: bool = False) -> None:
     """Run `service`: its settings read once here (`load`, its `from_env`, and the process's
-    own), then its nodes made by `make_nodes(bus, settings)`."""
+    own), then its nodes made by `make_nodes(bus, settings)`. `follow_log`: the process keeps
+    its cached conversation states current from the log as it is stored (shared/feed.py), for
+    a service whose nodes' loads are on a turn's way to its first token (router, responder);
+    it costs the process every conversation's events, folded as they come."""
     logs.setup(service)
     telemetry.setup(service)
     one_blas_thread()
@@ -194,7 +207,7 @@ def main(service: str, load: Callable[[], S], make_nodes: Callable[[Bus, S], Awa
         # On uvloop, as uvicorn runs the gateway: the event loop and its sockets in C. Most of
         # a node's work per message is the loop's and nats-py's I/O (reading, writing acks and
         # publishes), which the default loop does in Python.
-        uvloop.run(serve(service, lambda bus: make_nodes(bus, settings), process))
+        uvloop.run(serve(service, lambda bus: make_nodes(bus, settings), process, follow_log=follow_log))
     except ConfigError as exc:
         log.error("configuration error", extra={"error": str(exc)})
         raise SystemExit(f"{service}: {exc}") from None

@@ -193,6 +193,27 @@ async def test_each_service_works_within_its_subjects_and_is_refused_outside(sec
             await bus.close()
 
 
+async def test_a_service_follows_the_log_through_the_servers_flow_control(secured_nats, site):
+    """The log feed (shared/feed.py) is an ordered push consumer with flow control: the
+    server stops delivering until the subscriber answers on `$JS.FC.>`, which each service
+    user may publish. More data than the server sends unanswered gets through."""
+    gateway, router = [await as_service(secured_nats, n) for n in ("gateway", "router")]
+    try:
+        feed = await loader.follow(router)
+        try:
+            big = "x" * 60_000
+            last = 0
+            for i in range(200):  # 12 MB
+                last = (await gateway.publish(requested(site, f"f{i % 7}", 1 + i // 7, message=big))).seq
+            await wait_for(lambda: feed.position >= last, timeout=30, what="the feed at the last event")
+            assert feed.breaks == 0
+        finally:
+            await loader.unfollow()
+    finally:
+        for bus in (gateway, router):
+            await bus.close()
+
+
 async def test_the_replay_worker_reads_and_answers_requests_and_writes_nothing(secured_nats, site):
     """`concierge replay serve` connects as `replay`: it reads the log and the site configs
     and answers the gateway on replay.request.*; it can neither store an event, nor take

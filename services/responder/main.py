@@ -46,7 +46,7 @@ def responder_nodes(llm: LLMClient, claims: LeadClaims | None, settings: Respond
 
 
 def main() -> None:
-    service.main("responder", ResponderSettings.from_env, nodes)
+    service.main("responder", ResponderSettings.from_env, nodes, follow_log=True)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ def router_nodes(parts: RouterParts) -> list[Node]:
 
 
 def main() -> None:
-    service.main("router", RouterSettings.from_env, nodes)
+    service.main("router", RouterSettings.from_env, nodes, follow_log=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,240 @@
+"""The log feed (shared/feed.py): a followed conversation's cached state is kept current
+from the log as it is stored, so a handler's load needs no read, and is never wrong: a
+break in the feed, a memory that does not reach back, a rewritten log or a feed that went
+quiet all end in a read."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from shared import events as ev
+from shared import loader, subjects
+from shared.bus import reading_from
+from shared.feed import WAIT_S, LogFeed
+from shared.loader import FoldCache
+from shared.state import ConversationState, Record, apply, encode_state, fold
+from tests.test_loader import GatedReads, _stored, publish_turns
+
+
+@pytest.fixture
+async def followed(bus):
+    feed = await loader.follow(bus)
+    yield feed
+    await loader.unfollow()
+
+
+async def handler_load(bus, site, session, subject, seq):
+    with reading_from(subject, seq):
+        return await loader.load_for_event(bus, site, session)
+
+
+async def test_a_followed_conversation_is_read_once_and_then_kept_current(bus, site, followed):
+    await publish_turns(bus, site, "a", 1)
+    request = ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="a", turn=2, ts=ev.now(),
+                               producer="test", message="q2")
+    subject, seq = await _stored(bus, request)
+    reads = GatedReads(bus)
+    reads.open.set()
+    first = await handler_load(bus, site, "a", subject, seq)
+    assert reads.calls == 1 and loader._cache.attached(site, "a")
+    handed = encode_state(first)
+    later = [ev.follow(request, ev.IntentClassified, "router", intent="LEARN", confidence=0.9, classifier="local"),
+             ev.follow(request, ev.EnrichmentCompleted, "enricher", profile=ev.VisitorProfile(company_name="Beta")),
+             ev.follow(request, ev.ResponseCompleted, "answer_writer", node="answer_writer", text="a2",
+                       token_count=1)]
+    states = []
+    for event in later:
+        subject, seq = await _stored(bus, event)
+        states.append(await handler_load(bus, site, "a", subject, seq))
+    assert reads.calls == 1  # every later load found the feed's state current
+    full = fold(await reads.read(subjects.conversation(site, "a")))
+    assert states[-1] == full and full.visitor_profile.company_name == "Beta"
+    assert "intent_classified" in states[0].turns[2].seen and "response_completed" not in states[0].turns[2].seen
+    assert encode_state(first) == handed  # what a handler was given never changes
+    assert followed.breaks == 0
+
+
+async def test_a_load_waits_for_the_feed_to_reach_its_event_rather_than_reading(bus, site, followed):
+    await publish_turns(bus, site, "w", 1)
+    subject, seq = await _stored(bus, ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="w", turn=2,
+                                                       ts=ev.now(), producer="test", message="q2"))
+    await handler_load(bus, site, "w", subject, seq)
+    reads = GatedReads(bus)
+    reads.open.set()
+    followed.position = 0  # as if the handler had its event before the feed did
+    subject, seq = await _stored(bus, ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="w", turn=3,
+                                                       ts=ev.now(), producer="test", message="q3"))
+    state = await handler_load(bus, site, "w", subject, seq)
+    assert reads.calls == 0 and state.turn == 3
+
+
+async def test_a_feed_gone_quiet_costs_one_wait_then_loads_read(bus, site, followed):
+    await publish_turns(bus, site, "q", 1)
+    subject, seq = await _stored(bus, ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="q", turn=2,
+                                                       ts=ev.now(), producer="test", message="q2"))
+    await handler_load(bus, site, "q", subject, seq)
+    await followed._sub.unsubscribe()  # the feed hears nothing more, and does not know it
+    reads = GatedReads(bus)
+    reads.open.set()
+    subject, seq = await _stored(bus, ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="q", turn=3,
+                                                       ts=ev.now(), producer="test", message="q3"))
+    started = asyncio.get_running_loop().time()
+    state = await handler_load(bus, site, "q", subject, seq)
+    assert state.turn == 3 and reads.calls == 1
+    assert WAIT_S <= asyncio.get_running_loop().time() - started < 1
+    assert not loader._cache.attached(site, "q") and followed.breaks == 1
+    subject, seq = await _stored(bus, ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="q", turn=4,
+                                                       ts=ev.now(), producer="test", message="q4"))
+    started = asyncio.get_running_loop().time()
+    assert (await handler_load(bus, site, "q", subject, seq)).turn == 4 and reads.calls == 2
+    assert asyncio.get_running_loop().time() - started < WAIT_S  # detached: read at once
+    assert loader._cache.attached(site, "q") is False
+
+
+async def test_a_process_that_does_not_follow_reads_for_every_event(bus, site):
+    assert loader._feed is None
+    await publish_turns(bus, site, "n", 1)
+    reads = GatedReads(bus)
+    reads.open.set()
+    for turn in (2, 3):
+        subject, seq = await _stored(bus, ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="n",
+                                                           turn=turn, ts=ev.now(), producer="test", message="q"))
+        assert (await handler_load(bus, site, "n", subject, seq)).turn == turn
+    assert reads.calls == 2
+
+
+# --- the feed's rules, message by message (no server) -------------------------------------
+
+
+def message(site: str, session: str, turn: int, kind=ev.TurnRequested, **fields):
+    fields = fields or {"message": f"q{turn}"}
+    event = kind(event_id=ev.new_id(), site=site, session_id=session, turn=turn, ts=ev.now(), producer="test",
+                 **fields)
+    return subjects.conv(site, session, ev.event_type(event)), ev.encode(event)
+
+
+def read_state(records: list[tuple[int, str, bytes]]) -> ConversationState:
+    state = ConversationState()
+    for seq, subject, data in records:
+        apply(state, Record(seq=seq, subject=subject, event=ev.decode(data)))
+    return state
+
+
+class Log:
+    """A stream's messages as the feed would be delivered them."""
+
+    def __init__(self, feed: LogFeed, consumer: str = "c1"):
+        self.feed, self.consumer, self.seq, self.consumer_seq = feed, consumer, 0, 0
+        self.stored: list[tuple[int, str, bytes]] = []
+
+    def store(self, subject: str, data: bytes, deliver: bool = True) -> int:
+        self.seq += 1
+        self.stored.append((self.seq, subject, data))
+        if deliver:
+            self.consumer_seq += 1
+            self.feed.take(self.seq, self.consumer_seq, self.consumer, subject, data)
+        return self.seq
+
+    def conversation(self, site: str, session: str) -> list[tuple[int, str, bytes]]:
+        return [r for r in self.stored if subjects.in_conversation(r[1], site, session)]
+
+
+async def test_attaching_folds_what_the_feed_delivered_past_the_read():
+    cache = FoldCache()
+    feed, log_ = LogFeed(cache), None
+    log_ = Log(feed)
+    log_.store(*message("s", "a", 1))
+    read = read_state(log_.conversation("s", "a"))  # a read made for the event at seq 1
+    log_.store(*message("s", "b", 1))
+    log_.store(*message("s", "a", 2))  # delivered while that read was on its way back
+    cache.put(read)
+    feed.attach("s", "a", upto=1)
+    assert cache.attached("s", "a") and cache.peek("s", "a") == read_state(log_.conversation("s", "a"))
+    log_.store(*message("s", "a", 3))
+    feed.fold("s", "a")
+    assert cache.get("s", "a") == read_state(log_.conversation("s", "a")) and feed.current("s", "a", log_.seq)
+
+
+async def test_attaching_is_refused_when_the_feed_memory_does_not_reach_back():
+    cache = FoldCache()
+    feed = LogFeed(cache, recent=2)
+    log_ = Log(feed)
+    log_.store(*message("s", "a", 1))
+    read = read_state(log_.conversation("s", "a"))
+    for turn in (1, 2, 3):  # three more messages: the memory (two) no longer reaches seq 1
+        log_.store(*message("s", f"x{turn}", 1))
+    cache.put(read)
+    feed.attach("s", "a", upto=1)
+    assert not cache.attached("s", "a")
+    feed.attach("s", "a", upto=2)  # a read made later: everything after it is remembered
+    assert cache.attached("s", "a")
+
+
+async def test_a_message_the_feed_missed_detaches_every_state():
+    cache = FoldCache()
+    feed = LogFeed(cache)
+    log_ = Log(feed)
+    for session in ("a", "b"):
+        log_.store(*message("s", session, 1))
+        cache.put(read_state(log_.conversation("s", session)))
+        feed.attach("s", session, upto=log_.seq)
+    log_.consumer_seq += 1  # a delivery dropped (a slow subscription): the consumer sequence skips
+    log_.store(*message("s", "a", 2))
+    assert not cache.attached("s", "a") and not cache.attached("s", "b") and feed.breaks == 1
+    # A consumer made again after a reset starts its sequence over: a break too.
+    cache.put(read_state(log_.conversation("s", "a")))
+    feed.attach("s", "a", upto=log_.seq)
+    assert cache.attached("s", "a")
+    log_.consumer, log_.consumer_seq = "c2", 0
+    log_.store(*message("s", "a", 3))
+    assert not cache.attached("s", "a") and feed.breaks == 2
+
+
+async def test_a_rewritten_log_drops_the_cached_state():
+    cache = FoldCache()
+    feed = LogFeed(cache)
+    log_ = Log(feed)
+    log_.store(*message("s", "a", 1))
+    log_.store(*message("s", "a", 2))
+    cache.put(read_state(log_.conversation("s", "a")))
+    feed.attach("s", "a", upto=log_.seq)
+    log_.store(*message("s", "a", 1, message="[erased]"))  # an erasure appends the log again
+    feed.fold("s", "a")
+    assert cache.peek("s", "a") is None and not cache.attached("s", "a")
+
+
+async def test_a_state_given_out_is_never_changed_and_one_nobody_has_is_folded_in_place():
+    cache = FoldCache()
+    feed = LogFeed(cache)
+    log_ = Log(feed)
+    log_.store(*message("s", "a", 1))
+    cache.put(read_state(log_.conversation("s", "a")))
+    feed.attach("s", "a", upto=log_.seq)
+    given = cache.get("s", "a")
+    handed = encode_state(given)
+    log_.store(*message("s", "a", 1, ev.IntentClassified, intent="LEARN", confidence=0.9, classifier="local"))
+    feed.fold("s", "a")
+    folded = cache.peek("s", "a")
+    assert folded is not given and encode_state(given) == handed  # a fork
+    log_.store(*message("s", "a", 2))
+    feed.fold("s", "a")
+    assert cache.peek("s", "a") is folded and folded.turn == 2  # nobody had it: in place
+    assert folded == read_state(log_.conversation("s", "a"))
+
+
+async def test_undecodable_messages_are_skipped_as_a_read_skips_them():
+    cache = FoldCache()
+    feed = LogFeed(cache)
+    log_ = Log(feed)
+    log_.store(*message("s", "a", 1))
+    cache.put(read_state(log_.conversation("s", "a")))
+    feed.attach("s", "a", upto=log_.seq)
+    log_.store(subjects.conv("s", "a", "turn_requested"), b"\x00garbage")
+    subject, data = message("s", "other", 2)  # an envelope naming another conversation
+    log_.store(subjects.conv("s", "a", "turn_requested"), data)
+    log_.store(*message("s", "a", 2))
+    feed.fold("s", "a")
+    state = cache.peek("s", "a")
+    assert state.turn == 2 and state.event_count == 2 and cache.attached("s", "a")
