@@ -15,7 +15,9 @@ message), in memory on the server and gone with the connection. How it stays rig
   to a log position from which the feed holds every message it has been delivered: a read
   made for an event (complete up to that event, `bus.reading_from`) whose position is at or
   after the start of the feed's memory of recent messages (`RECENT` of them). The
-  conversation's messages in that memory past the event are folded in at once.
+  conversation's messages in that memory past the event are folded in at once. Or a
+  conversation the process has just made up (the gateway's new session, `loader.begin`):
+  empty, it holds every event there is.
 - An attached state gets each later event of its conversation as the feed delivers it, so
   the cached state and the messages waiting to be folded hold every event of that
   conversation up to the feed's position. A load for an event at or before that position
@@ -74,11 +76,18 @@ class LogFeed:
         self._tiebreak = itertools.count()
         self._flush_scheduled = False
         self._sub = None
+        self.bus: Bus | None = None
         self.breaks = 0
 
     # --- the subscription ---------------------------------------------------------------
 
+    @property
+    def following(self) -> bool:
+        """Whether its subscription is there, on an open connection."""
+        return self._sub is not None and self.bus is not None and not self.bus.nc.is_closed
+
     async def start(self, bus: Bus) -> None:
+        self.bus = bus
         self._sub = await bus.js.subscribe(
             subjects.CONV_SUBJECTS, stream=subjects.CONV_STREAM, cb=self._on_message, ordered_consumer=True,
             deliver_policy=api.DeliverPolicy.NEW)
@@ -90,7 +99,7 @@ class LogFeed:
                 await sub.unsubscribe()
             except Exception:  # noqa: BLE001 - a closed connection took it already
                 pass
-        self._break()
+        self._break(counted=False)
 
     async def _on_message(self, msg) -> None:
         # The reply subject says where the message sits: `$JS.ACK.<stream>.<consumer>.<delivered>.
@@ -103,14 +112,13 @@ class LogFeed:
 
     def take(self, seq: int, consumer_seq: int, consumer: str, subject: str, data: bytes) -> None:
         """One delivered message (`_on_message`; tests call it directly)."""
-        if consumer != self._consumer or consumer_seq != self._consumer_seq + 1:
-            if self._start is not None:
-                log.info("log feed restarted: cached states detached", extra={
-                    "after_seq": self.position, "seq": seq, "consumer_seq": consumer_seq})
+        if self._consumer is not None and (consumer != self._consumer or consumer_seq != self._consumer_seq + 1):
+            log.info("log feed restarted: cached states detached", extra={
+                "after_seq": self.position, "seq": seq, "consumer_seq": consumer_seq})
             self._break()
-            self._consumer = consumer
+        self._consumer, self._consumer_seq = consumer, consumer_seq
+        if self._start is None:
             self._start = seq - 1
-        self._consumer_seq = consumer_seq
         self.position = max(self.position, seq)
         self._recent.append((seq, subject, data))
         key = _conversation(subject)
@@ -124,12 +132,12 @@ class LogFeed:
             if not future.done():
                 future.set_result(None)
 
-    def _break(self) -> None:
-        if self._start is not None:
+    def _break(self, counted: bool = True) -> None:
+        """Forget what the feed held: every state detached, the memory cleared; the next
+        message delivered starts them again."""
+        if counted:
             self.breaks += 1
         self._start = None
-        self._consumer = None
-        self._consumer_seq = 0
         self._recent.clear()
         self._waiting.clear()
         self.cache.detach_all()
@@ -210,6 +218,13 @@ class LogFeed:
             return
         if folded is not None and folded.last_seq > before:
             self.cache.put(folded, unlent=True)
+
+    def adopt(self, site: str, session_id: str) -> None:
+        """A conversation this process has just made up (a session id it issued): its cached
+        state, empty, holds every event there is, so the feed keeps it current from its first."""
+        state = self.cache.peek(site, session_id)
+        if self.following and state is not None and state.event_count == 0:
+            self.cache.attach(site, session_id)
 
     def attach(self, site: str, session_id: str, upto: int) -> None:
         """The cached state holds the conversation's log up to `upto` (a read for the event

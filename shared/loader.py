@@ -194,9 +194,14 @@ _followers = 0
 
 async def follow(bus: Bus) -> LogFeed:
     """Keep this process's cached states current from the log as it is stored, so that
-    handlers' loads need no read (a service whose nodes fold state, shared/service.py)."""
+    handlers' loads need no read (a service whose nodes fold state, shared/service.py), and
+    the gateway's turn-start loads read only what the feed has not folded yet. One feed a
+    process: a second service in it (tests) shares it, or starts it again on its own
+    connection when the first one's is closed."""
     global _feed, _followers
-    if _feed is None:
+    if _feed is None or not _feed.following:
+        if _feed is not None:
+            await _feed.stop()
         feed = LogFeed(_cache)
         await feed.start(bus)
         _feed = feed
@@ -212,6 +217,18 @@ async def unfollow() -> None:
         await feed.stop()
 
 
+def begin(site: str, session_id: str) -> ConversationState:
+    """The state of a conversation this process has just made up (a session id it issued):
+    empty, with nothing to read. Cached as the conversation's (the cache's own: only read
+    it), and when the process follows the log the feed keeps it current from its first
+    event, so the next turn's load reads only what the feed has not folded yet."""
+    state = ConversationState(site=site, session_id=session_id)
+    _cache.put(state)
+    if _feed is not None:
+        _feed.adopt(site, session_id)
+    return state
+
+
 # The loads of a conversation in flight in this process (`load_for_event`): each one's state,
 # once read.
 _reads: dict[tuple[str, str], asyncio.Future] = {}
@@ -220,7 +237,7 @@ _reads: dict[tuple[str, str], asyncio.Future] = {}
 JOINS = 3
 
 
-async def load_for_event(bus: Bus, site: str, session_id: str) -> ConversationState:
+async def load_for_event(bus: Bus, site: str, session_id: str, turn: int = 0) -> ConversationState:
     """`load` for a handler's inputs, inside `reading_from` (the event it acts on): the state
     must hold the log up to that event, nothing more is asked. So a cached state that holds
     it already is the answer, with no read (a read for an earlier event that found this one
@@ -236,7 +253,13 @@ async def load_for_event(bus: Bus, site: str, session_id: str) -> ConversationSt
 
     The state is the cache's own, not a copy (copies of states for handlers that only read
     them were an eighth of the router's busy time under `make bench`): a handler must not
-    change its inputs."""
+    change its inputs.
+
+    `turn`: the acted-on event's. A conversation in its first turn has no snapshot to look
+    up (the gateway writes the first one at a turn's start, past SNAPSHOT_EVERY events), so
+    a first read goes straight to the log: one round trip, not two, for every node's first
+    load of a new conversation. (A snapshot there could only be a rewritten log's; folding
+    without it gives the same state.)"""
     floor = current_floor(site, session_id)
     if floor is None:
         return await load(bus, site, session_id)
@@ -266,7 +289,7 @@ async def load_for_event(bus: Bus, site: str, session_id: str) -> ConversationSt
     read = asyncio.get_running_loop().create_future()
     _reads[key] = read
     try:
-        state = await _load(bus, site, session_id, True, False)
+        state = await _load(bus, site, session_id, True, False, snapshot=turn != 1)
         if feed is not None:
             feed.attach(site, session_id, floor)
         read.set_result(state)
@@ -316,14 +339,18 @@ async def load(bus: Bus, site: str, session_id: str, use_snapshot: bool = True,
 
 
 async def _load(bus: Bus, site: str, session_id: str, use_snapshot: bool,
-                write_snapshot: bool) -> ConversationState:
+                write_snapshot: bool, snapshot: bool = True) -> ConversationState:
     """The cache's state brought up to date (use_snapshot; never change it), or a fold of the
-    whole log."""
+    whole log. `snapshot`: False, a state not cached is folded from the log's start without
+    looking for a snapshot (whose revision stays unknown)."""
     start = _cache.get(site, session_id) if use_snapshot else None
     cached = start is not None
     revision = _cache.revision(site, session_id) if cached else None
     if start is None and use_snapshot:
-        start, revision = await read_snapshot(bus, site, session_id)
+        if snapshot:
+            start, revision = await read_snapshot(bus, site, session_id)
+        else:
+            revision = UNKNOWN
     after, folded_turn = (start.last_seq, start.turn) if start else (0, 0)
     tail = await bus.read(subjects.conversation(site, session_id), after_seq=after)
     if start is not None and any(isinstance(r.event, ev.TurnRequested) and r.event.turn <= folded_turn for r in tail):

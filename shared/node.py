@@ -161,6 +161,6 @@ async def gather(needs: Needs, event: ev.Envelope, bus: Bus, configs: SiteConfig
         seen = set(record.seen) if record else set()
         late = [kind for wait in needs.waits for kind in wait.kinds if kind not in seen]
     elif needs.state:
-        state = await loader.load_for_event(bus, event.site, event.session_id)
+        state = await loader.load_for_event(bus, event.site, event.session_id, event.turn)
     config = (await configs.get(event.site) if configs is not None else SiteConfig()) if needs.config else SiteConfig()
     return Inputs(state=state, config=config, late=tuple(late))

@@ -238,3 +238,52 @@ async def test_undecodable_messages_are_skipped_as_a_read_skips_them():
     feed.fold("s", "a")
     state = cache.peek("s", "a")
     assert state.turn == 2 and state.event_count == 2 and cache.attached("s", "a")
+
+
+async def test_a_conversation_the_gateway_makes_up_is_read_from_nothing_and_kept_current(bus, site, followed):
+    state = loader.begin(site, "new")  # the gateway issued this session id: nothing to read
+    assert state.event_count == 0 and loader._cache.attached(site, "new")
+    request = ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="new", turn=1, ts=ev.now(),
+                               producer="gateway", message="q1")
+    await bus.publish(request)
+    await bus.publish(ev.follow(request, ev.TurnCompleted, "finalize", metadata={}))
+    read_tails = []
+    original = bus.read
+
+    async def read(*args, **kwargs):
+        records = await original(*args, **kwargs)
+        read_tails.append(len(records))
+        return records
+
+    bus.read = read
+    full = fold(await original(subjects.conversation(site, "new")))
+    await asyncio.wait_for(_until(lambda: loader._cache.peek(site, "new").last_seq == full.last_seq), 5)
+    # The next turn's start: the cached state is current, the read after it finds nothing.
+    assert await loader.load(bus, site, "new", shared=True) == full and read_tails == [0]
+
+
+async def test_a_first_turn_load_looks_for_no_snapshot(bus, site, monkeypatch):
+    looked = []
+    original = loader.read_snapshot
+
+    async def read_snapshot(*args):
+        looked.append(args[1:])
+        return await original(*args)
+
+    monkeypatch.setattr(loader, "read_snapshot", read_snapshot)
+    subject, seq = await _stored(bus, ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="f1", turn=1,
+                                                       ts=ev.now(), producer="test", message="q1"))
+    with reading_from(subject, seq):
+        assert (await loader.load_for_event(bus, site, "f1", turn=1)).turn == 1
+    assert looked == []
+    await publish_turns(bus, site, "f2", 1)
+    subject, seq = await _stored(bus, ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="f2", turn=2,
+                                                       ts=ev.now(), producer="test", message="q2"))
+    with reading_from(subject, seq):
+        assert (await loader.load_for_event(bus, site, "f2", turn=2)).turn == 2
+    assert looked == [(site, "f2")]
+
+
+async def _until(predicate):
+    while not predicate():
+        await asyncio.sleep(0.01)

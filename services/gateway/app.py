@@ -70,6 +70,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.bus = await connect(settings.bus, name="gateway")
+        await loader.follow(app.state.bus)  # shared/feed.py: turn-start loads read what it has not folded
         app.state.redis = redis_client.connect(settings.redis_url)
         app.state.limiter = RateLimiter(app.state.redis, settings.rate_per_ip_per_min, settings.rate_per_site_per_min)
         app.state.guard = SessionGuard(app.state.bus, ttl_s=settings.turn_deadline_s + 10)
@@ -79,6 +80,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         try:
             yield
         finally:
+            await loader.unfollow()
             await app.state.bus.close()
             await app.state.redis.aclose()
 
@@ -200,7 +202,12 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         # needs: the previous turn's end is stored before its stream's `complete` reaches the
         # client, and a turn that started meanwhile fails the publish's sequence check.
         # (The cache's own state: the turn start only reads it.)
-        loading = asyncio.ensure_future(loader.load(bus, site, session_id, write_snapshot=True, shared=True))
+        if body.session_id is None:
+            # A conversation we made up just now has no events: nothing to read.
+            loading = asyncio.get_running_loop().create_future()
+            loading.set_result(loader.begin(site, session_id))
+        else:
+            loading = asyncio.ensure_future(loader.load(bus, site, session_id, write_snapshot=True, shared=True))
         try:
             hold = await guard.acquire(site, session_id)
         except BaseException:
