@@ -181,15 +181,8 @@ class Bus:
         """
         records: list[Record] = []
         async for seq, subject, data in self.read_raw(filter_subject, after_seq, batch):
-            try:
-                event = ev.decode(data)
-            except ev.BadEvent as exc:
-                log.error("undecodable event in log", extra={"subject": subject, "seq": seq, "error": str(exc)})
-                continue
-            if mismatch := ev.subject_mismatch(event, subject):
-                log.error("event on the wrong subject skipped", extra={"subject": subject, "seq": seq, "error": mismatch})
-                continue
-            records.append(Record(seq=seq, subject=subject, event=event))
+            if (event := stored_event(seq, subject, data)) is not None:
+                records.append(Record(seq=seq, subject=subject, event=event))
         return records
 
     async def last(self, subject: str) -> ev.Event | None:
@@ -334,6 +327,21 @@ class Bus:
 
 
 _HEADER_SPACE = " \t\n\r\x0b\x0c"  # what bytes.strip strips
+
+
+def stored_event(seq: int, subject: str, data: bytes) -> ev.Event | None:
+    """A stored message's event, or None (logged) when it does not decode or its envelope
+    disagrees with its subject: no state is folded from such a message (`Bus.read`, the
+    log feed)."""
+    try:
+        event = ev.decode(data)
+    except ev.BadEvent as exc:
+        log.error("undecodable event in log", extra={"subject": subject, "seq": seq, "error": str(exc)})
+        return None
+    if mismatch := ev.subject_mismatch(event, subject):
+        log.error("event on the wrong subject skipped", extra={"subject": subject, "seq": seq, "error": mismatch})
+        return None
+    return event
 
 
 def _header_lines(raw: bytes) -> dict[str, str]:

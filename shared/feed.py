@@ -46,7 +46,8 @@ from typing import TYPE_CHECKING
 from nats.js import api
 
 from shared import events as ev
-from shared import subjects
+from shared import metrics, subjects
+from shared.bus import stored_event
 from shared.state import Record, apply, fork
 
 if TYPE_CHECKING:
@@ -115,6 +116,7 @@ class LogFeed:
         if self._consumer is not None and (consumer != self._consumer or consumer_seq != self._consumer_seq + 1):
             log.info("log feed restarted: cached states detached", extra={
                 "after_seq": self.position, "seq": seq, "consumer_seq": consumer_seq})
+            metrics.log_feed_breaks.labels("restart").inc()
             self._break()
         self._consumer, self._consumer_seq = consumer, consumer_seq
         if self._start is None:
@@ -143,7 +145,7 @@ class LogFeed:
         self.cache.detach_all()
 
     def _flush(self) -> None:
-        """Fold what waits, once per burst of messages (one fork a conversation)."""
+        """Fold what waits, once per burst of messages (at most one fork a conversation)."""
         self._flush_scheduled = False
         for key in list(self._waiting):
             self.fold(*key)
@@ -174,6 +176,7 @@ class LogFeed:
         and states are attached anew."""
         log.warning("log feed behind a handled event: cached states detached", extra={
             "position": self.position, "seq": seq})
+        metrics.log_feed_breaks.labels("lagging").inc()
         self._break()
 
     def fold(self, site: str, session_id: str) -> None:
@@ -195,14 +198,7 @@ class LogFeed:
             for seq, subject, data in records:
                 if seq <= (folded or state).last_seq:
                     continue
-                try:
-                    event = ev.decode(data)
-                except ev.BadEvent as exc:
-                    log.error("undecodable event in log", extra={"subject": subject, "seq": seq, "error": str(exc)})
-                    continue
-                if mismatch := ev.subject_mismatch(event, subject):
-                    log.error("event on the wrong subject skipped", extra={
-                        "subject": subject, "seq": seq, "error": mismatch})
+                if (event := stored_event(seq, subject, data)) is None:
                     continue
                 if isinstance(event, ev.TurnRequested) and event.turn <= (folded or state).turn:
                     # A turn folded already, appended again: the log was rewritten (a visitor's

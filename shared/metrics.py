@@ -45,6 +45,11 @@ log_reads = Counter("concierge_log_reads",
                     "Direct-get requests for stored events (one per batch of up to 256), by stream: the "
                     "cost of rebuilding state, which snapshots and the fold cache keep down", ["stream"])
 
+log_feed_breaks = Counter("concierge_log_feed_breaks",
+                          "Times this process's log feed (shared/feed.py) detached every cached state: `restart` "
+                          "(a delivery missed, or the consumer made again), `lagging` (a load waited in vain for it)",
+                          ["reason"])
+
 kb_vectors = Counter("concierge_kb_vectors",
                      "Knowledge-base text vectors extractive answers needed, by where they came from: memory, the "
                      "kb_vectors bucket, or embedded on the turn's path (services/responder/kb_vectors.py)", ["source"])

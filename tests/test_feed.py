@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from prometheus_client import REGISTRY
 
 from shared import events as ev
 from shared import loader, subjects
@@ -81,10 +82,12 @@ async def test_a_feed_gone_quiet_costs_one_wait_then_loads_read(bus, site, follo
     subject, seq = await _stored(bus, ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="q", turn=3,
                                                        ts=ev.now(), producer="test", message="q3"))
     started = asyncio.get_running_loop().time()
+    lagging = REGISTRY.get_sample_value("concierge_log_feed_breaks_total", {"reason": "lagging"}) or 0
     state = await handler_load(bus, site, "q", subject, seq)
     assert state.turn == 3 and reads.calls == 1
     assert WAIT_S <= asyncio.get_running_loop().time() - started < 1
     assert not loader._cache.attached(site, "q") and followed.breaks == 1
+    assert REGISTRY.get_sample_value("concierge_log_feed_breaks_total", {"reason": "lagging"}) == lagging + 1
     subject, seq = await _stored(bus, ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="q", turn=4,
                                                        ts=ev.now(), producer="test", message="q4"))
     started = asyncio.get_running_loop().time()
@@ -141,6 +144,19 @@ class Log:
         return [r for r in self.stored if subjects.in_conversation(r[1], site, session)]
 
 
+def attached(session: str = "a", turns: int = 1) -> tuple[FoldCache, LogFeed, Log]:
+    """A feed that delivered `turns` turns of conversation s/`session`, whose state is cached
+    and attached."""
+    cache = FoldCache()
+    feed = LogFeed(cache)
+    log_ = Log(feed)
+    for turn in range(1, turns + 1):
+        log_.store(*message("s", session, turn))
+    cache.put(read_state(log_.conversation("s", session)))
+    feed.attach("s", session, upto=log_.seq)
+    return cache, feed, log_
+
+
 async def test_attaching_folds_what_the_feed_delivered_past_the_read():
     cache = FoldCache()
     feed, log_ = LogFeed(cache), None
@@ -193,25 +209,14 @@ async def test_a_message_the_feed_missed_detaches_every_state():
 
 
 async def test_a_rewritten_log_drops_the_cached_state():
-    cache = FoldCache()
-    feed = LogFeed(cache)
-    log_ = Log(feed)
-    log_.store(*message("s", "a", 1))
-    log_.store(*message("s", "a", 2))
-    cache.put(read_state(log_.conversation("s", "a")))
-    feed.attach("s", "a", upto=log_.seq)
+    cache, feed, log_ = attached(turns=2)
     log_.store(*message("s", "a", 1, message="[erased]"))  # an erasure appends the log again
     feed.fold("s", "a")
     assert cache.peek("s", "a") is None and not cache.attached("s", "a")
 
 
 async def test_a_state_given_out_is_never_changed_and_one_nobody_has_is_folded_in_place():
-    cache = FoldCache()
-    feed = LogFeed(cache)
-    log_ = Log(feed)
-    log_.store(*message("s", "a", 1))
-    cache.put(read_state(log_.conversation("s", "a")))
-    feed.attach("s", "a", upto=log_.seq)
+    cache, feed, log_ = attached()
     given = cache.get("s", "a")
     handed = encode_state(given)
     log_.store(*message("s", "a", 1, ev.IntentClassified, intent="LEARN", confidence=0.9, classifier="local"))
@@ -225,12 +230,7 @@ async def test_a_state_given_out_is_never_changed_and_one_nobody_has_is_folded_i
 
 
 async def test_undecodable_messages_are_skipped_as_a_read_skips_them():
-    cache = FoldCache()
-    feed = LogFeed(cache)
-    log_ = Log(feed)
-    log_.store(*message("s", "a", 1))
-    cache.put(read_state(log_.conversation("s", "a")))
-    feed.attach("s", "a", upto=log_.seq)
+    cache, feed, log_ = attached()
     log_.store(subjects.conv("s", "a", "turn_requested"), b"\x00garbage")
     subject, data = message("s", "other", 2)  # an envelope naming another conversation
     log_.store(subjects.conv("s", "a", "turn_requested"), data)
