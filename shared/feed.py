@@ -14,7 +14,8 @@ message), in memory on the server and gone with the connection. How it stays rig
 - A cached state is *attached* once it is known to hold every event of its conversation up
   to a log position from which the feed holds every message it has been delivered: a read
   made for an event (complete up to that event, `bus.reading_from`) whose position is at or
-  after the start of the feed's memory of recent messages (`RECENT` of them). The
+  after the start of the feed's memory of recent messages (`RECENT` of them), once the feed
+  has delivered that event (a lagging feed attaches nothing, so loads do not wait for it). The
   conversation's messages in that memory past the event are folded in at once. Or a
   conversation the process has just made up (the gateway's new session, `loader.begin`):
   empty, it holds every event there is.
@@ -89,9 +90,18 @@ class LogFeed:
 
     async def start(self, bus: Bus) -> None:
         self.bus = bus
+        last = (await bus.js.stream_info(subjects.CONV_STREAM)).state.last_seq
         self._sub = await bus.js.subscribe(
             subjects.CONV_SUBJECTS, stream=subjects.CONV_STREAM, cb=self._on_message, ordered_consumer=True,
             deliver_policy=api.DeliverPolicy.NEW)
+        # nats-py makes an ordered consumer again (a missed heartbeat, a reconnect) from the
+        # last stream sequence it delivered + 1: from 1 before its first message, which would
+        # replay the whole log into every following process. From the stream's end when it
+        # subscribed instead, as DeliverPolicy.NEW began (nats-py 2.16's own state; checked
+        # by tests/test_feed.py).
+        jsi = getattr(getattr(self._sub, "_sub", None), "_jsi", None)
+        if jsi is not None and jsi._sseq == 0:
+            jsi._sseq = last
 
     async def stop(self) -> None:
         if self._sub is not None:
@@ -225,7 +235,9 @@ class LogFeed:
     def attach(self, site: str, session_id: str, upto: int) -> None:
         """The cached state holds the conversation's log up to `upto` (a read for the event
         there): from now on the feed keeps it current, if its memory reaches back that far."""
-        if self._start is None or self.cache.get(site, session_id) is None:
+        if self._start is None or self.position < upto or self.cache.get(site, session_id) is None:
+            # Not before the feed has delivered the read's event: a feed that lags behind the
+            # nodes' own deliveries leaves states detached, and loads read without waiting for it.
             return
         oldest = self._recent[0][0] - 1 if len(self._recent) == self._recent.maxlen else self._start
         if upto < oldest:

@@ -375,10 +375,13 @@ async def _load(bus: Bus, site: str, session_id: str, use_snapshot: bool,
     if not cached:
         _cache.set_revision(site, session_id, revision)
         _cache.set_snapshotted(site, session_id, start.event_count if start is not None else 0)
-    # Only a load that folded something new: requests of a session that start while the
-    # first one's write is under way (turned away as busy, say) do not write it again.
+    # Counted from the last snapshot written or being written (`_snapshot_later` marks it at
+    # once): requests of a session that start while a write is under way (turned away as
+    # busy, say) do not write it again. Whether this load read anything does not matter: the
+    # log feed folds a conversation's events before the gateway's next turn-start load, whose
+    # read then finds nothing new.
     past_snapshot = state.event_count - _cache.snapshotted(site, session_id)
-    if write_snapshot and tail and past_snapshot >= bus.config.snapshot_every:
+    if write_snapshot and past_snapshot >= bus.config.snapshot_every:
         _snapshot_later(bus, state, revision)
     return state
 
@@ -396,18 +399,21 @@ def _snapshot_later(bus: Bus, state: ConversationState, revision: int | None) ->
         return
 
     event_count = state.event_count
+    before = _cache.snapshotted(state.site, state.session_id)
+    _cache.set_snapshotted(state.site, state.session_id, event_count)  # being written: not again
 
     async def store(site: str, session_id: str, revision: int | None) -> None:
         try:
             if revision == UNKNOWN:
                 _, revision = await read_snapshot(bus, site, session_id)
-            # The next write starts from this one's revision; a lost race leaves it unknown.
+            # The next write starts from this one's revision; a lost race leaves it unknown
+            # (and the snapshot to the writer who won, as recent as this one).
             stored = await _stored(bus, site, session_id, data, revision)
             _cache.set_revision(site, session_id, stored or UNKNOWN)
-            if stored:
-                _cache.set_snapshotted(site, session_id, event_count)
         except Exception:  # noqa: BLE001 - a missing snapshot only means a longer fold
             _cache.set_revision(site, session_id, UNKNOWN)
+            if _cache.snapshotted(site, session_id) == event_count:
+                _cache.set_snapshotted(site, session_id, before)  # a later load tries again
             log.exception("snapshot write failed", extra={"site": site, "session_id": session_id})
 
     task = asyncio.create_task(store(state.site, state.session_id, revision), name="snapshot-write")

@@ -12,7 +12,8 @@ from prometheus_client import REGISTRY
 
 from shared import events as ev
 from shared import loader, subjects
-from shared.bus import reading_from
+from shared.bus import connect, reading_from
+from shared.config import BusConfig
 from shared.feed import WAIT_S, LogFeed
 from shared.loader import FoldCache
 from shared.state import ConversationState, Record, apply, encode_state, fold
@@ -38,6 +39,7 @@ async def test_a_followed_conversation_is_read_once_and_then_kept_current(bus, s
     subject, seq = await _stored(bus, request)
     reads = GatedReads(bus)
     reads.open.set()
+    assert await followed.reach(seq)  # a read attaches once the feed has delivered its event
     first = await handler_load(bus, site, "a", subject, seq)
     assert reads.calls == 1 and loader._cache.attached(site, "a")
     handed = encode_state(first)
@@ -61,7 +63,9 @@ async def test_a_load_waits_for_the_feed_to_reach_its_event_rather_than_reading(
     await publish_turns(bus, site, "w", 1)
     subject, seq = await _stored(bus, ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="w", turn=2,
                                                        ts=ev.now(), producer="test", message="q2"))
+    assert await followed.reach(seq)
     await handler_load(bus, site, "w", subject, seq)
+    assert loader._cache.attached(site, "w")
     reads = GatedReads(bus)
     reads.open.set()
     followed.position = 0  # as if the handler had its event before the feed did
@@ -75,7 +79,9 @@ async def test_a_feed_gone_quiet_costs_one_wait_then_loads_read(bus, site, follo
     await publish_turns(bus, site, "q", 1)
     subject, seq = await _stored(bus, ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="q", turn=2,
                                                        ts=ev.now(), producer="test", message="q2"))
+    assert await followed.reach(seq)
     await handler_load(bus, site, "q", subject, seq)
+    assert loader._cache.attached(site, "q")
     await followed._sub.unsubscribe()  # the feed hears nothing more, and does not know it
     reads = GatedReads(bus)
     reads.open.set()
@@ -287,3 +293,49 @@ async def test_a_first_turn_load_looks_for_no_snapshot(bus, site, monkeypatch):
 async def _until(predicate):
     while not predicate():
         await asyncio.sleep(0.01)
+
+
+async def test_a_conversation_the_feed_keeps_current_is_still_snapshotted(nats_url, site):
+    """The gateway's turn-start load finds nothing new to read (the feed folded it all), and
+    still writes the snapshot once SNAPSHOT_EVERY events are past the last one."""
+    bus = await connect(BusConfig(url=nats_url, snapshot_every=4), name="test-feed")
+    await loader.follow(bus)
+    try:
+        loader.begin(site, "snap")
+        await publish_turns(bus, site, "snap", 2)  # 8 events
+        full = fold(await bus.read(subjects.conversation(site, "snap")))
+        await asyncio.wait_for(_until(lambda: loader._cache.peek(site, "snap").last_seq == full.last_seq), 5)
+        state = await loader.load(bus, site, "snap", write_snapshot=True, shared=True)
+        await loader.snapshots_written()
+        snapshot, _ = await loader.read_snapshot(bus, site, "snap")
+        assert snapshot == state == full
+    finally:
+        await loader.unfollow()
+        await bus.close()
+
+
+async def test_a_feed_made_again_before_its_first_message_does_not_replay_the_log(bus, site):
+    await publish_turns(bus, site, "old", 1)  # the log has history (this test's and others')
+    before = (await bus.js.stream_info(subjects.CONV_STREAM)).state.last_seq
+    followed = await loader.follow(bus)
+    try:
+        jsi = followed._sub._sub._jsi
+        assert followed.position == 0 and jsi._sseq == before
+        await jsi.reset_ordered_consumer(jsi._sseq + 1)  # what a missed heartbeat does
+        subject, seq = await _stored(bus, ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="new",
+                                                           turn=1, ts=ev.now(), producer="test", message="q1"))
+        assert await followed.reach(seq, timeout_s=5)
+        assert followed.position == seq and min(s for s, _, _ in followed._recent) > before
+    finally:
+        await loader.unfollow()
+
+
+async def test_a_read_made_before_the_feed_reached_its_event_does_not_attach():
+    cache = FoldCache()
+    feed = LogFeed(cache)
+    log_ = Log(feed)
+    log_.store(*message("s", "a", 1))
+    seq = log_.store(*message("s", "a", 2), deliver=False)  # stored, not delivered to the feed yet
+    cache.put(read_state(log_.conversation("s", "a")))
+    feed.attach("s", "a", upto=seq)
+    assert not cache.attached("s", "a")
