@@ -32,6 +32,21 @@ async def handler_load(bus, site, session, subject, seq):
         return await loader.load_for_event(bus, site, session)
 
 
+def request(site: str, session: str, turn: int) -> ev.TurnRequested:
+    return ev.TurnRequested(event_id=ev.new_id(), site=site, session_id=session, turn=turn, ts=ev.now(),
+                            producer="test", message=f"q{turn}")
+
+
+async def read_and_attached(bus, site: str, session: str, feed: LogFeed) -> None:
+    """A conversation of two turns, loaded for its second turn's request once the feed has
+    delivered it: read once, attached."""
+    await publish_turns(bus, site, session, 1)
+    subject, seq = await _stored(bus, request(site, session, 2))
+    assert await feed.reach(seq)
+    await handler_load(bus, site, session, subject, seq)
+    assert loader._cache.attached(site, session)
+
+
 async def test_a_followed_conversation_is_read_once_and_then_kept_current(bus, site, followed):
     await publish_turns(bus, site, "a", 1)
     request = ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="a", turn=2, ts=ev.now(),
@@ -60,33 +75,21 @@ async def test_a_followed_conversation_is_read_once_and_then_kept_current(bus, s
 
 
 async def test_a_load_waits_for_the_feed_to_reach_its_event_rather_than_reading(bus, site, followed):
-    await publish_turns(bus, site, "w", 1)
-    subject, seq = await _stored(bus, ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="w", turn=2,
-                                                       ts=ev.now(), producer="test", message="q2"))
-    assert await followed.reach(seq)
-    await handler_load(bus, site, "w", subject, seq)
-    assert loader._cache.attached(site, "w")
+    await read_and_attached(bus, site, "w", followed)
     reads = GatedReads(bus)
     reads.open.set()
     followed.position = 0  # as if the handler had its event before the feed did
-    subject, seq = await _stored(bus, ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="w", turn=3,
-                                                       ts=ev.now(), producer="test", message="q3"))
+    subject, seq = await _stored(bus, request(site, "w", 3))
     state = await handler_load(bus, site, "w", subject, seq)
     assert reads.calls == 0 and state.turn == 3
 
 
 async def test_a_feed_gone_quiet_costs_one_wait_then_loads_read(bus, site, followed):
-    await publish_turns(bus, site, "q", 1)
-    subject, seq = await _stored(bus, ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="q", turn=2,
-                                                       ts=ev.now(), producer="test", message="q2"))
-    assert await followed.reach(seq)
-    await handler_load(bus, site, "q", subject, seq)
-    assert loader._cache.attached(site, "q")
+    await read_and_attached(bus, site, "q", followed)
     await followed._sub.unsubscribe()  # the feed hears nothing more, and does not know it
     reads = GatedReads(bus)
     reads.open.set()
-    subject, seq = await _stored(bus, ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="q", turn=3,
-                                                       ts=ev.now(), producer="test", message="q3"))
+    subject, seq = await _stored(bus, request(site, "q", 3))
     started = asyncio.get_running_loop().time()
     lagging = REGISTRY.get_sample_value("concierge_log_feed_breaks_total", {"reason": "lagging"}) or 0
     state = await handler_load(bus, site, "q", subject, seq)
@@ -94,8 +97,7 @@ async def test_a_feed_gone_quiet_costs_one_wait_then_loads_read(bus, site, follo
     assert WAIT_S <= asyncio.get_running_loop().time() - started < 1
     assert not loader._cache.attached(site, "q") and followed.breaks == 1
     assert REGISTRY.get_sample_value("concierge_log_feed_breaks_total", {"reason": "lagging"}) == lagging + 1
-    subject, seq = await _stored(bus, ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="q", turn=4,
-                                                       ts=ev.now(), producer="test", message="q4"))
+    subject, seq = await _stored(bus, request(site, "q", 4))
     started = asyncio.get_running_loop().time()
     assert (await handler_load(bus, site, "q", subject, seq)).turn == 4 and reads.calls == 2
     assert asyncio.get_running_loop().time() - started < WAIT_S  # detached: read at once
