@@ -42,7 +42,7 @@ import heapq
 import itertools
 import logging
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from nats.js import api
 
@@ -53,7 +53,7 @@ from shared.state import Record, apply, fork
 
 if TYPE_CHECKING:
     from shared.bus import Bus
-    from shared.loader import FoldCache
+    from shared.state import ConversationState
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +65,21 @@ RECENT = 2048
 WAIT_S = 0.05
 
 
+class Cache(Protocol):
+    """What the feed asks of the fold cache (shared/loader.py's `FoldCache`)."""
+
+    def get(self, site: str, session_id: str) -> ConversationState | None: ...
+    def peek(self, site: str, session_id: str) -> ConversationState | None: ...
+    def unlent(self, site: str, session_id: str) -> ConversationState | None: ...
+    def put(self, state: ConversationState, unlent: bool = False) -> None: ...
+    def drop(self, site: str, session_id: str) -> None: ...
+    def attached(self, site: str, session_id: str) -> bool: ...
+    def attach(self, site: str, session_id: str) -> None: ...
+    def detach_all(self) -> None: ...
+
+
 class LogFeed:
-    def __init__(self, cache: FoldCache, recent: int = RECENT):
+    def __init__(self, cache: Cache, recent: int = RECENT):
         self.cache = cache
         self.position = 0  # the stream sequence of the last message delivered
         self._start: int | None = None  # every message after this one has been delivered (None: none yet)
