@@ -146,7 +146,7 @@ class LogFeed:
             self._start = seq - 1
         self.position = max(self.position, seq)
         self._recent.append((seq, subject, data))
-        key = _conversation(subject)
+        key = subjects.conversation_of(subject)
         if key is not None and self.cache.attached(*key):
             self._waiting.setdefault(key, []).append((seq, subject, data))
             if not self._flush_scheduled:
@@ -265,8 +265,3 @@ class LogFeed:
         waiting[:0] = reversed(past)
         self.cache.attach(site, session_id)
         self.fold(site, session_id)
-
-
-def _conversation(subject: str) -> tuple[str, str] | None:
-    parts = subject.split(".", 3)
-    return (parts[1], parts[2]) if len(parts) == 4 else None

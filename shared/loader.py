@@ -268,7 +268,7 @@ async def load_for_event(bus: Bus, site: str, session_id: str, turn: int = 0) ->
     if feed is not None and _cache.attached(site, session_id):
         if not await feed.reach(floor):
             feed.lagging(floor)
-        elif _cache.attached(site, session_id):
+        elif feed.current(site, session_id, floor):
             feed.fold(site, session_id)
             cached = _cache.get(site, session_id)
             if cached is not None:

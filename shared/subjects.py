@@ -45,6 +45,12 @@ def conversation(site: str, session_id: str) -> str:
     return f"conv.{site}.{session_id}.>"
 
 
+def conversation_of(subject: str) -> tuple[str, str] | None:
+    """(site, session) of a conversation event's subject `conv.<site>.<session>.<type>`, or None."""
+    parts = subject.split(".", 3)
+    return (parts[1], parts[2]) if len(parts) == 4 and parts[0] == "conv" else None
+
+
 def in_conversation(subject: str, site: str, session_id: str) -> bool:
     """Whether `subject` is one of this conversation's event subjects."""
     return subject.startswith(f"conv.{site}.{session_id}.")

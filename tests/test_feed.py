@@ -341,3 +341,9 @@ async def test_a_read_made_before_the_feed_reached_its_event_does_not_attach():
     cache.put(read_state(log_.conversation("s", "a")))
     feed.attach("s", "a", upto=seq)
     assert not cache.attached("s", "a")
+
+
+def test_a_conversation_is_read_off_its_event_subjects_only():
+    assert subjects.conversation_of(subjects.conv("s", "a", "turn_requested")) == ("s", "a")
+    assert subjects.conversation_of(subjects.tokens("s", "a", 1)) is None
+    assert subjects.conversation_of("conv.s.a") is None
