@@ -33,12 +33,21 @@ CANCELLING_ROUTES = ("REDIRECT", "BOOKING")
 async def turn_state(bus: Bus, site: str, session_id: str, turn: int, wanted: set[str],
                      timeout_s: float) -> ConversationState:
     """The conversation's state with the `wanted` event types of `turn` in it, or without
-    those still missing when `timeout_s` has passed. One subscription, one load, more loads
-    only while waiting.
+    those still missing when `timeout_s` has passed.
+
+    In a process that follows the log (shared/feed.py), the state its feed keeps current,
+    as each of the conversation's events is stored (`loader.watch`): no subscription and no
+    read. Otherwise, or when the feed stops keeping it (a break, a lag): one subscription,
+    one load, more loads only while waiting.
 
     A subscriber can hear of an event a moment before the stream has stored it; such an
     event is folded into the returned state directly (the returned state is a fork of the
     cache's, so no cache ever holds an event the log does not)."""
+    deadline = time.monotonic() + timeout_s
+    followed = await loader.watch(site, session_id, lambda state: wanted <= _seen(state, turn), deadline)
+    if followed is not None:
+        return followed
+    timeout_s = deadline - time.monotonic()
     if timeout_s <= 0:  # not waiting: no subscription to set up and tear down on the hot path
         return await loader.load(bus, site, session_id, forked=True)
     heard: dict[str, ev.Envelope] = {}
@@ -61,7 +70,6 @@ async def turn_state(bus: Bus, site: str, session_id: str, turn: int, wanted: se
     try:
         state = await loader.load(bus, site, session_id, forked=True)
         missing -= _seen(state, turn)
-        deadline = time.monotonic() + timeout_s
         pauses = iter(RECHECK_S)
         while missing and not missing <= heard.keys() and (remaining := deadline - time.monotonic()) > 0:
             try:

@@ -93,6 +93,8 @@ class LogFeed:
         self._sub = None
         self.bus: Bus | None = None
         self.breaks = 0
+        # Waits on a conversation's next message (`changed`): done then, or at a break.
+        self._changes: dict[tuple[str, str], list[asyncio.Future]] = {}
 
     # --- the subscription ---------------------------------------------------------------
 
@@ -152,6 +154,9 @@ class LogFeed:
             if not self._flush_scheduled:
                 self._flush_scheduled = True
                 asyncio.get_running_loop().call_soon(self._flush)
+            for change in self._changes.pop(key, ()):
+                if not change.done():
+                    change.set_result(None)
         while self._reached and self._reached[0][0] <= self.position:
             future = heapq.heappop(self._reached)[2]
             if not future.done():
@@ -166,6 +171,10 @@ class LogFeed:
         self._recent.clear()
         self._waiting.clear()
         self.cache.detach_all()
+        changes, self._changes = self._changes, {}
+        for change in itertools.chain.from_iterable(changes.values()):
+            if not change.done():
+                change.set_result(None)
 
     def _flush(self) -> None:
         """Fold what waits, once per burst of messages (at most one fork a conversation)."""
@@ -192,6 +201,21 @@ class LogFeed:
         except asyncio.TimeoutError:
             pass
         return self.position >= seq
+
+    def changed(self, site: str, session_id: str) -> asyncio.Future:
+        """A future done when the feed delivers the conversation's next message (while it
+        keeps the conversation's state) or breaks: what a wait on the cached state awaits.
+        A waiter that stops waiting first hands it back (`unwatch`)."""
+        change = asyncio.get_running_loop().create_future()
+        self._changes.setdefault((site, session_id), []).append(change)
+        return change
+
+    def unwatch(self, site: str, session_id: str, change: asyncio.Future) -> None:
+        changes = self._changes.get((site, session_id))
+        if changes and change in changes:
+            changes.remove(change)
+            if not changes:
+                del self._changes[(site, session_id)]
 
     def lagging(self, seq: int) -> None:
         """A load waited in vain for the feed to reach `seq` (a consumer gone, a process too

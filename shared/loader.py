@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
+from typing import Callable
 
 import msgspec
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, BadRequestError
@@ -301,6 +303,36 @@ async def load_for_event(bus: Bus, site: str, session_id: str, turn: int = 0) ->
     finally:
         if _reads.get(key) is read:
             del _reads[key]
+
+
+async def watch(site: str, session_id: str, done: Callable[[ConversationState], bool],
+                deadline: float) -> ConversationState | None:
+    """The state the log feed keeps current, once `done(state)` or at `deadline`
+    (time.monotonic), for a handler that waits for its turn's events (shared/awaiter.py):
+    no subscription, no read. The cache's own state, as `load_for_event` gives it. None
+    when the feed does not keep the conversation current up to the handled event (the
+    process does not follow the log, the state is not attached, the feed lags or breaks
+    while waiting): the caller reads the log."""
+    feed, floor = _feed, current_floor(site, session_id)
+    if feed is None or floor is None or not _cache.attached(site, session_id):
+        return None
+    if not await feed.reach(floor):
+        feed.lagging(floor)
+        return None
+    while feed.current(site, session_id, floor):
+        change = feed.changed(site, session_id)
+        try:
+            feed.fold(site, session_id)
+            state = _cache.peek(site, session_id)
+            if state is None:
+                return None
+            remaining = deadline - time.monotonic()
+            if done(state) or remaining <= 0:
+                return _cache.get(site, session_id)
+            await asyncio.wait((change,), timeout=remaining)
+        finally:
+            feed.unwatch(site, session_id, change)
+    return None
 
 
 def current_floor(site: str, session_id: str) -> int | None:

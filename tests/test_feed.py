@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from shared import events as ev
-from shared import loader, subjects
+from shared import awaiter, loader, subjects
 from shared.bus import connect, reading_from
 from shared.config import BusConfig
 from shared.feed import WAIT_S, LogFeed
@@ -114,6 +114,70 @@ async def test_a_process_that_does_not_follow_reads_for_every_event(bus, site):
                                                            turn=turn, ts=ev.now(), producer="test", message="q"))
         assert (await handler_load(bus, site, "n", subject, seq)).turn == turn
     assert reads.calls == 2
+
+
+async def routed(bus, site: str, session: str, followed: LogFeed) -> tuple[ev.TurnRequested, tuple[str, int]]:
+    """An attached conversation whose second turn is routed: the route (the event a waiting
+    handler acts on), delivered by the feed."""
+    await read_and_attached(bus, site, session, followed)
+    cause = request(site, session, 2)
+    handled = await _stored(bus, ev.follow(cause, ev.RouteDecided, "intent_router", route="ANSWER", reason="test"))
+    assert await followed.reach(handled[1])
+    return cause, handled
+
+
+async def wait_for_retrieval(bus, site: str, session: str, handled: tuple[str, int], timeout_s: float):
+    with reading_from(*handled):
+        return await awaiter.turn_state(bus, site, session, 2, {"retrieval_completed"}, timeout_s)
+
+
+async def test_a_following_process_waits_for_a_turns_events_on_its_feed_without_a_read_or_a_subscription(
+        bus, site, followed, monkeypatch):
+    cause, handled = await routed(bus, site, "aw", followed)
+    reads = GatedReads(bus)
+    reads.open.set()
+    subscribed = []
+    subscribe = bus.nc.subscribe
+
+    async def counted(subject, *args, **kwargs):
+        subscribed.append(subject)
+        return await subscribe(subject, *args, **kwargs)
+
+    monkeypatch.setattr(bus.nc, "subscribe", counted)
+    waiting = asyncio.ensure_future(wait_for_retrieval(bus, site, "aw", handled, 5.0))
+    await asyncio.sleep(0.1)
+    assert not waiting.done()  # not stored yet: it waits
+    await bus.publish(ev.follow(cause, ev.RetrievalCompleted, "retrieval"))
+    state = await asyncio.wait_for(waiting, 2)
+    assert "retrieval_completed" in state.turns[2].seen
+    assert state == fold(await reads.read(subjects.conversation(site, "aw")))  # the log as stored
+    assert reads.calls == 0 and subscribed == []
+    assert followed._changes == {}  # nothing left waiting
+
+
+async def test_a_wait_on_the_feed_ends_at_its_deadline_without_what_did_not_come(bus, site, followed):
+    _, handled = await routed(bus, site, "late", followed)
+    reads = GatedReads(bus)
+    reads.open.set()
+    started = asyncio.get_running_loop().time()
+    state = await wait_for_retrieval(bus, site, "late", handled, 0.2)
+    assert 0.2 <= asyncio.get_running_loop().time() - started < 1
+    assert "route_decided" in state.turns[2].seen and "retrieval_completed" not in state.turns[2].seen
+    assert reads.calls == 0 and followed._changes == {}
+
+
+async def test_a_wait_whose_feed_breaks_reads_the_log_and_still_gets_the_event(bus, site, followed):
+    cause, handled = await routed(bus, site, "br", followed)
+    reads = GatedReads(bus)
+    reads.open.set()
+    waiting = asyncio.ensure_future(wait_for_retrieval(bus, site, "br", handled, 5.0))
+    await asyncio.sleep(0.05)
+    followed._break()  # as a restarted consumer does: the conversation is no longer kept
+    await asyncio.sleep(0.05)
+    await bus.publish(ev.follow(cause, ev.RetrievalCompleted, "retrieval"))
+    state = await asyncio.wait_for(waiting, 2)
+    assert "retrieval_completed" in state.turns[2].seen
+    assert reads.calls >= 1  # the awaiter's own way: a subscription and the log
 
 
 # --- the feed's rules, message by message (no server) -------------------------------------
