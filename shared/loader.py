@@ -305,6 +305,9 @@ async def load_for_event(bus: Bus, site: str, session_id: str, turn: int = 0) ->
             del _reads[key]
 
 
+WATCH_RECHECK_S = 0.1  # how often a wait on the feed's state looks whether the feed still keeps it
+
+
 async def watch(site: str, session_id: str, done: Callable[[ConversationState], bool],
                 deadline: float) -> ConversationState | None:
     """The state the log feed keeps current, once `done(state)` or at `deadline`
@@ -329,7 +332,9 @@ async def watch(site: str, session_id: str, done: Callable[[ConversationState], 
             remaining = deadline - time.monotonic()
             if done(state) or remaining <= 0:
                 return _cache.get(site, session_id)
-            await asyncio.wait((change,), timeout=remaining)
+            # Woken by the conversation's next message or a break; a state dropped from the
+            # cache meanwhile (evicted, a rewritten log) wakes nobody: looked at again shortly.
+            await asyncio.wait((change,), timeout=min(remaining, WATCH_RECHECK_S))
         finally:
             feed.unwatch(site, session_id, change)
     return None

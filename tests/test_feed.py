@@ -180,6 +180,17 @@ async def test_a_wait_whose_feed_breaks_reads_the_log_and_still_gets_the_event(b
     assert reads.calls >= 1  # the awaiter's own way: a subscription and the log
 
 
+async def test_a_wait_whose_state_leaves_the_cache_reads_the_log_without_waiting_out_its_deadline(
+        bus, site, followed):
+    cause, handled = await routed(bus, site, "ev", followed)
+    waiting = asyncio.ensure_future(wait_for_retrieval(bus, site, "ev", handled, 5.0))
+    await asyncio.sleep(0.05)
+    loader._cache.drop(site, "ev")  # evicted, or a rewritten log: nothing tells the waiter
+    await bus.publish(ev.follow(cause, ev.RetrievalCompleted, "retrieval"))
+    state = await asyncio.wait_for(waiting, 1)
+    assert "retrieval_completed" in state.turns[2].seen
+
+
 # --- the feed's rules, message by message (no server) -------------------------------------
 
 
