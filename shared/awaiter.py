@@ -37,12 +37,13 @@ async def turn_state(bus: Bus, site: str, session_id: str, turn: int, wanted: se
 
     In a process that follows the log (shared/feed.py), the state its feed keeps current,
     as each of the conversation's events is stored (`loader.watch`): no subscription and no
-    read. Otherwise, or when the feed stops keeping it (a break, a lag): one subscription,
-    one load, more loads only while waiting.
+    read; the cache's own state, which the caller only reads (as a handler's inputs). Otherwise,
+    or when the feed stops keeping it (a break, a lag): one subscription, one load, more loads
+    only while waiting. The deadline counts from this call, whichever way it waits.
 
     A subscriber can hear of an event a moment before the stream has stored it; such an
-    event is folded into the returned state directly (the returned state is a fork of the
-    cache's, so no cache ever holds an event the log does not)."""
+    event is folded into the returned state directly (on that way the returned state is a
+    fork of the cache's, so no cache ever holds an event the log does not)."""
     deadline = time.monotonic() + timeout_s
     followed = await loader.watch(site, session_id, lambda state: wanted <= _seen(state, turn), deadline)
     if followed is not None:

@@ -144,11 +144,12 @@ async def test_a_following_process_waits_for_a_turns_events_on_its_feed_without_
         return await subscribe(subject, *args, **kwargs)
 
     monkeypatch.setattr(bus.nc, "subscribe", counted)
+    monkeypatch.setattr(loader, "WATCH_RECHECK_S", 10.0)  # only the feed's wake-up can end the wait in time
     waiting = asyncio.ensure_future(wait_for_retrieval(bus, site, "aw", handled, 5.0))
     await asyncio.sleep(0.1)
-    assert not waiting.done()  # not stored yet: it waits
+    assert not waiting.done() and (site, "aw") in followed._changes  # not stored yet: it waits on the feed
     await bus.publish(ev.follow(cause, ev.RetrievalCompleted, "retrieval"))
-    state = await asyncio.wait_for(waiting, 2)
+    state = await asyncio.wait_for(waiting, 1)
     assert "retrieval_completed" in state.turns[2].seen
     assert state == fold(await reads.read(subjects.conversation(site, "aw")))  # the log as stored
     assert reads.calls == 0 and subscribed == []
@@ -166,18 +167,20 @@ async def test_a_wait_on_the_feed_ends_at_its_deadline_without_what_did_not_come
     assert reads.calls == 0 and followed._changes == {}
 
 
-async def test_a_wait_whose_feed_breaks_reads_the_log_and_still_gets_the_event(bus, site, followed):
+async def test_a_wait_whose_feed_breaks_reads_the_log_and_still_gets_the_event(bus, site, followed, monkeypatch):
     cause, handled = await routed(bus, site, "br", followed)
     reads = GatedReads(bus)
     reads.open.set()
+    monkeypatch.setattr(loader, "WATCH_RECHECK_S", 10.0)  # the break itself must wake the wait
     waiting = asyncio.ensure_future(wait_for_retrieval(bus, site, "br", handled, 5.0))
     await asyncio.sleep(0.05)
+    assert (site, "br") in followed._changes and reads.calls == 0  # waiting on the feed
     followed._break()  # as a restarted consumer does: the conversation is no longer kept
     await asyncio.sleep(0.05)
+    assert reads.calls >= 1 and followed._changes == {}  # gone to the awaiter's own way at once
     await bus.publish(ev.follow(cause, ev.RetrievalCompleted, "retrieval"))
     state = await asyncio.wait_for(waiting, 2)
     assert "retrieval_completed" in state.turns[2].seen
-    assert reads.calls >= 1  # the awaiter's own way: a subscription and the log
 
 
 async def test_a_wait_whose_state_leaves_the_cache_reads_the_log_without_waiting_out_its_deadline(
@@ -185,6 +188,7 @@ async def test_a_wait_whose_state_leaves_the_cache_reads_the_log_without_waiting
     cause, handled = await routed(bus, site, "ev", followed)
     waiting = asyncio.ensure_future(wait_for_retrieval(bus, site, "ev", handled, 5.0))
     await asyncio.sleep(0.05)
+    assert (site, "ev") in followed._changes  # waiting on the feed
     loader._cache.drop(site, "ev")  # evicted, or a rewritten log: nothing tells the waiter
     await bus.publish(ev.follow(cause, ev.RetrievalCompleted, "retrieval"))
     state = await asyncio.wait_for(waiting, 1)
