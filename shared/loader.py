@@ -267,14 +267,11 @@ async def load_for_event(bus: Bus, site: str, session_id: str, turn: int = 0) ->
         return await load(bus, site, session_id)
     key = (site, session_id)
     feed = _feed
-    if feed is not None and _cache.attached(site, session_id):
-        if not await feed.reach(floor):
-            feed.lagging(floor)
-        elif feed.current(site, session_id, floor):
-            feed.fold(site, session_id)
-            cached = _cache.get(site, session_id)
-            if cached is not None:
-                return cached
+    if await _kept_current(site, session_id, floor):
+        feed.fold(site, session_id)
+        cached = _cache.get(site, session_id)
+        if cached is not None:
+            return cached
     for _ in range(JOINS):
         cached = _cache.get(site, session_id)
         if cached is not None and cached.last_seq >= floor:
@@ -305,6 +302,19 @@ async def load_for_event(bus: Bus, site: str, session_id: str, turn: int = 0) ->
             del _reads[key]
 
 
+async def _kept_current(site: str, session_id: str, floor: int) -> bool:
+    """Whether this process's log feed keeps the conversation's cached state current up to
+    `floor` (the handled event), once the feed has reached it; a feed that does not within
+    `feed.WAIT_S` is lagging, and every state is detached."""
+    feed = _feed
+    if feed is None or not _cache.attached(site, session_id):
+        return False
+    if not await feed.reach(floor):
+        feed.lagging(floor)
+        return False
+    return feed.current(site, session_id, floor)
+
+
 WATCH_RECHECK_S = 0.1  # how often a wait on the feed's state looks whether the feed still keeps it
 
 
@@ -317,10 +327,7 @@ async def watch(site: str, session_id: str, done: Callable[[ConversationState], 
     process does not follow the log, the state is not attached, the feed lags or breaks
     while waiting): the caller reads the log."""
     feed, floor = _feed, current_floor(site, session_id)
-    if feed is None or floor is None or not _cache.attached(site, session_id):
-        return None
-    if not await feed.reach(floor):
-        feed.lagging(floor)
+    if floor is None or not await _kept_current(site, session_id, floor):
         return None
     while feed.current(site, session_id, floor):
         change = feed.changed(site, session_id)
