@@ -32,7 +32,7 @@ from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
 
 from shared import events as ev
 from shared import logs, metrics, subjects, telemetry
-from shared.bus import BUS_UNAVAILABLE, Bus, reading_from
+from shared.bus import BUS_UNAVAILABLE, Bus, delivery, reading_from
 from shared.config import ConsumerConfig
 from shared.node import Context, Node, PermanentError, gather
 from shared.site_config import SiteConfigs
@@ -288,7 +288,8 @@ class ConsumerRunner:
         self._metrics[2][outcome].inc()
 
     async def process(self, msg: Msg) -> None:
-        attempt = msg.metadata.num_delivered
+        at = delivery(msg.reply)
+        attempt = at.delivered
         try:
             event = ev.decode(msg.data)
         except ev.BadEvent as exc:
@@ -310,25 +311,30 @@ class ConsumerRunner:
             self._count("mismatched")
             return
 
+        if not self.node.concerns(event):
+            # Not this node's (another route's handler, another kind of suggestion): nothing
+            # to load, handle, time or trace; acked as handled.
+            await msg.ack()
+            self.stats.handled += 1
+            self._count("ok")
+            return
+
         # What the handler reads of the log includes this event (and so what caused it), even
         # from a replica that had not stored it yet when asked.
         conv = self.stream == subjects.CONV_STREAM
-        floor = reading_from(msg.subject, msg.metadata.sequence.stream) if conv else contextlib.nullcontext()
+        floor = reading_from(msg.subject, at.stream_seq) if conv else contextlib.nullcontext()
         with logs.conversation(event.site, event.session_id, event.turn), floor:
             span_name = f"{self.durable} {ev.event_type(event)}"
             with telemetry.handling(TRACER, span_name, msg.headers) as span:
                 span.set_attribute("concierge.attempt", attempt)
-                concerned = self.node.concerns(event)
                 # Only a turn's steps feed the gateway's stall clock; a work item has no visitor waiting.
-                progress = subjects.progress(event.site, event.session_id, event.turn) if concerned and conv else None
+                progress = subjects.progress(event.site, event.session_id, event.turn) if conv else None
                 heartbeat = _Heartbeat(self, msg, progress)
                 try:
-                    outputs = []
-                    if concerned:
-                        inputs = await gather(self.node.needs, event, self.bus, self.configs)
-                        ctx = Context(bus=self.bus, node=self.durable, cause=event, attempt=attempt,
-                                      input_seq=inputs.state.last_seq, config_version=inputs.config.version)
-                        outputs = await self.node.handle(event, inputs, ctx)
+                    inputs = await gather(self.node.needs, event, self.bus, self.configs)
+                    ctx = Context(bus=self.bus, node=self.durable, cause=event, attempt=attempt,
+                                  input_seq=inputs.state.last_seq, config_version=inputs.config.version)
+                    outputs = await self.node.handle(event, inputs, ctx)
                     for out in outputs:
                         await self.bus.publish(out)
                 except asyncio.CancelledError:

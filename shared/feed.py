@@ -48,7 +48,7 @@ from nats.js import api
 
 from shared import events as ev
 from shared import metrics, subjects
-from shared.bus import stored_event
+from shared.bus import delivery, stored_event
 from shared.state import Record, apply, fork
 
 if TYPE_CHECKING:
@@ -128,13 +128,8 @@ class LogFeed:
         self._break(counted=False)
 
     async def _on_message(self, msg) -> None:
-        # The reply subject says where the message sits: `$JS.ACK.<stream>.<consumer>.<delivered>.
-        # <stream seq>.<consumer seq>...`, or with a domain and an account hash after `$JS.ACK`
-        # (nats-py's `msg.metadata` parses the same, into objects and a datetime: a tenth of
-        # the feed's cost).
-        tokens = msg.reply.split(".")
-        at = 2 if len(tokens) == 9 else 4
-        self.take(int(tokens[at + 3]), int(tokens[at + 4]), tokens[at + 1], msg.subject, msg.data)
+        at = delivery(msg.reply)  # where the message sits, from its reply subject
+        self.take(at.stream_seq, at.consumer_seq, at.consumer, msg.subject, msg.data)
 
     def take(self, seq: int, consumer_seq: int, consumer: str, subject: str, data: bytes) -> None:
         """One delivered message (`_on_message`; tests call it directly)."""

@@ -372,3 +372,35 @@ def test_headers_are_parsed_as_nats_py_parses_them():
         lines = [b"".join(rng.choice(pieces) for _ in range(rng.randint(0, 6))) for _ in range(rng.randint(0, 5))]
         block = b"\r\n".join(lines) + rng.choice([b"", b"\r\n", b"\r\n\r\n"])
         assert _header_lines(block) == _nats_header_lines(block), block
+
+
+async def test_a_deliverys_place_is_read_from_its_reply_as_nats_py_reads_it(bus, site):
+    """`delivery` (the runner's and the feed's parse of a reply subject) agrees with nats-py's
+    `msg.metadata` on a real delivery, and on a redelivery; the longer form (a domain and an
+    account hash after `$JS.ACK`) too; a reply that is no JetStream delivery is refused."""
+    from nats.aio.msg import Msg
+
+    from shared.bus import delivery
+
+    await bus.publish(requested(site, "s1", 1))
+    await bus.publish(requested(site, "s1", 2))
+    sub = await bus.js.pull_subscribe(subjects.conv(site, "s1", "turn_requested"), durable=unique("place"),
+                                      stream=subjects.CONV_STREAM)
+    try:
+        first, second = await sub.fetch(2, timeout=5)
+        await first.nak()
+        (again,) = await sub.fetch(1, timeout=5)
+        for msg in (first, second, again):
+            at, meta = delivery(msg.reply), msg.metadata
+            assert (at.consumer, at.delivered, at.stream_seq, at.consumer_seq) == (
+                meta.consumer, meta.num_delivered, meta.sequence.stream, meta.sequence.consumer)
+        assert delivery(again.reply).delivered == 2 and delivery(second.reply).delivered == 1
+    finally:
+        await sub.unsubscribe()
+    long_form = "$JS.ACK.hub.ACCHASH.CONV.answer_writer.3.1207.88.1732500000000000000.4.r4nd"
+    meta = Msg(None, reply=long_form).metadata
+    assert tuple(delivery(long_form)) == (meta.consumer, meta.num_delivered, meta.sequence.stream,
+                                          meta.sequence.consumer) == ("answer_writer", 3, 1207, 88)
+    for reply in ("_INBOX.abc.1", "", "$JS.ACK.CONV.node.1.2"):
+        with pytest.raises(ValueError):
+            delivery(reply)
