@@ -93,7 +93,7 @@ def delivery(reply: str) -> Delivery:
     account hash after `$JS.ACK`). nats-py's `msg.metadata` parses the same into objects and
     a datetime: a twentieth of a delivery's CPU in the runner, a tenth of the feed's."""
     tokens = reply.split(".")
-    if len(tokens) < 9 or tokens[0] != "$JS" or tokens[1] != "ACK":
+    if not (len(tokens) == 9 or len(tokens) >= 11) or tokens[0] != "$JS" or tokens[1] != "ACK":
         raise ValueError(f"not a JetStream delivery: reply subject {reply!r}")
     at = 2 if len(tokens) == 9 else 4
     return Delivery(tokens[at + 1], int(tokens[at + 2]), int(tokens[at + 3]), int(tokens[at + 4]))

@@ -401,6 +401,6 @@ async def test_a_deliverys_place_is_read_from_its_reply_as_nats_py_reads_it(bus,
     meta = Msg(None, reply=long_form).metadata
     assert tuple(delivery(long_form)) == (meta.consumer, meta.num_delivered, meta.sequence.stream,
                                           meta.sequence.consumer) == ("answer_writer", 3, 1207, 88)
-    for reply in ("_INBOX.abc.1", "", "$JS.ACK.CONV.node.1.2"):
+    for reply in ("_INBOX.abc.1", "", "$JS.ACK.CONV.node.1.2", "$JS.ACK.CONV.node.1.2.3.4.5.6"):
         with pytest.raises(ValueError):
             delivery(reply)
