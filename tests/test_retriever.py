@@ -390,3 +390,62 @@ async def test_a_query_counts_its_tokens_inline_not_on_lightrags_tokenizer_threa
         retriever = Retriever(kb=kb, base=RetrievalSettings(mode=mode, limiter_enabled=False), rerankers={})
         result = await retriever.retrieve("iso_north", "How much does Acme Sync cost?", SiteConfig(), _no_record)
         assert any("$19" in text for text in texts(result))
+
+
+async def test_a_query_returns_what_lightrags_own_counting_and_config_copy_return(kb, monkeypatch):
+    """lightrag_functions.untruncated_when_unbounded and share_query_config: with the budgets
+    out of reach, a query skips LightRAG's rendering and counting and its per-query copy of
+    the configuration, and finds exactly what it found with both (LightRAG's own functions
+    put back for the second pass)."""
+    import types
+
+    import lightrag.utils
+    from lightrag import LightRAG
+
+    async def everything() -> list:
+        return [await kb.query(site, question, mode=mode, high_level=[], low_level=[question], graph_top_k=20,
+                               chunk_top_k=10)
+                for site in SITES for question in QUESTIONS for mode in ("mix", "local", "global", "hybrid", "naive")]
+
+    patched = await everything()
+    assert any(found["entity"] and found["relationship"] and found["chunk"] for found in patched)
+    for name in ("truncate_list_by_token_size", "_truncate_chunks_for_unified_context"):
+        monkeypatch.setattr(lightrag.utils, name, getattr(lightrag.utils, name).__wrapped__)
+    for site in SITES:
+        rag = await kb._rag(site)
+        monkeypatch.setattr(rag, "_build_global_config", types.MethodType(LightRAG._build_global_config, rag))
+    assert await everything() == patched
+
+
+async def test_only_queries_share_the_configuration_copy(kb):
+    from services.retriever.lightrag_functions import querying
+
+    rag = await kb._rag("iso_north")
+    assert rag._build_global_config() is not rag._build_global_config()  # ingestion: a copy each time
+    with querying():
+        shared = rag._build_global_config()
+        assert rag._build_global_config() is shared and shared["tokenizer"] is rag.tokenizer
+    assert rag._build_global_config() is not shared
+
+
+def test_a_budget_within_reach_is_still_counted_and_cut():
+    import lightrag.utils
+    from lightrag.utils import Tokenizer
+
+    from services.retriever.lightrag_functions import UNBOUNDED_TOKENS
+    from services.retriever.word_tokenizer import WordTokenizer
+
+    tokenizer = Tokenizer("words", WordTokenizer())
+    items = [f"item {i} has five words" for i in range(10)]
+    kept = lightrag.utils.truncate_list_by_token_size(items, key=str, separator="\n", max_token_size=12,
+                                                      tokenizer=tokenizer)
+    assert kept == items[:2]
+
+    def unrendered(item):
+        raise AssertionError("an item was rendered to fit a budget out of reach")
+
+    assert lightrag.utils.truncate_list_by_token_size(items, key=unrendered, separator="\n",
+                                                      max_token_size=UNBOUNDED_TOKENS, tokenizer=tokenizer) == items
+    chunks = [{"content": text, "file_path": f"doc{i}.md"} for i, text in enumerate(items)]
+    assert 0 < len(lightrag.utils._truncate_chunks_for_unified_context(chunks, 30, tokenizer)) < len(chunks)
+    assert lightrag.utils._truncate_chunks_for_unified_context(chunks, UNBOUNDED_TOKENS - 500, tokenizer) == chunks

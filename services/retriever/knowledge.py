@@ -42,8 +42,9 @@ from typing import Any
 
 from services.retriever import extraction
 from services.retriever.documents import SourceDocument
-from services.retriever.lightrag_functions import (embedding_function, llm_function, no_llm, quiet_lightrag,
-                                                    tokenize_inline)
+from services.retriever.lightrag_functions import (UNBOUNDED_TOKENS, embedding_function, llm_function, no_llm,
+                                                    querying, quiet_lightrag, share_query_config, tokenize_inline,
+                                                    untruncated_when_unbounded)
 from services.retriever.settings import KnowledgeBaseSettings
 from services.retriever.word_tokenizer import WordTokenizer
 from shared import subjects
@@ -54,7 +55,6 @@ SEP = "<SEP>"  # LightRAG's separator between the sources of a merged graph fiel
 MAX_DESCRIPTION_CHARS = 600
 LLM_CHUNK_WORDS = 160  # ≈ 210 MiniLM tokens: under the 256 the embedding model reads
 LLM_CHUNK_OVERLAP_WORDS = 20
-UNBOUNDED_TOKENS = 10_000_000
 
 
 class UnknownSite(Exception):
@@ -129,6 +129,7 @@ class KnowledgeBase:
 
         quiet_lightrag()
         tokenize_inline()
+        untruncated_when_unbounded()
         lightrag_storage.register()
         self.root.mkdir(parents=True, exist_ok=True)
         if self._client is not None:
@@ -257,7 +258,7 @@ class KnowledgeBase:
         from services.retriever import lightrag_storage
 
         directory.mkdir(parents=True, exist_ok=True)
-        return LightRAG(
+        rag = LightRAG(
             working_dir=str(directory.parent),
             workspace=directory.name,
             embedding_func=EmbeddingFunc(embedding_dim=self.embedder.dim, func=embedding_function(self.embedder),
@@ -274,6 +275,8 @@ class KnowledgeBase:
                                           "client_key": self._key, "collection_per_site": not self._server},
             enable_llm_cache=False,
         )
+        share_query_config(rag)  # one copy of its configuration for all its queries (`querying`)
+        return rag
 
     # --- reading ----------------------------------------------------------------------
 
@@ -290,11 +293,12 @@ class KnowledgeBase:
         # LightRAG trims its context to token budgets meant for an LLM prompt, bisecting with
         # the tokenizer over the whole rendered context (most of a query's CPU on a large
         # graph). Here the reranker or the limiter chooses what is kept, and the answer's
-        # prompt has its own cap, so the budgets are set out of reach: one count each.
+        # prompt has its own cap, so the budgets are set out of reach, and with such budgets
+        # nothing is rendered or counted to fit them (lightrag_functions.untruncated_when_unbounded).
         param = QueryParam(mode=mode, top_k=graph_top_k, chunk_top_k=chunk_top_k, hl_keywords=high_level,
                            ll_keywords=low_level, enable_rerank=False, max_entity_tokens=UNBOUNDED_TOKENS,
                            max_relation_tokens=UNBOUNDED_TOKENS, max_total_tokens=UNBOUNDED_TOKENS)
-        with opened.use() as rag:
+        with opened.use() as rag, querying():
             result = await rag.aquery_data(text, param)
         data = result.get("data") or {}
         return {"chunk": data.get("chunks", []), "entity": data.get("entities", []),
