@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import logging
 import os
 import warnings
@@ -96,7 +97,6 @@ def tokenize_inline() -> None:
         module.run_in_tokenizer_executor = _tokenize_inline
 
 
-
 def untruncated_when_unbounded() -> None:
     """LightRAG fits a query's entities, relations and chunks to token budgets for an LLM
     prompt: it renders every item as JSON, joins them, counts the tokens and keeps the
@@ -111,26 +111,28 @@ def untruncated_when_unbounded() -> None:
     (pinned: lightrag-hku 1.5.7)."""
     import lightrag.utils
 
-    for name in ("truncate_list_by_token_size", "_truncate_chunks_for_unified_context"):
+    for name, unless_unbounded in (("truncate_list_by_token_size", _list_unless_unbounded),
+                                   ("_truncate_chunks_for_unified_context", _chunks_unless_unbounded)):
         original = getattr(lightrag.utils, name, None)
         if original is None:
             raise RuntimeError(f"lightrag.utils has no {name}: check LightRAG's version")
-        if getattr(original, "__wrapped__", None) is None:
-            setattr(lightrag.utils, name, _unless_unbounded(original))
+        if not hasattr(original, "__wrapped__"):  # not swapped already (another knowledge base)
+            setattr(lightrag.utils, name, functools.wraps(original)(unless_unbounded(original)))
 
 
-def _unless_unbounded(original):
-    if original.__name__ == "truncate_list_by_token_size":
-        def truncate(list_data, key, separator, max_token_size, tokenizer):
-            if max_token_size >= UNBOUNDED_FLOOR:
-                return list(list_data)
-            return original(list_data, key, separator, max_token_size, tokenizer)
-    else:
-        def truncate(chunks, max_token_size, tokenizer):
-            if max_token_size >= UNBOUNDED_FLOOR:
-                return list(chunks)
-            return original(chunks, max_token_size, tokenizer)
-    truncate.__name__, truncate.__doc__, truncate.__wrapped__ = original.__name__, original.__doc__, original
+def _list_unless_unbounded(original):
+    def truncate(list_data, key, separator, max_token_size, tokenizer):
+        if max_token_size >= UNBOUNDED_FLOOR:
+            return list(list_data)
+        return original(list_data, key, separator, max_token_size, tokenizer)
+    return truncate
+
+
+def _chunks_unless_unbounded(original):
+    def truncate(chunks, max_token_size, tokenizer):
+        if max_token_size >= UNBOUNDED_FLOOR:
+            return list(chunks)
+        return original(chunks, max_token_size, tokenizer)
     return truncate
 
 
