@@ -432,9 +432,10 @@ def test_a_budget_within_reach_is_still_counted_and_cut():
     import lightrag.utils
     from lightrag.utils import Tokenizer
 
-    from services.retriever.lightrag_functions import UNBOUNDED_TOKENS
+    from services.retriever.lightrag_functions import UNBOUNDED_TOKENS, untruncated_when_unbounded
     from services.retriever.word_tokenizer import WordTokenizer
 
+    untruncated_when_unbounded()  # as a knowledge base's `open` does (again: harmless)
     tokenizer = Tokenizer("words", WordTokenizer())
     items = [f"item {i} has five words" for i in range(10)]
     kept = lightrag.utils.truncate_list_by_token_size(items, key=str, separator="\n", max_token_size=12,

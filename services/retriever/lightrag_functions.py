@@ -145,7 +145,8 @@ def share_query_config(rag) -> None:
     only reads it (in lightrag-hku 1.5.7 `kg_query` and the functions it calls read
     `global_config` and write none of it), so this instance's copy is made once, by its
     first query, and handed to every query made inside `querying()`; anything else
-    (ingestion, which may change its copy) still gets a copy of its own."""
+    (ingestion, which may change its copy) still gets a copy of its own. Nothing changes an
+    open instance's configuration (a site's knowledge base reloaded is a new instance)."""
     build = getattr(rag, "_build_global_config", None)
     if build is None:
         raise RuntimeError("LightRAG has no _build_global_config: check LightRAG's version")
