@@ -39,7 +39,12 @@ NON_LETTER_RE = re.compile(r"[\W\d_]+")
 
 @dataclass(frozen=True)
 class InjectionMarkers:
-    patterns: dict[str, re.Pattern]  # decisive markers first, then the cues
+    # Each marker's and cue's phrasings, decisive markers first, then the cues; searched one
+    # by one: a search for one alternation of a marker's twenty phrasings scans every
+    # position with all twenty, where each phrasing alone is skipped through quickly by the
+    # regex engine's own prefix checks (the shipped router sets, 935 messages: 332 -> 212 us
+    # a message, the same markers found).
+    patterns: dict[str, tuple[re.Pattern, ...]]
     decisive: frozenset[str]
     confusables: dict[int, str]
     leet: dict[int, str]
@@ -57,7 +62,7 @@ class InjectionMarkers:
             raise ValueError(f"{path}: a name is both a marker and a cue")
         for name, items in (raw["markers"] | raw.get("cues", {})).items():
             try:
-                patterns[name] = re.compile("|".join(f"(?:{p})" for p in items))
+                patterns[name] = tuple(re.compile(p) for p in items)
             except re.error as exc:
                 raise ValueError(f"{path}: marker {name!r}: {exc}") from None
         return cls(patterns=patterns, decisive=frozenset(raw["markers"]),
@@ -67,7 +72,8 @@ class InjectionMarkers:
     def find(self, message: str) -> list[str]:
         """The names of the markers and cues found in any reading of the message, in file order."""
         texts = readings(message, self.confusables, self.leet)
-        return [name for name, pattern in self.patterns.items() if any(pattern.search(t) for t in texts)]
+        return [name for name, phrasings in self.patterns.items()
+                if any(phrasing.search(t) for phrasing in phrasings for t in texts)]
 
 
 def fold(text: str) -> str:
