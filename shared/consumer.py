@@ -314,9 +314,7 @@ class ConsumerRunner:
         if not self.node.concerns(event):
             # Not this node's (another route's handler, another kind of suggestion): nothing
             # to load, handle, time or trace; acked as handled.
-            await msg.ack()
-            self.stats.handled += 1
-            self._count("ok")
+            await self._handled(msg)
             return
 
         # What the handler reads of the log includes this event (and so what caused it), even
@@ -361,9 +359,12 @@ class ConsumerRunner:
                     return
                 finally:
                     heartbeat.cancel()
-                await msg.ack()
-                self.stats.handled += 1
-                self._count("ok")
+                await self._handled(msg)
+
+    async def _handled(self, msg: Msg) -> None:
+        await msg.ack()
+        self.stats.handled += 1
+        self._count("ok")
 
     @property
     def heartbeat_s(self) -> float:
