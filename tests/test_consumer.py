@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import nats.js.errors
+
 from shared import events as ev
 from shared import consumer, subjects
 from shared.consumer import ConsumerRunner
@@ -86,7 +88,8 @@ async def test_last_attempt_ends_in_failure_event_and_dead_letter(bus, site):
         failed = await wait_for(lambda: _find(bus, site, ev.TurnFailed))
         assert failed.node == name and failed.attempts == 3 and "always broken" in failed.reason
         assert failed.failed_event_id == sent.event_id
-        dead = await bus.js.get_last_msg(subjects.DLQ_STREAM, subjects.dlq(name))
+        # the failure is recorded before the copy reaches dlq.<node>: wait for that too
+        dead = await wait_for(lambda: _dead_letter(bus, name), 5, "the dead letter")
         assert ev.decode(dead.data) == sent
         assert dead.headers["Concierge-Subject"] == subjects.conv(site, "s1", "turn_requested")
     finally:
@@ -275,6 +278,13 @@ async def _find(bus, site, cls):
         if isinstance(event, cls):
             return event
     return None
+
+
+async def _dead_letter(bus, durable):
+    try:
+        return await bus.js.get_last_msg(subjects.DLQ_STREAM, subjects.dlq(durable))
+    except nats.js.errors.NotFoundError:
+        return None
 
 
 async def _acked(bus, durable):
