@@ -574,7 +574,13 @@ async def test_booking_captures_the_email_and_signs_the_webhook(system, llm, htt
     assert len({r["headers"]["webhook-id"] for r in webhook.requests}) == 1
     payload = payloads[-1]
     assert payload["email"] == "ada@example.com" and payload["capture_context"] == "in_chat_booking"
-    events = await events_of(http, system, "demo", visitor.session_id)
+    async def analytics_stored():
+        # The responder records the webhook, then the analytics call, after the last POST:
+        # the analytics record is stored last.
+        events = await events_of(http, system, "demo", visitor.session_id)
+        return events if any(e["type"] == "analytics_recorded" for e in events) else None
+
+    events = await wait_for(analytics_stored, timeout=10, what="the analytics record")
     recorded = [e["event"] for e in events if e["type"] == "webhook_recorded"]
     assert len(recorded) == 1 and recorded[0]["ok"] and recorded[0]["attempts"] == 3
     assert [e["event"]["event_name"] for e in events if e["type"] == "analytics_recorded"] == ["lead_captured"]

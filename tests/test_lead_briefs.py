@@ -295,6 +295,12 @@ async def test_a_model_that_does_not_answer_leaves_the_triage_to_the_rule(briefs
 # --- on the bus ----------------------------------------------------------------------------
 
 
+def _briefs_queue_empty(bus):
+    async def empty() -> bool:
+        return (await bus.js.stream_info(subjects.BRIEFS_STREAM)).state.messages == 0
+    return empty
+
+
 async def test_a_captured_lead_becomes_a_brief_and_the_site_a_triage_on_a_real_jetstream(work_bus):
     """The four nodes on a real JetStream, without a model: LeadCaptured → a work item →
     BriefGathered → BriefCompleted in the lead's log; a TriageRequested → TriageCompleted."""
@@ -318,7 +324,8 @@ async def test_a_captured_lead_becomes_a_brief_and_the_site_a_triage_on_a_real_j
         assert [(i.session_id, i.classification) for i in ranked.event.items] == [(SESSION, "call_first")]
         info = await work_bus.js.consumer_info(subjects.BRIEFS_STREAM, "lead_triager")
         assert info.config.max_ack_pending == 1
-        assert (await work_bus.js.stream_info(subjects.BRIEFS_STREAM)).state.messages == 0, "work items acked"
+        # a work item is acked after its handler's outputs are stored: wait for the acks
+        await wait_for(_briefs_queue_empty(work_bus), what="work items acked")
     finally:
         for runner in runners:
             await runner.stop()
