@@ -98,17 +98,33 @@ _DONE = object()
 _chunk_decoder = msgspec.json.Decoder(_Chunk)
 
 
-def _parse_line(line: str):
+def _parse_line(line: bytes):
     """One SSE line of a chat completion stream: a chunk, `_DONE`, or None (not data)."""
-    if not line.startswith("data:"):
+    if not line.startswith(b"data:"):
         return None
     data = line[5:].strip()
-    if data == "[DONE]":
+    if data == b"[DONE]":
         return _DONE
     chunk = _chunk_decoder.decode(data)
     if chunk.error:
         raise LLMError(f"provider error in stream: {chunk.error}")
     return chunk
+
+
+async def _lines(response: httpx2.Response) -> AsyncIterator[bytes]:
+    """The body's lines as bytes (a newline byte is never inside a UTF-8 character; msgspec
+    decodes bytes). Not httpx's `aiter_lines`: its text and line generators, left unfinished
+    at `[DONE]`, were each closed by the event loop's async-generator finalizer (a wake-up
+    and a task apiece, three a streamed call); `aiter_bytes` closes what it reads from, and
+    the caller closes this one (`aclosing`)."""
+    rest = b""
+    async with contextlib.aclosing(response.aiter_bytes()) as body:
+        async for data in body:
+            *lines, rest = (rest + data).split(b"\n")
+            for line in lines:
+                yield line
+    if rest:
+        yield rest
 
 
 @dataclass
@@ -256,25 +272,26 @@ class LLMClient:
                                 parts.append(text)
                                 yield text
                             return
-                        async for line in response.aiter_lines():
-                            chunk = _parse_line(line)
-                            if chunk is None:
-                                continue
-                            if chunk is _DONE:
-                                break
-                            if not rec.served_model:
-                                _served(rec, chunk)
-                            if chunk.usage:
-                                rec.usage = {
-                                    "prompt_tokens": chunk.usage.prompt_tokens,
-                                    "completion_tokens": chunk.usage.completion_tokens,
-                                }
-                            delta = chunk.choices[0].delta.content if chunk.choices else None
-                            if delta:
-                                if not parts:
-                                    rec.ttft_ms = (time.perf_counter() - started) * 1000
-                                parts.append(delta)
-                                yield delta
+                        async with contextlib.aclosing(_lines(response)) as lines:
+                            async for line in lines:
+                                chunk = _parse_line(line)
+                                if chunk is None:
+                                    continue
+                                if chunk is _DONE:
+                                    break
+                                if not rec.served_model:
+                                    _served(rec, chunk)
+                                if chunk.usage:
+                                    rec.usage = {
+                                        "prompt_tokens": chunk.usage.prompt_tokens,
+                                        "completion_tokens": chunk.usage.completion_tokens,
+                                    }
+                                delta = chunk.choices[0].delta.content if chunk.choices else None
+                                if delta:
+                                    if not parts:
+                                        rec.ttft_ms = (time.perf_counter() - started) * 1000
+                                    parts.append(delta)
+                                    yield delta
                     finally:
                         await response.aclose()
                     return

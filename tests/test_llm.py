@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from shared.config import LLMRoleConfig
-from shared.llm import LLMClient, LLMError
+from shared.llm import LLMClient, LLMError, _lines
 
 
 def client_with_fallback(llm, fallback) -> LLMClient:
@@ -47,6 +49,40 @@ async def test_stream_yields_tokens_and_records_the_call(llm):
     assert (sent["messages"], sent["temperature"], sent["stream"]) == (MESSAGES, 0.2, True)  # in extra_body
     assert rec.usage == {"prompt_tokens": 10, "completion_tokens": len(parts)}
     assert (rec.served_model, rec.system_fingerprint) == ("scripted", "fp_scripted")
+
+
+async def test_a_stream_leaves_no_generator_for_the_loop_to_close(llm):
+    """The stream ends at `[DONE]` with its line generators closed in place: none is left to
+    the event loop's async-generator finalizer (a wake-up and a task apiece)."""
+    finalized = []
+    hooks = sys.get_asyncgen_hooks()
+
+    def finalizer(agen):
+        finalized.append(agen.__qualname__)
+        hooks.finalizer(agen)
+
+    sys.set_asyncgen_hooks(firstiter=hooks.firstiter, finalizer=finalizer)  # for generators made from now on
+    try:
+        parts = await collect(client(llm), [])
+    finally:
+        sys.set_asyncgen_hooks(*hooks)
+    assert "".join(parts).startswith("You said: Ping.")
+    assert finalized == []
+
+
+async def test_lines_split_the_body_wherever_its_pieces_break():
+    class Body:
+        def __init__(self, pieces):
+            self.pieces = pieces
+
+        async def aiter_bytes(self):
+            for piece in self.pieces:
+                yield piece
+
+    text = 'data: {"a": "é"}\r\n\ndata: [DONE]\n\nlast'.encode()
+    expected = text.split(b"\n")
+    for cut in range(1, len(text)):
+        assert [line async for line in _lines(Body([text[:cut], b"", text[cut:]]))] == expected
 
 
 async def test_transient_errors_are_retried(llm):
