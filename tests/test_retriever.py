@@ -393,10 +393,11 @@ async def test_a_query_counts_its_tokens_inline_not_on_lightrags_tokenizer_threa
 
 
 async def test_a_query_returns_what_lightrags_own_counting_and_config_copy_return(kb, monkeypatch):
-    """lightrag_functions.untruncated_when_unbounded and share_query_config: with the budgets
-    out of reach, a query skips LightRAG's rendering and counting and its per-query copy of
-    the configuration, and finds exactly what it found with both (LightRAG's own functions
-    put back for the second pass)."""
+    """lightrag_functions.untruncated_when_unbounded, cosine_once_per_vector and
+    share_query_config: with the budgets out of reach, a query skips LightRAG's rendering
+    and counting and its per-query copy of the configuration, and ranks chunks with the
+    cheaper cosine, and finds exactly what it found with LightRAG's own functions (put back
+    for the second pass)."""
     import types
 
     import lightrag.utils
@@ -409,7 +410,7 @@ async def test_a_query_returns_what_lightrags_own_counting_and_config_copy_retur
 
     patched = await everything()
     assert any(found["entity"] and found["relationship"] and found["chunk"] for found in patched)
-    for name in ("truncate_list_by_token_size", "_truncate_chunks_for_unified_context"):
+    for name in ("truncate_list_by_token_size", "_truncate_chunks_for_unified_context", "cosine_similarity"):
         monkeypatch.setattr(lightrag.utils, name, getattr(lightrag.utils, name).__wrapped__)
     for site in SITES:
         rag = await kb._rag(site)
@@ -450,3 +451,25 @@ def test_a_budget_within_reach_is_still_counted_and_cut():
     chunks = [{"content": text, "file_path": f"doc{i}.md"} for i, text in enumerate(items)]
     assert 0 < len(lightrag.utils._truncate_chunks_for_unified_context(chunks, 30, tokenizer)) < len(chunks)
     assert lightrag.utils._truncate_chunks_for_unified_context(chunks, UNBOUNDED_TOKENS - 500, tokenizer) == chunks
+
+
+def test_the_cosine_swapped_in_is_lightrags_bit_for_bit():
+    """lightrag_functions.cosine_once_per_vector: the same similarity, to the last bit, as
+    LightRAG's own for the vectors it ranks (a query's array against a stored list) and the
+    edge cases it guards (a zero vector, a non-finite one, integers)."""
+    import lightrag.utils
+    import numpy as np
+
+    from services.retriever.lightrag_functions import cosine_once_per_vector
+
+    cosine_once_per_vector()
+    swapped = lightrag.utils.cosine_similarity
+    original = swapped.__wrapped__
+    assert swapped is not original
+    rng = np.random.default_rng(7)
+    pairs = [(rng.standard_normal(384).astype(np.float32), rng.standard_normal(384).tolist()) for _ in range(500)]
+    pairs += [(rng.standard_normal(384), rng.standard_normal(384).astype(np.float32)) for _ in range(100)]
+    pairs += [(np.zeros(384, dtype=np.float32), [1.0] * 384), ([np.inf] + [0.0] * 383, [1.0] * 384),
+              ([1, 2, 3], [4, 5, 6]), (np.array([3, 4]), [4.0, 3.0])]
+    for v1, v2 in pairs:
+        assert swapped(v1, v2) == original(v1, v2)

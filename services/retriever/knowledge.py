@@ -42,9 +42,9 @@ from typing import Any
 
 from services.retriever import extraction
 from services.retriever.documents import SourceDocument
-from services.retriever.lightrag_functions import (UNBOUNDED_TOKENS, embedding_function, llm_function, no_llm,
-                                                    querying, quiet_lightrag, share_query_config, tokenize_inline,
-                                                    untruncated_when_unbounded)
+from services.retriever.lightrag_functions import (UNBOUNDED_TOKENS, cosine_once_per_vector, embedding_function,
+                                                    llm_function, no_llm, querying, quiet_lightrag, share_query_config,
+                                                    tokenize_inline, untruncated_when_unbounded)
 from services.retriever.settings import KnowledgeBaseSettings
 from services.retriever.word_tokenizer import WordTokenizer
 from shared import subjects
@@ -130,6 +130,7 @@ class KnowledgeBase:
         quiet_lightrag()
         tokenize_inline()
         untruncated_when_unbounded()
+        cosine_once_per_vector()
         lightrag_storage.register()
         self.root.mkdir(parents=True, exist_ok=True)
         if self._client is not None:
