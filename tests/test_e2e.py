@@ -17,6 +17,7 @@ import pytest
 
 from cli.harness.sse import Conversation, chat, read_stream, resume
 from cli.harness.supervisor import free_port, make_system
+from tests.helpers import wait_for
 from tests.servers import ROOT, configure_site
 
 DEADLINE_S = 15
@@ -104,10 +105,19 @@ async def test_two_turns_stream_and_remember(system, llm, http, site):
     assert sent[1]["content"] == "My name is Ada. What integrations do you offer?" and sent[2]["content"] == first.text
     assert "I have 2 earlier messages" in second.text
 
-    events = await events_of(http, system, site, session)
+    expected = ("turn_requested", "route_decided", "response_completed", "dialog_state_extracted",
+                "form_fields_extracted", "suggestions_generated", "turn_completed")
+
+    async def both_turns_stored():
+        # finalize waits a bounded time for the extractors: one late under load is stored after
+        # the turn's TurnCompleted, so the log is read until both turns' are there.
+        events = await events_of(http, system, site, session)
+        kinds = [e["type"] for e in events]
+        return events if all(kinds.count(kind) >= 2 for kind in expected) else None
+
+    events = await wait_for(both_turns_stored, timeout=10, what="both turns' events")
     kinds = [e["type"] for e in events]
-    for kind in ("turn_requested", "route_decided", "response_completed", "dialog_state_extracted",
-                 "form_fields_extracted", "suggestions_generated", "turn_completed"):
+    for kind in expected:
         assert kinds.count(kind) == 2, kinds
     late = [e["event"]["late_inputs"] for e in events if e["type"] == "response_completed"]
     assert late == [[], []], late
@@ -564,7 +574,6 @@ async def test_booking_captures_the_email_and_signs_the_webhook(system, llm, htt
     async def delivered():
         return len(webhook.requests) >= 3 or None
 
-    from tests.helpers import wait_for
     await wait_for(delivered, timeout=10)
     await asyncio.sleep(0.3)
     assert len(webhook.requests) == 3  # two failures retried, one success, no duplicate
