@@ -112,19 +112,23 @@ def _parse_line(line: bytes):
 
 
 async def _lines(response: httpx2.Response) -> AsyncIterator[bytes]:
-    """The body's lines as bytes (a newline byte is never inside a UTF-8 character; msgspec
-    decodes bytes). Not httpx's `aiter_lines`: its text and line generators, left unfinished
-    at `[DONE]`, were each closed by the event loop's async-generator finalizer (a wake-up
-    and a task apiece, three a streamed call); `aiter_bytes` closes what it reads from, and
-    the caller closes this one (`aclosing`)."""
+    """The body's lines as bytes, without their ends (CRLF, LF or CR, as SSE allows; no such
+    byte is ever inside a UTF-8 character, and msgspec decodes bytes). Not httpx's
+    `aiter_lines`: its text and line generators, left unfinished at `[DONE]`, were each
+    closed by the event loop's async-generator finalizer (a wake-up and a task apiece, three
+    a streamed call); `aiter_bytes` closes what it reads from, and the caller closes this
+    one (`aclosing`)."""
     rest = b""
     async with contextlib.aclosing(response.aiter_bytes()) as body:
         async for data in body:
-            *lines, rest = (rest + data).split(b"\n")
+            lines = (rest + data).splitlines(keepends=True)
+            # An unended last line waits for the rest; so does one ended by CR, whose LF may
+            # come in the next piece.
+            rest = lines.pop() if lines and not lines[-1].endswith(b"\n") else b""
             for line in lines:
-                yield line
+                yield line.rstrip(b"\r\n")
     if rest:
-        yield rest
+        yield rest.rstrip(b"\r\n")
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
@@ -79,10 +80,12 @@ async def test_lines_split_the_body_wherever_its_pieces_break():
             for piece in self.pieces:
                 yield piece
 
-    text = 'data: {"a": "é"}\r\n\ndata: [DONE]\n\nlast'.encode()
-    expected = text.split(b"\n")
+    text = 'data: {"a": "é"}\r\n\r\n: comment\r\rdata: [DONE]\n\nlast'.encode()
+    expected = re.split(rb"\r\n|\r|\n", text)  # SSE's line ends: CRLF, LF or CR
+    assert expected[:3] == [b'data: {"a": "\xc3\xa9"}', b"", b": comment"] and expected[-1] == b"last"
     for cut in range(1, len(text)):
         assert [line async for line in _lines(Body([text[:cut], b"", text[cut:]]))] == expected
+    assert [line async for line in _lines(Body([b"data: x\r", b"\ndata: y\r"]))] == [b"data: x", b"data: y"]
 
 
 async def test_transient_errors_are_retried(llm):
