@@ -105,7 +105,10 @@ def _parse_line(line: bytes):
     data = line[5:].strip()
     if data == b"[DONE]":
         return _DONE
-    chunk = _chunk_decoder.decode(data)
+    try:
+        chunk = _chunk_decoder.decode(data)
+    except UnicodeDecodeError:  # bytes that are not UTF-8 read as U+FFFD, as a text decoder would
+        chunk = _chunk_decoder.decode(data.decode(errors="replace"))
     if chunk.error:
         raise LLMError(f"provider error in stream: {chunk.error}")
     return chunk

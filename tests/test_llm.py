@@ -88,6 +88,13 @@ async def test_lines_split_the_body_wherever_its_pieces_break():
     assert [line async for line in _lines(Body([b"data: x\r", b"\ndata: y\r"]))] == [b"data: x", b"data: y"]
 
 
+def test_a_chunk_that_is_not_utf8_is_read_with_replacement_characters():
+    from shared.llm import _parse_line
+
+    chunk = _parse_line(b'data: {"choices": [{"delta": {"content": "caf\xe9"}}]}')
+    assert chunk.choices[0].delta.content == "caf\ufffd"
+
+
 async def test_transient_errors_are_retried(llm):
     llm.clear()
     llm.fail_next({"status": 503}, {"status": 429})

@@ -469,6 +469,8 @@ def test_the_cosine_swapped_in_is_lightrags_bit_for_bit():
     rng = np.random.default_rng(7)
     pairs = [(rng.standard_normal(384).astype(np.float32), rng.standard_normal(384).tolist()) for _ in range(500)]
     pairs += [(rng.standard_normal(384), rng.standard_normal(384).astype(np.float32)) for _ in range(100)]
+    strided = np.asfortranarray(rng.standard_normal((50, 384)).astype(np.float32))  # rows not contiguous
+    pairs += [(row, rng.standard_normal(384).tolist()) for row in strided]
     pairs += [(np.zeros(384, dtype=np.float32), [1.0] * 384), ([np.inf] + [0.0] * 383, [1.0] * 384),
               ([1, 2, 3], [4, 5, 6]), (np.array([3, 4]), [4.0, 3.0])]
     for v1, v2 in pairs:

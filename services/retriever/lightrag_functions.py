@@ -165,9 +165,12 @@ def _cosine(v1, v2) -> float:
 
 
 def _norm(x: np.ndarray):
-    """`np.linalg.norm` of a vector, without its checks: integers are taken as floats."""
-    if x.dtype.kind != "f":
+    """`np.linalg.norm` of a vector as numpy 2.4 computes it, without its argument checks:
+    what is not inexact taken as floats, flattened in memory order (a strided vector's
+    products are summed in that order)."""
+    if not issubclass(x.dtype.type, (np.inexact, np.object_)):
         x = x.astype(float)
+    x = x.ravel(order="K")
     return np.sqrt(x.dot(x))
 
 
