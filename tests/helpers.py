@@ -64,6 +64,11 @@ async def events_of(bus, site, session="s1"):
     return [r.event for r in await bus.read(subjects.conversation(site, session))]
 
 
+async def briefs_queue_empty(bus) -> bool:
+    """The briefs work queue holds nothing: every item acked (and so removed)."""
+    return (await bus.js.stream_info(subjects.BRIEFS_STREAM)).state.messages == 0
+
+
 def unique(name):
     return f"{name}_{uuid.uuid4().hex[:8]}"
 

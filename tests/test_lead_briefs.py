@@ -17,7 +17,7 @@ from shared.config import LLMRoleConfig
 from shared.llm import LLMClient
 from shared.node import Context, Inputs
 from shared.privacy import REDACTED
-from tests.helpers import RecordingBus, decide, records_of, start, state_of, turn, wait_for
+from tests.helpers import RecordingBus, briefs_queue_empty, decide, records_of, start, state_of, turn, wait_for
 
 SITE, SESSION = "acme", "lead1"
 
@@ -295,12 +295,6 @@ async def test_a_model_that_does_not_answer_leaves_the_triage_to_the_rule(briefs
 # --- on the bus ----------------------------------------------------------------------------
 
 
-def _briefs_queue_empty(bus):
-    async def empty() -> bool:
-        return (await bus.js.stream_info(subjects.BRIEFS_STREAM)).state.messages == 0
-    return empty
-
-
 async def test_a_captured_lead_becomes_a_brief_and_the_site_a_triage_on_a_real_jetstream(work_bus):
     """The four nodes on a real JetStream, without a model: LeadCaptured → a work item →
     BriefGathered → BriefCompleted in the lead's log; a TriageRequested → TriageCompleted."""
@@ -325,7 +319,7 @@ async def test_a_captured_lead_becomes_a_brief_and_the_site_a_triage_on_a_real_j
         info = await work_bus.js.consumer_info(subjects.BRIEFS_STREAM, "lead_triager")
         assert info.config.max_ack_pending == 1
         # a work item is acked after its handler's outputs are stored: wait for the acks
-        await wait_for(_briefs_queue_empty(work_bus), what="work items acked")
+        await wait_for(lambda: briefs_queue_empty(work_bus), what="work items acked")
     finally:
         for runner in runners:
             await runner.stop()

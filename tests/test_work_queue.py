@@ -13,7 +13,7 @@ from shared import events as ev
 from shared import subjects
 from shared.consumer import ConsumerRunner
 from shared.node import Node
-from tests.helpers import fast, start, unique, wait_for
+from tests.helpers import briefs_queue_empty, fast, start, unique, wait_for
 
 
 def item(site: str, session: str) -> ev.BriefRequested:
@@ -53,7 +53,7 @@ async def test_each_item_once_across_replicas_within_the_in_flight_limit(work_bu
         assert peak <= limit, f"{peak} in flight with a limit of {limit}"
         assert all(r.stats.handled > 0 for r in replicas), "both replicas took items"
         info = await bus.js.stream_info(subjects.BRIEFS_STREAM)
-        await wait_for(lambda: _empty(bus), what="acked items removed from the work queue")
+        await wait_for(lambda: briefs_queue_empty(bus), what="acked items removed from the work queue")
         assert info.config.retention == "workqueue"
         stored = await bus.read(subjects.conv_of_type("brief_failed", site))
         assert len(stored) == len(sessions), "outputs go to the conversation log"
@@ -86,11 +86,6 @@ async def _dead_letters(bus) -> int:
     return (await bus.js.stream_info(subjects.DLQ_STREAM)).state.messages
 
 
-async def _empty(bus) -> bool:
-    info = await bus.js.stream_info(subjects.BRIEFS_STREAM)
-    return info.state.messages == 0
-
-
 async def test_a_work_item_whose_handler_never_answers_is_failed_and_taken_off_the_queue(work_bus):
     """The server gives up after max deliveries (a process dying on each attempt): the item
     is recorded as failed and removed, not left on the work queue for good."""
@@ -112,6 +107,6 @@ async def test_a_work_item_whose_handler_never_answers_is_failed_and_taken_off_t
         [record] = await wait_for(lambda: bus.read(subjects.conv(site, "lead1", "brief_failed")), timeout=15,
                                   what="a BriefFailed")
         assert "2 deliveries" in record.event.reason
-        await wait_for(lambda: _empty(bus), what="the item taken off the work queue")
+        await wait_for(lambda: briefs_queue_empty(bus), what="the item taken off the work queue")
     finally:
         await runner.stop()
