@@ -109,15 +109,21 @@ def untruncated_when_unbounded() -> None:
     functions hand back every item, as they would after counting; with a real one (a
     summary's, at ingestion) they count as before. Checked at start like `tokenize_inline`
     (pinned: lightrag-hku 1.5.7)."""
+    _swap("truncate_list_by_token_size", _list_unless_unbounded)
+    _swap("_truncate_chunks_for_unified_context", _chunks_unless_unbounded)
+
+
+def _swap(name: str, replacement_for) -> None:
+    """Put `replacement_for(original)` in `lightrag.utils.<name>` (its callers look it up
+    there at call time), the original kept as its `__wrapped__`; once per process, however
+    many knowledge bases open. A LightRAG without the name fails here, at start."""
     import lightrag.utils
 
-    for name, unless_unbounded in (("truncate_list_by_token_size", _list_unless_unbounded),
-                                   ("_truncate_chunks_for_unified_context", _chunks_unless_unbounded)):
-        original = getattr(lightrag.utils, name, None)
-        if original is None:
-            raise RuntimeError(f"lightrag.utils has no {name}: check LightRAG's version")
-        if not hasattr(original, "__wrapped__"):  # not swapped already (another knowledge base)
-            setattr(lightrag.utils, name, functools.wraps(original)(unless_unbounded(original)))
+    original = getattr(lightrag.utils, name, None)
+    if original is None:
+        raise RuntimeError(f"lightrag.utils has no {name}: check LightRAG's version")
+    if not hasattr(original, "__wrapped__"):  # not swapped already (another knowledge base)
+        setattr(lightrag.utils, name, functools.wraps(original)(replacement_for(original)))
 
 
 def _list_unless_unbounded(original):
@@ -146,13 +152,7 @@ def cosine_once_per_vector() -> None:
     bit for bit the one LightRAG's gives (in-process, the bench's questions on the demo
     knowledge base, alternated: 2.98 -> 2.78 ms a retrieval, the same results). Checked at
     start like `tokenize_inline` (pinned: lightrag-hku 1.5.7)."""
-    import lightrag.utils
-
-    original = getattr(lightrag.utils, "cosine_similarity", None)
-    if original is None:
-        raise RuntimeError("lightrag.utils has no cosine_similarity: check LightRAG's version")
-    if not hasattr(original, "__wrapped__"):  # not swapped already (another knowledge base)
-        lightrag.utils.cosine_similarity = functools.wraps(original)(_cosine)
+    _swap("cosine_similarity", lambda original: _cosine)
 
 
 def _cosine(v1, v2) -> float:
