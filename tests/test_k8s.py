@@ -68,7 +68,7 @@ def kubectl() -> str:
 @lru_cache(maxsize=None)
 def render(overlay: str) -> tuple[dict, ...]:
     out = subprocess.run(
-        [kubectl(), "kustomize", "--load-restrictor=LoadRestrictionsNone", str(K8S / "overlays" / overlay)],
+        [kubectl(), "kustomize", str(K8S / "overlays" / overlay)],  # the default load restrictor, as `apply -k`
         capture_output=True, text=True, timeout=60,
     )
     assert out.returncode == 0, f"kubectl kustomize {overlay}: {out.stderr}"
@@ -203,12 +203,9 @@ def test_production_runs_answer_writer_on_its_own():
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_probes_target_the_paths_and_ports_the_processes_serve(overlay):
-    ops_port = int(concierge_env(overlay)["OPS_PORT"])
-    gateway_port = int(concierge_env(overlay)["GATEWAY_PORT"])
+    port = int(concierge_env(overlay)["OPS_PORT"])  # every process's, the gateway's too
     for deployment in objects(overlay, "Deployment"):
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
-        service = service_of(container)
-        port = gateway_port if service == "gateway" else ops_port
         name = deployment["metadata"]["name"]
         assert container["livenessProbe"]["httpGet"]["path"] == "/healthz", name
         assert container["readinessProbe"]["httpGet"]["path"] == "/readyz", name
@@ -306,8 +303,45 @@ def test_ingress_reaches_only_the_gateway_and_is_set_for_sse(overlay):
         assert float(annotations[key]) > deadline + 10, f"{key} must outlast a turn and its guard"
     backends = {p["backend"]["service"]["name"] for rule in ingress["spec"]["rules"] for p in rule["http"]["paths"]}
     assert backends == {"gateway"}
+    gateway_port = int(concierge_env(overlay)["GATEWAY_PORT"])
+    assert {p["backend"]["service"]["port"]["name"] for rule in ingress["spec"]["rules"]
+            for p in rule["http"]["paths"]} == {"http"}
+    service = one(overlay, "Service", "gateway")
+    assert [p["port"] for p in service["spec"]["ports"]] == [gateway_port], "the gateway's Service: its HTTP port only"
     assert all(tls.get("secretName") for tls in ingress["spec"]["tls"])
     assert concierge_env(overlay)["TRUSTED_PROXY_HOPS"] == "1"
+
+
+# What the ingress may publish: what visitors and operators use. /healthz, /readyz, /metrics,
+# /docs and /openapi.json stay inside the cluster.
+PUBLISHED = {("/v1/", "Prefix"), ("/widget.js", "Exact"), ("/", "Exact"), ("/admin", "Exact")}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_ingress_publishes_only_the_visitor_and_operator_paths(overlay):
+    from services.gateway.app import create_app
+    from services.gateway.settings import GatewaySettings
+
+    (ingress,) = objects(overlay, "Ingress")
+    published = {(p["path"], p["pathType"]) for rule in ingress["spec"]["rules"] for p in rule["http"]["paths"]}
+    assert published <= PUBLISHED, f"published outside the visitor and operator paths: {published - PUBLISHED}"
+    routes = {route.path for route in create_app(GatewaySettings(ops_port=0)).routes}
+    for path, kind in published:
+        served = [r for r in routes if (r.startswith(path) if kind == "Prefix" else r == path)]
+        assert served, f"the ingress publishes {path} ({kind}), which the gateway does not serve"
+    private = {"/healthz", "/readyz", "/metrics", "/docs", "/openapi.json"}
+    assert not [p for p in private for path, kind in published
+                if (p.startswith(path) if kind == "Prefix" else p == path)]
+
+
+def test_manifest_copies_match_their_sources():
+    """deploy/k8s/copies.py: each file a kustomization makes a ConfigMap from is a copy under
+    its from-repo/ (the default load restrictor reads nothing outside it), kept identical."""
+    spec = importlib.util.spec_from_file_location("k8s_copies", K8S / "copies.py")
+    copies = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copies)
+    assert len(copies.copies()) >= 2 + len(list((REPO / "sites").glob("*.toml")))
+    assert not copies.stale(), f"copies that differ from their sources (run `make k8s-copies`): {copies.stale()}"
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
