@@ -20,11 +20,11 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+from cli import preflight
 from cli.harness.supervisor import DEMO_KB, free_port, make_system, wait_http
 
 
@@ -65,6 +65,13 @@ def main(argv: list[str] | None = None) -> int:
                                       "LLM_JSON_MODE": "json_object",
                                       "BRIEFS_BACKEND": os.environ.get("BRIEFS_BACKEND", "data")}
     system = make_system(args.data_dir.resolve(), args.nats_port, args.port, extra, redis_port=args.redis_port)
+    os.environ.update(system.env)  # what every process will read: checked before any starts
+    if found := preflight.problems():
+        print(f"start-up failed: {len(found)} configuration problem{'s' if len(found) > 1 else ''}, nothing started:",
+              file=sys.stderr)
+        for line in found:
+            print(f"  {line}", file=sys.stderr)
+        return 2
     print(f"starting nats-server (JetStream, store {system.data_dir / 'nats'}) on {system.nats_url}", flush=True)
     stop = {"now": False}
 
@@ -91,8 +98,7 @@ def main(argv: list[str] | None = None) -> int:
               else f"  LLM endpoint: {llm_url}" if llm_url else "  LLM: none (extractive answers from the knowledge base)")
         print(f"  redis:        {system.redis_url} (store {system.data_dir / 'redis'})")
         print(f"  logs:         {system.log_dir}/<service>.log")
-        print("  metrics:      " + ", ".join(f"{n} http://127.0.0.1:{p}/metrics" for n, p in system.ops_ports.items())
-              + f", gateway {system.gateway_url}/metrics")
+        print("  metrics:      " + ", ".join(f"{n} http://127.0.0.1:{p}/metrics" for n, p in system.ops_ports.items()))
         print(f"  gateway:      {system.gateway_url}  (POST /v1/chat, GET /readyz)")
         token_note = ("from ADMIN_TOKEN" if os.environ.get("ADMIN_TOKEN")
                       else f"in {system.data_dir / 'admin-token'}")
@@ -110,8 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         while not stop["now"]:
             for name, proc in system.procs.items():
                 if proc.poll() is not None:
-                    print(f"{name} exited with {proc.returncode}; see {system.log_dir / (name + '.log')}",
-                          file=sys.stderr)
+                    print(f"{system.exit_reason(name)} (exit status {proc.returncode}; "
+                          f"log: {system.log_dir / (name + '.log')})", file=sys.stderr)
                     return 1
             time.sleep(0.5)
         return 0

@@ -10,13 +10,51 @@ stops the process with a message naming the variable, rather than running with a
 from __future__ import annotations
 
 import os
-from typing import ClassVar
+from contextvars import ContextVar
+from typing import Callable, ClassVar, Mapping, TypeVar
 
 import msgspec
+
+T = TypeVar("T")
 
 
 class ConfigError(Exception):
     pass
+
+
+# Set while `every_problem` reads settings: the bad values noted so far.
+_problems: ContextVar[list[str] | None] = ContextVar("config_problems", default=None)
+
+
+def invalid(message: str, instead: T) -> T:
+    """A bad setting: raised as a ConfigError, or, while `every_problem` gathers them, noted
+    and `instead` used so that reading goes on to the next variable."""
+    problems = _problems.get()
+    if problems is None:
+        raise ConfigError(message)
+    problems.append(message)
+    return instead
+
+
+def every_problem(checks: Mapping[str, Callable[[], object]]) -> list[str]:
+    """Run each check (a process's settings, read as its start reads them) and list every bad
+    setting at once, rather than the first: one line per problem, naming the processes it
+    stops (`gateway: ADMIN_TOKEN ...`, `router, retriever: NATS_URL ...`). A ConfigError a
+    check raises on its own ends that check and is listed too. Empty: nothing wrong."""
+    stopped: dict[str, list[str]] = {}
+    for name, check in checks.items():
+        problems: list[str] = []
+        token = _problems.set(problems)
+        try:
+            check()
+        except ConfigError as exc:
+            problems.append(str(exc))
+        finally:
+            _problems.reset(token)
+        for problem in dict.fromkeys(problems):
+            stopped.setdefault(problem, []).append(name)
+    return [f"{'every process' if len(names) == len(checks) > 1 else ', '.join(names)}: {problem}"
+            for problem, names in stopped.items()]
 
 
 class Settings(msgspec.Struct, kw_only=True, frozen=True):
@@ -51,7 +89,7 @@ def env_float(name: str, default: float) -> float:
     try:
         return float(raw)
     except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number") from None
+        return invalid(f"{name}={raw!r} is not a number", default)
 
 
 def env_int(name: str, default: int) -> int:
@@ -61,7 +99,7 @@ def env_int(name: str, default: int) -> int:
     try:
         return int(raw)
     except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not an integer") from None
+        return invalid(f"{name}={raw!r} is not an integer", default)
 
 
 def env_bool(name: str, default: bool) -> bool:
@@ -72,14 +110,14 @@ def env_bool(name: str, default: bool) -> bool:
         return True
     if value.lower() in ("0", "false", "no", "off"):
         return False
-    raise ConfigError(f"{name}={value!r}: use true or false")
+    return invalid(f"{name}={value!r}: use true or false", default)
 
 
 def env_choice(name: str, default: str, choices: tuple[str, ...], message: str = "") -> str:
     """`name`'s value, one of `choices`; anything else stops the process naming the variable."""
     value = env_str(name, default)
     if value not in choices:
-        raise ConfigError(f"{name}={value!r}: {message or 'use ' + ' or '.join(choices)}")
+        return invalid(f"{name}={value!r}: {message or 'use ' + ' or '.join(choices)}", default)
     return value
 
 
@@ -135,14 +173,15 @@ class BusConfig(msgspec.Struct, kw_only=True):
         given = [name for name, value in (("NATS_CREDS", self.creds_file), ("NATS_NKEY_SEED", self.nkey_seed_file),
                                           ("NATS_USER", self.user), ("NATS_TOKEN", self.token)) if value]
         if len(given) > 1:
-            raise ConfigError(f"set one kind of NATS credentials, not {' and '.join(given)}")
+            invalid(f"set one kind of NATS credentials, not {' and '.join(given)}", None)
         if bool(self.user) != bool(self.password):
-            raise ConfigError("NATS_USER and NATS_PASSWORD go together")
+            invalid("NATS_USER and NATS_PASSWORD go together", None)
         for name, path in (("NATS_CREDS", self.creds_file), ("NATS_NKEY_SEED", self.nkey_seed_file)):
             if not path:
                 continue
             if not os.access(path, os.R_OK):
-                raise ConfigError(f"{name}={path!r} is not a readable file")
+                invalid(f"{name}={path!r} is not a readable file", None)
+                continue
             try:
                 import nkeys  # noqa: F401  # nats-py signs the server's nonce with it
             except ImportError:
@@ -204,7 +243,7 @@ class ConsumerConfig(msgspec.Struct, kw_only=True):
                 try:
                     backoff = tuple(float(x) for x in os.environ[var].split(","))
                 except ValueError:
-                    raise ConfigError(f"{var} must be comma-separated seconds") from None
+                    invalid(f"{var} must be comma-separated seconds", None)
                 break
         config = cls(
             max_deliver=pick("MAX_DELIVER", d.max_deliver, env_int),
@@ -214,7 +253,7 @@ class ConsumerConfig(msgspec.Struct, kw_only=True):
             drain_timeout_s=pick("DRAIN_TIMEOUT_S", d.drain_timeout_s, env_float),
         )
         if config.max_deliver < 1 or config.concurrency < 1:
-            raise ConfigError(f"consumer {node}: max_deliver and concurrency must be >= 1")
+            invalid(f"consumer {node}: max_deliver and concurrency must be >= 1", None)
         return config
 
 
@@ -259,7 +298,7 @@ class LLMRoleConfig(msgspec.Struct, kw_only=True):
             try:
                 return float(raw)
             except ValueError:
-                raise ConfigError(f"LLM_{field} / LLM_{role.upper()}_{field} must be a number, got {raw!r}") from None
+                return invalid(f"LLM_{field} / LLM_{role.upper()}_{field} must be a number, got {raw!r}", default)
 
         defaults = cls(role=role, base_url="", api_key="", model="")
         return cls(
@@ -281,11 +320,11 @@ class LLMRoleConfig(msgspec.Struct, kw_only=True):
 
 def _non_negative(role: str, field: str, value: int) -> int:
     if value < 0:
-        raise ConfigError(f"LLM_{field} / LLM_{role.upper()}_{field} must be >= 0, got {value}")
+        return invalid(f"LLM_{field} / LLM_{role.upper()}_{field} must be >= 0, got {value}", 0)
     return value
 
 
 def _json_mode(value: str) -> str:
     if value not in ("json_schema", "json_object"):
-        raise ConfigError(f"LLM_JSON_MODE={value!r}: use json_schema or json_object")
+        return invalid(f"LLM_JSON_MODE={value!r}: use json_schema or json_object", "json_schema")
     return value

@@ -1,7 +1,6 @@
 """Prometheus metrics: every name the processes export, in one place.
 
-Scraped at `/metrics`: on `OPS_PORT` in the consumer services (shared/ops.py), on the main
-port in the gateway. docs/deploy.md ("Read the metrics") lists them with their labels.
+Scraped at `/metrics` on every process's `OPS_PORT` (shared/ops.py), the gateway's too. docs/deploy.md ("Read the metrics") lists them with their labels.
 The node and LLM metrics live in whichever process hosts the node or makes the call; the
 turn metrics only in the gateway.
 """

@@ -19,6 +19,7 @@ import contextlib
 import gc
 import logging
 import signal
+import time
 from typing import Awaitable, Callable, Sequence, TypeVar
 
 import msgspec
@@ -80,23 +81,34 @@ def select_nodes(service: str, nodes: Sequence[Node], selected: str) -> list[Nod
 
 
 class Process:
-    """What /readyz reads: the bus once connected, the runners once started."""
+    """What /readyz reads: the bus once connected, the runners once started, the site
+    registry once loaded (before, a node would take a configured site for one without a
+    config and run it on the defaults)."""
 
     def __init__(self) -> None:
         self.bus: Bus | None = None
         self.runners: list[ConsumerRunner] = []
+        self.configs: SiteConfigs | None = None
+        self.sites_loaded = False
         self.started = False
 
     def ready(self) -> bool:
-        return (self.started and self.bus is not None and self.bus.nc.is_connected
+        return (self.started and self.sites_loaded and self.bus is not None and self.bus.nc.is_connected
                 and all(runner.bound for runner in self.runners))
 
     async def watch(self, every_s: float) -> None:
-        """Check every runner's durable (readiness, pending gauges) every `every_s`."""
+        """Check every runner's durable (readiness, pending gauges) every `every_s`, and the
+        site registry every second until it is loaded."""
+        checked = float("-inf")
         while True:
             if self.bus is not None and self.bus.nc.is_connected:  # disconnected: ready() says so already
-                await asyncio.gather(*(runner.check() for runner in self.runners))
-            await asyncio.sleep(every_s)
+                if not self.sites_loaded and self.configs is not None:
+                    with contextlib.suppress(Exception):  # the bucket unreachable: asked again next round
+                        self.sites_loaded = await self.configs.loaded()
+                if time.monotonic() - checked >= every_s:
+                    checked = time.monotonic()
+                    await asyncio.gather(*(runner.check() for runner in self.runners))
+            await asyncio.sleep(min(every_s, 1.0) if not self.sites_loaded else every_s)
 
 
 async def start_ops(ready: Callable[[], bool], port: int, host: str) -> OpsServer | None:
@@ -127,7 +139,7 @@ async def serve(service: str, make_nodes: NodeFactory, settings: ProcessSettings
     try:
         bus = process.bus = await connect(settings.bus, name=service)
         nodes = select_nodes(service, await make_nodes(bus), settings.nodes)
-        configs = SiteConfigs(bus, settings.site_config_ttl_s)  # one cache for every node of the process
+        configs = process.configs = SiteConfigs(bus, settings.site_config_ttl_s)  # one cache for every node
         process.runners = [ConsumerRunner(bus, node, ConsumerConfig.from_env(node.name), configs=configs,
                                           start_lookback_s=settings.start_lookback_s) for node in nodes]
         if follow_log and any(node.needs.state or node.needs.waits for node in nodes):

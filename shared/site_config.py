@@ -221,6 +221,18 @@ def site_of(path: Path) -> str:
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(SiteConfig)
+_registry_decoder = msgspec.json.Decoder(list[str])
+
+# The registry's own record in the bucket: the sites the router has loaded, written after
+# their configs. Until it exists nobody knows which sites there are, so the gateway is not
+# ready (a site it cannot find then may only not be loaded yet). A site id has no '.'.
+REGISTRY_KEY = "registry.sites"
+
+
+async def register_no_sites(bus: Bus) -> None:
+    """A deployment without site files: the registry is loaded, and empty."""
+    kv = await bus.js.key_value(subjects.SITE_CONFIG_BUCKET)
+    await kv.put(REGISTRY_KEY, _encoder.encode([]))
 
 
 class SiteConfigSync:
@@ -234,6 +246,7 @@ class SiteConfigSync:
         self._mtimes: dict[Path, float] = {}
         self._task: asyncio.Task | None = None
         self.errors: dict[str, str] = {}  # file → last error, for tests and /readyz-style checks
+        self._registered: list[str] | None = None  # the sites REGISTRY_KEY lists, once written
 
     async def sync_once(self) -> dict[str, str]:
         """One pass; returns {site: "loaded" | "unchanged" | "refused: …" | "removed"}."""
@@ -269,13 +282,35 @@ class SiteConfigSync:
             if path not in present:
                 del self._mtimes[path]
                 self.errors.pop(str(path), None)
+                if not subjects.TOKEN_RE.match(path.stem):
+                    continue  # refused for its name: nothing of it is in the bucket
                 try:
                     await kv.delete(path.stem)
                 except Exception:  # noqa: BLE001 - already gone
                     pass
                 result[path.stem] = "removed"
                 log.info("site config removed (defaults apply)", extra={"site_id": path.stem})
+        await self._register(kv, await self._known(kv, result))
         return result
+
+    async def _known(self, kv, result: dict[str, str]) -> list[str]:
+        """The sites served after this pass: those listed before, changed by its outcomes (a
+        refused file's site stays when its last good config does)."""
+        known = set(self._registered or ())
+        for site, outcome in result.items():
+            if outcome in ("loaded", "unchanged") or (outcome.startswith("refused") and subjects.TOKEN_RE.match(site)
+                                                             and await _get(kv, site)):
+                known.add(site)
+            else:
+                known.discard(site)
+        return sorted(known)
+
+    async def _register(self, kv, sites: list[str]) -> None:
+        """The registry's record (REGISTRY_KEY): this directory's sites are all in the bucket.
+        Written after their configs, and again only when the list changes."""
+        if sites != self._registered:
+            await kv.put(REGISTRY_KEY, _encoder.encode(sites))
+            self._registered = sites
 
     async def start(self) -> None:
         await self.sync_once()
@@ -327,6 +362,7 @@ class SiteConfigs:
         self._sites: tuple[float, list[str]] | None = None
         self._kv = None
         self._refreshing: dict[str, asyncio.Task] = {}
+        self._loaded = False
 
     async def get(self, site: str) -> SiteConfig:
         """The site's config, or the defaults when it has none."""
@@ -360,6 +396,8 @@ class SiteConfigs:
             if hit is not None:
                 return hit[1]
             raise
+        if config is None and not self._loaded:
+            return None  # not there yet, or not a site: asked again until the registry says which
         self._cache[site] = (now, config)
         if len(self._cache) > MAX_CACHED_SITES:  # made-up names must not grow it for ever
             for stale in [k for k, (at, _) in self._cache.items() if now - at >= self.ttl_s] or list(self._cache)[:1]:
@@ -375,8 +413,25 @@ class SiteConfigs:
             names = await (await self._bucket()).keys()
         except nats.js.errors.NoKeysError:
             names = []
-        self._sites = (now, sorted(names))
+        self._sites = (now, sorted(name for name in names if name != REGISTRY_KEY))
         return self._sites[1]
+
+    async def loaded(self) -> bool:
+        """Whether the registry is loaded: its record written and every site it lists readable
+        here (a cluster's replica may lag the leader). Once true, stays true: the record is
+        only ever rewritten, never deleted."""
+        if self._loaded:
+            return True
+        kv = await self._bucket()
+        try:
+            entry = await kv.get(REGISTRY_KEY)
+        except KeyNotFoundError:
+            return False
+        for site in _registry_decoder.decode(entry.value) if entry is not None and entry.value else ():
+            if await _get(kv, site) is None:
+                return False
+        self._loaded = True
+        return True
 
     async def _bucket(self):
         if self._kv is None:

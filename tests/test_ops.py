@@ -21,6 +21,7 @@ from shared.bus import _ensure_bucket, connect
 from shared.config import BusConfig, ConfigError, ConsumerConfig
 from shared.consumer import ConsumerRunner
 from shared.node import Node
+from shared.site_config import SiteConfigSync
 
 
 def requested(site: str, session: str = "s1") -> ev.TurnRequested:
@@ -140,7 +141,12 @@ async def _health_readiness_and_metrics(nats: NatsProcess) -> None:
             assert await status("/readyz") == 503  # no consumer bound yet
             gate.set()
             await asyncio.wait_for(ready.wait(), 20)
-            assert await status("/readyz") == 200
+            await asyncio.sleep(0.5)  # a few checks: every consumer bound, but no site registry yet
+            assert await status("/readyz") == 503 and all(runner.bound for runner in process.runners)
+            sites_dir = Path(tempfile.mkdtemp(prefix="concierge-sites-"))
+            (sites_dir / f"{site}.toml").write_text('name = "Ops"\n')
+            await SiteConfigSync(process.bus, sites_dir).sync_once()  # what the router does at start
+            await wait_for(lambda: _is(status("/readyz"), 200), 5, "/readyz once the site registry is loaded")
 
             await process.bus.publish(requested(site))
             await wait_for(lambda: seen, 10, "the node handles the turn")
@@ -230,11 +236,13 @@ def test_llm_calls_are_counted_by_role_and_model():
     assert value("concierge_llm_call_seconds_count", role="answer", model=model) == 2
 
 
-def test_the_gateway_serves_metrics():
+def test_the_gateway_serves_metrics_on_its_ops_port_only():
+    """Like every process's, the gateway's metrics are on its ops port (OPS_PORT), not on the
+    port an ingress publishes (its lifespan starts the ops server: tests/test_e2e.py)."""
     from services.gateway.app import create_app
     from services.gateway.settings import GatewaySettings
 
-    assert "/metrics" in {route.path for route in create_app(GatewaySettings()).routes}
+    assert "/metrics" not in {route.path for route in create_app(GatewaySettings()).routes}
 
 
 # --- NATS server lists and clusters -----------------------------------------------------

@@ -7,6 +7,7 @@ processes the same way. Every process it starts, it stops.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import secrets
 import shutil
@@ -98,6 +99,7 @@ class System:
     log_dir: Path
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     ops_ports: dict[str, int] = field(default_factory=dict)  # consumer process → its OPS_PORT
+    log_starts: dict[str, int] = field(default_factory=dict)  # process → where its latest start's log begins
     cluster_ports: list[tuple[int, int]] = field(default_factory=list)  # per clustered server: client, route
     nats_profile_port: int | None = None  # nats-server's Go profiling port (`--profile`), when asked
 
@@ -115,6 +117,7 @@ class System:
 
     def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
         log = open(self.log_dir / f"{name}.log", "ab")
+        self.log_starts[name] = log.tell()  # a restarted process appends to the same file
         proc = subprocess.Popen(
             argv, env={**self.env, **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent,
@@ -165,11 +168,10 @@ class System:
 
     def start_service(self, service: str, env: dict[str, str] | None = None, name: str | None = None) -> subprocess.Popen:
         """Start a service; a different `name` starts another replica of it. On one machine
-        every consumer process gets an ops port of its own (health, readiness, metrics)."""
+        every process gets an ops port of its own (health, readiness, metrics)."""
         name = name or service
-        if service != "gateway":
-            self.ops_ports[name] = free_port()
-            env = {"OPS_PORT": str(self.ops_ports[name]), **(env or {})}
+        self.ops_ports[name] = free_port()
+        env = {"OPS_PORT": str(self.ops_ports[name]), **(env or {})}
         return self.spawn(name, [sys.executable, "-m", f"services.{service}"], env)
 
     def start_replay(self) -> subprocess.Popen:
@@ -193,8 +195,61 @@ class System:
         self.start_redis()
         for name in SERVICES:
             self.start_service(name)
-        wait_http(f"{self.gateway_url}/readyz", ready_timeout, self.procs["gateway"])
-        self.wait_consumers(ready_timeout)
+        self.wait_services(ready_timeout)
+
+    def wait_services(self, timeout: float) -> None:
+        """Until the gateway answers /readyz and every consumer process has logged 'service
+        ready'. Any of them exiting first stops the wait with the reason it gave, not a
+        timeout: the gateway never becomes ready without the router's site registry."""
+        deadline = time.monotonic() + timeout
+        waiting = set(SERVICES)
+        while waiting:
+            for name in sorted(waiting):
+                proc = self.procs[name]
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{self.exit_reason(name)} (exit status {proc.returncode}; "
+                                       f"log: {self.log_dir / (name + '.log')})")
+                if self._answered_ready(name):
+                    waiting.discard(name)
+            if waiting and time.monotonic() > deadline:
+                raise TimeoutError(f"not ready after {timeout:.0f}s: {', '.join(sorted(waiting))}; "
+                                   f"see {self.log_dir}/<service>.log")
+            time.sleep(0.1)
+
+    def _answered_ready(self, name: str) -> bool:
+        if name != "gateway":
+            path = self.log_dir / f"{name}.log"
+            return path.exists() and b"service ready" in path.read_bytes()[self.log_starts.get(name, 0):]
+        try:
+            with urllib.request.urlopen(f"{self.gateway_url}/readyz", timeout=1) as resp:
+                return resp.status == 200
+        except Exception:  # noqa: BLE001 - not up yet, or not ready (503)
+            return False
+
+    def exit_reason(self, name: str) -> str:
+        """Why process `name` stopped, in one line from the end of its log: the line a service
+        exits with (`gateway: ADMIN_TOKEN must be ...`), else its last error's last line."""
+        path = self.log_dir / f"{name}.log"
+        try:
+            with open(path, "rb") as log:
+                log.seek(max(self.log_starts.get(name, 0), path.stat().st_size - 65536))
+                lines = log.read().decode("utf-8", "replace").splitlines()
+        except OSError:
+            return f"{name} exited"
+        for line in reversed(lines):
+            line = line.strip()
+            if not line:
+                continue
+            if not line.startswith("{"):
+                return line if line.startswith(f"{name.split('-')[0]}:") else f"{name}: {line}"
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if record.get("level") in ("error", "critical"):
+                text = str(record.get("error") or record.get("msg") or "").strip().splitlines()
+                return f"{name}: {text[-1]}" if text else f"{name} exited"
+        return f"{name} exited"
 
     def wait_consumers(self, timeout: float) -> None:
         """Services are ready when their durable consumers exist (they log 'service ready')."""

@@ -28,6 +28,7 @@ from sse_starlette import EventSourceResponse
 from shared import events as ev
 from shared import history, loader, logs, metrics, privacy, redis_client, subjects, telemetry
 from shared.bus import Bus, ConcurrencyConflict, connect, topology_ready
+from shared.service import start_ops
 from shared.session_guard import SessionGuard
 from shared.state import fold
 from shared.site_config import SiteConfig, SiteConfigs
@@ -36,7 +37,7 @@ from services.gateway.cors import SiteCORS, origin_allowed
 from services.gateway.openapi import (CHAT_OPENAPI, CHAT_RESPONSES, OPERATOR_RESPONSES, RESUME_RESPONSES,
                                       VISITOR_READ_RESPONSES, LastEventId, SessionId, SiteId, TokenHeader, Turn,
                                       bearer)
-from services.gateway.operators import Operator, OperatorAuth, Unauthorized
+from services.gateway.operators import Operator, OperatorAuth, Unauthorized, check_admin_token
 from services.gateway.rate_limit import RateLimiter
 from services.gateway.relay import TurnRelay, from_log, restart
 from services.gateway.schemas import RequestError, decode_chat, read_body
@@ -48,6 +49,30 @@ STATIC = Path(__file__).parent / "static"  # the demo page and the embeddable wi
 VISITOR_PATHS = ("/v1/chat", "/v1/sites/")  # CORS for these only, from the sites' allowed_origins
 OPERATOR_UNDER_VISITOR_PATHS = briefs.PATHS  # ... except these, operators' (no CORS)
 OVERDUE_MARGIN_S = 5.0  # after a turn's deadline, before another request may end it
+
+
+RETRY_AFTER_S = 2  # what a 503 asks a client to wait: the bus back, or the sites loaded
+
+
+class NotReady(Exception):
+    """This gateway cannot answer yet (its sites are not loaded): 503 with Retry-After."""
+
+
+async def ready(app: FastAPI) -> bool:
+    """What /readyz says: the bus and its streams there, and the site registry loaded, so a
+    site the gateway cannot find is one that is not configured."""
+    try:
+        return await topology_ready(app.state.bus) and await app.state.sites.loaded()
+    except (nats.errors.Error, asyncio.TimeoutError):
+        return False
+
+
+async def watch_ready(app: FastAPI, every_s: float) -> None:
+    """Keep `app.state.ready` (the ops port's /readyz) current: every second until the
+    gateway is first ready, then every `every_s`."""
+    while True:
+        app.state.ready = await ready(app)
+        await asyncio.sleep(every_s if app.state.ready else min(every_s, 1.0))
 
 
 def sse_headers(session_id: str, session_token: str) -> dict[str, str]:
@@ -66,6 +91,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     """The API over `settings` (read once at start: `GatewaySettings.from_env` in main.py)."""
     tokens = SessionTokens.configured(settings.session_token_secret, settings.session_token_key_id,
                                       settings.session_token_previous)
+    check_admin_token(settings.admin_token)  # here, not at the first request: a bad token stops the start
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -76,10 +102,16 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         app.state.guard = SessionGuard(app.state.bus, ttl_s=settings.turn_deadline_s + 10)
         app.state.sites = SiteConfigs(app.state.bus, settings.site_config_ttl_s)
         app.state.operators = OperatorAuth(app.state.sites, settings.admin_token)
+        app.state.ready = False  # what the ops port's /readyz answers, kept by `watch_ready`
+        ops = await start_ops(lambda: app.state.ready, settings.ops_port, settings.ops_host)
+        watcher = asyncio.create_task(watch_ready(app, settings.ops_check_s), name="ops-watch")
         gc.freeze()  # as in shared/service.py: start-up objects out of the GC's way
         try:
             yield
         finally:
+            watcher.cancel()
+            if ops is not None:
+                await ops.stop()
             await loader.unfollow()
             await app.state.bus.close()
             await app.state.redis.aclose()
@@ -104,13 +136,18 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         return JSONResponse({"error": "unauthorized", "detail": exc.detail}, status_code=401,
                             headers={"WWW-Authenticate": "Bearer"})
 
+    @app.exception_handler(NotReady)
+    async def not_ready(_: Request, exc: NotReady):
+        return JSONResponse({"error": "unavailable", "detail": str(exc)}, status_code=503,
+                            headers={"Retry-After": str(RETRY_AFTER_S)})
+
     @app.exception_handler(nats.errors.Error)
     @app.exception_handler(asyncio.TimeoutError)
     async def bus_unavailable(_: Request, exc: Exception):
         # The bus is down or slow: the client may retry; this is not its mistake, nor a bug.
         log.error("bus unavailable", extra={"error": repr(exc)})
         return JSONResponse({"error": "unavailable", "detail": "the event bus is not reachable; retry shortly"},
-                            status_code=503, headers={"Retry-After": "2"})
+                            status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
 
     origins_cache: list = [0.0, set()]  # (when, origins): preflights must not walk every site each time
 
@@ -131,6 +168,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     async def configured_site(request: Request, site: str) -> SiteConfig:
         config = await request.app.state.sites.find(site)
         if config is None:
+            if not await request.app.state.sites.loaded():
+                raise NotReady("the deployment is starting: its sites are not loaded yet; retry shortly")
             raise RequestError("site", f"site {site!r} is not configured on this deployment", status=404)
         if not origin_allowed(request.headers.get("origin"), request.headers.get("host"), config):
             raise RequestError(None, f"the origin {request.headers.get('origin')} may not use site {site!r}; "
@@ -162,16 +201,11 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     async def healthz():
         return {"status": "ok"}
 
-    @app.get("/readyz", responses={503: {"description": "the bus or its streams are not there"}})
+    @app.get("/readyz", responses={503: {"description": "the bus, its streams or the site registry are not there"}})
     async def readyz(request: Request):
-        if await topology_ready(request.app.state.bus):
+        if await ready(request.app):
             return {"status": "ready"}
         return JSONResponse({"status": "not ready"}, status_code=503)
-
-    @app.get("/metrics", include_in_schema=False)
-    async def prometheus_metrics():
-        body, content_type = metrics.exposition()
-        return Response(body, media_type=content_type)
 
     @app.post("/v1/chat", openapi_extra=CHAT_OPENAPI, responses=CHAT_RESPONSES, response_class=StreamingResponse)
     async def chat(request: Request, x_session_token: TokenHeader = None):

@@ -16,7 +16,7 @@ import hmac
 
 import msgspec
 
-from shared.config import ConfigError
+from shared.config import invalid
 from shared.site_config import SiteConfigs
 from shared.subjects import TOKEN_RE
 
@@ -49,13 +49,19 @@ def site_of_key(key: str) -> str | None:
     return site if sep and secret and TOKEN_RE.match(site) else None
 
 
+def check_admin_token(token: str) -> str:
+    """ADMIN_TOKEN, refused when it is set and short: it guards every site's data."""
+    if token and len(token) < MIN_TOKEN_CHARS:
+        invalid(f"ADMIN_TOKEN must be at least {MIN_TOKEN_CHARS} characters (got {len(token)}): "
+                "it guards every site's data", None)
+    return token
+
+
 class OperatorAuth:
     def __init__(self, configs: SiteConfigs, admin_token: str):
         """`admin_token`: ADMIN_TOKEN, from the gateway's settings; empty: site API keys only."""
         self.configs = configs
-        self.admin_token = admin_token
-        if self.admin_token and len(self.admin_token) < MIN_TOKEN_CHARS:
-            raise ConfigError(f"ADMIN_TOKEN is shorter than {MIN_TOKEN_CHARS} characters: it guards every site's data")
+        self.admin_token = check_admin_token(admin_token)
 
     async def authenticate(self, authorization: str | None) -> Operator:
         scheme, _, token = (authorization or "").partition(" ")

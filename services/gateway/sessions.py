@@ -18,7 +18,7 @@ import logging
 import re
 import secrets
 
-from shared.config import ConfigError
+from shared.config import invalid
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +32,11 @@ class SessionTokens:
         keys = {key_id: secret, **{k: v for k, v in (previous or {}).items() if k != key_id}}
         for kid, value in keys.items():
             if not _KID_RE.match(kid):
-                raise ConfigError(f"session token key id {kid!r}: letters, digits, '-' or '_', 1-16")
+                invalid(f"SESSION_TOKEN_KEY_ID / SESSION_TOKEN_PREVIOUS: key id {kid!r} must be letters, digits, "
+                        "'-' or '_', 1-16", None)
             if len(value) < MIN_SECRET_CHARS:
-                raise ConfigError(f"session token secret of key {kid!r} is shorter than {MIN_SECRET_CHARS} characters")
+                invalid(f"SESSION_TOKEN_SECRET / SESSION_TOKEN_PREVIOUS: the secret of key {kid!r} must be at least "
+                        f"{MIN_SECRET_CHARS} characters (got {len(value)})", None)
         self.key_id = key_id
         self._keys = {kid: value.encode() for kid, value in keys.items()}
 

@@ -7,7 +7,7 @@ import msgspec
 from services.gateway import frames
 from services.gateway.schemas import MAX_BODY_BYTES
 from shared import redis_client
-from shared.config import BusConfig, ConfigError, Settings, env_float, env_int, env_str
+from shared.config import BusConfig, Settings, env_float, env_int, env_str, invalid
 from shared.privacy import PrivacySettings
 
 
@@ -36,6 +36,11 @@ class GatewaySettings(Settings):
     session_token_key_id: str = "1"
     session_token_previous: dict[str, str] = {}
     admin_token: str = ""  # the deployment operator's; empty: site API keys only (operators.py)
+    # The ops port, as every process's (shared/ops.py): /metrics there only, off the port the
+    # ingress publishes; /healthz and /readyz there too. 0: none.
+    ops_port: int = 9000
+    ops_host: str = "0.0.0.0"
+    ops_check_s: float = 5.0
 
     @classmethod
     def from_env(cls) -> "GatewaySettings":
@@ -59,6 +64,9 @@ class GatewaySettings(Settings):
             session_token_key_id=env_str("SESSION_TOKEN_KEY_ID", d.session_token_key_id),
             session_token_previous=_previous_keys(env_str("SESSION_TOKEN_PREVIOUS", "")),
             admin_token=env_str("ADMIN_TOKEN", d.admin_token),
+            ops_port=env_int("OPS_PORT", d.ops_port),
+            ops_host=env_str("OPS_HOST", d.ops_host),
+            ops_check_s=env_float("OPS_CHECK_S", d.ops_check_s),
         )
 
 
@@ -68,6 +76,6 @@ def _previous_keys(value: str) -> dict[str, str]:
     for item in filter(None, (p.strip() for p in value.split(","))):
         kid, sep, secret = item.partition(":")
         if not sep:
-            raise ConfigError("SESSION_TOKEN_PREVIOUS: expected kid:secret[,kid:secret]")
+            return invalid("SESSION_TOKEN_PREVIOUS: expected kid:secret[,kid:secret]", {})
         previous[kid] = secret
     return previous

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import msgspec
 
-from shared.config import (ConfigError, LLMRoleConfig, Settings, env_bool, env_choice, env_float, env_int,
-                           env_str)
+from shared.config import (LLMRoleConfig, Settings, env_bool, env_choice, env_float, env_int, env_str,
+                           invalid)
 from shared.embeddings import EmbeddingSettings
 from shared.site_config import RERANK_PROVIDERS, RETRIEVAL_MODES, SiteConfig
 
@@ -42,9 +42,9 @@ class RetrievalSettings(Settings):
             rerank_timeout_s=env_float("RETRIEVAL_RERANK_TIMEOUT_S", 3.0),
         )
         if settings.mode not in RETRIEVAL_MODES:
-            raise ConfigError(f"RETRIEVAL_MODE={settings.mode!r}: use one of {', '.join(RETRIEVAL_MODES)}")
+            invalid(f"RETRIEVAL_MODE={settings.mode!r}: use one of {', '.join(RETRIEVAL_MODES)}", None)
         if settings.rerank_provider not in RERANK_PROVIDERS:
-            raise ConfigError(f"RETRIEVAL_RERANK_PROVIDER={settings.rerank_provider!r}: use cohere or jina")
+            invalid(f"RETRIEVAL_RERANK_PROVIDER={settings.rerank_provider!r}: use cohere or jina", None)
         return settings
 
     def for_site(self, config: SiteConfig) -> "RetrievalSettings":
@@ -94,10 +94,10 @@ class SnapshotSettings(Settings):
         d = cls()
         value = env_str("KB_SNAPSHOTS", "").strip().lower()
         if value and value not in ("bus", "off"):
-            raise ConfigError(f"KB_SNAPSHOTS={value!r}: use bus or off")
+            value = invalid(f"KB_SNAPSHOTS={value!r}: use bus or off", "")
         if value == "bus" and not server:
-            raise ConfigError("KB_SNAPSHOTS=bus needs QDRANT_URL: a snapshot carries the graph, not the vectors, "
-                              "which only a Qdrant server shares between processes")
+            value = invalid("KB_SNAPSHOTS=bus needs QDRANT_URL: a snapshot carries the graph, not the vectors, "
+                            "which only a Qdrant server shares between processes", "")
         if not (value == "bus" if value else server):
             return cls(enabled=False)  # KB_SNAPSHOT_* not read: nothing uses them
         return cls(enabled=True, history=max(1, env_int("KB_SNAPSHOT_HISTORY", d.history)),

@@ -13,7 +13,7 @@ from services.router.settings import RouterSettings
 from shared import service
 from shared.llm import LLMClient
 from shared.node import Node
-from shared.site_config import SiteConfigSync
+from shared.site_config import SiteConfigSync, register_no_sites
 
 log = logging.getLogger(__name__)
 _sync: SiteConfigSync | None = None
@@ -27,6 +27,7 @@ async def nodes(bus, settings: RouterSettings):
         await _sync.start()
     else:
         log.info("no SITES_DIR: every site runs on the default config", extra={"dir": str(sites)})
+        await register_no_sites(bus)
     llm = LLMClient(settings.llm).prepare()
     parts = await asyncio.to_thread(RouterParts.build, llm if llm.configured("classifier") else None, settings)
     return router_nodes(parts)
