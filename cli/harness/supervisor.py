@@ -166,6 +166,25 @@ class System:
                                     "--dir", str(store), "--save", "60 1", "--appendonly", "no"])
         wait_port(self.redis_port, 20, proc)
 
+    def load_sites(self) -> None:
+        """The site configs of SITES_DIR into the bus and the site registry marked loaded, as
+        the router does at start: for a service run without one (a load test), which is
+        not ready before."""
+        import asyncio
+
+        from shared.bus import connect
+        from shared.config import BusConfig
+        from shared.site_config import SiteConfigSync
+
+        async def load() -> None:
+            bus = await connect(BusConfig(url=self.nats_url), name="supervisor-sites")
+            try:
+                await SiteConfigSync(bus, Path(self.env["SITES_DIR"])).sync_once()
+            finally:
+                await bus.close()
+
+        asyncio.run(load())
+
     def start_service(self, service: str, env: dict[str, str] | None = None, name: str | None = None) -> subprocess.Popen:
         """Start a service; a different `name` starts another replica of it. On one machine
         every process gets an ops port of its own (health, readiness, metrics)."""

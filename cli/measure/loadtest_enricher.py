@@ -104,6 +104,7 @@ def run(args: argparse.Namespace) -> dict:
             try:
                 system.start_nats()
                 system.start_redis()
+                system.load_sites()  # the router's part: no service is ready before
                 pid = system.start_service("enricher").pid
                 system.wait_ready("enricher", 60)
                 first = sweep.rates_of(args.rates)[0]

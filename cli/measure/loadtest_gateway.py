@@ -31,9 +31,6 @@ import httpx
 from cli.harness import sse
 from cli.harness.supervisor import ROOT, free_port, make_system
 from cli.measure import driver, sweep
-from shared.bus import connect
-from shared.config import BusConfig
-from shared.site_config import SiteConfigSync
 
 SITE = "loadtest"
 LATENCY = "POST /v1/chat due → first SSE token read"
@@ -75,15 +72,6 @@ async def drive(base_url: str, rate: float, seconds: float) -> driver.Run:
         return await driver.open_loop(rate, seconds, arrive, recorder)
 
 
-async def load_site(nats_url: str, sites: Path) -> None:
-    """The site configs into the bus (what the router's sync does in a whole system)."""
-    bus = await connect(BusConfig(url=nats_url), name="loadtest-sites")
-    try:
-        await SiteConfigSync(bus, sites).sync_once()
-    finally:
-        await bus.close()
-
-
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="concierge loadtest gateway", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -104,7 +92,7 @@ def run(args: argparse.Namespace) -> dict:
         try:
             system.start_nats()
             system.start_redis()
-            asyncio.run(load_site(system.nats_url, sites))
+            system.load_sites()  # the router's part
             system.spawn("standin", [sys.executable, "-m", "cli.harness.responder_standin",
                                      "--nats-url", system.nats_url, "--tokens", str(args.tokens),
                                      "--inter-token-ms", str(args.inter_token_ms)])

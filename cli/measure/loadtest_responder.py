@@ -104,6 +104,7 @@ def run(args: argparse.Namespace) -> dict:
             system.start_nats()
             wait_http(f"http://127.0.0.1:{llm_port}/v1/models", 30, llm)
             started = time.monotonic()
+            system.load_sites()  # the router's part: no service is ready before
             pid = system.start_service("responder").pid
             system.wait_ready("responder", 120)
             print(f"responder ready in {time.monotonic() - started:.1f} s (scripted LLM: first token after "

@@ -136,6 +136,7 @@ def _sweep(data_dir: Path, sites: list[str], args: argparse.Namespace, overrides
     try:
         system.start_nats()
         started = time.monotonic()
+        system.load_sites()  # the router's part: no service is ready before
         pid = system.start_service("retriever").pid
         system.wait_ready("retriever", 120)
         print(f"retriever ready in {time.monotonic() - started:.1f} s ({overrides or 'defaults'})", flush=True)
