@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -52,8 +53,23 @@ def _die_with_parent() -> None:
         pass  # not Linux: Ctrl-C still stops everything through stop()
 
 
+# Where free_port looks: below Linux's ephemeral range (32768-60999 by default), from which
+# the kernel gives every outgoing connection its local port. A port found free there can be
+# taken by a connection before the server it is for binds it; here only another search can.
+PORTS = range(20000, 32000)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A loopback port nothing listens on, for a server about to be started on it."""
+    for _ in range(200):
+        port = random.choice(PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # that range is taken: any port the kernel has
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
