@@ -263,8 +263,8 @@ class ConsumerRunner:
 
     @functools.cached_property
     def _metrics(self):
-        """This node's metric children (a `labels` lookup per message was 3 % of the router's
-        busy time): in flight, handler seconds, and events by outcome."""
+        """This node's metric children, looked up once rather than with `labels` at every
+        message: in flight, handler seconds, and events by outcome."""
         return (metrics.node_in_flight.labels(self.durable), metrics.node_handler_seconds.labels(self.durable),
                 {outcome: metrics.node_events.labels(self.durable, outcome) for outcome in OUTCOMES})
 

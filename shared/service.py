@@ -196,9 +196,8 @@ def _dump_tasks() -> None:
 def one_blas_thread() -> None:
     """numpy's OpenBLAS runs a vector search or a similarity on a pool of threads, one per
     core, that spin for a while after each call before they sleep: a service doing a few
-    small products a turn burned tens of milliseconds of CPU per product on cores the other
-    services wanted (a 5,000 × 384 product a query: 52 CPU ms with the pool, 0.6 ms with one
-    thread, when called every 50 ms). A replica is one event loop; it scales by replicas."""
+    small products a turn would burn far more CPU spinning than multiplying, on cores the
+    other services want. A replica is one event loop; it scales by replicas."""
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(limits=1, user_api="blas")

@@ -319,6 +319,7 @@ def fork(state: ConversationState) -> ConversationState:
 
 def copy_state(state: ConversationState) -> ConversationState:
     """A deep copy (every load copies: callers may change what they get). MessagePack, not
-    JSON: a third faster on a long conversation's state, and the copy is on the hot path."""
+    JSON: the faster of the two on a long conversation's state, and the copy is on the hot
+    path."""
     return _copy_decoder.decode(_copy_encoder.encode(state))
 

@@ -124,8 +124,8 @@ def envelope_mismatch(subject: str, site: str, session_id: str, event_type: str,
     body that names another site, session, type (or, on `tokens.*`, turn) was crafted or
     misrouted, and trusting it would let one publish write into another conversation."""
     # The common case first: the subject is exactly the one the envelope names (every event
-    # a reader folds is checked, so the set-up of the full comparison was a few per cent of
-    # a process's CPU). Four tokens, so a name with a dot in it never agrees.
+    # a reader folds is checked, so the common case must not pay for the full comparison's
+    # set-up). Four tokens, so a name with a dot in it never agrees.
     prefix, _, rest = subject.partition(".")
     if subject.count(".") == 3 and (
             rest == f"{site}.{session_id}.{event_type}" if prefix in EVENT_STREAMS

@@ -1,5 +1,5 @@
 """What the visitor is trying to do, inferred locally from their messages: the keyword rules
-of `data/profiler_rules.toml` (no network, well under a millisecond), and how an inference
+of `data/profiler_rules.toml` (no network, no model), and how an inference
 joins what enrichment already knows. `Inferred` is also the schema the `profiler` LLM role
 answers in (visitor_profiler.py)."""
 

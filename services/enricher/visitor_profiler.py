@@ -2,8 +2,8 @@
 
 Runs after this turn's enrichment. Infers `job_to_be_done` and `feature_list`, and
 `sector` / `sub_sector` only when enrichment left them unknown. The local method
-matches the keyword rules in `data/profiler_rules.toml` (inference.py: no network, well
-under a millisecond); `PROFILER_BACKEND=llm` asks the `profiler` LLM role for structured JSON
+matches the keyword rules in `data/profiler_rules.toml` (inference.py: no network, no
+model); `PROFILER_BACKEND=llm` asks the `profiler` LLM role for structured JSON
 instead, with one repair retry, and falls back to the local method if that fails.
 
 The LLM gets the site's guardrails (the meta-template) and the conversation within the

@@ -160,7 +160,7 @@ class TurnRelay:
                 and msg.subject.rpartition(".")[2] not in _ACTED_ON):
             # An event the relay only times the turn by: its turn number, not the whole
             # event (a retrieval's documents and an LLM call's prompt are most of a turn's
-            # bytes; decoding them was the gateway's largest share of decoding).
+            # bytes).
             try:
                 if _turn_of.decode(msg.data).turn == self.turn:
                     self._progress_at = time.monotonic()

@@ -77,8 +77,8 @@ class Picked:
     position: int
     score: float  # relevance to the question
 # The text functions below (sentences, masked, terms, same_word) are pure and see the same
-# knowledge-base sentences turn after turn: cached, they cost a lookup instead of most of an
-# extractive answer's time.
+# knowledge-base sentences turn after turn: cached, they cost a lookup instead of being
+# worked out again for every answer.
 CACHED_TEXTS = 16384
 
 

@@ -2,10 +2,9 @@
 answers compare with the question, kept on the bus so a turn does not embed them.
 
 An extractive answer compares its question with every sentence and title of the retrieved
-sources; embedding those it had not seen before took 50 to 100 sentences for new sources,
-a few hundred milliseconds of CPU on the turn's path (the slowest answers of `concierge
-bench --answer-backend extractive`). They are the knowledge base's texts, the same for
-every visitor, so they are prepared once, ahead:
+sources; embedding those it has not seen before means dozens of sentences for new
+sources, embedded on the turn's path before its first token. They are the knowledge base's
+texts, the same for every visitor, so they are prepared once, ahead:
 
 - `concierge ingest` embeds every sentence and title the site's knowledge base can hand an
   answer (`warm`) and stores them in the JetStream key-value bucket `kb_vectors`;

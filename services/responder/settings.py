@@ -15,12 +15,12 @@ ANSWER_BACKENDS = ("llm", "extractive")
 class AnswerSettings(Settings):
     """answer_writer's (ANSWER_*)."""
 
-    # Off by default: waiting for the profile (two hops after the turn starts) costs ~8-10 ms
-    # of time to first token at p50 under `make bench`; a deployment that wants the profile in
-    # every first answer sets it (e.g. 0.3). Late inputs are named in ResponseCompleted either way.
+    # Off by default: waiting for the profile (two hops after the turn starts) delays every
+    # answer's first token; a deployment that wants the profile in every first answer sets
+    # it (e.g. 0.3). Late inputs are named in ResponseCompleted either way.
     wait_s: float = 0.0
     # Retrieval has its own deadline: an answer without the knowledge base is a poor answer,
-    # so it is worth waiting for (mix mode takes tens of milliseconds), but never for ever.
+    # so it is worth waiting for (a search is quick next to an answer), but never for ever.
     retrieval_wait_s: float = 2.0
     max_sources: int = 10  # the first N retrieved documents go into the prompt
     # Empty: `llm` when the answer role has an endpoint (LLM_BASE_URL / LLM_ANSWER_BASE_URL),
@@ -87,8 +87,7 @@ class ResponderSettings(Settings):
     # A model's deltas sent within this long of the last token event go out as one
     # (streaming.TokenBatcher; the first at once); 0: one event per delta. 0.1 s: ten
     # updates a second, and half the token events (each a publish, a store, the gateway's
-    # decode and an SSE frame) of 0.05 s: about 8 % less CPU per ANSWER turn under make bench
-    # (three alternated pairs, 3-14 %).
+    # decode and an SSE frame) of 0.05 s, so less CPU per ANSWER turn (docs/benchmarks.md).
     token_batch_s: float = 0.1
 
     @classmethod

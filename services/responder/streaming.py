@@ -4,10 +4,10 @@ as they come, then the whole text once as `ResponseCompleted`.
 A model's deltas go out batched (`TokenBatcher`): the first at once (the time to first
 token is untouched), then whatever the model streams within `batch_s` of the last send
 as one `TokenChunk`. A model streams a word every few tens of milliseconds; one event per
-word made each word cost a publish, a store in TOKENS, the gateway's decode and an SSE
-frame. A reader sees text arrive at most `batch_s` later than it would have, in fewer,
-larger pieces: at the default 0.1 s, ten updates a second (0.05 s sent twice the events
-for about 8 % more CPU per ANSWER turn under make bench)."""
+word would make each word cost a publish, a store in TOKENS, the gateway's decode and an
+SSE frame. A reader sees text arrive at most `batch_s` later than it would have, in fewer,
+larger pieces: at the default 0.1 s, ten updates a second (0.05 s would send twice the
+events, each with those costs)."""
 
 from __future__ import annotations
 

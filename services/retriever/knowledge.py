@@ -292,9 +292,9 @@ class KnowledgeBase:
         if opened is None:
             return empty
         # LightRAG trims its context to token budgets meant for an LLM prompt, bisecting with
-        # the tokenizer over the whole rendered context (most of a query's CPU on a large
-        # graph). Here the reranker or the limiter chooses what is kept, and the answer's
-        # prompt has its own cap, so the budgets are set out of reach, and with such budgets
+        # the tokenizer over the whole rendered context (costly on a large graph). Here the
+        # reranker or the limiter chooses what is kept, and the answer's prompt has its own
+        # cap, so the budgets are set out of reach, and with such budgets
         # nothing is rendered or counted to fit them (lightrag_functions.untruncated_when_unbounded).
         param = QueryParam(mode=mode, top_k=graph_top_k, chunk_top_k=chunk_top_k, hl_keywords=high_level,
                            ll_keywords=low_level, enable_rerank=False, max_entity_tokens=UNBOUNDED_TOKENS,

@@ -83,11 +83,10 @@ async def _tokenize_inline(fn, *args):
 def tokenize_inline() -> None:
     """LightRAG counts and cuts a query's context in tokens on a one-thread executor, to keep
     a sub-word tokenizer (tiktoken) off the event loop. Ours is one regex pass
-    (word_tokenizer.py): the hand-over to the thread and back cost more than the counting
-    (the retriever's thread hops were a third of a query's time, measured with pyinstrument;
-    inline, a query took 1.5-2 ms less CPU). LightRAG's module functions are swapped for an
-    inline call; each module is checked to hold the name, so a LightRAG that renamed it
-    fails here at start, not silently (pinned: lightrag-hku 1.5.7)."""
+    (word_tokenizer.py): the hand-over to the thread and back costs more than the counting.
+    LightRAG's module functions are swapped for an inline call; each module is checked to
+    hold the name, so a LightRAG that renamed it fails here at start, not silently (pinned:
+    lightrag-hku 1.5.7)."""
     import lightrag.operate
     import lightrag.utils
 
@@ -103,12 +102,10 @@ def untruncated_when_unbounded() -> None:
     items that fit (then renders and counts the chunks again, the way its prompt shows
     them). A query here sets the budgets out of reach (`UNBOUNDED_TOKENS`: the reranker or
     the limiter chooses what is kept, the answer's prompt has its own cap), so every item
-    fits and the rendering and counting decide nothing: a fifth of a query's CPU with the
-    configuration copy below (in-process, the bench's questions on the demo knowledge base,
-    alternated: 3.6 -> 2.8 ms a retrieval, the same results). With such a budget the two
-    functions hand back every item, as they would after counting; with a real one (a
-    summary's, at ingestion) they count as before. Checked at start like `tokenize_inline`
-    (pinned: lightrag-hku 1.5.7)."""
+    fits, and the rendering and counting, done on every query, decide nothing. With such a
+    budget the two functions hand back every item, as they would after counting; with a real
+    one (a summary's, at ingestion) they count as before. Checked at start like
+    `tokenize_inline` (pinned: lightrag-hku 1.5.7)."""
     _swap("truncate_list_by_token_size", _list_unless_unbounded)
     _swap("_truncate_chunks_for_unified_context", _chunks_unless_unbounded)
 
@@ -145,13 +142,11 @@ def _chunks_unless_unbounded(original):
 def cosine_once_per_vector() -> None:
     """LightRAG ranks a mix query's candidate chunks by `cosine_similarity(query, chunk)`,
     one call per chunk, each chunk's vector a list (as a vector store hands it back).
-    Its `np.dot` and two `np.linalg.norm` calls turned each list into an array twice, and the
-    norm's argument checks ran for each: about 17 µs a chunk, a dozen or more chunks a
-    query. `_cosine` makes each array once and computes the same products in the same
-    order and types (a norm is `sqrt(x.dot(x))`, as numpy's own), so every similarity is
-    bit for bit the one LightRAG's gives (in-process, the bench's questions on the demo
-    knowledge base, alternated: 2.98 -> 2.78 ms a retrieval, the same results). Checked at
-    start like `tokenize_inline` (pinned: lightrag-hku 1.5.7)."""
+    Its `np.dot` and two `np.linalg.norm` calls turn each list into an array twice, and the
+    norm's argument checks run for each, for every candidate chunk of every query. `_cosine`
+    makes each array once and computes the same products in the same order and types (a
+    norm is `sqrt(x.dot(x))`, as numpy's own), so every similarity is bit for bit the one
+    LightRAG's gives. Checked at start like `tokenize_inline` (pinned: lightrag-hku 1.5.7)."""
     _swap("cosine_similarity", lambda original: _cosine)
 
 
@@ -179,7 +174,7 @@ _QUERYING = contextvars.ContextVar("lightrag_querying", default=False)
 
 def share_query_config(rag) -> None:
     """Each `aquery_data` starts with `LightRAG._build_global_config()`: `dataclasses.asdict`
-    of the whole instance, a deep copy of every field, a tenth of a query's CPU. A query
+    of the whole instance, a deep copy of every field, for every query. A query
     only reads it (in lightrag-hku 1.5.7 `kg_query` and the functions it calls read
     `global_config` and write none of it), so this instance's copy is made once, by its
     first query, and handed to every query made inside `querying()`; anything else

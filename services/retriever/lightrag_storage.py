@@ -3,7 +3,7 @@ knowledge base's own client, the NetworkX graph and the JSON key-value store wit
 reads. LightRAG finds a storage by name, so `register()` adds these three to its table;
 it names this module, and LightRAG imports the class from it.
 
-Importing this module imports LightRAG (seconds): knowledge.py does so when a knowledge
+Importing this module imports LightRAG (slow): knowledge.py does so when a knowledge
 base is opened, not when it is imported.
 """
 
@@ -83,8 +83,7 @@ class ConciergeQdrantStorage(QdrantVectorDBStorage):
             return await super().get_vectors_by_ids(ids)
         # Nothing buffered (the query path): the vectors from the search index's read of the
         # collection. qdrant-client's local mode answers `retrieve` through a pydantic model
-        # per point (LightRAG reads a few dozen chunks' vectors per mix query: 6 % of the
-        # retriever's busy samples under make bench).
+        # per point, and LightRAG reads a few dozen chunks' vectors per mix query.
         if self._index is None:
             self._index = LocalIndex.read(self._client, self.final_namespace)
         return self._index.vectors_by_id(ids)
@@ -103,10 +102,10 @@ class LocalIndex:
     """One local-mode collection's vectors as a matrix, searched with one product.
 
     qdrant-client's local mode answers `query_points` through pydantic models and a deep
-    copy of each hit's payload (about 3 ms per query on the demo knowledge base, three to
-    four queries per mix search); the same cosine ranking over a matrix read once takes
-    a fraction of that. Read at the first query after any write; same hits, same order
-    (ties by insertion order), same scores as Qdrant (cosine over unit vectors)."""
+    copy of each hit's payload (three to four queries per mix search); the same cosine
+    ranking over a matrix read once takes a fraction of that. Read at the first query after
+    any write; same hits, same order (ties by insertion order), same scores as Qdrant
+    (cosine over unit vectors)."""
 
     def __init__(self, payloads: list[dict], matrix: np.ndarray, stored: np.ndarray | None = None):
         self.payloads, self.matrix = payloads, matrix
@@ -150,9 +149,9 @@ class ConciergeGraphStorage(NetworkXStorage):
 
     LightRAG's base class answers `get_edges_batch` and its siblings one item at a
     time, each through `_get_graph()` and its namespace lock; a mix query on a few
-    hundred entities made ~1,700 such calls (about a third of its time). Each batch here
-    takes the graph once and reads it synchronously (no await in between, so no commit
-    can interleave), with the same answers as the one-by-one defaults."""
+    hundred entities makes ~1,700 such calls. Each batch here takes the graph once and
+    reads it synchronously (no await in between, so no commit can interleave), with the
+    same answers as the one-by-one defaults."""
 
     async def get_nodes_batch(self, node_ids: list[str]) -> dict[str, dict]:
         graph = await self._get_graph()
@@ -185,10 +184,10 @@ class ConciergeGraphStorage(NetworkXStorage):
 class ConciergeKVStorage(JsonKVStorage):
     """LightRAG's JSON key-value store, copying what it returns as JSON data.
 
-    `get_by_ids` deep-copies every record so callers cannot change the stored one;
-    `copy.deepcopy`'s memo and dispatch were a tenth of a mix query's CPU (a few
-    hundred chunk records per query). Records are JSON (dicts, lists, strings,
-    numbers), so copying the dicts and lists gives the same protection."""
+    `get_by_ids` deep-copies every record so callers cannot change the stored one, with
+    `copy.deepcopy`'s memo and dispatch for each of a mix query's few hundred chunk
+    records. Records are JSON (dicts, lists, strings, numbers), so copying the dicts and
+    lists gives the same protection at less cost."""
 
     async def get_by_ids(self, ids: list[str]) -> list[dict[str, Any] | None]:
         async with self._storage_lock:

@@ -12,11 +12,11 @@ class WordTokenizer:
     cutting) and records each chunk's count; its default downloads tiktoken's vocabulary,
     which cannot happen offline. A token here is a whitespace-led word (`" the"`,
     `"pricing."`), and it is its own id, and `decode(encode(text)) == text`. (Interning
-    each word to an integer cost more than the pass itself: counting was most of a query's
-    CPU, measured with pyinstrument.) LightRAG only counts tokens, slices them and hands
-    them back to `decode`; nearly every call only counts, so `encode` hands back `Pieces`,
-    which counts without cutting the text (`str.split` in C, a quarter of the time of
-    the regex pass that lists the pieces) and lists them only when sliced or iterated.
+    each word to an integer would cost more than the pass itself, and counting is on every
+    query's path.) LightRAG only counts tokens, slices them and hands them back to
+    `decode`; nearly every call only counts, so `encode` hands back `Pieces`, which counts
+    without cutting the text (`str.split`, in C, far cheaper than the regex pass that lists
+    the pieces) and lists them only when sliced or iterated.
     Chunk sizes for the embedding model are measured with the model's own tokenizer
     (`KnowledgeBase.count_tokens`)."""
 

@@ -1,4 +1,4 @@
-"""The local intent model: no network, a few milliseconds per message.
+"""The local intent model: no network, no LLM, cheap enough for every message.
 
 Features: the all-MiniLM-L6-v2 sentence embedding of the message (what it means) next to
 character n-gram TF-IDF (how it is written: multilingual keywords MiniLM, an English
@@ -55,7 +55,7 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 class LocalIntentModel:
-    """Two stages: an n-gram-only classifier first (a fraction of a millisecond); when it
+    """Two stages: an n-gram-only classifier first (no embedding: the cheap stage); when it
     is sure (`fast_probabilities` ≥ the fast-path threshold) its answer stands, otherwise
     the sentence embedding is computed and the full classifier decides."""
 

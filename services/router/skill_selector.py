@@ -2,7 +2,7 @@
 
 Local backend: the selection rules of skills.select on the local intent estimate and the
 local signals (computed again here: the three analysis nodes run in parallel, and the
-embedding is shared in-process, so this costs well under a millisecond). LLM backend
+embedding is shared in-process, so this costs little). LLM backend
 (`ROUTER_SKILLS_BACKEND=llm`): the classifier role picks intent and skills (JSON schema,
 one repair retry), the local selection when it fails.
 """
