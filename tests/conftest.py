@@ -10,6 +10,27 @@ from shared import redis_client
 from tests.servers import WebhookReceiver, nats_server, redis_server, scripted_llm
 
 
+# `make test` runs the modules side by side (pytest-xdist, `--dist loadgroup`): each module is
+# a group that one worker runs whole, so its module-scoped system starts once. The runs that
+# load the machine most (two replicas of everything, killed and restarted; a bench's pairs)
+# share one group, so they run one after the other rather than starving each other, and the
+# longest groups are handed out first so that no worker starts one late.
+HEAVY = ("test_chaos", "test_cluster_rehearsal", "test_bench")
+LONGEST_FIRST = (*HEAVY, "test_e2e", "test_hostile", "test_replay", "test_loadtest", "test_state", "test_k8s",
+                 "test_answer_eval")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    def module(item) -> str:
+        return item.path.stem
+
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group("heavy" if module(item) in HEAVY else module(item)))
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(module(item), len(rank)))  # stable: each module keeps its order
+
+
 @pytest.fixture(scope="session")
 def nats_url():
     with nats_server() as url:

@@ -78,20 +78,37 @@ def worktrees() -> set[str]:
     return {line.split(" ", 1)[1] for line in listed.stdout.splitlines() if line.startswith("worktree ")}
 
 
-def bench_processes(besides: dict[int, str] | None = None) -> dict[int, str]:
-    """Processes like those a bench starts (a nats-server storing in a `concierge-bench-`
-    directory, a scripted LLM), by pid; `besides`' left out (other tests' scripted LLMs)."""
-    listed = subprocess.run(["ps", "-ww", "-eo", "pid=,args="], capture_output=True, text=True).stdout.splitlines()
-    found = {int(pid): args for pid, _, args in (line.strip().partition(" ") for line in listed)
-             if "concierge-bench-" in args or "cli scripted-llm --port" in args}
-    return {pid: args for pid, args in found.items() if pid not in (besides or {})}
+def bench_processes(root: int) -> dict[int, str]:
+    """The processes a bench started under `root` (its nats-server storing in a
+    `concierge-bench-` directory, its scripted LLM), by pid: its descendants only, as other
+    tests run theirs side by side."""
+    listed = subprocess.run(["ps", "-ww", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout
+    children: dict[int, list[tuple[int, str]]] = {}
+    for line in listed.splitlines():
+        pid, ppid, *args = line.split(None, 2)
+        children.setdefault(int(ppid), []).append((int(pid), args[0] if args else ""))
+    found, todo = {}, [root]
+    while todo:
+        for pid, args in children.get(todo.pop(), []):
+            todo.append(pid)
+            if "concierge-bench-" in args or "cli scripted-llm --port" in args:
+                found[pid] = args
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return not stat.read().rsplit(") ", 1)[1].startswith("Z")  # a zombie has ended
+    except FileNotFoundError:
+        return False
 
 
 @pytest.mark.timeout(300)
 def test_pairs_against_head_measure_both_codes_and_a_sigterm_stops_the_run_and_leaves_nothing_behind():
     """One pair measured, then SIGTERM during the next: the run under way stops its system (a
     bench takes SIGTERM as Ctrl-C), the figures so far are printed, no worktree is left."""
-    before, others = worktrees(), bench_processes()
+    before = worktrees()
     proc = subprocess.Popen([sys.executable, "-m", "cli", "bench", "--against", "HEAD", "--pairs", "2", "--turns", "4",
                              "--concurrency", "2", "--think-ms", "0", "--replay-rounds", "0"],
                             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
@@ -102,7 +119,7 @@ def test_pairs_against_head_measure_both_codes_and_a_sigterm_stops_the_run_and_l
             out.append(line)
             if "system up" in line and any(seen.startswith("== pair 2 of 2") for seen in out):
                 break
-        running = bench_processes(others)
+        running = bench_processes(proc.pid)
         proc.send_signal(signal.SIGTERM)
         rest, err = proc.communicate(timeout=120)
     finally:
@@ -113,7 +130,7 @@ def test_pairs_against_head_measure_both_codes_and_a_sigterm_stops_the_run_and_l
     report = f"{stdout[-3000:]}\n{err[-2000:]}"
     assert len(running) == 2, report  # the run's nats-server and scripted LLM
     assert proc.returncode == 130 and "stopped before the end" in err, report
-    assert not bench_processes(others) and worktrees() == before, report
+    assert not [pid for pid in running if alive(pid)] and worktrees() == before, report
     result = json.loads(stdout.strip().splitlines()[-1])
     assert result["against"] == "HEAD" and result["against_commit"] and result["error"], report
     assert [r["code"] for r in result["runs"]][:2] == ["this", "against"], report
