@@ -134,8 +134,14 @@ class Sandbox:
     def __post_init__(self):
         self.bus = LogBus(lambda: [_record(i, e) for i, e in enumerate(self.log, start=1)],
                           self._emitted, self.tokens.append)
+        self.use(self.nodes, self.config)
+
+    def use(self, nodes: list[Node], config: SiteConfig) -> None:
+        """The nodes and the site config the next inputs run with (each turn of a rerun runs
+        under its own: turn_config.py)."""
+        self.nodes, self.config = nodes, config
         self._consumers: dict[str, list[Node]] = defaultdict(list)
-        for node in self.nodes:
+        for node in nodes:
             for kind in node.consumes:
                 self._consumers[kind].append(node)
 
