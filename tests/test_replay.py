@@ -265,6 +265,8 @@ async def test_the_operator_api_lists_filters_and_reruns_conversations(replay_wo
         assert bad.status_code == 422
         report = (await client.post(f"{base}/verify", headers=ops(system), json={})).json()
         assert report["diverged"] == 0 and report["skipped"] == 0 and report["conversations"] >= len(SCRIPTS)
+        current = (await client.post(f"{base}/verify", headers=ops(system), json={"current_config": True})).json()
+        assert (current["diverged"], current["skipped"], current["turns"]) == (0, 0, report["turns"])
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Chromium not installed (Debian package `chromium`): browser test skipped")
