@@ -10,13 +10,13 @@ rule still fails the gate."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import httpx
-import msgspec
 import pytest
 
 from cli.harness.sse import Conversation
@@ -31,8 +31,8 @@ from services.router import routing
 from shared import events as ev
 from shared.bus import connect
 from shared.config import LLM_ROLES, BusConfig, LLMRoleConfig
-from shared.site_config import SiteConfig, SiteConfigs
-from tests.helpers import records_of
+from shared.site_config import SiteConfig, SiteConfigs, stored_versions
+from tests.helpers import records_of, wait_for
 from tests.servers import ROOT
 
 # --- given a turn's events, what it ran under -----------------------------------------------
@@ -146,7 +146,9 @@ def model_env(llm) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def system():
     with tempfile.TemporaryDirectory(prefix="concierge-backends-") as data:
+        sites = shutil.copytree(ROOT / "sites", Path(data) / "sites")  # the last test edits the site's
         sys_ = make_system(Path(data), free_port(), free_port(), {
+            "SITES_DIR": str(sites),
             "BRIEFS_BACKEND": "data",
             "ANSWER_WAIT_S": "3",  # the profile in the answer's prompt, as deterministic as it gets
             "ANSWER_RETRIEVAL_WAIT_S": "5",
@@ -192,7 +194,7 @@ def graphs(llm):
 async def site_log(system):
     bus = await connect(BusConfig(url=system.nats_url), name="test-turn-config")
     try:
-        return await reruns.read_site(bus, SITE), await SiteConfigs(bus).get(SITE)
+        return await reruns.read_site(bus, SITE), await SiteConfigs(bus, ttl_s=0).get(SITE)
     finally:
         await bus.close()
 
@@ -276,4 +278,34 @@ async def test_a_changed_prompt_or_rule_still_fails_the_gate(system, sessions, g
         result = await reruns.verify(recordings, graph, config)
         routes = {(d["session_id"], d["turn"]) for d in result.divergences if d.get("field") == "route"}
         assert routes == {(keyless[WEATHER], 2), (keyed[WEATHER], 2)}
+
+
+async def test_after_a_config_edit_each_turn_reruns_under_the_version_it_recorded(system, sessions, graphs):
+    """Last: it edits the site's config. The bucket keeps the earlier version, so the turns
+    recorded before, during and after the edit all rerun under theirs."""
+    keyless, keyed = sessions
+    _, before = await site_log(system)
+    path = Path(system.env["SITES_DIR"]) / f"{SITE}.toml"
+    path.write_text(path.read_text().replace("Be concise and friendly.", "Be concise, friendly and exact."))
+    await wait_for(lambda: _changed(system, before), timeout=20, what="the edited config in the bucket")
+    await record(system, SCRIPTS[:1])  # the services' cached copies may still serve the first
+    recordings, after = await site_log(system)
+    bus = await connect(BusConfig(url=system.nats_url), name="test-turn-config")
+    try:
+        stored = await stored_versions(bus, SITE)
+    finally:
+        await bus.close()
+    assert {before.version, after.version} <= set(stored) and before.version != after.version
+    for graph in graphs.values():
+        result = await reruns.verify(recordings, graph, after, stored_configs=stored)
+        assert result.diverged == 0 and result.not_rerunnable == [] and result.version_changes == [], \
+            (result.divergences, result.version_changes)
+        # Without the earlier version, the turns recorded under it are said not re-runnable.
+        gone = await reruns.verify(recordings, graph, after)
+        assert {s["reason"].split(",")[0] for s in gone.not_rerunnable} == {f"recorded under site config {before.version}"}
+        assert {s["session_id"] for s in gone.not_rerunnable} >= {*keyless, *keyed}
+
+
+async def _changed(system, before: SiteConfig) -> bool:
+    return (await site_log(system))[1].version != before.version
 

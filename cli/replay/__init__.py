@@ -47,7 +47,7 @@ import msgspec
 from shared import prompts
 from shared.bus import connect
 from shared.config import BusConfig
-from shared.site_config import SiteConfig, SiteConfigs, parse
+from shared.site_config import SiteConfig, SiteConfigs, parse, stored_versions
 
 SUBCOMMANDS = ("timeline", "state", "rerun", "diff", "fork", "verify", "serve")
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
@@ -150,6 +150,7 @@ async def run(args, bus_config: BusConfig) -> int:
             if not recording.records:
                 raise ValueError(f"no events for conversation {args.site}/{args.session_id}")
             config = await site_config(bus, args.site, getattr(args, "sites_dir", None))
+        stored = await stored_versions(bus, args.site)  # the versions a turn may have recorded
     finally:
         await bus.close()
 
@@ -162,7 +163,8 @@ async def run(args, bus_config: BusConfig) -> int:
     from cli.replay.graph import Graph
 
     if args.command == "verify":
-        result = await reruns.verify(recordings, Graph(), config, current_config=args.current_config)
+        result = await reruns.verify(recordings, Graph(), config, current_config=args.current_config,
+                                     stored_configs=stored)
         for item in result.divergences[:20]:
             print(f"  {item['session_id']} turn {item['turn']}: {item.get('field') or item.get('node')} "
                   f"{item.get('divergence', '')}".rstrip())
@@ -199,7 +201,7 @@ async def run(args, bus_config: BusConfig) -> int:
         return 0
 
     result = await reruns.rerun(recording, graph, config, llm=args.llm, node=args.node, turn=args.turn,
-                                current_config=args.current_config)
+                                current_config=args.current_config, stored_configs=stored)
     if args.json:
         print(json.dumps({"session_id": result.session_id, "turns": result.turns, "diverged": result.diverged,
                           "skipped": result.skipped, "differences": [d.to_builtins() for d in result.differences],

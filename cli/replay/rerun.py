@@ -110,6 +110,7 @@ async def _rerun(recording: Recording, graph: Graph, plan: Plan, llm: str, node:
     calls = RecordedCalls(recording.llm_calls())
     live = LLMClient(plan.deployment) if llm == "live" else None
     sandbox = Sandbox(nodes=[], config=plan.config, recording=recording, recorded=graph.recorded,
+                      versions={} if plan.current else plan.stored,
                       live_for_new=graph.live_for_new if node is None else frozenset())
     inputs = recording.inputs()
     original = [r.event for r in recording.records]

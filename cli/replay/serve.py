@@ -35,7 +35,7 @@ from shared import logs, service, subjects
 from shared.bus import Bus, connect
 from shared.config import BusConfig, env_float, env_int, env_str
 from shared.service import start_ops
-from shared.site_config import SiteConfigs
+from shared.site_config import SiteConfigs, stored_versions
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +47,12 @@ def _outcome(o) -> dict | None:
 async def answer(bus: Bus, graph: Graph, op: str, request: dict) -> dict:
     site = request["site"]
     config = await SiteConfigs(bus).get(site)
+    stored = await stored_versions(bus, site)  # the versions a turn may have recorded
+    current = bool(request.get("current_config"))
     if op == "verify":
         since = time.time() - float(request["since_s"]) if request.get("since_s") else 0.0
         recordings = await reruns.read_site(bus, site, since, request.get("limit"))
-        return (await reruns.verify(recordings, graph, config,
-                                    current_config=bool(request.get("current_config")))).figures()
+        return (await reruns.verify(recordings, graph, config, current_config=current, stored_configs=stored)).figures()
     recording = await reruns.read(bus, site, request["session_id"])
     if not recording.records:
         raise ValueError(f"no conversation {request['session_id']} on site {site}")
@@ -66,7 +67,7 @@ async def answer(bus: Bus, graph: Graph, op: str, request: dict) -> dict:
                 "fork": _outcome(outcomes(result.events).get(message.turn)), "divergences": result.divergences}
     result = await reruns.rerun(recording, graph, config, llm=request.get("llm", "recorded"),
                                 node=request.get("node") or None, turn=request.get("turn"),
-                                current_config=bool(request.get("current_config")))
+                                current_config=current, stored_configs=stored)
     return {"session_id": result.session_id, "turns": result.turns, "diverged": result.diverged,
             "skipped": result.skipped,
             "differences": [d.to_builtins() for d in result.differences],

@@ -10,7 +10,8 @@ prompts), an answer backend and a site config. Its events say which:
   calls' response format, its history budget this deployment's); never called, none.
 - the answer backend: the answer's `ResponseCompleted.backend` (llm or extractive); in a
   turn without an answer, by whether the answer role had an endpoint.
-- the site config: the version its nodes' outputs record (`config_version`).
+- the site config: the version its nodes' outputs record (`config_version`; each node is
+  handed the version it recorded, sandbox.py, and a node with no record the turn's last).
 
 By default a turn is re-run under what it ran under (`Setup`): a role without an endpoint
 then has none in the rerun (its node takes the path without a model), one with an endpoint
