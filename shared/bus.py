@@ -470,6 +470,10 @@ async def _ensure_again(bus: Bus, name: str, attempts: int = 10) -> None:
             await asyncio.sleep(min(0.5 * attempt, 3.0))
 
 
+# The configs a site's key keeps (the most a key-value bucket keeps per key).
+SITE_CONFIG_HISTORY = 64
+
+
 async def ensure_topology(bus: Bus) -> None:
     """Create or update every stream and bucket. Safe to run from every replica at once."""
     cfg = bus.config
@@ -520,14 +524,15 @@ async def ensure_topology(bus: Bus) -> None:
             num_replicas=cfg.replicas,
         ),
     )
-    for bucket, ttl in (
-        (subjects.SITE_CONFIG_BUCKET, None),
-        (subjects.SESSION_GUARD_BUCKET, None),
-        (subjects.SNAPSHOT_BUCKET, cfg.snapshot_ttl_s or None),
-        (subjects.LEAD_CLAIM_BUCKET, None),  # kept as long as the log that may replay a lead
-        (subjects.KB_VECTORS_BUCKET, cfg.kb_vectors_ttl_s or None),
+    for bucket, ttl, history in (
+        # A site's earlier configs too: a replay reruns a turn under the version it recorded.
+        (subjects.SITE_CONFIG_BUCKET, None, SITE_CONFIG_HISTORY),
+        (subjects.SESSION_GUARD_BUCKET, None, 1),
+        (subjects.SNAPSHOT_BUCKET, cfg.snapshot_ttl_s or None, 1),
+        (subjects.LEAD_CLAIM_BUCKET, None, 1),  # kept as long as the log that may replay a lead
+        (subjects.KB_VECTORS_BUCKET, cfg.kb_vectors_ttl_s or None, 1),
     ):
-        bus.kv[bucket] = await _ensure_bucket(bus.js, bucket, ttl, cfg.replicas)
+        bus.kv[bucket] = await _ensure_bucket(bus.js, bucket, ttl, cfg.replicas, history)
 
 
 async def _ensure_stream(js: JetStreamContext, config: api.StreamConfig) -> None:
@@ -541,20 +546,25 @@ async def _ensure_stream(js: JetStreamContext, config: api.StreamConfig) -> None
             raise
 
 
-async def _ensure_bucket(js: JetStreamContext, bucket: str, ttl: float | None, replicas: int) -> KeyValue:
+async def _ensure_bucket(js: JetStreamContext, bucket: str, ttl: float | None, replicas: int,
+                         history: int = 1) -> KeyValue:
     """Create the bucket, or bring an existing one to `replicas` (NATS_REPLICAS raised when
-    a single server became a cluster): a bucket is the stream `KV_<bucket>`."""
+    a single server became a cluster), `ttl` and `history` (the values kept per key): a
+    bucket is the stream `KV_<bucket>`."""
     try:
-        return await js.create_key_value(bucket=bucket, ttl=ttl, history=1, replicas=replicas)
+        return await js.create_key_value(bucket=bucket, ttl=ttl, history=history, replicas=replicas)
     except BadRequestError as exc:
         if exc.err_code != ALREADY_EXISTS:
             raise
     info = await js.stream_info(f"KV_{bucket}")
-    if info.config.num_replicas != replicas or abs((info.config.max_age or 0) - (ttl or 0)) > 0.001:
+    if (info.config.num_replicas != replicas or abs((info.config.max_age or 0) - (ttl or 0)) > 0.001
+            or info.config.max_msgs_per_subject != history):
         info.config.num_replicas = replicas
         info.config.max_age = ttl or 0
+        info.config.max_msgs_per_subject = history
         await js.update_stream(info.config)
-        log.info("bucket settings changed", extra={"bucket": bucket, "replicas": replicas, "ttl_s": ttl})
+        log.info("bucket settings changed",
+                 extra={"bucket": bucket, "replicas": replicas, "ttl_s": ttl, "history": history})
     return await js.key_value(bucket)
 
 

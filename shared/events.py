@@ -86,6 +86,16 @@ class TurnBlocked(Envelope, tag="turn_blocked"):
     client_message_id: str | None = None  # as on TurnRequested
 
 
+class LLMRole(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """An LLM role as the process of the node that recorded it had it: the model, and the
+    settings that shape its prompts. A replay re-runs the node with the same (an empty
+    `model`: the role had no endpoint, so the node took its path without a model)."""
+
+    model: str = ""
+    history_tokens: int = 8000
+    json_mode: str = "json_schema"
+
+
 class IntentClassified(Envelope, tag="intent_classified"):
     intent: str
     confidence: float
@@ -99,6 +109,8 @@ class IntentClassified(Envelope, tag="intent_classified"):
     # under it (name@version); empty when it has none (the llm backend alone).
     classifier_version: str = ""
     embedding_version: str = ""
+    # The `classifier` role as the router had it ({}: recorded before the field existed).
+    llm_roles: dict[str, LLMRole] = {}
 
 
 class InterestSignalsDetected(Envelope, tag="interest_signals_detected"):
@@ -167,6 +179,7 @@ class EnrichmentCompleted(Envelope, tag="enrichment_completed"):
 class ProfileInferred(Envelope, tag="profile_inferred"):
     profile: VisitorProfile
     method: str = "local"  # local | llm
+    llm_roles: dict[str, LLMRole] = {}  # the `profiler` role as the enricher had it ({}: not recorded)
 
 
 class RetrievedDocument(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -360,6 +373,8 @@ class ResponseCompleted(Envelope, tag="response_completed"):
     uncited: bool = False
     unsupported_numbers: list[str] = []
     embedding_version: str = ""  # extractive: the embedding model that chose the sentences (name@version)
+    # The responder's roles (answer, redirect, suggestions) as it had them ({}: not recorded).
+    llm_roles: dict[str, LLMRole] = {}
 
 
 class TurnCompleted(Envelope, tag="turn_completed"):

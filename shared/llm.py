@@ -28,7 +28,7 @@ from openai import AsyncOpenAI, DefaultAioHttpClient
 from shared import metrics
 from shared.config import LLM_ROLES, ConfigError, LLMRoleConfig
 from shared.node import PermanentError
-from shared.events import LLMCall
+from shared.events import LLMCall, LLMRole
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +183,14 @@ class LLMClient:
         config = self.roles.get(role)
         return bool(config and config.base_url)
 
+    def role_record(self, role: str) -> LLMRole:
+        """The role as a node's output records it (`events.LLMRole`): its model and prompt
+        settings, or an empty model when it has no endpoint."""
+        if not self.configured(role):
+            return LLMRole()
+        config = self.roles[role]
+        return LLMRole(model=config.model, history_tokens=config.history_tokens, json_mode=config.json_mode)
+
     def prepare(self) -> "LLMClient":
         """Make every configured role's clients now, at the service's start: an openai client
         loads its TLS trust store when it is made, which the first turn that used a role
@@ -335,6 +343,12 @@ class LLMClient:
             ]
             text = await self.complete(role, repair, record, response_format=response_format, **params)
             return decoder.decode(text)
+
+
+def role_records(llm: "LLMClient | None", roles: tuple[str, ...]) -> dict[str, LLMRole]:
+    """`roles` as a node made with `llm` (None: no client, so no endpoint) records them on
+    its output, for a replay to re-run it the same way."""
+    return {role: llm.role_record(role) if llm is not None else LLMRole() for role in roles}
 
 
 @functools.cache

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import msgspec
 import nats.js.errors
-from nats.js.errors import KeyNotFoundError
+from nats.js.errors import KeyNotFoundError, NotFoundError
 
 from shared import subjects
 from shared.bus import Bus
@@ -337,6 +337,25 @@ async def _get(kv, site: str) -> SiteConfig | None:
     if entry is None or not entry.value:
         return None
     return _decoder.decode(entry.value)
+
+
+async def stored_versions(bus: Bus, site: str) -> dict[str, SiteConfig]:
+    """The site's configs the bucket still keeps (its history: shared/bus.py
+    `SITE_CONFIG_HISTORY`), by version, the current one included: what a replay reruns a
+    turn under, the version the turn recorded. Read a message at a time (a get of the next
+    message on the key's subject), as reading the current one is."""
+    stream, subject = f"KV_{subjects.SITE_CONFIG_BUCKET}", f"$KV.{subjects.SITE_CONFIG_BUCKET}.{site}"
+    found: dict[str, SiteConfig] = {}
+    seq = 1
+    while True:
+        try:
+            msg = await bus.js.get_msg(stream, seq=seq, subject=subject, next=True)
+        except NotFoundError:
+            return found
+        if msg.data:  # not a deletion's marker
+            config = _decoder.decode(msg.data)
+            found[config.version] = config
+        seq = msg.seq + 1
 
 
 MAX_CACHED_SITES = 4096

@@ -160,6 +160,9 @@ class StructuredLLM:
     def configured(self, role: str) -> bool:
         return True
 
+    def role_record(self, role: str) -> ev.LLMRole:
+        return ev.LLMRole(model="structured")
+
     async def structured(self, role, messages, record, cls, **params):
         self.calls.append(messages)
         answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]

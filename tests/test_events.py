@@ -78,7 +78,10 @@ def test_events_recorded_before_the_version_fields_still_decode():
     assert route.config_version == "" and route.input_seq == 4
     classified = ev.decode(b'{"type":"intent_classified","event_id":"e","site":"a","session_id":"s","turn":1,'
                            b'"ts":1.0,"intent":"LEARN","confidence":0.9,"classifier":"local"}')
-    assert (classified.classifier_version, classified.embedding_version) == ("", "")
+    assert (classified.classifier_version, classified.embedding_version, classified.llm_roles) == ("", "", {})
+    reply = ev.decode(b'{"type":"response_completed","event_id":"e","site":"a","session_id":"s","turn":1,"ts":1.0,'
+                      b'"node":"answer_writer","text":"t","token_count":1}')
+    assert reply.llm_roles == {}  # a replay reads those roles from the turn's LLM calls
     call = ev.decode(b'{"type":"llm_call_recorded","event_id":"e","site":"a","session_id":"s","turn":1,"ts":1.0,'
                      b'"node":"answer_writer","call":{"role":"answer","model":"m","base_url":"http://x",'
                      b'"messages":[],"params":{"temperature":0.2},"usage":{}}}')

@@ -71,16 +71,30 @@ async def recorded(system):
     return sessions
 
 
+def llm_env(llm, suggestions_llm) -> dict[str, str]:
+    return {"LLM_BASE_URL": llm.base_url, "LLM_SUGGESTIONS_BASE_URL": suggestions_llm.base_url}
+
+
 @pytest.fixture
 def deployment_env(monkeypatch, llm, suggestions_llm):
     """The replaying process runs with the deployment's settings."""
-    monkeypatch.setenv("LLM_BASE_URL", llm.base_url)
-    monkeypatch.setenv("LLM_SUGGESTIONS_BASE_URL", suggestions_llm.base_url)
+    for name, value in llm_env(llm, suggestions_llm).items():
+        monkeypatch.setenv(name, value)
+
+
+def graph_under(env: dict[str, str]) -> Graph:
+    """The rerun's nodes as a process with `env` makes them (it reads the settings then)."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("LLM_BASE_URL", "LLM_SUGGESTIONS_BASE_URL", "ANSWER_BACKEND"):
+            patch.delenv(name, raising=False)
+        for name, value in env.items():
+            patch.setenv(name, value)
+        return Graph()
 
 
 @pytest.fixture(scope="module")
-def graph():
-    return Graph()
+def graph(llm, suggestions_llm):
+    return graph_under(llm_env(llm, suggestions_llm))
 
 
 async def _recordings(system):
@@ -125,8 +139,17 @@ async def test_a_rerun_under_another_site_config_says_so_and_reruns_reproducibly
                                                                                  graph):
     recordings, config, _ = await _recordings(system)
     first = next(r for r in recordings if r.records[0].event.session_id == recorded[0])
-    edited = await reruns.rerun(first, graph, msgspec.structs.replace(config, version="edited"))
-    assert not edited.diverged  # a note, not a divergence
+    now = msgspec.structs.replace(config, version="edited")
+    # By default each turn reruns under the config version it recorded: still stored, it is used...
+    recorded_version = await reruns.rerun(first, graph, now, stored_configs={config.version: config})
+    assert not recorded_version.diverged and not recorded_version.skipped and not recorded_version.version_changes
+    # ...gone, the turns are not re-runnable (said, not divergences)...
+    gone = await reruns.rerun(first, graph, now)
+    assert not gone.diverged and gone.turns == 0 and [s["turn"] for s in gone.skipped] == [1, 2, 3]
+    assert all("no longer stored" in s["reason"] for s in gone.skipped)
+    # ...and asked for, the current config reruns them.
+    edited = await reruns.rerun(first, graph, now, current_config=True)
+    assert not edited.diverged and not edited.skipped  # a note, not a divergence
     (change,) = edited.version_changes
     assert (change.what, change.recorded, change.rerun) == ("site config", [config.version], ["edited"])
     assert {"intent_router", "answer_writer"} <= set(change.nodes) and "retrieval" not in change.nodes  # copied
@@ -241,7 +264,9 @@ async def test_the_operator_api_lists_filters_and_reruns_conversations(replay_wo
         bad = await client.post(f"{base}/conversations/{recorded[0]}/fork", headers=ops(system), json={"at": "x"})
         assert bad.status_code == 422
         report = (await client.post(f"{base}/verify", headers=ops(system), json={})).json()
-        assert report["diverged"] == 0 and report["conversations"] >= len(SCRIPTS)
+        assert report["diverged"] == 0 and report["skipped"] == 0 and report["conversations"] >= len(SCRIPTS)
+        current = (await client.post(f"{base}/verify", headers=ops(system), json={"current_config": True})).json()
+        assert (current["diverged"], current["skipped"], current["turns"]) == (0, 0, report["turns"])
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Chromium not installed (Debian package `chromium`): browser test skipped")

@@ -115,6 +115,8 @@ async def test_redirect_without_a_model_streams_the_support_url_in_german(bus, s
                                    "REDIRECT", "SUPPORT", "REDIRECT_SUPPORT")
     (reply,) = await stored(bus, site, "response_completed")
     assert reply.backend == "template" and reply.node == "redirect_handler" and reply.token_count >= 2
+    # The responder's roles as it had them, for a replay to take the same paths.
+    assert reply.llm_roles == {"answer": ev.LLMRole(model="m"), "redirect": ev.LLMRole(), "suggestions": ev.LLMRole()}
     assert streamed == reply.text and "https://help.tidewise.example" in reply.text
     assert "Gern beantworte ich Ihre Fragen zu Tidewise." in reply.text
     assert done.metadata["suggested_follow_ups"] == [] and done.metadata["route"] == "REDIRECT"

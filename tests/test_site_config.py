@@ -1,9 +1,11 @@
 """Site configs: files → KV bucket, refused with file and field named, last good kept,
-watched for changes; the prompt hierarchy; and the eval harness's contract."""
+watched for changes, earlier versions kept for replays; the prompt hierarchy; and the eval
+harness's contract."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -12,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from shared import prompts
-from shared.site_config import SiteConfig, SiteConfigError, SiteConfigs, SiteConfigSync, parse
+from shared.site_config import SiteConfig, SiteConfigError, SiteConfigs, SiteConfigSync, parse, stored_versions
 from tests.servers import ROOT
 
 GOOD = """
@@ -79,6 +81,27 @@ async def test_sync_loads_keeps_last_good_and_follows_changes(bus, tmp_path):
     finally:
         await sync.stop()
     assert (await configs.get("never-configured")) == SiteConfig()
+
+
+async def test_the_bucket_keeps_a_sites_earlier_configs_for_replays(bus, tmp_path):
+    """A replay reruns a turn under the config version it recorded: the bucket keeps them,
+    after an edit and after the site's removal."""
+    site = f"cfgv{int(time.time() * 1000) % 10**8}"
+    path = tmp_path / f"{site}.toml"
+    sync, configs = SiteConfigSync(bus, tmp_path), SiteConfigs(bus, ttl_s=0)
+    versions = []
+    for i, threshold in enumerate(("0.4", "0.8")):
+        path.write_text(GOOD.replace("0.4", threshold))
+        os.utime(path, ns=(i + 1, i + 1))  # the sync reads a file whose time changed
+        assert (await sync.sync_once())[site] == "loaded"
+        versions.append(await configs.get(site))
+    assert (await stored_versions(bus, site)) == {c.version: c for c in versions}
+    assert [c.interest.threshold for c in versions] == [0.4, 0.8]
+    path.unlink()
+    assert (await sync.sync_once())[site] == "removed"
+    assert (await configs.get(site)) == SiteConfig()  # the defaults now...
+    assert (await stored_versions(bus, site)) == {c.version: c for c in versions}  # ...and the earlier ones kept
+    assert (await stored_versions(bus, "never-configured")) == {}
 
 
 def test_webhook_secret_command_prints_the_site_secret(tmp_path):

@@ -311,6 +311,11 @@ class System:
                 raise TimeoutError(f"{name} not ready after {timeout:.0f}s; see {path}")
             time.sleep(0.05)
 
+    def stop_service(self, name: str, timeout: float = 15) -> None:
+        """SIGTERM one process and let it drain (SIGKILL after `timeout`), e.g. to start it
+        again with other settings."""
+        self._terminate([name], timeout)
+
     def kill(self, name: str) -> None:
         proc = self.procs[name]
         os.killpg(proc.pid, signal.SIGKILL)

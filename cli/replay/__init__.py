@@ -3,10 +3,10 @@
     replay timeline SITE SESSION [--json]           every event, and the state after each turn
     replay SITE SESSION                             the same (the original form)
     replay state SITE SESSION --at SEQ              the folded state at any event
-    replay rerun SITE SESSION [--turn N] [--node NAME] [--llm recorded|live] [--json]
+    replay rerun SITE SESSION [--turn N] [--node NAME] [--llm recorded|live] [--current-config] [--json]
     replay diff SITE SESSION [...]                  the rerun, compared turn by turn with the original
     replay fork SITE SESSION --at SEQ --message TEXT [--sites-dir DIR] [--prompts-dir DIR] [--llm ...]
-    replay verify --site SITE [--since DURATION] [--limit N]
+    replay verify --site SITE [--since DURATION] [--limit N] [--current-config]
     replay serve                                    answer the operator API's reruns (/admin)
 
 A rerun runs the conversation's recorded visitor messages through the current code in a
@@ -20,9 +20,16 @@ the record (`--live-retrieval` runs the retriever on this machine's knowledge ba
 copied. `verify` is the regression gate: it reruns many conversations and exits 1 when any
 diverges; its last line is one JSON object.
 
-The site config is the one on the bus now (`--sites-dir DIR` reads `DIR/<site>.toml`
-instead), and the process's settings (LLM roles, router backends) are this machine's: run
-it with the deployment's environment.
+Each turn is re-run under what it was recorded with (turn_config.py): its LLM roles (a role
+that had no endpoint then has none now, one that had is answered from the recording), its
+answer backend and its site config version. `--current-config` re-runs every turn under
+this deployment's LLM roles and answer backend and the site's config now (the one on the
+bus, or `DIR/<site>.toml` with `--sites-dir DIR`); fork always does, and `--llm live` calls
+this deployment's endpoints. A turn that cannot be re-run so (its site config version is no
+longer stored; a role it had no endpoint for is called now, with no recorded call to answer)
+is copied as recorded and reported as not re-runnable, with why: not a divergence. The
+other settings (router backends, embedding model) are this process's: run it with the
+deployment's environment.
 """
 
 from __future__ import annotations
@@ -40,10 +47,12 @@ import msgspec
 from shared import prompts
 from shared.bus import connect
 from shared.config import BusConfig
-from shared.site_config import SiteConfig, SiteConfigs, parse
+from shared.site_config import SiteConfig, SiteConfigs, parse, stored_versions
 
 SUBCOMMANDS = ("timeline", "state", "rerun", "diff", "fork", "verify", "serve")
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+CURRENT_CONFIG = ("every turn under this deployment's LLM roles and answer backend and the site's config now, "
+                  "not those it was recorded with")
 
 
 def duration_s(text: str) -> float:
@@ -78,6 +87,7 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--llm", choices=("recorded", "live"), default="recorded")
         p.add_argument("--live-retrieval", action="store_true")
         p.add_argument("--sites-dir", type=Path, default=None)
+        p.add_argument("--current-config", action="store_true", help=CURRENT_CONFIG)
     fork = conversation("fork", "the conversation up to an event, then a new message")
     fork.add_argument("--at", type=int, required=True, metavar="SEQ")
     fork.add_argument("--message", required=True)
@@ -90,6 +100,7 @@ def parser() -> argparse.ArgumentParser:
     verify.add_argument("--since", type=duration_s, default=None, metavar="DURATION", help="e.g. 24h")
     verify.add_argument("--limit", type=int, default=None)
     verify.add_argument("--sites-dir", type=Path, default=None)
+    verify.add_argument("--current-config", action="store_true", help=CURRENT_CONFIG)
     return top
 
 
@@ -139,6 +150,7 @@ async def run(args, bus_config: BusConfig) -> int:
             if not recording.records:
                 raise ValueError(f"no events for conversation {args.site}/{args.session_id}")
             config = await site_config(bus, args.site, getattr(args, "sites_dir", None))
+        stored = await stored_versions(bus, args.site)  # the versions a turn may have recorded
     finally:
         await bus.close()
 
@@ -151,15 +163,18 @@ async def run(args, bus_config: BusConfig) -> int:
     from cli.replay.graph import Graph
 
     if args.command == "verify":
-        result = await reruns.verify(recordings, Graph(), config)
+        result = await reruns.verify(recordings, Graph(), config, current_config=args.current_config,
+                                     stored_configs=stored)
         for item in result.divergences[:20]:
             print(f"  {item['session_id']} turn {item['turn']}: {item.get('field') or item.get('node')} "
                   f"{item.get('divergence', '')}".rstrip())
+        for item in result.not_rerunnable[:20]:
+            print(f"  {item['session_id']} turn {item['turn']}: not re-runnable: {item['reason']}")
         for change in result.version_changes:
             print(f"note: {change['conversations']} conversations rerun under another {change['what']}: "
                   f"{', '.join(change['rerun'])} (recorded: {', '.join(change['recorded'])}); not a divergence")
-        print(f"{result.conversations} conversations, {result.turns} turns: {result.diverged} diverged "
-              f"({result.seconds:.1f} s)")
+        print(f"{result.conversations} conversations, {result.turns} turns: {result.diverged} diverged, "
+              f"{len(result.not_rerunnable)} turns not re-runnable ({result.seconds:.1f} s)")
         print(json.dumps(result.figures()))
         return 1 if result.diverged else 0
 
@@ -169,7 +184,7 @@ async def run(args, bus_config: BusConfig) -> int:
             print(f"prompts from {args.prompts_dir}: {', '.join(prompts.override(args.prompts_dir)) or 'none'}",
                   file=sys.stderr)
         prefix, message = reruns.fork_input(recording, args.at, args.message)
-        result = await reruns.rerun(prefix, graph, config, llm=args.llm, extra_inputs=(message,))
+        result = await reruns.rerun(prefix, graph, config, llm=args.llm, extra_inputs=(message,), current_config=True)
         new = outcomes(result.events).get(message.turn)
         old = outcomes([r.event for r in recording.records]).get(message.turn)
         if args.json:
@@ -185,10 +200,11 @@ async def run(args, bus_config: BusConfig) -> int:
                 print(f"  ! turn {item['turn']} {item['node']}: {item['divergence']}")
         return 0
 
-    result = await reruns.rerun(recording, graph, config, llm=args.llm, node=args.node, turn=args.turn)
+    result = await reruns.rerun(recording, graph, config, llm=args.llm, node=args.node, turn=args.turn,
+                                current_config=args.current_config, stored_configs=stored)
     if args.json:
         print(json.dumps({"session_id": result.session_id, "turns": result.turns, "diverged": result.diverged,
-                          "differences": [d.to_builtins() for d in result.differences],
+                          "skipped": result.skipped, "differences": [d.to_builtins() for d in result.differences],
                           "node_differences": result.node_differences, "divergences": result.divergences,
                           "version_changes": [c.to_builtins() for c in result.version_changes],
                           **({"events": [msgspec.to_builtins(e) for e in result.events]}
@@ -206,4 +222,6 @@ async def run(args, bus_config: BusConfig) -> int:
         print(f"turn {item['turn']} {item['node']}:\n  - original: {item['original']}\n  + rerun:    {item['rerun']}")
     for item in result.divergences:
         print(f"! turn {item['turn']} {item['node']}: {item['divergence']}")
+    for item in result.skipped:
+        print(f"turn {item['turn']}: not re-runnable: {item['reason']}")
     return 1 if result.diverged else 0

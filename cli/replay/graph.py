@@ -20,6 +20,8 @@ import contextvars
 import dataclasses
 from typing import Any
 
+import msgspec
+
 from services.enricher.main import enricher_nodes
 from services.enricher.settings import EnricherSettings
 from services.responder.main import responder_nodes
@@ -30,7 +32,7 @@ from services.router.classifiers import IntentClassifier
 from services.router.runtime import RouterParts
 from services.router.settings import RouterSettings
 from shared import language
-from shared.config import LLM_ROLES
+from shared.config import LLM_ROLES, LLMRoleConfig
 from shared.llm import LLMClient
 from shared.node import Node
 
@@ -55,7 +57,7 @@ class Graph:
         self._retriever, self._snapshots = _retriever() if (live_retrieval or retrieval_for_new) else (None, None)
         self.recorded = RECORDED - ({"retrieval"} if live_retrieval else set())
         self.live_for_new = frozenset({"retrieval"}) if self._retriever is not None else frozenset()
-        self._made: dict[tuple, list[Node]] = {}
+        self._made: dict[tuple[frozenset[str], str], list[Node]] = {}
 
     async def follow_kb_snapshots(self, bus):
         """With the vectors on a Qdrant server (`KB_SNAPSHOTS=bus`), the rest of the knowledge
@@ -71,23 +73,36 @@ class Graph:
         follower.start()
         return follower
 
-    def nodes(self, llm: LLMClient) -> list[Node]:
+    def roles(self) -> dict[str, LLMRoleConfig]:
+        """Every LLM role as this deployment's services read them (the profiler's only with
+        PROFILER_BACKEND=llm); a role none of them reads has no endpoint."""
+        read = {**self._router.llm, **self._enricher.llm, **self._responder.llm}
+        return {role: read.get(role) or LLMRoleConfig(role=role, base_url="", api_key="", model="")
+                for role in LLM_ROLES}
+
+    def nodes(self, llm: LLMClient, answer_backend: str = "") -> list[Node]:
         """The nodes for a rerun whose LLM client is `llm` (the caller sets `CURRENT_LLM` to
         it): which roles it configures decides how they are made (a local or an LLM
-        classifier, a template or a model reply), so nodes are kept per set of roles."""
-        key = frozenset(role for role in LLM_ROLES if llm.configured(role))
+        classifier, a template or a model reply), and so does the answer backend
+        (`answer_backend`, "": this process's ANSWER_BACKEND), so nodes are kept per set of
+        roles and answer backend."""
+        key = (frozenset(role for role in LLM_ROLES if llm.configured(role)), answer_backend)
         if key not in self._made:
-            self._made[key] = self._make(llm)
+            self._made[key] = self._make(llm, answer_backend)
         return self._made[key]
 
-    def _make(self, llm: LLMClient) -> list[Node]:
+    def _make(self, llm: LLMClient, answer_backend: str) -> list[Node]:
         current: Any = _CurrentLLM()
         classifier_llm = current if llm.configured("classifier") else None
         classifier = IntentClassifier.configured(self._parts.classifier.model, classifier_llm, self._router)
         parts = dataclasses.replace(self._parts, llm=classifier_llm, classifier=classifier)
-        profiler_llm = current if self._enricher.profiler_backend == "llm" and llm.configured("profiler") else None
+        profiler_llm = current if llm.configured("profiler") else None  # `roles`: only with PROFILER_BACKEND=llm
+        responder = self._responder
+        if answer_backend:
+            responder = msgspec.structs.replace(
+                responder, answer=msgspec.structs.replace(responder.answer, backend=answer_backend))
         return [*router_nodes(parts), *enricher_nodes(None, profiler_llm, self._enricher),
-                *retriever_nodes(self._retriever), *responder_nodes(current, None, self._responder)]
+                *retriever_nodes(self._retriever), *responder_nodes(current, None, responder)]
 
 
 def _retriever():

@@ -15,12 +15,12 @@ import msgspec
 
 from cli.replay.diff import Difference, VersionChange, diff, version_changes
 from cli.replay.graph import CURRENT_LLM, Graph
-from cli.replay.recorded_llm import RecordedLLM
+from cli.replay.recorded_llm import RecordedCalls, RecordedLLM
 from cli.replay.sandbox import Recording, Sandbox
+from cli.replay.turn_config import NotRerunnable, Plan, unanswerable_reason
 from shared import events as ev
 from shared import subjects
 from shared.bus import Bus
-from shared.config import LLM_ROLES, LLMRoleConfig
 from shared.llm import LLMClient
 from shared.site_config import SiteConfig
 from shared.state import ConversationState, Record, fold
@@ -28,9 +28,10 @@ from shared.state import ConversationState, Record, fold
 # Left out when one node's outputs are compared: a rerun's own ids, clocks and log
 # positions; the time a decision took (measured, not decided: the local classifier's
 # `latency_ms` differs on every run); the config and model versions (reported as version
-# changes, diff.py).
+# changes, diff.py); the LLM roles a node had (turn_config.py: a rerun runs under the recorded ones or,
+# asked to, under the deployment's).
 VOLATILE = ("event_id", "ts", "input_seq", "causation_id", "latency_ms", "config_version", "classifier_version",
-            "embedding_version")
+            "embedding_version", "llm_roles")
 
 
 @dataclass
@@ -44,6 +45,9 @@ class Result:
     # Site config or models the rerun's nodes ran under that differ from the recorded ones:
     # said, not a divergence.
     version_changes: list[VersionChange] = field(default_factory=list)
+    # {turn, reason}: the turns that could not be re-run as asked (turn_config.py), copied
+    # as recorded and not compared: not divergences.
+    skipped: list[dict] = field(default_factory=list)
 
     @property
     def diverged(self) -> bool:
@@ -72,42 +76,41 @@ def state_at(recording: Recording, seq: int) -> ConversationState:
     return fold(r for r in recording.records if r.seq <= seq)
 
 
-def role_settings() -> dict[str, LLMRoleConfig]:
-    """This process's settings of every LLM role (the deployment's, whose conversations are replayed)."""
-    return {role: LLMRoleConfig.from_env(role) for role in LLM_ROLES}
-
-
-def client(recording: Recording, llm: str, roles: dict[str, LLMRoleConfig] | None = None) -> LLMClient:
-    if llm == "live":
-        return LLMClient.from_env()
-    if llm != "recorded":
-        raise ValueError(f"--llm {llm!r}: use recorded or live")
-    return RecordedLLM(recording.llm_calls(), roles or role_settings())
-
-
 async def rerun(recording: Recording, graph: Graph, config: SiteConfig, llm: str = "recorded",
-                node: str | None = None, turn: int | None = None,
-                extra_inputs: tuple[ev.Envelope, ...] = (), roles: dict[str, LLMRoleConfig] | None = None) -> Result:
+                node: str | None = None, turn: int | None = None, extra_inputs: tuple[ev.Envelope, ...] = (),
+                current_config: bool = False, stored_configs: dict[str, SiteConfig] | None = None) -> Result:
     """Run the conversation's recorded inputs (and `extra_inputs`) again. `node`: only that
     node runs, every other node's outputs are copied from the recording; `turn`: the turns
-    before it are copied as they are, and only that turn runs. `roles`: the LLM role
-    settings (default: read from the environment now)."""
-    llm_client = client(recording, llm, roles)
-    current = CURRENT_LLM.set(llm_client)
+    before it are copied as they are, and only that turn runs.
+
+    Each turn runs under the LLM roles, answer backend and site config it was recorded with
+    (turn_config.py: `config` is the site's now, `stored_configs` the other versions still
+    stored, by version); `current_config`: under this deployment's roles (`graph.roles()`)
+    and `config`. `llm="live"` sends the calls to this deployment's endpoints, so its roles
+    are the deployment's. A turn that cannot run as asked is copied and listed in `skipped`."""
+    if llm not in ("recorded", "live"):
+        raise ValueError(f"--llm {llm!r}: use recorded or live")
+    plan = Plan(recording, graph.roles(), config, stored_configs or {}, current=current_config)
+    setups = {t: plan.setup(t) for t in plan.recorded}
+    skipped = {t: s.reason for t, s in setups.items() if isinstance(s, NotRerunnable)}
+    current = CURRENT_LLM.set(LLMClient({}))  # each turn's own is set as it runs
     try:
-        return await _rerun(recording, graph, config, llm_client, node, turn, extra_inputs)
+        while True:  # again without the turns found unanswerable, until none is
+            result, unanswerable = await _rerun(recording, graph, plan, llm, node, turn, extra_inputs, skipped)
+            found = {m["turn"]: unanswerable_reason(m["role"]) for m in unanswerable if m["turn"] not in skipped}
+            if not found:
+                return result
+            skipped.update(found)
     finally:
         CURRENT_LLM.reset(current)
 
 
-async def _rerun(recording: Recording, graph: Graph, config: SiteConfig, llm_client: LLMClient, node: str | None,
-                 turn: int | None, extra_inputs: tuple[ev.Envelope, ...]) -> Result:
-    nodes = graph.nodes(llm_client)
-    names = {n.name for n in nodes}
-    if node is not None and node not in names:
-        raise ValueError(f"unknown node {node!r}; nodes: {', '.join(sorted(names))}")
-    recorded = (names - {node}) if node else graph.recorded
-    sandbox = Sandbox(nodes=nodes, config=config, recording=recording, recorded=frozenset(recorded),
+async def _rerun(recording: Recording, graph: Graph, plan: Plan, llm: str, node: str | None, turn: int | None,
+                 extra_inputs: tuple[ev.Envelope, ...], skipped: dict[int, str]) -> tuple[Result, list[dict]]:
+    calls = RecordedCalls(recording.llm_calls())
+    live = LLMClient(plan.deployment) if llm == "live" else None
+    sandbox = Sandbox(nodes=[], config=plan.config, recording=recording, recorded=graph.recorded,
+                      versions={} if plan.current else plan.stored,
                       live_for_new=graph.live_for_new if node is None else frozenset())
     inputs = recording.inputs()
     original = [r.event for r in recording.records]
@@ -115,18 +118,34 @@ async def _rerun(recording: Recording, graph: Graph, config: SiteConfig, llm_cli
         sandbox.preload([e for e in original if e.turn < turn])
         inputs = [e for e in inputs if e.turn == turn]
         original = [e for e in original if e.turn == turn]
-    events = await sandbox.run([*inputs, *extra_inputs])
+    for event in [*inputs, *extra_inputs]:
+        if event.turn in skipped:  # as recorded: what later turns saw
+            sandbox.preload([e for e in original if e.turn == event.turn])
+            continue
+        setup = plan.setup(event.turn)
+        client = live or RecordedLLM(calls, setup.roles, setup.keyless)
+        CURRENT_LLM.set(client)
+        nodes = graph.nodes(client, "" if live else setup.answer_backend)
+        if node is not None:
+            names = {n.name for n in nodes}
+            if node not in names:
+                raise ValueError(f"unknown node {node!r}; nodes: {', '.join(sorted(names))}")
+            sandbox.recorded = frozenset(names - {node})
+        sandbox.use(nodes, setup.config)
+        await sandbox.run([event])
+    events = sandbox.log
     compared = [e for e in events if turn is None or e.turn == turn]
     divergences = list(sandbox.divergences)
-    if isinstance(llm_client, RecordedLLM):
-        divergences += [{"turn": m["turn"], "node": m["node"],
-                         "divergence": f"no recorded {m['role']} call for: {m['last_message']!r}"}
-                        for m in llm_client.missing]
-    return Result(session_id=recording.records[0].event.session_id if recording.records else "",
-                  turns=len({e.turn for e in inputs}), events=events,
-                  differences=diff(original, compared), divergences=divergences,
-                  node_differences=node_diff(original, compared, node) if node else [],
-                  version_changes=version_changes(original, compared))
+    divergences += [{"turn": m["turn"], "node": m["node"],
+                     "divergence": f"no recorded {m['role']} call for: {m['last_message']!r}"} for m in calls.missing]
+    result = Result(session_id=recording.records[0].event.session_id if recording.records else "",
+                    turns=len({e.turn for e in inputs if e.turn not in skipped}), events=events,
+                    differences=diff(original, compared), divergences=divergences,
+                    node_differences=node_diff(original, compared, node) if node else [],
+                    version_changes=version_changes(original, compared),
+                    skipped=[{"turn": t, "reason": reason} for t, reason in sorted(skipped.items())
+                             if turn is None or t == turn])
+    return result, calls.unanswerable
 
 
 def node_diff(original: list[ev.Envelope], rerun: list[ev.Envelope], node: str) -> list[dict]:
@@ -161,17 +180,20 @@ def fork_input(recording: Recording, at_seq: int, message: str) -> tuple[Recordi
 @dataclass
 class Verification:
     conversations: int = 0
-    turns: int = 0
+    turns: int = 0  # re-run and compared
     diverged: int = 0
     divergences: list[dict] = field(default_factory=list)
     # {what, recorded, rerun, conversations}: the conversations rerun under another site
     # config or model than they were recorded with (not divergences).
     version_changes: list[dict] = field(default_factory=list)
+    # {session_id, turn, reason}: the turns that could not be re-run as asked (not divergences).
+    not_rerunnable: list[dict] = field(default_factory=list)
     seconds: float = 0.0
     cpu_s: float = 0.0  # this process's CPU time for it: steadier than `seconds` on a shared machine
 
     def figures(self, limit: int = 50) -> dict:
         return {"conversations": self.conversations, "turns": self.turns, "diverged": self.diverged,
+                "skipped": len(self.not_rerunnable), "not_rerunnable": self.not_rerunnable[:limit],
                 "divergences": self.divergences[:limit], "divergences_total": len(self.divergences),
                 "version_changes": self.version_changes,
                 "conversations_per_s": round(self.conversations / self.seconds, 1) if self.seconds else None,
@@ -179,17 +201,20 @@ class Verification:
                 "cpu_ms_per_conversation": round(self.cpu_s * 1000 / self.conversations, 1) if self.conversations else None}
 
 
-async def verify(recordings: list[Recording], graph: Graph, config: SiteConfig) -> Verification:
-    """Rerun every recording with its recorded LLM calls; what diverges, and where."""
+async def verify(recordings: list[Recording], graph: Graph, config: SiteConfig, current_config: bool = False,
+                 stored_configs: dict[str, SiteConfig] | None = None) -> Verification:
+    """Rerun every recording with its recorded LLM calls, each turn under what it was
+    recorded with (`current_config`: under this deployment's, see `rerun`); what diverges,
+    and where, and which turns could not be re-run."""
     out = Verification()
     started, cpu = time.perf_counter(), time.process_time()
-    roles = role_settings()
     for recording in recordings:
         if not recording.inputs():
             continue
-        result = await rerun(recording, graph, config, roles=roles)
+        result = await rerun(recording, graph, config, current_config=current_config, stored_configs=stored_configs)
         out.conversations += 1
         out.turns += result.turns
+        out.not_rerunnable += [{"session_id": result.session_id, **s} for s in result.skipped]
         for change in result.version_changes:
             seen = next((c for c in out.version_changes if (c["what"], c["recorded"], c["rerun"])
                          == (change.what, change.recorded, change.rerun)), None)

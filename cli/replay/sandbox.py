@@ -12,7 +12,9 @@ of the state its handler was given (`input_seq`), so a node handling an event it
 the original sees exactly the events the original saw then, and waits until the rerun has
 made them. Where the original has no such record (a new event, a node that produced
 nothing), the node sees the whole sandbox log so far, after its waits (those with a
-deadline) are met or nothing else can run.
+deadline) are met or nothing else can run. Its site config is the version its original
+handler recorded (`config_version`) when the rerun has that version (`versions`), else the
+rerun's (`config`).
 
 Nodes in `recorded` are not run: they read or change the world outside the conversation
 (enrichment's company lookups, the retriever's knowledge base, the lead webhook), so their
@@ -118,6 +120,7 @@ class Sandbox:
     config: SiteConfig
     recording: Recording | None = None
     recorded: frozenset[str] = frozenset()  # nodes whose outputs are copied, not computed
+    versions: dict[str, SiteConfig] = field(default_factory=dict)  # site configs a node may have recorded, by version
     live_for_new: frozenset[str] = frozenset()  # recorded nodes run for a cause the recording lacks
     log: list[ev.Envelope] = field(default_factory=list)
     tokens: list = field(default_factory=list)
@@ -134,8 +137,14 @@ class Sandbox:
     def __post_init__(self):
         self.bus = LogBus(lambda: [_record(i, e) for i, e in enumerate(self.log, start=1)],
                           self._emitted, self.tokens.append)
+        self.use(self.nodes, self.config)
+
+    def use(self, nodes: list[Node], config: SiteConfig) -> None:
+        """The nodes and the site config the next inputs run with (each turn of a rerun runs
+        under its own: turn_config.py)."""
+        self.nodes, self.config = nodes, config
         self._consumers: dict[str, list[Node]] = defaultdict(list)
-        for node in self.nodes:
+        for node in nodes:
             for kind in node.consumes:
                 self._consumers[kind].append(node)
 
@@ -222,6 +231,15 @@ class Sandbox:
                    if r.seq <= seq and r.event.event_id in by_id]
         return self._fold(visible + [e for e in self.log if e.event_id in self._new])
 
+    def _config(self, node: str, event: ev.Envelope) -> SiteConfig:
+        """The site config version the original handler of this event recorded, when it is
+        in `versions` (a turn during a config change may have run on two); else `config`."""
+        if self.recording is not None and self.versions:
+            for out in self.recording.outputs.get((node, event.event_id), ()):
+                if out.config_version and out.config_version in self.versions:
+                    return self.versions[out.config_version]
+        return self.config
+
     @staticmethod
     def _fold(events: list[ev.Envelope]) -> ConversationState:
         return fold(_record(i, e) for i, e in enumerate(events, start=1))
@@ -241,15 +259,16 @@ class Sandbox:
             return [*self.recording.outputs.get((node.name, event.event_id), []),
                     *self.recording.outputs.get((node.name, event.causation_id or ""), [])]
         needs = node.needs
+        config = self._config(node.name, event)
         state = self._state(call) if (needs.state or needs.waits) else ConversationState()
         seen = set(state.turns[event.turn].seen) if event.turn in state.turns else set()
         late = tuple(kind for wait in needs.waits for kind in wait.kinds if kind not in seen)
         # Outputs are stamped with their cause's time: a rerun's log is the same every time.
         ctx = Context(bus=self.bus, node=node.name, cause=event, attempt=1, input_seq=state.last_seq,
-                      config_version=self.config.version if needs.config else "", clock=lambda: event.ts)
+                      config_version=config.version if needs.config else "", clock=lambda: event.ts)
         CURRENT_CALL.set((node.name, event.turn))
         try:
-            return list(await node.handle(event, Inputs(state=state, config=self.config, late=late), ctx))
+            return list(await node.handle(event, Inputs(state=state, config=config, late=late), ctx))
         except Exception as exc:  # noqa: BLE001 - the runner would end the turn; so does the rerun
             reason = f"{type(exc).__name__}: {exc}"
             self.divergences.append({"turn": event.turn, "node": node.name,

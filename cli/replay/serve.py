@@ -3,9 +3,10 @@
 The gateway's `/admin` endpoints check the operator's credentials, then ask over the bus
 (request-reply on `replay.request.<op>`, queue group `replay`, so replicas share the work);
 this process answers with JSON. It reads the log and never writes to it, like every replay.
-A request: `{"site", "session_id", ...}` (`turn`, `node`, `llm`; fork: `at`, `message`,
-`instructions` to use in place of the site's; verify: `since_s`, `limit`). A reply:
-`{"ok": true, ...}` or `{"ok": false, "error": "..."}`.
+A request: `{"site", "session_id", ...}` (`turn`, `node`, `llm`, `current_config`; fork: `at`,
+`message`, `instructions` to use in place of the site's; verify: `since_s`, `limit`,
+`current_config`). A reply: `{"ok": true, ...}` or `{"ok": false, "error": "..."}`; a rerun's
+and a verify's say which turns could not be re-run, and why (`skipped`, `not_rerunnable`).
 
 Like the services it has an ops port (`OPS_PORT`: `/healthz` from the start, `/readyz` once
 the models are loaded and it listens on the bus, `/metrics`), follows the knowledge base's
@@ -34,7 +35,7 @@ from shared import logs, service, subjects
 from shared.bus import Bus, connect
 from shared.config import BusConfig, env_float, env_int, env_str
 from shared.service import start_ops
-from shared.site_config import SiteConfigs
+from shared.site_config import SiteConfigs, stored_versions
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +47,12 @@ def _outcome(o) -> dict | None:
 async def answer(bus: Bus, graph: Graph, op: str, request: dict) -> dict:
     site = request["site"]
     config = await SiteConfigs(bus).get(site)
+    stored = await stored_versions(bus, site)  # the versions a turn may have recorded
+    current = bool(request.get("current_config"))
     if op == "verify":
         since = time.time() - float(request["since_s"]) if request.get("since_s") else 0.0
         recordings = await reruns.read_site(bus, site, since, request.get("limit"))
-        return (await reruns.verify(recordings, graph, config)).figures()
+        return (await reruns.verify(recordings, graph, config, current_config=current, stored_configs=stored)).figures()
     recording = await reruns.read(bus, site, request["session_id"])
     if not recording.records:
         raise ValueError(f"no conversation {request['session_id']} on site {site}")
@@ -57,13 +60,16 @@ async def answer(bus: Bus, graph: Graph, op: str, request: dict) -> dict:
         if request.get("instructions") is not None:
             config = msgspec.structs.replace(config, instructions=str(request["instructions"]))
         prefix, message = reruns.fork_input(recording, int(request["at"]), str(request["message"]))
-        result = await reruns.rerun(prefix, graph, config, llm=request.get("llm", "live"), extra_inputs=(message,))
+        result = await reruns.rerun(prefix, graph, config, llm=request.get("llm", "live"), extra_inputs=(message,),
+                                    current_config=True)
         original = outcomes([r.event for r in recording.records]).get(message.turn)
         return {"turn": message.turn, "original": _outcome(original),
                 "fork": _outcome(outcomes(result.events).get(message.turn)), "divergences": result.divergences}
     result = await reruns.rerun(recording, graph, config, llm=request.get("llm", "recorded"),
-                                node=request.get("node") or None, turn=request.get("turn"))
+                                node=request.get("node") or None, turn=request.get("turn"),
+                                current_config=current, stored_configs=stored)
     return {"session_id": result.session_id, "turns": result.turns, "diverged": result.diverged,
+            "skipped": result.skipped,
             "differences": [d.to_builtins() for d in result.differences],
             "node_differences": result.node_differences, "divergences": result.divergences,
             "version_changes": [c.to_builtins() for c in result.version_changes],

@@ -22,7 +22,7 @@ import msgspec
 from services.enricher.inference import Inferred, apply_inference, infer_locally, load_rules
 from shared import history, prompts
 from shared import events as ev
-from shared.llm import LLMClient, LLMError
+from shared.llm import LLMClient, LLMError, role_records
 from shared.node import Context, Inputs, Needs, Node, Wait
 from shared.state import ConversationState
 
@@ -71,7 +71,9 @@ def make_node(llm: LLMClient | None = None, rules: dict | None = None, route_wai
         if inferred is None:
             inferred = infer_locally([m.content for m in state.messages if m.role == "user"], rules)
         return [ctx.follow(ev.ProfileInferred, profile=apply_inference(state.visitor_profile, inferred),
-                           method=method)]
+                           method=method, llm_roles=roles)]
+
+    roles = role_records(llm, ("profiler",))  # what a replay re-runs it with
 
     needs = (Needs(state=True) if llm is None
              else Needs(config=True, waits=(Wait(("route_decided",), route_wait_s),)))

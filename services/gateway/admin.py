@@ -46,6 +46,9 @@ class ReplayRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     instructions: str | None = None  # fork: the site's instructions replaced
     since_s: float | None = None  # verify
     limit: int | None = None  # verify
+    # rerun, diff, verify: every turn under the deployment's LLM roles and the site's config
+    # now, not those it was recorded with
+    current_config: bool | None = None
 
 
 def summary(events: list[ev.Envelope]) -> dict:
@@ -151,4 +154,5 @@ def add_routes(api: FastAPI, operator) -> None:
             body = await decoded(request)
         except msgspec.MsgspecError as exc:
             return JSONResponse({"error": "invalid_request", "detail": str(exc)}, status_code=422)
-        return await ask(request, "verify", {"site": site, "since_s": body.since_s, "limit": body.limit})
+        return await ask(request, "verify", {"site": site, "since_s": body.since_s, "limit": body.limit,
+                                             "current_config": body.current_config})

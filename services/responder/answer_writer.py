@@ -29,10 +29,10 @@ from services.responder.streaming import TOKEN_BATCH_S, publish_sources, stream_
 from shared import history, language, persona, prompts, subjects
 from shared import skills as sk
 from shared import events as ev
-from services.responder.settings import ANSWER_BACKENDS, AnswerSettings
+from services.responder.settings import ANSWER_BACKENDS, ROLES, AnswerSettings
 from shared.config import ConfigError
 from shared.embeddings import EmbeddingSettings, shared_embedder
-from shared.llm import LLMClient
+from shared.llm import LLMClient, role_records
 from shared.node import Context, Inputs, Needs, Node, Wait
 from shared.site_config import SiteConfig
 from shared.state import ConversationState
@@ -158,6 +158,7 @@ def make_node(llm: LLMClient, settings: AnswerSettings = AnswerSettings(),
     from the environment when the process's embedder is made); `token_batch_s`: how a
     model's deltas are batched into token events (streaming.TokenBatcher)."""
     mode = backend(llm, settings.backend)
+    roles = role_records(llm, ROLES)  # recorded on the reply: what a replay re-runs it with
     language.load()  # the replies that come from no model guess the visitor's language with it
     if mode == "extractive":
         knowledge = kb_vectors.KnowledgeVectors(shared_embedder(embeddings))
@@ -171,13 +172,15 @@ def make_node(llm: LLMClient, settings: AnswerSettings = AnswerSettings(),
         if mode == "extractive":
             completed = await extractive_answer(ctx, knowledge, settings, event, state, documents, config, skills,
                                                 question, late)
+            completed = msgspec.structs.replace(completed, llm_roles=roles)
             return [audited(completed, state, documents, declined=not citations.cited(completed.text))]
         system = prompts.compose(PROMPT, event.site, config, visitor=visitor_context(state),
                                  skills=skills_context(skills, question), persona=persona.block(config.persona),
                                  sources=sources_context(documents))
         messages = build_messages(state, event.turn, system, llm.history_tokens("answer"))
         completed = await stream_llm(ctx, llm, "answer", NAME, messages, late_inputs=late, sources=documents,
-                                     batch_s=token_batch_s, temperature=persona.temperature(config.persona))
+                                     batch_s=token_batch_s, llm_roles=roles,
+                                     temperature=persona.temperature(config.persona))
         return [audited(completed, state, documents, declined=False)]
 
     # Retrieval first, on its own deadline; then the visitor's enrichment and profile, on

@@ -20,10 +20,11 @@ from pathlib import Path
 
 from services.responder import replies
 from services.responder.booking import booking_url, next_field, parse_answer
+from services.responder.settings import ROLES
 from services.responder.streaming import TOKEN_BATCH_S, stream_llm, stream_text
 from shared import events as ev
 from shared import history, prompts
-from shared.llm import LLMClient
+from shared.llm import LLMClient, role_records
 from shared.node import Context, Inputs, Needs, Node
 from shared.privacy import EMAIL_RE
 from shared.site_config import FormField, SiteConfig
@@ -124,6 +125,8 @@ def wording(step: Step, lang: str, site_name: str) -> str:
 
 
 def make_node(llm: LLMClient, token_batch_s: float = TOKEN_BATCH_S) -> Node:
+    roles = role_records(llm, ROLES)  # recorded on the reply: what a replay re-runs it with
+
     async def handle(event: ev.RouteDecided, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
         state, config = inputs.state, inputs.config
         outputs: list[ev.Envelope] = []
@@ -138,12 +141,13 @@ def make_node(llm: LLMClient, token_batch_s: float = TOKEN_BATCH_S) -> Node:
                 outputs.append(ctx.follow(ev.LeadCaptured, email=new["email"], capture_context="in_chat_booking"))
         if not llm.configured("redirect"):
             lang = replies.visitor_language(state, event.turn)
-            return outputs + [await stream_text(ctx, NAME, wording(step, lang, config.name or event.site))]
+            return outputs + [await stream_text(ctx, NAME, wording(step, lang, config.name or event.site),
+                                                llm_roles=roles)]
         system = prompts.compose(PROMPT, event.site, config, step=instruction(step))
         messages = [{"role": "system", "content": system},
                     {"role": "user", "content": history.message_of(state, event.turn)}]
         completed = await stream_llm(ctx, llm, "redirect", NAME, messages, temperature=0.3, max_tokens=200,
-                                     batch_s=token_batch_s)
+                                     batch_s=token_batch_s, llm_roles=roles)
         return outputs + [completed]
 
     return Node(name=NAME, consumes=("route_decided",), handle=handle,

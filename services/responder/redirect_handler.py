@@ -15,10 +15,11 @@ import re
 from pathlib import Path
 
 from services.responder import replies
+from services.responder.settings import ROLES
 from services.responder.streaming import TOKEN_BATCH_S, stream_llm, stream_text
 from shared import events as ev
 from shared import history, prompts
-from shared.llm import LLMClient
+from shared.llm import LLMClient, role_records
 from shared.node import Context, Inputs, Needs, Node
 from shared.site_config import SiteConfig
 
@@ -71,20 +72,23 @@ def template_reply(intent: str, message: str, config: SiteConfig, site: str, lan
 
 
 def make_node(llm: LLMClient, token_batch_s: float = TOKEN_BATCH_S) -> Node:
+    roles = role_records(llm, ROLES)  # recorded on the reply: what a replay re-runs it with
+
     async def handle(event: ev.RouteDecided, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
         state, config = inputs.state, inputs.config
         message = history.message_of(state, event.turn)
         if event.intent == "HACK":
             lang = replies.visitor_language(state, event.turn)
-            return [await stream_text(ctx, NAME, hack_reply(lang, config, event.site))]
+            return [await stream_text(ctx, NAME, hack_reply(lang, config, event.site), llm_roles=roles)]
         if not llm.configured("redirect"):
             lang = replies.visitor_language(state, event.turn)
-            return [await stream_text(ctx, NAME, template_reply(event.intent, message, config, event.site, lang))]
+            return [await stream_text(ctx, NAME, template_reply(event.intent, message, config, event.site, lang),
+                                      llm_roles=roles)]
         system = prompts.compose(PROMPT, event.site, config, reason=REASONS.get(event.intent, event.reason),
                                  targets=targets(event.intent, config))
         messages = [{"role": "system", "content": system}, {"role": "user", "content": message}]
         return [await stream_llm(ctx, llm, "redirect", NAME, messages, temperature=0.3, max_tokens=160,
-                                 batch_s=token_batch_s)]
+                                 batch_s=token_batch_s, llm_roles=roles)]
 
     return Node(name=NAME, consumes=("route_decided",), handle=handle,
                 needs=Needs(state=True, config=True, when=lambda event: event.route == "REDIRECT"))

@@ -80,9 +80,11 @@ class TokenBatcher:
 
 async def stream_llm(ctx: Context, llm: LLMClient, role: str, node: str, messages: list[dict], *,
                      late_inputs: list[str] | None = None, sources: list[ev.RetrievedDocument] | None = None,
-                     batch_s: float = TOKEN_BATCH_S, **params: Any) -> ev.ResponseCompleted:
+                     batch_s: float = TOKEN_BATCH_S, llm_roles: dict[str, ev.LLMRole] | None = None,
+                     **params: Any) -> ev.ResponseCompleted:
     """Stream the model's answer as tokens, batched (`TokenBatcher`). `sources` go out
-    first, on the same subject, so the browser has them before the first token that cites one."""
+    first, on the same subject, so the browser has them before the first token that cites one.
+    `llm_roles`: the node's LLM roles, recorded on the reply for a replay."""
     await publish_sources(ctx, sources)
     parts: list[str] = []
     calls = []
@@ -106,7 +108,7 @@ async def stream_llm(ctx: Context, llm: LLMClient, role: str, node: str, message
     await tokens.close()
     return ctx.follow(ev.ResponseCompleted, node=node, text="".join(parts), token_count=tokens.sent,
                       attempt=ctx.attempt, fallback_used=any(call.fallback_used for call in calls),
-                      late_inputs=late_inputs or [], sources=[d.n for d in sources or []])
+                      late_inputs=late_inputs or [], sources=[d.n for d in sources or []], llm_roles=llm_roles or {})
 
 
 async def publish_sources(ctx: Context, sources: list[ev.RetrievedDocument] | None) -> None:
@@ -116,7 +118,8 @@ async def publish_sources(ctx: Context, sources: list[ev.RetrievedDocument] | No
                                                sources=ev.public_sources(sources)))
 
 
-async def stream_text(ctx: Context, node: str, text: str, backend: str = "template") -> ev.ResponseCompleted:
+async def stream_text(ctx: Context, node: str, text: str, backend: str = "template",
+                      llm_roles: dict[str, ev.LLMRole] | None = None) -> ev.ResponseCompleted:
     """A reply that needs no model (fixed, localized texts; an extractive answer), streamed a
     sentence (or line) at a time: the same events as any other reply, the whole text being
     known at once; one event per word would only cost the bus and the gateway (an extractive
@@ -125,4 +128,4 @@ async def stream_text(ctx: Context, node: str, text: str, backend: str = "templa
     for index, part in enumerate(parts):
         await ctx.token(index, part)
     return ctx.follow(ev.ResponseCompleted, node=node, text=text, token_count=len(parts), attempt=ctx.attempt,
-                      backend=backend)
+                      backend=backend, llm_roles=llm_roles or {})

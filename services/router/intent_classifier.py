@@ -5,6 +5,7 @@ from __future__ import annotations
 from services.router.runtime import RouterParts
 from shared import events as ev
 from shared import history
+from shared.llm import role_records
 from shared.node import Context, Inputs, Needs, Node
 
 NAME = "intent_classifier"
@@ -18,10 +19,12 @@ def make_node(parts: RouterParts) -> Node:
         result = await parts.classifier.classify(event.site, inputs.config, event.message, earlier, ctx.record_llm)
         return [ctx.follow(ev.IntentClassified, intent=result.intent, confidence=result.confidence,
                            classifier=result.classifier, scores=result.scores, latency_ms=result.latency_ms,
-                           note=result.note, markers=result.markers, runner_up=result.runner_up, **versions)]
+                           note=result.note, markers=result.markers, runner_up=result.runner_up, **versions,
+                           llm_roles=roles)]
 
     model = parts.classifier.model
     versions = {"classifier_version": model.version, "embedding_version": model.embedder.version} if model else {}
+    roles = role_records(parts.classifier.llm, ("classifier",))  # what a replay re-runs it with
 
     # The state only when an LLM will read the history: the local model needs the message alone.
     needs = Needs(state=parts.classifier.llm is not None, config=True)
