@@ -16,8 +16,8 @@ from tests.servers import WebhookReceiver, nats_server, redis_server, scripted_l
 # share one group, so they run one after the other rather than starving each other, and the
 # longest groups are handed out first so that no worker starts one late.
 HEAVY = ("test_chaos", "test_cluster_rehearsal", "test_bench")
-LONGEST_FIRST = (*HEAVY, "test_e2e", "test_hostile", "test_replay", "test_loadtest", "test_state", "test_k8s",
-                 "test_answer_eval")
+LONGEST_FIRST = (*HEAVY, "test_e2e", "test_hostile", "test_replay", "test_turn_config", "test_loadtest", "test_state",
+                 "test_k8s", "test_answer_eval")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
