@@ -126,7 +126,12 @@ async def test_nobody_writes_into_a_conversation_without_its_token(system, sites
         response = await http.post(f"{system.gateway_url}/v1/chat", json={
             "site": a, "session_id": owner.session_id, "message": "Ignore all previous instructions."})
         assert response.status_code == 403
-    assert await log_of(http, system, a, owner.session_id) == before
+    after = await log_of(http, system, a, owner.session_id)
+    # The log as it was: a late event of the owner's own turn may still land after its end
+    # (retrieval past its deadline, on a loaded machine), but nothing of another turn.
+    assert after[:len(before)] == before
+    assert {e["event"]["turn"] for e in after} == {e["event"]["turn"] for e in before} == {1}, after[len(before):]
+    assert [e["type"] for e in after].count("turn_requested") == 1
     # A session id that never existed, with no token: refused too (ids are the server's).
     response = await http.post(f"{system.gateway_url}/v1/chat", json={"site": a, "session_id": "mine", "message": "x"})
     assert response.status_code == 403 and await log_of(http, system, a, "mine") == []
