@@ -30,7 +30,7 @@ from services.router import routing
 from services.router import signals as sig
 from shared import skills as sk
 from services.router.classifiers import IntentClassifier, has_words
-from services.router.local_model import EVAL, INTENTS, LocalIntentModel, read_jsonl
+from services.router.local_model import EVAL, INTENTS, LocalIntentModel, last_reply, read_jsonl
 from services.router.settings import RouterSettings
 from shared.embeddings import shared_embedder
 from shared.llm import LLMClient
@@ -58,7 +58,8 @@ async def _classify_all(classifier: IntentClassifier, rows: list[dict]) -> tuple
     config = SiteConfig()
     for row in rows:
         started = time.perf_counter()
-        result = await classifier.classify("eval", config, row["message"], row.get("history") or [])
+        result = await classifier.classify("eval", config, row["message"], row.get("history") or [],
+                                           reply=last_reply(row.get("history")))
         latencies.append((time.perf_counter() - started) * 1000)
         predicted.append(result.intent)
         llm_calls += result.llm_calls
@@ -147,7 +148,7 @@ def eval_skills(dataset: Path = SKILLS_EVAL, out=sys.stdout) -> int:
             message = row["message"]
             intent, scores = "OFFTOPIC", {}
             if has_words(message):
-                local = await classifier.local(message)
+                local = await classifier.local(message, last_reply(row.get("history")))
                 intent, scores = local.intent, local.scores
             visitor_messages = sum(1 for m in state.messages if m.role == "user")
             found = sig.detect(rules, message, visitor_messages, scores)
@@ -196,7 +197,8 @@ def eval_hack(dataset: Path = HACK_EVAL, backend: str = "local", out=sys.stdout)
     async def run():
         decided = []
         for row in rows:
-            result = await classifier.classify("eval", config, row["message"], row.get("history") or [])
+            result = await classifier.classify("eval", config, row["message"], row.get("history") or [],
+                                               reply=last_reply(row.get("history")))
             decision = routing.decide(intent=result.intent, message=row["message"], score=0.0, threshold=1.0,
                                       skills=[], booking=BookingState(), confidence=result.confidence,
                                       runner_up=result.runner_up, markers=tuple(result.markers),
