@@ -1,19 +1,22 @@
 """intent_classifier, given-when-then: given the conversation so far, when a turn is
 requested, then the IntentClassified it decides: the real local model's intent for clear
-messages, a short message read with the assistant's turn before it, HACK by rule on an
-injection marker, OFFTOPIC by rule for a message without words, what routing needs of a
-HACK (markers, runner-up); with an LLM (llm or cascade backend, the deployment's or the
-site's), the LLM's intent on the conversation so far (HACK text withheld), the local
-model's when the LLM fails."""
+messages, a short message read with the assistant's turn before it (and the held-out
+follow-up set meeting its targets), HACK by rule on an injection marker, OFFTOPIC by rule
+for a message without words, what routing needs of a HACK (markers, runner-up); with an LLM
+(llm or cascade backend, the deployment's or the site's), the LLM's intent on the
+conversation so far (HACK text withheld), the local model's when the LLM fails."""
 
 from __future__ import annotations
 
+import io
+import json
+
 import pytest
 
-from services.router import intent_classifier
+from services.router import evaluation, intent_classifier
 from services.router import signals as sig
 from services.router.classifiers import IntentClassifier, IntentOutput
-from services.router.local_model import INTENTS, LocalIntentModel, replied_to
+from services.router.local_model import EVAL, INTENTS, TRAIN, LocalIntentModel, read_jsonl, replied_to
 from services.router.runtime import RouterParts
 from shared import events as ev
 from shared.config import LLMRoleConfig
@@ -146,6 +149,45 @@ def test_only_a_short_message_is_read_with_the_last_sentence_of_the_turn():
     assert replied_to("二十人です。", "はい、使えます。技術者は何人いますか？") == "技術者は何人いますか？"
     assert replied_to("About forty.", "") == replied_to("About forty.", "  \n ") == ""
     assert replied_to("We have about forty technicians spread over the two depots in the north.", question) == ""
+
+
+# --- the held-out follow-up set ------------------------------------------------------------------
+
+
+def _run_followups(dataset=evaluation.FOLLOWUPS_EVAL) -> tuple[int, dict, str]:
+    out = io.StringIO()
+    code = evaluation.eval_followups(dataset, out=out)
+    return code, json.loads(out.getvalue().strip().splitlines()[-1]), out.getvalue()
+
+
+def test_the_follow_up_set_is_held_out_multilingual_and_read_after_a_turn():
+    rows = read_jsonl(evaluation.FOLLOWUPS_EVAL)
+    assert len(rows) >= 40 and {"en", "fr", "de", "es"} <= {r["lang"] for r in rows}
+    assert all(r["history"] and r["history"][-1]["role"] == "assistant" for r in rows)
+    assert sum(r["intent"] == "CONTEXT" for r in rows) >= len(rows) / 2
+    assert {r["intent"] for r in rows} == set(INTENTS)  # the others measure CONTEXT's and LEARN's precision
+    seen = {" ".join(r["message"].lower().split()) for r in read_jsonl(TRAIN) + read_jsonl(EVAL)}
+    assert not seen & {" ".join(r["message"].lower().split()) for r in rows}
+
+
+def test_the_follow_up_set_meets_its_targets_on_the_local_classifier():
+    """Issue 38: CONTEXT recall on short follow-ups had fallen to 0.34 (message read alone)."""
+    code, figures, report = _run_followups()
+    assert figures["class_f1"]["CONTEXT"] >= evaluation.MIN_FOLLOWUP_CONTEXT_F1, report
+    assert figures["class_recall"]["CONTEXT"] >= 0.85 and figures["class_precision"]["LEARN"] >= 0.75, report
+    assert figures["class_precision"]["HACK"] == 1.0, report
+    assert figures["passed"] and code == 0
+
+
+def test_the_follow_up_eval_fails_when_the_messages_are_read_alone(tmp_path):
+    """The same rows without the turn before them: short replies mean too little alone, and
+    the eval must say so (its exit status is what `make eval` reports)."""
+    alone = tmp_path / "alone.jsonl"
+    rows = [{k: v for k, v in r.items() if k != "history"} for r in read_jsonl(evaluation.FOLLOWUPS_EVAL)]
+    alone.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n", encoding="utf-8")
+    code, figures, report = _run_followups(alone)
+    assert figures["class_f1"]["CONTEXT"] < evaluation.MIN_FOLLOWUP_CONTEXT_F1, report
+    assert not figures["passed"] and code == 1
 
 
 # --- with an LLM ------------------------------------------------------------------------------
