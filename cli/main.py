@@ -47,7 +47,7 @@ COMMANDS = (
     Command("loadtest", "cli.measure.loadtest", (
         ("loadtest SERVICE|all", "one service alone over rising rates: capacity per replica, CPU ms per event (make loadtest)"),)),
     Command("eval", "cli.measure.evals", (
-        ("eval intent|skills|hack|retrieval|all", "the router's and retriever's evals on labeled JSONL (make eval)"),
+        ("eval intent|followups|skills|hack|retrieval|all", "the router's and retriever's evals on labeled JSONL (make eval)"),
         ("eval answers [--base-url URL]", "ask the dataset's questions through a running system (or one it starts)"),
         ("eval briefs [--mock]", "lead briefs and a triage on the contract cases (--mock: recorded model replies)"))),
     Command("cluster-rehearsal", "cli.measure.cluster_rehearsal", (

@@ -82,6 +82,15 @@ def previous_message(state: ConversationState, turn: int) -> str:
     return earlier[-1].content
 
 
+def reply_before(state: ConversationState, turn: int) -> str:
+    """The assistant's last message before `turn` ("" when none): what a short message
+    answers or follows up on (the router's local intent model reads the two together)."""
+    for m in reversed(state.messages):
+        if m.role == "assistant" and m.turn < turn:
+            return m.content
+    return ""
+
+
 def visitor_turns(state: ConversationState, turn: int) -> int:
     """How many messages the visitor has sent up to and including `turn` (at least 1)."""
     return max(1, sum(1 for m in state.messages if m.role == "user" and m.turn <= turn))

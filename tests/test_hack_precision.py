@@ -114,7 +114,8 @@ def test_edgy_legitimate_phrasings_have_no_decisive_marker(message):
 def test_no_shipped_legitimate_message_has_a_decisive_marker():
     """A decisive marker is a strike without a model: any hit on a non-HACK message of the
     shipped sets means a pattern is too broad."""
-    rows = read_jsonl(TRAIN) + read_jsonl(EVAL) + read_jsonl(evaluation.HACK_EVAL)
+    rows = (read_jsonl(TRAIN) + read_jsonl(EVAL) + read_jsonl(evaluation.HACK_EVAL)
+            + read_jsonl(evaluation.FOLLOWUPS_EVAL))
     legit = [r["message"] for r in rows if r.get("intent", "HACK" if r.get("hack") else "") != "HACK"]
     assert len(legit) > 500
     hits = {m: MARKERS.find(m) for m in legit}

@@ -61,3 +61,13 @@ def test_hack_turns_text_is_withheld_but_their_reply_stays():
 def test_withheld_turns_can_be_given():
     state = conversation(("one", "1"), ("two", None))
     assert [m.content for m in history.window(state, 2, 1000, withheld={2})] == ["one", "1", history.WITHHELD]
+
+
+def test_the_reply_before_a_turn_is_the_assistants_last_message_before_it():
+    state = conversation(("How does it work?", "We plan the day. How many technicians?"), ("About forty.", "Thanks!"),
+                         ("And the price?", None))
+    assert history.reply_before(state, 2) == "We plan the day. How many technicians?"
+    assert history.reply_before(state, 3) == "Thanks!"
+    assert history.reply_before(state, 1) == ""  # a first message follows no turn
+    unanswered = conversation(("Hello", None), ("Anyone?", None))
+    assert history.reply_before(unanswered, 2) == ""

@@ -1,18 +1,22 @@
 """intent_classifier, given-when-then: given the conversation so far, when a turn is
 requested, then the IntentClassified it decides: the real local model's intent for clear
-messages, HACK by rule on an injection marker, OFFTOPIC by rule for a message without words,
-what routing needs of a HACK (markers, runner-up); with an LLM (llm or cascade backend, the
-deployment's or the site's), the LLM's intent on the conversation so far (HACK text
-withheld), the local model's when the LLM fails."""
+messages, a short message read with the assistant's turn before it (and the held-out
+follow-up set meeting its targets), HACK by rule on an injection marker, OFFTOPIC by rule
+for a message without words, what routing needs of a HACK (markers, runner-up); with an LLM
+(llm or cascade backend, the deployment's or the site's), the LLM's intent on the
+conversation so far (HACK text withheld), the local model's when the LLM fails."""
 
 from __future__ import annotations
 
+import io
+import json
+
 import pytest
 
-from services.router import intent_classifier
+from services.router import evaluation, intent_classifier
 from services.router import signals as sig
 from services.router.classifiers import IntentClassifier, IntentOutput
-from services.router.local_model import INTENTS, LocalIntentModel
+from services.router.local_model import EVAL, INTENTS, TRAIN, LocalIntentModel, read_jsonl, replied_to
 from services.router.runtime import RouterParts
 from shared import events as ev
 from shared.config import LLMRoleConfig
@@ -102,10 +106,88 @@ async def test_odd_messages_get_a_known_intent(parts, message):
     assert classified.intent in INTENTS and classified.classifier == "local"
 
 
-def test_the_local_backend_reads_no_state(parts, model):
-    """Only an LLM reads the conversation so far: without one the runner loads no state."""
-    assert not intent_classifier.make_node(parts).needs.state
-    assert node_of(IntentClassifier(model, StructuredLLM(None), backend="llm")).needs.state
+# --- a short message read with the assistant's turn before it -----------------------------------
+
+
+def _answered(number: int, message: str, reply: str) -> list:
+    """Turn `number`'s request and the assistant's answer to it."""
+    asked = turn("s", "c1", number, message)
+    return [asked, ev.follow(asked, ev.ResponseCompleted, "answer_writer", node="answer_writer", text=reply,
+                             token_count=len(reply.split()))]
+
+
+@pytest.mark.parametrize(("message", "before", "reply", "intent"), [
+    # an answer to the assistant's question about the visitor's business
+    ("Fünfzehn Leute.", "Wie funktioniert die Planung?", "Die Disposition plant den Tag. Wie viele Techniker haben Sie?",
+     "CONTEXT"),
+    # a follow-up question about what the assistant just said
+    ("Y en portugués?", "¿La app está en español?", "Sí, la app está en español.", "LEARN"),
+])
+async def test_the_local_model_reads_a_short_message_with_the_turn_before_it(parts, message, before, reply, intent):
+    node = intent_classifier.make_node(parts)
+    assert node.needs.state  # the local backend reads the conversation too, for the turn before the message
+    classified, emitted = await classify(node, message, *_answered(1, before, reply), number=2)
+    assert (classified.intent, classified.classifier) == (intent, "local") and emitted == []
+    assert classified.note == "read with the assistant's turn before it"
+
+
+async def test_a_message_is_classified_again_after_another_turn(parts):
+    """The classifications kept per process are per message and turn: the same words after
+    another question, or alone, are read again."""
+    classifier = IntentClassifier(parts.classifier.model, None, backend="local")
+    after_question = await classifier.local("Thursday works.", "Great. Which day works best for the call?")
+    alone = await classifier.local("Thursday works.")
+    after_statement = await classifier.local("Thursday works.", "Tidewise plans maintenance visits.")
+    assert after_question.note == after_statement.note == "read with the assistant's turn before it"
+    assert alone.note != after_question.note
+    assert after_question.scores != after_statement.scores != alone.scores
+
+
+def test_only_a_short_message_is_read_with_the_last_sentence_of_the_turn():
+    question = "Dispatchers drag jobs onto a technician's day.  How many technicians\ndo you have?"
+    assert replied_to("About forty.", question) == "How many technicians do you have?"
+    assert replied_to("二十人です。", "はい、使えます。技術者は何人いますか？") == "技術者は何人いますか？"
+    assert replied_to("About forty.", "") == replied_to("About forty.", "  \n ") == ""
+    assert replied_to("We have about forty technicians spread over the two depots in the north.", question) == ""
+
+
+# --- the held-out follow-up set ------------------------------------------------------------------
+
+
+def _run_followups(dataset=evaluation.FOLLOWUPS_EVAL) -> tuple[int, dict, str]:
+    out = io.StringIO()
+    code = evaluation.eval_followups(dataset, out=out)
+    return code, json.loads(out.getvalue().strip().splitlines()[-1]), out.getvalue()
+
+
+def test_the_follow_up_set_is_held_out_multilingual_and_read_after_a_turn():
+    rows = read_jsonl(evaluation.FOLLOWUPS_EVAL)
+    assert len(rows) >= 40 and {"en", "fr", "de", "es"} <= {r["lang"] for r in rows}
+    assert all(r["history"] and r["history"][-1]["role"] == "assistant" for r in rows)
+    assert sum(r["intent"] == "CONTEXT" for r in rows) >= len(rows) / 2
+    assert {r["intent"] for r in rows} == set(INTENTS)  # the others measure CONTEXT's and LEARN's precision
+    seen = {" ".join(r["message"].lower().split()) for r in read_jsonl(TRAIN) + read_jsonl(EVAL)}
+    assert not seen & {" ".join(r["message"].lower().split()) for r in rows}
+
+
+def test_the_follow_up_set_meets_its_targets_on_the_local_classifier():
+    """Issue 38: CONTEXT recall on short follow-ups had fallen to 0.34 (message read alone)."""
+    code, figures, report = _run_followups()
+    assert figures["class_f1"]["CONTEXT"] >= evaluation.MIN_FOLLOWUP_CONTEXT_F1, report
+    assert figures["class_recall"]["CONTEXT"] >= 0.85 and figures["class_precision"]["LEARN"] >= 0.75, report
+    assert figures["class_precision"]["HACK"] == 1.0, report
+    assert figures["passed"] and code == 0
+
+
+def test_the_follow_up_eval_fails_when_the_messages_are_read_alone(tmp_path):
+    """The same rows without the turn before them: short replies mean too little alone, and
+    the eval must say so (its exit status is what `make eval` reports)."""
+    alone = tmp_path / "alone.jsonl"
+    rows = [{k: v for k, v in r.items() if k != "history"} for r in read_jsonl(evaluation.FOLLOWUPS_EVAL)]
+    alone.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n", encoding="utf-8")
+    code, figures, report = _run_followups(alone)
+    assert figures["class_f1"]["CONTEXT"] < evaluation.MIN_FOLLOWUP_CONTEXT_F1, report
+    assert not figures["passed"] and code == 1
 
 
 # --- with an LLM ------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""`concierge eval intent|skills|hack|retrieval|answers|briefs|all`: the router's evals (services/router/evaluation.py),
+"""`concierge eval intent|followups|skills|hack|retrieval|answers|briefs|all`: the router's evals (services/router/evaluation.py),
 the retriever's (services/retriever/evaluation.py), the answers' (cli/measure/answer_eval.py: through a running
 system, the one `--base-url` names or one it starts) and the lead briefs' (cli/measure/brief_eval.py: `--mock`
 for the recorded model replies)."""
@@ -12,7 +12,8 @@ from pathlib import Path
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="concierge eval")
-    parser.add_argument("which", choices=("intent", "skills", "hack", "retrieval", "answers", "briefs", "all"))
+    parser.add_argument("which", choices=("intent", "followups", "skills", "hack", "retrieval", "answers", "briefs",
+                                          "all"))
     parser.add_argument("--dataset", type=Path, help="JSONL file (default: the shipped evaluation set)")
     parser.add_argument("--backend", choices=("local", "llm", "cascade"), default="local",
                         help="intent classifier backend (default: local, the embedded default)")
@@ -31,6 +32,8 @@ def main(argv: list[str]) -> int:
     try:
         if args.which == "intent":
             return evaluation.eval_intent(args.dataset or evaluation.EVAL, args.backend)
+        if args.which == "followups":
+            return evaluation.eval_followups(args.dataset or evaluation.FOLLOWUPS_EVAL, args.backend)
         if args.which == "skills":
             return evaluation.eval_skills(args.dataset or evaluation.SKILLS_EVAL)
         if args.which == "hack":
@@ -50,15 +53,17 @@ def main(argv: list[str]) -> int:
         print(f"concierge eval: {exc}", file=sys.stderr)
         return 2
     if args.dataset is not None:
-        parser.error("eval all runs the shipped datasets; use eval intent|skills|hack|retrieval --dataset FILE for one file")
+        parser.error("eval all runs the shipped datasets; use eval intent|followups|skills|hack|retrieval --dataset FILE "
+                     "for one file")
     from cli.measure import answer_eval
     from services.retriever import evaluation as retrieval_eval
 
     skills = evaluation.eval_skills()
     retrieval = retrieval_eval.eval_retrieval()
     intent = evaluation.eval_intent(evaluation.EVAL, args.backend)
+    followups = evaluation.eval_followups(evaluation.FOLLOWUPS_EVAL, args.backend)
     # A system of its own unless --base-url names one; its answer backend is whatever the
     # LLM environment gives (no LLM_BASE_URL: the system's default).
     answers = answer_eval.eval_answers(answer_eval.DATASET, args.base_url, args.site, args.concurrency)
     hack = evaluation.eval_hack(evaluation.HACK_EVAL, args.backend)  # last: its JSON (the two HACK figures) ends the output
-    return max(skills, retrieval, intent, answers, hack)
+    return max(skills, retrieval, intent, followups, answers, hack)

@@ -1,6 +1,7 @@
 """Intent classification behind one interface, three backends.
 
-- local: `LocalIntentModel` (MiniLM embedding + character n-grams → logistic regression);
+- local: `LocalIntentModel` (MiniLM embedding + character n-grams → logistic regression; a
+  short message is read with the assistant's turn before it, `reply`);
 - llm: the `classifier` LLM role answers a JSON schema (msgspec decode, one repair retry);
 - cascade: local first, the LLM only when the local confidence is below the threshold, or
   when the local answer is a HACK below the strike confidence (a strike must be near-certain).
@@ -26,7 +27,7 @@ import msgspec
 
 from services.router import routing
 from services.router.injection import InjectionMarkers
-from services.router.local_model import INTENTS, LocalIntentModel
+from services.router.local_model import INTENTS, LocalIntentModel, replied_to
 from services.router.settings import RouterSettings
 from shared import prompts
 from shared.embeddings import Embedder
@@ -96,8 +97,8 @@ class IntentClassifier:
         # A HACK strikes (two block the session for good) only at or above this confidence.
         self.strike_confidence = strike_confidence
         self.markers = InjectionMarkers.load()
-        self._recent: dict[str, IntentResult] = {}
-        self._pending: dict[str, asyncio.Future] = {}
+        self._recent: dict[tuple[str, str], IntentResult] = {}
+        self._pending: dict[tuple[str, str], asyncio.Future] = {}
         # The n-gram-only stage decides alone at or above this confidence (1.01: never).
         self.fast_path = fast_path
 
@@ -112,33 +113,39 @@ class IntentClassifier:
     def embedder(self) -> Embedder | None:
         return self.model.embedder if self.model else None
 
-    async def local(self, message: str) -> IntentResult:
-        """The local model's answer; the three analysis nodes ask it for the same message, so
+    async def local(self, message: str, reply: str = "") -> IntentResult:
+        """The local model's answer; `reply`: the assistant's message before this one (a short
+        message is read with it). The three analysis nodes ask for the same message, so
         recent answers are kept (a copy is returned: callers annotate their result)."""
         text = normalize(message)
-        cached = self._recent.get(text)
+        key = (replied_to(text, reply), text)
+        cached = self._recent.get(key)
         if cached is None:
-            pending = self._pending.get(text)
+            pending = self._pending.get(key)
             if pending is None:
-                pending = asyncio.ensure_future(self._local_uncached(text))
-                self._pending[text] = pending
-                pending.add_done_callback(lambda _f, t=text: self._pending.pop(t, None))
+                pending = asyncio.ensure_future(self._local_uncached(*key))
+                self._pending[key] = pending
+                pending.add_done_callback(lambda _f, k=key: self._pending.pop(k, None))
             cached = await asyncio.shield(pending)
         return msgspec.structs.replace(cached, scores=dict(cached.scores))
 
-    async def _local_uncached(self, text: str) -> IntentResult:
+    async def _local_uncached(self, context: str, text: str) -> IntentResult:
+        """`context`: what of the assistant's turn the model reads with `text` ("" for none)."""
         ngrams = self.model.ngrams(text)
-        scores = self.model.fast_probabilities(ngrams)
-        note = "n-gram fast path"
-        if max(scores.values()) < self.fast_path:
+        scores, note = {}, ""
+        if not context:  # the n-gram stage reads the message alone: not for a message read with a turn
+            scores = self.model.fast_probabilities(ngrams)
+            note = "n-gram fast path"
+        if not scores or max(scores.values()) < self.fast_path:
             vector = await self.model.embedder.aembed(text)
-            scores = self.model.probabilities(text, vector, ngrams)
-            note = ""
+            reply_vector = await self.model.embedder.aembed(context) if context else None
+            scores = self.model.probabilities(text, vector, ngrams, reply_vector)
+            note = "read with the assistant's turn before it" if context else ""
         best = max(scores, key=scores.get)
         result = IntentResult(intent=best, confidence=round(scores[best], 4), classifier="local",
                               scores={k: round(v, 4) for k, v in scores.items()}, note=note,
                               runner_up=runner_up_intent(best, scores))
-        self._recent[text] = result
+        self._recent[(context, text)] = result
         if len(self._recent) > RECENT:
             self._recent.pop(next(iter(self._recent)))
         return result
@@ -154,14 +161,16 @@ class IntentClassifier:
 
     async def classify(self, site: str, config: SiteConfig, message: str,
                        history: list[dict] | Callable[[], Awaitable[list[dict]]] | None = None,
-                       record: Recorder = _no_record) -> IntentResult:
-        """`history` may be a coroutine function: then it is only called when the LLM is."""
+                       record: Recorder = _no_record, reply: str = "") -> IntentResult:
+        """`history` may be a coroutine function: then it is only called when the LLM is.
+        `reply`: the assistant's message before this one, which the local model reads with a
+        short message."""
         started = time.perf_counter()
-        result = await self._classify(site, config, message, history, record)
+        result = await self._classify(site, config, message, history, record, reply)
         result.latency_ms = round((time.perf_counter() - started) * 1000, 3)
         return result
 
-    async def _classify(self, site, config, message, history, record) -> IntentResult:
+    async def _classify(self, site, config, message, history, record, reply) -> IntentResult:
         if not has_words(message):
             note = "empty message" if not message.strip() else "no words (emoji or punctuation only)"
             return IntentResult(intent="OFFTOPIC", confidence=1.0, classifier="rule", note=note)
@@ -169,23 +178,24 @@ class IntentClassifier:
         if self.markers.decisive & set(markers):
             return IntentResult(intent="HACK", confidence=1.0, classifier="rule", markers=markers,
                                 note="prompt-injection markers: " + ", ".join(markers))
-        result = await self._by_model(site, config, message, history, record, corroborated=bool(markers))
+        result = await self._by_model(site, config, message, history, record, reply, corroborated=bool(markers))
         result.markers = markers
         return result
 
-    async def _by_model(self, site, config, message, history, record, corroborated: bool) -> IntentResult:
+    async def _by_model(self, site, config, message, history, record, reply, corroborated: bool) -> IntentResult:
         backend = config.classifier.backend or self.backend
         threshold = config.classifier.cascade_threshold or self.threshold
         if backend == "llm" or self.model is None:
-            return await self._llm_or(None, site, config, message, history, record)
-        local = await self.local(message)
+            return await self._llm_or(None, site, config, message, history, record, reply)
+        local = await self.local(message, reply)
         # A HACK that would not strike (routing.py: unsure and no cue) is worth the LLM's opinion.
         unsure_hack = local.intent == "HACK" and local.confidence < self.strike_confidence and not corroborated
         if backend == "cascade" and (local.confidence < threshold or unsure_hack):
-            return await self._llm_or(local, site, config, message, history, record)
+            return await self._llm_or(local, site, config, message, history, record, reply)
         return local
 
-    async def _llm_or(self, fallback: IntentResult | None, site, config, message, history, record) -> IntentResult:
+    async def _llm_or(self, fallback: IntentResult | None, site, config, message, history, record,
+                      reply: str = "") -> IntentResult:
         calls = 0
 
         async def counting(call):
@@ -212,7 +222,7 @@ class IntentClassifier:
             return result
         except (LLMError, msgspec.MsgspecError) as exc:
             if fallback is None and self.model is not None:
-                fallback = await self.local(message)
+                fallback = await self.local(message, reply)
             if fallback is None:
                 raise
             fallback.note = f"LLM failed ({type(exc).__name__}): the local result stands"

@@ -1,11 +1,14 @@
 """Evals of the router's classifiers on labeled JSONL files.
 
     concierge eval intent [--dataset FILE] [--backend local|llm|cascade]
+    concierge eval followups [--dataset FILE] [--backend local|llm|cascade]
     concierge eval skills [--dataset FILE]
     concierge eval hack [--dataset FILE] [--backend local|llm|cascade]
     concierge eval all
 
 Intent rows: {"message": str, "history": [{"role", "content"}...] (optional), "intent": str}.
+             The follow-up set holds the same rows: short messages read after the
+             assistant's turn (history ends with it), most of them CONTEXT, held out.
 Skill rows:  {"message": str, "history": [...] (optional), "skills": [str...],
               "score_before": float (optional), "email_known": bool (optional)}.
 HACK rows:   {"message": str, "hack": bool, "lang": str (optional)}: legitimate-but-edgy
@@ -14,6 +17,8 @@ HACK rows:   {"message": str, "hack": bool, "lang": str (optional)}: legitimate-
 
 Each eval prints its report and, as its last line, one JSON object of figures; it exits
 non-zero when a target is missed (intents: macro-F1 < 0.80 or any class F1 < 0.60;
+follow-ups: macro-F1 < 0.80 or CONTEXT F1 < 0.85, its other classes having a few rows
+each, there to measure CONTEXT's and LEARN's precision rather than to be scored alone;
 skills: multi-label recall < 0.90; HACK: any legitimate message striking, or injection
 recall < 0.95, a strike being what the router does: routing.decide's hack_increment).
 """
@@ -30,7 +35,7 @@ from services.router import routing
 from services.router import signals as sig
 from shared import skills as sk
 from services.router.classifiers import IntentClassifier, has_words
-from services.router.local_model import EVAL, INTENTS, LocalIntentModel, read_jsonl
+from services.router.local_model import EVAL, INTENTS, LocalIntentModel, last_reply, read_jsonl
 from services.router.settings import RouterSettings
 from shared.embeddings import shared_embedder
 from shared.llm import LLMClient
@@ -39,8 +44,10 @@ from shared.state import BookingState, ConversationState, InterestSignalsState, 
 
 SKILLS_EVAL = Path(__file__).parent / "data" / "skills_eval.jsonl"
 HACK_EVAL = Path(__file__).parent / "data" / "hack_eval.jsonl"
+FOLLOWUPS_EVAL = Path(__file__).parent / "data" / "followups_eval.jsonl"
 MIN_MACRO_F1 = 0.80
 MIN_CLASS_F1 = 0.60
+MIN_FOLLOWUP_CONTEXT_F1 = 0.85  # issue 38: short context follow-ups had regressed to 0.51
 MIN_SKILL_RECALL = 0.90
 MAX_LEGIT_STRIKES = 0  # two strikes block a session for good: a legitimate visitor must never get one
 MIN_INJECTION_RECALL = 0.95
@@ -58,7 +65,8 @@ async def _classify_all(classifier: IntentClassifier, rows: list[dict]) -> tuple
     config = SiteConfig()
     for row in rows:
         started = time.perf_counter()
-        result = await classifier.classify("eval", config, row["message"], row.get("history") or [])
+        result = await classifier.classify("eval", config, row["message"], row.get("history") or [],
+                                           reply=last_reply(row.get("history")))
         latencies.append((time.perf_counter() - started) * 1000)
         predicted.append(result.intent)
         llm_calls += result.llm_calls
@@ -67,6 +75,7 @@ async def _classify_all(classifier: IntentClassifier, rows: list[dict]) -> tuple
 
 def intent_report(expected: list[str], predicted: list[str]) -> tuple[str, dict]:
     from sklearn.metrics import accuracy_score, classification_report, confusion_matrix, f1_score
+    from sklearn.metrics import precision_recall_fscore_support
 
     labels = [i for i in INTENTS if i in set(expected) | set(predicted)]
     text = classification_report(expected, predicted, labels=labels, digits=3, zero_division=0)
@@ -77,23 +86,62 @@ def intent_report(expected: list[str], predicted: list[str]) -> tuple[str, dict]
              " " * (width + 1) + " ".join(f"{s:>6}" for s in short)]
     for label, row in zip(labels, matrix):
         lines.append(f"{label:<{width}} " + " ".join(f"{n:>6}" for n in row))
-    per_class = f1_score(expected, predicted, labels=labels, average=None, zero_division=0)
+    precision, recall, per_class, _ = precision_recall_fscore_support(expected, predicted, labels=labels,
+                                                                      zero_division=0)
     figures = {
         "accuracy": round(float(accuracy_score(expected, predicted)), 4),
         "macro_f1": round(float(f1_score(expected, predicted, labels=labels, average="macro", zero_division=0)), 4),
         "weighted_f1": round(float(f1_score(expected, predicted, labels=labels, average="weighted", zero_division=0)), 4),
         "min_class_f1": round(float(min(per_class)), 4),
         "class_f1": {label: round(float(f), 4) for label, f in zip(labels, per_class)},
+        "class_precision": {label: round(float(p), 4) for label, p in zip(labels, precision)},
+        "class_recall": {label: round(float(r), 4) for label, r in zip(labels, recall)},
     }
     return text + "\n" + "\n".join(lines), figures
 
 
 def eval_intent(dataset: Path = EVAL, backend: str = "local", out=sys.stdout) -> int:
+    measured = _measure_intents(dataset, backend)
+    if measured is None:
+        return 2
+    text, figures = measured
+    passed = figures["macro_f1"] >= MIN_MACRO_F1 and figures["min_class_f1"] >= MIN_CLASS_F1
+    figures["passed"] = passed
+    print(f"intent eval: {dataset} ({figures['messages']} messages, backend {backend})", file=out)
+    print(text, file=out)
+    print(f"accuracy {figures['accuracy']:.3f}  macro-F1 {figures['macro_f1']:.3f} (target ≥ {MIN_MACRO_F1})  "
+          f"min class F1 {figures['min_class_f1']:.3f} (target ≥ {MIN_CLASS_F1})  "
+          f"mean latency {figures['mean_latency_ms']:.2f} ms", file=out)
+    print(json.dumps(figures), file=out)
+    return 0 if passed else 1
+
+
+def eval_followups(dataset: Path = FOLLOWUPS_EVAL, backend: str = "local", out=sys.stdout) -> int:
+    """Short messages read after the assistant's turn: CONTEXT F1 and macro-F1 have targets."""
+    measured = _measure_intents(dataset, backend)
+    if measured is None:
+        return 2
+    text, figures = measured
+    context_f1 = figures["class_f1"].get("CONTEXT", 0.0)
+    passed = figures["macro_f1"] >= MIN_MACRO_F1 and context_f1 >= MIN_FOLLOWUP_CONTEXT_F1
+    figures["passed"] = passed
+    print(f"follow-up intent eval: {dataset} ({figures['messages']} messages, each after the assistant's turn, "
+          f"backend {backend})", file=out)
+    print(text, file=out)
+    print(f"accuracy {figures['accuracy']:.3f}  macro-F1 {figures['macro_f1']:.3f} (target ≥ {MIN_MACRO_F1})  "
+          f"CONTEXT F1 {context_f1:.3f} (target ≥ {MIN_FOLLOWUP_CONTEXT_F1})  "
+          f"mean latency {figures['mean_latency_ms']:.2f} ms", file=out)
+    print(json.dumps(figures), file=out)
+    return 0 if passed else 1
+
+
+def _measure_intents(dataset: Path, backend: str) -> tuple[str, dict] | None:
+    """The report and figures of an intent set (None: a row without a known intent, said on stderr)."""
     rows = read_jsonl(dataset)
     bad = [i for i, r in enumerate(rows, 1) if r.get("intent") not in INTENTS]
     if bad:
         print(f"{dataset}: line {bad[0]} has no known 'intent' (one of {', '.join(INTENTS)})", file=sys.stderr)
-        return 2
+        return None
     classifier = _classifier(backend)
     predicted, latencies, llm_calls = asyncio.run(_classify_all(classifier, rows))
     expected = [r["intent"] for r in rows]
@@ -106,15 +154,7 @@ def eval_intent(dataset: Path = EVAL, backend: str = "local", out=sys.stdout) ->
         "p50_latency_ms": round(latencies[len(latencies) // 2], 3),
         "p99_latency_ms": round(latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))], 3),
     })
-    passed = figures["macro_f1"] >= MIN_MACRO_F1 and figures["min_class_f1"] >= MIN_CLASS_F1
-    figures["passed"] = passed
-    print(f"intent eval: {dataset} ({len(rows)} messages, backend {backend})", file=out)
-    print(text, file=out)
-    print(f"accuracy {figures['accuracy']:.3f}  macro-F1 {figures['macro_f1']:.3f} (target ≥ {MIN_MACRO_F1})  "
-          f"min class F1 {figures['min_class_f1']:.3f} (target ≥ {MIN_CLASS_F1})  "
-          f"mean latency {figures['mean_latency_ms']:.2f} ms", file=out)
-    print(json.dumps(figures), file=out)
-    return 0 if passed else 1
+    return text, figures
 
 
 def _state_for(row: dict) -> ConversationState:
@@ -147,7 +187,7 @@ def eval_skills(dataset: Path = SKILLS_EVAL, out=sys.stdout) -> int:
             message = row["message"]
             intent, scores = "OFFTOPIC", {}
             if has_words(message):
-                local = await classifier.local(message)
+                local = await classifier.local(message, last_reply(row.get("history")))
                 intent, scores = local.intent, local.scores
             visitor_messages = sum(1 for m in state.messages if m.role == "user")
             found = sig.detect(rules, message, visitor_messages, scores)
@@ -196,7 +236,8 @@ def eval_hack(dataset: Path = HACK_EVAL, backend: str = "local", out=sys.stdout)
     async def run():
         decided = []
         for row in rows:
-            result = await classifier.classify("eval", config, row["message"], row.get("history") or [])
+            result = await classifier.classify("eval", config, row["message"], row.get("history") or [],
+                                               reply=last_reply(row.get("history")))
             decision = routing.decide(intent=result.intent, message=row["message"], score=0.0, threshold=1.0,
                                       skills=[], booking=BookingState(), confidence=result.confidence,
                                       runner_up=result.runner_up, markers=tuple(result.markers),

@@ -16,7 +16,8 @@ def make_node(parts: RouterParts) -> Node:
         async def earlier():  # only the LLM backend reads the conversation so far
             return history.before(inputs.state, event.turn, parts.classifier.llm.history_tokens("classifier"))
 
-        result = await parts.classifier.classify(event.site, inputs.config, event.message, earlier, ctx.record_llm)
+        result = await parts.classifier.classify(event.site, inputs.config, event.message, earlier, ctx.record_llm,
+                                                 reply=history.reply_before(inputs.state, event.turn))
         return [ctx.follow(ev.IntentClassified, intent=result.intent, confidence=result.confidence,
                            classifier=result.classifier, scores=result.scores, latency_ms=result.latency_ms,
                            note=result.note, markers=result.markers, runner_up=result.runner_up, **versions,
@@ -26,6 +27,6 @@ def make_node(parts: RouterParts) -> Node:
     versions = {"classifier_version": model.version, "embedding_version": model.embedder.version} if model else {}
     roles = role_records(parts.classifier.llm, ("classifier",))  # what a replay re-runs it with
 
-    # The state only when an LLM will read the history: the local model needs the message alone.
-    needs = Needs(state=parts.classifier.llm is not None, config=True)
+    # The state: the local model reads a short message with the assistant's turn before it.
+    needs = Needs(state=True, config=True)
     return Node(name=NAME, consumes=("turn_requested",), handle=classify, needs=needs)

@@ -29,7 +29,8 @@ def make_node(parts: RouterParts) -> Node:
         if out is not None:
             found, classifier = msgspec.structs.asdict(out), "llm"
         else:
-            found = await parts.local_signals(event.message, history.visitor_turns(state, event.turn))
+            found = await parts.local_signals(event.message, history.visitor_turns(state, event.turn),
+                                              history.reply_before(state, event.turn))
             classifier = "local"
         this_turn = sig.turn_score(parts.rules, found)
         return [ctx.follow(ev.InterestSignalsDetected, signals=found, turn_score=this_turn,

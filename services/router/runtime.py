@@ -52,14 +52,16 @@ class RouterParts:
         return parts
 
 
-    async def local_intent_scores(self, message: str) -> dict[str, float]:
+    async def local_intent_scores(self, message: str, reply: str = "") -> dict[str, float]:
         if has_words(message) and self.classifier.model is not None:
-            return (await self.classifier.local(message)).scores
+            return (await self.classifier.local(message, reply)).scores
         return {}
 
-    async def local_signals(self, message: str, visitor_turns: int) -> dict[str, bool]:
-        """This message's buying signals by the local rules (`visitor_turns` counts it)."""
-        return sig.detect(self.rules, normalize(message), visitor_turns, await self.local_intent_scores(message))
+    async def local_signals(self, message: str, visitor_turns: int, reply: str = "") -> dict[str, bool]:
+        """This message's buying signals by the local rules (`visitor_turns` counts it;
+        `reply`: the assistant's message before it, which the local intent model reads with a
+        short message)."""
+        return sig.detect(self.rules, normalize(message), visitor_turns, await self.local_intent_scores(message, reply))
 
     async def ask_llm(self, backend: str, prompt: Path, site: str, config: SiteConfig, state: ConversationState,
                       turn: int, message: str, output: type, record: Recorder, context: str = "",

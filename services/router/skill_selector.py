@@ -53,13 +53,14 @@ def make_node(parts: RouterParts) -> Node:
 
 async def select_locally(parts: RouterParts, state: ConversationState, turn: int, message: str,
                          config: SiteConfig) -> tuple[list[str], str]:
+    reply = history.reply_before(state, turn)
     if not has_words(message):
         intent = "OFFTOPIC"
     elif parts.classifier.model is not None:
-        intent = (await parts.classifier.local(message)).intent
+        intent = (await parts.classifier.local(message, reply)).intent
     else:
         intent = "LEARN"
-    found = await parts.local_signals(message, history.visitor_turns(state, turn))
+    found = await parts.local_signals(message, history.visitor_turns(state, turn), reply)
     previous = state.interest.score if state.interest.turn < turn else 0.0
     score = sig.cumulative(previous, sig.turn_score(parts.rules, found))
     return sk.select(intent, found, score, state, config), intent
