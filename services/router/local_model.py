@@ -23,6 +23,7 @@ docs/benchmarks.md for the figures on the held-out evaluation sets.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -110,20 +111,24 @@ class LocalIntentModel:
     def load_or_train(cls, embedder: Embedder, train: Path = TRAIN) -> "LocalIntentModel":
         digest = hashlib.sha256(train.read_bytes() + f"|{MODEL_VERSION}|{embedder.name}".encode()).hexdigest()[:16]
         cached = embedder.settings.cache() / "router" / f"intent-{digest}.pkl"
-        if cached.exists():
-            try:
-                with open(cached, "rb") as f:
-                    vectorizer, classifier, fast_classifier, reply_mean = pickle.load(f)
-                return cls(embedder, vectorizer, classifier, fast_classifier, reply_mean, version=digest)
-            except Exception:  # noqa: BLE001 - a stale or broken cache: retrain
-                log.warning("intent model cache unreadable; retraining", extra={"path": str(cached)})
-        model = cls.train(embedder, read_jsonl(train))
-        model.version = digest
         cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            pickle.dump((model.vectorizer, model.classifier, model.fast_classifier, model.reply_mean), f)
-        tmp.replace(cached)
+        # Under a file lock: routers starting together on a cold cache train once, and none
+        # reads a file another is still writing.
+        with open(cached.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if cached.exists():
+                try:
+                    with open(cached, "rb") as f:
+                        vectorizer, classifier, fast_classifier, reply_mean = pickle.load(f)
+                    return cls(embedder, vectorizer, classifier, fast_classifier, reply_mean, version=digest)
+                except Exception:  # noqa: BLE001 - a stale or broken cache: retrain
+                    log.warning("intent model cache unreadable; retraining", extra={"path": str(cached)})
+            model = cls.train(embedder, read_jsonl(train))
+            model.version = digest
+            tmp = cached.with_suffix(".tmp")
+            with open(tmp, "wb") as f:
+                pickle.dump((model.vectorizer, model.classifier, model.fast_classifier, model.reply_mean), f)
+            tmp.replace(cached)
         return model
 
     @classmethod
