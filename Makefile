@@ -85,12 +85,14 @@ k8s-copies: setup
 	$(BIN)/python deploy/k8s/copies.py
 
 # The test modules side by side on TEST_WORKERS processes (pytest-xdist; tests/conftest.py
-# groups them): most of a system test's time is waiting on its processes, which two cores
+# hands them out): most of a system test's time is waiting on its processes, which two cores
 # can overlap. TEST_WORKERS=0: one after the other, in this process.
 TEST_WORKERS ?= 3
 
-test: test-setup browser k8s-tools
-	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
+# Its set-up's three parts (the project's virtualenv, Chromium, checkov's) side by side.
+test:
+	@$(MAKE) --no-print-directory -j3 test-setup browser k8s-tools
+	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS))
 
 # The bounded cluster rehearsal alone (three nats-servers, two replicas of everything, kills
 # under load; about a minute and a half): `make test` runs it with the rest.

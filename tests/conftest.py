@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -10,25 +11,37 @@ from shared import redis_client
 from tests.servers import WebhookReceiver, nats_server, redis_server, scripted_llm
 
 
-# `make test` runs the modules side by side (pytest-xdist, `--dist loadgroup`): each module is
-# a group that one worker runs whole, so its module-scoped system starts once. The runs that
-# load the machine most (two replicas of everything, killed and restarted; a bench's pairs)
-# share one group, so they run one after the other rather than starving each other, and the
-# longest groups are handed out first so that no worker starts one late.
+# `make test` runs the modules side by side (pytest-xdist, `-n`): a worker runs a module
+# whole, so its module-scoped system starts once (the scheduler below). The runs that load
+# the machine most (two replicas of everything, killed and restarted; a bench's pairs) are
+# one unit, run one after the other rather than starving each other; the longest units are
+# handed out first so that no worker starts one late.
 HEAVY = ("test_chaos", "test_cluster_rehearsal", "test_bench")
 LONGEST_FIRST = (*HEAVY, "test_e2e", "test_hostile", "test_replay", "test_turn_config", "test_loadtest", "test_state",
                  "test_k8s", "test_answer_eval")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
-def pytest_collection_modifyitems(config, items):
-    def module(item) -> str:
-        return item.path.stem
+def _module(nodeid: str) -> str:
+    return Path(nodeid.split("::", 1)[0]).stem
 
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group("heavy" if module(item) in HEAVY else module(item)))
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleUnits(LoadScopeScheduling):
+        """xdist's scope scheduling, a scope being a module (or the heavy runs together),
+        handed out in collection order (LONGEST_FIRST)."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return "heavy" if _module(nodeid) in HEAVY else nodeid.split("::", 1)[0]
+
+    config.option.loadscopereorder = False  # the order below, not by how many tests a unit has
+    return ModuleUnits(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(module(item), len(rank)))  # stable: each module keeps its order
+    items.sort(key=lambda item: rank.get(_module(item.nodeid), len(rank)))  # stable: modules keep their order
 
 
 @pytest.fixture(scope="session")
