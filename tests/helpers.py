@@ -169,3 +169,36 @@ class StructuredLLM:
         if isinstance(answer, BaseException):
             raise answer
         return answer
+
+
+async def record_conversations(system, site: str, scripts) -> list[str]:
+    """Each script's messages said in a conversation of its own over HTTP SSE, every turn read
+    to its end: the session ids, in the scripts' order."""
+    import httpx
+
+    from cli.harness.sse import Conversation
+
+    sessions = []
+    async with httpx.AsyncClient(timeout=30) as client:
+        for script in scripts:
+            visitor = Conversation(client, system.gateway_url, site)
+            for message in script:
+                result = await visitor.say(message)
+                assert result.final["type"] == "complete", result.events[-1:]
+            sessions.append(visitor.session_id)
+    return sessions
+
+
+def graph_under(env: dict[str, str]):
+    """A rerun's nodes as a process with `env` (and no other LLM setting) makes them: it reads
+    its settings when they are made."""
+    import pytest
+
+    from cli.replay.graph import Graph
+
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("LLM_BASE_URL", "LLM_SUGGESTIONS_BASE_URL", "ANSWER_BACKEND"):
+            patch.delenv(name, raising=False)
+        for name, value in env.items():
+            patch.setenv(name, value)
+        return Graph()

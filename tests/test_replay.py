@@ -14,10 +14,8 @@ import httpx
 import msgspec
 import pytest
 
-from cli.harness.sse import Conversation
 from cli.harness.supervisor import free_port, make_system
 from cli.replay import rerun as reruns
-from cli.replay.graph import Graph
 from services.router import routing
 from shared import events as ev
 from shared import subjects
@@ -25,6 +23,7 @@ from shared.bus import connect
 from shared.config import BusConfig
 from shared.site_config import SiteConfigs
 from tests import lead_briefs
+from tests.helpers import graph_under, record_conversations
 from tests.servers import ROOT
 from tests.test_e2e import CHROMIUM, launch_chromium
 
@@ -60,15 +59,7 @@ def system(llm, suggestions_llm, webhook):
 @pytest.fixture(scope="module")
 async def recorded(system):
     """Three conversations, each turn read to its end."""
-    sessions = []
-    async with httpx.AsyncClient(timeout=30) as client:
-        for script in SCRIPTS:
-            visitor = Conversation(client, system.gateway_url, SITE)
-            for message in script:
-                result = await visitor.say(message)
-                assert result.final["type"] == "complete", result.events[-1:]
-            sessions.append(visitor.session_id)
-    return sessions
+    return await record_conversations(system, SITE, SCRIPTS)
 
 
 def llm_env(llm, suggestions_llm) -> dict[str, str]:
@@ -80,16 +71,6 @@ def deployment_env(monkeypatch, llm, suggestions_llm):
     """The replaying process runs with the deployment's settings."""
     for name, value in llm_env(llm, suggestions_llm).items():
         monkeypatch.setenv(name, value)
-
-
-def graph_under(env: dict[str, str]) -> Graph:
-    """The rerun's nodes as a process with `env` makes them (it reads the settings then)."""
-    with pytest.MonkeyPatch.context() as patch:
-        for name in ("LLM_BASE_URL", "LLM_SUGGESTIONS_BASE_URL", "ANSWER_BACKEND"):
-            patch.delenv(name, raising=False)
-        for name, value in env.items():
-            patch.setenv(name, value)
-        return Graph()
 
 
 @pytest.fixture(scope="module")

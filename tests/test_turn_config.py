@@ -16,13 +16,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-import httpx
 import pytest
 
-from cli.harness.sse import Conversation
 from cli.harness.supervisor import free_port, make_system
 from cli.replay import rerun as reruns
-from cli.replay.graph import Graph
 from cli.replay.recorded_llm import RECORDED
 from cli.replay.sandbox import Recording
 from cli.replay.turn_config import NotRerunnable, Plan, Setup, recorded
@@ -32,7 +29,7 @@ from shared import events as ev
 from shared.bus import connect
 from shared.config import LLM_ROLES, BusConfig, LLMRoleConfig
 from shared.site_config import SiteConfig, SiteConfigs, stored_versions
-from tests.helpers import records_of, wait_for
+from tests.helpers import graph_under, record_conversations, records_of, wait_for
 from tests.servers import ROOT
 
 # --- given a turn's events, what it ran under -----------------------------------------------
@@ -128,15 +125,7 @@ MODEL_SERVICES = ("router", "enricher", "responder")  # the processes with LLM r
 
 
 async def record(system, scripts=SCRIPTS) -> list[str]:
-    sessions = []
-    async with httpx.AsyncClient(timeout=30) as client:
-        for script in scripts:
-            visitor = Conversation(client, system.gateway_url, SITE)
-            for message in script:
-                result = await visitor.say(message)
-                assert result.final["type"] == "complete", result.events[-1:]
-            sessions.append(visitor.session_id)
-    return sessions
+    return await record_conversations(system, SITE, scripts)
 
 
 def model_env(llm) -> dict[str, str]:
@@ -174,16 +163,6 @@ async def sessions(system, llm):
         system.start_service(name, model_env(llm))
         system.wait_logged_ready(name, 90, offset=offset)
     return keyless, await record(system)
-
-
-def graph_under(env: dict[str, str]) -> Graph:
-    """The rerun's nodes as a process with `env` (and no other LLM setting) makes them."""
-    with pytest.MonkeyPatch.context() as patch:
-        for name in ("LLM_BASE_URL", "LLM_SUGGESTIONS_BASE_URL", "ANSWER_BACKEND"):
-            patch.delenv(name, raising=False)
-        for name, value in env.items():
-            patch.setenv(name, value)
-        return Graph()
 
 
 @pytest.fixture(scope="module")
