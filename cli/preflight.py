@@ -10,7 +10,8 @@ a deployment's environment.
 from __future__ import annotations
 
 import argparse
-from typing import Callable
+import os
+from typing import Callable, Mapping
 
 from shared.config import every_problem
 
@@ -67,9 +68,19 @@ CHECKS: dict[str, Callable[[], object]] = {
 }
 
 
-def problems() -> list[str]:
-    """Every problem of every process's settings in this environment, one line each."""
-    return every_problem(CHECKS)
+def problems(env: Mapping[str, str] | None = None) -> list[str]:
+    """Every problem of every process's settings, one line each: in `env`, the environment
+    the processes will be started with, when given (this process's is put back after)."""
+    if env is None:
+        return every_problem(CHECKS)
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        return every_problem(CHECKS)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -65,8 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                                       "LLM_JSON_MODE": "json_object",
                                       "BRIEFS_BACKEND": os.environ.get("BRIEFS_BACKEND", "data")}
     system = make_system(args.data_dir.resolve(), args.nats_port, args.port, extra, redis_port=args.redis_port)
-    os.environ.update(system.env)  # what every process will read: checked before any starts
-    if found := preflight.problems():
+    if found := preflight.problems(system.env):  # what every process will read, before any starts
         print(f"start-up failed: {len(found)} configuration problem{'s' if len(found) > 1 else ''}, nothing started:",
               file=sys.stderr)
         for line in found:

@@ -5,6 +5,7 @@ loaded, and until then a site the gateway cannot find is 503, not 404."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -43,6 +44,15 @@ def test_a_good_configuration_has_no_problem_and_reading_one_raises_outside_a_ch
     assert every_problem({"one": lambda: env_float("TURN_DEADLINE_S", 60.0),
                           "two": lambda: (_ for _ in ()).throw(ConfigError("a check's own error"))}) == [
         "one: TURN_DEADLINE_S='x' is not a number", "two: a check's own error"]
+
+
+def test_the_environment_the_processes_will_have_is_checked_and_this_ones_left_as_it_was(monkeypatch):
+    monkeypatch.delenv("ADMIN_TOKEN", raising=False)
+    before = dict(os.environ)
+    found = preflight.problems({"PATH": os.environ.get("PATH", ""), "ADMIN_TOKEN": "short",
+                                "SESSION_TOKEN_SECRET": "s" * 32})
+    assert found == ["gateway: ADMIN_TOKEN must be at least 16 characters (got 5): it guards every site's data"]
+    assert dict(os.environ) == before  # `make run` says where the token came from by this one
 
 
 def test_concierge_check_exits_1_naming_each_problem(monkeypatch, capsys):
