@@ -159,7 +159,7 @@ async def close_clients() -> None:
 
 def _client(url: str, key: str, timeout_s: float) -> AsyncOpenAI:
     # openai's aiohttp transport, not its default httpx one: the same streamed answer costs
-    # the client less CPU over aiohttp (docs/benchmarks.md).
+    # the client less CPU over aiohttp (docs/benchmarks-history.md).
     client = AsyncOpenAI(base_url=url, api_key=key, timeout=timeout_s, max_retries=0,
                          http_client=DefaultAioHttpClient())
     _clients.add(client)

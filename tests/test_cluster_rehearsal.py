@@ -5,7 +5,7 @@ turn. Nothing is lost, nothing hangs, no lead is sent twice.
 The nats-server killed here is not the conversation stream's leader (the full command
 kills the leader). This run lost a turn now and then until issue #17 was fixed: nodes
 read the log from R3 replicas that had not yet stored the event they were handling
-(docs/benchmarks.md, "Cluster rehearsal"; tests/test_bus_cluster.py). About a minute and
+(docs/benchmarks-history.md, "Cluster rehearsal"; tests/test_bus_cluster.py). About a minute and
 a half; `make rehearsal` runs it alone."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from cli.harness.supervisor import ROOT
 # A gateway killed mid-stream cuts its visitors' streams; they resume them on the other
 # gateway (Last-Event-ID) and send again what it cut before the turn's start frame, as the
 # widget does, so nearly every turn completes (43 of 43 in the run that set this bound);
-# the margin is for a loaded machine. The full command's figures are in docs/benchmarks.md.
+# the margin is for a loaded machine. The full command's figures are in docs/benchmarks-history.md.
 MIN_COMPLETED = 0.9
 
 

@@ -2,7 +2,7 @@
 by the same bench, alternately.
 
 On this machine only runs made side by side compare: figures swing by half between
-identical runs hours apart and the speed moves within seconds (docs/benchmarks.md,
+identical runs hours apart and the speed moves within seconds (docs/benchmarks-history.md,
 cli/measure/machine.py). So a before/after figure is N pairs of runs, one of each code
 per pair, the order switching from pair to pair (this tree first in the first pair, REV
 first in the second, ...): with an even N, a machine slowing down or speeding up through

@@ -87,7 +87,7 @@ class ResponderSettings(Settings):
     # A model's deltas sent within this long of the last token event go out as one
     # (streaming.TokenBatcher; the first at once); 0: one event per delta. 0.1 s: ten
     # updates a second, and half the token events (each a publish, a store, the gateway's
-    # decode and an SSE frame) of 0.05 s, so less CPU per ANSWER turn (docs/benchmarks.md).
+    # decode and an SSE frame) of 0.05 s, so less CPU per ANSWER turn (docs/benchmarks-history.md).
     token_batch_s: float = 0.1
 
     @classmethod

@@ -22,7 +22,7 @@ class RetrievalSettings(Settings):
     rerank_model: str = "rerank-v3.5"
     relationships_enabled: bool = True
     # Entities / relationships LightRAG retrieves from the graph: 20 finds what 60 did on the
-    # retrieval eval, in less time per query (docs/benchmarks.md).
+    # retrieval eval, in less time per query (docs/benchmarks-history.md).
     graph_top_k: int = 20
     chunk_top_k: int = 20  # text chunks LightRAG retrieves by vector search
     rerank_timeout_s: float = 3.0

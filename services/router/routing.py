@@ -36,7 +36,7 @@ class Decision(msgspec.Struct, kw_only=True, frozen=True):
 
 SHORT_ANSWER_WORDS = 8
 UNSURE = 0.6
-STRIKE_CONFIDENCE = 0.8  # ROUTER_HACK_STRIKE_CONFIDENCE; see docs/benchmarks.md (HACK precision)
+STRIKE_CONFIDENCE = 0.8  # ROUTER_HACK_STRIKE_CONFIDENCE; see docs/benchmarks-history.md (HACK precision: the threshold swept)
 ROUTABLE = ("LEARN", "CONTEXT", "SUPPORT", "OFFTOPIC", "OTHER", "BOOKING", "STOP_BOOKING")
 
 
