@@ -101,36 +101,36 @@ def intent_report(expected: list[str], predicted: list[str]) -> tuple[str, dict]
 
 
 def eval_intent(dataset: Path = EVAL, backend: str = "local", out=sys.stdout) -> int:
-    measured = _measure_intents(dataset, backend)
-    if measured is None:
-        return 2
-    text, figures = measured
-    passed = figures["macro_f1"] >= MIN_MACRO_F1 and figures["min_class_f1"] >= MIN_CLASS_F1
-    figures["passed"] = passed
-    print(f"intent eval: {dataset} ({figures['messages']} messages, backend {backend})", file=out)
-    print(text, file=out)
-    print(f"accuracy {figures['accuracy']:.3f}  macro-F1 {figures['macro_f1']:.3f} (target ≥ {MIN_MACRO_F1})  "
-          f"min class F1 {figures['min_class_f1']:.3f} (target ≥ {MIN_CLASS_F1})  "
-          f"mean latency {figures['mean_latency_ms']:.2f} ms", file=out)
-    print(json.dumps(figures), file=out)
-    return 0 if passed else 1
+    def targets(figures: dict) -> tuple[bool, str]:
+        passed = figures["macro_f1"] >= MIN_MACRO_F1 and figures["min_class_f1"] >= MIN_CLASS_F1
+        return passed, f"min class F1 {figures['min_class_f1']:.3f} (target ≥ {MIN_CLASS_F1})"
+
+    return _report("intent eval", dataset, "", backend, targets, out)
 
 
 def eval_followups(dataset: Path = FOLLOWUPS_EVAL, backend: str = "local", out=sys.stdout) -> int:
     """Short messages read after the assistant's turn: CONTEXT F1 and macro-F1 have targets."""
+    def targets(figures: dict) -> tuple[bool, str]:
+        context_f1 = figures["class_f1"].get("CONTEXT", 0.0)
+        passed = figures["macro_f1"] >= MIN_MACRO_F1 and context_f1 >= MIN_FOLLOWUP_CONTEXT_F1
+        return passed, f"CONTEXT F1 {context_f1:.3f} (target ≥ {MIN_FOLLOWUP_CONTEXT_F1})"
+
+    return _report("follow-up intent eval", dataset, ", each after the assistant's turn", backend, targets, out)
+
+
+def _report(title: str, dataset: Path, about: str, backend: str, targets, out) -> int:
+    """An intent set measured and printed: the report, a line of figures against the targets
+    (`targets(figures)`: passed, and its own part of that line), one JSON line; the exit status."""
     measured = _measure_intents(dataset, backend)
     if measured is None:
         return 2
     text, figures = measured
-    context_f1 = figures["class_f1"].get("CONTEXT", 0.0)
-    passed = figures["macro_f1"] >= MIN_MACRO_F1 and context_f1 >= MIN_FOLLOWUP_CONTEXT_F1
+    passed, own = targets(figures)
     figures["passed"] = passed
-    print(f"follow-up intent eval: {dataset} ({figures['messages']} messages, each after the assistant's turn, "
-          f"backend {backend})", file=out)
+    print(f"{title}: {dataset} ({figures['messages']} messages{about}, backend {backend})", file=out)
     print(text, file=out)
     print(f"accuracy {figures['accuracy']:.3f}  macro-F1 {figures['macro_f1']:.3f} (target ≥ {MIN_MACRO_F1})  "
-          f"CONTEXT F1 {context_f1:.3f} (target ≥ {MIN_FOLLOWUP_CONTEXT_F1})  "
-          f"mean latency {figures['mean_latency_ms']:.2f} ms", file=out)
+          f"{own}  mean latency {figures['mean_latency_ms']:.2f} ms", file=out)
     print(json.dumps(figures), file=out)
     return 0 if passed else 1
 
