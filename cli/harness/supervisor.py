@@ -253,8 +253,7 @@ class System:
 
     def _answered_ready(self, name: str) -> bool:
         if name != "gateway":
-            path = self.log_dir / f"{name}.log"
-            return path.exists() and b"service ready" in path.read_bytes()[self.log_starts.get(name, 0):]
+            return self._logged(name, b"service ready")
         try:
             with urllib.request.urlopen(f"{self.gateway_url}/readyz", timeout=1) as resp:
                 return resp.status == 200
@@ -286,24 +285,25 @@ class System:
                 return f"{name}: {text[-1]}" if text else f"{name} exited"
         return f"{name} exited"
 
-    def wait_consumers(self, timeout: float) -> None:
-        """Services are ready when their durable consumers exist (they log 'service ready')."""
-        deadline = time.monotonic() + timeout
-        for name in SERVICES:
-            if name != "gateway":
-                self.wait_logged_ready(name, max(0.0, deadline - time.monotonic()))
-
     def wait_ready(self, name: str, timeout: float) -> None:
         """Until process `name` answers its /readyz (the gateway's on its HTTP port, a consumer
         process's on its ops port): whatever LOG_LEVEL keeps it from logging 'service ready'."""
         base = self.gateway_url if name == "gateway" else f"http://127.0.0.1:{self.ops_ports[name]}"
         wait_http(f"{base}/readyz", timeout, self.procs[name])
 
-    def wait_logged_ready(self, name: str, timeout: float, offset: int = 0, marker: bytes = b"service ready") -> None:
-        """Until process `name` logs `marker` past byte `offset` of its log (a restarted process
-        appends to the same file); its exit or the timeout is an error naming the log."""
+    def _logged(self, name: str, marker: bytes, offset: int | None = None) -> bool:
+        """Whether process `name` logged `marker` past byte `offset` of its log (default: where
+        its latest start began; a restarted process appends to the same file)."""
+        path = self.log_dir / f"{name}.log"
+        start = self.log_starts.get(name, 0) if offset is None else offset
+        return path.exists() and marker in path.read_bytes()[start:]
+
+    def wait_logged_ready(self, name: str, timeout: float, offset: int | None = None,
+                          marker: bytes = b"service ready") -> None:
+        """Until process `name` logs `marker` (`_logged`); its exit or the timeout is an error
+        naming the log."""
         path, deadline = self.log_dir / f"{name}.log", time.monotonic() + timeout
-        while marker not in (path.read_bytes()[offset:] if path.exists() else b""):
+        while not self._logged(name, marker, offset):
             proc = self.procs[name]
             if proc.poll() is not None:
                 raise RuntimeError(f"{name} exited with {proc.returncode}; see {path}")
