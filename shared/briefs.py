@@ -16,15 +16,17 @@ compared with (the enricher's brief nodes read them here too).
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from shared import events as ev
-from shared import loader, subjects
+from shared import subjects
 from shared.bus import Bus
 from shared.privacy import REDACTED
 from shared.state import Record
 
 Outcome = ev.BriefCompleted | ev.BriefFailed
+OUTCOMES = ("brief_completed", "brief_failed")  # the event types that end a brief
+STEPS = ("brief_gathered", *OUTCOMES)  # a brief's steps in the lead's log
 PRODUCERS = ("cli", "gateway")
 # The order a triage is read in: whom to call, whom to keep warm, whom to drop.
 CLASS_ORDER = {name: i for i, name in enumerate(ev.TRIAGE_CLASSES)}
@@ -65,6 +67,18 @@ def latest_outcomes(records: Iterable[Record]) -> dict[str, Outcome]:
 def open_leads(captures: dict[str, ev.LeadCaptured], latest: dict[str, Outcome]) -> list[str]:
     """The leads a triage ranks: those whose latest brief completed."""
     return [session for session in captures if isinstance(latest.get(session), ev.BriefCompleted)]
+
+
+def has_step_in(log: Mapping[str, Iterable[ev.Envelope]], request_id: str) -> bool:
+    """Whether the lead's stored events (`log`, by type: the brief nodes' declared reads of
+    STEPS or OUTCOMES) hold a step of the brief asked for as `request_id`: a log stored again
+    by an erase is not a new request."""
+    return any(getattr(event, "request_id", None) == request_id for events in log.values() for event in events)
+
+
+def latest_open(captures: dict[str, ev.LeadCaptured], latest: dict[str, Outcome]) -> list[ev.BriefCompleted]:
+    """The latest brief of each open lead, in capture order."""
+    return [latest[session] for session in open_leads(captures, latest)]
 
 
 def brief_request(site: str, session_id: str, turn: int, producer: str) -> ev.BriefRequested:
@@ -115,20 +129,9 @@ async def outcomes(bus: Bus, site: str, session_id: str = "*") -> dict[str, Outc
     return latest_outcomes(records)
 
 
-async def has_step(bus: Bus, site: str, session_id: str, request_id: str,
-                   kinds: tuple[str, ...] = ("brief_gathered", "brief_completed", "brief_failed")) -> bool:
-    """Whether the lead's log holds a step (of these kinds) of the brief asked for as
-    `request_id`: a log stored again by an erase is not a new request."""
-    for kind in kinds:
-        if any(r.event.request_id == request_id for r in await bus.read(subjects.conv(site, session_id, kind))):
-            return True
-    return False
-
-
 async def open_briefs(bus: Bus, site: str) -> list[ev.BriefCompleted]:
     """The latest brief of each open lead of the site, in capture order."""
-    captures, latest = await leads(bus, site), await outcomes(bus, site)
-    return [latest[session] for session in open_leads(captures, latest)]
+    return latest_open(await leads(bus, site), await outcomes(bus, site))
 
 
 async def latest_triage(bus: Bus, site: str) -> ev.TriageCompleted | ev.BriefFailed | None:
@@ -147,8 +150,13 @@ async def requests_for(bus: Bus, site: str, sessions: Iterable[str] | None, prod
     wanted = list(known) if sessions is None else list(dict.fromkeys(sessions))
     if missing := [s for s in wanted if s not in known]:
         raise UnknownLead(site, missing)
-    return [brief_request(site, session, (await loader.load(bus, site, session)).turn, producer)
-            for session in wanted]
+    return [brief_request(site, session, await current_turn(bus, site, session), producer) for session in wanted]
+
+
+async def current_turn(bus: Bus, site: str, session_id: str) -> int:
+    """The conversation's latest turn (its newest `TurnRequested`'s), 0 before its first."""
+    requested = await bus.last(subjects.conv(site, session_id, "turn_requested"))
+    return requested.turn if isinstance(requested, ev.TurnRequested) else 0
 
 
 async def queue(bus: Bus, items: Iterable[ev.BriefRequested | ev.TriageRequested]) -> None:

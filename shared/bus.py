@@ -9,21 +9,20 @@ Reading the log uses direct gets, which every replica of an R3 stream answers, f
 included: a follower that has not yet stored the newest events answers without them. A
 node acting on an event must not read a log older than that event (issue #17: the
 intent router, reading a lagging replica, saw two of a turn's three analyses on each of
-their deliveries and never routed the turn). Inside `reading_from(subject, seq)` (the
-consumer runner wraps every handler in it) a read that should include `seq` and came back
-without it is made again until the replica has caught up, or fails with `StaleRead`.
+their deliveries and never routed the turn). A read given the `Position` of the event
+being acted on (`at`: the conversation store passes it for every handler's read) that should
+include it and came back without it is made again until the replica has caught up, or fails
+with `StaleRead`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import json
 import logging
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, NamedTuple
+from typing import NamedTuple
 
 import nats
 import nats.errors
@@ -70,12 +69,13 @@ class StaleRead(Exception):
 
 
 @dataclass(frozen=True)
-class _Floor:
+class Position:
+    """Where an event sits in the log: its subject and stream sequence. A read given the
+    position of the event being acted on sees the log at least up to it: everything stored
+    before it, its causes included, even from a replica that had not stored it when asked."""
+
     subject: str
     seq: int
-
-
-_floor: contextvars.ContextVar[_Floor | None] = contextvars.ContextVar("read_floor", default=None)
 
 
 class Delivery(NamedTuple):
@@ -97,23 +97,6 @@ def delivery(reply: str) -> Delivery:
         raise ValueError(f"not a JetStream delivery: reply subject {reply!r}")
     at = 2 if len(tokens) == 9 else 4
     return Delivery(tokens[at + 1], int(tokens[at + 2]), int(tokens[at + 3]), int(tokens[at + 4]))
-
-
-@contextmanager
-def reading_from(subject: str, seq: int) -> Iterator[None]:
-    """Reads of the conversation log made inside this block (and in tasks started from it)
-    see the stream at least up to `seq`, the event on `subject` being acted on: everything
-    stored before it, its causes included."""
-    token = _floor.set(_Floor(subject, seq))
-    try:
-        yield
-    finally:
-        _floor.reset(token)
-
-
-def reading_floor() -> _Floor | None:
-    """The event being acted on (`reading_from`), if any: its subject and log position."""
-    return _floor.get()
 
 
 @dataclass
@@ -192,8 +175,10 @@ class Bus:
 
     # --- reading the log ----------------------------------------------------------------
 
-    async def read(self, filter_subject: str, after_seq: int = 0, batch: int = 256) -> list[Record]:
-        """All stored events on `filter_subject` with sequence > `after_seq`, in order.
+    async def read(self, filter_subject: str, after_seq: int = 0, batch: int = 256,
+                   at: Position | None = None) -> list[Record]:
+        """All stored events on `filter_subject` with sequence > `after_seq`, in order (up to
+        `at` at least, when its subject is one the filter covers: see `Position`).
 
         Uses JetStream's batched direct get (one request per `batch` events) instead of
         a consumer, so reading a conversation costs no server-side state. Events that do not
@@ -201,15 +186,16 @@ class Bus:
         no state is folded from them.
         """
         records: list[Record] = []
-        async for seq, subject, data in self.read_raw(filter_subject, after_seq, batch):
+        async for seq, subject, data in self.read_raw(filter_subject, after_seq, batch, at=at):
             if (event := stored_event(seq, subject, data)) is not None:
                 records.append(Record(seq=seq, subject=subject, event=event))
         return records
 
-    async def last(self, subject: str) -> ev.Event | None:
+    async def last(self, subject: str, at: Position | None = None) -> ev.Event | None:
         """The newest stored event on one subject (a direct get), or None (also when that
-        event's envelope disagrees with the subject: it is logged, not trusted)."""
-        floor = _floor.get()
+        event's envelope disagrees with the subject: it is logged, not trusted). `at`: from a
+        replica that has stored that position."""
+        floor = at
         if floor is None:
             try:
                 msg = await self.js.get_msg(subjects.CONV_STREAM, subject=subject, direct=True)
@@ -226,7 +212,7 @@ class Bus:
             return None
         return event
 
-    async def _last_from(self, subject: str, floor: _Floor) -> tuple[bytes | None, str | None]:
+    async def _last_from(self, subject: str, floor: Position) -> tuple[bytes | None, str | None]:
         """`last` from a replica that has stored the event being handled: the last message of
         `subject` and of the floor's subject in one answer, whose sequences (and the
         replica's last sequence, `Nats-UpTo-Sequence`) say whether it is that far."""
@@ -242,7 +228,7 @@ class Bus:
                 return (mine[0].data, subject) if mine else (None, None)
             waited = await self._wait_behind(waited, subject, floor)
 
-    async def _wait_behind(self, waited: float | None, what: str, floor: _Floor) -> float:
+    async def _wait_behind(self, waited: float | None, what: str, floor: Position) -> float:
         """A read came back from a replica behind the event being handled: pause before
         reading again, or give up after the request timeout. When the waiting began."""
         now = time.monotonic()
@@ -254,7 +240,7 @@ class Bus:
         return waited
 
     @staticmethod
-    def _log_wait(waited: float | None, what: str, floor: _Floor) -> None:
+    def _log_wait(waited: float | None, what: str, floor: Position) -> None:
         """A read that had to wait says so: how far replicas lag shows in the logs."""
         if waited is not None:
             log.info("read waited for a replica behind the event being handled", extra={
@@ -303,12 +289,12 @@ class Bus:
         return self._read_prefix
 
     async def read_raw(self, filter_subject: str, after_seq: int = 0, batch: int = 256,
-                       stream: str = subjects.CONV_STREAM):
+                       stream: str = subjects.CONV_STREAM, at: Position | None = None):
         """(seq, subject, data) of the stored messages on `filter_subject`, in order: the
         conversation log by default, or another stream that allows direct gets (TOKENS).
-        Inside `reading_from`, a read of the log whose filter covers the event being handled
-        goes on until it has reached that event."""
-        floor = _floor.get()
+        Given `at`, a read of the log whose filter covers that position goes on until it has
+        reached it."""
+        floor = at
         if not (floor and stream == subjects.CONV_STREAM and floor.seq > after_seq
                 and subjects.matches(filter_subject, floor.subject)):
             floor = None

@@ -32,10 +32,11 @@ from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
 
 from shared import events as ev
 from shared import logs, metrics, subjects, telemetry
-from shared.bus import BUS_UNAVAILABLE, Bus, delivery, reading_from
+from shared.bus import BUS_UNAVAILABLE, Bus, Position, delivery
 from shared.config import ConsumerConfig
 from shared.node import Context, Node, PermanentError, gather
 from shared.site_config import SiteConfigs
+from shared.store import ConversationStore, JetStreamStore
 
 log = logging.getLogger(__name__)
 OUTCOMES = ("ok", "retried", "failed", "dead_lettered", "mismatched")  # concierge_node_events_total{outcome}
@@ -67,6 +68,9 @@ class ConsumerRunner:
     node: Node
     config: ConsumerConfig
     configs: SiteConfigs | None = None  # the site configs nodes that need one are handed
+    # Where the node's inputs are read (None: from the bus each time; a service passes its
+    # process's CachedStore).
+    store: ConversationStore | None = None
     start_lookback_s: float = 300.0
     stats: Stats = field(default_factory=Stats)
     _tasks: set[asyncio.Task] = field(default_factory=set)
@@ -74,6 +78,10 @@ class ConsumerRunner:
     _advisory_sub: object | None = None
     _stopping: bool = False
     bound: bool = False  # the durable answered at start or at the last `check` (/readyz)
+
+    def __post_init__(self):
+        if self.store is None:
+            self.store = JetStreamStore(self.bus)
 
     @property
     def durable(self) -> str:
@@ -317,11 +325,11 @@ class ConsumerRunner:
             await self._handled(msg)
             return
 
-        # What the handler reads of the log includes this event (and so what caused it), even
-        # from a replica that had not stored it yet when asked.
+        # What the handler's inputs hold of the log includes this event (and so what caused
+        # it), even read from a replica that had not stored it yet when asked.
         conv = self.stream == subjects.CONV_STREAM
-        floor = reading_from(msg.subject, at.stream_seq) if conv else contextlib.nullcontext()
-        with logs.conversation(event.site, event.session_id, event.turn), floor:
+        position = Position(msg.subject, at.stream_seq) if conv else None
+        with logs.conversation(event.site, event.session_id, event.turn):
             span_name = f"{self.durable} {ev.event_type(event)}"
             with telemetry.handling(TRACER, span_name, msg.headers) as span:
                 span.set_attribute("concierge.attempt", attempt)
@@ -329,12 +337,15 @@ class ConsumerRunner:
                 progress = subjects.progress(event.site, event.session_id, event.turn) if conv else None
                 heartbeat = _Heartbeat(self, msg, progress)
                 try:
-                    inputs = await gather(self.node.needs, event, self.bus, self.configs)
-                    ctx = Context(bus=self.bus, node=self.durable, cause=event, attempt=attempt,
+                    inputs = await gather(self.node.needs, event, self.store, self.configs, position)
+                    ctx = Context(out=self.bus, node=self.durable, cause=event, attempt=attempt,
                                   input_seq=inputs.state.last_seq, config_version=inputs.config.version)
                     outputs = await self.node.handle(event, inputs, ctx)
                     for out in outputs:
-                        await self.bus.publish(out)
+                        if isinstance(out, ev.WORK_ITEMS):  # a work item goes to its queue, not the log
+                            await self.bus.publish_work(out)
+                        else:
+                            await self.bus.publish(out)
                 except asyncio.CancelledError:
                     raise
                 except PermanentError as exc:

@@ -521,6 +521,9 @@ class TriageRequested(Envelope, tag="triage_requested", kw_only=True):
     request_id: str = ""
 
 
+WORK_ITEMS = (BriefRequested, TriageRequested)  # what goes on the BRIEFS work queue, not in a log
+
+
 class TriageItem(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     session_id: str
     classification: TriageClass

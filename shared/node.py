@@ -1,16 +1,19 @@
 """The node seam: what a graph node declares, and what the runner hands it.
 
-A node names the event types it consumes and what it needs to decide (`Needs`): the
+A node names the event types it consumes and everything it reads to decide (`Needs`): the
 conversation's folded state, the site's config, events of this turn to wait for (each wait
-with its deadline), and which of the consumed events concern it at all (`when`). The runner
-(shared/consumer.py) gathers those `Inputs`, then calls
+with its deadline), the conversation's stored events of some types, the site's open leads,
+the turn's route (to cancel work routed away), the knowledge base's vectors, and which of the
+consumed events concern it at all (`when`). The runner (shared/consumer.py) gathers those
+`Inputs` from the conversation store (shared/store), then calls
 
     handle(event, inputs, ctx) -> events
 
 so a node reads top to bottom as inputs → decision → events, and its decision is tested by
-handing it inputs, with no server (tests/helpers.py `decide`). `ctx` makes the output events (derived
-ids, so a redelivered input gives the same events) and sends what must go out before the
-handler returns (tokens, LLM call records).
+handing it inputs, with no server (tests/helpers.py `decide`). A handler reads nothing else:
+it never touches the bus. `ctx` makes the output events (derived ids, so a redelivered input
+gives the same events) and sends what must go out before the handler returns (tokens, LLM
+call records). The state in the inputs is shared with other handlers: read it, never change it.
 
     Node("skill_applier", consumes=("route_decided",), handle=apply_skills,
          needs=Needs(state=True, config=True))
@@ -21,13 +24,15 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Sequence
+from types import MappingProxyType
+from typing import Awaitable, Callable, Mapping, Sequence
 
-from shared import awaiter, loader, subjects
+from shared import subjects
 from shared import events as ev
-from shared.bus import Bus
+from shared.bus import Bus, Position
 from shared.site_config import SiteConfig, SiteConfigs
 from shared.state import ConversationState
+from shared.store import ConversationStore, Route
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +55,15 @@ class Needs:
     state: bool = False  # the conversation's folded state (snapshot + tail)
     config: bool = False  # the site's config (defaults for a site without one)
     waits: tuple[Wait, ...] = ()  # implies state: the state once these are in, or late
+    log: tuple[str, ...] = ()  # every stored event of these types in the conversation → Inputs.log[type]
+    latest: tuple[str, ...] = ()  # the newest stored event of each of these types → Inputs.latest[type]
+    open_briefs: bool = False  # the latest brief of each of the site's open leads → Inputs.open_briefs
+    route: bool = False  # the turn's route as it is decided → Inputs.route, to cancel work routed away
+    kb_vectors: bool = False  # the knowledge base's vectors bucket → Inputs.kb_vectors (None: none)
     when: Callable[[ev.Envelope], bool] | None = None  # False: not this node's event (acked, nothing out)
+
+
+_NOTHING: Mapping = MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -58,13 +71,19 @@ class Inputs:
     state: ConversationState = field(default_factory=ConversationState)
     config: SiteConfig = field(default_factory=SiteConfig)
     late: tuple[str, ...] = ()  # awaited event types not stored by their deadline
+    log: Mapping[str, tuple[ev.Envelope, ...]] = field(default_factory=lambda: _NOTHING)
+    latest: Mapping[str, ev.Envelope | None] = field(default_factory=lambda: _NOTHING)
+    open_briefs: tuple[ev.BriefCompleted, ...] = ()
+    route: Route | None = None
+    kb_vectors: object | None = None
 
 
 @dataclass
 class Context:
-    """What a handler gets besides its event and inputs: a way to make and send events."""
+    """What a handler gets besides its event and inputs: a way to make and send events
+    (`out`: where they go; a handler reads nothing through it)."""
 
-    bus: Bus
+    out: Bus
     node: str
     cause: ev.Envelope
     attempt: int
@@ -89,14 +108,14 @@ class Context:
 
     async def emit(self, event: ev.Envelope) -> None:
         """Store an event now, before the handler returns (e.g. an LLM call record)."""
-        await self.bus.publish(event)
+        await self.out.publish(event)
 
     async def record_llm(self, call: ev.LLMCall) -> None:
         """Store one LLM call; each attempt's calls keep their own ids. A call too big for
         the bus is stored truncated (`call.truncated`), never failing the turn."""
         self._llm_calls += 1
         record = self.follow(ev.LLMCallRecorded, key=f"llm-{self.attempt}-{self._llm_calls}", node=self.node, call=call)
-        record = ev.fit_llm_call(record, self.bus.max_event_bytes)
+        record = ev.fit_llm_call(record, self.out.max_event_bytes)
         if record.call.truncated:
             log.warning("LLM call record truncated to fit the bus",
                         extra={"node": self.node, "role": call.role, "chars_cut": record.call.truncated})
@@ -106,7 +125,11 @@ class Context:
         chunk = self.follow(
             ev.TokenChunk, key=f"token-{self.attempt}-{index}", index=index, content=content, attempt=self.attempt
         )
-        await self.bus.publish_token(chunk)
+        await self.out.publish_token(chunk)
+
+    async def stream(self, chunk: ev.SourcesAttached) -> None:
+        """Send something on the turn's token stream besides tokens (the sources ahead of them)."""
+        await self.out.publish_token(chunk)
 
 
 Handler = Callable[[ev.Envelope, Inputs, Context], Awaitable[Sequence[ev.Envelope]]]
@@ -140,9 +163,12 @@ class Node:
         return self.needs.when is None or self.needs.when(event)
 
 
-async def gather(needs: Needs, event: ev.Envelope, bus: Bus, configs: SiteConfigs | None) -> Inputs:
-    """Load and wait for what `needs` asks, for `event`'s conversation and turn."""
+async def gather(needs: Needs, event: ev.Envelope, store: ConversationStore, configs: SiteConfigs | None,
+                 at: Position | None = None) -> Inputs:
+    """Read what `needs` asks from `store`, for `event`'s conversation and turn; `at`: where
+    `event` sits in the log (reads see the log at least that far)."""
     started = time.monotonic()
+    site, session = event.site, event.session_id
     state = ConversationState()
     late: list[str] = []
     if needs.waits:
@@ -154,13 +180,20 @@ async def gather(needs: Needs, event: ev.Envelope, bus: Bus, configs: SiteConfig
             # Past this wait's deadline (an earlier wait used it up), the log is still read
             # once more for what it may have stored meanwhile; a wait of 0 s reads nothing more.
             if remaining > 0 or not loaded or (missing and wait.deadline_s > 0):
-                state = await awaiter.turn_state(bus, event.site, event.session_id, event.turn, set(wait.kinds),
-                                                 max(0.0, remaining))
+                state = await store.turn_state(event, set(wait.kinds), max(0.0, remaining), at)
                 loaded = True
         record = state.turns.get(event.turn)
         seen = set(record.seen) if record else set()
         late = [kind for wait in needs.waits for kind in wait.kinds if kind not in seen]
     elif needs.state:
-        state = await loader.load_for_event(bus, event.site, event.session_id, event.turn)
-    config = (await configs.get(event.site) if configs is not None else SiteConfig()) if needs.config else SiteConfig()
-    return Inputs(state=state, config=config, late=tuple(late))
+        state = await store.state(site, session, at, event.turn)
+    config = (await configs.get(site) if configs is not None else SiteConfig()) if needs.config else SiteConfig()
+    return Inputs(
+        state=state, config=config, late=tuple(late),
+        log=MappingProxyType({kind: tuple(await store.events(site, session, kind, at)) for kind in needs.log})
+        if needs.log else _NOTHING,
+        latest=MappingProxyType({kind: await store.latest(site, session, kind, at) for kind in needs.latest})
+        if needs.latest else _NOTHING,
+        open_briefs=tuple(await store.open_briefs(site)) if needs.open_briefs else (),
+        route=await store.route(event, at) if needs.route else None,
+        kb_vectors=store.kb_vectors() if needs.kb_vectors else None)

@@ -25,13 +25,14 @@ from typing import Awaitable, Callable, Sequence, TypeVar
 import msgspec
 import uvloop
 
-from shared import llm, loader, logs, telemetry
+from shared import llm, logs, telemetry
 from shared.bus import Bus, connect
 from shared.config import BusConfig, ConfigError, ConsumerConfig, Settings, env_float, env_int, env_str
 from shared.consumer import ConsumerRunner
 from shared.node import Node
 from shared.ops import OpsServer
 from shared.site_config import SiteConfigs
+from shared.store import CachedStore
 
 log = logging.getLogger(__name__)
 
@@ -135,16 +136,16 @@ async def serve(service: str, make_nodes: NodeFactory, settings: ProcessSettings
     process = process or Process()
     ops = await start_ops(process.ready, settings.ops_port, settings.ops_host)
     watcher = None
-    following = False
+    store = None
     try:
         bus = process.bus = await connect(settings.bus, name=service)
         nodes = select_nodes(service, await make_nodes(bus), settings.nodes)
         configs = process.configs = SiteConfigs(bus, settings.site_config_ttl_s)  # one cache for every node
+        store = CachedStore(bus)  # where every node's inputs are read: one fold cache for all of them
         process.runners = [ConsumerRunner(bus, node, ConsumerConfig.from_env(node.name), configs=configs,
-                                          start_lookback_s=settings.start_lookback_s) for node in nodes]
+                                          store=store, start_lookback_s=settings.start_lookback_s) for node in nodes]
         if follow_log and any(node.needs.state or node.needs.waits for node in nodes):
-            await loader.follow(bus)
-            following = True
+            await store.follow()
         for runner in process.runners:
             await runner.start()
         process.started = True
@@ -167,16 +168,15 @@ async def serve(service: str, make_nodes: NodeFactory, settings: ProcessSettings
         log.info("stopping")
         process.started = False  # not ready while draining: no new work should be routed here
         await asyncio.gather(*(runner.stop() for runner in process.runners))
-        if following:
-            following = False
-            await loader.unfollow()
+        await store.close()
+        store = None
         await bus.close()
         log.info("stopped")
     finally:
         if process.bus is not None:
             await process.bus.close()  # already closed after a clean stop; here for a failed start
-        if following:
-            await loader.unfollow()
+        if store is not None:
+            await store.close()
         if watcher is not None:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -14,7 +14,8 @@ from shared import subjects
 from shared.config import ConsumerConfig
 from cli.replay.sandbox import LogBus
 from shared.consumer import ConsumerRunner
-from shared.node import Context, Inputs
+from shared.node import Context, Inputs, gather
+from shared.store import MemoryStore
 from shared.site_config import SiteConfig
 from shared.state import ConversationState, Record, encode_state, fold
 
@@ -108,14 +109,14 @@ class FixedConfigs:
 
 class RecordingBus(LogBus):
     """Stands in for the bus when a node's decision is tested alone: what the handler sends
-    before it returns (LLM call records, tokens) is kept, in order; what it reads of the log
-    comes from the given events, and nothing arrives live."""
+    before it returns (LLM call records, tokens) is kept, in order (what it reads comes from
+    a `MemoryStore` over `log`)."""
 
     def __init__(self, log: list[Record] | None = None):
         self.log = log or []
         self.emitted: list[ev.Envelope] = []
         self.tokens: list[ev.Envelope] = []
-        super().__init__(lambda: self.log, self.emitted.append, self.tokens.append)
+        super().__init__(self.emitted.append, self.tokens.append)
 
 
 @dataclasses.dataclass
@@ -129,17 +130,17 @@ async def decide(node, event, *given, config=None, late=(), attempt=1) -> Decisi
     """Given these events (the conversation so far), when `event` arrives, then the node
     decides these events: its handler on the inputs the runner would gather, no server.
     `event` is in the state, as it is in the log by the time a node sees it."""
-    bus = RecordingBus(records_of(*given, event))
+    records = records_of(*given, event)
+    bus = RecordingBus(records)
     if not node.concerns(event):
         return Decision([], [], [])
-    needs = node.needs
-    state = state_of(*given, event) if (needs.state or needs.waits) else ConversationState()
-    inputs = Inputs(state=state, config=config or SiteConfig(), late=tuple(late))
-    ctx = Context(bus=bus, node=node.name, cause=event, attempt=attempt)
-    given_state = encode_state(state)
+    inputs = await gather(node.needs, event, MemoryStore(lambda: records), FixedConfigs(config or SiteConfig()))
+    inputs = dataclasses.replace(inputs, late=tuple(late))
+    ctx = Context(out=bus, node=node.name, cause=event, attempt=attempt)
+    given_state = encode_state(inputs.state)
     outputs = list(await node.handle(event, inputs, ctx))
-    # The runner hands handlers the loader's cached state itself (shared/loader.load_for_event).
-    assert encode_state(state) == given_state, f"{node.name} changed the state it was given"
+    # The store hands handlers its cached state itself (shared/store/cached.py), shared by all.
+    assert encode_state(inputs.state) == given_state, f"{node.name} changed the state it was given"
     return Decision(outputs, bus.emitted, bus.tokens)
 
 

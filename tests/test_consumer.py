@@ -59,7 +59,7 @@ async def test_a_bus_that_does_not_answer_is_retried_far_enough_apart_to_outlast
 
     async def handle(event, inputs, ctx):
         attempts.append(ctx.attempt)
-        await ctx.bus.js.publish(f"later.{site}", b"a side effect's record")  # no stream yet: no response
+        await ctx.out.js.publish(f"later.{site}", b"a side effect's record")  # no stream yet: no response
         return [ctx.follow(ev.RouteDecided, route="ANSWER", reason="the bus is back")]
 
     runner = await start(bus, Node(unique("later"), ("turn_requested",), own(site, handle)))
@@ -363,7 +363,7 @@ async def test_an_llm_call_record_is_cut_to_the_servers_max_payload(site):
             assert bus.nc.max_payload == 65536 and bus.max_event_bytes == 49152
             cause = requested(site)
             await bus.publish(cause)
-            ctx = Context(bus=bus, node="answer_writer", cause=cause, attempt=1)
+            ctx = Context(out=bus, node="answer_writer", cause=cause, attempt=1)
             await ctx.record_llm(ev.LLMCall(role="answer", model="m", base_url="http://x",
                                             messages=[{"role": "user", "content": "q" * 200_000}],
                                             response_text="fine"))

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from shared import events as ev
-from shared import loader, privacy, redis_client, subjects
+from shared import privacy, redis_client, subjects
 from shared.config import BusConfig
 from shared.events import LLMCall, VisitorProfile
+from shared.store import CachedStore
 from cli import erase
 
 KEYS = privacy.PrivacySettings()  # the development IP hash key
@@ -48,9 +49,10 @@ async def test_erase_visitor_everywhere(bus, nats_url, redis_url, site):
                     privacy.returning_key(site, digest), privacy.seen_key(site, "second")):
             await redis.set(key, b"x")
 
-        before = await loader.load(bus, site, "first")  # this process now has the fold cached
+        store = CachedStore(bus)
+        before = await store.state(site, "first")  # this store now has the fold cached
         report = await erase.erase(BusConfig(url=nats_url), redis_url, site, ["first"], None)
-        after = await loader.load(bus, site, "first")
+        after = await store.state(site, "first")
         assert len(after.messages) == len(before.messages) == 2 and after.event_count == 5
         assert "ada@example.com" not in after.messages[0].content
 

@@ -21,11 +21,12 @@ from services.router.classifiers import IntentClassifier
 from services.router.runtime import RouterParts
 from services.router.signals import SignalRules
 from shared import events as ev
-from shared import history, loader, subjects
+from shared import history, subjects
 from shared.config import LLM_ROLES, LLMRoleConfig
 from shared.node import Context, gather
 from shared.llm import LLMClient
 from shared.site_config import SiteConfig
+from shared.store import JetStreamStore
 from tests.helpers import FixedConfigs
 
 CANARY = "CANARY-7f3a"
@@ -40,7 +41,7 @@ async def run(bus, node, event, configs=None) -> list[ev.Envelope]:
     if not node.concerns(event):
         return []
     inputs = await gather(node.needs, event, bus, configs)
-    outputs = await node.handle(event, inputs, Context(bus=bus, node=node.name, cause=event, attempt=1))
+    outputs = await node.handle(event, inputs, Context(out=bus, node=node.name, cause=event, attempt=1))
     for out in outputs:
         await bus.publish(out)
     return outputs
@@ -91,7 +92,7 @@ async def test_no_hack_text_reaches_any_role_and_every_role_gets_the_guardrails(
                         rules=SignalRules.load(), llm=client, signals_backend="llm", skills_backend="llm")
     for make in (intent_classifier.make_node, interest_signals_detector.make_node, skill_selector.make_node):
         await run(bus, make(parts), follow_up, configs)
-    state = await loader.load(bus, site, SESSION)
+    state = await JetStreamStore(bus).state(site, SESSION)
     query = search.search_text(history.previous_message(state, 3), follow_up.message)
     assert query == "And the price?"  # the HACK message is not read as the context of a follow-up
 

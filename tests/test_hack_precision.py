@@ -15,9 +15,9 @@ from services.router import evaluation, injection, intent_router, routing
 from services.router.classifiers import IntentClassifier
 from services.router.local_model import EVAL, TRAIN, read_jsonl
 from shared import events as ev
-from shared import loader
 from shared.site_config import SiteConfig
 from shared.state import BookingState
+from shared.store import JetStreamStore
 from tests.helpers import unique, wait_for
 from tests.test_intent_classifier import _llm_client
 from tests.test_router import _events, _runners, _turn, parts  # noqa: F401 - parts is a fixture
@@ -196,7 +196,7 @@ async def test_the_router_records_a_suspicious_turn_without_a_strike(bus, site, 
         (decision,) = await wait_for(decided)
         assert (decision.route, decision.branch, decision.intent, decision.hack_increment, decision.suspicious) == \
             expected, decision.reason
-        state = await loader.load(bus, site, session)
+        state = await JetStreamStore(bus).state(site, session)
         assert state.hack_count == expected[3]
     finally:
         for runner in runners:

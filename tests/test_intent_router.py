@@ -159,7 +159,7 @@ async def test_only_the_handler_of_the_analysis_stored_last_decides():
         state = state_of(request, *stored)
         decided = []
         for woken_by in stored:
-            ctx = Context(bus=RecordingBus([]), node=NODE.name, cause=woken_by, attempt=1)
+            ctx = Context(out=RecordingBus([]), node=NODE.name, cause=woken_by, attempt=1)
             decided.append(await NODE.handle(woken_by, Inputs(state=state, config=SiteConfig()), ctx))
         assert [len(events) for events in decided] == [0, 0, 1], [ev.event_type(e) for e in stored]
         assert decided[-1][0].route == "ANSWER"

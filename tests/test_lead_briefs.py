@@ -15,9 +15,9 @@ from shared import events as ev
 from shared import subjects
 from shared.config import LLMRoleConfig
 from shared.llm import LLMClient
-from shared.node import Context, Inputs
+from shared.node import Inputs
 from shared.privacy import REDACTED
-from tests.helpers import RecordingBus, briefs_queue_empty, decide, records_of, start, state_of, turn, wait_for
+from tests.helpers import briefs_queue_empty, decide, start, state_of, turn, wait_for
 
 SITE, SESSION = "acme", "lead1"
 
@@ -250,11 +250,8 @@ def captured(session: str, email: str | None = None) -> ev.LeadCaptured:
 
 async def triage_with(llm_client, *briefs, erased=()):
     leads = {b.session_id: captured(b.session_id, REDACTED if b.session_id in erased else None) for b in briefs}
-    bus = RecordingBus(records_of(*leads.values(), *briefs))
-    node = lead_triager.make_node(llm_client)
-    request = triage_request()
-    ctx = Context(bus=bus, node=node.name, cause=request, attempt=1)
-    return await node.handle(request, Inputs(), ctx), bus.emitted
+    decision = await decide(lead_triager.make_node(llm_client), triage_request(), *leads.values(), *briefs)
+    return decision.events, decision.emitted
 
 
 async def test_an_incomplete_triage_is_repaired_once_then_accepted(briefs_llm):
@@ -382,10 +379,8 @@ async def test_a_log_stored_again_by_an_erase_writes_no_second_brief():
     done = ev.follow(gathered, ev.BriefCompleted, lead_briefer.NAME, request_id=capture.event_id, brief="x",
                      metadata=ev.BriefMetadata(priority=1, stage="exploring", estimated_seats=0, confidence=1),
                      call_script="x", summary="x")
-    bus = RecordingBus(records_of(*events, gathered, done))
-    requester = brief_requester.make_node()
-    ctx = Context(bus=bus, node=requester.name, cause=capture, attempt=1)
-    assert await requester.handle(capture, Inputs(), ctx) == [] and bus.emitted == []
+    again = await decide(brief_requester.make_node(), capture, *[e for e in events if e is not capture], gathered, done)
+    assert again.events == [] and again.emitted == []
     assert (await decide(lead_briefer.make_node(None), gathered, *events, done)).events == []
     erased = msgspec.structs.replace(gathered, inputs=msgspec.structs.replace(gathered.inputs, email=REDACTED))
     assert (await decide(lead_briefer.make_node(None), erased)).events == []

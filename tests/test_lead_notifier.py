@@ -221,7 +221,7 @@ async def test_a_lead_claimed_but_not_sent_is_sent_once_on_redelivery(bus, site,
 
     node = lead_notifier.make_node(claims, to(receiver))
     inputs = await gather(node.needs, captured, bus, SiteConfigs(bus, ttl_s=0))
-    again = await node.handle(captured, inputs, Context(bus=bus, node=runner.durable, cause=captured, attempt=2,
+    again = await node.handle(captured, inputs, Context(out=bus, node=runner.durable, cause=captured, attempt=2,
                                                         input_seq=inputs.state.last_seq))
     assert len(receiver.requests) == 1
     # The same event (the same id: JetStream drops the copy), made from the state as it is now.

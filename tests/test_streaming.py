@@ -16,7 +16,7 @@ async def test_a_known_reply_streams_a_sentence_at_a_time_and_adds_up_to_the_tex
     text = ("QuickBooks Online and Xero sync every 10 minutes [1]. Invoices, payments and customers move "
             "both ways [1][2]. Version 2.0 is live.\n📅 Would a short demo help?")
     bus, cause = RecordingBus(), turn("s", "x", 1, "Do you integrate with QuickBooks?")
-    completed = await stream_text(Context(bus=bus, node="answer_writer", cause=cause, attempt=1), "answer_writer", text)
+    completed = await stream_text(Context(out=bus, node="answer_writer", cause=cause, attempt=1), "answer_writer", text)
     pieces = [t.content for t in bus.tokens]
     assert pieces == ["QuickBooks Online and Xero sync every 10 minutes [1]. ",
                       "Invoices, payments and customers move both ways [1][2]. ", "Version 2.0 is live.\n",
@@ -44,7 +44,7 @@ class ScriptedStream:
 
 async def test_a_models_deltas_go_out_batched_the_first_at_once_and_add_up_to_the_text():
     bus, cause = RecordingBus(), turn("s", "x", 1, "Do you integrate with QuickBooks?")
-    ctx = Context(bus=bus, node="answer_writer", cause=cause, attempt=1)
+    ctx = Context(out=bus, node="answer_writer", cause=cause, attempt=1)
     words = ["Quick", "Books", " Online", " and", " Xero", " sync", " every", " 10", " minutes", "."]
     seen_first = []
 
@@ -63,7 +63,7 @@ async def test_a_models_deltas_go_out_batched_the_first_at_once_and_add_up_to_th
 
 async def test_a_delta_left_waiting_by_a_pausing_model_goes_out_without_the_next():
     bus, cause = RecordingBus(), turn("s", "x", 1, "Hello?")
-    ctx = Context(bus=bus, node="answer_writer", cause=cause, attempt=1)
+    ctx = Context(out=bus, node="answer_writer", cause=cause, attempt=1)
     during_pause = []
 
     def after_pause():
@@ -79,7 +79,7 @@ async def test_a_delta_left_waiting_by_a_pausing_model_goes_out_without_the_next
 
 async def test_no_batching_sends_one_token_event_per_delta():
     bus, cause = RecordingBus(), turn("s", "x", 1, "Hello?")
-    ctx = Context(bus=bus, node="answer_writer", cause=cause, attempt=1)
+    ctx = Context(out=bus, node="answer_writer", cause=cause, attempt=1)
     completed = await stream_llm(ctx, ScriptedStream([(0, "a"), (0, "b"), (0, "c")]), "answer", "answer_writer", [],
                                  batch_s=0)
     assert [t.content for t in bus.tokens] == ["a", "b", "c"] and completed.token_count == 3
@@ -87,7 +87,7 @@ async def test_no_batching_sends_one_token_event_per_delta():
 
 async def test_a_stream_that_fails_sends_what_the_model_said_and_leaves_no_timer_behind():
     bus, cause = RecordingBus(), turn("s", "x", 1, "Hello?")
-    ctx = Context(bus=bus, node="answer_writer", cause=cause, attempt=1)
+    ctx = Context(out=bus, node="answer_writer", cause=cause, attempt=1)
     with pytest.raises(RuntimeError):
         await stream_llm(ctx, ScriptedStream([(0, "a"), (0, "b"), (0, " c"), (0, "d")], fail_after=3), "answer",
                          "answer_writer", [], batch_s=0.05)

@@ -45,7 +45,8 @@ from shared import events as ev
 from shared import numbers, subjects
 from shared.config import LLMRoleConfig
 from shared.llm import LLMClient
-from shared.node import Context, Inputs
+from shared.node import Context, gather
+from shared.store import MemoryStore
 from shared.state import Record
 
 DATA = Path(__file__).resolve().parents[2] / "services" / "enricher" / "data"
@@ -83,11 +84,12 @@ def load(path: Path) -> list[Case]:
 
 
 async def run(node, event: ev.Envelope, log: list[Record] | None = None) -> tuple[list[ev.Envelope], list[ev.Envelope]]:
-    """One node's handler on one event, as the runner would call it: (returned, emitted)."""
+    """One node's handler on one event, as the runner would call it, its inputs read from `log`:
+    (returned, emitted)."""
     emitted: list[ev.Envelope] = []
-    bus = LogBus(lambda: log or [], emitted.append, lambda _: None)
-    ctx = Context(bus=bus, node=node.name, cause=event, attempt=1)
-    return list(await node.handle(event, Inputs(), ctx)), emitted
+    inputs = await gather(node.needs, event, MemoryStore(lambda: log or []), None)
+    ctx = Context(out=LogBus(emitted.append, lambda _: None), node=node.name, cause=event, attempt=1)
+    return list(await node.handle(event, inputs, ctx)), emitted
 
 
 def kept(brief: str, figure: str) -> bool:

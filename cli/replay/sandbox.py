@@ -32,7 +32,8 @@ from typing import Callable
 
 from shared import events as ev
 from shared import subjects
-from shared.node import Context, Inputs, Node
+from shared.node import Context, Node, gather
+from shared.store import MemoryStore
 from shared.site_config import SiteConfig
 from shared.state import ConversationState, Record, apply, copy_state, fold
 
@@ -72,17 +73,14 @@ class Recording:
 
 
 class LogBus:
-    """A bus over an in-memory log, for handlers run without a server (a rerun, a test of one
-    decision): what they publish goes to `on_event` / `on_token`, what they read of the log
-    (`read`, `last`: a route that cancels their work, their own last output) comes from
-    `records()`, and nothing arrives live on a subscription."""
+    """Where handlers run without a server (a rerun, a test of one decision) send what they
+    send before returning: events to `on_event`, tokens to `on_token`. (What they read comes
+    from a `MemoryStore` over the same log.)"""
 
     max_event_bytes = 1 << 20
-    kv: dict = {}  # no key-value bucket: what a handler would cache there it computes itself
 
-    def __init__(self, records: Callable[[], list[Record]], on_event: Callable, on_token: Callable):
-        self._records, self._on_event, self._on_token = records, on_event, on_token
-        self.nc = _Silent()
+    def __init__(self, on_event: Callable, on_token: Callable):
+        self._on_event, self._on_token = on_event, on_token
 
     async def publish(self, event: ev.Envelope) -> None:
         self._on_event(event)
@@ -90,22 +88,15 @@ class LogBus:
     async def publish_token(self, chunk) -> None:
         self._on_token(chunk)
 
-    async def read(self, filter_subject: str, after_seq: int = 0) -> list[Record]:
-        return [r for r in self._records() if r.seq > after_seq and subjects.matches(filter_subject, r.subject)]
 
-    async def last(self, subject: str):
-        found = await self.read(subject)
-        return found[-1].event if found else None
+class FixedConfig:
+    """A site's configs as a rerun has them: one config for the call."""
 
+    def __init__(self, config: SiteConfig):
+        self.config = config
 
-class _Silent:
-    """A connection on which no message ever arrives."""
-
-    async def subscribe(self, subject, cb=None, **_):
-        return self
-
-    async def unsubscribe(self):
-        return None
+    async def get(self, site: str) -> SiteConfig:
+        return self.config
 
 
 @dataclass
@@ -135,8 +126,7 @@ class Sandbox:
     _running_seq: int = 0
 
     def __post_init__(self):
-        self.bus = LogBus(lambda: [_record(i, e) for i, e in enumerate(self.log, start=1)],
-                          self._emitted, self.tokens.append)
+        self.bus = LogBus(self._emitted, self.tokens.append)
         self.use(self.nodes, self.config)
 
     def use(self, nodes: list[Node], config: SiteConfig) -> None:
@@ -240,6 +230,10 @@ class Sandbox:
                     return self.versions[out.config_version]
         return self.config
 
+    def records(self) -> list[Record]:
+        """The sandbox log as the store reads it."""
+        return [_record(i, e) for i, e in enumerate(self.log, start=1)]
+
     @staticmethod
     def _fold(events: list[ev.Envelope]) -> ConversationState:
         return fold(_record(i, e) for i, e in enumerate(events, start=1))
@@ -261,14 +255,14 @@ class Sandbox:
         needs = node.needs
         config = self._config(node.name, event)
         state = self._state(call) if (needs.state or needs.waits) else ConversationState()
-        seen = set(state.turns[event.turn].seen) if event.turn in state.turns else set()
-        late = tuple(kind for wait in needs.waits for kind in wait.kinds if kind not in seen)
-        # Outputs are stamped with their cause's time: a rerun's log is the same every time.
-        ctx = Context(bus=self.bus, node=node.name, cause=event, attempt=1, input_seq=state.last_seq,
-                      config_version=config.version if needs.config else "", clock=lambda: event.ts)
+        store = MemoryStore(self.records, given=state)
         CURRENT_CALL.set((node.name, event.turn))
         try:
-            return list(await node.handle(event, Inputs(state=state, config=config, late=late), ctx))
+            inputs = await gather(needs, event, store, FixedConfig(config))
+            # Outputs are stamped with their cause's time: a rerun's log is the same every time.
+            ctx = Context(out=self.bus, node=node.name, cause=event, attempt=1, input_seq=state.last_seq,
+                          config_version=config.version if needs.config else "", clock=lambda: event.ts)
+            return list(await node.handle(event, inputs, ctx))
         except Exception as exc:  # noqa: BLE001 - the runner would end the turn; so does the rerun
             reason = f"{type(exc).__name__}: {exc}"
             self.divergences.append({"turn": event.turn, "node": node.name,

@@ -12,7 +12,7 @@ item (`BriefFailed`): there is no one to brief about.
 from __future__ import annotations
 
 from shared import events as ev
-from shared import briefs, subjects
+from shared import subjects
 from shared.node import Context, Inputs, Needs, Node, PermanentError
 from shared.state import ConversationState
 from services.enricher.briefs.failure import brief_failed
@@ -69,18 +69,16 @@ def gathered(state: ConversationState, lead: ev.LeadCaptured, site_name: str, re
 
 
 async def gather(event: ev.BriefRequested, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
-    async def of_lead(event_type: str) -> list:
-        return [r.event for r in await ctx.bus.read(subjects.conv(event.site, event.session_id, event_type))]
-
-    leads = await of_lead("lead_captured")
+    leads = inputs.log["lead_captured"]
     if not leads:
         raise PermanentError(f"no lead was captured in conversation {event.site}/{event.session_id}")
-    earlier = await briefs.open_briefs(ctx.bus, event.site)
-    data = gathered(inputs.state, leads[0], inputs.config.name or event.site, await of_lead("retrieval_completed"),
-                    await of_lead("interest_signals_detected"), earlier)
+    data = gathered(inputs.state, leads[0], inputs.config.name or event.site, list(inputs.log["retrieval_completed"]),
+                    list(inputs.log["interest_signals_detected"]), list(inputs.open_briefs))
     return [ctx.follow(ev.BriefGathered, request_id=event.request_id, inputs=data)]
 
 
 def make_node() -> Node:
-    return Node(name=NAME, consumes=("brief_requested",), handle=gather, needs=Needs(state=True, config=True),
+    return Node(name=NAME, consumes=("brief_requested",), handle=gather,
+                needs=Needs(state=True, config=True, open_briefs=True,
+                            log=("lead_captured", "retrieval_completed", "interest_signals_detected")),
                 stream=subjects.BRIEFS_STREAM, failure=brief_failed)

@@ -38,13 +38,13 @@ def wanted(event: ev.LeadCaptured | ev.BookingProgressed, inputs: Inputs) -> str
 
 async def request(event: ev.LeadCaptured | ev.BookingProgressed, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
     reason = wanted(event, inputs)
-    if reason is None or await briefs.has_step(ctx.bus, event.site, event.session_id, event.event_id):
+    if reason is None or briefs.has_step_in(inputs.log, event.event_id):
         return []
-    await ctx.bus.publish_work(ctx.follow(ev.BriefRequested, reason=reason, request_id=event.event_id))
-    return []
+    return [ctx.follow(ev.BriefRequested, reason=reason, request_id=event.event_id)]  # to the BRIEFS queue
 
 
 def make_node() -> Node:
     return Node(name=NAME, consumes=("lead_captured", "booking_progressed"), handle=request,
-                needs=Needs(state=True, when=lambda event: isinstance(event, ev.LeadCaptured) or event.done),
+                needs=Needs(state=True, log=briefs.STEPS,
+                            when=lambda event: isinstance(event, ev.LeadCaptured) or event.done),
                 failure=brief_failed)

@@ -7,9 +7,8 @@ an `EnrichmentCompleted` (with `ran=False` when nothing needed doing) so that wh
 for it never waits in vain. A REDIRECT or BOOKING route for the turn cancels unfinished
 work, and the event says so.
 
-The node asks the runner for no inputs: it reads only the session's last
-`EnrichmentCompleted` (one direct get, and only on a later turn with nothing new), not the
-conversation's state.
+The node asks the runner for the session's last `EnrichmentCompleted` (one direct get)
+and the turn's route, not the conversation's state.
 """
 
 from __future__ import annotations
@@ -21,9 +20,9 @@ import logging
 
 import msgspec
 
-from shared import subjects, events as ev
-from shared import awaiter, privacy
-from shared.node import Context, Inputs, Node
+from shared import events as ev
+from shared import privacy
+from shared.node import Context, Inputs, Needs, Node
 from services.enricher.chain import Enricher
 from services.enricher.sources import Lookup
 
@@ -51,7 +50,7 @@ def make_node(enricher: Enricher) -> Node:
         if fingerprint:
             previous = await _safe(enricher.redis.get(seen_key))
             new_identity = previous is None or previous.decode() != fingerprint
-        if event.turn != 1 and not new_identity and not await _fell_short(ctx, event):
+        if event.turn != 1 and not new_identity and not fell_short(inputs.latest["enrichment_completed"]):
             return [ctx.follow(ev.EnrichmentCompleted, profile=ev.VisitorProfile(), ran=False)]
 
         trouble: list[str] = []
@@ -72,7 +71,7 @@ def make_node(enricher: Enricher) -> Node:
         statuses: dict[str, str] = {}
         chain = enricher.chain(fresh=event.turn != 1)
         work = asyncio.create_task(enricher.run(q, chain, statuses))
-        cancelled = await awaiter.race_with_route(ctx.bus, event, work)
+        cancelled = await inputs.route.race(work)
         if cancelled:
             for name, status in statuses.items():
                 if status == "running":
@@ -95,13 +94,13 @@ def make_node(enricher: Enricher) -> Node:
             trouble = []
         return [ctx.follow(ev.EnrichmentCompleted, profile=profile, sources=statuses, trouble=trouble)]
 
-    return Node(name=NAME, consumes=("turn_requested",), handle=enrich)
+    return Node(name=NAME, consumes=("turn_requested",), handle=enrich,
+                needs=Needs(latest=("enrichment_completed",), route=True))
 
 
-async def _fell_short(ctx: Context, event: ev.TurnRequested) -> bool:
+def fell_short(last: ev.Envelope | None) -> bool:
     """The session's last enrichment fell short for infrastructure reasons (its `trouble`):
     this turn tries again, so an outage costs a turn's profile, not the session's."""
-    last = await ctx.bus.last(subjects.conv(event.site, event.session_id, "enrichment_completed"))
     return isinstance(last, ev.EnrichmentCompleted) and bool(last.trouble)
 
 

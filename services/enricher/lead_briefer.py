@@ -24,7 +24,7 @@ from services.enricher.briefs.failure import brief_failed
 from shared import events as ev
 from shared import briefs, metrics
 from shared.llm import LLMClient
-from shared.node import Context, Inputs, Node
+from shared.node import Context, Inputs, Needs, Node
 from shared.privacy import EMAIL_RE, REDACTED
 
 NAME = "lead_briefer"
@@ -65,8 +65,7 @@ def make_node(llm: LLMClient | None, concurrency: int = 2) -> Node:
         return draft, review
 
     async def brief(event: ev.BriefGathered, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
-        if event.inputs.email == REDACTED or await briefs.has_step(ctx.bus, event.site, event.session_id,
-                                                                   event.request_id, ("brief_completed", "brief_failed")):
+        if event.inputs.email == REDACTED or briefs.has_step_in(inputs.log, event.request_id):
             return []  # an erase stored the log again: the brief was written (or the lead forgotten)
         started, data = time.monotonic(), event.inputs
         if llm is None:
@@ -89,6 +88,7 @@ def make_node(llm: LLMClient | None, concurrency: int = 2) -> Node:
                           missing_sections=draft.missing_sections, attempts=attempts)]
 
     return Node(name=NAME, consumes=("brief_gathered",), handle=brief, max_in_flight=concurrency,
+                needs=Needs(log=briefs.OUTCOMES),
                 failure=lambda event, node, attempts, reason: brief_failed(event, node, attempts, reason, backend))
 
 

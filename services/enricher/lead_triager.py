@@ -17,7 +17,7 @@ import msgspec
 from services.enricher.briefs import triage
 from services.enricher.briefs.failure import brief_failed
 from shared import events as ev
-from shared import briefs, subjects
+from shared import subjects
 from shared.llm import LLMClient, LLMError
 from shared.node import Context, Inputs, Needs, Node
 
@@ -30,7 +30,7 @@ def make_node(llm: LLMClient | None) -> Node:
     backend = "llm" if llm is not None else "data"
 
     async def rank(event: ev.TriageRequested, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
-        leads = await briefs.open_briefs(ctx.bus, event.site)
+        leads = list(inputs.open_briefs)
         items, used, error = [], backend, ""
         if leads and llm is not None:
             try:
@@ -43,6 +43,6 @@ def make_node(llm: LLMClient | None) -> Node:
         return [ctx.follow(ev.TriageCompleted, request_id=event.request_id, backend=used if leads else backend,
                            items=items, leads=len(leads), model_error=error[:2000])]
 
-    return Node(name=NAME, consumes=("triage_requested",), handle=rank, needs=Needs(config=True),
+    return Node(name=NAME, consumes=("triage_requested",), handle=rank, needs=Needs(config=True, open_briefs=True),
                 stream=subjects.BRIEFS_STREAM, max_in_flight=1,
                 failure=lambda event, node, attempts, reason: brief_failed(event, node, attempts, reason, backend))

@@ -26,12 +26,13 @@ from fastapi.responses import FileResponse, JSONResponse, Response, StreamingRes
 from sse_starlette import EventSourceResponse
 
 from shared import events as ev
-from shared import history, loader, logs, metrics, privacy, redis_client, subjects, telemetry
+from shared import history, logs, metrics, privacy, redis_client, subjects, telemetry
 from shared.bus import Bus, ConcurrencyConflict, connect, topology_ready
 from shared.service import start_ops
 from shared.session_guard import SessionGuard
 from shared.state import fold
 from shared.site_config import SiteConfig, SiteConfigs
+from shared.store import CachedStore
 from services.gateway import abuse_gate, admin, briefs, frames, visitor_view
 from services.gateway.cors import SiteCORS, origin_allowed
 from services.gateway.openapi import (CHAT_OPENAPI, CHAT_RESPONSES, OPERATOR_RESPONSES, RESUME_RESPONSES,
@@ -96,7 +97,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.bus = await connect(settings.bus, name="gateway")
-        await loader.follow(app.state.bus)  # shared/feed.py: turn-start loads read what it has not folded
+        app.state.store = CachedStore(app.state.bus)
+        await app.state.store.follow()  # shared/store/feed.py: turn-start loads read what it has not folded
         app.state.redis = redis_client.connect(settings.redis_url)
         app.state.limiter = RateLimiter(app.state.redis, settings.rate_per_ip_per_min, settings.rate_per_site_per_min)
         app.state.guard = SessionGuard(app.state.bus, ttl_s=settings.turn_deadline_s + 10)
@@ -112,7 +114,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             watcher.cancel()
             if ops is not None:
                 await ops.stop()
-            await loader.unfollow()
+            await app.state.store.close()
             await app.state.bus.close()
             await app.state.redis.aclose()
 
@@ -214,6 +216,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         started = time.perf_counter()
         body = decode_chat(await read_body(request, settings.max_body_bytes))
         bus: Bus = request.app.state.bus
+        store: CachedStore = request.app.state.store
         guard: SessionGuard = request.app.state.guard
         site = body.site
         ip = client_ip(request, settings.trusted_proxy_hops)
@@ -239,9 +242,9 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         if body.session_id is None:
             # A conversation we made up just now has no events: nothing to read.
             loading = asyncio.get_running_loop().create_future()
-            loading.set_result(loader.begin(site, session_id))
+            loading.set_result(store.begin(site, session_id))
         else:
-            loading = asyncio.ensure_future(loader.load(bus, site, session_id, write_snapshot=True, shared=True))
+            loading = asyncio.ensure_future(store.state(site, session_id, write_snapshot=True))
         try:
             hold = await guard.acquire(site, session_id)
         except BaseException:
@@ -268,7 +271,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         remembering = asyncio.ensure_future(_remember_ip(request, site, session_id, ip, settings.privacy.raw_ip_ttl_s))
         try:
             with tracer.start_as_current_span("chat turn") as span:
-                # The one load of a turn that writes the conversation's snapshot (loader.load).
+                # The one load of a turn that writes the conversation's snapshot (CachedStore.state).
                 state = await loading
                 if (sent := sent_before(state, body.client_message_id)) is not None:
                     # The message was sent before and that try started its turn: the client
@@ -285,7 +288,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                         return JSONResponse(
                             {"error": "turn_in_progress", "detail": "the previous turn of this session has not ended yet"},
                             status_code=429, headers={"Retry-After": "2"})
-                    state = await loader.load(bus, site, session_id, shared=True)
+                    state = await store.state(site, session_id)
                 turn = state.turn + 1
                 span.set_attributes({"concierge.site": site, "concierge.session": session_id, "concierge.turn": turn})
                 visitor = msgspec.to_builtins(body.visitor) if body.visitor is not None else None
@@ -362,7 +365,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         """Turn `turn`'s frames after frame `after` (-1: from `start`), live until it ends; a
         finished turn replays from the log. The caller checked the site and the token."""
         bus: Bus = request.app.state.bus
-        state = await loader.load(bus, site, session_id)
+        state = await request.app.state.store.state(site, session_id)
         record = state.turns.get(turn)
         if record is None:
             return _not_found(site, session_id, f" (turn {turn})")
@@ -377,7 +380,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         try:
             whole = await relay.catch_up()
             if not whole:
-                state = await loader.load(bus, site, session_id)
+                state = await request.app.state.store.state(site, session_id)
                 record = state.turns[turn]
         except BaseException:
             await relay.close()
@@ -423,7 +426,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         """The visitor's own conversation, as the widget shows it (X-Session-Token required)."""
         await configured_site(request, site)
         require_token(site, session_id, x_session_token)
-        state = await loader.load(request.app.state.bus, site, session_id)
+        state = await request.app.state.store.state(site, session_id)
         if state.event_count == 0:
             return _not_found(site, session_id)
         # Private to the token's holder: no shared cache may keep it under the URL alone.
@@ -458,7 +461,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             records = await request.app.state.bus.read(subjects.conversation(site, session_id))
             state = fold(r for r in records if r.seq <= at)
         else:
-            state = await loader.load(request.app.state.bus, site, session_id)
+            state = await request.app.state.store.state(site, session_id)
         if state.event_count == 0:
             return _not_found(site, session_id)
         return Response(msgspec.json.encode(state), media_type="application/json")

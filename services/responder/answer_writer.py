@@ -26,7 +26,7 @@ import numpy as np
 
 from services.responder import citations, extractive, kb_vectors
 from services.responder.streaming import TOKEN_BATCH_S, publish_sources, stream_llm, stream_text
-from shared import history, language, persona, prompts, subjects
+from shared import history, language, persona, prompts
 from shared import skills as sk
 from shared import events as ev
 from services.responder.settings import ANSWER_BACKENDS, ROLES, AnswerSettings
@@ -111,8 +111,8 @@ def backend(llm: LLMClient, chosen: str = "") -> str:
     return chosen
 
 
-async def extractive_answer(ctx: Context, knowledge: kb_vectors.KnowledgeVectors, settings: AnswerSettings,
-                            event: ev.RouteDecided,
+async def extractive_answer(ctx: Context, knowledge: kb_vectors.KnowledgeVectors, kb_bucket,
+                            settings: AnswerSettings, event: ev.RouteDecided,
                             state: ConversationState, documents: list[ev.RetrievedDocument], config: SiteConfig,
                             skills: list[str], question: str | None, late: list[str]) -> ev.ResponseCompleted:
     """The answer from the sources' sentences (extractive.py), streamed a sentence at a time
@@ -130,7 +130,7 @@ async def extractive_answer(ctx: Context, knowledge: kb_vectors.KnowledgeVectors
         visitors = extractive.asked_rows(asked)
         asked_vectors, source_vectors = await asyncio.gather(
             knowledge.embedder.aembed_all(texts[:visitors]),
-            knowledge.vectors(ctx.bus.kv.get(subjects.KB_VECTORS_BUCKET), event.site, texts[visitors:]))
+            knowledge.vectors(kb_bucket, event.site, texts[visitors:]))
         vectors = np.vstack([asked_vectors, source_vectors])
         picked = extractive.choose_from(vectors, asked, titles, pool, threshold=settings.extractive_threshold,
                                         max_sentences=settings.extractive_max_sentences)
@@ -170,7 +170,7 @@ def make_node(llm: LLMClient, settings: AnswerSettings = AnswerSettings(),
         documents = (record.sources or [])[:settings.max_sources] if record else []
         skills, question = applied_skills(state, event, config)
         if mode == "extractive":
-            completed = await extractive_answer(ctx, knowledge, settings, event, state, documents, config, skills,
+            completed = await extractive_answer(ctx, knowledge, inputs.kb_vectors, settings, event, state, documents, config, skills,
                                                 question, late)
             completed = msgspec.structs.replace(completed, llm_roles=roles)
             return [audited(completed, state, documents, declined=not citations.cited(completed.text))]
@@ -188,4 +188,5 @@ def make_node(llm: LLMClient, settings: AnswerSettings = AnswerSettings(),
     # the answer, never waited for longer.
     waits = (Wait(("retrieval_completed",), settings.retrieval_wait_s), Wait(AWAITED, settings.wait_s))
     return Node(name=NAME, consumes=("route_decided",), handle=handle,
-                needs=Needs(config=True, waits=waits, when=lambda event: event.route == "ANSWER"))
+                needs=Needs(config=True, waits=waits, kb_vectors=mode == "extractive",
+                            when=lambda event: event.route == "ANSWER"))

@@ -114,8 +114,8 @@ async def stream_llm(ctx: Context, llm: LLMClient, role: str, node: str, message
 async def publish_sources(ctx: Context, sources: list[ev.RetrievedDocument] | None) -> None:
     """The sources an answer may cite, on the token subject before its first token."""
     if sources:
-        await ctx.bus.publish_token(ctx.follow(ev.SourcesAttached, key=f"sources-{ctx.attempt}",
-                                               sources=ev.public_sources(sources)))
+        await ctx.stream(ctx.follow(ev.SourcesAttached, key=f"sources-{ctx.attempt}",
+                                    sources=ev.public_sources(sources)))
 
 
 async def stream_text(ctx: Context, node: str, text: str, backend: str = "template",

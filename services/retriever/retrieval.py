@@ -19,7 +19,7 @@ import logging
 import time
 
 from services.retriever.search import KnowledgeBaseError, Retriever, search_text
-from shared import awaiter, language
+from shared import language
 from shared import events as ev
 from shared.node import Context, Inputs, Needs, Node
 
@@ -43,7 +43,7 @@ def make_node(retriever: Retriever) -> Node:
         lang = language.guess(query, event.visitor)
         work = asyncio.create_task(retriever.retrieve(event.site, query, inputs.config, ctx.record_llm, lang))
         try:
-            cancelled = await awaiter.race_with_route(ctx.bus, event, work)
+            cancelled = await inputs.route.race(work)
         except KnowledgeBaseError as exc:
             log.error("retrieval failed", extra={"site": event.site, "error": str(exc)})
             return [done(query=query, error=str(exc))]
@@ -54,4 +54,4 @@ def make_node(retriever: Retriever) -> Node:
                      selection=result.selection, fallback=result.fallback,
                      error="; ".join(result.errors) or None)]
 
-    return Node(name=NAME, consumes=("turn_requested",), handle=retrieve, needs=Needs(config=True))
+    return Node(name=NAME, consumes=("turn_requested",), handle=retrieve, needs=Needs(config=True, route=True))

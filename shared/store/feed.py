@@ -1,6 +1,6 @@
 """The conversation log pushed to this process as it is stored, folded into the fold cache,
 so a handler's load for the event it acts on finds its state current without reading the
-log (shared/loader.py: `load_for_event`).
+log (cached.py: `CachedStore.state`).
 
 Without it, every handler's load is a read of the log: a round trip to the server on the
 turn's critical path, and the fold of what the conversation stored since this process last
@@ -13,11 +13,11 @@ message), in memory on the server and gone with the connection. How it stays rig
 
 - A cached state is *attached* once it is known to hold every event of its conversation up
   to a log position from which the feed holds every message it has been delivered: a read
-  made for an event (complete up to that event, `bus.reading_from`) whose position is at or
+  made for an event (complete up to that event: the read's `at`) whose position is at or
   after the start of the feed's memory of recent messages (`RECENT` of them), once the feed
   has delivered that event (a lagging feed attaches nothing, so loads do not wait for it). The
   conversation's messages in that memory past the event are folded in at once. Or a
-  conversation the process has just made up (the gateway's new session, `loader.begin`):
+  conversation the process has just made up (the gateway's new session, `CachedStore.begin`):
   empty, it holds every event there is.
 - An attached state gets each later event of its conversation as the feed delivers it, so
   the cached state and the messages waiting to be folded hold every event of that
@@ -66,7 +66,7 @@ WAIT_S = 0.05
 
 
 class Cache(Protocol):
-    """What the feed asks of the fold cache (shared/loader.py's `FoldCache`)."""
+    """What the feed asks of the fold cache (cached.py's `FoldCache`)."""
 
     def get(self, site: str, session_id: str) -> ConversationState | None: ...
     def peek(self, site: str, session_id: str) -> ConversationState | None: ...
