@@ -338,14 +338,14 @@ class ConsumerRunner:
                 heartbeat = _Heartbeat(self, msg, progress)
                 try:
                     inputs = await gather(self.node.needs, event, self.store, self.configs, position)
-                    ctx = Context(out=self.bus, node=self.durable, cause=event, attempt=attempt,
-                                  input_seq=inputs.state.last_seq, config_version=inputs.config.version)
-                    outputs = await self.node.handle(event, inputs, ctx)
-                    for out in outputs:
-                        if isinstance(out, ev.WORK_ITEMS):  # a work item goes to its queue, not the log
-                            await self.bus.publish_work(out)
-                        else:
-                            await self.bus.publish(out)
+                    if inputs is not None:  # None: not the delivery that completes the node's join
+                        ctx = Context(out=self.bus, node=self.durable, cause=event, attempt=attempt,
+                                      input_seq=inputs.state.last_seq, config_version=inputs.config.version)
+                        for out in await self.node.handle(event, inputs, ctx):
+                            if isinstance(out, ev.WORK_ITEMS):  # a work item goes to its queue, not the log
+                                await self.bus.publish_work(out)
+                            else:
+                                await self.bus.publish(out)
                 except asyncio.CancelledError:
                     raise
                 except PermanentError as exc:

@@ -60,6 +60,10 @@ class Needs:
     open_briefs: bool = False  # the latest brief of each of the site's open leads → Inputs.open_briefs
     route: bool = False  # the turn's route as it is decided → Inputs.route, to cancel work routed away
     kb_vectors: bool = False  # the knowledge base's vectors bucket → Inputs.kb_vectors (None: none)
+    # Implies state: a join of parallel analyses of one turn, the node consuming each of these
+    # types. Only the delivery of the one the log stored last, once all are stored, reaches the
+    # handler (the others are acked, nothing out): the turn is acted on once, not once per analysis.
+    join: tuple[str, ...] = ()
     when: Callable[[ev.Envelope], bool] | None = None  # False: not this node's event (acked, nothing out)
 
 
@@ -163,10 +167,20 @@ class Node:
         return self.needs.when is None or self.needs.when(event)
 
 
+def joined(kinds: tuple[str, ...], event: ev.Envelope, state: ConversationState) -> bool:
+    """Whether `event` completes the join of `kinds` in its turn: all are stored, and it is the
+    one stored last (the state's `seen` is in log order)."""
+    record = state.turns.get(event.turn)
+    if record is None or not set(kinds) <= set(record.seen):
+        return False
+    return [kind for kind in record.seen if kind in kinds][-1] == ev.event_type(event)
+
+
 async def gather(needs: Needs, event: ev.Envelope, store: ConversationStore, configs: SiteConfigs | None,
-                 at: Position | None = None) -> Inputs:
+                 at: Position | None = None) -> Inputs | None:
     """Read what `needs` asks from `store`, for `event`'s conversation and turn; `at`: where
-    `event` sits in the log (reads see the log at least that far)."""
+    `event` sits in the log (reads see the log at least that far). None: a join this event
+    does not complete (`Needs.join`), nothing for the handler."""
     started = time.monotonic()
     site, session = event.site, event.session_id
     state = ConversationState()
@@ -187,6 +201,10 @@ async def gather(needs: Needs, event: ev.Envelope, store: ConversationStore, con
         late = [kind for wait in needs.waits for kind in wait.kinds if kind not in seen]
     elif needs.state:
         state = await store.state(site, session, at, event.turn)
+    if needs.join:
+        state = await store.state(site, session, at, event.turn)
+        if not joined(needs.join, event, state):
+            return None
     config = (await configs.get(site) if configs is not None else SiteConfig()) if needs.config else SiteConfig()
     return Inputs(
         state=state, config=config, late=tuple(late),

@@ -135,6 +135,8 @@ async def decide(node, event, *given, config=None, late=(), attempt=1) -> Decisi
     if not node.concerns(event):
         return Decision([], [], [])
     inputs = await gather(node.needs, event, MemoryStore(lambda: records), FixedConfigs(config or SiteConfig()))
+    if inputs is None:  # a join this event does not complete: acked, nothing out
+        return Decision([], [], [])
     inputs = dataclasses.replace(inputs, late=tuple(late))
     ctx = Context(out=bus, node=node.name, cause=event, attempt=attempt)
     given_state = encode_state(inputs.state)

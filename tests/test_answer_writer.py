@@ -62,7 +62,7 @@ async def run_turn(bus, site, llm, background=(), config=None, earlier=(), histo
 async def test_late_background_results_are_named_and_do_not_block(bus, site, llm):
     llm.clear()
     completed, elapsed = await run_turn(bus, site, llm, settings=AnswerSettings(wait_s=0.3, retrieval_wait_s=0.2))
-    assert completed.late_inputs == ["retrieval_completed", "enrichment_completed", "profile_inferred"]
+    assert completed.late_inputs == ["retrieval_completed", "skills_applied", "enrichment_completed", "profile_inferred"]
     assert elapsed < 0.3 + 2.0
     assert completed.sources == [] and "No knowledge-base documents were found" in llm.requests()[-1]["messages"][0]["content"]
     assert "What we know about the visitor" not in llm.requests()[-1]["messages"][0]["content"]
@@ -74,6 +74,7 @@ async def test_profile_reaches_the_prompt_when_ready(bus, site, llm):
         (ev.RetrievalCompleted, "retrieval", {"documents": []}),
         (ev.EnrichmentCompleted, "enrichment", {"profile": VisitorProfile(company_name="Globex", sector="Manufacturing")}),
         (ev.ProfileInferred, "visitor_profiler", {"profile": VisitorProfile(job_to_be_done="Automate quotes")}),
+        (ev.SkillsApplied, "skill_applier", {"skills": []}),
     ])
     assert completed.late_inputs == []
     system = llm.requests()[-1]["messages"][0]["content"]
@@ -306,5 +307,5 @@ def test_it_waits_for_retrieval_then_for_the_visitors_profile_each_on_its_deadli
     client = LLMClient({"answer": LLMRoleConfig(role="answer", base_url="http://127.0.0.1:9", api_key="k", model="m")})
     settings = AnswerSettings(retrieval_wait_s=1.5, wait_s=0.3, backend="llm")
     waits = answer_writer.make_node(client, settings).needs.waits
-    assert [(w.kinds, w.deadline_s) for w in waits] == [(("retrieval_completed",), 1.5),
+    assert [(w.kinds, w.deadline_s) for w in waits] == [(("retrieval_completed", "skills_applied"), 1.5),
                                                         (("enrichment_completed", "profile_inferred"), 0.3)]

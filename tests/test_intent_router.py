@@ -19,8 +19,9 @@ from services.router.runtime import RouterParts
 from services.router.signals import SignalRules
 from shared import events as ev
 from shared.site_config import Interest, SiteConfig
-from shared.node import Context, Inputs
-from tests.helpers import RecordingBus, decide, state_of, turn
+from shared.node import Context, gather
+from shared.store import MemoryStore
+from tests.helpers import FixedConfigs, RecordingBus, decide, records_of, turn
 
 
 def router(strike_confidence: float = STRIKE_CONFIDENCE):
@@ -156,11 +157,12 @@ async def test_only_the_handler_of_the_analysis_stored_last_decides():
     three in the log; they publish nothing, so a turn's route is decided once."""
     request = turn("s", "r1", 1, "What integrations do you offer?")
     for stored in itertools.permutations(analysed(request)):
-        state = state_of(request, *stored)
+        records = records_of(request, *stored)
         decided = []
         for woken_by in stored:
+            inputs = await gather(NODE.needs, woken_by, MemoryStore(lambda: records), FixedConfigs(SiteConfig()))
             ctx = Context(out=RecordingBus([]), node=NODE.name, cause=woken_by, attempt=1)
-            decided.append(await NODE.handle(woken_by, Inputs(state=state, config=SiteConfig()), ctx))
+            decided.append([] if inputs is None else await NODE.handle(woken_by, inputs, ctx))
         assert [len(events) for events in decided] == [0, 0, 1], [ev.event_type(e) for e in stored]
         assert decided[-1][0].route == "ANSWER"
 

@@ -361,8 +361,8 @@ def test_short_unsure_answers_stay_in_the_flow_and_clear_intents_leave_it():
 
 
 def test_applied_skills_are_the_same_before_and_after_skills_applied_is_folded():
-    """answer_writer recomputes the applied skills when SkillsApplied is not stored yet:
-    the result must not depend on whether it is."""
+    """skill_applier's rules read only what precedes the route: a rerun or a redelivery after
+    its SkillsApplied is stored decides the same."""
     from shared.state import Record, apply
     config = SiteConfig(qualification=Qualification(questions=["Team size?", "Current tool?"]))
     state = _state(booking=BookingState(lead_captured=True), last_cta_turn=2)

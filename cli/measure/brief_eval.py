@@ -88,6 +88,7 @@ async def run(node, event: ev.Envelope, log: list[Record] | None = None) -> tupl
     (returned, emitted)."""
     emitted: list[ev.Envelope] = []
     inputs = await gather(node.needs, event, MemoryStore(lambda: log or []), None)
+    assert inputs is not None, "the brief nodes join nothing"
     ctx = Context(out=LogBus(emitted.append, lambda _: None), node=node.name, cause=event, attempt=1)
     return list(await node.handle(event, inputs, ctx)), emitted
 

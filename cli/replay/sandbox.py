@@ -259,6 +259,8 @@ class Sandbox:
         CURRENT_CALL.set((node.name, event.turn))
         try:
             inputs = await gather(needs, event, store, FixedConfig(config))
+            if inputs is None:  # a join this event does not complete
+                return []
             # Outputs are stamped with their cause's time: a rerun's log is the same every time.
             ctx = Context(out=self.bus, node=node.name, cause=event, attempt=1, input_seq=state.last_seq,
                           config_version=config.version if needs.config else "", clock=lambda: event.ts)

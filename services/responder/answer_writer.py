@@ -2,9 +2,9 @@
 
 History comes from the conversation log, so turn N sees the earlier exchanges, as many as
 the `answer` role's token budget holds, HACK turns' text withheld (shared/history.py). Before
-answering it waits for the turn's retrieval, up to `ANSWER_RETRIEVAL_WAIT_S`, and can wait,
-up to `ANSWER_WAIT_S`, for the turn's background results (the visitor's enrichment and
-profile); what is not there is left out of the prompt and named in
+answering it waits for the turn's retrieval and the skills to apply (`SkillsApplied`), up to
+`ANSWER_RETRIEVAL_WAIT_S`, and can wait, up to `ANSWER_WAIT_S`, for the turn's background
+results (the visitor's enrichment and profile); what is not there is left out of the prompt and named in
 `ResponseCompleted.late_inputs`, it never blocks the answer. Tokens go to
 `tokens.<site>.<session>.<turn>` as they arrive; the full text is stored once, as
 `ResponseCompleted`.
@@ -27,7 +27,6 @@ import numpy as np
 from services.responder import citations, extractive, kb_vectors
 from services.responder.streaming import TOKEN_BATCH_S, publish_sources, stream_llm, stream_text
 from shared import history, language, persona, prompts
-from shared import skills as sk
 from shared import events as ev
 from services.responder.settings import ANSWER_BACKENDS, ROLES, AnswerSettings
 from shared.config import ConfigError
@@ -59,16 +58,6 @@ def visitor_context(state: ConversationState) -> str:
         return ""
     lines = "\n".join(f"- {k.replace('_', ' ')}: {v}" for k, v in known.items())
     return f"\nWhat we know about the visitor (use it to make the answer relevant; do not recite it):\n{lines}\n"
-
-
-def applied_skills(state: ConversationState, route: ev.RouteDecided, config: SiteConfig) -> tuple[list[str], str | None]:
-    """The turn's SkillsApplied when stored; otherwise the same deterministic rules run
-    here (shared/skills.py), so the answer does not wait one more hop for them."""
-    record = state.turns.get(route.turn)
-    if record is not None and record.skills is not None:
-        return record.skills, record.qualification_question
-    skills, _, question = sk.apply_for_turn(state, route, config)
-    return skills, question
 
 
 def skills_context(skills: list[str], question: str | None) -> str:
@@ -168,7 +157,8 @@ def make_node(llm: LLMClient, settings: AnswerSettings = AnswerSettings(),
         state, config, late = inputs.state, inputs.config, list(inputs.late)
         record = state.turns.get(event.turn)
         documents = (record.sources or [])[:settings.max_sources] if record else []
-        skills, question = applied_skills(state, event, config)
+        # skill_applier's decision (awaited with the retrieval); late, the answer ends plainly.
+        skills, question = (record.skills or [], record.qualification_question) if record else ([], None)
         if mode == "extractive":
             completed = await extractive_answer(ctx, knowledge, inputs.kb_vectors, settings, event, state, documents, config, skills,
                                                 question, late)
@@ -183,10 +173,11 @@ def make_node(llm: LLMClient, settings: AnswerSettings = AnswerSettings(),
                                      temperature=persona.temperature(config.persona))
         return [audited(completed, state, documents, declined=False)]
 
-    # Retrieval first, on its own deadline; then the visitor's enrichment and profile, on
-    # theirs (counted from the same start). Whatever is missing then is `late`, named in
-    # the answer, never waited for longer.
-    waits = (Wait(("retrieval_completed",), settings.retrieval_wait_s), Wait(AWAITED, settings.wait_s))
+    # Retrieval and the skills to apply first, on the retrieval's deadline (the skills come a
+    # hop after the route, long before the retrieval as a rule); then the visitor's enrichment
+    # and profile, on theirs (counted from the same start). Whatever is missing then is
+    # `late`, named in the answer, never waited for longer.
+    waits = (Wait(("retrieval_completed", "skills_applied"), settings.retrieval_wait_s), Wait(AWAITED, settings.wait_s))
     return Node(name=NAME, consumes=("route_decided",), handle=handle,
                 needs=Needs(config=True, waits=waits, kb_vectors=mode == "extractive",
                             when=lambda event: event.route == "ANSWER"))

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from services.responder import citations, local_suggestions, replies, suggestions
 from shared.llm import LLMClient
-from shared.node import Node
+from shared import events as ev
+from shared.node import Context, Inputs, Needs, Node
 from shared.site_config import SiteConfig
 from shared.state import ConversationState
 
@@ -26,4 +27,8 @@ def without_model(state: ConversationState, turn: int, config: SiteConfig) -> li
 
 
 def make_node(llm: LLMClient) -> Node:
-    return suggestions.suggester(NAME, KIND, llm, without_model)
+    async def suggest(event: ev.SuggestionsRouted, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
+        return [await suggestions.suggested(llm, NAME, KIND, event, inputs, ctx, without_model)]
+
+    return Node(name=NAME, consumes=("suggestions_routed",), handle=suggest,
+                needs=Needs(state=True, config=True, when=lambda event: event.kind == KIND))

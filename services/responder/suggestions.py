@@ -19,7 +19,7 @@ import msgspec
 from shared import events as ev
 from shared import history, prompts
 from shared.llm import LLMClient, LLMError
-from shared.node import Context, Inputs, Needs, Node
+from shared.node import Context, Inputs
 from shared.site_config import SiteConfig
 from shared.state import ConversationState
 
@@ -66,21 +66,15 @@ async def from_model(ctx: Context, llm: LLMClient, prompt: Path, kind: str, even
     return ctx.follow(ev.SuggestionsGenerated, kind=kind, suggestions=clean(got.suggestions))
 
 
-def suggester(name: str, kind: str, llm: LLMClient,
-              without_model: Callable[[ConversationState, int, SiteConfig], list[str]]) -> Node:
-    """The node of one kind of suggestions: none on a HACK turn (no model sees its text),
-    `without_model` when the suggestions role has no endpoint, else the model's, with the
-    node's prompt (prompts/<name>.md)."""
-    prompt = PROMPTS / f"{name}.md"
-
-    async def suggest(event: ev.SuggestionsRouted, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
-        state = inputs.state
-        if event.turn in history.hack_turns(state):
-            return [ctx.follow(ev.SuggestionsGenerated, kind=kind, skipped=HACK_TURN)]
-        if not llm.configured("suggestions"):
-            return [ctx.follow(ev.SuggestionsGenerated, kind=kind, skipped=NO_MODEL,
-                               suggestions=without_model(state, event.turn, inputs.config))]
-        return [await from_model(ctx, llm, prompt, kind, event, state, inputs.config)]
-
-    return Node(name=name, consumes=("suggestions_routed",), handle=suggest,
-                needs=Needs(state=True, config=True, when=lambda event: event.kind == kind))
+async def suggested(llm: LLMClient, name: str, kind: str, event: ev.SuggestionsRouted, inputs: Inputs, ctx: Context,
+                    without_model: Callable[[ConversationState, int, SiteConfig], list[str]]) -> ev.SuggestionsGenerated:
+    """One kind of suggestions (a suggester node's decision): none on a HACK turn (no model
+    sees its text), `without_model` when the suggestions role has no endpoint, else the
+    model's, with the node's prompt (prompts/<name>.md)."""
+    state = inputs.state
+    if event.turn in history.hack_turns(state):
+        return ctx.follow(ev.SuggestionsGenerated, kind=kind, skipped=HACK_TURN)
+    if not llm.configured("suggestions"):
+        return ctx.follow(ev.SuggestionsGenerated, kind=kind, skipped=NO_MODEL,
+                          suggestions=without_model(state, event.turn, inputs.config))
+    return await from_model(ctx, llm, PROMPTS / f"{name}.md", kind, event, state, inputs.config)

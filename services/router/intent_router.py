@@ -1,14 +1,10 @@
 """intent_router: decides where a turn goes (ANSWER / REDIRECT / BOOKING). Deterministic,
-no LLM: it waits for this turn's IntentClassified, InterestSignalsDetected and
-SkillsSelected (it consumes all three and acts on the one stored last) and applies the
-routing table of routing.py.
-
-The three arrive close together, so a handler woken by the first often finds all three in
-the log already; only the one woken by the analysis the log stored last decides (the
-state's `seen` is in log order), so a turn's route is decided and published once, not up
-to three times. Should two decide anyway (a rewritten log), the decision is caused by the
-turn's TurnRequested (the analyses' common cause), not by the event that woke the node, so
-its id is the same either way and the bus stores it once.
+no LLM: it joins this turn's IntentClassified, InterestSignalsDetected and SkillsSelected
+(`Needs.join`: the runner hands it the one the log stored last, once all three are in) and
+applies the routing table of routing.py, so a turn's route is decided and published once,
+not up to three times. Should two decide anyway (a rewritten log), the decision is caused by
+the turn's TurnRequested (the analyses' common cause), not by the event that woke the node,
+so its id is the same either way and the bus stores it once.
 """
 
 from __future__ import annotations
@@ -26,11 +22,9 @@ ANALYSES = ("intent_classified", "interest_signals_detected", "skills_selected")
 def make_node(parts: RouterParts) -> Node:
     async def route(event: ev.Envelope, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
         state, config = inputs.state, inputs.config
-        record = state.turns.get(event.turn)
-        if record is None or not set(ANALYSES) <= set(record.seen) or "route_decided" in record.seen:
+        record = state.turns[event.turn]
+        if "route_decided" in record.seen:
             return []
-        if [kind for kind in record.seen if kind in ANALYSES][-1] != ev.event_type(event):
-            return []  # an earlier analysis: the handler of the last one decides
         if record.status != "requested":  # blocked, completed or failed: nothing to route
             return []
         decision = routing.decide(
@@ -51,4 +45,4 @@ def make_node(parts: RouterParts) -> Node:
                            hack_increment=decision.hack_increment, suspicious=decision.suspicious,
                            branch=decision.branch)]
 
-    return Node(name=NAME, consumes=ANALYSES, handle=route, needs=Needs(state=True, config=True))
+    return Node(name=NAME, consumes=ANALYSES, handle=route, needs=Needs(state=True, config=True, join=ANALYSES))
