@@ -80,7 +80,7 @@ import httpx
 from cli.harness.supervisor import SERVICES, System, free_port, make_system, wait_http
 from cli.harness.webhook_receiver import WebhookReceiver
 from cli.harness.visitor import Turn, Visitor
-from cli.measure.cluster_rehearsal import REPLICAS, SITE, Audit, Cluster, drive, quiesce, warm_up, write_sites
+from cli.measure.rehearsal.cluster_rehearsal import REPLICAS, SITE, Audit, Cluster, drive, quiesce, warm_up, write_sites
 from shared import events as ev
 from shared import subjects
 from shared.bus import Bus, connect
