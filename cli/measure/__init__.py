@@ -6,7 +6,7 @@
   router.py, ...), the rate driver (driver.py), the sweep (sweep.py) and the docs table and
   chart (report.py);
 - rehearsal/: `concierge cluster-rehearsal` (cluster_rehearsal.py) and `concierge chaos`
-  (chaos.py);
+  (chaos.py), on the one set-up, visitors and audit of cluster.py;
 - evals/: `concierge eval` (the package itself), with answer_eval.py and brief_eval.py.
 
 Here, what more than one family uses: every timing goes through stats.percentile, the

@@ -40,105 +40,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shutil
-import sys
-import tempfile
 import time
-from collections import Counter, defaultdict
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections import Counter
 
-import httpx
-
-from cli.harness.supervisor import ROOT, SERVICES, System, free_port, make_system, wait_http
-from cli.harness.visitor import Turn, Visitor, ask
-from cli.harness.webhook_receiver import WebhookReceiver
-from cli.measure.bench import BOOKING, QUESTIONS
-from shared import events as ev
+from cli.harness.supervisor import SERVICES
+from cli.harness.visitor import Visitor
+from cli.measure.rehearsal.cluster import (
+    REPLICAS,
+    Audit,
+    Cluster,
+    add_arguments,
+    rehearse,
+    started,
+)
 from shared import subjects
 from shared.bus import Bus, connect
-from shared.config import BusConfig
 
-SITE = "rehearsal"
-SCRIPTS = [QUESTIONS, QUESTIONS[5:] + QUESTIONS[:5], BOOKING]  # session i follows SCRIPTS[i % 3]
-CONSUMERS = tuple(s for s in SERVICES if s != "gateway")
-REPLICAS = ("a", "b")
-TERMINAL = ("turn_completed", "turn_failed")
 TARGET_COMPLETED = 0.99
-
-
-async def drive(gateways: list[str], sessions: int, min_turns: int, think_s: float, chaos_done: asyncio.Event,
-                hang_s: float) -> list[Visitor]:
-    """`sessions` visitors, each `min_turns` turns and more until the chaos is over, each turn
-    to the other gateway than the last (cli/harness/visitor.py: how a visitor takes a turn)."""
-    visitors = [Visitor(i) for i in range(sessions)]
-    limits = httpx.Limits(max_connections=sessions * 2, max_keepalive_connections=0)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(hang_s, connect=2.0), limits=limits) as client:
-
-        async def converse(visitor: Visitor) -> None:
-            await asyncio.sleep(think_s * visitor.index / sessions)
-            script = SCRIPTS[visitor.index % len(SCRIPTS)]
-            t = 0
-            while t < min_turns or not chaos_done.is_set():
-                turn = Turn(visitor.index, script[t % len(script)].format(i=visitor.index, t=t))
-                visitor.turns.append(turn)
-                await ask(client, SITE, gateways, (visitor.index + t) % len(gateways), visitor, turn, hang_s)
-                t += 1
-                await asyncio.sleep(think_s)
-
-        await asyncio.gather(*(converse(v) for v in visitors))
-    return visitors
-
-
-# --- the processes -------------------------------------------------------------------------
-
-def rotated(urls: list[str], k: int) -> str:
-    return ",".join(urls[k % len(urls):] + urls[:k % len(urls)])
-
-
-class Cluster:
-    """Every process of the rehearsal, and how each replica is started again."""
-
-    def __init__(self, system: System, gateway_ports: list[int]):
-        self.system, self.gateway_ports = system, gateway_ports
-        self.urls = system.cluster_urls
-
-    def replica_env(self, service: str, replica: int) -> dict[str, str]:
-        env = {"NATS_URL": rotated(self.urls, SERVICES.index(service) + replica)}
-        if service == "retriever":
-            env["KB_DIR"] = str(self.kb_copy(replica))
-        if service == "gateway":
-            env["GATEWAY_PORT"] = str(self.gateway_ports[replica])
-        return env
-
-    def kb_copy(self, replica: int) -> Path:
-        """The embedded vector store opens in one process only, so each retriever replica
-        reads its own copy of the ingested knowledge base (QDRANT_URL shares one instead)."""
-        copy = self.system.data_dir / f"kb-{REPLICAS[replica]}"
-        if not copy.exists():
-            shutil.copytree(self.system.env["KB_DIR"], copy)
-        return copy
-
-    def start(self, service: str, replica: int) -> int:
-        """Start the replica; the size of its log before, where its 'service ready' will follow."""
-        name = f"{service}-{REPLICAS[replica]}"
-        path = self.system.log_dir / f"{name}.log"
-        offset = path.stat().st_size if path.exists() else 0
-        self.system.start_service(service, self.replica_env(service, replica), name=name)
-        return offset
-
-    def wait_ready(self, service: str, replica: int, offset: int, timeout: float) -> None:
-        name = f"{service}-{REPLICAS[replica]}"
-        proc = self.system.procs[name]
-        if service == "gateway":
-            wait_http(f"http://127.0.0.1:{self.gateway_ports[replica]}/readyz", timeout, proc)
-            return
-        self.system.wait_logged_ready(name, timeout, offset)
-
-    def start_all(self, timeout: float) -> None:
-        started = [(s, r, self.start(s, r)) for s in SERVICES for r in range(len(REPLICAS))]
-        for service, replica, offset in started:
-            self.wait_ready(service, replica, offset, timeout)
 
 
 async def stream_leader(bus: Bus) -> str:
@@ -176,51 +94,6 @@ async def chaos(cluster: Cluster, bus: Bus, victims: list[str], kill_interval: f
     return recovery
 
 
-# --- the audit -------------------------------------------------------------------------------
-
-@dataclass
-class Audit:
-    requested: int = 0
-    ended_in_log: int = 0
-    lost: list[str] = field(default_factory=list)
-    lost_seqs: list[int] = field(default_factory=list)  # stream sequences of the lost turns' TurnRequested
-    duplicate_completions: int = 0
-    leads: int = 0
-    webhooks_recorded: int = 0
-
-
-async def audit(bus: Bus, visitors: list[Visitor]) -> Audit:
-    """Every conversation of the site in the log (those whose id no visitor learned, their
-    first turn cut, included), against what the visitors were shown."""
-    result = Audit()
-    kinds: dict[tuple[str, int], Counter] = defaultdict(Counter)
-    requested_at: dict[tuple[str, int], int] = {}
-    for record in await bus.read(subjects.conversation(SITE, "*")):
-        key = record.event.session_id, record.event.turn
-        kinds[key][ev.event_type(record.event)] += 1
-        if isinstance(record.event, ev.TurnRequested):
-            requested_at[key] = record.seq
-    for (session_id, number), counts in sorted(kinds.items()):
-        if not counts["turn_requested"]:
-            continue
-        result.requested += 1
-        if any(counts[k] for k in TERMINAL):
-            result.ended_in_log += 1
-        else:
-            seen = ", ".join(sorted(k for k in counts if k != "turn_requested")) or "nothing else"
-            result.lost.append(f"{session_id} turn {number}: requested (seq {requested_at[session_id, number]}), "
-                               f"never ended; in the log: {seen}")
-            result.lost_seqs.append(requested_at[session_id, number])
-        result.duplicate_completions += max(0, counts["turn_completed"] - 1)
-        result.leads += counts["lead_captured"] > 0
-        result.webhooks_recorded += counts["webhook_recorded"] > 0
-    for visitor in visitors:
-        for turn in visitor.turns:
-            if turn.outcome == "complete" and not kinds[visitor.session_id, turn.turn]["turn_completed"]:
-                result.lost.append(f"{visitor.session_id} turn {turn.turn}: shown complete, no TurnCompleted")
-    return result
-
-
 async def trace_lost(bus: Bus, seqs: list[int], log) -> None:
     """Where did the lost turns' messages go? Each durable's view of the stream beside them:
     delivered and ack floor (stream sequences), pending, and which server leads it."""
@@ -238,51 +111,15 @@ async def trace_lost(bus: Bus, seqs: list[int], log) -> None:
         log(f"  consumer info unavailable: {exc!r}")
 
 
-async def quiesce(bus: Bus, visitors: list[Visitor], timeout: float) -> Audit:
-    """Audit until every requested turn ended and every lead's webhook is recorded, or
-    `timeout`: what is still open then is lost."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = await audit(bus, visitors)
-        settled = not result.lost and result.webhooks_recorded >= result.leads
-        if settled or time.monotonic() > deadline:
-            return result
-        await asyncio.sleep(1.0)
-
-
 # --- the command -----------------------------------------------------------------------------
 
-def write_sites(data: Path, webhook_url: str) -> Path:
-    """The demo site's config as the rehearsal site (and a warm-up site), leads to `webhook_url`."""
-    sites = data / "sites"
-    sites.mkdir(parents=True)
-    text = (ROOT / "sites" / "demo.toml").read_text() + f'\n[lead]\nwebhook_url = "{webhook_url}"\n'
-    for name in (SITE, "warmup"):
-        (sites / f"{name}.toml").write_text(text)
-    return sites
-
-
-async def rehearse(args, cluster: Cluster, log) -> tuple[list[Visitor], dict[str, float], Audit, float]:
-    gateways = [f"http://127.0.0.1:{p}" for p in cluster.gateway_ports]
-    bus = await connect(BusConfig(url=",".join(cluster.urls), replicas=3), name="rehearsal")
+async def run(args, cluster: Cluster, log) -> tuple[list[Visitor], dict[str, float], Audit, float]:
+    bus = await connect(cluster.bus_config(), name="rehearsal")
     try:
-        chaos_done = asyncio.Event()
         victims = [f"nats-{args.nats_victim}", *(["gateway", "responder"] if args.bounded else SERVICES)]
-
-        async def run_chaos() -> dict[str, float]:
-            try:
-                return await chaos(cluster, bus, victims, args.kill_interval, args.down_s, args.ready_timeout, log)
-            finally:
-                chaos_done.set()
-
-        hang_s = args.turn_deadline_s + 15
-        started = time.monotonic()
-        visitors, recovery = await asyncio.gather(
-            drive(gateways, args.sessions, args.turns_per_session, args.think_ms / 1000, chaos_done, hang_s),
-            run_chaos())
-        wall = time.monotonic() - started
-        log(f"load over after {wall:.1f}s; waiting for quiescence")
-        result = await quiesce(bus, visitors, args.quiesce_s)
+        visitors, recovery, result, wall = await rehearse(
+            args, cluster, bus, args.turns_per_session,
+            lambda: chaos(cluster, bus, victims, args.kill_interval, args.down_s, args.ready_timeout, log), log)
         await trace_lost(bus, result.lost_seqs, log)
     finally:
         await bus.close()
@@ -297,13 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="at least this many; sessions go on until the last killed process is back")
     parser.add_argument("--kill-interval", type=float, default=5.0, help="seconds of load between kills")
     parser.add_argument("--down-s", type=float, default=2.0, help="how long a killed process stays down")
-    parser.add_argument("--think-ms", type=float, default=1000.0, help="a visitor's pause between turns")
-    parser.add_argument("--ttft-ms", type=float, default=100.0, help="scripted LLM time to first token")
-    parser.add_argument("--turn-deadline-s", type=float, default=20.0, help="TURN_DEADLINE_S of the gateways")
-    parser.add_argument("--ready-timeout", type=float, default=90.0)
-    parser.add_argument("--quiesce-s", type=float, default=60.0)
-    parser.add_argument("--data-dir", type=Path, default=None,
-                        help="keep the stores and every process's log here (default: a temporary directory)")
+    add_arguments(parser)
     parser.add_argument("--nats-victim", choices=("leader", "follower"), default="leader",
                         help="which nats-server is killed: the conversation stream's leader (an election) "
                              "or another one")
@@ -314,72 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     def log(line: str) -> None:
         print(line, flush=True)
 
-    receiver = WebhookReceiver()
-    with tempfile.TemporaryDirectory(prefix="concierge-rehearsal-") as tmp:
-        data = args.data_dir or Path(tmp)
-        llm_port = free_port()
-        system = make_system(data, free_port(), free_port(), {
-            "SITES_DIR": str(write_sites(data, receiver.url)),
-            "LLM_BASE_URL": f"http://127.0.0.1:{llm_port}/v1",
-            "ANSWER_BACKEND": "llm",
-            "BRIEFS_BACKEND": "data",  # the audit is of turns; leads' briefs make no model call
-            "NATS_REPLICAS": "3",
-            "TURN_DEADLINE_S": str(args.turn_deadline_s),
-            # A killed replica's unacked events go to the other one after this, not after 30 s.
-            "CONSUMER_ACK_WAIT_S": "4",
-            "CONSUMER_BACKOFF_S": "0.2,0.5,1",
-            "ANSWER_WAIT_S": "5",
-            "ANSWER_RETRIEVAL_WAIT_S": "5",
-            "LEAD_WEBHOOK_BACKOFF_S": "0.2",
-            # Every simulated visitor comes from 127.0.0.1.
-            "RATE_LIMIT_PER_IP_PER_MIN": "0",
-            "RATE_LIMIT_PER_SITE_PER_MIN": "100000",
-        })
-        cluster = None
-        try:
-            llm = system.spawn("scripted-llm", [sys.executable, "-m", "cli", "scripted-llm", "--port", str(llm_port),
-                                                "--ttft-ms", str(args.ttft_ms), "--inter-token-ms", "20"])
-            system.start_nats_cluster(3)
-            system.env["NATS_URL"] = ",".join(system.cluster_urls)
-            system.start_redis()
-            asyncio.run(wait_cluster(system.cluster_urls, args.ready_timeout))
-            wait_http(f"http://127.0.0.1:{llm_port}/v1/models", 30, llm)
-            system.ingest(SITE)
-            cluster = Cluster(system, [free_port(), free_port()])
-            cluster.start_all(args.ready_timeout)
-            log(f"up: 3 nats-servers, {len(SERVICES) * 2} service processes; warming up, then "
-                f"{args.sessions} sessions over both gateways")
-            asyncio.run(warm_up(cluster))
-            visitors, recovery, result, wall = asyncio.run(rehearse(args, cluster, log))
-        finally:
-            system.stop()
-            receiver.close()
-    deliveries = receiver.deliveries()
-    return report(args, visitors, recovery, result, wall, deliveries)
-
-
-async def wait_cluster(urls: list[str], timeout: float) -> None:
-    """Until the cluster has a JetStream meta leader; the streams and buckets are made then,
-    with 3 replicas, before any service connects."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            bus = await connect(BusConfig(url=",".join(urls), replicas=3, request_timeout=2.0), name="rehearsal-setup")
-        except Exception:  # no meta leader elected yet
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.5)
-            continue
-        await bus.close()
-        return
-
-
-async def warm_up(cluster: Cluster) -> None:
-    """One turn through each gateway on another site: first turns load what is lazy."""
-    async with httpx.AsyncClient(timeout=60) as client:
-        for port in cluster.gateway_ports:
-            response = await client.post(f"http://127.0.0.1:{port}/v1/chat", json={"site": "warmup", "message": "hello"})
-            response.raise_for_status()
+    with started(args, "rehearsal", len(REPLICAS), log, nats_servers=3) as (cluster, receiver):
+        log(f"{args.sessions} sessions over both gateways")
+        visitors, recovery, result, wall = asyncio.run(run(args, cluster, log))
+    return report(args, visitors, recovery, result, wall, receiver.deliveries())
 
 
 def report(args, visitors: list[Visitor], recovery: dict[str, float], result: Audit, wall: float,
