@@ -50,14 +50,14 @@ COMMANDS = (
         ("eval intent|followups|skills|hack|retrieval|all", "the router's and retriever's evals on labeled JSONL (make eval)"),
         ("eval answers [--base-url URL]", "ask the dataset's questions through a running system (or one it starts)"),
         ("eval briefs [--mock]", "lead briefs and a triage on the contract cases (--mock: recorded model replies)"))),
-    Command("cluster-rehearsal", "cli.measure.cluster_rehearsal", (
+    Command("cluster-rehearsal", "cli.measure.rehearsal.cluster_rehearsal", (
         ("cluster-rehearsal [--sessions N] [--bounded]",
          "3 clustered nats-servers, 2 replicas of each service, load; kill one of each in turn"),)),
-    Command("chaos", "cli.measure.chaos", (
+    Command("chaos", "cli.measure.rehearsal.chaos", (
         ("chaos [--replicas 1|2] [--bounded]",
          "under load: kill each service, restart NATS, stop Redis, duplicate events; audit the logs"),)),
-    Command("first-run", "cli.measure.first_run", (("first-run", "time a fresh clone's `make run` to its first answer"),)),
-    Command("llm-bench", "cli.measure.llm_bench", (
+    Command("first-run", "cli.measure.bench.first_run", (("first-run", "time a fresh clone's `make run` to its first answer"),)),
+    Command("llm-bench", "cli.measure.bench.llm_bench", (
         ("llm-bench", "time to first token and tokens/s of the embedded model (or --base-url)"),)),
     Command("scripted-llm", "cli.harness.scripted_llm", (
         ("scripted-llm", "serve the scripted OpenAI-compatible LLM used by tests and bench"),)),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.measure import answer_eval as ae
+from cli.measure.evals import answer_eval as ae
 from cli.harness.supervisor import free_port, make_system
 from tests.servers import ROOT, scripted_llm
 

@@ -14,8 +14,7 @@ import sys
 import pytest
 
 from cli.harness.supervisor import ROOT
-from cli.measure import alternate
-from cli.measure.bench import without_options
+from cli.measure.bench import alternate, without_options
 
 
 def figures(cpu: float, answer: float, redirect: float) -> dict:
@@ -64,7 +63,7 @@ def test_a_revision_older_than_the_bench_is_a_clear_error_and_leaves_no_worktree
     if shallow != "false":
         pytest.skip("a shallow clone's first commit is not the project's first")
     first = subprocess.run(["git", "rev-list", "--max-parents=0", "HEAD"], cwd=ROOT, capture_output=True,
-                           text=True).stdout.split()[0]  # the first commit: no cli/measure/bench.py yet
+                           text=True).stdout.split()[0]  # the first commit: no `concierge bench` yet
     before = worktrees()
     out = subprocess.run([sys.executable, "-m", "cli", "bench", "--against", first, "--pairs", "1"],
                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cli.measure import brief_eval
+from cli.measure.evals import brief_eval
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,8 +14,8 @@ import time
 import pytest
 
 from cli.harness.supervisor import ROOT
-from cli.measure.chaos import Scenario, conversations, corruption, turn_owner
-from cli.measure.cluster_rehearsal import Turn
+from cli.harness.visitor import Turn
+from cli.measure.rehearsal.chaos import Scenario, conversations, corruption, turn_owner
 from shared import events as ev
 from shared import subjects
 from shared.state import Record

@@ -14,7 +14,9 @@ import sys
 import pytest
 
 from cli.harness.supervisor import ROOT
-from cli.measure import driver, loadtest, loadtest_report, machine, sweep
+from cli.measure import loadtest, machine
+from cli.measure.loadtest import driver, sweep
+from cli.measure.loadtest import report as loadtest_report
 
 POINT_KEYS = {"rate", "achieved", "sent", "answered", "p50_ms", "p95_ms", "p99_ms", "cpu_ms_per_event", "rss_mb",
               "sustainable", "generator_cpu_ms_per_event", "load_1m"}

@@ -1,4 +1,4 @@
-"""nats-server's CPU profile as `concierge bench --profile DIR` reads it (cli/measure/pprof_summary.py)."""
+"""nats-server's CPU profile as `concierge bench --profile DIR` reads it (cli/measure/bench/pprof_summary.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from pathlib import Path
 import nats
 
 from cli.harness.supervisor import free_port, nats_server_binary, wait_port
-from cli.measure import pprof_summary
-from cli.measure.bench import NatsProfiler
+from cli.measure.bench import NatsProfiler, pprof_summary
 
 
 def _varint(value: int) -> bytes:

@@ -1,6 +1,6 @@
 """A simulated visitor's turn, as the widget (services/gateway/static/widget.js) takes it,
 over cli/harness/sse.py: what the visitors of `concierge cluster-rehearsal` and `concierge
-chaos` do (cli/measure/cluster_rehearsal.py says what they ask, and how many they are).
+chaos` do (cli/measure/rehearsal/cluster.py says what they ask, and how many they are).
 
 - Each message gets an id (`client_message_id`) and is sent.
 - A try that started nothing (no connection, 409, 429 `turn_in_progress`, 503), or whose

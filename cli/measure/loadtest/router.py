@@ -7,7 +7,7 @@ at each of `--rates` per second for `--seconds`, and times each one to its `Rout
 message of a run is distinct and no cache answers for a previous turn; the local
 classifier decides (no LLM). Sessions run `--turns` turns each, so the router also
 reads conversation state with history. The sweep, its figures and the last line's JSON:
-cli/measure/sweep.py.
+cli/measure/loadtest/sweep.py.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from cli.harness.supervisor import free_port, make_system
-from cli.measure import driver, sweep
+from cli.measure.loadtest import driver, sweep
 from services.router.local_model import EVAL, TRAIN, read_jsonl
 
 SITE = "loadtest"

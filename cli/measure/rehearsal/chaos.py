@@ -67,24 +67,28 @@ import argparse
 import asyncio
 import json
 import logging
-import sys
-import tempfile
 import time
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Sequence
 
 import httpx
 
-from cli.harness.supervisor import SERVICES, System, free_port, make_system, wait_http
-from cli.harness.webhook_receiver import WebhookReceiver
+from cli.harness.supervisor import SERVICES
 from cli.harness.visitor import Turn, Visitor
-from cli.measure.cluster_rehearsal import REPLICAS, SITE, Audit, Cluster, drive, quiesce, warm_up, write_sites
+from cli.measure.rehearsal.cluster import (
+    ACK_WAIT_S,
+    REPLICAS,
+    SITE,
+    Audit,
+    Cluster,
+    add_arguments,
+    rehearse,
+    started,
+)
 from shared import events as ev
 from shared import subjects
 from shared.bus import Bus, connect
-from shared.config import BusConfig
 from shared.state import Record, fold
 
 SCENARIOS = (*(f"kill-{s}" for s in SERVICES), "nats-restart", "redis-stop", "duplicates")
@@ -92,7 +96,6 @@ BOUNDED = ("kill-responder", "nats-restart", "duplicates")
 # What a service is busy with when the next one of these appears: its kill lands mid-turn.
 BUSY_ON = {"router": "requested", "retriever": "requested", "enricher": "requested",
            "responder": "tokens", "gateway": "tokens"}
-ACK_WAIT_S = 4.0  # CONSUMER_ACK_WAIT_S of every node: a dead or frozen replica's messages go elsewhere after it
 ENDS = ("turn_completed", "turn_failed", "turn_blocked")
 ERRORS = ("error", "cut", "refused")  # what a visitor sees as an error
 READYZ_TARGET_S = 5.0
@@ -141,32 +144,6 @@ def conversations(records: Sequence[Record]) -> dict[str, list[Record]]:
 
 
 # --- the processes ---------------------------------------------------------------------------
-
-class Topology(Cluster):
-    """The rehearsal's processes on a single nats-server, with one or two replicas of each
-    service (replica `a`, then `b`); `gateway_ports` has one port per replica."""
-
-    def __init__(self, system: System, gateway_ports: list[int]):
-        super().__init__(system, gateway_ports)
-        self.urls = [system.nats_url]
-
-    @property
-    def replicas(self) -> int:
-        return len(self.gateway_ports)
-
-    @property
-    def gateways(self) -> list[str]:
-        return [f"http://127.0.0.1:{port}" for port in self.gateway_ports]
-
-    def start_all(self, timeout: float) -> None:
-        started = [(s, r, self.start(s, r)) for s in SERVICES for r in range(self.replicas)]
-        for service, replica, offset in started:
-            self.wait_ready(service, replica, offset, timeout)
-
-    def readyz_urls(self) -> list[str]:
-        ops = [f"http://127.0.0.1:{port}/readyz" for port in self.system.ops_ports.values()]
-        return ops + [f"http://127.0.0.1:{port}/readyz" for port in self.gateway_ports]
-
 
 async def all_ready(urls: list[str], timeout: float) -> tuple[float, int]:
     """Poll every `/readyz` until all answer 200: when that happened (time.monotonic()), and
@@ -237,9 +214,9 @@ class Scenario:
 
 
 class Chaos:
-    def __init__(self, args, topology: Topology, bus: Bus, watch: Watch, log):
-        self.args, self.topology, self.bus, self.watch, self.log = args, topology, bus, watch, log
-        self.system = topology.system
+    def __init__(self, args, cluster: Cluster, bus: Bus, watch: Watch, log):
+        self.args, self.cluster, self.bus, self.watch, self.log = args, cluster, bus, watch, log
+        self.system = cluster.system
         self.t0 = time.monotonic()
 
     def say(self, line: str) -> None:
@@ -262,8 +239,8 @@ class Chaos:
         await asyncio.to_thread(self.system.kill, name)
         self.say(f"SIGKILL {name}{'' if scenario.mid_turn else ' (no turn seen under way)'}")
         await asyncio.sleep(self.args.down_s)
-        offset = self.topology.start(service, 0)
-        await asyncio.to_thread(self.topology.wait_ready, service, 0, offset, self.args.ready_timeout)
+        offset = self.cluster.start(service, 0)
+        await asyncio.to_thread(self.cluster.wait_ready, service, 0, offset, self.args.ready_timeout)
         scenario.recovery_s = round(time.monotonic() - scenario.fault_at, 1)
         self.say(f"{name} ready again ({scenario.recovery_s} s after the kill)")
 
@@ -276,7 +253,7 @@ class Chaos:
         await asyncio.to_thread(self.system.start_nats)
         back = time.monotonic()
         self.say("nats-server started again (same port, same store)")
-        urls = self.topology.readyz_urls()
+        urls = self.cluster.readyz_urls()
         ready, scenario.detail["not_ready_at_first"] = await all_ready(urls, self.args.ready_timeout)
         scenario.recovery_s = round(ready - scenario.fault_at, 1)
         scenario.detail["readyz_s"] = round(ready - back, 1)
@@ -327,29 +304,19 @@ class Chaos:
 
 # --- the run ---------------------------------------------------------------------------------
 
-async def run(args, topology: Topology, log) -> tuple[list[Visitor], list[Scenario], Audit, list[Record], dict, float]:
-    bus = await connect(BusConfig(url=topology.system.nats_url), name="chaos")
+async def run(args, cluster: Cluster, log) -> tuple[list[Visitor], list[Scenario], Audit, list[Record], dict, float]:
+    bus = await connect(cluster.bus_config(), name="chaos")
     watch = Watch()
     await watch.start(bus)
     try:
-        chaos = Chaos(args, topology, bus, watch, log)
+        chaos = Chaos(args, cluster, bus, watch, log)
         scenarios = [Scenario(name) for name in args.scenarios]
-        chaos_done = asyncio.Event()
 
         async def faults() -> None:
-            try:
-                for scenario in scenarios:
-                    await chaos.run(scenario)
-            finally:
-                chaos_done.set()
+            for scenario in scenarios:
+                await chaos.run(scenario)
 
-        hang_s = args.turn_deadline_s + 15
-        started = time.monotonic()
-        visitors, _ = await asyncio.gather(
-            drive(topology.gateways, args.sessions, 1, args.think_ms / 1000, chaos_done, hang_s), faults())
-        wall = time.monotonic() - started
-        log(f"load over after {wall:.1f}s; waiting for quiescence")
-        result = await quiesce(bus, visitors, args.quiesce_s)
+        visitors, _, result, wall = await rehearse(args, cluster, bus, 1, faults, log)
         records = await bus.read(subjects.conversation(SITE, "*"))
     finally:
         await bus.close()
@@ -370,13 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--redis-down-s", type=float, default=5.0, help="how long redis-server stays down")
     parser.add_argument("--settle-s", type=float, default=3.0, help="seconds of load after each recovery")
     parser.add_argument("--republish", type=int, default=40, help="stored events published again (duplicates)")
-    parser.add_argument("--think-ms", type=float, default=1000.0, help="a visitor's pause between turns")
-    parser.add_argument("--ttft-ms", type=float, default=100.0, help="scripted LLM time to first token")
-    parser.add_argument("--turn-deadline-s", type=float, default=20.0, help="TURN_DEADLINE_S of the gateways")
-    parser.add_argument("--ready-timeout", type=float, default=90.0)
-    parser.add_argument("--quiesce-s", type=float, default=60.0)
-    parser.add_argument("--data-dir", type=Path, default=None,
-                        help="keep the stores and every process's log here (default: a temporary directory)")
+    add_arguments(parser)
     parser.add_argument("--bounded", action="store_true",
                         help=f"the make-test version: 4 sessions, 2 replicas, {', '.join(BOUNDED)}, shorter pauses")
     args = parser.parse_args(argv)
@@ -392,43 +353,9 @@ def main(argv: list[str] | None = None) -> int:
 
     # The tool's own connection losing the nats-server it restarts is expected, not news.
     logging.getLogger("shared.bus").setLevel(logging.CRITICAL)
-    receiver = WebhookReceiver()
-    with tempfile.TemporaryDirectory(prefix="concierge-chaos-") as tmp:
-        data = args.data_dir or Path(tmp)
-        llm_port = free_port()
-        system = make_system(data, free_port(), free_port(), {
-            "SITES_DIR": str(write_sites(data, receiver.url)),
-            "LLM_BASE_URL": f"http://127.0.0.1:{llm_port}/v1",
-            "ANSWER_BACKEND": "llm",
-            "BRIEFS_BACKEND": "data",  # the audit is of turns; leads' briefs make no model call
-            "TURN_DEADLINE_S": str(args.turn_deadline_s),
-            # A killed or frozen replica's unacked events go to another after this, not after 30 s.
-            "CONSUMER_ACK_WAIT_S": str(ACK_WAIT_S),
-            "CONSUMER_BACKOFF_S": "0.2,0.5,1",
-            "ANSWER_WAIT_S": "5",
-            "ANSWER_RETRIEVAL_WAIT_S": "5",
-            "LEAD_WEBHOOK_BACKOFF_S": "0.2",
-            # Every simulated visitor comes from 127.0.0.1.
-            "RATE_LIMIT_PER_IP_PER_MIN": "0",
-            "RATE_LIMIT_PER_SITE_PER_MIN": "100000",
-        })
-        began = time.monotonic()
-        try:
-            llm = system.spawn("scripted-llm", [sys.executable, "-m", "cli", "scripted-llm", "--port", str(llm_port),
-                                                "--ttft-ms", str(args.ttft_ms), "--inter-token-ms", "20"])
-            system.start_nats()
-            system.start_redis()
-            wait_http(f"http://127.0.0.1:{llm_port}/v1/models", 30, llm)
-            system.ingest(SITE)
-            topology = Topology(system, [free_port() for _ in range(args.replicas)])
-            topology.start_all(args.ready_timeout)
-            log(f"up after {time.monotonic() - began:.0f} s: 1 nats-server, {len(SERVICES) * args.replicas} service "
-                f"processes; warming up, then {args.sessions} sessions, scenarios {', '.join(args.scenarios)}")
-            asyncio.run(warm_up(topology))
-            visitors, scenarios, result, records, rewritten, wall = asyncio.run(run(args, topology, log))
-        finally:
-            system.stop()
-            receiver.close()
+    with started(args, "chaos", args.replicas, log) as (cluster, receiver):
+        log(f"{args.sessions} sessions, scenarios {', '.join(args.scenarios)}")
+        visitors, scenarios, result, records, rewritten, wall = asyncio.run(run(args, cluster, log))
     return report(args, visitors, scenarios, result, records, rewritten, receiver.deliveries(), wall)
 
 

@@ -20,11 +20,11 @@ import sys
 from pathlib import Path
 
 SERVICES = {
-    "gateway": "cli.measure.loadtest_gateway",
-    "router": "cli.measure.loadtest_router",
-    "retriever": "cli.measure.loadtest_retriever",
-    "enricher": "cli.measure.loadtest_enricher",
-    "responder": "cli.measure.loadtest_responder",
+    "gateway": "cli.measure.loadtest.gateway",
+    "router": "cli.measure.loadtest.router",
+    "retriever": "cli.measure.loadtest.retriever",
+    "enricher": "cli.measure.loadtest.enricher",
+    "responder": "cli.measure.loadtest.responder",
 }
 USAGE = (f"usage: concierge loadtest {{{','.join(SERVICES)},all}} [ARGS]  "
          "(concierge loadtest SERVICE --help, concierge loadtest all --help)")
@@ -65,14 +65,14 @@ def run_all(argv: list[str]) -> int:
         result = module.run(module.parser().parse_args(seconds + extra.get(service, [])))
         print(json.dumps(result), flush=True)
         results.append(result)
-    from cli.measure import loadtest_report
+    from cli.measure.loadtest import report
 
     if args.chart:
-        loadtest_report.chart(results, args.chart)
+        report.chart(results, args.chart)
         print(f"chart written to {args.chart}", flush=True)
     if args.docs:
         command = shlex.join(["concierge", "loadtest", "all", *argv])
-        loadtest_report.write_docs(args.docs, results, command, args.chart)
+        report.write_docs(args.docs, results, command, args.chart)
         print(f"table written to {args.docs}", flush=True)
     print("max sustainable rate per replica: " + ", ".join(
         f"{r['service']} {r['max_sustainable_rate']}/s" for r in results), flush=True)

@@ -14,7 +14,7 @@ Timed from each `RouteDecided`: its **first token** (the percentiles and the obj
 minus the scripted first-token delay, so they are what the responder adds, as `make
 bench`'s TTFT overhead) and its `TurnCompleted` (`completion_p50_ms`, `completion_p99_ms`:
 the whole turn, model time included). The sweep, its figures and the last line's JSON:
-cli/measure/sweep.py.
+cli/measure/loadtest/sweep.py.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from cli.harness.supervisor import free_port, make_system, wait_http
-from cli.measure import driver, sweep
+from cli.measure.loadtest import driver, sweep
 from shared import events as ev
 from shared.bus import connect
 from shared.config import BusConfig

@@ -33,8 +33,13 @@ from cli.harness.supervisor import ROOT
 
 # What drives and measures a bench run (paths in the project): the same on both sides.
 SAME_ON_BOTH_SIDES = tuple(f"cli/measure/{name}" for name in (
-    "bench.py", "critical_path.py", "machine.py", "pprof_summary.py", "process_usage.py", "stats.py",
+    "bench/__init__.py", "bench/critical_path.py", "bench/pprof_summary.py", "machine.py", "process_usage.py",
+    "stats.py",
 )) + ("cli/harness/sse.py", "cli/harness/scripted_llm.py")
+# Where `concierge bench` lived: a revision with neither is older than the command. An older
+# one (cli/measure/bench.py) is measured with this tree's cli/measure/bench/ beside it, the
+# package that `import cli.measure.bench` finds first.
+BENCH = ("cli/measure/bench/__init__.py", "cli/measure/bench.py")
 STOP_S = 60  # how long a stopped run may take to stop its system
 
 
@@ -62,9 +67,10 @@ def checkout(rev: str, into: Path) -> str:
     """REV's code in a worktree at `into`, this tree's `SAME_ON_BOTH_SIDES` over it; its commit."""
     commit = git("rev-parse", "--verify", "--short", f"{rev}^{{commit}}")
     git("worktree", "add", "--detach", "--force", str(into), commit)
-    if not (into / "cli" / "measure" / "bench.py").exists():
-        raise AgainstError(f"{rev} ({commit}) has no cli/measure/bench.py: older than `concierge bench`")
+    if not any((into / path).exists() for path in BENCH):
+        raise AgainstError(f"{rev} ({commit}) has no {' or '.join(BENCH)}: older than `concierge bench`")
     for path in SAME_ON_BOTH_SIDES:
+        (into / path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / path, into / path)
     # What the bench imports from REV's code (its supervisor, events, bus) must be there:
     # found out now, not after this tree's first run.

@@ -8,7 +8,7 @@ that knowledge base, publishes `TurnRequested` questions about the sites' conten
 of `--rates` per second for `--seconds`, and times each to its `RetrievalCompleted` (mix
 mode, the limiter, offline keywords: the embedded defaults; `--variant` sweeps again, in
 a new process, with other retriever settings). The sweep, its figures and the last line's
-JSON: cli/measure/sweep.py (the variant's sweep under `variant`).
+JSON: cli/measure/loadtest/sweep.py (the variant's sweep under `variant`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from cli.harness.supervisor import free_port, make_system
-from cli.measure import driver, sweep
+from cli.measure.loadtest import driver, sweep
 
 LATENCY = "TurnRequested published → RetrievalCompleted received"
 

@@ -28,7 +28,8 @@ import os
 import time
 from typing import Callable
 
-from cli.measure import driver, machine, process_usage
+from cli.measure import machine, process_usage
+from cli.measure.loadtest import driver
 from cli.measure.stats import percentile
 
 MIN_ACHIEVED = 0.95

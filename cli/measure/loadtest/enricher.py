@@ -8,7 +8,7 @@ times each one to its `EnrichmentCompleted`. `--scenario`:
 - slow-miss: every visitor has a new IP and the IP source is a local HTTP provider
   answering after `--provider-delay-ms` (the offline dataset is switched off); the
   objective is then that delay plus the cache scenario's.
-The sweep, its figures and the last line's JSON: cli/measure/sweep.py.
+The sweep, its figures and the last line's JSON: cli/measure/loadtest/sweep.py.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from cli.harness.supervisor import free_port, make_system, wait_http
-from cli.measure import driver, sweep
+from cli.measure.loadtest import driver, sweep
 from shared import events as ev
 from shared import privacy, redis_client
 

@@ -13,7 +13,7 @@ limit is off (every visitor is 127.0.0.1); the per-site limit stays on, above an
 Timed from when each request was due: its **first SSE token** (the percentiles and the
 objective) and its `complete` frame (`completion_p50_ms`, `completion_p99_ms`: the stand-in's
 token pacing included). The sweep, its figures and the last line's JSON:
-cli/measure/sweep.py.
+cli/measure/loadtest/sweep.py.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import httpx
 
 from cli.harness import sse
 from cli.harness.supervisor import ROOT, free_port, make_system
-from cli.measure import driver, sweep
+from cli.measure.loadtest import driver, sweep
 
 SITE = "loadtest"
 LATENCY = "POST /v1/chat due → first SSE token read"

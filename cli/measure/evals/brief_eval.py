@@ -37,7 +37,7 @@ from pathlib import Path
 
 import msgspec
 
-from cli.harness.supervisor import free_port, wait_http
+from cli.harness.supervisor import ROOT, free_port, wait_http
 from cli.replay.sandbox import LogBus
 from services.enricher import lead_briefer, lead_triager
 from services.enricher.briefs.document import missing_sections
@@ -49,7 +49,7 @@ from shared.node import Context, gather
 from shared.store import MemoryStore
 from shared.state import Record
 
-DATA = Path(__file__).resolve().parents[2] / "services" / "enricher" / "data"
+DATA = ROOT / "services" / "enricher" / "data"
 DATASET = DATA / "briefs_eval.json"
 RECORDED = DATA / "briefs_recorded.json"
 SITE = "eval"
@@ -183,9 +183,9 @@ async def evaluate(cases: list[Case], llm: LLMClient, concurrency: int) -> dict:
 @contextlib.contextmanager
 def recorded_llm(recording: Path):
     """The scripted OpenAI-compatible server answering with the recorded replies."""
-    port, root = free_port(), Path(__file__).resolve().parents[2]
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "cli", "scripted-llm", "--port", str(port), "--recorded",
-                             str(recording)], cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+                             str(recording)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
         wait_http(f"http://127.0.0.1:{port}/v1/models", 30, proc)
         yield f"http://127.0.0.1:{port}/v1"

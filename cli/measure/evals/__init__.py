@@ -1,6 +1,6 @@
 """`concierge eval intent|followups|skills|hack|retrieval|answers|briefs|all`: the router's evals (services/router/evaluation.py),
-the retriever's (services/retriever/evaluation.py), the answers' (cli/measure/answer_eval.py: through a running
-system, the one `--base-url` names or one it starts) and the lead briefs' (cli/measure/brief_eval.py: `--mock`
+the retriever's (services/retriever/evaluation.py), the answers' (cli/measure/evals/answer_eval.py: through a running
+system, the one `--base-url` names or one it starts) and the lead briefs' (cli/measure/evals/brief_eval.py: `--mock`
 for the recorded model replies)."""
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ def main(argv: list[str]) -> int:
             from services.retriever import evaluation as retrieval_eval
             return retrieval_eval.eval_retrieval(args.dataset or retrieval_eval.EVAL)
         if args.which == "briefs":
-            from cli.measure import brief_eval
+            from cli.measure.evals import brief_eval
             return brief_eval.eval_briefs(args.dataset or brief_eval.DATASET, args.mock, concurrency=args.concurrency)
         if args.which == "answers":
-            from cli.measure import answer_eval
+            from cli.measure.evals import answer_eval
             return answer_eval.eval_answers(args.dataset or answer_eval.DATASET, args.base_url, args.site,
                                             args.concurrency)
     except ValueError as exc:  # a malformed dataset: say where, no traceback
@@ -55,7 +55,7 @@ def main(argv: list[str]) -> int:
     if args.dataset is not None:
         parser.error("eval all runs the shipped datasets; use eval intent|followups|skills|hack|retrieval --dataset FILE "
                      "for one file")
-    from cli.measure import answer_eval
+    from cli.measure.evals import answer_eval
     from services.retriever import evaluation as retrieval_eval
 
     skills = evaluation.eval_skills()

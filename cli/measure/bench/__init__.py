@@ -25,7 +25,7 @@ sends one every PACE ms), and measures:
   (cli/measure/machine.py): this machine's speed moves, and the figures with it.
 
 `--against REV` measures this tree and git revision REV alternately, the same bench with
-the other arguments, `--pairs` times each (cli/measure/alternate.py): the way to compare
+the other arguments, `--pairs` times each (cli/measure/bench/alternate.py): the way to compare
 code here, where only runs made side by side compare.
 
 The last line printed is one JSON object with every figure.
@@ -54,7 +54,8 @@ import httpx
 
 from cli.harness.sse import Conversation
 from cli.harness.supervisor import ROOT, free_port, make_system, wait_http
-from cli.measure import critical_path, machine, pprof_summary, process_usage
+from cli.measure import machine, process_usage
+from cli.measure.bench import critical_path, pprof_summary
 from cli.measure.stats import percentile
 from shared import events as ev
 from shared import subjects
@@ -138,7 +139,7 @@ async def replay_rate(nats_url: str, site: str, sessions: list[str], rounds: int
 
 
 async def critical_paths(nats_url: str, site: str, results: list[dict]) -> dict[str, dict[str, float]]:
-    """Each route's critical path (cli/measure/critical_path.py) over the measured turns:
+    """Each route's critical path (cli/measure/bench/critical_path.py) over the measured turns:
     their stored events, their first token events (TOKENS) and the client's clock."""
     bus = await connect(BusConfig(url=nats_url), name="bench-critical-path")
     turns = []
@@ -191,7 +192,7 @@ def process_cpu_s(system) -> dict[str, float]:
 class NatsProfiler(threading.Thread):
     """nats-server's CPU profile while the measured turns run, from its profiling port (Go's
     pprof): one window of `window_s` seconds a request, fetched one after another until
-    `stop`, which reads them together into DIR/nats.txt (cli/measure/pprof_summary.py)."""
+    `stop`, which reads them together into DIR/nats.txt (cli/measure/bench/pprof_summary.py)."""
 
     def __init__(self, port: int, directory: Path, window_s: int = 5):
         super().__init__(name="nats-profiler", daemon=True)
@@ -300,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="extractive: the answer role has no LLM (the other roles keep the scripted one)")
     parser.add_argument("--against", metavar="REV", default=None,
                         help="measure this tree and git revision REV alternately, the same bench with the other "
-                             "arguments (cli/measure/alternate.py): the way to compare code on this machine")
+                             "arguments (cli/measure/bench/alternate.py): the way to compare code on this machine")
     parser.add_argument("--pairs", type=int, default=None,
                         help="with --against: runs of each code, the order switching every pair (default 2; an "
                              "even number favours neither)")
@@ -318,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     # (with --against: the run under way, then the worktree).
     signal.signal(signal.SIGTERM, interrupt)
     if args.against:
-        from cli.measure import alternate
+        from cli.measure.bench import alternate
 
         return alternate.run(args.against, args.pairs or 2, without_options(
             sys.argv[1:] if argv is None else argv, ("--against", "--pairs")))
@@ -436,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"TTFT overhead (ANSWER) p50 {figures['ttft_overhead_ms_p50']} ms, p99 {figures['ttft_overhead_ms_p99']} ms")
     for route, f in by_route.items():
         print(f"  {route:<8} {f['turns']:>4} turns  TTFT overhead p50 {f['p50']} ms  p99 {f['p99']} ms")
-    print("critical path, p50 ms per segment (cli/measure/critical_path.py):")
+    print("critical path, p50 ms per segment (cli/measure/bench/critical_path.py):")
     for route, segments in paths.items():
         print(f"  {route:<8} " + ", ".join(f"{segment} {ms}" for segment, ms in segments.items()))
     print("CPU ms per turn: " + ", ".join(f"{name} {ms}" for name, ms in figures["cpu_ms_per_turn"].items())
