@@ -12,8 +12,9 @@ profile); what is not there is left out of the prompt and named in
 Two backends (`ANSWER_BACKEND`): `llm` streams the `answer` role's model; `extractive`
 (the default when that role has no endpoint) writes the answer from the retrieved
 sources' own sentences, each cited, with no model at all (extractive.py). Either way the
-answer is audited (citations.py): `ResponseCompleted.uncited` when sources were given and
-none was cited, `unsupported_numbers` for figures that no source nor the visitor wrote.
+answer is audited (answer_audit.py): `ResponseCompleted.uncited` when sources were given and
+none was cited, `unsupported_numbers` for figures that no source, no message of the visitor
+and none of the site's words the reply repeats hold (shared/citations.py).
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from services.responder import citations, extractive, kb_vectors
+from services.responder import answer_audit, extractive, kb_vectors
 from services.responder.streaming import TOKEN_BATCH_S, publish_sources, stream_llm, stream_text
-from shared import history, language, persona, prompts, subjects
+from shared import citations, history, language, persona, prompts, subjects
 from shared import skills as sk
 from shared import events as ev
 from services.responder.settings import ANSWER_BACKENDS, ROLES, AnswerSettings
@@ -143,12 +144,12 @@ async def extractive_answer(ctx: Context, knowledge: kb_vectors.KnowledgeVectors
 
 
 def audited(completed: ev.ResponseCompleted, state: ConversationState, documents: list[ev.RetrievedDocument],
-            declined: bool) -> ev.ResponseCompleted:
+            site_words: list[str], declined: bool) -> ev.ResponseCompleted:
     """`completed` with the citation audit's flags; flagged answers are counted and logged."""
     said = [m.content for m in state.messages if m.role == "user"]
-    uncited, unsupported = citations.audit(completed.text, documents, said, declined=declined)
+    uncited, unsupported = answer_audit.audit(completed.text, documents, said + site_words, declined=declined)
     completed = msgspec.structs.replace(completed, uncited=uncited, unsupported_numbers=unsupported)
-    citations.count(completed)
+    answer_audit.count(completed)
     return completed
 
 
@@ -169,11 +170,13 @@ def make_node(llm: LLMClient, settings: AnswerSettings = AnswerSettings(),
         record = state.turns.get(event.turn)
         documents = (record.sources or [])[:settings.max_sources] if record else []
         skills, question = applied_skills(state, event, config)
+        site_words = answer_audit.site_words(config, question)
         if mode == "extractive":
             completed = await extractive_answer(ctx, knowledge, settings, event, state, documents, config, skills,
                                                 question, late)
             completed = msgspec.structs.replace(completed, llm_roles=roles)
-            return [audited(completed, state, documents, declined=not citations.cited(completed.text))]
+            return [audited(completed, state, documents, site_words,
+                            declined=not citations.cited(completed.text))]
         system = prompts.compose(PROMPT, event.site, config, visitor=visitor_context(state),
                                  skills=skills_context(skills, question), persona=persona.block(config.persona),
                                  sources=sources_context(documents))
@@ -181,7 +184,7 @@ def make_node(llm: LLMClient, settings: AnswerSettings = AnswerSettings(),
         completed = await stream_llm(ctx, llm, "answer", NAME, messages, late_inputs=late, sources=documents,
                                      batch_s=token_batch_s, llm_roles=roles,
                                      temperature=persona.temperature(config.persona))
-        return [audited(completed, state, documents, declined=False)]
+        return [audited(completed, state, documents, site_words, declined=False)]
 
     # Retrieval first, on its own deadline; then the visitor's enrichment and profile, on
     # theirs (counted from the same start). Whatever is missing then is `late`, named in
