@@ -368,8 +368,8 @@ class ResponseCompleted(Envelope, tag="response_completed"):
     late_inputs: list[str] = []  # background results the answer went without (past their deadline)
     sources: list[int] = []  # the numbers of the retrieved documents the answer was given to cite
     backend: str = "llm"  # what wrote an answer: llm | extractive (sentences of the sources, no model)
-    # The citation audit (services/responder/citations.py), never blocking: sources were
-    # given and none was cited; figures that no source nor the visitor's messages hold.
+    # The citation audit (services/responder/answer_audit.py), never blocking: sources were
+    # given and none was cited; figures that no source, visitor message or site word holds.
     uncited: bool = False
     unsupported_numbers: list[str] = []
     embedding_version: str = ""  # extractive: the embedding model that chose the sentences (name@version)

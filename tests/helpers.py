@@ -14,7 +14,7 @@ from shared import subjects
 from shared.config import ConsumerConfig
 from cli.replay.sandbox import LogBus
 from shared.consumer import ConsumerRunner
-from shared.node import Context, Inputs, gather
+from shared.node import Context, gather
 from shared.store import MemoryStore
 from shared.site_config import SiteConfig
 from shared.state import ConversationState, Record, encode_state, fold

@@ -1,8 +1,10 @@
-"""`concierge eval answers`: its scoring (pure), its shipped dataset, and one run of the
-command against a running system whose answer LLM is scripted."""
+"""`concierge eval answers`: its scoring (pure), its shipped dataset, one run of the command
+against a running system whose answer LLM is scripted, and the shipped dataset through a
+system with no model, where the eval must score every answer as the server's audit did."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -49,20 +51,34 @@ def test_forbidden_statements_are_found_but_their_negation_is_not():
 
 
 def test_a_citation_counts_only_when_it_names_a_source_the_turn_sent():
+    def cited(text, sources):
+        return ae.score(q(), text, sources, []).cited
+
     sources = [{"n": 1}, {"n": 2}]
-    assert ae.cites_a_source("Xero [2].", sources)
-    assert not ae.cites_a_source("Xero [3].", sources)
-    assert not ae.cites_a_source("Xero [1].", [])
-    assert not ae.cites_a_source("Xero (1).", sources)
+    assert cited("Xero [2].", sources) == [2] and cited("Xero [1, 2].", sources) == [1, 2]
+    assert cited("Xero [3].", sources) == []
+    assert cited("Xero [1].", []) == []
+    assert cited("Xero (1).", sources) == []
 
 
-def test_numbers_are_supported_by_the_sources_the_question_or_number_words():
-    grounding = ["Starter costs $29 per technician; more than 5,000 apps; a learning budget of €1,500; "
-                 "most teams go live in two to four weeks; 99.95% SLA"]
-    answer = "1. Starter: $29 [1]\n2. 5000 apps, 1.500 € budget, 2-4 weeks, 99,95 % SLA, 45 days, 99.9% uptime"
-    assert ae.unsupported_numbers(answer, grounding) == ["45", "99.9"]
-    assert ae.unsupported_numbers("Yes, 12 technicians.", ["How about 12 technicians?"]) == []
-    assert ae.unsupported_numbers("Costs 45, then 45 again", []) == ["45"]
+def test_numbers_are_supported_by_the_sources_the_question_or_the_sites_words():
+    grounding = ["Starter costs $29 per technician; more than 5,000 apps; most teams go live in two to four weeks"]
+    scored = ae.score(q(messages=["We have 12 technicians."]),
+                      "1. Starter: $29 [1] for 12 technicians\n2. 5000 apps, 2-4 weeks, 45 days", [{"n": 1}], grounding)
+    assert scored.unsupported == ["45"]
+    metadata = {"cta": {"label": "Book a 30-minute demo", "url": "https://x.example/book"},
+                "skill_selection_state": {"qualification_question": "More than 10 technicians?"}}
+    assert ae.site_words(metadata) == ["Book a 30-minute demo", "More than 10 technicians?"]
+    assert ae.site_words({"cta": None, "skill_selection_state": {"qualification_question": None}}) == []
+
+
+def test_an_answer_disagreeing_with_the_servers_audit_is_a_miss_and_counted():
+    agreed = ae.score(q(), "Xero [1], 45 days", [{"n": 1}], [], server=ae.Audit(cited=[1], unsupported=["45"]))
+    differs = ae.score(q(), "Xero [1], 45 days", [{"n": 1}], [], server=ae.Audit(cited=[1], unsupported=[]))
+    assert not agreed.disagrees and differs.disagrees
+    assert ae.figures([agreed, differs])["audit_disagreements"] == 1
+    assert "the server's audit differs: cited [1], unsupported []" in " ".join(ae.miss_lines(differs))
+    assert ae.figures([agreed, ae.score(q(), "Xero [1]", [{"n": 1}], [])])["audit_disagreements"] is None
 
 
 def test_figures_and_the_targets():
@@ -148,6 +164,7 @@ def test_the_command_scores_a_right_and_a_wrong_answer_and_fails(scripted_system
     assert figures["all_facts_rate"] == 0.5 and figures["citation_rate"] == 0.5, output
     assert figures["forbidden"] == 1 and figures["unsupported_numbers"] == 1, output
     assert figures["grounding"] == "documents" and figures["ttft_ms_p50"] > 0, output
+    assert figures["audit_disagreements"] == 0, output  # the server flagged the 45 too
     assert "wrong [en, ANSWER] 'And Xero?'" in output and "FORBIDDEN 'does not integrate with Xero'" in output
     assert "unsupported numbers 45" in output and "right [en" not in output
     # The follow-up reached the answer with its previous turn.
@@ -166,3 +183,24 @@ def test_the_command_passes_when_every_answer_is_right(scripted_system, tmp_path
     assert status == 0, output
     assert (figures["all_facts_rate"], figures["citation_rate"], figures["forbidden"],
             figures["unsupported_numbers"]) == (1.0, 1.0, 0, 0), output
+
+
+def test_on_every_shipped_answer_the_eval_finds_what_the_servers_audit_found(tmp_path):
+    """The shipped dataset as `make eval` asks it (no model: extractive answers): per answer,
+    the sources cited and the unsupported figures, by the eval and by the server's audit
+    (the `complete` metadata's `cited` flags, `ResponseCompleted.unsupported_numbers`)."""
+    questions = ae.read_dataset(ae.DATASET)
+    system = make_system(tmp_path, free_port(), free_port(), {
+        "RATE_LIMIT_PER_IP_PER_MIN": "0", "LLM_BASE_URL": "", "ANSWER_BACKEND": "extractive"})
+    try:
+        system.ingest("demo", KB)
+        system.start_all()
+        scored = asyncio.run(ae.ask_all(system.gateway_url, "demo", questions, system.env["ADMIN_TOKEN"]))
+    finally:
+        system.stop()
+    assert [s.question.id for s in scored if s.error or s.server is None] == []
+    # The metadata lists the sources in their order, the eval in the order the answer cites them.
+    assert [(s.question.id, sorted(s.cited), s.unsupported) for s in scored] == \
+        [(s.question.id, s.server.cited, s.server.unsupported) for s in scored]
+    assert sum(1 for s in scored if s.cited) >= 0.9 * len(scored)  # not a vacuous agreement
+    assert ae.figures(scored)["audit_disagreements"] == 0

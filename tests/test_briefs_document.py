@@ -7,7 +7,6 @@ import pytest
 
 from services.enricher.briefs import document
 from services.enricher.briefs.document import REQUIRED_SECTIONS
-from shared import numbers
 from shared.events import BriefInputs, BriefMessage, BriefMetadata, BriefSource, SimilarLead, VisitorProfile
 
 META = BriefMetadata(priority=7, stage="evaluating", estimated_seats=40, confidence=60)
@@ -117,25 +116,6 @@ def test_the_metadata_line_written_for_a_brief_decodes_to_the_same_metadata():
     assert document.metadata_line(META) == \
         'METADATA: {"priority":7,"stage":"evaluating","estimated_seats":40,"confidence":60}'
     assert document.split_metadata(f"## Needs\n\nx\n{document.metadata_line(META)}")[1:] == (META, "")
-
-
-@pytest.mark.parametrize(("text", "expected"), [
-    ("5,000 apps, 99.95% uptime, TLS 1.3 [2]", ["5,000", "99.95%", "1.3"]),
-    ("1 200 seats, 1\u202f200 seats, 1\u2009200 seats, 1\u00a0200,50 €",
-     ["1 200", "1\u202f200", "1\u2009200", "1\u00a0200,50"]),
-    ("40 % and 40%", ["40 %", "40%"]),
-    ("1. Starter\n2) Growth [1, 2][3]\n## 3. Needs", []),
-    ("in 2024 300 users, 1 2000 rows, v2 and 3.5.1", ["2024", "300", "1", "2000", "3.5.1"]),
-])
-def test_figures_as_written(text, expected):
-    assert numbers.figures(text) == expected
-
-
-def test_figures_compare_by_their_digits():
-    assert {numbers.normalized(f) for f in ("1,200", "1200", "1 200", "1\u202f200")} == {"1200"}
-    assert numbers.normalized("40 %") == numbers.normalized("40%") == "40"
-    assert numbers.normalized("1,5") == "1.5" and numbers.normalized("1,250.50") == "1250.50"
-    assert numbers.normalized("1.500") != "1500"
 
 
 def inputs(**fields) -> BriefInputs:

@@ -1,4 +1,4 @@
-"""Extractive answers (pure, on the demo knowledge base's real text) and the citation audit."""
+"""Extractive answers (pure, on the demo knowledge base's real text) and the server's citation audit."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from services.responder import citations, extractive, finalize
+from services.responder import answer_audit, extractive, finalize
 from services.retriever import documents as kb_documents
 from services.retriever import extraction
+from shared import citations, glossary, language
 from shared import events as ev
-from shared import glossary, language
 from shared.embeddings import shared_embedder
 from shared.site_config import CTA, Redirects, SiteConfig
 from shared.state import ConversationState, Message, TurnRecord
@@ -145,19 +145,27 @@ def test_skills_end_the_answer_in_the_visitors_language():
 
 def test_the_audit_flags_an_uncited_answer_and_an_invented_number():
     documents = retrieved("How much does the Growth plan cost?")
-    uncited, unsupported = citations.audit("The Growth plan costs $49 per technician per month.", documents,
-                                           ["How much does the Growth plan cost?"])
+    uncited, unsupported = answer_audit.audit("The Growth plan costs $49 per technician per month.", documents,
+                                              ["How much does the Growth plan cost?"])
     assert uncited and unsupported == ["49"]
     n = next(d.n for d in documents if d.title == "Pricing — Growth plan")
-    uncited, unsupported = citations.audit(f"The Growth plan costs $59 per technician per month [{n}], "
-                                           f"so 12 technicians cost $708.", documents,
-                                           ["We have 12 technicians. How much does the Growth plan cost?"])
+    uncited, unsupported = answer_audit.audit(f"The Growth plan costs $59 per technician per month [{n}], "
+                                              f"so 12 technicians cost $708.", documents,
+                                              ["We have 12 technicians. How much does the Growth plan cost?"])
     assert not uncited and unsupported == ["708"]  # 12 came from the visitor, 59 from the source
-    assert citations.audit("1. Starter\n2. Growth [1]", documents, [])[1] == []  # list numbering is no figure
-    assert citations.audit("I couldn't find that.", documents, [], declined=True) == (False, [])
-    assert citations.numbers("5,000 apps, 99.95% uptime, TLS 1.3 [2]") == ["5,000", "99.95%", "1.3"]
-    assert citations.unsupported_numbers("more than 5000 apps", ["more than 5,000 other applications"]) == []
-    assert citations.cited("A [1]. B [2, 3]. C [9].", given=[1, 2, 3]) == [1, 2, 3]
+    assert answer_audit.audit("1. Starter\n2. Growth [1]", documents, [])[1] == []  # list numbering is no figure
+    assert answer_audit.audit("I couldn't find that.", documents, [], declined=True) == (False, [])
+
+
+def test_the_sites_words_a_reply_repeats_support_its_figures():
+    documents = retrieved("Which operating system versions does the mobile app need?")
+    declined = extractive.reply([], documents, skills=[], question=None, lang="en", config=CONFIG, site="demo")
+    assert "Book a 30-minute demo" in declined
+    assert answer_audit.audit(declined, documents, [], declined=True) == (False, ["30"])
+    words = answer_audit.site_words(CONFIG, "Do you have more than 10 technicians?")
+    assert words == ["Book a 30-minute demo", "Do you have more than 10 technicians?"]
+    assert answer_audit.audit(declined, documents, words, declined=True) == (False, [])
+    assert answer_audit.site_words(SiteConfig(cta=CTA(label="Book a 30-minute demo")), None) == []  # no link: never said
 
 
 def test_metadata_marks_the_sources_the_answer_cited():

@@ -12,8 +12,9 @@ results (the visitor's enrichment and profile); what is not there is left out of
 Two backends (`ANSWER_BACKEND`): `llm` streams the `answer` role's model; `extractive`
 (the default when that role has no endpoint) writes the answer from the retrieved
 sources' own sentences, each cited, with no model at all (extractive.py). Either way the
-answer is audited (citations.py): `ResponseCompleted.uncited` when sources were given and
-none was cited, `unsupported_numbers` for figures that no source nor the visitor wrote.
+answer is audited (answer_audit.py): `ResponseCompleted.uncited` when sources were given and
+none was cited, `unsupported_numbers` for figures that no source, no message of the visitor
+and none of the site's words the reply repeats hold (shared/citations.py).
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from services.responder import citations, extractive, kb_vectors
+from services.responder import answer_audit, extractive, kb_vectors
 from services.responder.streaming import TOKEN_BATCH_S, publish_sources, stream_llm, stream_text
-from shared import history, language, persona, prompts
+from shared import citations, history, language, persona, prompts
 from shared import events as ev
 from services.responder.settings import ANSWER_BACKENDS, ROLES, AnswerSettings
 from shared.config import ConfigError
@@ -132,12 +133,12 @@ async def extractive_answer(ctx: Context, knowledge: kb_vectors.KnowledgeVectors
 
 
 def audited(completed: ev.ResponseCompleted, state: ConversationState, documents: list[ev.RetrievedDocument],
-            declined: bool) -> ev.ResponseCompleted:
+            site_words: list[str], declined: bool) -> ev.ResponseCompleted:
     """`completed` with the citation audit's flags; flagged answers are counted and logged."""
     said = [m.content for m in state.messages if m.role == "user"]
-    uncited, unsupported = citations.audit(completed.text, documents, said, declined=declined)
+    uncited, unsupported = answer_audit.audit(completed.text, documents, said + site_words, declined=declined)
     completed = msgspec.structs.replace(completed, uncited=uncited, unsupported_numbers=unsupported)
-    citations.count(completed)
+    answer_audit.count(completed)
     return completed
 
 
@@ -159,11 +160,13 @@ def make_node(llm: LLMClient, settings: AnswerSettings = AnswerSettings(),
         documents = (record.sources or [])[:settings.max_sources] if record else []
         # skill_applier's decision (awaited with the retrieval); late, the answer ends plainly.
         skills, question = (record.skills or [], record.qualification_question) if record else ([], None)
+        site_words = answer_audit.site_words(config, question)
         if mode == "extractive":
             completed = await extractive_answer(ctx, knowledge, inputs.kb_vectors, settings, event, state, documents, config, skills,
                                                 question, late)
             completed = msgspec.structs.replace(completed, llm_roles=roles)
-            return [audited(completed, state, documents, declined=not citations.cited(completed.text))]
+            return [audited(completed, state, documents, site_words,
+                            declined=not citations.cited(completed.text))]
         system = prompts.compose(PROMPT, event.site, config, visitor=visitor_context(state),
                                  skills=skills_context(skills, question), persona=persona.block(config.persona),
                                  sources=sources_context(documents))
@@ -171,7 +174,7 @@ def make_node(llm: LLMClient, settings: AnswerSettings = AnswerSettings(),
         completed = await stream_llm(ctx, llm, "answer", NAME, messages, late_inputs=late, sources=documents,
                                      batch_s=token_batch_s, llm_roles=roles,
                                      temperature=persona.temperature(config.persona))
-        return [audited(completed, state, documents, declined=False)]
+        return [audited(completed, state, documents, site_words, declined=False)]
 
     # Retrieval and the skills to apply first, on the retrieval's deadline (the skills come a
     # hop after the route, long before the retrieval as a rule); then the visitor's enrichment

@@ -37,8 +37,8 @@ from typing import Callable
 
 import numpy as np
 
+from shared import citations, glossary, language
 from shared import events as ev
-from shared import glossary, language
 from shared.follow_up import elliptical, follows_up
 from shared.site_config import SiteConfig
 
@@ -52,7 +52,6 @@ LINK = re.compile(r"!?\[([^\]]*)\]\([^)]*\)")
 EMPHASIS = re.compile(r"(\*\*|__|\*|`)(?=\S)(.+?)(?<=\S)\1")
 ENTITY_PREFIX = re.compile(r"^[^:\n]{1,80} \([^)\n]{1,80}\): ", re.MULTILINE)
 WORD = re.compile(r"\w+", re.UNICODE)
-CITATION = re.compile(r"\s*\[\d+\]")
 NUMBER = re.compile(r"\d+(?:[.,:]\d+)*%?")
 STEM = 6  # letters two words share at the start to count as one stem ("integrez" / "integrate")
 MIN_WORDS = 4  # shorter sentences ("Yes.") are joined to the next one
@@ -342,7 +341,7 @@ def compose(question: str, documents: list[ev.RetrievedDocument], embed: Callabl
 
 def cite(sentence: str, n: int) -> str:
     """The sentence with its `[n]` before the final punctuation: "… both directions [1]."."""
-    sentence = CITATION.sub("", sentence).rstrip()
+    sentence = citations.without_citations(sentence).rstrip()
     if sentence and sentence[-1] in ".!?":
         return f"{sentence[:-1]} [{n}]{sentence[-1]}"
     return f"{sentence} [{n}]."

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import msgspec
 
-from services.responder import citations
 from services.responder.booking import booking_url
+from shared import citations
 from shared import events as ev
 from shared.node import Context, Inputs, Needs, Node, Wait
 from shared.site_config import SiteConfig
@@ -61,7 +61,7 @@ def metadata(state: ConversationState, turn: int, suggestions: ev.SuggestionsGen
 
 def sources(state: ConversationState, turn: int) -> list[dict]:
     """The sources the answer was given, each marked `cited` when the answer's text cites
-    it (checked here, whatever wrote the answer: citations.py)."""
+    it (checked here, whatever wrote the answer: shared/citations.py)."""
     record = state.turns.get(turn)
     if record is None:
         return []

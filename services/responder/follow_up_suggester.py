@@ -8,7 +8,8 @@ answer cited (local_suggestions.follow_ups). A HACK turn gets none.
 
 from __future__ import annotations
 
-from services.responder import citations, local_suggestions, replies, suggestions
+from services.responder import local_suggestions, replies, suggestions
+from shared import citations
 from shared.llm import LLMClient
 from shared import events as ev
 from shared.node import Context, Inputs, Needs, Node

@@ -17,12 +17,13 @@ import re
 import time
 from typing import Any
 
+from shared import citations
 from shared import events as ev
 from shared.node import Context
 from shared.llm import LLMClient
 
 # A sentence with the citations after it and the space before the next, or a line.
-SENTENCE_RE = re.compile(r"[^\n]*?[.!?…](?:\s*\[\d+\])*(?:\s+|$)|[^\n]+\n*|\n+")
+SENTENCE_RE = re.compile(rf"[^\n]*?[.!?…](?:\s*{citations.CITATION.pattern})*(?:\s+|$)|[^\n]+\n*|\n+")
 
 
 TOKEN_BATCH_S = 0.1

@@ -13,15 +13,20 @@ with whatever answer backend the system has. One row per line:
   `**` bold markers ignored; a spelling starting or ending with a digit does not match inside
   a longer number, so "29" is not found in "290");
 - forbidden: no forbidden statement may appear (same matching);
-- cited: at least one `[n]` naming a source the turn sent (the `sources` SSE event);
-- unsupported numbers: numbers in the answer found neither in the question (every message of
-  the conversation), nor in the text the answer was grounded on, nor in the `complete`
-  event's metadata (CTA label and the like). The grounding text is the full content of the
-  documents the answer was given, read from the conversation log (operator endpoint) when an
-  operator token is at hand (the system this command starts; `ADMIN_TOKEN` or `make run`'s
-  `.data/admin-token` with `--base-url`); otherwise only the sources' snippets (their first
-  240 characters, so more numbers count as unsupported). The JSON says which (`grounding`).
-  No server-side flag exists for this. Reported, not a target.
+- cited: the sources the turn sent (the `sources` SSE event) that the answer cites;
+- unsupported numbers: figures of the answer that no message of the conversation, no text
+  the answer was grounded on and none of the site's words in the `complete` metadata (its
+  CTA label, the qualifying question) hold.
+
+Citations and figures are read by the server's audit's rule (shared/citations.py). The
+grounding text is the full title and content of the documents the answer was given, read
+from the conversation log (operator endpoint) when an operator token is at hand (the system
+this command starts; `ADMIN_TOKEN` or `make run`'s `.data/admin-token` with `--base-url`);
+otherwise only the sources' titles and snippets (their first 240 characters, so more numbers
+count as unsupported). The JSON says which (`grounding`). Reported, not a target. With the
+log at hand the eval also reads the server's own audit of each answer (the `complete`
+metadata's `cited` flags, `ResponseCompleted.unsupported_numbers`): `audit_disagreements`
+counts the answers where the two differ (expected 0: one rule, the same inputs).
 
 Without `--base-url` the command starts its own system (as `concierge bench` does) with the
 demo knowledge base ingested for the site `demo` and the LLM environment as it is set (no
@@ -50,6 +55,7 @@ import httpx
 from cli.harness.sse import ChatResult, Conversation
 from cli.harness.supervisor import ROOT
 from cli.measure.stats import percentile
+from shared import citations
 
 DATASET = ROOT / "services" / "responder" / "data" / "answers_eval.jsonl"
 MIN_ALL_FACTS_RATE = 0.85
@@ -118,62 +124,20 @@ def forbidden_found(text: str, forbidden: list[str]) -> list[str]:
     return [statement for statement in forbidden if has_fact(text, [statement])]
 
 
-CITATION_RE = re.compile(r"\[(\d+)\]")
+def site_words(metadata: dict) -> list[str]:
+    """The site's words a reply repeats, as the `complete` metadata shows them: the CTA's
+    label, the qualifying question (the server's audit reads the same from the site's config)."""
+    cta = metadata.get("cta") or {}
+    question = (metadata.get("skill_selection_state") or {}).get("qualification_question")
+    return [text for text in (cta.get("label"), question) if text]
 
 
-def cites_a_source(text: str, sources: list[dict]) -> bool:
-    """At least one `[n]` in the answer names a source the turn sent."""
-    sent = {s.get("n") for s in sources}
-    return any(int(n) in sent for n in CITATION_RE.findall(text))
-
-
-NUMBER_RE = re.compile(r"\d+(?:[.,]\d+)*")
-LIST_MARKER_RE = re.compile(r"^\s*\d+[.)]\s", re.MULTILINE)
-NUMBER_WORDS = {w: i for i, w in enumerate(
-    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
-    "seventeen eighteen nineteen twenty".split())}
-
-
-def readings(number: str) -> set[str]:
-    """What a written number can mean: "5,000" is 5000 (or 5.0 in a decimal-comma language),
-    "99,95" is 99.95, "1.500" is 1500 or 1.5. Canonical decimal strings."""
-    out = set()
-    groups = re.split(r"[.,]", number)
-    if len(groups) > 1 and all(len(g) == 3 for g in groups[1:]):
-        out.add(str(int("".join(groups))))
-    if len(groups) <= 2:
-        whole, frac = groups[0], (groups[1] if len(groups) == 2 else "")
-        frac = frac.rstrip("0")
-        out.add(str(int(whole)) + ("." + frac if frac else ""))
-    return out
-
-
-def numbers_in(text: str) -> list[str]:
-    """The numbers an answer states: not its citation markers, not ordered-list markers."""
-    text = LIST_MARKER_RE.sub(" ", CITATION_RE.sub(" ", text))
-    return NUMBER_RE.findall(unicodedata.normalize("NFKC", text))
-
-
-def known_readings(texts: list[str]) -> set[str]:
-    known: set[str] = set()
-    for text in texts:
-        for number in NUMBER_RE.findall(unicodedata.normalize("NFKC", text)):
-            known |= readings(number)
-        for word in re.findall(r"[a-z]+", text.casefold()):
-            if word in NUMBER_WORDS:
-                known.add(str(NUMBER_WORDS[word]))
-    return known
-
-
-def unsupported_numbers(answer: str, grounding: list[str]) -> list[str]:
-    """Numbers of the answer none of whose readings is in the grounding texts (digits or
-    English number words), in order, each once."""
-    known = known_readings(grounding)
-    out: list[str] = []
-    for number in numbers_in(answer):
-        if not readings(number) & known and number not in out:
-            out.append(number)
-    return out
+@dataclass(frozen=True)
+class Audit:
+    """What the server's audit found in an answer: the sources it cites (sorted), its
+    unsupported figures."""
+    cited: list[int]
+    unsupported: list[str]
 
 
 @dataclass
@@ -183,19 +147,28 @@ class Scored:
     route: str | None
     missing: list[list[str]]
     forbidden: list[str]
-    cited: bool
+    cited: list[int]  # the sent sources the answer cites
     unsupported: list[str]
     ttft_ms: float | None
     error: str | None = None
     grounding: str = "snippets"  # documents | snippets
+    server: Audit | None = None  # the server's own audit, when the log was read
+
+    @property
+    def disagrees(self) -> bool:
+        return self.server is not None and self.server != Audit(sorted(self.cited), self.unsupported)
 
 
 def score(question: Question, answer: str, sources: list[dict], grounding: list[str], *, route: str | None = None,
-          ttft_ms: float | None = None, error: str | None = None, grounding_kind: str = "snippets") -> Scored:
+          ttft_ms: float | None = None, error: str | None = None, grounding_kind: str = "snippets",
+          server: Audit | None = None) -> Scored:
+    """`grounding`: the texts the answer's figures may come from besides the conversation's
+    messages (its documents or their snippets, the site's words)."""
     return Scored(question=question, answer=answer, route=route, missing=missing_facts(answer, question.facts),
-                  forbidden=forbidden_found(answer, question.forbidden), cited=cites_a_source(answer, sources),
-                  unsupported=unsupported_numbers(answer, grounding + question.messages), ttft_ms=ttft_ms,
-                  error=error, grounding=grounding_kind)
+                  forbidden=forbidden_found(answer, question.forbidden),
+                  cited=citations.cited(answer, [s.get("n") for s in sources]),
+                  unsupported=citations.unsupported(answer, grounding + question.messages), ttft_ms=ttft_ms,
+                  error=error, grounding=grounding_kind, server=server)
 
 
 def figures(scored: list[Scored]) -> dict:
@@ -213,6 +186,8 @@ def figures(scored: list[Scored]) -> dict:
         "unsupported_numbers": sum(len(s.unsupported) for s in scored),
         "answers_with_unsupported_numbers": sum(1 for s in scored if s.unsupported),
         "grounding": kinds.pop() if len(kinds) == 1 else "mixed",
+        "audit_disagreements": (sum(1 for s in scored if s.disagrees)
+                                if all(s.server is not None for s in scored) else None),
         "ttft_ms_p50": None if not ttfts else round(percentile(ttfts, 50), 1),
         "ttft_ms_p90": None if not ttfts else round(percentile(ttfts, 90), 1),
         "routes": {},
@@ -237,6 +212,8 @@ def miss_lines(s: Scored) -> list[str]:
         problems.append("no citation of a sent source")
     if s.unsupported:
         problems.append("unsupported numbers " + ", ".join(s.unsupported))
+    if s.disagrees:
+        problems.append(f"the server's audit differs: cited {s.server.cited}, unsupported {s.server.unsupported}")
     if not problems:
         return []
     answer = " ".join(s.answer.split())
@@ -255,20 +232,23 @@ async def _say(visitor: Conversation, message: str) -> ChatResult:
     return result
 
 
-async def _documents_of_turn(client: httpx.AsyncClient, base_url: str, site: str, session: str, turn: int,
-                             token: str) -> list[str] | None:
-    """The full text of the documents the answer of `turn` was given, from the log; None when
-    the operator endpoint refuses or the log does not say."""
+async def _logged_turn(client: httpx.AsyncClient, base_url: str, site: str, session: str, turn: int,
+                       token: str) -> tuple[list[str], list[str]] | None:
+    """From the log: the titles and full texts of the documents the answer of `turn` was
+    given, and the figures the server's audit found unsupported; None when the operator
+    endpoint refuses or the log does not say."""
     response = await client.get(f"{base_url}/v1/conversations/{site}/{session}/events",
                                 headers={"Authorization": f"Bearer {token}"})
     if response.status_code != 200:
         return None
     events = [e for e in response.json()["events"] if e["event"].get("turn") == turn]
-    retrieved = [d for e in events if e["type"] == "retrieval_completed" for d in e["event"].get("documents", [])]
-    given = {n for e in events if e["type"] == "response_completed" for n in e["event"].get("sources", [])}
-    if not any(e["type"] == "response_completed" for e in events):
+    completed = next((e["event"] for e in events if e["type"] == "response_completed"), None)
+    if completed is None:
         return None
-    return [f"{d.get('title', '')} {d.get('content', '')}" for d in retrieved if d.get("n") in given]
+    retrieved = [d for e in events if e["type"] == "retrieval_completed" for d in e["event"].get("documents", [])]
+    given = set(completed.get("sources", []))
+    texts = [text for d in retrieved if d.get("n") in given for text in (d.get("title", ""), d.get("content", ""))]
+    return texts, completed.get("unsupported_numbers", [])
 
 
 async def ask(client: httpx.AsyncClient, base_url: str, site: str, question: Question,
@@ -288,15 +268,17 @@ async def ask(client: httpx.AsyncClient, base_url: str, site: str, question: Que
         error = f"HTTP {result.status} {json.dumps(result.body)[:200]}"
     elif final.get("type") != "complete":
         error = f"{final.get('type', 'no event')}: {final.get('message', '')}"[:200]
-    grounding, kind = [s.get("snippet", "") + " " + s.get("title", "") for s in sources], "snippets"
+    grounding = [text for s in sources for text in (s.get("title", ""), s.get("snippet", ""))]
+    kind, server = "snippets", None
     if admin_token and final.get("type") == "complete" and result.session_id:
-        documents = await _documents_of_turn(client, base_url, site, result.session_id, final["turn"], admin_token)
-        if documents is not None:
-            grounding, kind = documents, "documents"
-    grounding.append(json.dumps(metadata, ensure_ascii=False))
+        logged = await _logged_turn(client, base_url, site, result.session_id, final["turn"], admin_token)
+        if logged is not None:
+            grounding, kind = logged[0], "documents"
+            server = Audit(cited=sorted(s["n"] for s in metadata.get("sources") or [] if s.get("cited")),
+                           unsupported=logged[1])
     ttft = None if result.first_token_s is None else result.first_token_s * 1000
-    return score(question, result.text, sources, grounding, route=metadata.get("route"),
-                 ttft_ms=ttft, error=error, grounding_kind=kind)
+    return score(question, result.text, sources, grounding + site_words(metadata), route=metadata.get("route"),
+                 ttft_ms=ttft, error=error, grounding_kind=kind, server=server)
 
 
 async def ask_all(base_url: str, site: str, questions: list[Question], admin_token: str | None,
@@ -320,7 +302,8 @@ def report(scored: list[Scored], dataset: Path, base_url: str, out=sys.stdout) -
     print(f"all facts {result['all_facts_rate']:.3f} (target ≥ {MIN_ALL_FACTS_RATE})  "
           f"cited {result['citation_rate']:.3f} (target ≥ {MIN_CITATION_RATE})  "
           f"forbidden {result['forbidden']} (target {MAX_FORBIDDEN})  "
-          f"unsupported numbers {result['unsupported_numbers']} (checked against {result['grounding']})  "
+          f"unsupported numbers {result['unsupported_numbers']} (checked against {result['grounding']}; "
+          f"differing from the server's audit: {result['audit_disagreements']})  "
           f"TTFT p50 {result['ttft_ms_p50']} ms", file=out)
     print(json.dumps(result, ensure_ascii=False), file=out)
     return 0 if result["passed"] else 1

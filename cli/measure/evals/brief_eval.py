@@ -41,8 +41,8 @@ from cli.harness.supervisor import ROOT, free_port, wait_http
 from cli.replay.sandbox import LogBus
 from services.enricher import lead_briefer, lead_triager
 from services.enricher.briefs.document import missing_sections
+from shared import citations, subjects
 from shared import events as ev
-from shared import numbers, subjects
 from shared.config import LLMRoleConfig
 from shared.llm import LLMClient
 from shared.node import Context, gather
@@ -94,7 +94,7 @@ async def run(node, event: ev.Envelope, log: list[Record] | None = None) -> tupl
 
 
 def kept(brief: str, figure: str) -> bool:
-    return numbers.normalized(figure) in {numbers.normalized(f) for f in numbers.figures(brief)}
+    return citations.value(figure) in {citations.value(f) for f in citations.figures(brief)}
 
 
 async def evaluate(cases: list[Case], llm: LLMClient, concurrency: int) -> dict:

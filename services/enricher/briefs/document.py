@@ -24,7 +24,7 @@ import re
 
 import msgspec
 
-from shared import numbers
+from shared import citations
 from shared.events import UNKNOWN, BriefInputs, BriefMetadata, VisitorProfile
 
 REQUIRED_SECTIONS = ("Executive summary", "Situation", "Needs", "Evidence from the conversation",
@@ -140,7 +140,7 @@ def _references(inputs: BriefInputs) -> list[str]:
 def ungrounded_numbers(text: str, inputs: BriefInputs) -> list[str]:
     """The brief's figures that no input holds, each once, as written in the brief; the
     metadata line is not audited (its figures are the writer's estimates)."""
-    return numbers.ungrounded(split_metadata(text)[0], _references(inputs))
+    return citations.unsupported(split_metadata(text)[0], _references(inputs))
 
 
 # Enrichment's own bookkeeping (its status, which source answered, the IP's hash): nothing a
