@@ -40,7 +40,9 @@ async def run(bus, node, event, configs=None) -> list[ev.Envelope]:
     consumer runner would."""
     if not node.concerns(event):
         return []
-    inputs = await gather(node.needs, event, bus, configs)
+    inputs = await gather(node.needs, event, JetStreamStore(bus), configs)
+    if inputs is None:
+        return []
     outputs = await node.handle(event, inputs, Context(out=bus, node=node.name, cause=event, attempt=1))
     for out in outputs:
         await bus.publish(out)

@@ -21,6 +21,7 @@ from shared import events as ev
 from shared import subjects, webhook_secret
 from shared.node import Context, gather
 from shared.site_config import Lead, SiteConfig, SiteConfigs
+from shared.store import JetStreamStore
 from shared.webhook_secret import WebhookSecrets
 from tests.servers import WebhookReceiver
 from tests.helpers import decide, events_of, fast, isolated, start, turn, wait_for
@@ -220,7 +221,7 @@ async def test_a_lead_claimed_but_not_sent_is_sent_once_on_redelivery(bus, site,
     assert outcome.ok and len(receiver.requests) == 1
 
     node = lead_notifier.make_node(claims, to(receiver))
-    inputs = await gather(node.needs, captured, bus, SiteConfigs(bus, ttl_s=0))
+    inputs = await gather(node.needs, captured, JetStreamStore(bus), SiteConfigs(bus, ttl_s=0))
     again = await node.handle(captured, inputs, Context(out=bus, node=runner.durable, cause=captured, attempt=2,
                                                         input_seq=inputs.state.last_seq))
     assert len(receiver.requests) == 1
