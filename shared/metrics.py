@@ -45,7 +45,7 @@ log_reads = Counter("concierge_log_reads",
                     "cost of rebuilding state, which snapshots and the fold cache keep down", ["stream"])
 
 log_feed_breaks = Counter("concierge_log_feed_breaks",
-                          "Times this process's log feed (shared/feed.py) detached every cached state: `restart` "
+                          "Times this process's log feed (shared/store/feed.py) detached every cached state: `restart` "
                           "(a delivery missed, or the consumer made again), `lagging` (a load waited in vain for it)",
                           ["reason"])
 

@@ -207,7 +207,7 @@ def main(service: str, load: Callable[[], S], make_nodes: Callable[[Bus, S], Awa
          follow_log: bool = False) -> None:
     """Run `service`: its settings read once here (`load`, its `from_env`, and the process's
     own), then its nodes made by `make_nodes(bus, settings)`. `follow_log`: the process keeps
-    its cached conversation states current from the log as it is stored (shared/feed.py), for
+    its cached conversation states current from the log as it is stored (shared/store/feed.py), for
     a service whose nodes' loads are on a turn's way to its first token (router, responder);
     it costs the process every conversation's events, folded as they come."""
     logs.setup(service)

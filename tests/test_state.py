@@ -152,7 +152,7 @@ def test_initial_state_is_not_mutated_by_fold(log):
 @given(log=logs, cut=st.integers(0, 40))
 def test_folding_a_fork_leaves_the_original_as_it_was(log, cut):
     """A load hands the cache's state to handlers and folds new events into a fork of it
-    (shared/loader.py): no event type may change the original through what they share."""
+    (shared/store/cached.py): no event type may change the original through what they share."""
     original = fold(log[:cut])
     before = encode_state(original)
     forked = fold_into_fork(original, log[cut:])

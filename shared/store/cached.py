@@ -51,7 +51,7 @@ class FoldCache:
         self._states: OrderedDict[tuple[str, str], ConversationState] = OrderedDict()
         self._revisions: dict[tuple[str, str], int | None] = {}
         self._snapshotted: dict[tuple[str, str], int] = {}  # event_count of the last snapshot known
-        self._attached: set[tuple[str, str]] = set()  # kept current by the log feed (shared/feed.py)
+        self._attached: set[tuple[str, str]] = set()  # kept current by the log feed (shared/store/feed.py)
         # States the log feed folded and nobody has been given since: it may fold into them in
         # place, without a fork per event.
         self._unlent: set[tuple[str, str]] = set()
@@ -230,7 +230,7 @@ class CachedStore(JetStreamStore):
                 del self._reads[key]
 
     async def _own(self, site: str, session_id: str, at: Position | None) -> ConversationState:
-        # A fork, not a deep copy: the awaiter only folds events into it and reads it.
+        # A fork, not a deep copy: a turn_state wait only folds events into it and reads it.
         return fork(await self._load(site, session_id, at, False))
 
     async def turn_state(self, event, wanted: set[str], timeout_s: float,
