@@ -87,12 +87,13 @@ async def test_a_handler_reads_the_log_up_to_its_event_from_a_replica_behind():
         site, read, isolated = f"t{uuid.uuid4().hex[:10]}", {}, asyncio.Event()
 
         class ReadOnceIsolated(JetStreamStore):
-            """Reads from the cut-off member; the second turn's once it answers behind."""
+            """Reads the log (no snapshot: the reader opened no bucket) from the cut-off member;
+            the second turn's once it answers behind."""
 
             async def state(self, site_, session_id, at=None, turn=0):
                 if site_ == site and turn == 2:
                     await isolated.wait()
-                return await super().state(site_, session_id, at, turn)
+                return await self._folded(site_, session_id, None, at)
 
         async def handle(event, inputs, ctx):
             # What the intent router does: act on the folded conversation.

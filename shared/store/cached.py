@@ -194,9 +194,9 @@ class CachedStore(JetStreamStore):
         floor = _floor(at, site, session_id)
         if floor is None:
             return await self._load(site, session_id, None, write_snapshot)
-        key = (site, session_id)
+        key, feed = (site, session_id), self.feed
         if await self._kept_current(site, session_id, floor):
-            self.feed.fold(site, session_id)
+            feed.fold(site, session_id)
             cached = self.cache.get(site, session_id)
             if cached is not None:
                 return cached
@@ -217,8 +217,8 @@ class CachedStore(JetStreamStore):
         self._reads[key] = read
         try:
             state = await self._load(site, session_id, at, write_snapshot, snapshot=turn != 1)
-            if self.feed is not None:
-                self.feed.attach(site, session_id, floor)
+            if feed is not None and feed is self.feed:
+                feed.attach(site, session_id, floor)
             read.set_result(state)
             return state
         except BaseException as exc:
