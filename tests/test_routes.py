@@ -97,6 +97,19 @@ async def test_once_the_watch_hears_everything_a_route_cancels_without_reading_t
     assert len(subscribed) == 1  # one watch for all of the store's races, made once
 
 
+async def test_races_that_start_together_share_the_stores_one_watch(bus, site, monkeypatch):
+    """A service's handlers start at once (a backlog delivered as it starts): each one's first
+    race must not make a watch of its own (a subscription to every route, never ended)."""
+    store = JetStreamStore(bus)
+    subscribed = counting_subscriptions(bus, monkeypatch)
+    session = unique("s")
+    routes = await asyncio.gather(*(store.route(later(turn(site, session, n, "Hi"))) for n in (1, 2, 3)))
+    assert len(subscribed) == 1
+    await bus.publish(routed(later(turn(site, session, 2, "Hi")), "REDIRECT"))
+    work = asyncio.ensure_future(forever())
+    assert await asyncio.wait_for(routes[1].race(work), 5) and work.cancelled()
+
+
 async def test_a_route_looked_up_in_the_log_is_read_at_the_handled_events_position(bus, site):
     """The log read of a race the watch does not cover is held to the handled event (`at`),
     as every read for a handler is (a replica behind it waits; see tests/test_bus.py)."""
