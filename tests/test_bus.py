@@ -10,12 +10,14 @@ import nats.errors
 import pytest
 
 from shared import events as ev
-from shared import loader, subjects
-from shared.bus import BusRefused, ConcurrencyConflict, connect, ensure_topology, reading_from, topology_ready
+from shared import subjects
+from shared.bus import BusRefused, ConcurrencyConflict, Position, connect, ensure_topology, topology_ready
 from shared.config import BusConfig, ConfigError
 from shared.consumer import ConsumerRunner
 from shared.node import Node
 from shared.site_config import SiteConfigs
+from shared.store import CachedStore, JetStreamStore
+from shared.store.jetstream import read_snapshot
 from tests.servers import NATS_USERS, ROOT, nats_server_with_config
 from tests.helpers import fast, unique, wait_for
 
@@ -67,20 +69,21 @@ async def test_read_returns_one_conversation_in_order_across_batches(bus, site):
 
 
 async def test_reads_made_for_an_event_include_it_and_other_reads_do_not_wait_for_it(bus, site):
-    """`reading_from` (what the consumer runner wraps a handler in) holds a read of the log
-    to the event being handled: with one server it is always there, so nothing waits; a
-    read whose filter does not cover that event is not held to it. The cluster side, a
-    replica behind, is tests/test_bus_cluster.py."""
+    """A read given the position of the event being handled (`at`: what the store passes
+    for every handler's read) is held to that event: with one server it is always there, so
+    nothing waits; a read whose filter does not cover that event is not held to it. The
+    cluster side, a replica behind, is tests/test_bus_cluster.py."""
     await bus.publish(requested(site, "a", 1, "a1"))
     event = requested(site, "a", 2, "a2")
     ack = await bus.publish(event)
     bus.config.request_timeout = 0.5  # a read that waited in vain would fail, not pass slowly
-    with reading_from(subjects.conv(site, "a", "turn_requested"), ack.seq):
-        assert [r.event.message for r in await bus.read(subjects.conversation(site, "a"))] == ["a1", "a2"]
-        assert (await bus.last(subjects.conv(site, "a", "turn_requested"))).event_id == event.event_id
-        assert await bus.last(subjects.conv(site, "a", "turn_completed")) is None
-        assert await bus.read(subjects.conversation(site, "b")) == []
-        assert [r.event.message for r in await bus.read(subjects.conversation(site, "a"), after_seq=ack.seq)] == []
+    at = Position(subjects.conv(site, "a", "turn_requested"), ack.seq)
+    assert [r.event.message for r in await bus.read(subjects.conversation(site, "a"), at=at)] == ["a1", "a2"]
+    assert (await bus.last(subjects.conv(site, "a", "turn_requested"), at=at)).event_id == event.event_id
+    assert await bus.last(subjects.conv(site, "a", "turn_completed"), at=at) is None
+    assert await bus.read(subjects.conversation(site, "b"), at=at) == []
+    assert [r.event.message for r in await bus.read(subjects.conversation(site, "a"), after_seq=ack.seq, at=at)] \
+        == []
 
 
 @pytest.mark.parametrize("filter_subject, subject, matched", [
@@ -154,7 +157,7 @@ async def test_each_service_works_within_its_subjects_and_is_refused_outside(sec
             await progress.unsubscribe()
         await responder.publish_token(ev.TokenChunk(event_id=ev.new_id(), site=site, session_id="s1", turn=1,
                                                     ts=ev.now(), index=0, content="Hi"))
-        assert (await loader.load(responder, site, "s1", use_snapshot=True)).turn == 1
+        assert (await JetStreamStore(responder).state(site, "s1")).turn == 1  # it reads the snapshot bucket
         # The responder claims and settles a lead (one delivery per lead) under its own user.
         from services.responder.lead_claims import LeadClaims
 
@@ -183,9 +186,10 @@ async def test_each_service_works_within_its_subjects_and_is_refused_outside(sec
         # The gateway writes the conversation's snapshot as a turn starts; the nodes'
         # services only read it.
         await gateway.publish(requested(site, "s1", 2))
-        state = await loader.load(gateway, site, "s1", write_snapshot=True)
-        await loader.snapshots_written()
-        assert (await loader.read_snapshot(responder, site, "s1"))[0] == state and state.turn == 2
+        store = CachedStore(gateway)
+        state = await store.state(site, "s1", write_snapshot=True)
+        await store.snapshots_written()
+        assert (await read_snapshot(responder, site, "s1"))[0] == state and state.turn == 2
         with pytest.raises(nats.errors.TimeoutError):
             await responder.bucket(subjects.SNAPSHOT_BUCKET).put(subjects.kv_key(site, "s1"), b"{}")
     finally:
@@ -194,12 +198,14 @@ async def test_each_service_works_within_its_subjects_and_is_refused_outside(sec
 
 
 async def test_a_service_follows_the_log_through_the_servers_flow_control(secured_nats, site):
-    """The log feed (shared/feed.py) is an ordered push consumer with flow control: the
+    """The log feed (shared/store/feed.py) is an ordered push consumer with flow control: the
     server stops delivering until the subscriber answers on `$JS.FC.>`, which each service
     user may publish. More data than the server sends unanswered gets through."""
     gateway, router = [await as_service(secured_nats, n) for n in ("gateway", "router")]
     try:
-        feed = await loader.follow(router)
+        store = CachedStore(router)
+        await store.follow()
+        feed = store.feed
         try:
             big = "x" * 60_000
             last = 0
@@ -208,7 +214,7 @@ async def test_a_service_follows_the_log_through_the_servers_flow_control(secure
             await wait_for(lambda: feed.position >= last, timeout=30, what="the feed at the last event")
             assert feed.breaks == 0
         finally:
-            await loader.unfollow()
+            await store.close()
     finally:
         for bus in (gateway, router):
             await bus.close()

@@ -1,5 +1,5 @@
-"""The log feed (shared/feed.py): a followed conversation's cached state is kept current
-from the log as it is stored, so a handler's load needs no read, and is never wrong: a
+"""The log feed (shared/store/feed.py): a followed conversation's cached state is kept current
+from the log as it is stored (CachedStore.follow), so a handler's load needs no read, and is never wrong: a
 break in the feed, a memory that does not reach back, a rewritten log or a feed that went
 quiet all end in a read."""
 
@@ -11,25 +11,34 @@ import pytest
 from prometheus_client import REGISTRY
 
 from shared import events as ev
-from shared import awaiter, loader, subjects
-from shared.bus import connect, reading_from
+from shared import subjects
+from shared.bus import Position, connect
 from shared.config import BusConfig
-from shared.feed import WAIT_S, LogFeed
-from shared.loader import FoldCache
 from shared.state import ConversationState, Record, apply, encode_state, fold
-from tests.test_loader import GatedReads, _stored, publish_turns
+from shared.store import CachedStore, FoldCache, JetStreamStore, cached
+from shared.store.feed import WAIT_S, LogFeed
+from shared.store.jetstream import read_snapshot
+from tests.test_store import GatedReads, _stored, publish_turns
 
 
 @pytest.fixture
-async def followed(bus):
-    feed = await loader.follow(bus)
-    yield feed
-    await loader.unfollow()
+async def store(bus):
+    """A process's store (the services' and the gateway's), not following the log."""
+    store = CachedStore(bus)
+    yield store
+    await store.close()
 
 
-async def handler_load(bus, site, session, subject, seq):
-    with reading_from(subject, seq):
-        return await loader.load_for_event(bus, site, session)
+@pytest.fixture
+async def followed(store):
+    """A process's store following the log: its feed keeps attached states current."""
+    await store.follow()
+    return store
+
+
+async def handler_load(store, site, session, at: Position):
+    """A handler's load: the state for the event at `at`."""
+    return await store.state(site, session, at=at)
 
 
 def request(site: str, session: str, turn: int) -> ev.TurnRequested:
@@ -37,26 +46,26 @@ def request(site: str, session: str, turn: int) -> ev.TurnRequested:
                             producer="test", message=f"q{turn}")
 
 
-async def read_and_attached(bus, site: str, session: str, feed: LogFeed) -> None:
+async def read_and_attached(bus, site: str, session: str, store: CachedStore) -> None:
     """A conversation of two turns, loaded for its second turn's request once the feed has
     delivered it: read once, attached."""
     await publish_turns(bus, site, session, 1)
-    subject, seq = await _stored(bus, request(site, session, 2))
-    assert await feed.reach(seq)
-    await handler_load(bus, site, session, subject, seq)
-    assert loader._cache.attached(site, session)
+    at = await _stored(bus, request(site, session, 2))
+    assert await store.feed.reach(at.seq)
+    await handler_load(store, site, session, at)
+    assert store.cache.attached(site, session)
 
 
 async def test_a_followed_conversation_is_read_once_and_then_kept_current(bus, site, followed):
     await publish_turns(bus, site, "a", 1)
     request = ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="a", turn=2, ts=ev.now(),
                                producer="test", message="q2")
-    subject, seq = await _stored(bus, request)
+    at = await _stored(bus, request)
     reads = GatedReads(bus)
     reads.open.set()
-    assert await followed.reach(seq)  # a read attaches once the feed has delivered its event
-    first = await handler_load(bus, site, "a", subject, seq)
-    assert reads.calls == 1 and loader._cache.attached(site, "a")
+    assert await followed.feed.reach(at.seq)  # a read attaches once the feed has delivered its event
+    first = await handler_load(followed, site, "a", at)
+    assert reads.calls == 1 and followed.cache.attached(site, "a")
     handed = encode_state(first)
     later = [ev.follow(request, ev.IntentClassified, "router", intent="LEARN", confidence=0.9, classifier="local"),
              ev.follow(request, ev.EnrichmentCompleted, "enricher", profile=ev.VisitorProfile(company_name="Beta")),
@@ -64,76 +73,80 @@ async def test_a_followed_conversation_is_read_once_and_then_kept_current(bus, s
                        token_count=1)]
     states = []
     for event in later:
-        subject, seq = await _stored(bus, event)
-        states.append(await handler_load(bus, site, "a", subject, seq))
+        at = await _stored(bus, event)
+        states.append(await handler_load(followed, site, "a", at))
     assert reads.calls == 1  # every later load found the feed's state current
     full = fold(await reads.read(subjects.conversation(site, "a")))
     assert states[-1] == full and full.visitor_profile.company_name == "Beta"
     assert "intent_classified" in states[0].turns[2].seen and "response_completed" not in states[0].turns[2].seen
     assert encode_state(first) == handed  # what a handler was given never changes
-    assert followed.breaks == 0
+    assert followed.feed.breaks == 0
 
 
 async def test_a_load_waits_for_the_feed_to_reach_its_event_rather_than_reading(bus, site, followed):
     await read_and_attached(bus, site, "w", followed)
     reads = GatedReads(bus)
     reads.open.set()
-    followed.position = 0  # as if the handler had its event before the feed did
-    subject, seq = await _stored(bus, request(site, "w", 3))
-    state = await handler_load(bus, site, "w", subject, seq)
+    followed.feed.position = 0  # as if the handler had its event before the feed did
+    at = await _stored(bus, request(site, "w", 3))
+    state = await handler_load(followed, site, "w", at)
     assert reads.calls == 0 and state.turn == 3
 
 
 async def test_a_feed_gone_quiet_costs_one_wait_then_loads_read(bus, site, followed):
+    feed = followed.feed
     await read_and_attached(bus, site, "q", followed)
-    await followed._sub.unsubscribe()  # the feed hears nothing more, and does not know it
+    await feed._sub.unsubscribe()  # the feed hears nothing more, and does not know it
     reads = GatedReads(bus)
     reads.open.set()
-    subject, seq = await _stored(bus, request(site, "q", 3))
+    at = await _stored(bus, request(site, "q", 3))
     started = asyncio.get_running_loop().time()
     lagging = REGISTRY.get_sample_value("concierge_log_feed_breaks_total", {"reason": "lagging"}) or 0
-    state = await handler_load(bus, site, "q", subject, seq)
+    state = await handler_load(followed, site, "q", at)
     assert state.turn == 3 and reads.calls == 1
     assert WAIT_S <= asyncio.get_running_loop().time() - started < 1
-    assert not loader._cache.attached(site, "q") and followed.breaks == 1
+    assert not followed.cache.attached(site, "q") and feed.breaks == 1
     assert REGISTRY.get_sample_value("concierge_log_feed_breaks_total", {"reason": "lagging"}) == lagging + 1
-    subject, seq = await _stored(bus, request(site, "q", 4))
+    at = await _stored(bus, request(site, "q", 4))
     started = asyncio.get_running_loop().time()
-    assert (await handler_load(bus, site, "q", subject, seq)).turn == 4 and reads.calls == 2
+    assert (await handler_load(followed, site, "q", at)).turn == 4 and reads.calls == 2
     assert asyncio.get_running_loop().time() - started < WAIT_S  # detached: read at once
-    assert loader._cache.attached(site, "q") is False
+    assert followed.cache.attached(site, "q") is False
 
 
-async def test_a_process_that_does_not_follow_reads_for_every_event(bus, site):
-    assert loader._feed is None
+async def test_a_process_that_does_not_follow_reads_for_every_event(bus, site, store):
+    assert store.feed is None
     await publish_turns(bus, site, "n", 1)
     reads = GatedReads(bus)
     reads.open.set()
     for turn in (2, 3):
-        subject, seq = await _stored(bus, ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="n",
-                                                           turn=turn, ts=ev.now(), producer="test", message="q"))
-        assert (await handler_load(bus, site, "n", subject, seq)).turn == turn
+        at = await _stored(bus, ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="n",
+                                                 turn=turn, ts=ev.now(), producer="test", message="q"))
+        assert (await handler_load(store, site, "n", at)).turn == turn
     assert reads.calls == 2
 
 
-async def routed(bus, site: str, session: str, followed: LogFeed) -> tuple[ev.TurnRequested, tuple[str, int]]:
+async def routed(bus, site: str, session: str, store: CachedStore) -> tuple[ev.TurnRequested, ev.RouteDecided,
+                                                                             Position]:
     """An attached conversation whose second turn is routed: the route (the event a waiting
-    handler acts on), delivered by the feed."""
-    await read_and_attached(bus, site, session, followed)
+    handler acts on) and where it sits, delivered by the feed."""
+    await read_and_attached(bus, site, session, store)
     cause = request(site, session, 2)
-    handled = await _stored(bus, ev.follow(cause, ev.RouteDecided, "intent_router", route="ANSWER", reason="test"))
-    assert await followed.reach(handled[1])
-    return cause, handled
+    decided = ev.follow(cause, ev.RouteDecided, "intent_router", route="ANSWER", reason="test")
+    handled = await _stored(bus, decided)
+    assert await store.feed.reach(handled.seq)
+    return cause, decided, handled
 
 
-async def wait_for_retrieval(bus, site: str, session: str, handled: tuple[str, int], timeout_s: float):
-    with reading_from(*handled):
-        return await awaiter.turn_state(bus, site, session, 2, {"retrieval_completed"}, timeout_s)
+async def wait_for_retrieval(store: CachedStore, decided: ev.RouteDecided, handled: Position, timeout_s: float):
+    """A handler acting on the route that waits for its turn's retrieval."""
+    return await store.turn_state(decided, {"retrieval_completed"}, timeout_s, at=handled)
 
 
 async def test_a_following_process_waits_for_a_turns_events_on_its_feed_without_a_read_or_a_subscription(
         bus, site, followed, monkeypatch):
-    cause, handled = await routed(bus, site, "aw", followed)
+    feed = followed.feed
+    cause, decided, handled = await routed(bus, site, "aw", followed)
     reads = GatedReads(bus)
     reads.open.set()
     subscribed = []
@@ -144,40 +157,41 @@ async def test_a_following_process_waits_for_a_turns_events_on_its_feed_without_
         return await subscribe(subject, *args, **kwargs)
 
     monkeypatch.setattr(bus.nc, "subscribe", counted)
-    monkeypatch.setattr(loader, "WATCH_RECHECK_S", 10.0)  # only the feed's wake-up can end the wait in time
-    waiting = asyncio.ensure_future(wait_for_retrieval(bus, site, "aw", handled, 5.0))
+    monkeypatch.setattr(cached, "WATCH_RECHECK_S", 10.0)  # only the feed's wake-up can end the wait in time
+    waiting = asyncio.ensure_future(wait_for_retrieval(followed, decided, handled, 5.0))
     await asyncio.sleep(0.1)
-    assert not waiting.done() and (site, "aw") in followed._changes  # not stored yet: it waits on the feed
+    assert not waiting.done() and (site, "aw") in feed._changes  # not stored yet: it waits on the feed
     await bus.publish(ev.follow(cause, ev.RetrievalCompleted, "retrieval"))
     state = await asyncio.wait_for(waiting, 1)
     assert "retrieval_completed" in state.turns[2].seen
     assert state == fold(await reads.read(subjects.conversation(site, "aw")))  # the log as stored
     assert reads.calls == 0 and subscribed == []
-    assert followed._changes == {}  # nothing left waiting
+    assert feed._changes == {}  # nothing left waiting
 
 
 async def test_a_wait_on_the_feed_ends_at_its_deadline_without_what_did_not_come(bus, site, followed):
-    _, handled = await routed(bus, site, "late", followed)
+    _, decided, handled = await routed(bus, site, "late", followed)
     reads = GatedReads(bus)
     reads.open.set()
     started = asyncio.get_running_loop().time()
-    state = await wait_for_retrieval(bus, site, "late", handled, 0.2)
+    state = await wait_for_retrieval(followed, decided, handled, 0.2)
     assert 0.2 <= asyncio.get_running_loop().time() - started < 1
     assert "route_decided" in state.turns[2].seen and "retrieval_completed" not in state.turns[2].seen
-    assert reads.calls == 0 and followed._changes == {}
+    assert reads.calls == 0 and followed.feed._changes == {}
 
 
 async def test_a_wait_whose_feed_breaks_reads_the_log_and_still_gets_the_event(bus, site, followed, monkeypatch):
-    cause, handled = await routed(bus, site, "br", followed)
+    feed = followed.feed
+    cause, decided, handled = await routed(bus, site, "br", followed)
     reads = GatedReads(bus)
     reads.open.set()
-    monkeypatch.setattr(loader, "WATCH_RECHECK_S", 10.0)  # the break itself must wake the wait
-    waiting = asyncio.ensure_future(wait_for_retrieval(bus, site, "br", handled, 5.0))
+    monkeypatch.setattr(cached, "WATCH_RECHECK_S", 10.0)  # the break itself must wake the wait
+    waiting = asyncio.ensure_future(wait_for_retrieval(followed, decided, handled, 5.0))
     await asyncio.sleep(0.05)
-    assert (site, "br") in followed._changes and reads.calls == 0  # waiting on the feed
-    followed._break()  # as a restarted consumer does: the conversation is no longer kept
+    assert (site, "br") in feed._changes and reads.calls == 0  # waiting on the feed
+    feed._break()  # as a restarted consumer does: the conversation is no longer kept
     await asyncio.sleep(0.05)
-    assert reads.calls >= 1 and followed._changes == {}  # gone to the awaiter's own way at once
+    assert reads.calls >= 1 and feed._changes == {}  # gone to the subscription and the log at once
     await bus.publish(ev.follow(cause, ev.RetrievalCompleted, "retrieval"))
     state = await asyncio.wait_for(waiting, 2)
     assert "retrieval_completed" in state.turns[2].seen
@@ -185,11 +199,11 @@ async def test_a_wait_whose_feed_breaks_reads_the_log_and_still_gets_the_event(b
 
 async def test_a_wait_whose_state_leaves_the_cache_reads_the_log_without_waiting_out_its_deadline(
         bus, site, followed):
-    cause, handled = await routed(bus, site, "ev", followed)
-    waiting = asyncio.ensure_future(wait_for_retrieval(bus, site, "ev", handled, 5.0))
+    cause, decided, handled = await routed(bus, site, "ev", followed)
+    waiting = asyncio.ensure_future(wait_for_retrieval(followed, decided, handled, 5.0))
     await asyncio.sleep(0.05)
-    assert (site, "ev") in followed._changes  # waiting on the feed
-    loader._cache.drop(site, "ev")  # evicted, or a rewritten log: nothing tells the waiter
+    assert (site, "ev") in followed.feed._changes  # waiting on the feed
+    followed.cache.drop(site, "ev")  # evicted, or a rewritten log: nothing tells the waiter
     await bus.publish(ev.follow(cause, ev.RetrievalCompleted, "retrieval"))
     state = await asyncio.wait_for(waiting, 1)
     assert "retrieval_completed" in state.turns[2].seen
@@ -328,8 +342,8 @@ async def test_undecodable_messages_are_skipped_as_a_read_skips_them():
 
 
 async def test_a_conversation_the_gateway_makes_up_is_read_from_nothing_and_kept_current(bus, site, followed):
-    state = loader.begin(site, "new")  # the gateway issued this session id: nothing to read
-    assert state.event_count == 0 and loader._cache.attached(site, "new")
+    state = followed.begin(site, "new")  # the gateway issued this session id: nothing to read
+    assert state.event_count == 0 and followed.cache.attached(site, "new")
     request = ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="new", turn=1, ts=ev.now(),
                                producer="gateway", message="q1")
     await bus.publish(request)
@@ -344,31 +358,33 @@ async def test_a_conversation_the_gateway_makes_up_is_read_from_nothing_and_kept
 
     bus.read = read
     full = fold(await original(subjects.conversation(site, "new")))
-    await asyncio.wait_for(_until(lambda: loader._cache.peek(site, "new").last_seq == full.last_seq), 5)
+    await asyncio.wait_for(_until(lambda: followed.cache.peek(site, "new").last_seq == full.last_seq), 5)
     # The next turn's start: the cached state is current, the read after it finds nothing.
-    assert await loader.load(bus, site, "new", shared=True) == full and read_tails == [0]
+    assert await followed.state(site, "new") == full and read_tails == [0]
 
 
 async def test_a_first_turn_load_looks_for_no_snapshot(bus, site, monkeypatch):
+    kv = bus.bucket(subjects.SNAPSHOT_BUCKET)
     looked = []
-    original = loader.read_snapshot
+    get = kv.get
 
-    async def read_snapshot(*args):
-        looked.append(args[1:])
-        return await original(*args)
+    async def counted(key, *args, **kwargs):
+        looked.append(key)
+        return await get(key, *args, **kwargs)
 
-    monkeypatch.setattr(loader, "read_snapshot", read_snapshot)
-    subject, seq = await _stored(bus, ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="f1", turn=1,
-                                                       ts=ev.now(), producer="test", message="q1"))
-    with reading_from(subject, seq):
-        assert (await loader.load_for_event(bus, site, "f1", turn=1)).turn == 1
-    assert looked == []
-    await publish_turns(bus, site, "f2", 1)
-    subject, seq = await _stored(bus, ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="f2", turn=2,
-                                                       ts=ev.now(), producer="test", message="q2"))
-    with reading_from(subject, seq):
-        assert (await loader.load_for_event(bus, site, "f2", turn=2)).turn == 2
-    assert looked == [(site, "f2")]
+    monkeypatch.setattr(kv, "get", counted)
+    for i, store in enumerate((CachedStore(bus), JetStreamStore(bus))):
+        looked.clear()
+        first, second = f"{i}f1", f"{i}f2"
+        at = await _stored(bus, ev.TurnRequested(event_id=ev.new_id(), site=site, session_id=first, turn=1,
+                                                 ts=ev.now(), producer="test", message="q1"))
+        assert (await store.state(site, first, at=at, turn=1)).turn == 1
+        assert looked == []
+        await publish_turns(bus, site, second, 1)
+        at = await _stored(bus, ev.TurnRequested(event_id=ev.new_id(), site=site, session_id=second, turn=2,
+                                                 ts=ev.now(), producer="test", message="q2"))
+        assert (await store.state(site, second, at=at, turn=2)).turn == 2
+        assert looked == [subjects.kv_key(site, second)]
 
 
 async def _until(predicate):
@@ -380,35 +396,34 @@ async def test_a_conversation_the_feed_keeps_current_is_still_snapshotted(nats_u
     """The gateway's turn-start load finds nothing new to read (the feed folded it all), and
     still writes the snapshot once SNAPSHOT_EVERY events are past the last one."""
     bus = await connect(BusConfig(url=nats_url, snapshot_every=4), name="test-feed")
-    await loader.follow(bus)
+    store = CachedStore(bus)
+    await store.follow()
     try:
-        loader.begin(site, "snap")
+        store.begin(site, "snap")
         await publish_turns(bus, site, "snap", 2)  # 8 events
         full = fold(await bus.read(subjects.conversation(site, "snap")))
-        await asyncio.wait_for(_until(lambda: loader._cache.peek(site, "snap").last_seq == full.last_seq), 5)
-        state = await loader.load(bus, site, "snap", write_snapshot=True, shared=True)
-        await loader.snapshots_written()
-        snapshot, _ = await loader.read_snapshot(bus, site, "snap")
+        await asyncio.wait_for(_until(lambda: store.cache.peek(site, "snap").last_seq == full.last_seq), 5)
+        state = await store.state(site, "snap", write_snapshot=True)
+        await store.snapshots_written()
+        snapshot, _ = await read_snapshot(bus, site, "snap")
         assert snapshot == state == full
     finally:
-        await loader.unfollow()
+        await store.close()
         await bus.close()
 
 
-async def test_a_feed_made_again_before_its_first_message_does_not_replay_the_log(bus, site):
+async def test_a_feed_made_again_before_its_first_message_does_not_replay_the_log(bus, site, store):
     await publish_turns(bus, site, "old", 1)  # the log has history (this test's and others')
     before = (await bus.js.stream_info(subjects.CONV_STREAM)).state.last_seq
-    followed = await loader.follow(bus)
-    try:
-        jsi = followed._sub._sub._jsi
-        assert followed.position == 0 and jsi._sseq == before
-        await jsi.reset_ordered_consumer(jsi._sseq + 1)  # what a missed heartbeat does
-        subject, seq = await _stored(bus, ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="new",
-                                                           turn=1, ts=ev.now(), producer="test", message="q1"))
-        assert await followed.reach(seq, timeout_s=5)
-        assert followed.position == seq and min(s for s, _, _ in followed._recent) > before
-    finally:
-        await loader.unfollow()
+    await store.follow()
+    feed = store.feed
+    jsi = feed._sub._sub._jsi
+    assert feed.position == 0 and jsi._sseq == before
+    await jsi.reset_ordered_consumer(jsi._sseq + 1)  # what a missed heartbeat does
+    at = await _stored(bus, ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="new",
+                                             turn=1, ts=ev.now(), producer="test", message="q1"))
+    assert await feed.reach(at.seq, timeout_s=5)
+    assert feed.position == at.seq and min(s for s, _, _ in feed._recent) > before
 
 
 async def test_a_read_made_before_the_feed_reached_its_event_does_not_attach():

@@ -121,7 +121,8 @@ class JetStreamStore:
 
     def __init__(self, bus: Bus):
         self.bus = bus
-        self._route_watch: RouteWatch | None = None
+        self._route_watch: RouteWatch | None = None  # made at the first race (`route`), then kept
+        self._making_route_watch = asyncio.Lock()
 
     # --- state ----------------------------------------------------------------------------
 
@@ -220,7 +221,11 @@ class JetStreamStore:
     async def route(self, event: ev.Envelope, at: Position | None = None) -> Route:
         """`event`'s turn's route as it is decided, for racing work the route may cancel."""
         if self._route_watch is None:
-            self._route_watch = await RouteWatch.on(self.bus.nc)
+            # One watch a store: races that start together (a backlog's handlers as a service
+            # starts) wait for the first one's, rather than each subscribing to every route.
+            async with self._making_route_watch:
+                if self._route_watch is None:
+                    self._route_watch = await RouteWatch.on(self.bus.nc)
         return WatchedRoute(self._route_watch, self.bus, event, at)
 
     def kb_vectors(self):
