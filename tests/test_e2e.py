@@ -78,7 +78,7 @@ def ops(system) -> dict:
 
 
 async def events_of(http, system, site, session) -> list[dict]:
-    response = await http.get(f"{system.gateway_url}/v1/conversations/{site}/{session}/events", headers=ops(system))
+    response = await http.get(f"{system.gateway_url}/v1/admin/sites/{site}/conversations/{session}/events", headers=ops(system))
     assert response.status_code == 200, response.text
     return response.json()["events"]
 
@@ -131,7 +131,7 @@ async def test_two_turns_stream_and_remember(system, llm, http, site):
     assert profile["company_name"].startswith("Northwind") and profile["source"] == "ip_dataset"
     assert profile["ip"] != "127.0.0.1" and len(profile["ip"]) == 16
 
-    state = (await http.get(f"{system.gateway_url}/v1/conversations/{site}/{session}/state", headers=ops(system))).json()
+    state = (await http.get(f"{system.gateway_url}/v1/admin/sites/{site}/conversations/{session}/state", headers=ops(system))).json()
     assert state["turn"] == 2 and state["turns"]["1"]["status"] == "completed" and len(state["messages"]) == 4
     # The visitor reads back only what the widget shows.
     view = (await http.get(f"{system.gateway_url}/v1/sites/{site}/conversations/{session}",
@@ -184,7 +184,7 @@ async def test_a_session_token_opens_its_own_site_only(system, llm, http, site):
     # The same session id and token on another site: refused, and nothing is written there.
     b = await chat(http, system.gateway_url, {**a.payload("hello from B"), "site": other})
     assert b.status == 403 and b.body["detail"][0]["field"] == "session_token"
-    assert (await http.get(f"{system.gateway_url}/v1/conversations/{other}/{a.session_id}/events",
+    assert (await http.get(f"{system.gateway_url}/v1/admin/sites/{other}/conversations/{a.session_id}/events",
                            headers=ops(system))).status_code == 404
     assert all("secret of A" not in m["content"] for r in llm.requests() for m in r["messages"][1:]
                if r["messages"][-1]["content"] == "hello from B")
@@ -243,9 +243,9 @@ async def test_non_json_body_and_unknown_conversations(system, http, site):
                                headers={"content-type": "application/json"})
     assert response.status_code == 422
     for path in ("nobody/events", "nobody/state"):
-        response = await http.get(f"{system.gateway_url}/v1/conversations/{site}/{path}", headers=ops(system))
+        response = await http.get(f"{system.gateway_url}/v1/admin/sites/{site}/conversations/{path}", headers=ops(system))
         assert response.status_code == 404
-    response = await http.get(f"{system.gateway_url}/v1/conversations/{site}/bad.id/state", headers=ops(system))
+    response = await http.get(f"{system.gateway_url}/v1/admin/sites/{site}/conversations/bad.id/state", headers=ops(system))
     assert response.status_code == 422
 
 

@@ -230,11 +230,9 @@ async def test_the_operator_api_lists_filters_and_reruns_conversations(replay_wo
 
         diffed = await client.post(f"{base}/conversations/{recorded[0]}/diff", headers=ops(system), json={})
         assert diffed.status_code == 200 and diffed.json()["diverged"] is False, diffed.text
-        events = (await client.get(f"{system.gateway_url}/v1/conversations/{SITE}/{recorded[0]}/events",
-                                   headers=ops(system))).json()["events"]
+        events = (await client.get(f"{base}/conversations/{recorded[0]}/events", headers=ops(system))).json()["events"]
         end_of_turn_1 = next(e["seq"] for e in events if e["type"] == "turn_completed")
-        state = await client.get(f"{system.gateway_url}/v1/conversations/{SITE}/{recorded[0]}/state?at={end_of_turn_1}",
-                                 headers=ops(system))
+        state = await client.get(f"{base}/conversations/{recorded[0]}/state?at={end_of_turn_1}", headers=ops(system))
         assert state.json()["turn"] == 1 and len(state.json()["messages"]) == 2
         forked = await client.post(f"{base}/conversations/{recorded[0]}/fork", headers=ops(system),
                                    json={"at": end_of_turn_1, "message": "Do you have an API?",
@@ -301,7 +299,7 @@ async def test_the_leads_view_in_chromium(system, recorded):
     from playwright.async_api import async_playwright
 
     lead = recorded[2]
-    briefs_url = f"{system.gateway_url}/v1/sites/{SITE}/briefs"
+    briefs_url = f"{system.gateway_url}/v1/admin/sites/{SITE}/briefs"
     async with httpx.AsyncClient(timeout=10) as client:
         for _ in range(120):  # the enricher writes the captured lead's brief on its own
             rows = (await client.get(briefs_url, headers=ops(system))).json()["leads"]

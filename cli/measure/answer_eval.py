@@ -259,7 +259,7 @@ async def _documents_of_turn(client: httpx.AsyncClient, base_url: str, site: str
                              token: str) -> list[str] | None:
     """The full text of the documents the answer of `turn` was given, from the log; None when
     the operator endpoint refuses or the log does not say."""
-    response = await client.get(f"{base_url}/v1/conversations/{site}/{session}/events",
+    response = await client.get(f"{base_url}/v1/admin/sites/{site}/conversations/{session}/events",
                                 headers={"Authorization": f"Bearer {token}"})
     if response.status_code != 200:
         return None
