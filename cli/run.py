@@ -104,9 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  operator UI:  {system.gateway_url}/admin  (conversations, timelines, rerun, diff, fork, verify)")
         print(f"  operator token ({token_note}) for the operator endpoints:")
         print(f"    curl -H \"Authorization: Bearer $(cat {system.data_dir / 'admin-token'})\" "
-              f"{system.gateway_url}/v1/conversations/demo/<session_id>/events" if not os.environ.get("ADMIN_TOKEN")
+              f"{system.gateway_url}/v1/admin/sites/demo/conversations/<session_id>/events" if not os.environ.get("ADMIN_TOKEN")
               else f"    curl -H \"Authorization: Bearer $ADMIN_TOKEN\" "
-                   f"{system.gateway_url}/v1/conversations/demo/<session_id>/events")
+                   f"{system.gateway_url}/v1/admin/sites/demo/conversations/<session_id>/events")
         print(f"Ready in {time.monotonic() - started:.1f} s. Open {system.gateway_url}/ and chat with the demo "
               "company's assistant, or try:")
         print(f"  curl -N -H 'content-type: application/json' -d '{{\"site\":\"demo\",\"message\":\"Hello\"}}' "

@@ -2,7 +2,7 @@
 the work items that ask for a brief or a triage, a triage in the order to act on it.
 
 One place for both ways in: `concierge briefs` (cli/briefs.py) and the gateway's operator
-API (services/gateway/briefs.py). The briefs themselves are written by the enricher's brief
+API (services/gateway/routes/briefs.py). The briefs themselves are written by the enricher's brief
 nodes, which take the work items off the BRIEFS queue and store their steps in the lead's
 conversation (`conv.<site>.<session>.brief_*`); a site's triages live in the conversation
 `TRIAGE_SESSION`.

@@ -17,8 +17,8 @@ from tests.servers import WebhookReceiver, nats_server, redis_server, scripted_l
 # one unit, run one after the other rather than starving each other; the longest units are
 # handed out first so that no worker starts one late.
 HEAVY = ("test_chaos", "test_cluster_rehearsal", "test_bench")
-LONGEST_FIRST = (*HEAVY, "test_e2e", "test_hostile", "test_replay", "test_turn_config", "test_loadtest", "test_state",
-                 "test_k8s", "test_answer_eval")
+LONGEST_FIRST = (*HEAVY, "test_hostile", "test_replay", "test_turn_config", "test_loadtest", "test_state",
+                 "test_resilience", "test_browser", "test_e2e_http", "test_k8s", "test_answer_eval", "test_e2e_briefs")
 
 
 def _module(nodeid: str) -> str:

@@ -192,6 +192,14 @@ async def record_conversations(system, site: str, scripts) -> list[str]:
     return sessions
 
 
+def gateway_paths(app) -> set[str]:
+    """Every path the gateway's app serves, those of its included routers too (FastAPI keeps
+    an included router as one node of `app.routes`)."""
+    from fastapi.routing import iter_route_contexts
+
+    return {route.path for route in iter_route_contexts(app.routes)}
+
+
 def graph_under(env: dict[str, str]):
     """A rerun's nodes as a process with `env` (and no other LLM setting) makes them: it reads
     its settings when they are made."""

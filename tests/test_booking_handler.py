@@ -3,7 +3,7 @@ form, when a turn is routed to BOOKING, what it records (BookingProgressed, Lead
 and replies. Without an endpoint for the `redirect` role the reply is the localized
 template. The plan underneath (`booking_handler.plan`: what this turn collects, what the
 reply must say, the next field and the link) and the wording are tested on their own. The
-node on the bus is tested in test_replies_without_llm.py and test_e2e.py."""
+node on the bus is tested in test_replies_without_llm.py and test_e2e_http.py."""
 
 from __future__ import annotations
 

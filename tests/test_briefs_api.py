@@ -1,4 +1,4 @@
-"""The operator API of lead briefs (services/gateway/briefs.py), in process against real NATS
+"""The operator API of lead briefs (services/gateway/routes/briefs.py), in process against real NATS
 and Redis: the enricher is simulated by storing its events directly, and what the API
 queues is read back from the BRIEFS work queue (no node consumes it here)."""
 
@@ -64,7 +64,7 @@ async def test_the_list_and_one_lead_show_the_latest_brief(bus, site, api):
     await bus.publish(lead_briefs.completed(site, "bob"))
     await bus.publish(lead_briefs.failed(site, "bob", reason="a later retry failed"))
 
-    listed = await client.get(f"/v1/sites/{site}/briefs", headers=bearer(key_of(site)))
+    listed = await client.get(f"/v1/admin/sites/{site}/briefs", headers=bearer(key_of(site)))
     assert listed.status_code == 200, listed.text
     rows = {r["session_id"]: r for r in listed.json()["leads"]}
     assert set(rows) == {"ada", "bob", "cyd"}
@@ -74,26 +74,26 @@ async def test_the_list_and_one_lead_show_the_latest_brief(bus, site, api):
     assert rows["bob"]["status"] == "failed" and rows["bob"]["reason"] == "a later retry failed"
     assert rows["cyd"]["status"] == "none"
 
-    shown = (await client.get(f"/v1/sites/{site}/briefs/ada", headers=bearer(ADMIN))).json()
+    shown = (await client.get(f"/v1/admin/sites/{site}/briefs/ada", headers=bearer(ADMIN))).json()
     assert shown["type"] == "brief_completed" and shown["event"]["request_id"] == good.request_id
     assert shown["event"]["brief"] == lead_briefs.BRIEF and shown["event"]["call_script"] == lead_briefs.SCRIPT
-    failed = (await client.get(f"/v1/sites/{site}/briefs/bob", headers=bearer(ADMIN))).json()
+    failed = (await client.get(f"/v1/admin/sites/{site}/briefs/bob", headers=bearer(ADMIN))).json()
     assert failed["type"] == "brief_failed" and failed["event"]["reason"] == "a later retry failed"
     for session in ("cyd", "nobody"):
-        assert (await client.get(f"/v1/sites/{site}/briefs/{session}", headers=bearer(ADMIN))).status_code == 404
+        assert (await client.get(f"/v1/admin/sites/{site}/briefs/{session}", headers=bearer(ADMIN))).status_code == 404
 
 
 async def test_operators_only_and_each_key_its_own_site(bus, site, api):
     client, other = api
     await lead_briefs.capture(bus, site, "ada")
     await bus.publish(lead_briefs.completed(site, "ada"))
-    for method, path in (("GET", f"/v1/sites/{site}/briefs"), ("GET", f"/v1/sites/{site}/briefs/ada"),
-                         ("POST", f"/v1/sites/{site}/briefs"), ("POST", f"/v1/sites/{site}/triage"),
-                         ("GET", f"/v1/sites/{site}/triage")):
+    for method, path in (("GET", f"/v1/admin/sites/{site}/briefs"), ("GET", f"/v1/admin/sites/{site}/briefs/ada"),
+                         ("POST", f"/v1/admin/sites/{site}/briefs"), ("POST", f"/v1/admin/sites/{site}/triage"),
+                         ("GET", f"/v1/admin/sites/{site}/triage")):
         assert (await client.request(method, path)).status_code == 401, path
         assert (await client.request(method, path, headers=bearer("ck_nope_wrongwrongwrong"))).status_code == 401
         assert (await client.request(method, path, headers=bearer(key_of(other)))).status_code == 404, path
-    assert (await client.get(f"/v1/sites/{site}/briefs/a.b", headers=bearer(ADMIN))).status_code in (404, 422)
+    assert (await client.get(f"/v1/admin/sites/{site}/briefs/a.b", headers=bearer(ADMIN))).status_code in (404, 422)
     assert await waiting(bus, site) == {}  # the refused POSTs queued nothing
 
 
@@ -102,7 +102,7 @@ async def test_a_post_queues_one_work_item_per_lead(bus, site, api):
     await lead_briefs.capture(bus, site, "ada", turn=3)
     await lead_briefs.capture(bus, site, "bob", turn=1)
 
-    everyone = await client.post(f"/v1/sites/{site}/briefs", headers=bearer(key_of(site)))
+    everyone = await client.post(f"/v1/admin/sites/{site}/briefs", headers=bearer(key_of(site)))
     assert everyone.status_code == 202, everyone.text
     ids = {q["session_id"]: q["request_id"] for q in everyone.json()["queued"]}
     assert set(ids) == {"ada", "bob"}
@@ -113,21 +113,21 @@ async def test_a_post_queues_one_work_item_per_lead(bus, site, api):
         assert (item.request_id, item.turn, item.producer, item.reason) == (ids[session], turn, "gateway", "operator")
         assert item.event_id == ev.derived_id(item.request_id, "briefs", session)
 
-    one = await client.post(f"/v1/sites/{site}/briefs", headers=bearer(ADMIN), json={"leads": ["bob"]})
+    one = await client.post(f"/v1/admin/sites/{site}/briefs", headers=bearer(ADMIN), json={"leads": ["bob"]})
     assert one.status_code == 202 and [q["session_id"] for q in one.json()["queued"]] == ["bob"]
     assert (await queued(bus, site, "bob", "brief_requested")).request_id == one.json()["queued"][0]["request_id"]
 
-    unknown = await client.post(f"/v1/sites/{site}/briefs", headers=bearer(ADMIN), json={"leads": ["bob", "zed"]})
+    unknown = await client.post(f"/v1/admin/sites/{site}/briefs", headers=bearer(ADMIN), json={"leads": ["bob", "zed"]})
     assert unknown.status_code == 404 and "zed" in unknown.json()["detail"]
-    bad = await client.post(f"/v1/sites/{site}/briefs", headers=bearer(ADMIN), json={"leads": ["a.b"]})
+    bad = await client.post(f"/v1/admin/sites/{site}/briefs", headers=bearer(ADMIN), json={"leads": ["a.b"]})
     assert bad.status_code == 422
     assert await waiting(bus, site) == {}  # neither queued anything
 
 
 async def test_a_triage_is_queued_and_the_latest_one_read_ranked(bus, site, api):
     client, _ = api
-    assert (await client.get(f"/v1/sites/{site}/triage", headers=bearer(ADMIN))).status_code == 404
-    posted = await client.post(f"/v1/sites/{site}/triage", headers=bearer(key_of(site)))
+    assert (await client.get(f"/v1/admin/sites/{site}/triage", headers=bearer(ADMIN))).status_code == 404
+    posted = await client.post(f"/v1/admin/sites/{site}/triage", headers=bearer(key_of(site)))
     assert posted.status_code == 202
     item = await queued(bus, site, ev.TRIAGE_SESSION, "triage_requested")
     assert isinstance(item, ev.TriageRequested) and item.request_id == posted.json()["request_id"]
@@ -137,25 +137,13 @@ async def test_a_triage_is_queued_and_the_latest_one_read_ranked(bus, site, api)
     await bus.publish(lead_briefs.triage(site, item.request_id, ("cyd", "disqualify", "a student"),
                                          ("ada", "nurture", "evaluating, no budget yet"),
                                          ("bob", "call_first", "ready to buy, 40 seats")))
-    latest = (await client.get(f"/v1/sites/{site}/triage", headers=bearer(key_of(site)))).json()
+    latest = (await client.get(f"/v1/admin/sites/{site}/triage", headers=bearer(key_of(site)))).json()
     assert latest["request_id"] == item.request_id and latest["backend"] == "data" and latest["model_error"] == ""
     assert [(i["session_id"], i["classification"]) for i in latest["items"]] == \
         [("bob", "call_first"), ("ada", "nurture"), ("cyd", "disqualify")]
     assert latest["status"] == "completed"
     # A later request the triager gave up on: what the operator waiting for it sees.
     await bus.publish(lead_briefs.failed(site, ev.TRIAGE_SESSION, "gave-up", reason="the bus did not answer"))
-    failed = (await client.get(f"/v1/sites/{site}/triage", headers=bearer(key_of(site)))).json()
+    failed = (await client.get(f"/v1/admin/sites/{site}/triage", headers=bearer(key_of(site)))).json()
     assert (failed["status"], failed["request_id"], failed["reason"]) == ("failed", "gave-up", "the bus did not answer")
 
-
-async def test_no_cors_for_the_brief_endpoints_under_the_visitor_prefix(site, api):
-    """A page of an origin the site allows for its widget cannot read briefs from a browser."""
-    client, _ = api
-    for path in (f"/v1/sites/{site}/briefs", f"/v1/sites/{site}/briefs/ada", f"/v1/sites/{site}/triage"):
-        read = await client.get(path, headers={**bearer(ADMIN), "Origin": ORIGIN})
-        assert "access-control-allow-origin" not in read.headers, path
-        preflight = await client.options(path, headers={"Origin": ORIGIN, "Access-Control-Request-Method": "GET",
-                                                        "Access-Control-Request-Headers": "authorization"})
-        assert "access-control-allow-origin" not in preflight.headers, path
-    visitor = await client.get(f"/v1/sites/{site}/conversations/nobody", headers={"Origin": ORIGIN})
-    assert visitor.headers["access-control-allow-origin"] == ORIGIN  # the widget's paths keep theirs

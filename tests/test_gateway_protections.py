@@ -83,7 +83,7 @@ def test_the_visitor_ip_is_counted_from_the_right_of_x_forwarded_for():
     """The left of X-Forwarded-For is whatever the client wrote; the ingress appends on the right."""
     from starlette.requests import Request
 
-    from services.gateway.app import client_ip
+    from services.gateway.routes.chat import client_ip
 
     def request(forwarded: str) -> Request:
         return Request({"type": "http", "headers": [(b"x-forwarded-for", forwarded.encode())],
@@ -144,7 +144,7 @@ async def test_a_released_session_is_taken_again_in_one_write_unless_someone_wro
 
 
 def test_a_turn_has_ended_when_the_log_says_so():
-    from services.gateway.app import turn_ended
+    from services.gateway.turns import turn_ended
     from shared.state import ConversationState, TurnRecord
 
     assert turn_ended(ConversationState())

@@ -79,7 +79,7 @@ def bearer(token: str) -> dict:
 
 
 async def log_of(http, system, site, session) -> list[dict]:
-    response = await http.get(f"{system.gateway_url}/v1/conversations/{site}/{session}/events", headers=bearer(ADMIN))
+    response = await http.get(f"{system.gateway_url}/v1/admin/sites/{site}/conversations/{session}/events", headers=bearer(ADMIN))
     return response.json()["events"] if response.status_code == 200 else []
 
 
@@ -88,7 +88,7 @@ async def test_operator_endpoints_need_a_token_and_a_site_key_sees_only_its_site
     visitor = Conversation(http, system.gateway_url, a)
     assert (await visitor.say("Hello, my e-mail is ada@example.com")).final["type"] == "complete"
     for kind in ("events", "state"):
-        url = f"{system.gateway_url}/v1/conversations/{a}/{visitor.session_id}/{kind}"
+        url = f"{system.gateway_url}/v1/admin/sites/{a}/conversations/{visitor.session_id}/{kind}"
         assert (await http.get(url)).status_code == 401  # the session id alone opens nothing
         assert (await http.get(url, headers={"X-Session-Token": visitor.session_token})).status_code == 401
         assert (await http.get(url, headers=bearer("wrong"))).status_code == 401
@@ -174,7 +174,7 @@ async def test_cors_only_for_the_sites_origins(system, sites, http):
     assert "x-session-token" in allowed.headers["access-control-allow-headers"]
     foreign = await http.options(f"{system.gateway_url}/v1/chat", headers={"Origin": FOREIGN, **preflight})
     assert foreign.status_code == 403 and "access-control-allow-origin" not in foreign.headers
-    operator = await http.options(f"{system.gateway_url}/v1/conversations/{a}/x/events",
+    operator = await http.options(f"{system.gateway_url}/v1/admin/sites/{a}/conversations/x/events",
                                   headers={"Origin": ORIGIN, **preflight})
     assert "access-control-allow-origin" not in operator.headers
     # The actual request: the site's origin is served, with CORS headers.
@@ -245,8 +245,9 @@ async def test_openapi_describes_every_request(system, http):
     chat_schema = spec["paths"]["/v1/chat"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert set(chat_schema["required"]) == {"site", "message"}
     assert "visitor" in chat_schema["properties"] and chat_schema["additionalProperties"] is False
-    for path in ("/v1/conversations/{site}/{session_id}/events", "/v1/conversations/{site}/{session_id}/state"):
-        assert spec["paths"][path]["get"]["security"] == [{"HTTPBearer": []}]
+    for kind in ("events", "state"):
+        assert spec["paths"]["/v1/admin/sites/{site}/conversations/{session_id}/" + kind]["get"]["security"] == \
+            [{"HTTPBearer": []}]
 
 
 def test_schemathesis_finds_no_server_error(system, sites, tmp_path):
@@ -308,7 +309,7 @@ async def test_a_crafted_publish_cannot_write_into_another_sites_conversation(sy
     finally:
         await nc.close()
     for site, session in ((b, victim), (a, "attacker")):
-        response = await http.get(f"{system.gateway_url}/v1/conversations/{site}/{session}/events", headers=bearer(ADMIN))
+        response = await http.get(f"{system.gateway_url}/v1/admin/sites/{site}/conversations/{session}/events", headers=bearer(ADMIN))
         assert response.status_code == 404, (site, session, response.text[:300])
 
 

@@ -219,8 +219,9 @@ def test_probes_target_the_paths_and_ports_the_processes_serve(overlay):
 def test_the_gateway_serves_the_paths_its_probes_ask_for():
     from services.gateway.app import create_app
     from services.gateway.settings import GatewaySettings
+    from tests.helpers import gateway_paths
 
-    paths = {route.path for route in create_app(GatewaySettings()).routes}
+    paths = gateway_paths(create_app(GatewaySettings()))
     assert OPS_PATHS <= paths
 
 
@@ -321,11 +322,12 @@ PUBLISHED = {("/v1/", "Prefix"), ("/widget.js", "Exact"), ("/", "Exact"), ("/adm
 def test_ingress_publishes_only_the_visitor_and_operator_paths(overlay):
     from services.gateway.app import create_app
     from services.gateway.settings import GatewaySettings
+    from tests.helpers import gateway_paths
 
     (ingress,) = objects(overlay, "Ingress")
     published = {(p["path"], p["pathType"]) for rule in ingress["spec"]["rules"] for p in rule["http"]["paths"]}
     assert published <= PUBLISHED, f"published outside the visitor and operator paths: {published - PUBLISHED}"
-    routes = {route.path for route in create_app(GatewaySettings(ops_port=0)).routes}
+    routes = gateway_paths(create_app(GatewaySettings(ops_port=0)))
     for path, kind in published:
         served = [r for r in routes if (r.startswith(path) if kind == "Prefix" else r == path)]
         assert served, f"the ingress publishes {path} ({kind}), which the gateway does not serve"

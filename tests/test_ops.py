@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from cli.harness.supervisor import free_port
-from tests.helpers import wait_for
+from tests.helpers import gateway_paths, wait_for
 from tests.servers import NatsProcess, nats_cluster
 from shared import events as ev
 from shared import service, subjects
@@ -238,11 +238,11 @@ def test_llm_calls_are_counted_by_role_and_model():
 
 def test_the_gateway_serves_metrics_on_its_ops_port_only():
     """Like every process's, the gateway's metrics are on its ops port (OPS_PORT), not on the
-    port an ingress publishes (its lifespan starts the ops server: tests/test_e2e.py)."""
+    port an ingress publishes (its lifespan starts the ops server: tests/test_e2e_http.py)."""
     from services.gateway.app import create_app
     from services.gateway.settings import GatewaySettings
 
-    assert "/metrics" not in {route.path for route in create_app(GatewaySettings()).routes}
+    assert "/metrics" not in gateway_paths(create_app(GatewaySettings()))
 
 
 # --- NATS server lists and clusters -----------------------------------------------------

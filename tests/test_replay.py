@@ -25,7 +25,7 @@ from shared.site_config import SiteConfigs
 from tests import lead_briefs
 from tests.helpers import graph_under, record_conversations
 from tests.servers import ROOT
-from tests.test_e2e import CHROMIUM, launch_chromium
+from tests.e2e import launch_chromium, needs_chromium, ops
 
 SITE = "demo"
 SCRIPTS = (
@@ -211,10 +211,6 @@ def replay_worker(system):
     return system
 
 
-def ops(system) -> dict:
-    return {"Authorization": f"Bearer {system.env['ADMIN_TOKEN']}"}
-
-
 async def test_the_operator_api_lists_filters_and_reruns_conversations(replay_worker, recorded):
     system = replay_worker
     base = f"{system.gateway_url}/v1/admin/sites/{SITE}"
@@ -230,11 +226,9 @@ async def test_the_operator_api_lists_filters_and_reruns_conversations(replay_wo
 
         diffed = await client.post(f"{base}/conversations/{recorded[0]}/diff", headers=ops(system), json={})
         assert diffed.status_code == 200 and diffed.json()["diverged"] is False, diffed.text
-        events = (await client.get(f"{system.gateway_url}/v1/conversations/{SITE}/{recorded[0]}/events",
-                                   headers=ops(system))).json()["events"]
+        events = (await client.get(f"{base}/conversations/{recorded[0]}/events", headers=ops(system))).json()["events"]
         end_of_turn_1 = next(e["seq"] for e in events if e["type"] == "turn_completed")
-        state = await client.get(f"{system.gateway_url}/v1/conversations/{SITE}/{recorded[0]}/state?at={end_of_turn_1}",
-                                 headers=ops(system))
+        state = await client.get(f"{base}/conversations/{recorded[0]}/state?at={end_of_turn_1}", headers=ops(system))
         assert state.json()["turn"] == 1 and len(state.json()["messages"]) == 2
         forked = await client.post(f"{base}/conversations/{recorded[0]}/fork", headers=ops(system),
                                    json={"at": end_of_turn_1, "message": "Do you have an API?",
@@ -250,7 +244,7 @@ async def test_the_operator_api_lists_filters_and_reruns_conversations(replay_wo
         assert (current["diverged"], current["skipped"], current["turns"]) == (0, 0, report["turns"])
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="Chromium not installed (Debian package `chromium`): browser test skipped")
+@needs_chromium
 async def test_the_operator_ui_in_chromium(replay_worker, recorded):
     """An operator opens /admin, lists the site's conversations, opens one, reads the state at
     an event, reruns it (no differences) and forks it; screenshot in artifacts/admin.png."""
@@ -292,7 +286,7 @@ async def test_the_operator_ui_in_chromium(replay_worker, recorded):
 HOSTILE = "<img src=x onerror=alert(1)>"
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="Chromium not installed (Debian package `chromium`): browser test skipped")
+@needs_chromium
 async def test_the_leads_view_in_chromium(system, recorded):
     """An operator opens /admin's Leads: the lead the booking conversation captured, its brief
     (written from the data) and call script, a triage that ranks it; a brief whose text is
@@ -301,7 +295,7 @@ async def test_the_leads_view_in_chromium(system, recorded):
     from playwright.async_api import async_playwright
 
     lead = recorded[2]
-    briefs_url = f"{system.gateway_url}/v1/sites/{SITE}/briefs"
+    briefs_url = f"{system.gateway_url}/v1/admin/sites/{SITE}/briefs"
     async with httpx.AsyncClient(timeout=10) as client:
         for _ in range(120):  # the enricher writes the captured lead's brief on its own
             rows = (await client.get(briefs_url, headers=ops(system))).json()["leads"]

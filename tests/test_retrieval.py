@@ -61,7 +61,7 @@ async def test_a_question_is_searched_as_it_is_and_the_documents_numbered(node):
 
 def following(given: list[ev.Envelope], message: str) -> ev.TurnRequested:
     """The next turn's request as the gateway makes it: with the previous message it finds
-    in the log (services/gateway/app.py; tests/test_turn_request.py checks the gateway's)."""
+    in the log (services/gateway/routes/chat.py; tests/test_turn_request.py checks the gateway's)."""
     state = state_of(*given)
     return turn(SITE, "s1", state.turn + 1, message, previous=history.previous_message(state, state.turn + 1))
 

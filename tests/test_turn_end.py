@@ -20,6 +20,7 @@ import uvicorn
 from cli.harness.sse import chat, resume
 from cli.harness.supervisor import free_port
 from services.gateway import app as gateway
+from services.gateway import turns
 from services.gateway.settings import GatewaySettings
 from shared import events as ev
 from shared.config import BusConfig
@@ -33,7 +34,7 @@ STALL_S = 1.0
 
 @contextlib.asynccontextmanager
 async def running_gateway(nats_url: str, redis_url: str, monkeypatch, **over):
-    monkeypatch.setattr(gateway, "OVERDUE_MARGIN_S", 0.5)
+    monkeypatch.setattr(turns, "OVERDUE_MARGIN_S", 0.5)
     port = free_port()
     settings = GatewaySettings(**{"bus": BusConfig(url=nats_url), "redis_url": redis_url, "turn_deadline_s": DEADLINE_S,
                                   "rate_per_ip_per_min": 0, "session_token_secret": "turn-end-test-secret-0123456789",

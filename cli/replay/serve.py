@@ -1,8 +1,8 @@
 """`concierge replay serve`: reruns, diffs, forks and verifies for the operator API.
 
-The gateway's `/admin` endpoints check the operator's credentials, then ask over the bus
-(request-reply on `replay.request.<op>`, queue group `replay`, so replicas share the work);
-this process answers with JSON. It reads the log and never writes to it, like every replay.
+The gateway's operator API (`/v1/admin/sites/{site}/…`) checks the operator's credentials,
+then asks over the bus (request-reply on `replay.request.<op>`, queue group `replay`, so
+replicas share the work); this process answers with JSON. It reads the log and never writes to it, like every replay.
 A request: `{"site", "session_id", ...}` (`turn`, `node`, `llm`, `current_config`; fork: `at`,
 `message`, `instructions` to use in place of the site's; verify: `since_s`, `limit`,
 `current_config`). A reply: `{"ok": true, ...}` or `{"ok": false, "error": "..."}`; a rerun's

@@ -1,24 +1,26 @@
 """CORS for the visitor endpoints, from each site's `allowed_origins`.
 
 Starlette's CORSMiddleware takes one fixed list; here the list is the sites' own, read from
-their configs as they change. A preflight carries no body, so it cannot say which site it
-is for: it is allowed when any configured site lists the origin (or it is the gateway's own
-origin, the demo page), and the handler then checks the request's origin against the site
-it names (`check_origin`, 403 otherwise). Operator endpoints get no CORS headers at all, so
-no other page can read them from a browser.
+their configs as they change (`KnownOrigins`). A preflight carries no body, so it cannot say
+which site it is for: it is allowed when any configured site lists the origin (or it is the
+gateway's own origin, the demo page), and the handler then checks the request's origin
+against the site it names (`origin_allowed`, 403 otherwise). Which paths get CORS is decided
+by prefix alone: the visitor API's (openapi.VISITOR_PREFIXES). Everything else, the operator
+API under `/v1/admin/` included, gets no CORS headers at all, so no other page can read it
+from a browser.
 """
 
 from __future__ import annotations
 
 import logging
-import re
+import time
 from typing import Awaitable, Callable
 from urllib.parse import urlsplit
 
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse, Response
 
-from shared.site_config import SiteConfig
+from shared.site_config import SiteConfig, SiteConfigs
 
 log = logging.getLogger(__name__)
 
@@ -39,20 +41,38 @@ def origin_allowed(origin: str | None, host: str | None, config: SiteConfig) -> 
     return "*" in config.allowed_origins or origin in config.allowed_origins
 
 
-class SiteCORS:
-    """ASGI middleware: answers preflights and adds CORS headers on the visitor paths."""
+class KnownOrigins:
+    """The origins any configured site allows, read again once the registry's TTL has
+    passed: preflights must not walk every site each time."""
 
-    def __init__(self, app, known_origins: Callable[[], Awaitable[set[str]]], path_prefixes: tuple[str, ...],
-                 operator_paths: re.Pattern | None = None):
-        """`operator_paths`: operator endpoints under a visitor prefix, which get no CORS."""
+    def __init__(self, sites: Callable[[], SiteConfigs]):
+        """`sites`: the registry, which the app opens with its lifespan."""
+        self.sites = sites
+        self.read_at, self.origins = float("-inf"), set()
+
+    async def __call__(self) -> set[str]:
+        sites = self.sites()
+        if time.monotonic() - self.read_at < sites.ttl_s:
+            return self.origins
+        origins: set[str] = set()
+        for site in await sites.configured():
+            config = await sites.find(site)
+            origins.update(config.allowed_origins if config else ())
+        self.read_at, self.origins = time.monotonic(), origins
+        return origins
+
+
+class SiteCORS:
+    """ASGI middleware: answers preflights and adds CORS headers on the paths under
+    `path_prefixes` (the visitor API's), and only there."""
+
+    def __init__(self, app, known_origins: Callable[[], Awaitable[set[str]]], path_prefixes: tuple[str, ...]):
         self.app = app
         self.known_origins = known_origins
         self.path_prefixes = path_prefixes
-        self.operator_paths = operator_paths
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or not scope["path"].startswith(self.path_prefixes) or \
-                (self.operator_paths is not None and self.operator_paths.match(scope["path"])):
+        if scope["type"] != "http" or not scope["path"].startswith(self.path_prefixes):
             return await self.app(scope, receive, send)
         headers = Headers(scope=scope)
         origin = headers.get("origin")

@@ -1,6 +1,12 @@
 """The API's description in /openapi.json: the request schemas come from the same msgspec
 Structs that decode the bodies (schemas.py), so the spec cannot drift from what is enforced,
-and schema-based fuzzers (the schemathesis run in tests/test_hostile.py) reach every endpoint."""
+and schema-based fuzzers (the schemathesis run in tests/test_hostile.py) reach every endpoint.
+
+Two APIs, each under its own prefixes and tag (`TAGS`): the visitor's, under `/v1/chat` and
+`/v1/sites/{site}/…` (the widget's; CORS for the site's origins, cors.py), and the
+operator's, under `/v1/admin/sites/{site}/…` (a bearer token, checked once for the prefix:
+routes/operator.py); and health, `/healthz` and `/readyz`.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +28,18 @@ Turn = Annotated[int, Path(ge=1, le=1_000_000, description="the turn's number (t
 LastEventId = Annotated[str | None, Header(max_length=64, description="the id of the last frame received, `<turn>:<n>`")]
 TokenHeader = Annotated[str | None, Header(max_length=256, description="the conversation's session token")]
 bearer = HTTPBearer(auto_error=False, description="ADMIN_TOKEN, or the site's API key (ck_<site>_...)")
+
+VISITOR_PREFIXES = ("/v1/chat", "/v1/sites/")
+OPERATOR_PREFIX = "/v1/admin/sites/{site}"
+TAGS = [
+    {"name": "visitor", "description": "The widget's calls, under `/v1/chat` and `/v1/sites/{site}/`: a turn over "
+                                       "server-sent events, its stream again, the visitor's own conversation (its "
+                                       "session token). CORS for the site's allowed origins."},
+    {"name": "operator", "description": "Everything an operator reads or does, under `/v1/admin/sites/{site}/`: "
+                                        "conversations, their events and states, replay, lead briefs and triage. A "
+                                        "bearer token (ADMIN_TOKEN, or the site's API key); no CORS."},
+    {"name": "health", "description": "Liveness and readiness (also on the ops port, with /metrics)."},
+]
 
 
 def _inline(schema: Any, defs: dict) -> Any:
@@ -68,5 +86,6 @@ RESUME_RESPONSES = {
 }
 VISITOR_READ_RESPONSES = _errors(s403="no or a wrong session token", s404="no such site or conversation",
                                  s422="a malformed id", s503="the event bus is not reachable")
-OPERATOR_RESPONSES = _errors(s401="no or a wrong bearer token", s404="no such conversation for this operator",
+OPERATOR_RESPONSES = _errors(s401="no or a wrong bearer token",
+                             s404="no such site, conversation, brief or triage for this operator",
                              s422="a malformed id", s503="the event bus is not reachable")

@@ -86,8 +86,16 @@ _decoder = msgspec.json.Decoder(ChatRequest)
 
 
 def decode_chat(body: bytes) -> ChatRequest:
+    request = decode(body, _decoder)
+    if not request.message.strip():
+        raise RequestError("message", "message is empty")
+    return request
+
+
+def decode(body: bytes, decoder: msgspec.json.Decoder):
+    """`body` decoded, or a RequestError (422) naming the field and the problem."""
     try:
-        request = _decoder.decode(body)
+        return decoder.decode(body)
     except msgspec.ValidationError as exc:
         text = str(exc)
         match = _FIELD_RE.search(text)
@@ -99,9 +107,6 @@ def decode_chat(body: bytes) -> ChatRequest:
         raise RequestError(None, f"body is not valid UTF-8 (byte {exc.start})") from None
     except RecursionError:
         raise RequestError(None, "body is nested too deeply") from None
-    if not request.message.strip():
-        raise RequestError("message", "message is empty")
-    return request
 
 
 def _missing_field(text: str) -> str | None:

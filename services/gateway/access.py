@@ -1,0 +1,63 @@
+"""Who may call what (docs/security.md), as the routes' dependencies.
+
+- a visitor: a configured site (404; 503 while the registry is not loaded yet), from an
+  origin the site allows (403), and for a conversation the visitor names, its session token
+  (sessions.py; 403): `configured_site`, `require_token`, and both for a path that names the
+  conversation, `own_conversation`;
+- an operator: a bearer token (operators.py; 401) that sees the site the path names (404
+  otherwise, as if the site had nothing): `operator_of_site`, the operator API's one check.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials
+
+from services.gateway.cors import origin_allowed
+from services.gateway.errors import NotFound, NotReady
+from services.gateway.openapi import SessionId, SiteId, TokenHeader, bearer
+from services.gateway.operators import Operator
+from services.gateway.schemas import RequestError
+from shared.site_config import SiteConfig
+
+
+async def configured_site(request: Request, site: str) -> SiteConfig:
+    config = await request.app.state.sites.find(site)
+    if config is None:
+        if not await request.app.state.sites.loaded():
+            raise NotReady("the deployment is starting: its sites are not loaded yet; retry shortly")
+        raise RequestError("site", f"site {site!r} is not configured on this deployment", status=404)
+    if not origin_allowed(request.headers.get("origin"), request.headers.get("host"), config):
+        raise RequestError(None, f"the origin {request.headers.get('origin')} may not use site {site!r}; "
+                                 "add it to the site's allowed_origins", status=403)
+    return config
+
+
+def require_token(request: Request, site: str, session_id: str, token: str | None) -> None:
+    if not request.app.state.tokens.verify(site, session_id, token):
+        raise RequestError("session_token", "this conversation needs its session token (X-Session-Token, "
+                                            "or session_token in the body): the one its last answer carried",
+                           status=403)
+
+
+async def own_conversation(request: Request, site: SiteId, session_id: SessionId,
+                           x_session_token: TokenHeader = None) -> tuple[str, str]:
+    """The (site, session id) the path names, for the holder of its session token."""
+    await configured_site(request, site)
+    require_token(request, site, session_id, x_session_token)
+    return site, session_id
+
+
+async def operator(request: Request,
+                   credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Operator:
+    """The caller as an operator (401 without a valid token); `bearer` documents the scheme."""
+    return await request.app.state.operators.authenticate(request.headers.get("authorization"))
+
+
+async def operator_of_site(site: SiteId, who: Annotated[Operator, Depends(operator)]) -> Operator:
+    """An operator who sees the path's site: the token first (401), then the site (404)."""
+    if not who.sees(site):
+        raise NotFound(f"no site {site}")
+    return who

@@ -1,0 +1,17 @@
+"""The gateway's routes, a router a module; create_app includes `ROUTERS`.
+
+| module | paths | who |
+|---|---|---|
+| chat.py | `POST /v1/chat` | visitors |
+| visitor.py | `GET /v1/sites/{site}/conversations/{session_id}` and its turns' `/stream` | the conversation's token |
+| operator.py | everything under `/v1/admin/sites/{site}/`: conversations.py, replay.py, briefs.py | operators |
+| health.py | `/healthz`, `/readyz` | anyone (probes) |
+| pages.py | `/`, `/widget.js`, `/admin` (files) | anyone |
+
+Routes find what they use on `request.app.state` (app.py's lifespan) or through FastAPI
+dependencies (access.py), never in a closure.
+"""
+
+from services.gateway.routes import chat, health, operator, pages, visitor
+
+ROUTERS = (chat.router, visitor.router, operator.router, health.router, pages.router)

@@ -1,0 +1,23 @@
+"""The operator API: everything an operator reads or does, under one prefix,
+`/v1/admin/sites/{site}/…`, behind one check for all of it (`access.operator_of_site`: a
+bearer token, ADMIN_TOKEN or the site's API key; 401 without, 404 for another site's key,
+as if the site had nothing). cors.py serves the visitor prefixes only, so no page can
+read this API from a browser. What is under the prefix:
+
+- the site's conversations, their event logs and states (conversations.py);
+- rerun, diff, fork and verify, by the replay worker (replay.py);
+- the lead briefs and the triage (briefs.py).
+
+The operator UI (`/admin`, pages.py) is a static page over this API.
+"""
+
+from fastapi import APIRouter, Depends
+
+from services.gateway.access import operator_of_site
+from services.gateway.openapi import OPERATOR_PREFIX, OPERATOR_RESPONSES
+from services.gateway.routes import briefs, conversations, replay
+
+router = APIRouter(prefix=OPERATOR_PREFIX, tags=["operator"], dependencies=[Depends(operator_of_site)],
+                   responses=OPERATOR_RESPONSES)
+for part in (conversations, replay, briefs):
+    router.include_router(part.router)

@@ -1,0 +1,45 @@
+"""The visitor's own conversation, for the holder of its session token (access.py):
+
+- `GET /v1/sites/{site}/conversations/{session_id}`: what the widget shows of it
+  (visitor_view.py), for a page that reloads;
+- `GET /v1/sites/{site}/conversations/{session_id}/turns/{turn}/stream`: a turn's stream
+  again (streams.py), for a client that lost it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response, StreamingResponse
+
+from services.gateway import frames, streams, visitor_view
+from services.gateway.access import own_conversation
+from services.gateway.errors import NotFound
+from services.gateway.openapi import RESUME_RESPONSES, VISITOR_READ_RESPONSES, LastEventId, Turn
+
+router = APIRouter(tags=["visitor"])
+Own = Annotated[tuple[str, str], Depends(own_conversation)]
+
+
+@router.get("/v1/sites/{site}/conversations/{session_id}", responses=VISITOR_READ_RESPONSES)
+async def visitor_conversation(request: Request, conversation: Own):
+    """The visitor's own conversation, as the widget shows it (X-Session-Token required)."""
+    site, session_id = conversation
+    state = await request.app.state.store.state(site, session_id)
+    if state.event_count == 0:
+        raise NotFound(f"no conversation {site}/{session_id}")
+    # Private to the token's holder: no shared cache may keep it under the URL alone.
+    return Response(msgspec.json.encode(visitor_view.conversation(state)), media_type="application/json",
+                    headers={"Cache-Control": "no-store, private", "Vary": "X-Session-Token, Origin"})
+
+
+@router.get("/v1/sites/{site}/conversations/{session_id}/turns/{turn}/stream", responses=RESUME_RESPONSES,
+            response_class=StreamingResponse)
+async def resume_turn(request: Request, conversation: Own, turn: Turn, last_event_id: LastEventId = None):
+    """A turn's stream again (X-Session-Token required): the frames after the one named by
+    `Last-Event-ID` (`<turn>:<n>`; without it, from `start`), then live until `complete` or
+    `error`. A finished turn replays from the log."""
+    site, session_id = conversation
+    return await streams.resumed(request, site, session_id, turn, frames.last_event_id(last_event_id, turn))

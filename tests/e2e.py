@@ -1,0 +1,107 @@
+"""What the end-to-end modules share (test_e2e_http, test_resilience, test_browser,
+test_e2e_briefs): the whole system as processes (nats-server, Redis, the five services, the
+scripted LLMs, the webhook receiver), one per module; an HTTP client; a configured site per
+test; the operator's reads; and headless Chromium for the widget.
+
+A module takes the fixtures by name: `system, http, site = e2e.system, e2e.http, e2e.site`.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cli.harness.supervisor import free_port, make_system
+from tests.servers import configure_site
+
+DEADLINE_S = 15
+WEBHOOK_SECRET = "e2e-secret"
+SLOW_ANSWER = ("Tidewise schedules technicians, tracks their routes and invoices the job from the phone, "
+               "so the office sees every visit as it happens and the customer gets one bill.")
+CHROMIUM = next((p for p in ("/usr/bin/chromium", "/usr/bin/chromium-browser") if Path(p).exists()), None)
+needs_chromium = pytest.mark.skipif(CHROMIUM is None,
+                                    reason="Chromium not installed (Debian package `chromium`): browser test skipped")
+
+
+@pytest.fixture(scope="module")
+def system(llm, fallback_llm, suggestions_llm, webhook):
+    with tempfile.TemporaryDirectory(prefix="concierge-e2e-") as data:
+        sys_ = make_system(Path(data), free_port(), free_port(), {
+            "LLM_BASE_URL": llm.base_url,
+            "LLM_FALLBACK_BASE_URL": fallback_llm.base_url,
+            "LLM_SUGGESTIONS_BASE_URL": suggestions_llm.base_url,
+            # Briefs from the data: the scripted replies queued for a turn are that turn's.
+            "BRIEFS_BACKEND": "data",
+            "LLM_MAX_RETRIES": "1",
+            "LLM_BACKOFF_BASE_S": "0.05",
+            "TURN_DEADLINE_S": str(DEADLINE_S),
+            "CONSUMER_ACK_WAIT_S": "2",
+            "CONSUMER_BACKOFF_S": "0.2,0.5",
+            "RATE_LIMIT_PER_IP_PER_MIN": "10000",  # every test request comes from 127.0.0.1
+            # Deadlines far beyond a loaded CI machine's cold first turn: these tests check that
+            # the answer has its inputs; the degraded path has its own test (test_answer_writer.py).
+            "ANSWER_WAIT_S": "5",
+            "ANSWER_RETRIEVAL_WAIT_S": "5",
+            "LEAD_WEBHOOK_URL": webhook.url,
+            "LEAD_WEBHOOK_SECRET": WEBHOOK_SECRET,
+            "LEAD_WEBHOOK_BACKOFF_S": "0.05",
+        })
+        try:
+            # The demo site's knowledge base, as `make run` ingests it (the retriever opens it at start).
+            sys_.ingest("demo")
+            sys_.start_all()
+            yield sys_
+        finally:
+            sys_.stop()
+
+
+@pytest.fixture
+async def http():
+    async with httpx.AsyncClient(timeout=DEADLINE_S + 10) as client:
+        yield client
+
+
+@pytest.fixture
+async def site(system):
+    """A configured site of its own per test (the gateway serves only configured sites)."""
+    name = f"t{uuid.uuid4().hex[:10]}"
+    await configure_site(system.nats_url, name)
+    return name
+
+
+def ops(system) -> dict:
+    """The operator's credentials: the conversation logs and states need them."""
+    return {"Authorization": f"Bearer {system.env['ADMIN_TOKEN']}"}
+
+
+def operator_url(system, site: str, path: str) -> str:
+    """`path` under the site's operator prefix."""
+    return f"{system.gateway_url}/v1/admin/sites/{site}/{path}"
+
+
+async def events_of(http, system, site, session) -> list[dict]:
+    response = await http.get(operator_url(system, site, f"conversations/{session}/events"), headers=ops(system))
+    assert response.status_code == 200, response.text
+    return response.json()["events"]
+
+
+async def ask_in_a_fresh_widget(page, gateway_url: str, message: str) -> None:
+    """Open the demo page as a first-time visitor (nothing in localStorage), open the widget
+    and send `message`."""
+    await page.goto(gateway_url + "/")
+    await page.evaluate("localStorage.clear()")
+    await page.reload()
+    await page.click("[data-testid=cw-launch]")
+    await page.fill("[data-testid=cw-input]", message)
+    await page.press("[data-testid=cw-input]", "Enter")
+
+
+async def launch_chromium(pw):
+    """Debian's Chromium, headless, without the background calls a closed network refuses."""
+    return await pw.chromium.launch(executable_path=CHROMIUM, args=[
+        "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"])

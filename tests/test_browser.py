@@ -1,0 +1,230 @@
+"""The widget in headless Chromium (Debian's, through playwright-core) on the demo page,
+with the whole system running as processes (tests/e2e.py): a streamed answer with its
+sources and follow-ups, markdown rendered and HTML never, an answer resumed after a reload
+or a dropped connection, a message sent again after a try that failed in transit."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from tests import e2e
+from tests.e2e import SLOW_ANSWER, ask_in_a_fresh_widget, events_of, launch_chromium, needs_chromium
+from tests.servers import ROOT
+
+system, http = e2e.system, e2e.http  # the fixtures (tests/e2e.py)
+
+
+@needs_chromium
+async def test_browser_asks_sees_streamed_answer_sources_and_follow_up(system, llm, suggestions_llm):
+    """The demo page in headless Chromium: ask, see the streamed answer with its sources and
+    follow-ups, click a follow-up, get a second answer; a screenshot is kept in artifacts/."""
+    from playwright.async_api import async_playwright
+
+    llm.clear(), suggestions_llm.clear()
+    llm.fail_next({"reply": "Tidewise connects to QuickBooks Online and Xero [1], and to Salesforce and HubSpot [2].",
+                   "inter_token_ms": 30},
+                  {"reply": "Yes: Tidewise Mobile works offline and syncs when back online [1]."})
+    suggestions_llm.fail_next({"reply": json.dumps({"suggestions": ["Does the mobile app work offline?",
+                                                                    "How much does the Growth plan cost?"]})},
+                              {"reply": json.dumps({"suggestions": ["Is there a free trial?"]})})
+    artifacts = ROOT / "artifacts"
+    artifacts.mkdir(exist_ok=True)
+    async with async_playwright() as pw:
+        browser = await launch_chromium(pw)
+        try:
+            page = await browser.new_page(viewport={"width": 1200, "height": 800})
+            await page.goto(system.gateway_url + "/")
+            await page.click("[data-testid=cw-launch]")
+            await page.fill("[data-testid=cw-input]", "What integrations do you offer?")
+            bot = page.locator("[data-testid=cw-bot]").first
+            # Every text the answer bubble showed, as it changed.
+            await page.evaluate("""() => {
+                window.seen = [];
+                new MutationObserver(() => {
+                    const b = document.querySelector('[data-testid=cw-bot]');
+                    if (b && window.seen[window.seen.length - 1] !== b.textContent) window.seen.push(b.textContent);
+                }).observe(document.querySelector('[data-testid=cw-log]'), {childList: true, subtree: true, characterData: true});
+            }""")
+            await page.press("[data-testid=cw-input]", "Enter")
+            await page.wait_for_selector("[data-testid=cw-follow-ups] button", timeout=30000)
+            # Streamed: the bubble showed part of the answer before the whole of it.
+            seen = await page.evaluate("window.seen")
+            assert any("QuickBooks" in t and "HubSpot" not in t for t in seen), seen
+            assert "HubSpot" in await bot.text_content()
+            cite = bot.locator("a.cw-cite").first
+            assert (await cite.text_content()) == "[1]" and (await cite.get_attribute("href")).startswith("https://")
+            sources = await page.locator("[data-testid=cw-sources] a").all_text_contents()
+            assert sources and any("Integrations" in s for s in sources)
+            await page.locator("[data-testid=cw-follow-ups] button", has_text="offline").click()
+            await page.wait_for_function(
+                "() => document.querySelectorAll('[data-testid=cw-bot]').length === 2 &&"
+                " document.querySelectorAll('[data-testid=cw-bot]')[1].textContent.includes('works offline')",
+                timeout=30000)
+            await page.screenshot(path=str(artifacts / "browser-chat.png"))
+            # A reload resumes the conversation from the session id and token kept in the browser
+            # (read back from the visitor endpoint), and the next question continues it.
+            await page.reload()
+            await page.wait_for_function("() => document.querySelectorAll('.cw-msg').length >= 4", timeout=30000)
+            await page.fill("[data-testid=cw-input]", "And the price?")
+            await page.press("[data-testid=cw-input]", "Enter")
+            await page.wait_for_function(
+                "() => [...document.querySelectorAll('[data-testid=cw-bot]')].some("
+                "b => b.textContent.includes('I have 4 earlier messages'))", timeout=30000)
+        finally:
+            await browser.close()
+
+
+@needs_chromium
+async def test_browser_renders_the_answers_markdown_and_never_its_html(system, llm, suggestions_llm):
+    """A list, bold, an https link and a citation become elements, while the answer streams
+    and after; a javascript: link stays text and an <img> tag from the model stays text."""
+    from playwright.async_api import async_playwright
+
+    llm.clear(), suggestions_llm.clear()
+    llm.fail_next({"reply": "Two things:\n- **Scheduling**: drag and drop [1]\n"
+                            "- see [pricing](https://tidewise.example/pricing)\n\n"
+                            "Also [run me](javascript:alert(1)) and [this](javascript:void) "
+                            "<img src=x onerror=alert(1)>", "inter_token_ms": 20})
+    async with async_playwright() as pw:
+        browser = await launch_chromium(pw)
+        try:
+            page = await browser.new_page(viewport={"width": 1200, "height": 800})
+            dialogs = []
+            page.on("dialog", lambda d: (dialogs.append(d.message), asyncio.ensure_future(d.dismiss())))
+            await ask_in_a_fresh_widget(page, system.gateway_url, "How does scheduling work?")
+            bot = page.locator("[data-testid=cw-bot]").last
+            # While streaming, the list is already a list.
+            await page.wait_for_selector("[data-testid=cw-bot] ul > li > strong", timeout=30000)
+            await page.wait_for_function(
+                "() => [...document.querySelectorAll('[data-testid=cw-bot]')].pop().textContent.includes('onerror')",
+                timeout=30000)
+            assert await bot.locator("ul > li").count() == 2
+            assert await bot.locator("ul > li > strong").first.text_content() == "Scheduling"
+            link = bot.locator("a", has_text="pricing")
+            assert await link.get_attribute("href") == "https://tidewise.example/pricing"
+            assert await bot.locator("a.cw-cite").first.text_content() == "[1]"
+            hrefs = await bot.locator("a").evaluate_all("links => links.map(a => a.getAttribute('href'))")
+            assert all(h.startswith("https://") for h in hrefs), hrefs
+            assert await bot.locator("a", has_text="run me").count() == 0
+            assert await bot.locator("a", has_text="this").count() == 0
+            assert await page.locator("[data-testid=cw-log] img").count() == 0
+            assert "<img src=x onerror=alert(1)>" in await bot.text_content()
+            assert dialogs == []
+        finally:
+            await browser.close()
+
+
+@needs_chromium
+async def test_browser_resumes_the_answer_after_a_reload_and_a_dropped_connection(system, llm, suggestions_llm):
+    """Reload the page in the middle of a long answer and read the rest of it, once; then lose
+    the network mid-answer and still read one whole answer."""
+    from playwright.async_api import async_playwright
+
+    llm.clear(), suggestions_llm.clear()
+    llm.fail_next({"reply": SLOW_ANSWER, "inter_token_ms": 120}, {"reply": SLOW_ANSWER, "inter_token_ms": 120})
+    last_bot = "[...document.querySelectorAll('[data-testid=cw-bot]')].pop()"
+    async with async_playwright() as pw:
+        browser = await launch_chromium(pw)
+        try:
+            context = await browser.new_context()
+            page = await context.new_page()
+            resumed = []
+            page.on("request", lambda r: resumed.append(r.url) if "/stream" in r.url else None)
+            await ask_in_a_fresh_widget(page, system.gateway_url, "What does Tidewise do?")
+            await page.wait_for_function(f"() => {last_bot}?.textContent.includes('routes')", timeout=30000)
+            streaming = json.loads(await page.evaluate("localStorage.getItem('concierge:demo:stream')"))
+            assert streaming["turn"] == 1 and streaming["last"].startswith("1:"), streaming
+            await page.reload()
+            await page.wait_for_function(f"() => {last_bot}?.textContent.includes('one bill.')", timeout=30000)
+            assert await page.locator("[data-testid=cw-bot]").count() == 1
+            assert await page.locator("[data-testid=cw-bot]").last.text_content() == SLOW_ANSWER
+            assert await page.locator(".cw-user").all_text_contents() == ["What does Tidewise do?"]
+            # Cleared on `complete`, which follows the last token.
+            await page.wait_for_function("() => localStorage.getItem('concierge:demo:stream') === null", timeout=10000)
+
+            # The network drops the next answer's stream after a few chunks (the page's fetch
+            # sees a network error, as when Wi-Fi goes): the widget resumes after its last frame.
+            await page.evaluate("""() => {
+                const real = window.fetch;
+                window.fetch = (url, init) => real(url, init).then(resp => {
+                    if (!String(url).endsWith('/v1/chat')) return resp;
+                    const reader = resp.body.getReader();
+                    let chunks = 0;
+                    const body = new ReadableStream({pull(c) {
+                        return reader.read().then(({done, value}) => {
+                            if (done) return c.close();
+                            if (++chunks > 8) { reader.cancel(); return c.error(new TypeError('network error')); }
+                            c.enqueue(value);
+                        });
+                    }});
+                    return new Response(body, {status: resp.status, headers: resp.headers});
+                });
+            }""")
+            await page.fill("[data-testid=cw-input]", "Tell me again")
+            await page.press("[data-testid=cw-input]", "Enter")
+            await page.wait_for_function(
+                "() => document.querySelectorAll('[data-testid=cw-bot]').length === 2 &&"
+                f" {last_bot}.textContent.includes('one bill.')", timeout=30000)
+            assert await page.locator("[data-testid=cw-bot]").last.text_content() == SLOW_ANSWER
+            assert await page.locator(".cw-error").count() == 0
+            assert [u.rsplit("/turns/", 1)[1] for u in resumed] == ["1/stream", "2/stream"], resumed
+        finally:
+            await browser.close()
+
+
+@needs_chromium
+async def test_browser_sends_a_message_again_when_its_try_fails_before_the_turn_streams(system, llm, suggestions_llm,
+                                                                                        http):
+    """A try whose connection drops before any frame (the gateway stored the turn, then died)
+    is sent again with the same client_message_id: the visitor reads that turn's answer, and
+    the log has one turn for the message. A try that never reached the gateway is sent again
+    and answered. No error shown either time."""
+    from playwright.async_api import async_playwright
+
+    llm.clear(), suggestions_llm.clear()
+    bots = "document.querySelectorAll('[data-testid=cw-bot]')"
+    async with async_playwright() as pw:
+        browser = await launch_chromium(pw)
+        try:
+            page = await browser.new_page()
+            sent = []
+            page.on("request", lambda r: sent.append(json.loads(r.post_data)) if r.url.endswith("/v1/chat") else None)
+            await ask_in_a_fresh_widget(page, system.gateway_url, "Hello there")
+            await page.wait_for_function(f"() => {bots}.length === 1 && !!localStorage.getItem('concierge:demo:token')"
+                                         " && !document.querySelector('[data-testid=cw-input]').disabled"
+                                         " && !document.querySelector('.cw-form button').disabled", timeout=30000)
+            # The next try: 'cut' lets the request through, then its stream fails before any
+            # frame; 'lost' fails it before it leaves the page.
+            await page.evaluate("""() => {
+                const real = window.fetch;
+                window.fetch = (url, init) => {
+                    const mode = window.__fail;
+                    if (!String(url).endsWith('/v1/chat') || !mode) return real(url, init);
+                    window.__fail = null;
+                    if (mode === 'lost') return Promise.reject(new TypeError('network error'));
+                    return real(url, init).then(resp => {
+                        resp.body.cancel();
+                        const body = new ReadableStream({start(c) { c.error(new TypeError('network error')); }});
+                        return new Response(body, {status: resp.status, headers: resp.headers});
+                    });
+                };
+            }""")
+            for mode, message, count in (("cut", "Do you integrate with Xero?", 2), ("lost", "And with Sage?", 3)):
+                await page.evaluate(f"window.__fail = '{mode}'")
+                await page.fill("[data-testid=cw-input]", message)
+                await page.press("[data-testid=cw-input]", "Enter")
+                await page.wait_for_function(
+                    f"() => {bots}.length === {count} && [...{bots}].pop().textContent.includes('You said: {message}')"
+                    " && !document.querySelector('.cw-form button').disabled", timeout=30000)
+            assert await page.locator(".cw-error").count() == 0
+            session = await page.evaluate("localStorage.getItem('concierge:demo:session')")
+        finally:
+            await browser.close()
+    cut = [b for b in sent if b["message"] == "Do you integrate with Xero?"]
+    assert len(cut) == 2 and cut[0]["client_message_id"] == cut[1]["client_message_id"], cut
+    assert len({b["client_message_id"] for b in sent}) == 3
+    requested = [e["event"] for e in await events_of(http, system, "demo", session) if e["type"] == "turn_requested"]
+    assert [(e["turn"], e["message"]) for e in requested] == [
+        (1, "Hello there"), (2, "Do you integrate with Xero?"), (3, "And with Sage?")]
+
