@@ -66,6 +66,11 @@ class Needs:
     join: tuple[str, ...] = ()
     when: Callable[[ev.Envelope], bool] | None = None  # False: not this node's event (acked, nothing out)
 
+    @property
+    def folds(self) -> bool:
+        """Whether the node is given the conversation's folded state."""
+        return self.state or bool(self.waits) or bool(self.join)
+
 
 _NOTHING: Mapping = MappingProxyType({})
 

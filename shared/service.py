@@ -144,7 +144,7 @@ async def serve(service: str, make_nodes: NodeFactory, settings: ProcessSettings
         store = CachedStore(bus)  # where every node's inputs are read: one fold cache for all of them
         process.runners = [ConsumerRunner(bus, node, ConsumerConfig.from_env(node.name), configs=configs,
                                           store=store, start_lookback_s=settings.start_lookback_s) for node in nodes]
-        if follow_log and any(node.needs.state or node.needs.waits for node in nodes):
+        if follow_log and any(node.needs.folds for node in nodes):
             await store.follow()
         for runner in process.runners:
             await runner.start()

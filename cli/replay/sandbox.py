@@ -254,7 +254,7 @@ class Sandbox:
                     *self.recording.outputs.get((node.name, event.causation_id or ""), [])]
         needs = node.needs
         config = self._config(node.name, event)
-        state = self._state(call) if (needs.state or needs.waits) else ConversationState()
+        state = self._state(call) if needs.folds else ConversationState()
         store = MemoryStore(self.records, given=state)
         CURRENT_CALL.set((node.name, event.turn))
         try:

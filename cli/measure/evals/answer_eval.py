@@ -232,20 +232,12 @@ async def _say(visitor: Conversation, message: str) -> ChatResult:
     return result
 
 
-<<<<<<< HEAD:cli/measure/evals/answer_eval.py
 async def _logged_turn(client: httpx.AsyncClient, base_url: str, site: str, session: str, turn: int,
                        token: str) -> tuple[list[str], list[str]] | None:
     """From the log: the titles and full texts of the documents the answer of `turn` was
     given, and the figures the server's audit found unsupported; None when the operator
     endpoint refuses or the log does not say."""
-    response = await client.get(f"{base_url}/v1/conversations/{site}/{session}/events",
-=======
-async def _documents_of_turn(client: httpx.AsyncClient, base_url: str, site: str, session: str, turn: int,
-                             token: str) -> list[str] | None:
-    """The full text of the documents the answer of `turn` was given, from the log; None when
-    the operator endpoint refuses or the log does not say."""
     response = await client.get(f"{base_url}/v1/admin/sites/{site}/conversations/{session}/events",
->>>>>>> gateway-routes:cli/measure/answer_eval.py
                                 headers={"Authorization": f"Bearer {token}"})
     if response.status_code != 200:
         return None
