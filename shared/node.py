@@ -15,8 +15,9 @@ it never touches the bus. `ctx` makes the output events (derived ids, so a redel
 gives the same events) and sends what must go out before the handler returns (tokens, LLM
 call records). The state in the inputs is shared with other handlers: read it, never change it.
 
-    Node("skill_applier", consumes=("route_decided",), handle=apply_skills,
-         needs=Needs(state=True, config=True))
+    Node("answer_writer", consumes=("route_decided",), handle=answer,
+         needs=Needs(config=True, waits=(Wait(("retrieval_completed", "skills_applied"), 1.5),),
+                     when=lambda event: event.route == "ANSWER"))
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Response-ending skills: which ones a turn calls for (selection) and the deterministic
 rules that turn the selection into what the handler applies (application).
 
-Shared because two services run the same pure rules: the router's skill_applier records
-the applied skills as `SkillsApplied`, and the responder's answer_writer computes them
-itself when that event is not stored yet, rather than wait one more hop before the first
-token (same inputs, same function, same result).
+The router's intent_router runs both where it joins the turn's analyses, and records them
+as `SkillsSelected` and `SkillsApplied` next to its `RouteDecided`.
 
 Skills: propose_demo, collect_email, ask_qualifying_question, suggest_follow_up,
 share_resource; `none` when no skill applies.
@@ -128,11 +126,12 @@ def apply(selected: list[str], *, intent: str, route: str, branch: str, turn: in
     return _ordered(skills), rules, question
 
 
-def apply_for_turn(state: ConversationState, route: "RouteDecided", config: SiteConfig
-                   ) -> tuple[list[str], list[str], str | None]:
-    """`apply` with its inputs taken from the conversation state at this turn's route.
-    Reads only what precedes the route (the analyses and earlier turns), so it gives the
-    same result whenever it runs after the route is stored."""
+def apply_for_turn(state: ConversationState, route: "RouteDecided", config: SiteConfig,
+                   selected: list[str] | None = None) -> tuple[list[str], list[str], str | None]:
+    """`apply` with its inputs taken from the conversation state at this turn's route
+    (`selected`: the turn's selection when the state does not hold it yet). Reads only what
+    precedes the route (the analyses and earlier turns), so it gives the same result
+    whenever it runs after the route is decided."""
     record = state.turns.get(route.turn)
     signals = state.interest.signals if state.interest.turn == route.turn else {}
     asked = [q for q in state.qualification_asked if not record or q != record.qualification_question]
@@ -141,5 +140,7 @@ def apply_for_turn(state: ConversationState, route: "RouteDecided", config: Site
         # This turn's own booking step (after its route) ended the flow: as of the route, the
         # booking was still going, whether or not the handler has stored its step yet.
         before = msgspec.structs.replace(before, booking=msgspec.structs.replace(state.booking, active=True))
-    return apply((record.skills_selected if record else None) or [], intent=route.intent, route=route.route,
+    if selected is None:
+        selected = (record.skills_selected if record else None) or []
+    return apply(selected, intent=route.intent, route=route.route,
                  branch=route.branch, turn=route.turn, signals=signals, state=before, config=config)

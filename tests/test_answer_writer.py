@@ -74,7 +74,7 @@ async def test_profile_reaches_the_prompt_when_ready(bus, site, llm):
         (ev.RetrievalCompleted, "retrieval", {"documents": []}),
         (ev.EnrichmentCompleted, "enrichment", {"profile": VisitorProfile(company_name="Globex", sector="Manufacturing")}),
         (ev.ProfileInferred, "visitor_profiler", {"profile": VisitorProfile(job_to_be_done="Automate quotes")}),
-        (ev.SkillsApplied, "skill_applier", {"skills": []}),
+        (ev.SkillsApplied, "intent_router", {"skills": []}),
     ])
     assert completed.late_inputs == []
     system = llm.requests()[-1]["messages"][0]["content"]
@@ -269,7 +269,7 @@ async def test_the_answer_is_the_given_sources_sentence_cited(extractive):
 
 async def test_the_turns_skills_end_the_answer_its_qualifying_question_last(extractive):
     routed, given = asked("e6", "How much is the Growth plan?")
-    given.append(ev.follow(given[0], ev.SkillsApplied, "skill_applier", skills=["ask_qualifying_question"],
+    given.append(ev.follow(given[0], ev.SkillsApplied, "intent_router", skills=["ask_qualifying_question"],
                            qualification_question="How many technicians do you have?"))
     (completed,) = (await decide(extractive, routed, *given, config=TIDEWISE)).events
     assert completed.text.startswith("The Growth plan costs $59")

@@ -24,10 +24,20 @@ from shared.store import MemoryStore
 from tests.helpers import FixedConfigs, RecordingBus, decide, records_of, turn
 
 
-def router(strike_confidence: float = STRIKE_CONFIDENCE):
-    """The node; it reads only the classifier's strike confidence of its parts (no model)."""
+def router(strike_confidence: float = STRIKE_CONFIDENCE, skills_backend: str = "llm"):
+    """The node; it reads only the classifier's strike confidence of its parts (no model).
+    With the LLM skills backend (the default here) it joins the selection a test gives as
+    the skill selector's SkillsSelected; with the local one it selects itself."""
     classifier = IntentClassifier(None, None, backend="local", strike_confidence=strike_confidence)
-    return intent_router.make_node(RouterParts(classifier=classifier, rules=SignalRules.load(), llm=None))
+    return intent_router.make_node(RouterParts(classifier=classifier, rules=SignalRules.load(), llm=None,
+                                               skills_backend=skills_backend))
+
+
+def the_route(decision) -> ev.RouteDecided:
+    """The RouteDecided of a decision, after the SkillsApplied it stores first."""
+    *applied, routed = decision.events
+    assert [type(e) for e in applied][-1:] == [ev.SkillsApplied] and isinstance(routed, ev.RouteDecided)
+    return routed
 
 
 NODE = router()
@@ -49,7 +59,7 @@ async def route(message: str, *history: ev.Envelope, number: int = 1, node=NODE,
     """Given `history` and turn `number` with its analyses, the one RouteDecided."""
     request = turn("s", "r1", number, message)
     *first, last = analysed(request, **analysis)
-    (decision,) = (await decide(node, last, *history, request, *first, config=config)).events
+    decision = the_route(await decide(node, last, *history, request, *first, config=config))
     assert isinstance(decision, ev.RouteDecided) and decision.turn == number and decision.reason
     return decision
 
@@ -81,7 +91,7 @@ async def test_no_decision_until_all_three_analyses_are_in():
             *earlier, last = stored
             assert (await decide(NODE, last, request, *earlier)).events == [], [ev.event_type(e) for e in stored]
     *earlier, last = analyses
-    (decision,) = (await decide(NODE, last, request, *earlier)).events
+    decision = the_route(await decide(NODE, last, request, *earlier))
     assert decision.route == "ANSWER"
 
 
@@ -145,7 +155,7 @@ async def test_the_decision_is_the_same_whichever_analysis_woke_the_node():
     decisions = []
     for trigger in analyses:
         others = [e for e in analyses if e is not trigger]
-        (decision,) = (await decide(NODE, trigger, request, *others)).events
+        decision = the_route(await decide(NODE, trigger, request, *others))
         decisions.append(decision)
     assert len({d.event_id for d in decisions}) == 1
     assert {d.causation_id for d in decisions} == {request.event_id}
@@ -163,8 +173,8 @@ async def test_only_the_handler_of_the_analysis_stored_last_decides():
             inputs = await gather(NODE.needs, woken_by, MemoryStore(lambda: records), FixedConfigs(SiteConfig()))
             ctx = Context(out=RecordingBus([]), node=NODE.name, cause=woken_by, attempt=1)
             decided.append([] if inputs is None else await NODE.handle(woken_by, inputs, ctx))
-        assert [len(events) for events in decided] == [0, 0, 1], [ev.event_type(e) for e in stored]
-        assert decided[-1][0].route == "ANSWER"
+        assert [len(events) for events in decided] == [0, 0, 2], [ev.event_type(e) for e in stored]
+        assert decided[-1][-1].route == "ANSWER"
 
 
 def ended(request: ev.TurnRequested, how: str) -> ev.Envelope:
@@ -187,3 +197,19 @@ async def test_a_turn_already_routed_is_not_routed_again():
     *first, last = analysed(request)
     routed = ev.follow(request, ev.RouteDecided, "intent_router", route="ANSWER", reason="t", intent="LEARN")
     assert (await decide(NODE, last, request, *first, routed)).events == []
+
+
+async def test_with_the_local_skills_backend_it_selects_routes_and_applies_on_the_two_analyses():
+    """No skill selector: at the join of the intent and the signals the router stores the
+    selection, the applied skills, then the route, all caused by the TurnRequested."""
+    node = router(skills_backend="local")
+    assert set(node.consumes) == {"intent_classified", "interest_signals_detected"}
+    request = turn("s", "r1", 1, "I'd like to book a demo")
+    first, last, _ = analysed(request, "BOOKING")
+    assert (await decide(node, first, request)).events == [], "not joined yet"
+    selected, applied, routed = (await decide(node, last, request, first)).events
+    assert isinstance(selected, ev.SkillsSelected) and selected.skills == ["propose_demo", "collect_email"]
+    assert selected.classifier == "local" and selected.intent == "BOOKING"
+    assert isinstance(applied, ev.SkillsApplied) and "propose_demo" in applied.skills
+    assert isinstance(routed, ev.RouteDecided) and routed.route == "BOOKING"
+    assert {e.causation_id for e in (selected, applied, routed)} == {request.event_id}

@@ -1,18 +1,20 @@
 """Router: the routing table through the bus (given these events → this RouteDecided) and
-pure, one decision per turn with two router replicas, the five nodes end to end on the real
-local model, and the skill and signal rules alone. Each node's own decisions, given events
-and no server: tests/test_<node>.py (intent_classifier, interest_signals_detector,
-skill_selector, intent_router, skill_applier)."""
+pure, one decision per turn with two router replicas, the router's nodes end to end on the
+real local model, and the skill and signal rules alone. Each node's own decisions, given
+events and no server: tests/test_<node>.py (intent_classifier, interest_signals_detector,
+skill_selector, intent_router); skill application: tests/test_skill_application.py."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import asyncio
 
 import pytest
 
-from services.router import intent_router, routing, skill_applier
+from services.router import intent_router, routing
+from services.router.main import router_nodes
 from shared import skills as sk
-from services.router import intent_classifier, interest_signals_detector, skill_selector
 from services.router import signals as sig
 from services.router.classifiers import IntentClassifier
 from services.router.local_model import LocalIntentModel
@@ -110,10 +112,15 @@ ROUTING_TABLE = [
 ]
 
 
+def joining_selection(parts: RouterParts) -> RouterParts:
+    """The router as with the LLM skill selector: it joins the SkillsSelected a test gives."""
+    return dataclasses.replace(parts, skills_backend="llm")
+
+
 @pytest.mark.parametrize("situation,intent,message,score,skills,expected", ROUTING_TABLE)
 async def test_routing_table(bus, site, parts, situation, intent, message, score, skills, expected):
     session = unique("rt")
-    runners = await _runners(bus, site, [intent_router.make_node(parts)])
+    runners = await _runners(bus, site, [intent_router.make_node(joining_selection(parts))])
     try:
         await _history(bus, site, session, None if situation == "none" else situation)
         req = _turn(site, session, 2, message)
@@ -140,7 +147,7 @@ async def test_routing_table(bus, site, parts, situation, intent, message, score
 
 async def test_one_decision_per_turn_with_two_router_replicas(bus, site, parts):
     session = unique("race")
-    node = intent_router.make_node(parts)
+    node = intent_router.make_node(joining_selection(parts))
     shared_name = unique("intent_router")  # replicas share one durable consumer
     runners = []
     for _ in range(2):
@@ -201,8 +208,7 @@ ANALYSIS_CASES = [  # (message, intent, route, classifier): an injection marker 
 
 
 async def test_router_nodes_on_the_local_model(bus, site, parts):
-    nodes = [intent_classifier.make_node(parts), interest_signals_detector.make_node(parts),
-             skill_selector.make_node(parts), intent_router.make_node(parts), skill_applier.make_node()]
+    nodes = router_nodes(parts)
     runners = await _runners(bus, site, nodes)
     try:
         for message, intent, route, classifier in ANALYSIS_CASES:
@@ -261,7 +267,7 @@ async def test_product_questions_are_answered_and_contact_requests_redirected():
         assert decision.route == route, (message, result.intent, result.confidence)
 
 
-# --- skill rules (skill_applier) ----------------------------------------------------------
+# --- skill rules (skills.apply) -----------------------------------------------------------
 
 def _state(**over) -> ConversationState:
     state = ConversationState()
@@ -361,8 +367,8 @@ def test_short_unsure_answers_stay_in_the_flow_and_clear_intents_leave_it():
 
 
 def test_applied_skills_are_the_same_before_and_after_skills_applied_is_folded():
-    """skill_applier's rules read only what precedes the route: a rerun or a redelivery after
-    its SkillsApplied is stored decides the same."""
+    """The application rules read only what precedes the route: a rerun or a redelivery after
+    the turn's SkillsApplied is stored decides the same."""
     from shared.state import Record, apply
     config = SiteConfig(qualification=Qualification(questions=["Team size?", "Current tool?"]))
     state = _state(booking=BookingState(lead_captured=True), last_cta_turn=2)

@@ -1,7 +1,8 @@
-"""skill_selector, given-when-then: given the conversation so far, when a turn is requested,
-then the SkillsSelected it decides: by the local selection rules on the turn's analyses (the
-real local model's intent, this turn's signals and the cumulative interest score), without asking for an e-mail the
-conversation already knows; with the LLM backend, the LLM's choice among the site's enabled
+"""Skill selection, given-when-then: given the conversation so far, when a turn is requested,
+then the SkillsSelected stored for it: with the local backend, the intent router's, by the
+local selection rules on the turn's analyses (the real local model's intent, this turn's
+signals and the cumulative interest score), without asking for an e-mail the
+conversation already knows; with the LLM backend, the skill selector's: the LLM's choice among the site's enabled
 skills, or the local selection when its answer is unusable. The selection rules alone
 (skills.select): test_router.py."""
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from services.router import intent_classifier, interest_signals_detector, skill_selector
+from services.router import intent_classifier, intent_router, interest_signals_detector, skill_selector
 from services.router import signals as sig
 from services.router.classifiers import IntentClassifier
 from services.router.local_model import LocalIntentModel
@@ -39,17 +40,15 @@ async def select(parts, message, *given, number=1, config=None) -> ev.SkillsSele
     """The selection for a turn of `message`: with the local backend, on the analyses the
     real intent classifier and signal detector make of it (either one stored last)."""
     request = turn("s", "k1", number, message)
-    node = skill_selector.make_node(parts)
     if parts.skills_backend == "llm":
-        (selected,) = (await decide(node, request, *given, config=config)).events
-    else:
+        (selected,) = (await decide(skill_selector.make_node(parts), request, *given, config=config)).events
+    else:  # the intent router selects where it joins the two analyses
+        node = intent_router.make_node(parts)
         analyses = [e for make in (intent_classifier.make_node, interest_signals_detector.make_node)
                     for e in (await decide(make(parts), request, *given, config=config)).events]
-        assert [ev.event_type(e) for e in analyses] == list(skill_selector.ANALYSES)
         first, last = analyses
-        assert (await decide(node, first, *given, request, config=config)).events == [], "not joined yet"
-        (selected,) = (await decide(node, last, *given, request, first, config=config)).events
-        (again,) = (await decide(node, first, *given, request, last, config=config)).events
+        selected = (await decide(node, last, *given, request, first, config=config)).events[0]
+        again = (await decide(node, first, *given, request, last, config=config)).events[0]
         assert again.event_id == selected.event_id, "one selection a turn, whichever analysis came last"
     assert isinstance(selected, ev.SkillsSelected) and selected.turn == number
     return selected

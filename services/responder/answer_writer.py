@@ -158,7 +158,7 @@ def make_node(llm: LLMClient, settings: AnswerSettings = AnswerSettings(),
         state, config, late = inputs.state, inputs.config, list(inputs.late)
         record = state.turns.get(event.turn)
         documents = (record.sources or [])[:settings.max_sources] if record else []
-        # skill_applier's decision (awaited with the retrieval); late, the answer ends plainly.
+        # The router's SkillsApplied, stored before its route (awaited all the same); late, no skills.
         skills, question = (record.skills or [], record.qualification_question) if record else ([], None)
         site_words = answer_audit.site_words(config, question)
         if mode == "extractive":
@@ -176,8 +176,8 @@ def make_node(llm: LLMClient, settings: AnswerSettings = AnswerSettings(),
                                      temperature=persona.temperature(config.persona))
         return [audited(completed, state, documents, site_words, declined=False)]
 
-    # Retrieval and the skills to apply first, on the retrieval's deadline (the skills come a
-    # hop after the route, long before the retrieval as a rule); then the visitor's enrichment
+    # Retrieval and the skills to apply first, on the retrieval's deadline (the router stores
+    # the skills before the route, so they are there); then the visitor's enrichment
     # and profile, on theirs (counted from the same start). Whatever is missing then is
     # `late`, named in the answer, never waited for longer.
     waits = (Wait(("retrieval_completed", "skills_applied"), settings.retrieval_wait_s), Wait(AWAITED, settings.wait_s))

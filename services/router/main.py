@@ -6,8 +6,7 @@ import asyncio
 import logging
 from pathlib import Path
 
-from services.router import (intent_classifier, intent_router, interest_signals_detector, skill_applier,
-                             skill_selector)
+from services.router import intent_classifier, intent_router, interest_signals_detector, skill_selector
 from services.router.runtime import RouterParts
 from services.router.settings import RouterSettings
 from shared import service
@@ -35,13 +34,9 @@ async def nodes(bus, settings: RouterSettings):
 
 def router_nodes(parts: RouterParts) -> list[Node]:
     """The router's nodes over its parts (also what a replay runs)."""
-    return [
-        intent_classifier.make_node(parts),
-        interest_signals_detector.make_node(parts),
-        skill_selector.make_node(parts),
-        intent_router.make_node(parts),
-        skill_applier.make_node(),
-    ]
+    selector = [skill_selector.make_node(parts)] if parts.skills_backend == "llm" else []  # else the router selects
+    return [intent_classifier.make_node(parts), interest_signals_detector.make_node(parts), *selector,
+            intent_router.make_node(parts)]
 
 
 def main() -> None:

@@ -1,13 +1,12 @@
-"""skill_selector: which response-ending skills this turn calls for.
+"""skill_selector: which response-ending skills this turn calls for, by the LLM
+(`ROUTER_SKILLS_BACKEND=llm`; with the default local backend there is no such node: the
+intent router selects by skills.select where it joins the turn's analyses).
 
-Local backend (the default): the selection rules of skills.select on the turn's two
-analyses, joined (`Needs.join`: the intent classifier's `IntentClassified` and the signal
-detector's `InterestSignalsDetected`, the node acting on the one stored last): the intent,
-this turn's signals and the cumulative score, as the router will route by them. LLM backend
-(`ROUTER_SKILLS_BACKEND=llm`): on the `TurnRequested`, the classifier role picks intent and
-skills (JSON schema, one repair retry); when it fails, the local model's intent and signals
-for the message decide by the same rules (the one case where the node estimates them itself:
-it does not wait for the analyses it races).
+On the `TurnRequested`, in parallel with the other two analyses, the classifier role picks
+intent and skills (JSON schema, one repair retry); the intent router joins its
+`SkillsSelected` with them. When the model's answer is unusable, the local model's intent and
+signals for the message decide by the local rules (the one case where the node estimates
+them itself: it does not wait for the analyses it races).
 """
 
 from __future__ import annotations
@@ -38,14 +37,7 @@ class SkillsOutput(msgspec.Struct, kw_only=True):
     skills: list[Skill] = []
 
 
-ANALYSES = ("intent_classified", "interest_signals_detected")
-
-
 def make_node(parts: RouterParts) -> Node:
-    if parts.skills_backend != "llm":
-        return Node(name=NAME, consumes=ANALYSES, handle=select_from_analyses,
-                    needs=Needs(state=True, config=True, join=ANALYSES))
-
     async def select(event: ev.TurnRequested, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
         state, config = inputs.state, inputs.config
         score = f"Interest score so far: {state.interest.score:.2f} (threshold {config.interest.threshold:.2f})\n"
@@ -59,17 +51,6 @@ def make_node(parts: RouterParts) -> Node:
         return [ctx.follow(ev.SkillsSelected, skills=chosen, classifier="local", intent=intent)]
 
     return Node(name=NAME, consumes=("turn_requested",), handle=select, needs=Needs(state=True, config=True))
-
-
-async def select_from_analyses(event: ev.Envelope, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
-    """The local selection on the turn's joined analyses (caused by the turn's TurnRequested,
-    as the LLM backend's is: one selection a turn whichever analysis came last)."""
-    state, config, turn = inputs.state, inputs.config, event.turn
-    intent = state.turns[turn].intent or "LEARN"
-    signals = state.interest.signals if state.interest.turn == turn else {}
-    chosen = sk.select(intent, signals, state.interest.score, state, config)
-    return [ctx.follow(ev.SkillsSelected, cause_id=event.causation_id or event.event_id, skills=chosen,
-                       classifier="local", intent=intent)]
 
 
 async def select_locally(parts: RouterParts, state: ConversationState, turn: int, message: str,

@@ -181,7 +181,7 @@ class CachedStore(JetStreamStore):
         read for an earlier event that found this one stored; the feed's folds); and loads
         of one conversation at once share reads: a load joins the read in flight for the
         conversation when that read's state holds this load's event, otherwise it reads what
-        follows it. (The router's three analyses of one `TurnRequested` arrive together, in
+        follows it. (The router's analyses of one `TurnRequested` arrive together, in
         any order: reading for each one's event while another's read was in flight read the
         same events up to three times.)
 

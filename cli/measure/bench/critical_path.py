@@ -2,8 +2,9 @@
 timestamps and the client's own clock (one machine: one clock).
 
     request → TurnRequested stored                        gateway_in
-    TurnRequested → the three analyses stored             analyses
-    analyses → RouteDecided                               route
+    TurnRequested → the two analyses stored               analyses  (intent, signals)
+    analyses → RouteDecided                               route     (the router's join; with the
+                                                                     LLM skill selector, its wait too)
     TurnRequested → RetrievalCompleted (ANSWER, parallel) retrieval
     max(RouteDecided, RetrievalCompleted) → LLM request   answer_start   (a reply from an LLM)
     LLM request → first token published                   model          (the LLM's time to first
@@ -22,7 +23,7 @@ from collections import defaultdict
 from cli.measure.stats import percentile
 from shared import events as ev
 
-ANALYSES = ("intent_classified", "interest_signals_detected", "skills_selected")
+ANALYSES = ("intent_classified", "interest_signals_detected")
 SEGMENTS = ("gateway_in", "analyses", "route", "retrieval", "answer_start", "model", "reply", "relay")
 REPLY_NODES = {"ANSWER": "answer_writer", "REDIRECT": "redirect_handler", "BOOKING": "booking_handler"}
 

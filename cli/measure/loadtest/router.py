@@ -2,7 +2,7 @@
 
 Starts nats-server and one router process (nothing else), publishes `TurnRequested` events
 at each of `--rates` per second for `--seconds`, and times each one to its `RouteDecided`
-(three analyses in parallel, then the routing decision). Messages are the labeled sets'
+(two analyses in parallel, then the join that selects, routes and applies). Messages are the labeled sets'
 (training and evaluation), varied with the greetings and sign-offs visitors add, so every
 message of a run is distinct and no cache answers for a previous turn; the local
 classifier decides (no LLM). Sessions run `--turns` turns each, so the router also

@@ -1,19 +1,19 @@
-"""skill_applier, given-when-then: given the conversation so far (the turn's selected skills
-and signals, earlier asks, what is known of the visitor, the captured lead) and the site's
-config, when the turn is routed, then the SkillsApplied it records: the selection with the
-rules applied, read from the state. The rules alone (skills.apply): test_router.py."""
+"""Skill application, given-when-then: given the conversation so far (the turn's selected
+skills and signals, earlier asks, what is known of the visitor, the captured lead) and the
+site's config, when the turn is routed, then the skills the reply applies: the selection with
+the rules applied, read from the state (skills.apply_for_turn, which the intent router runs
+at its join and records as SkillsApplied). The rules alone (skills.apply): test_router.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from services.router import skill_applier
 from shared import events as ev
+from shared import skills as sk
 from shared.events import VisitorProfile
 from shared.site_config import CTA, Qualification, SiteConfig, Skills
-from tests.helpers import decide, turn
+from tests.helpers import state_of, turn
 
-NODE = skill_applier.make_node()
 SESSION = "a1"
 
 
@@ -23,7 +23,7 @@ def asked(number: int, skills=("propose_demo",), question: str | None = None) ->
     return [request,
             ev.follow(request, ev.RouteDecided, "intent_router", route="ANSWER", reason="t", intent="LEARN",
                       branch="DEFAULT"),
-            ev.follow(request, ev.SkillsApplied, "skill_applier", skills=list(skills), qualification_question=question)]
+            ev.follow(request, ev.SkillsApplied, "intent_router", skills=list(skills), qualification_question=question)]
 
 
 def routed(number: int, selected, *, intent="LEARN", route="ANSWER", branch="DEFAULT", signals=None):
@@ -37,12 +37,17 @@ def routed(number: int, selected, *, intent="LEARN", route="ANSWER", branch="DEF
     return given, decision
 
 
+def applied_in(config: SiteConfig, *events: ev.Envelope) -> tuple[list[str], list[str], str | None]:
+    """(skills, rules, question) at the turn's route, the last RouteDecided of `events`."""
+    decision = [e for e in events if isinstance(e, ev.RouteDecided)][-1]
+    return sk.apply_for_turn(state_of(*events), decision, config)
+
+
 async def apply(number: int, selected, *history, config=None, **route) -> ev.SkillsApplied:
     given, decision = routed(number, selected, **route)
-    (applied,) = (await decide(NODE, decision, *history, *given, config=config)).events
-    assert isinstance(applied, ev.SkillsApplied) and applied.turn == number
-    assert applied.causation_id == decision.event_id
-    return applied
+    skills, rules, question = sk.apply_for_turn(state_of(*history, *given), decision, config or SiteConfig())
+    return ev.follow(decision, ev.SkillsApplied, "intent_router", skills=skills, rules=rules,
+                     qualification_question=question)
 
 
 async def test_a_demo_request_forces_the_demo_proposal():
@@ -118,16 +123,17 @@ async def test_after_the_lead_the_next_qualification_question_instead_of_asks():
 
 
 async def test_a_redelivered_route_gives_the_same_skills_and_question():
-    """When the turn's own SkillsApplied is already stored, the node decides the same again
-    (same question, not the next one; same id, so the bus keeps the first)."""
+    """When the turn's own SkillsApplied is already stored, the rules decide the same again
+    (same question, not the next one: the router's redelivered handling stores the same)."""
     config = SiteConfig(qualification=Qualification(questions=["Team size?", "Current tool?"]))
     request = turn("s", SESSION, 1, "ada@example.com")
     lead = [request, ev.follow(request, ev.LeadCaptured, "booking_handler", email="ada@example.com")]
     given, decision = routed(2, ["suggest_follow_up"], branch="POST_CONVERSION")
-    (first,) = (await decide(NODE, decision, *lead, *given, config=config)).events
-    (again,) = (await decide(NODE, decision, *lead, *given, first, config=config)).events
-    assert first.qualification_question == again.qualification_question == "Team size?"
-    assert (again.skills, again.rules, again.event_id) == (first.skills, first.rules, first.event_id)
+    first = applied_in(config, *lead, *given, decision)
+    stored = ev.follow(decision, ev.SkillsApplied, "intent_router", skills=first[0], rules=first[1],
+                       qualification_question=first[2])
+    again = applied_in(config, *lead, *given, decision, stored)
+    assert first[2] == again[2] == "Team size?" and again == first
 
 
 async def test_skills_the_site_disabled_are_dropped_and_a_hack_ends_plainly():
@@ -139,8 +145,8 @@ async def test_skills_the_site_disabled_are_dropped_and_a_hack_ends_plainly():
 
 
 async def test_the_turn_that_ends_the_booking_asks_no_qualification_question_whenever_the_step_is_stored():
-    """The booking handler's last step of turn 2 may be stored before this node reads the
-    state: as of the route, the booking was still going, so no post-conversion question."""
+    """The booking handler's last step of turn 2 may be stored before the rules read the
+    state (a redelivered handling): as of the route, the booking was still going, so no post-conversion question."""
     config = SiteConfig(qualification=Qualification(questions=["Team size?", "Current tool?"]))
     request = turn("s", SESSION, 1, "I'd like a demo")
     lead = [request, ev.follow(request, ev.RouteDecided, "intent_router", route="BOOKING", reason="t",
@@ -149,5 +155,5 @@ async def test_the_turn_that_ends_the_booking_asks_no_qualification_question_whe
     given, decision = routed(2, ["suggest_follow_up"], intent="BOOKING", route="BOOKING", branch="STAY")
     done = ev.follow(decision, ev.BookingProgressed, "booking_handler", collected={"company": "Acme"}, done=True)
     for stored in ([], [done]):
-        (applied,) = (await decide(NODE, decision, *lead, *given, *stored, config=config)).events
-        assert applied.qualification_question is None and "post_conversion" not in applied.rules, stored
+        _, rules, question = applied_in(config, *lead, *given, decision, *stored)
+        assert question is None and "post_conversion" not in rules, stored
