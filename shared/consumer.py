@@ -341,11 +341,7 @@ class ConsumerRunner:
                     if inputs is not None:  # None: not the delivery that completes the node's join
                         ctx = Context(out=self.bus, node=self.durable, cause=event, attempt=attempt,
                                       input_seq=inputs.state.last_seq, config_version=inputs.config.version)
-                        for out in await self.node.handle(event, inputs, ctx):
-                            if isinstance(out, ev.WORK_ITEMS):  # a work item goes to its queue, not the log
-                                await self.bus.publish_work(out)
-                            else:
-                                await self.bus.publish(out)
+                        await self._store(await self.node.handle(event, inputs, ctx))
                 except asyncio.CancelledError:
                     raise
                 except PermanentError as exc:
@@ -371,6 +367,22 @@ class ConsumerRunner:
                 finally:
                     heartbeat.cancel()
                 await self._handled(msg)
+
+    async def _store(self, outputs) -> None:
+        """Store a handler's outputs (a work item on its queue, not in the log). Several go out
+        at once, in order on the one connection, so the stream stores them in order, and
+        their acks are awaited together: a node that stores a decision after what it
+        implies (the intent router's SkillsApplied, then its RouteDecided) pays one round
+        trip, not one per event. The first failure fails the handling (retried: the ids
+        derive from the input, so what was stored is not stored twice)."""
+        sends = [self.bus.publish_work(out) if isinstance(out, ev.WORK_ITEMS) else self.bus.publish(out)
+                 for out in outputs]
+        if len(sends) == 1:
+            await sends[0]
+            return
+        for result in await asyncio.gather(*sends, return_exceptions=True):
+            if isinstance(result, BaseException):
+                raise result
 
     async def _handled(self, msg: Msg) -> None:
         await msg.ack()
