@@ -87,8 +87,12 @@ def own(site, handle):
 
 def isolated(node, site, name=None):
     """`node` under a durable of its own (`name`, else a unique one) acting only on `site`'s
-    events: tests share one server, and a durable sees every site's events."""
-    return dataclasses.replace(node, name=name or unique(node.name), handle=own(site, node.handle))
+    events: tests share one server, and a durable sees every site's events. Another site's
+    event does not concern it (`Needs.when`): acked with nothing gathered, so its inputs'
+    waits never hold the runner up for other tests' conversations."""
+    when = node.needs.when
+    needs = dataclasses.replace(node.needs, when=lambda event: event.site == site and (when is None or when(event)))
+    return dataclasses.replace(node, name=name or unique(node.name), handle=own(site, node.handle), needs=needs)
 
 
 async def start(bus, node, config=None, configs=None):
