@@ -298,12 +298,17 @@ async def _stored(bus, event) -> Position:
     return Position(subjects.conv(event.site, event.session_id, ev.event_type(event)), ack.seq)
 
 
-async def test_loads_for_one_event_at_once_share_one_read_and_one_unchanging_state(bus, site):
-    store = CachedStore(bus)
-    await publish_turns(bus, site, "j", 1)
-    request = ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="j", turn=2, ts=ev.now(),
+async def _second_turn(bus, site, session) -> tuple[CachedStore, ev.TurnRequested, Position]:
+    """A store, and a conversation whose first turn is stored and whose second is requested:
+    that request and where it sits."""
+    await publish_turns(bus, site, session, 1)
+    request = ev.TurnRequested(event_id=ev.new_id(), site=site, session_id=session, turn=2, ts=ev.now(),
                                producer="test", message="q2")
-    at = await _stored(bus, request)
+    return CachedStore(bus), request, await _stored(bus, request)
+
+
+async def test_loads_for_one_event_at_once_share_one_read_and_one_unchanging_state(bus, site):
+    store, request, at = await _second_turn(bus, site, "j")
     reads = GatedReads(bus)
 
     first = asyncio.create_task(store.state(site, "j", at=at))
@@ -324,11 +329,7 @@ async def test_loads_for_one_event_at_once_share_one_read_and_one_unchanging_sta
 
 
 async def test_a_load_for_an_event_the_cached_state_holds_reads_nothing(bus, site):
-    store = CachedStore(bus)
-    await publish_turns(bus, site, "h", 1)
-    request = ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="h", turn=2, ts=ev.now(),
-                               producer="test", message="q2")
-    at = await _stored(bus, request)
+    store, request, at = await _second_turn(bus, site, "h")
     later_at = await _stored(bus, ev.follow(request, ev.IntentClassified, "router",
                                             intent="LEARN", confidence=0.9, classifier="local"))
     reads = GatedReads(bus)
@@ -340,11 +341,7 @@ async def test_a_load_for_an_event_the_cached_state_holds_reads_nothing(bus, sit
 
 
 async def test_a_load_for_a_later_event_joins_the_read_in_flight_and_reads_nothing_when_it_got_there(bus, site):
-    store = CachedStore(bus)
-    await publish_turns(bus, site, "k", 1)
-    request = ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="k", turn=2, ts=ev.now(),
-                               producer="test", message="q2")
-    at = await _stored(bus, request)
+    store, request, at = await _second_turn(bus, site, "k")
     reads = GatedReads(bus)
 
     early = asyncio.create_task(store.state(site, "k", at=at))
@@ -360,11 +357,7 @@ async def test_a_load_for_a_later_event_joins_the_read_in_flight_and_reads_nothi
 
 
 async def test_a_load_for_a_later_event_reads_what_the_read_it_joined_stopped_before(bus, site):
-    store = CachedStore(bus)
-    await publish_turns(bus, site, "m", 1)
-    request = ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="m", turn=2, ts=ev.now(),
-                               producer="test", message="q2")
-    at = await _stored(bus, request)
+    store, request, at = await _second_turn(bus, site, "m")
     reads = GatedReads(bus, gate_after_read=True)
 
     early = asyncio.create_task(store.state(site, "m", at=at))
