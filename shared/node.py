@@ -205,12 +205,10 @@ async def gather(needs: Needs, event: ev.Envelope, store: ConversationStore, con
         record = state.turns.get(event.turn)
         seen = set(record.seen) if record else set()
         late = [kind for wait in needs.waits for kind in wait.kinds if kind not in seen]
-    elif needs.state:
+    elif needs.state or needs.join:
         state = await store.state(site, session, at, event.turn)
-    if needs.join:
-        state = await store.state(site, session, at, event.turn)
-        if not joined(needs.join, event, state):
-            return None
+    if needs.join and not joined(needs.join, event, state):
+        return None
     config = (await configs.get(site) if configs is not None else SiteConfig()) if needs.config else SiteConfig()
     return Inputs(
         state=state, config=config, late=tuple(late),

@@ -24,7 +24,7 @@ from shared import subjects
 from shared.bus import Bus, Position
 from shared.state import ConversationState, fork
 from shared.store.feed import LogFeed
-from shared.store.jetstream import (JetStreamStore, encoded, fold_into, read_snapshot, rewritten, seen, stored)
+from shared.store.jetstream import (JetStreamStore, encoded, fold_into, read_snapshot, seen, stored)
 
 log = logging.getLogger(__name__)
 
@@ -297,13 +297,10 @@ class CachedStore(JetStreamStore):
                 start, revision = await read_snapshot(self.bus, site, session_id)
             else:
                 revision = UNKNOWN
-        after, folded_turn = (start.last_seq, start.turn) if start else (0, 0)
-        tail = await self.bus.read(subjects.conversation(site, session_id), after_seq=after, at=at)
-        if start is not None and rewritten(tail, folded_turn):
-            # Fold it from the beginning.
+        had_start = start is not None
+        start, tail = await self._tail(site, session_id, start, at)
+        if had_start and start is None:  # a rewritten log: folded from the beginning
             cache.drop(site, session_id)
-            start = None
-            tail = await self.bus.read(subjects.conversation(site, session_id), at=at)
         if cached and start is not None and any(r.seq > start.last_seq for r in tail):
             start = fork(start)  # handed out as it is: new events go into a fork of it
         try:

@@ -136,14 +136,21 @@ class JetStreamStore:
     async def _folded(self, site: str, session_id: str, start: ConversationState | None,
                       at: Position | None) -> ConversationState:
         """`start` (a state of our own) with the log after it folded in."""
-        after, folded_turn = (start.last_seq, start.turn) if start else (0, 0)
-        tail = await self.bus.read(subjects.conversation(site, session_id), after_seq=after, at=at)
-        if start is not None and rewritten(tail, folded_turn):
-            start, tail = None, await self.bus.read(subjects.conversation(site, session_id), at=at)
+        start, tail = await self._tail(site, session_id, start, at)
         state = fold_into(start if start is not None else ConversationState(), tail)
         if not state.site:
             state.site, state.session_id = site, session_id
         return state
+
+    async def _tail(self, site: str, session_id: str, start: ConversationState | None,
+                    at: Position | None) -> tuple[ConversationState | None, list[Record]]:
+        """The log after `start`, and `start`; or, when the log was rewritten since (a
+        visitor's erasure: turns `start` holds appended again), the whole log and None."""
+        after, folded_turn = (start.last_seq, start.turn) if start else (0, 0)
+        tail = await self.bus.read(subjects.conversation(site, session_id), after_seq=after, at=at)
+        if start is not None and rewritten(tail, folded_turn):
+            return None, await self.bus.read(subjects.conversation(site, session_id), at=at)
+        return start, tail
 
     async def _own(self, site: str, session_id: str, at: Position | None) -> ConversationState:
         """The state as `state` gives it, but the caller's to fold into."""
