@@ -55,12 +55,40 @@ def _die_with_parent() -> None:
 
 # Where free_port looks: below Linux's ephemeral range (32768-60999 by default), from which
 # the kernel gives every outgoing connection its local port. A port found free there can be
-# taken by a connection before the server it is for binds it; here only another search can.
+# taken by a connection before the server it is for binds it; here only another search can,
+# so each port found is reserved for RESERVE_S, across the machine's processes (test workers,
+# a bench and its alternate run), by a file only one of them can create.
 PORTS = range(20000, 32000)
+RESERVATIONS = Path(os.environ.get("TMPDIR", "/tmp")) / "concierge-ports"
+RESERVE_S = 600.0
+
+
+def _reserved(port: int) -> bool:
+    """Reserve `port` for this caller; False when another search holds it (RESERVE_S)."""
+    RESERVATIONS.mkdir(exist_ok=True)
+    path = RESERVATIONS / str(port)
+    if _created(path):
+        return True
+    try:
+        if time.time() - path.stat().st_mtime < RESERVE_S:
+            return False
+        path.unlink()  # an old reservation: taken anew (by one searcher: the file is created once)
+    except FileNotFoundError:
+        pass
+    return _created(path)
+
+
+def _created(path: Path) -> bool:
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        return False
 
 
 def free_port() -> int:
-    """A loopback port nothing listens on, for a server about to be started on it."""
+    """A loopback port nothing listens on and no other search handed out lately, for a server
+    about to be started on it."""
     for _ in range(200):
         port = random.choice(PORTS)
         with socket.socket() as s:
@@ -68,6 +96,7 @@ def free_port() -> int:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
+        if _reserved(port):
             return port
     with socket.socket() as s:  # that range is taken: any port the kernel has
         s.bind(("127.0.0.1", 0))
