@@ -2,7 +2,7 @@
 
 A command's module is imported only when it runs, so `concierge sites check` does not load
 LightRAG or the models. Three kinds of module live under cli/: the operator commands here
-(run, ingest, replay, erase, briefs, sites), the measurements in cli/measure/, and the system harness
+(run, ingest, replay, erase, briefs, sources, sites), the measurements in cli/measure/, and the system harness
 that `run`, the measurements and the tests share in cli/harness/.
 """
 
@@ -38,6 +38,11 @@ COMMANDS = (
         ("briefs generate --site SITE [--lead S...] [--wait]", "queue briefs for the site's leads"),
         ("briefs show --site SITE [--lead S]", "a lead's brief and call script, or the site's leads"),
         ("briefs triage --site SITE", "rank the site's open leads: whom to call first"))),
+    Command("sources", "cli.sources", (
+        ("sources add --site SITE --url URL [--every 24h]", "a website (start page or sitemap) kept in the knowledge base"),
+        ("sources upload --site SITE FILE...", "files (pdf, docx, pptx, xlsx, html, md, txt) as sources"),
+        ("sources list --site SITE", "the site's sources and how their last runs went"),
+        ("sources sync --site SITE [--wait]", "sync the sources now (--wait: until done; 1 if one failed)"))),
     Command("sites", "cli.sites", (
         ("sites check [DIR]", "validate the site config files (default: sites/)"),
         ("sites key --site SITE", "make an operator API key for one site (its hash goes in the site file)"),

@@ -521,7 +521,6 @@ class TriageRequested(Envelope, tag="triage_requested", kw_only=True):
     request_id: str = ""
 
 
-WORK_ITEMS = (BriefRequested, TriageRequested)  # what goes on the BRIEFS work queue, not in a log
 
 
 class TriageItem(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -537,6 +536,136 @@ class TriageCompleted(Envelope, tag="triage_completed", kw_only=True):
     leads: int = 0
     # Why a model's triage was not used (invalid after its repair round): the rule ranked them.
     model_error: str = ""
+
+
+# --- knowledge sources (services/retriever/sources) ------------------------------------
+# A site's knowledge source (a website, an uploaded file, a text snippet) has a log of its
+# own: session `<SOURCE_PREFIX><source id>`, turn 0 its definition, turn N its N-th sync run.
+# A run's pages are work items on the BRIEFS work queue (each fetched once, by any replica);
+# what each fetch found and how the run ended are stored in the source's log.
+
+SOURCE_PREFIX = "_src-"
+SourceKind = Literal["website", "file", "text"]
+PageOutcome = Literal["changed", "unchanged", "gone", "failed", "skipped"]
+
+
+class SourceSpec(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What a source is. A website: `url` (a start page or a sitemap), same-site only, the
+    paths `include`d (none: all) and not `exclude`d (fnmatch patterns on the URL's path), at
+    most `max_pages` pages; a file: `name` and the uploads object it is stored under; a text
+    snippet: `title` and `text`. `every_s`: re-synced that often (0: on demand only)."""
+
+    id: str
+    kind: SourceKind
+    url: str = ""
+    include: list[str] = []
+    exclude: list[str] = []
+    max_pages: int = 500
+    every_s: float = 0.0
+    name: str = ""
+    upload: str = ""  # the uploads object store key of a file's bytes
+    size: int = 0
+    title: str = ""
+    text: str = ""
+
+
+class SourceAdded(Envelope, tag="source_added", kw_only=True):
+    """A source defined (or redefined: the newest counts). Turn 0 of the source's log."""
+
+    source: SourceSpec
+    actor: str = ""
+
+
+class SourceRemoved(Envelope, tag="source_removed", kw_only=True):
+    """The source is gone: its pages leave the knowledge base, no run starts again."""
+
+    actor: str = ""
+
+
+class SyncRequested(Envelope, tag="sync_requested", kw_only=True):
+    """Run N of the source (turn N): on demand, on its schedule, or when it was added."""
+
+    reason: str = "operator"  # operator | schedule | added
+    actor: str = ""
+
+
+class PageTarget(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A page a run fetches, with what the knowledge base holds of it (for a conditional
+    request, and to tell an unchanged page by its text's hash)."""
+
+    url: str
+    etag: str = ""
+    last_modified: str = ""
+    content_hash: str = ""
+
+
+class SyncStarted(Envelope, tag="sync_started", kw_only=True):
+    """The run's plan: the source as it was, the pages known at the start (a sitemap's, or
+    the start page), whether links found on pages are followed, and robots.txt's text."""
+
+    source: SourceSpec
+    pages: list[PageTarget] = []
+    discover: bool = False
+    robots: str = ""
+    user_agent: str = ""
+
+
+class PageFetchRequested(Envelope, tag="page_fetch_requested", kw_only=True):
+    """A work item: fetch one page of run `turn` (on `briefs.<site>.<session>.page_fetch_requested`)."""
+
+    page: PageTarget
+
+
+class PageFetched(Envelope, tag="page_fetched", kw_only=True):
+    """What fetching one page found. `changed`: its text is staged under `staged` for the
+    run's end; `gone`: the site says it no longer exists (404, 410); `failed`: it could not
+    be read this time (the knowledge base keeps what it had); `skipped`: not a page to keep
+    (robots.txt, not HTML or a document, out of scope after a redirect). `links`: the pages
+    in scope it links to (followed when the run discovers)."""
+
+    url: str
+    outcome: PageOutcome
+    status: int = 0
+    title: str = ""
+    reason: str = ""
+    content_hash: str = ""
+    etag: str = ""
+    last_modified: str = ""
+    staged: str = ""
+    chars: int = 0
+    links: list[str] = []
+
+
+class SyncCompleted(Envelope, tag="sync_completed", kw_only=True):
+    """The run's pages applied to the knowledge base."""
+
+    pages: int = 0
+    added: int = 0
+    replaced: int = 0
+    unchanged: int = 0
+    removed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    chunks: int = 0
+    seconds: float = 0.0
+    failed_pages: list[str] = []  # the first few (their reasons: their PageFetched)
+
+
+class SyncFailed(Envelope, tag="sync_failed", kw_only=True):
+    """The run ended without changing the knowledge base: what serves stays as it was."""
+
+    reason: str
+    node: str = ""
+    attempts: int = 1
+    failed_event_id: str | None = None
+
+
+SOURCE_EVENTS = ("source_added", "source_removed", "sync_requested", "sync_started", "page_fetched",
+                 "sync_completed", "sync_failed")
+
+
+# What goes on the BRIEFS work queue, not in a log (the queue's name is older than its pages).
+WORK_ITEMS = (BriefRequested, TriageRequested, PageFetchRequested)
 
 
 Event = Union[
@@ -572,6 +701,14 @@ Event = Union[
     BriefFailed,
     TriageRequested,
     TriageCompleted,
+    SourceAdded,
+    SourceRemoved,
+    SyncRequested,
+    SyncStarted,
+    PageFetchRequested,
+    PageFetched,
+    SyncCompleted,
+    SyncFailed,
 ]
 
 EVENT_TYPES: dict[str, type[Envelope]] = {cls.__struct_config__.tag: cls for cls in Event.__args__}

@@ -76,6 +76,55 @@ class TurnRecord(msgspec.Struct, kw_only=True):
     client_message_id: str | None = None  # the message's id from the client (a message sent again: the same)
 
 
+class SyncProgress(msgspec.Struct, kw_only=True):
+    """A knowledge source's log (session `ev.SOURCE_PREFIX`…): its latest sync run. `pages`
+    maps every page the run fetches to its outcome ("" while pending), in the order they
+    were queued: the start's pages, then the links found (when the run discovers) up to the
+    source's page limit, decided here in log order so every reader agrees. Replaced, never
+    changed in place, by each event that changes it (states are shared)."""
+
+    run: int = 0
+    max_pages: int = 0
+    discover: bool = False
+    pages: dict[str, str] = {}
+    pending: int = 0
+    ended: str = ""  # "" while running | completed | failed
+
+    @property
+    def complete(self) -> bool:
+        """Every page the run queued has its outcome, and the run has not ended yet."""
+        return self.run > 0 and not self.ended and self.pending == 0
+
+
+def apply_sync(progress: SyncProgress, event: ev.Envelope) -> SyncProgress:
+    """A source's run progress after one of its events."""
+    match event:
+        case ev.SyncStarted():
+            if event.turn <= progress.run:
+                return progress  # a redelivered start of a run already under way
+            pages = dict.fromkeys([p.url for p in event.pages][:max(1, event.source.max_pages)], "")
+            return SyncProgress(run=event.turn, max_pages=max(1, event.source.max_pages), discover=event.discover,
+                                pages=pages, pending=len(pages))
+        case ev.PageFetched():
+            if event.turn != progress.run or progress.pages.get(event.url, None) != "":
+                return progress  # another run's, a page not queued, or one already fetched
+            pages = {**progress.pages, event.url: event.outcome}
+            pending = progress.pending - 1
+            if progress.discover:
+                for link in event.links:
+                    if len(pages) >= progress.max_pages:
+                        break
+                    if link not in pages:
+                        pages[link] = ""
+                        pending += 1
+            return msgspec.structs.replace(progress, pages=pages, pending=pending)
+        case ev.SyncCompleted() | ev.SyncFailed():
+            if event.turn != progress.run:
+                return progress
+            return msgspec.structs.replace(progress, ended="completed" if isinstance(event, ev.SyncCompleted) else "failed")
+    return progress
+
+
 class ConversationState(msgspec.Struct, kw_only=True):
     site: str = ""
     session_id: str = ""
@@ -96,6 +145,7 @@ class ConversationState(msgspec.Struct, kw_only=True):
     spam_count: int = 0
     last_input: str = ""
     llm_calls: int = 0
+    sync: SyncProgress = msgspec.field(default_factory=SyncProgress)  # a knowledge source's log only
 
 
 class Record(msgspec.Struct, kw_only=True):
@@ -273,6 +323,8 @@ def apply(state: ConversationState, record: Record) -> ConversationState:
             if rec.status != "completed":
                 rec.status = "failed"
                 rec.error = f"{event.node}: {event.reason}"
+        case ev.SyncStarted() | ev.PageFetched() | ev.SyncCompleted() | ev.SyncFailed():
+            state.sync = apply_sync(state.sync, event)
     return state
 
 

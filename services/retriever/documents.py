@@ -29,6 +29,7 @@ class SourceDocument:
     path: str
     content_hash: str
     sections: list[tuple[str, str]] = field(default_factory=list)  # (heading, text)
+    meta: dict[str, str] = field(default_factory=dict)  # kept in its registry record (a synced page's source, URL, validators)
 
 
 def doc_id_for(site: str, path: str) -> str:
@@ -75,6 +76,18 @@ def read(site: str, path: Path, name: str | None = None) -> SourceDocument:
     return SourceDocument(doc_id=doc_id_for(site, name), title=title or path.stem.replace("-", " ").title(),
                           source=url or name, path=name, content_hash=hashlib.sha256(raw).hexdigest(),
                           sections=sections)
+
+
+def from_markdown(site: str, name: str, title: str, source: str, text: str, content_hash: str,
+                  meta: dict[str, str] | None = None) -> SourceDocument:
+    """A document from Markdown text (a synced page's or file's): known as `name`, cited as
+    `source` (its URL, or its file name)."""
+    found_title, _, sections = _markdown(text)
+    sections = [(h, t.strip()) for h, t in sections if t.strip()]
+    if not sections:
+        raise UnreadableDocument(f"{name}: no text in it")
+    return SourceDocument(doc_id=doc_id_for(site, name), title=title or found_title or name, source=source, path=name,
+                          content_hash=content_hash, sections=sections, meta=dict(meta or {}))
 
 
 def _markdown(text: str) -> tuple[str, str, list[tuple[str, str]]]:

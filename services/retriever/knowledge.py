@@ -176,6 +176,10 @@ class KnowledgeBase:
             raise UnknownSite(f"invalid site id {site!r}: letters, digits, '-' and '_' only")
         return self._places.get(site, self.root / site)
 
+    def site_directory(self, site: str) -> Path:
+        """The directory the site is served from (its own under KB_DIR, or a loaded snapshot's)."""
+        return self._site_dir(site)
+
     def _registry_path(self, site: str) -> Path:
         return self._site_dir(site) / "documents.json"
 
@@ -381,6 +385,7 @@ class KnowledgeBase:
                     relations[f"{min(a, b)}{SEP}{max(a, b)}"] = data
             record = {"doc_id": doc.doc_id, "title": doc.title, "source": doc.source, "path": doc.path,
                       "content_hash": doc.content_hash, "extraction": extraction.VERSION, "ingested_at": time.time(),
+                      **({"meta": doc.meta} if doc.meta else {}),
                       "chunks": {c.alias: c.content for c in chunks}, "entities": entities, "relations": relations}
             affected = await self._take_out(rag, registry, doc.doc_id) if old is not None else (set(), set())
             registry[doc.doc_id] = record
@@ -414,7 +419,7 @@ class KnowledgeBase:
         registry[doc.doc_id] = {"doc_id": doc.doc_id, "title": doc.title, "source": doc.source, "path": doc.path,
                                 "content_hash": doc.content_hash, "extraction": "llm", "ingested_at": time.time(),
                                 "chunk_count": int(status.get("chunks_count") or 0),
-                                "chunks": {}, "entities": {}, "relations": {}}
+                                "chunks": {}, "entities": {}, "relations": {}, **({"meta": doc.meta} if doc.meta else {})}
         self._save_registry(site)
         return "replaced" if old is not None else "added"
 

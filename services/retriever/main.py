@@ -1,6 +1,8 @@
 """Retriever service: the `retrieval` node (retrieval.py; the search it runs, search.py)
 over the sites' knowledge bases (LightRAG on Qdrant, one workspace per site), kept on the
-snapshots ingestion publishes when KB_SNAPSHOTS=bus (snapshots.py)."""
+snapshots ingestion publishes when KB_SNAPSHOTS=bus (snapshots.py); and the knowledge
+sources' sync runs that change those knowledge bases (sources/: `sync_planner`,
+`page_fetcher` on the work queue, `sync_collector`, and the schedules)."""
 
 from __future__ import annotations
 
@@ -8,25 +10,46 @@ from services.retriever import retrieval, search, snapshots
 from services.retriever.knowledge import KnowledgeBase
 from services.retriever.search import Retriever
 from services.retriever.settings import RetrieverSettings
+from services.retriever.sources import collector, fetcher, planner
+from services.retriever.sources.scheduler import Scheduler
+from services.retriever.sources.web import WebClient
 from shared import language, service
 from shared.embeddings import shared_embedder
 from shared.node import Node
+from shared.sources import Staging
+
+_scheduler: Scheduler | None = None
 
 
 async def nodes(bus, settings: RetrieverSettings):
+    global _scheduler
     kb = KnowledgeBase.configured(settings.knowledge_base, shared_embedder(settings.embeddings)).open()
+    published = None
     if settings.snapshots.enabled:
         store = await snapshots.open_store(bus, settings.snapshots.history)
         follower = snapshots.Follower(store, kb, settings.snapshots.poll_s)
         await follower.sync()  # every published site loaded before the first turn is taken
         follower.start()
+        published = follower.publish
     language.load()  # a message's language decides its cross-language expansion (search.py)
-    return retriever_nodes(search.configured(kb, settings))
+    crawl = settings.crawl
+    web = WebClient(crawl.user_agent, crawl.allow_private_networks, crawl.timeout_s, crawl.max_page_bytes)
+    if crawl.schedule_poll_s > 0:
+        _scheduler = Scheduler(bus, crawl.schedule_poll_s)
+        _scheduler.start()
+    return [*retriever_nodes(search.configured(kb, settings)), *sync_nodes(kb, web, Staging(bus), published, crawl.concurrency)]
 
 
 def retriever_nodes(retriever: Retriever | None) -> list[Node]:
     """The retriever's node (also what a replay runs: with no retriever, its output is copied)."""
     return [retrieval.make_node(retriever)]
+
+
+def sync_nodes(kb: KnowledgeBase, web: WebClient, staging: Staging, published=None,
+               fetching: int | None = None) -> list[Node]:
+    """The knowledge sources' nodes (a replay leaves them out: they fetch and write)."""
+    return [planner.make_node(web, kb), fetcher.make_node(web, staging, fetching),
+            collector.make_node(kb, staging, published)]
 
 
 def main() -> None:

@@ -121,6 +121,29 @@ class RerankerSettings(Settings):
                    jina_api_key=env_str("JINA_API_KEY", ""), jina_url=env_str("JINA_RERANK_URL", ""))
 
 
+class CrawlSettings(Settings):
+    """How the knowledge sources' runs fetch (services/retriever/sources): CRAWL_*, SYNC_*."""
+
+    allow_private_networks: bool = False  # CRAWL_ALLOW_PRIVATE_NETWORKS=1: fetch loopback/private/link-local too
+    user_agent: str = "ConciergeBot/1.0 (+https://github.com/concierge; knowledge sync)"
+    timeout_s: float = 15.0
+    max_page_bytes: int = 5 * 1024 * 1024
+    # Pages fetched at once across the deployment (the page fetcher's durable's max ack
+    # pending, however many replicas): polite to the sites, whatever the scale.
+    concurrency: int = 8
+    schedule_poll_s: float = 60.0  # how often the schedules are looked at (0: no scheduler here)
+
+    @classmethod
+    def from_env(cls) -> "CrawlSettings":
+        d = cls()
+        return cls(allow_private_networks=env_bool("CRAWL_ALLOW_PRIVATE_NETWORKS", d.allow_private_networks),
+                   user_agent=env_str("CRAWL_USER_AGENT", d.user_agent),
+                   timeout_s=env_float("CRAWL_TIMEOUT_S", d.timeout_s),
+                   max_page_bytes=env_int("CRAWL_MAX_PAGE_BYTES", d.max_page_bytes),
+                   concurrency=max(1, env_int("CRAWL_CONCURRENCY", d.concurrency)),
+                   schedule_poll_s=env_float("SYNC_SCHEDULE_POLL_S", d.schedule_poll_s))
+
+
 class RetrieverSettings(Settings):
     retrieval: RetrievalSettings = msgspec.field(default_factory=RetrievalSettings)
     knowledge_base: KnowledgeBaseSettings = msgspec.field(default_factory=KnowledgeBaseSettings)
@@ -129,6 +152,7 @@ class RetrieverSettings(Settings):
     keywords: str = "offline"  # `llm`: the `classifier` role extracts the query keywords
     llm: dict[str, LLMRoleConfig] = {}  # the `classifier` role, read when keywords is `llm`
     embeddings: EmbeddingSettings = msgspec.field(default_factory=EmbeddingSettings)
+    crawl: CrawlSettings = msgspec.field(default_factory=CrawlSettings)
 
     @classmethod
     def from_env(cls) -> "RetrieverSettings":
@@ -142,4 +166,5 @@ class RetrieverSettings(Settings):
             keywords=keywords,
             llm={"classifier": LLMRoleConfig.from_env("classifier")} if keywords == "llm" else {},
             embeddings=EmbeddingSettings.from_env(),
+            crawl=CrawlSettings.from_env(),
         )

@@ -273,6 +273,14 @@ class Follower:
         self.versions[site] = manifest.version
         log.info("knowledge-base snapshot loaded", extra={"site": site, "version": manifest.version})
 
+    async def publish(self, site: str) -> None:
+        """This replica changed `site` (a knowledge source's sync run): the files it serves
+        the site from become the site's snapshot, which the other replicas load; this one
+        keeps serving its own (LightRAG wrote them out at the end of each insert)."""
+        manifest, _ = await self.store.publish(site, self.kb.site_directory(site))
+        self.versions[site] = manifest.version
+        self._digests.pop(site, None)  # the next poll records the new manifest's digest
+
     async def run(self) -> None:
         while True:
             await asyncio.sleep(self.poll_s)

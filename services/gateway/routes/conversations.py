@@ -60,7 +60,8 @@ async def conversations(request: Request, site: SiteId,
     """The site's conversations, newest first, filtered."""
     by_session: dict[str, list[ev.Envelope]] = {}
     for record in await request.app.state.bus.read(subjects.conversation(site, "*")):
-        by_session.setdefault(record.event.session_id, []).append(record.event)
+        if not record.event.session_id.startswith(ev.SOURCE_PREFIX):  # a knowledge source's log (sources.py)
+            by_session.setdefault(record.event.session_id, []).append(record.event)
     rows = sorted((summary(events) for events in by_session.values()), key=lambda r: r["last"], reverse=True)
     rows = [r for r in rows
             if (route is None or route in r["routes"]) and (intent is None or intent in r["intents"])

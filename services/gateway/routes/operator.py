@@ -6,7 +6,8 @@ read this API from a browser. What is under the prefix:
 
 - the site's conversations, their event logs and states (conversations.py);
 - rerun, diff, fork and verify, by the replay worker (replay.py);
-- the lead briefs and the triage (briefs.py).
+- the lead briefs and the triage (briefs.py);
+- the knowledge sources: websites, uploads, text snippets and their sync runs (sources.py).
 
 The operator UI (`/admin`, pages.py) is a static page over this API.
 """
@@ -15,9 +16,9 @@ from fastapi import APIRouter, Depends
 
 from services.gateway.access import operator_of_site
 from services.gateway.openapi import OPERATOR_PREFIX, OPERATOR_RESPONSES
-from services.gateway.routes import briefs, conversations, replay
+from services.gateway.routes import briefs, conversations, replay, sources
 
 router = APIRouter(prefix=OPERATOR_PREFIX, tags=["operator"], dependencies=[Depends(operator_of_site)],
                    responses=OPERATOR_RESPONSES)
-for part in (conversations, replay, briefs):
+for part in (conversations, replay, briefs, sources):
     router.include_router(part.router)

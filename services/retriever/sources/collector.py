@@ -1,0 +1,124 @@
+"""sync_collector: a run's pages coming in, and its end.
+
+On each `PageFetched` of a run that discovers, the links the run's progress queued for it
+(shared/state.py `SyncProgress`: in log order, up to the page limit) go out as work items
+(one id per run and page: a link found on many pages is fetched once). When the progress
+says every queued page has its outcome (on whichever event completes it), the knowledge
+base changes, once, under the site's lock:
+
+- `changed` pages are ingested from their staged text (replacing what the page had);
+- `unchanged` and `failed` pages keep what the knowledge base holds;
+- the source's pages this run did not keep are removed: `gone` and `skipped` ones, and
+  those no longer listed or linked (after a discovering run in which some page failed,
+  only the `gone` and `skipped`: a page behind a failed one was not reached, not removed);
+- a run in which every page failed changes nothing: `SyncFailed`.
+
+→ `SyncCompleted` with the counts (stored before the staged texts are deleted: an end
+redelivered after a crash finds them again and does the same).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from services.retriever import documents
+from services.retriever.sources.planner import fetch_item, known_pages, sync_failed
+from shared import events as ev
+from shared import sources
+from shared.node import Context, Inputs, Needs, Node
+
+log = logging.getLogger(__name__)
+
+NAME = "sync_collector"
+KEPT = ("changed", "unchanged", "failed")
+MAX_FAILURES_LISTED = 20
+
+
+def make_node(kb, staging: sources.Staging, published=None) -> Node:
+    """`published(site)`: called after the knowledge base changed (KB_SNAPSHOTS=bus: a new
+    snapshot for the other replicas); None when nothing else needs telling."""
+
+    async def collect(event: ev.Envelope, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
+        if isinstance(event, ev.SourceRemoved):
+            await forget(event)
+            return []
+        progress = inputs.state.sync
+        out: list[ev.Envelope] = []
+        if isinstance(event, ev.PageFetched) and progress.discover and progress.run == event.turn:
+            out = [fetch_item(ctx, event, ev.PageTarget(url=url)) for url in event.links
+                   if progress.pages.get(url) == ""]
+        if progress.run != event.turn or not progress.complete:
+            return out
+        return await finish(event, progress, ctx)  # complete: no page pending, no link left to queue
+
+    async def finish(event: ev.Envelope, progress, ctx: Context) -> list[ev.Envelope]:
+        started = time.monotonic()
+        site, source = event.site, sources.source_of(event.session_id)
+        run_id = ev.derived_id(f"{site}/{event.session_id}/{progress.run}", "run", "end")
+        outcomes = list(progress.pages.values())
+        failures = [url for url, o in progress.pages.items() if o == "failed"]
+        if outcomes and len(failures) == len(outcomes):
+            return [ctx.follow(ev.SyncFailed, cause_id=run_id, node=NAME,
+                               reason=f"every page failed ({len(outcomes)}); the knowledge base is unchanged")]
+        known = known_pages(kb, site, source)
+        counts = {"added": 0, "replaced": 0, "unchanged": 0}
+        chunks = 0
+        staged_keys = []
+        for url, outcome in progress.pages.items():
+            if outcome != "changed":
+                continue
+            key = sources.staged_key(site, source, progress.run, url)
+            page = await staging.staged(key)
+            if page is None:  # applied by an earlier attempt whose end was stored: nothing left to do
+                continue
+            staged_keys.append(key)
+            cited = url if url.startswith(("http://", "https://")) else page.title
+            try:
+                doc = documents.from_markdown(site, f"{source}:{url}", page.title, cited, page.text, page.content_hash,
+                                              {"source": source, "url": url, "etag": page.etag,
+                                               "last_modified": page.last_modified})
+            except documents.UnreadableDocument:
+                continue
+            result = await kb.ingest(site, doc)
+            counts[result] += 1
+            if result != "unchanged":
+                record = kb.registry(site)[doc.doc_id]
+                chunks += record.get("chunk_count", len(record.get("chunks", {})))
+        keep = {url for url, o in progress.pages.items() if o in KEPT}
+        if progress.discover and failures:
+            keep |= {url for url in known if url not in progress.pages}
+        removed = 0
+        for url, info in known.items():
+            if url not in keep and await kb.delete(site, info["doc_id"]):
+                removed += 1
+        if published is not None and (counts["added"] or counts["replaced"] or removed):
+            await published(site)
+        completed = ctx.follow(
+            ev.SyncCompleted, cause_id=run_id, pages=len(outcomes), added=counts["added"], replaced=counts["replaced"],
+            unchanged=sum(1 for o in outcomes if o == "unchanged") + counts["unchanged"], removed=removed,
+            failed=len(failures), skipped=sum(1 for o in outcomes if o in ("skipped", "gone")), chunks=chunks,
+            seconds=round(time.monotonic() - started, 3),
+            failed_pages=failures[:MAX_FAILURES_LISTED])
+        await ctx.emit(completed)
+        for key in staged_keys:
+            await staging.unstage(key)
+        log.info("sync completed", extra={"site_id": site, "source": source, "run": progress.run,
+                                          "pages": len(outcomes), "removed": removed})
+        return []  # stored already, before the staged texts went
+
+    async def forget(event: ev.SourceRemoved) -> None:
+        """A removed source's pages leave the knowledge base (and its upload the store)."""
+        source = sources.source_of(event.session_id)
+        known = known_pages(kb, event.site, source)
+        removed = [info["doc_id"] for info in known.values() if await kb.delete(event.site, info["doc_id"])]
+        if removed and published is not None:
+            await published(event.site)
+        for url in known:
+            if url.startswith("upload://"):
+                await staging.remove_upload(sources.upload_key(event.site, source, url.rsplit("/", 1)[-1]))
+        log.info("source removed", extra={"site_id": event.site, "source": source, "documents": len(removed)})
+
+    return Node(NAME, consumes=("sync_started", "page_fetched", "source_removed"), handle=collect,
+                needs=Needs(state=True),
+                failure=sync_failed)

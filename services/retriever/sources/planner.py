@@ -1,0 +1,125 @@
+"""sync_planner: on `SyncRequested`, the run's plan.
+
+A website: its robots.txt (none, or unreadable: everything allowed), then the pages of its
+sitemap (the source's URL is a sitemap: the pages it and its nested sitemaps list) or its
+start page, with links followed (`discover`); only pages in the source's scope and allowed
+by robots.txt, at most the source's page limit. A file or a text snippet: one page. Each
+page carries what the knowledge base holds of it (ETag, Last-Modified, text hash) so an
+unchanged page costs a conditional request. → `SyncStarted` and one `PageFetchRequested`
+work item per page.
+
+A run whose source is gone, or whose start cannot be read (the sitemap, the start page's
+site unreachable or refused), ends here: `SyncFailed`, the knowledge base untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from services.retriever.sources import pages as pg
+from services.retriever.sources.web import FetchError, RefusedAddress, WebClient
+from shared import events as ev
+from shared.node import Context, Inputs, Needs, Node
+
+log = logging.getLogger(__name__)
+
+NAME = "sync_planner"
+
+
+def page_url(spec: ev.SourceSpec) -> str:
+    """The one page of a file or text source."""
+    return f"upload://{spec.id}/{spec.name}" if spec.kind == "file" else f"text://{spec.id}"
+
+
+def known_pages(kb, site: str, source: str) -> dict[str, dict]:
+    """What the knowledge base holds of the source's pages: url → {etag, last_modified,
+    content_hash, doc_id}."""
+    found = {}
+    for doc_id, record in kb.registry(site).items():
+        meta = record.get("meta") or {}
+        if meta.get("source") == source:
+            found[meta.get("url", record.get("source", ""))] = {
+                "doc_id": doc_id, "etag": meta.get("etag", ""), "last_modified": meta.get("last_modified", ""),
+                "content_hash": record.get("content_hash", "")}
+    return found
+
+
+async def sitemap_pages(web: WebClient, url: str) -> list[str]:
+    """Every page a sitemap (and the sitemaps it names, at most pg.MAX_SITEMAPS) lists."""
+    found: list[str] = []
+    queue, seen = [url], set()
+    while queue and len(seen) < pg.MAX_SITEMAPS:
+        current = queue.pop(0)
+        if current in seen:
+            continue
+        seen.add(current)
+        response = await web.get(current)
+        if response.status != 200:
+            raise FetchError(f"{current}: HTTP {response.status}")
+        try:
+            listed, nested = pg.sitemap_entries(response.body)
+        except Exception as exc:  # noqa: BLE001 - not XML: said in the run's failure
+            raise FetchError(f"{current}: not a sitemap ({type(exc).__name__})") from None
+        found.extend(pg.normalized(u) for u in listed)
+        queue.extend(nested)
+    return list(dict.fromkeys(found))
+
+
+def make_node(web: WebClient, kb) -> Node:
+    async def plan(event: ev.SyncRequested, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
+        added, removed = inputs.latest["source_added"], inputs.latest["source_removed"]
+        if added is None or (removed is not None and removed.ts >= added.ts):
+            return [ctx.follow(ev.SyncFailed, reason="the source was removed" if added else "no such source",
+                               node=NAME)]
+        spec = added.source
+        known = known_pages(kb, event.site, spec.id)
+        robots_text, discover = "", False
+        if spec.kind == "website":
+            try:
+                robots_text = await _robots(web, spec.url)
+                rules = pg.robots(robots_text)
+                if pg.is_sitemap(spec.url):
+                    urls = await sitemap_pages(web, spec.url)
+                else:
+                    urls, discover = [pg.normalized(spec.url)], True
+            except (FetchError, RefusedAddress) as exc:
+                return [ctx.follow(ev.SyncFailed, reason=str(exc), node=NAME)]
+            urls = [u for u in urls if pg.in_scope(spec, u) and rules.can_fetch(u, web.user_agent)]
+            urls = urls[:spec.max_pages]
+        else:
+            urls = [page_url(spec)]
+        targets = [ev.PageTarget(url=u, **{k: v for k, v in known.get(u, {}).items() if k != "doc_id"})
+                   for u in urls]
+        started = ctx.follow(ev.SyncStarted, source=spec, pages=targets, discover=discover, robots=robots_text[:20000],
+                             user_agent=web.user_agent)
+        work = [fetch_item(ctx, event, target) for target in targets]
+        log.info("sync planned", extra={"site_id": event.site, "source": spec.id, "run": event.turn,
+                                        "pages": len(targets), "discover": discover})
+        return [started, *work]
+
+    return Node(NAME, consumes=("sync_requested",), handle=plan,
+                needs=Needs(latest=("source_added", "source_removed")),
+                failure=sync_failed)
+
+
+def fetch_item(ctx: Context, event: ev.Envelope, target: ev.PageTarget) -> ev.PageFetchRequested:
+    """The work item fetching `target` in `event`'s run: one id per run and page whichever
+    node queues it (the planner, or the collector for a link), so JetStream keeps one."""
+    item = ctx.follow(ev.PageFetchRequested, key=f"page-{target.url}", page=target)
+    item.event_id = ev.derived_id(f"{event.site}/{event.session_id}/{event.turn}", "page", target.url)
+    return item
+
+
+async def _robots(web: WebClient, url: str) -> str:
+    """robots.txt's text; "" when the site has none (4xx). A site that cannot be reached at
+    all fails the run (FetchError): nothing would be fetched."""
+    response = await web.get(pg.robots_url(url))
+    if response.status >= 500:
+        raise FetchError(f"{pg.robots_url(url)}: HTTP {response.status}")
+    return response.text() if response.status == 200 else ""
+
+
+def sync_failed(event: ev.Envelope, node: str, attempts: int, reason: str) -> ev.Envelope:
+    """A sync node's last attempt failing ends the run: `SyncFailed`."""
+    return ev.follow(event, ev.SyncFailed, node, key="failed", reason=reason[:2000], node=node, attempts=attempts,
+                     failed_event_id=event.event_id)

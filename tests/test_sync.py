@@ -1,0 +1,227 @@
+"""Knowledge sources synced end to end on a real nats-server (a server of its own: the work
+queue allows one consumer per subject filter) and a real knowledge base, against a website
+served on 127.0.0.1 (tests/website.py): the first sync keeps exactly the allowed pages, the
+second re-extracts only the changed page and removes the one gone, a fetcher that dies
+mid-run loses and duplicates nothing, and what is stored is cited by the pages' URLs."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+
+import msgspec
+import pytest
+
+from services.retriever.knowledge import KnowledgeBase
+from services.retriever.sources import collector, fetcher, planner
+from services.retriever.sources.web import WebClient
+from shared import events as ev
+from shared import sources, subjects
+from shared.embeddings import shared_embedder
+from tests.helpers import fast, start, wait_for
+from tests.website import Website, doc_fact, doc_path
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+async def kb(tmp_path_factory):
+    base = KnowledgeBase(tmp_path_factory.mktemp("kb"), shared_embedder()).open()
+    yield base
+    await base.close()
+
+
+@pytest.fixture
+def website():
+    with Website() as site:
+        yield site
+
+
+def web_client() -> WebClient:
+    return WebClient("ConciergeTest/1.0", allow_private=True, timeout_s=5.0)
+
+
+async def run_nodes(bus, kb, fetchers: int = 1, fetch_config=None):
+    staging, web = sources.Staging(bus), web_client()
+    runners = [await start(bus, planner.make_node(web, kb)), await start(bus, collector.make_node(kb, staging))]
+    for _ in range(fetchers):
+        runners.append(await start(bus, fetcher.make_node(web, staging), fetch_config or fast(concurrency=8)))
+    return runners
+
+
+async def stop(runners):
+    for runner in runners:
+        await runner.stop()
+
+
+async def ended(bus, site, source, run) -> ev.Envelope | None:
+    session = sources.session_of(source)
+    for kind in ("sync_completed", "sync_failed"):
+        last = await bus.last(subjects.conv(site, session, kind))
+        if last is not None and last.turn == run:
+            return last
+    return None
+
+
+async def synced(bus, site, source, run, timeout=90.0) -> ev.Envelope:
+    await wait_for(lambda: ended(bus, site, source, run), timeout=timeout, what=f"run {run} ended")
+    return await ended(bus, site, source, run)
+
+
+async def pages_of(bus, site, source, run) -> list[ev.PageFetched]:
+    records = await bus.read(subjects.conv(site, sources.session_of(source), "page_fetched"))
+    return [r.event for r in records if r.event.turn == run]
+
+
+def kept_urls(kb, site, source) -> set[str]:
+    return set(planner.known_pages(kb, site, source))
+
+
+async def test_a_website_is_synced_and_kept_current(work_bus, kb, website, site):
+    bus = work_bus
+    runners = await run_nodes(bus, kb)
+    try:
+        spec = sources.spec_of(sources.SourceInput(url=f"{website.url}/sitemap.xml"))
+        await sources.define(bus, site, spec, "test")
+        first, new = await sources.request_sync(bus, site, spec.id, "added")
+        assert new and first.turn == 1
+        done = await synced(bus, site, spec.id, 1)
+        assert isinstance(done, ev.SyncCompleted), done
+        outcomes = {p.url: p.outcome for p in await pages_of(bus, site, spec.id, 1)}
+        base = website.url
+        assert f"{base}/private/secret" not in outcomes  # robots.txt: never planned
+        assert outcomes[f"{base}/missing"] == "gone" and outcomes[f"{base}/download"] == "skipped"
+        assert f"{base}/brochure.png" not in outcomes  # an image's address: never planned
+        assert kept_urls(kb, site, spec.id) == website.allowed()
+        assert len(website.allowed()) >= 50 and done.added == len(website.allowed()) and done.chunks > 0
+        assert website.hits["/private/secret"] == 0
+
+        # The site changes: a page's text, a page gone. Only the changed one is extracted again.
+        website.changing = "The Orbit plan includes 12 dispatchers."
+        website.vanishing = False
+        before = collections.Counter(website.hits)
+        second, new = await sources.request_sync(bus, site, spec.id, "operator")
+        assert new and second.turn == 2
+        done = await synced(bus, site, spec.id, 2)
+        assert isinstance(done, ev.SyncCompleted), done
+        outcomes = {p.url: p.outcome for p in await pages_of(bus, site, spec.id, 2)}
+        assert [u for u, o in outcomes.items() if o == "changed"] == [f"{base}/changing"]
+        assert done.replaced == 1 and done.added == 0 and done.removed == 1
+        assert f"{base}/vanishing" not in kept_urls(kb, site, spec.id)
+        refetched = {p for p in website.hits if website.hits[p] > before[p]}
+        assert refetched == {"/changing", "/"}, refetched  # the rest answered 304
+        registry = kb.registry(site)
+        changing = next(r for r in registry.values() if r.get("meta", {}).get("url") == f"{base}/changing")
+        assert "12 dispatchers" in " ".join(changing["chunks"].values())
+
+        # What the knowledge base finds is cited by the page's URL.
+        found = await kb.query(site, "How much does the Model 17 sensor cost?", mode="mix", high_level=[],
+                               low_level=["Model 17 sensor"], graph_top_k=5, chunk_top_k=5)
+        cited = [kb.document(site, c["file_path"])["source"] for c in found["chunk"]]
+        assert cited and cited[0] == f"{base}{doc_path(17)}", cited
+        assert doc_fact(17) in found["chunk"][0]["content"]
+    finally:
+        await stop(runners)
+
+
+async def test_a_fetcher_killed_mid_run_loses_and_duplicates_nothing(work_bus, kb, website, site):
+    bus = work_bus
+    first = await run_nodes(bus, kb, fetchers=0)
+    staging = sources.Staging(bus)
+    started = asyncio.Event()
+
+    class Stuck(WebClient):
+        async def get(self, url, headers=None):
+            if url.endswith("/slow"):
+                started.set()
+                await asyncio.sleep(3600)  # dies here, holding the page
+            return await super().get(url, headers)
+
+    node = fetcher.make_node(Stuck("ConciergeTest/1.0", allow_private=True, timeout_s=5.0), staging)
+    doomed = await start(bus, node, fast(concurrency=4, ack_wait_s=2.0))
+    try:
+        spec = sources.spec_of(sources.SourceInput(url=f"{website.url}/sitemap.xml", include=["/", "/slow", "/docs/page-0*"]))
+        await sources.define(bus, site, spec, "test")
+        await sources.request_sync(bus, site, spec.id, "added")
+        await asyncio.wait_for(started.wait(), 30)
+        # Killed: no ack, no nak for what it holds; its pages come back after the ack wait.
+        doomed._stopping = True
+        doomed._loop_task.cancel()
+        for task in list(doomed._tasks):
+            task.cancel()
+        await bus.nc.flush()
+        survivor = await start(bus, dataclasses.replace(node, handle=fetcher.make_node(web_client(), staging).handle),
+                               fast(concurrency=8))
+        first.append(survivor)
+        done = await synced(bus, site, spec.id, 1)
+        assert isinstance(done, ev.SyncCompleted), done
+        pages = await pages_of(bus, site, spec.id, 1)
+        urls = [p.url for p in pages]
+        assert len(urls) == len(set(urls)), "a page stored twice"
+        assert f"{website.url}/slow" in urls
+        planned = (await bus.last(subjects.conv(site, sources.session_of(spec.id), "sync_started"))).pages
+        assert set(urls) == {p.url for p in planned}
+        assert (await bus.js.stream_info(subjects.BRIEFS_STREAM)).state.messages == 0
+    finally:
+        await stop(first)
+
+
+async def test_a_start_page_is_crawled_by_its_links_up_to_the_limit(work_bus, kb, website, site):
+    bus = work_bus
+    runners = await run_nodes(bus, kb)
+    try:
+        spec = sources.spec_of(sources.SourceInput(url=f"{website.url}/", max_pages=10, exclude=["/slow"]))
+        await sources.define(bus, site, spec, "test")
+        await sources.request_sync(bus, site, spec.id, "added")
+        done = await synced(bus, site, spec.id, 1)
+        assert isinstance(done, ev.SyncCompleted), done
+        urls = [p.url for p in await pages_of(bus, site, spec.id, 1)]
+        assert len(urls) == 10 and len(set(urls)) == 10
+        assert f"{website.url}/private/secret" not in urls and f"{website.url}/slow" not in urls
+        assert f"{website.url}{doc_path(1)}" in urls
+    finally:
+        await stop(runners)
+
+
+async def test_a_site_that_cannot_be_reached_fails_the_run_and_keeps_the_knowledge(work_bus, kb, site):
+    bus = work_bus
+    runners = await run_nodes(bus, kb)
+    try:
+        spec = sources.spec_of(sources.SourceInput(url="http://127.0.0.1:9/sitemap.xml"))
+        await sources.define(bus, site, spec, "test")
+        await sources.request_sync(bus, site, spec.id, "added")
+        done = await synced(bus, site, spec.id, 1)
+        assert isinstance(done, ev.SyncFailed) and "127.0.0.1:9" in done.reason
+    finally:
+        await stop(runners)
+
+
+async def test_text_and_file_sources_are_synced(work_bus, kb, site, tmp_path):
+    bus = work_bus
+    runners = await run_nodes(bus, kb)
+    try:
+        text = sources.spec_of(sources.SourceInput(title="Returns policy",
+                                                   text="# Returns\n\nHardware can be returned within 45 days."))
+        await sources.define(bus, site, text, "test")
+        await sources.request_sync(bus, site, text.id, "added")
+        data = b"# Warranty\n\nEvery Gridline sensor has a 3 year warranty.\n"
+        spec = sources.file_spec("warranty.md", len(data))
+        spec = msgspec.structs.replace(spec, upload=sources.upload_key(site, spec.id, spec.name))
+        await sources.Staging(bus).upload(spec.upload, data)
+        await sources.define(bus, site, spec, "test")
+        await sources.request_sync(bus, site, spec.id, "added")
+        for source in (text.id, spec.id):
+            done = await synced(bus, site, source, 1)
+            assert isinstance(done, ev.SyncCompleted) and done.added == 1, done
+        cited = {r["title"]: r["source"] for r in kb.registry(site).values()}
+        assert cited == {"Returns policy": "Returns policy", "Warranty": "Warranty"}, cited
+        # Removing a source takes its pages out of the knowledge base.
+        await sources.remove(bus, site, text.id, "test")
+        await wait_for(lambda: _gone(kb, site, text.id), timeout=20, what="the removed source's pages gone")
+    finally:
+        await stop(runners)
+
+
+async def _gone(kb, site, source):
+    return not planner.known_pages(kb, site, source)
