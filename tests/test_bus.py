@@ -410,3 +410,55 @@ async def test_a_deliverys_place_is_read_from_its_reply_as_nats_py_reads_it(bus,
     for reply in ("_INBOX.abc.1", "", "$JS.ACK.CONV.node.1.2", "$JS.ACK.CONV.node.1.2.3.4.5.6"):
         with pytest.raises(ValueError):
             delivery(reply)
+
+
+async def test_sources_under_the_production_permissions(secured_nats, site):
+    """Knowledge sources under deploy/nats-server.conf: the gateway defines a source, stores
+    an upload and asks for a run; the retriever plans it, queues and takes its page, stages
+    the text and ends the run; neither may write the other's events."""
+    import msgspec
+
+    from services.retriever.sources import fetcher, planner
+    from services.retriever.sources.web import WebClient
+    from shared import sources
+
+    gateway, retriever = [await as_service(secured_nats, n) for n in ("gateway", "retriever")]
+    try:
+        data = b"# Warranty\n\nThree years on every sensor.\n"
+        spec = sources.file_spec("warranty.md", len(data))
+        spec = msgspec.structs.replace(spec, upload=sources.upload_key(site, spec.id, spec.name))
+        await sources.Staging(gateway).upload(spec.upload, data)
+        await sources.define(gateway, site, spec, "test")
+        requested_run, _ = await sources.request_sync(gateway, site, spec.id, "added")
+        staging = sources.Staging(retriever)
+        assert await staging.uploaded(spec.upload) == data
+
+        class NoKnowledge:
+            def registry(self, site):
+                return {}
+
+        web = WebClient("Test")  # a file source: nothing fetched from the network
+        runner = ConsumerRunner(retriever, planner.make_node(web, NoKnowledge()), fast(), start_lookback_s=5)
+        fetch = ConsumerRunner(retriever, fetcher.make_node(web, staging), fast(), start_lookback_s=5)
+        await runner.start()
+        await fetch.start()
+        try:
+            async def fetched():
+                return await retriever.last(subjects.conv(site, sources.session_of(spec.id), "page_fetched"))
+
+            await wait_for(fetched, timeout=20, what="the page fetched")
+            page = await fetched()
+            assert page.outcome == "changed" and (await staging.staged(page.staged)).text.startswith("# Warranty")
+        finally:
+            await runner.stop()
+            await fetch.stop()
+            await web.close()
+        await retriever.publish(ev.SyncCompleted(event_id=ev.new_id(), site=site, session_id=requested_run.session_id,
+                                                 turn=1, ts=ev.now()))
+        with pytest.raises(nats.errors.TimeoutError):
+            await gateway.js.publish(subjects.conv(site, requested_run.session_id, "sync_completed"), b"{}", timeout=0.5)
+        with pytest.raises(nats.errors.TimeoutError):
+            await retriever.js.publish(subjects.conv(site, "s1", "turn_requested"), b"{}", timeout=0.5)
+    finally:
+        for bus in (gateway, retriever):
+            await bus.close()
