@@ -262,11 +262,17 @@ def test_keda_triggers_name_real_streams_and_durable_consumers(overlay):
         assert obj["spec"]["scaleTargetRef"]["kind"] == "Deployment"
         triggers = obj["spec"]["triggers"]
         assert {t["type"] for t in triggers} == {"nats-jetstream"}
+        # The knowledge sources' pages wait on the BRIEFS work queue: its fetcher scales the
+        # retriever on that queue's lag, beside the turn's node on CONV.
+        from services.retriever.sources import fetcher
+
+        work_queue = {fetcher.NAME}
         for t in triggers:
-            assert t["metadata"]["stream"] == subjects.CONV_STREAM
+            expected = subjects.BRIEFS_STREAM if t["metadata"]["consumer"] in work_queue else subjects.CONV_STREAM
+            assert t["metadata"]["stream"] == expected
             assert t["metadata"]["account"] == "$G"  # users in the global account (deploy/nats-server.conf)
             assert t["metadata"]["natsServerMonitoringEndpoint"] == f"nats-headless.{namespace}.svc.cluster.local:8222"
-        assert {t["metadata"]["consumer"] for t in triggers} == hosted_nodes(target), obj["metadata"]["name"]
+        assert {t["metadata"]["consumer"] for t in triggers} - work_queue == hosted_nodes(target), obj["metadata"]["name"]
     hpa = one(overlay, "HorizontalPodAutoscaler", "gateway")
     assert hpa["spec"]["metrics"][0]["resource"]["name"] == "cpu"
     assert hpa["spec"]["scaleTargetRef"]["name"] not in targets
