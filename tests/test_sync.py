@@ -225,3 +225,24 @@ async def test_text_and_file_sources_are_synced(work_bus, kb, site, tmp_path):
 
 async def _gone(kb, site, source):
     return not planner.known_pages(kb, site, source)
+
+
+async def test_a_scheduled_source_is_synced_again_when_due(bus, site):
+    """The schedule (scheduler.py): a source whose last run was requested `every` ago, and
+    has ended, is asked for its next run, once however many replicas look."""
+    from services.retriever.sources.scheduler import Scheduler
+
+    spec = sources.spec_of(sources.SourceInput(url="https://docs.example/", every="1h"))
+    manual = sources.spec_of(sources.SourceInput(url="https://other.example/"))
+    for s in (spec, manual):
+        await sources.define(bus, site, s, "test")
+        session = sources.session_of(s.id)
+        base = {"site": site, "session_id": session, "turn": 1}
+        await bus.publish(ev.SyncRequested(event_id=ev.new_id(), ts=ev.now() - 7200, **base))
+        await bus.publish(ev.SyncCompleted(event_id=ev.new_id(), ts=ev.now() - 7100, **base))
+    replicas = [Scheduler(bus), Scheduler(bus)]
+    assert sum([await r.tick() for r in replicas]) == 1
+    requested = await bus.last(subjects.conv(site, sources.session_of(spec.id), "sync_requested"))
+    assert requested.turn == 2 and requested.reason == "schedule"
+    assert (await bus.last(subjects.conv(site, sources.session_of(manual.id), "sync_requested"))).turn == 1
+    assert await replicas[0].tick() == 0  # run 2 is under way
