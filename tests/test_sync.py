@@ -38,8 +38,13 @@ def website():
         yield site
 
 
+CLIENTS: list[WebClient] = []
+
+
 def web_client() -> WebClient:
-    return WebClient("ConciergeTest/1.0", allow_private=True, timeout_s=5.0)
+    client = WebClient("ConciergeTest/1.0", allow_private=True, timeout_s=5.0)
+    CLIENTS.append(client)
+    return client
 
 
 async def run_nodes(bus, kb, fetchers: int = 1, fetch_config=None):
@@ -53,6 +58,8 @@ async def run_nodes(bus, kb, fetchers: int = 1, fetch_config=None):
 async def stop(runners):
     for runner in runners:
         await runner.stop()
+    while CLIENTS:
+        await CLIENTS.pop().close()
 
 
 async def ended(bus, site, source, run) -> ev.Envelope | None:

@@ -1,7 +1,9 @@
 """page_fetcher: one page of a run, from the BRIEFS work queue (each page to one replica;
 a replica that dies mid-page leaves it to another after the ack wait).
 
-A web page: robots.txt as the run read it, then a conditional GET (the ETag and
+A web page: robots.txt as the run read it (its Crawl-delay waited before the request, at
+most MAX_CRAWL_DELAY_S: a site sees at most CRAWL_CONCURRENCY requests per delay), then a
+conditional GET (the ETag and
 Last-Modified the knowledge base holds); 304 → `unchanged`; 404/410 → `gone`; another
 error status, a timeout or a refused address → `failed` (what the knowledge base holds of
 it stays); not HTML → `skipped`. Its main content is extracted (pages.py); the same text as
@@ -16,6 +18,7 @@ still ends.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import msgspec
@@ -29,6 +32,7 @@ from shared.node import Context, Inputs, Needs, Node
 log = logging.getLogger(__name__)
 
 NAME = "page_fetcher"
+MAX_CRAWL_DELAY_S = 10.0  # a robots.txt Crawl-delay is waited before each page, up to this
 
 
 def make_node(web: WebClient, staging: sources.Staging, max_in_flight: int | None = None) -> Node:
@@ -42,8 +46,12 @@ def make_node(web: WebClient, staging: sources.Staging, max_in_flight: int | Non
             return ctx.follow(ev.PageFetched, url=target.url, outcome=outcome, **fields)
 
         if spec.kind == "website":
-            if not pg.robots(started.robots).can_fetch(target.url, started.user_agent or web.user_agent):
+            agent = started.user_agent or web.user_agent
+            rules = pg.robots(started.robots)
+            if not rules.can_fetch(target.url, agent):
                 return [fetched("skipped", reason="disallowed by robots.txt")]
+            if delay := rules.crawl_delay(agent):
+                await asyncio.sleep(min(float(delay), MAX_CRAWL_DELAY_S))
             headers = {}
             if target.etag:
                 headers["If-None-Match"] = target.etag
@@ -68,9 +76,7 @@ def make_node(web: WebClient, staging: sources.Staging, max_in_flight: int | Non
             if response.content_type not in pg.HTML_TYPES:
                 return [fetched("skipped", status=200, reason=f"not a page ({response.content_type or 'no type'})")]
             title, text, links = pg.html_page(response.text(), final)
-            rules = pg.robots(started.robots)
-            links = [u for u in links if u != target.url and pg.in_scope(spec, u)
-                     and rules.can_fetch(u, started.user_agent or web.user_agent)]
+            links = [u for u in links if u != target.url and pg.in_scope(spec, u) and rules.can_fetch(u, agent)]
         else:
             validators, links = {}, []
             if spec.kind == "text":
