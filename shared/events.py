@@ -539,6 +539,25 @@ class TriageCompleted(Envelope, tag="triage_completed", kw_only=True):
     model_error: str = ""
 
 
+# --- sites (shared/site_store.py) -----------------------------------------------------------
+# A site's own log: the changes to its config, in this session (a subject token no widget
+# session has, as TRIAGE_SESSION), turn 0.
+SITE_SESSION = "_site"
+
+
+class SiteChanged(Envelope, tag="site_changed", kw_only=True):
+    """A site's config was created, changed or deleted: by whom (`actor`: `admin`,
+    `key:<site>:<hash prefix>`, `cli:<user>`, `file:<path>`), between which versions, and
+    the names of the fields that changed. Names only, never values: a key's hash, the
+    instructions or a webhook's variable reach no one who reads the log."""
+
+    change: Literal["created", "updated", "deleted"]
+    version: str  # "" when deleted
+    previous_version: str = ""  # "" when created
+    fields_changed: list[str] = []
+    actor: str
+
+
 Event = Union[
     TurnRequested,
     TurnBlocked,
@@ -572,6 +591,7 @@ Event = Union[
     BriefFailed,
     TriageRequested,
     TriageCompleted,
+    SiteChanged,
 ]
 
 EVENT_TYPES: dict[str, type[Envelope]] = {cls.__struct_config__.tag: cls for cls in Event.__args__}
