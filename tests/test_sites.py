@@ -25,6 +25,7 @@ from shared.site_config import SiteConfig, SiteConfigError, SiteConfigs, parse, 
 from shared.site_store import SiteConfigSync, SiteNotFound, SiteStore, as_data, exported, merged
 from shared.toml_text import dumps
 from tests import test_briefs_api
+from tests.e2e import launch_chromium, needs_chromium
 from tests.helpers import unique, wait_for
 from tests.servers import ROOT
 from tests.test_briefs_api import ADMIN, ORIGIN, bearer, key_of
@@ -263,6 +264,11 @@ async def test_a_site_key_reads_and_changes_only_its_own_site(api, site, bus):
     assert key not in json.dumps([ev.to_builtins(e) for e in await site_log(bus, site)])
 
 
+async def _served(client, site, origin) -> bool:
+    answer = await client.get(f"/v1/sites/{site}/widget", headers={"Origin": origin})
+    return answer.status_code == 200 and answer.headers.get("access-control-allow-origin") == origin
+
+
 async def _answers(client, url, key) -> bool:
     return (await client.get(url, headers=bearer(key))).status_code == 200
 
@@ -327,3 +333,91 @@ async def test_the_cli_adds_sets_shows_exports_and_deletes(nats_url, bus, tmp_pa
     assert sites_cli(nats_url, "delete", "--site", site).returncode == 0
     assert sites_cli(nats_url, "show", "--site", site).returncode == 1
     assert [e.change for e in await site_log(bus, site)] == ["created", "updated", "updated", "deleted"]
+
+
+# --- the operator UI's Site view and the widget, in headless Chromium ---------------------------
+
+@needs_chromium
+async def test_the_site_view_makes_a_site_whose_widget_takes_its_look(api):
+    """/admin: a new site's form, a field's error shown beside it, the preview following the
+    edits, the snippet; then a page of the site embedding the snippet shows the saved look."""
+    from playwright.async_api import async_playwright
+
+    client, _ = api
+    base, site = str(client.base_url), unique("ui")
+    shop_page = _page_server(lambda: f"<!doctype html><html><body><h1>Acme</h1>{snippet}</body></html>")
+    page_origin, snippet = f"http://127.0.0.1:{shop_page.server_port}", ""
+    async with async_playwright() as pw:
+        browser = await launch_chromium(pw)
+        try:
+            page = await browser.new_page(viewport={"width": 1400, "height": 900})
+            await page.goto(f"{base}/admin")
+            await page.fill("#token", ADMIN)
+            await page.fill("#site", site)
+            await page.click("#siteSettings")
+            await page.wait_for_selector("#siteState:has-text('No site')")
+            await page.fill("#site-name", "Acme")
+            await page.fill("#site-allowed_origins", page_origin)
+            await page.fill("#site-widget-primary_color", "teal")
+            await page.fill("#site-widget-greeting", "Bonjour! Ask me anything.")
+            await page.fill("#site-widget-starter_questions", "What does it cost?\nDo you integrate with Xero?")
+            await page.click("#siteSave")
+            error = page.locator(".field[data-field='widget.primary_color'] .field-error")
+            await error.wait_for()
+            assert "hex colour" in await error.text_content()
+            assert (await client.get(f"/v1/admin/sites/{site}", headers=bearer(ADMIN))).status_code == 404
+
+            await page.fill("#site-widget-primary_color", "#0a7755")
+            preview = page.frame_locator("#sitePreview")
+            launcher = preview.locator("[data-testid=cw-launch]")
+            await page.wait_for_function("""() => {
+                const b = document.querySelector('#sitePreview').contentDocument.querySelector('[data-testid=cw-launch]');
+                return b && getComputedStyle(b).backgroundColor === 'rgb(10, 119, 85)';
+            }""", timeout=10000)
+            assert await preview.locator("[data-testid=cw-greeting]").text_content() == "Bonjour! Ask me anything."
+            assert await launcher.count() == 1
+            await page.click("#siteSave")
+            await page.wait_for_selector("#status:has-text('site created')")
+            snippet = await page.text_content("#siteSnippet")
+            assert snippet == f'<script src="{base}/widget.js" data-site="{site}"></script>'
+            assert (await client.get(f"/v1/admin/sites/{site}", headers=bearer(ADMIN))).json()["config"]["widget"][
+                "primary_color"] == "#0a7755"
+
+            # The gateway's copy of the site is refreshed within SITE_CONFIG_TTL_S of its creation.
+            await wait_for(lambda: _served(client, site, page_origin), 10, "the new site served to its pages")
+            shop = await browser.new_page()
+            await shop.goto(f"{page_origin}/")
+            launch = shop.locator("[data-testid=cw-launch]")
+            await shop.wait_for_function(
+                "() => { const b = document.querySelector('[data-testid=cw-launch]');"
+                " return b && getComputedStyle(b).backgroundColor === 'rgb(10, 119, 85)'; }", timeout=10000)
+            await launch.click()
+            assert await shop.locator("[data-testid=cw-greeting]").text_content() == "Bonjour! Ask me anything."
+            assert await shop.locator("[data-testid=cw-starters] button").all_text_contents() == \
+                ["What does it cost?", "Do you integrate with Xero?"]
+        finally:
+            await browser.close()
+            shop_page.shutdown()
+
+
+def _page_server(body):
+    """A page of the site on an origin of its own (loopback: Chromium lets no public page load
+    a script from a private address), its HTML `body()` when asked."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Page(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's naming
+            data = body().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
