@@ -558,6 +558,11 @@ class SiteChanged(Envelope, tag="site_changed", kw_only=True):
     actor: str
 
 
+# Stored in a log, but no step of a turn: written after it or beside it by what a replay does
+# not run (cli/replay/diff.py leaves them out of a turn's outcome).
+OUTSIDE_TURNS = (*LEAD_BRIEF_EVENTS, "site_changed")
+
+
 Event = Union[
     TurnRequested,
     TurnBlocked,

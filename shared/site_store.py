@@ -229,7 +229,7 @@ class SiteStore:
                 site=site, session_id=ev.SITE_SESSION, turn=0, ts=ev.now(), producer="site-store",
                 change="deleted" if wanted is None else "created" if current is None else "updated",
                 version=wanted.version if wanted else "", previous_version=current.version if current else "",
-                fields_changed=changed_fields(current, wanted), actor=actor, config_version=wanted.version if wanted else "")
+                fields_changed=changed_fields(current, wanted), actor=actor)
             await self.bus.publish(event)
             if current is None:
                 await self.register(add={site})

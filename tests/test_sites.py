@@ -421,3 +421,13 @@ def _page_server(body):
     server = ThreadingHTTPServer(("127.0.0.1", 0), Page)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
+
+
+def test_a_sites_log_is_no_turn_a_replay_compares():
+    """`concierge replay verify` reruns every log of a site, its `_site` log too: no input,
+    nothing rerun, and no divergence."""
+    from cli.replay.diff import diff
+
+    change = ev.SiteChanged(event_id=ev.new_id(), site="s", session_id=ev.SITE_SESSION, turn=0, ts=1.0,
+                            change="created", version="v1", actor="admin")
+    assert diff([change], []) == []
