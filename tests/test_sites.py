@@ -292,6 +292,7 @@ async def test_the_widget_gets_its_settings_and_nothing_private(api, bus):
     for private in (SECRET, "ACME_SECRET", hashlib.sha256(b"k").hexdigest(), "operator_key", "instructions"):
         assert private not in answer.text
     assert (await client.get(f"/v1/sites/{unique('nosuch')}/widget")).status_code == 404
+    assert (await client.get("/v1/sites/%0A%C3%B6%3D/widget")).status_code == 422  # not a site id: never a key
     assert (await client.get(f"/v1/sites/{site}/widget", headers={"Origin": "https://evil.example"})).status_code == 403
 
 

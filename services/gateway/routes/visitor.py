@@ -32,8 +32,14 @@ Own = Annotated[tuple[str, str], Depends(own_conversation)]
 WIDGET_MAX_AGE_S = 5  # how stale a page's widget settings may be: a change shows within seconds
 
 
+async def served_site(request: Request, site: SiteId) -> SiteConfig:
+    """`configured_site` for a path whose site id is checked first (422), so a malformed one
+    never reaches the bucket as a key."""
+    return await configured_site(request, site)
+
+
 @router.get("/v1/sites/{site}/widget", responses=WIDGET_RESPONSES)
-async def widget_settings(site: SiteId, config: Annotated[SiteConfig, Depends(configured_site)]):
+async def widget_settings(site: SiteId, config: Annotated[SiteConfig, Depends(served_site)]):
     """The site's widget settings: colours, texts, position, logo, starter questions, whether
     sources are shown, and the site's languages."""
     body = {"site": site, "languages": config.languages, "widget": config.widget}
