@@ -46,7 +46,8 @@
     ".cw-log{flex:1;overflow-y:auto;padding:12px;display:flex;flex-direction:column;gap:8px}",
     ".cw-msg{max-width:85%;padding:8px 11px;border-radius:12px;white-space:pre-wrap;word-wrap:break-word}",
     ".cw-user{align-self:flex-end;background:var(--cw-primary);color:#fff}",
-    ".cw-bot{align-self:flex-start;background:#f0f3f7;color:#1b1f24}",
+    // The answer's bubble: a tint of the text colour over the background, so it stays readable on a dark one.
+    ".cw-bot{align-self:flex-start;background:#f0f3f7;background:color-mix(in srgb,var(--cw-text) 7%,var(--cw-bg));color:var(--cw-text)}",
     ".cw-bot p{margin:0 0 6px}.cw-bot p:last-child{margin-bottom:0}",
     ".cw-bot ul,.cw-bot ol{margin:0 0 6px;padding-left:20px;white-space:normal}.cw-bot ul:last-child,.cw-bot ol:last-child{margin-bottom:0}",
     ".cw-bot li{white-space:pre-wrap}",
