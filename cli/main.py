@@ -44,6 +44,11 @@ COMMANDS = (
         ("sources list --site SITE", "the site's sources and how their last runs went"),
         ("sources sync --site SITE [--wait]", "sync the sources now (--wait: until done; 1 if one failed)"))),
     Command("sites", "cli.sites", (
+        ("sites add --site SITE --name NAME [--origin URL...]", "create a site in the bus"),
+        ("sites set --site SITE KEY=VALUE... [--file PATCH.toml]", "change a site's settings (widget.title=Hi)"),
+        ("sites show --site SITE [--versions]", "a site's config, or its versions and who made them"),
+        ("sites export --site SITE", "a site's config as a sites/SITE.toml file"),
+        ("sites delete --site SITE", "delete a site (its log and history stay)"),
         ("sites check [DIR]", "validate the site config files (default: sites/)"),
         ("sites key --site SITE", "make an operator API key for one site (its hash goes in the site file)"),
         ("sites webhook-secret --site SITE", "print the secret SITE's lead webhooks are signed with"))),

@@ -2,24 +2,32 @@
 `concierge sites webhook-secret --site SITE [--dir DIR]`: print the secret that site's lead
 webhooks are signed with, for the operator to give to that customer (`--new`: a fresh
 random one, for a site's own `lead.webhook_secret_env` variable).
-`concierge sites key --site SITE`: make an operator API key for one site."""
+`concierge sites key --site SITE`: make an operator API key for one site.
+`concierge sites add|set|show|export|delete`: a site's config in the bus (cli/site_data.py).
+"""
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
-import secrets
 import sys
 from pathlib import Path
 
 from shared import subjects, webhook_secret
 from shared.site_config import SiteConfig, SiteConfigError, parse, site_of
+from shared.site_store import key_sha256, new_key
 
-USAGE = "usage: concierge sites check [DIR] | webhook-secret (--site SITE [--dir DIR] | --new) | key --site SITE"
+USAGE = ("usage: concierge sites check [DIR] | webhook-secret (--site SITE [--dir DIR] | --new) | key --site SITE\n"
+         "       | add --site SITE --name NAME [--origin URL ...] | set --site SITE KEY=VALUE ... [--file PATCH.toml]\n"
+         "       | show --site SITE [--versions] | export --site SITE | delete --site SITE")
+DATA_COMMANDS = ("add", "set", "show", "export", "delete")
 
 
 def main(argv: list[str]) -> int:
+    if argv and argv[0] in DATA_COMMANDS:
+        from cli import site_data  # the bus client, only for these
+
+        return site_data.main(argv)
     if argv and argv[0] == "check":
         return check(argv[1:])
     if argv and argv[0] == "webhook-secret":
@@ -80,9 +88,10 @@ def key(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if not subjects.TOKEN_RE.match(args.site):
         parser.error(f"--site {args.site!r}: not a site id ([A-Za-z0-9_-], ≤ 64 chars)")
-    api_key = f"ck_{args.site}_{secrets.token_hex(24)}"  # hex: no '_' in the secret part
+    api_key = new_key(args.site)
     print(f"API key for site {args.site} (shown once; give it to the site's operators):")
     print(f"  {api_key}")
     print(f"Add its hash to sites/{args.site}.toml (keep the old entry until the old key is retired):")
-    print(f'  operator_key_sha256 = ["{hashlib.sha256(api_key.encode()).hexdigest()}"]')
+    print(f'  operator_key_sha256 = ["{key_sha256(api_key)}"]')
+    print("(or make the key and store its hash in one step: POST /v1/admin/sites/SITE/keys, the operator UI's Site view)")
     return 0

@@ -664,8 +664,38 @@ SOURCE_EVENTS = ("source_added", "source_removed", "sync_requested", "sync_start
                  "sync_completed", "sync_failed")
 
 
+def is_conversation(session_id: str) -> bool:
+    """Whether a session is a visitor's conversation, not one of a site's own logs (its
+    triage, its config's changes, a knowledge source's runs), which are named with a
+    leading underscore: a name the gateway never gives a conversation."""
+    return not session_id.startswith("_")
+
+
 # What goes on the BRIEFS work queue, not in a log (the queue's name is older than its pages).
 WORK_ITEMS = (BriefRequested, TriageRequested, PageFetchRequested)
+
+# --- sites (shared/site_store.py) -----------------------------------------------------------
+# A site's own log: the changes to its config, in this session (a subject token no widget
+# session has, as TRIAGE_SESSION), turn 0.
+SITE_SESSION = "_site"
+
+
+class SiteChanged(Envelope, tag="site_changed", kw_only=True):
+    """A site's config was created, changed or deleted: by whom (`actor`: `admin`,
+    `key:<site>:<hash prefix>`, `cli:<user>`, `file:<path>`), between which versions, and
+    the names of the fields that changed. Names only, never values: a key's hash, the
+    instructions or a webhook's variable reach no one who reads the log."""
+
+    change: Literal["created", "updated", "deleted"]
+    version: str  # "" when deleted
+    previous_version: str = ""  # "" when created
+    fields_changed: list[str] = []
+    actor: str
+
+
+# Stored in a log, but no step of a turn: written after it or beside it by what a replay does
+# not run (cli/replay/diff.py leaves them out of a turn's outcome).
+OUTSIDE_TURNS = (*LEAD_BRIEF_EVENTS, "site_changed")
 
 
 Event = Union[
@@ -709,6 +739,7 @@ Event = Union[
     PageFetched,
     SyncCompleted,
     SyncFailed,
+    SiteChanged,
 ]
 
 EVENT_TYPES: dict[str, type[Envelope]] = {cls.__struct_config__.tag: cls for cls in Event.__args__}

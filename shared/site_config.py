@@ -1,23 +1,27 @@
-"""Per-site configuration: `sites/<site>.toml` files → the `site_config` KV bucket → every
-service.
+"""Per-site configuration: what a site is (`SiteConfig`), how it is checked (`validate`), and
+the read side of the `site_config` KV bucket that every service uses (`SiteConfigs`).
 
-A file is validated against `SiteConfig` (unknown keys and wrong types are errors); an
-invalid file is refused with a message naming the file and the field, and the last good
-config of that site stays in the bucket. `SiteConfigSync` loads the directory at start and
-polls it for changes (a ConfigMap mounted in Kubernetes, the repo's `sites/` on one
-machine); `SiteConfigs` is the read side, a small cache in front of the bucket. Inside the
-pipeline a site without a file gets the defaults below; the gateway serves only sites that
-have one (`SiteConfigs.find`).
+A config comes from the operator API or the CLI, or from a `sites/<site>.toml` file
+(`SiteConfigSync`); all are written by `shared/site_store.py` after the same check: its
+types against `SiteConfig` (unknown keys and wrong types are errors), then its values
+(`problems`), each problem naming its field. An invalid file is refused with a message
+naming the file and the field, and the last good config of that site stays in the bucket.
+`SiteConfigs` is a small cache in front of the bucket. Inside the pipeline a site without a
+config gets the defaults below; the gateway serves only sites that have one
+(`SiteConfigs.find`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import re
 import time
 import tomllib
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import msgspec
 import nats.js.errors
@@ -121,6 +125,28 @@ class Retrieval(Strict):
     chunk_top_k: int | None = None
 
 
+WIDGET_POSITIONS = ("left", "right")
+MAX_STARTER_QUESTIONS = 6
+MAX_STARTER_CHARS = 120
+WIDGET_TEXT_LIMITS = {"title": 80, "greeting": 500, "launcher_text": 40}
+
+
+class Widget(Strict):
+    """How the chat widget looks on the site's pages (served by `GET /v1/sites/{site}/widget`,
+    applied by widget.js when it loads): everything here is public."""
+
+    primary_color: str = "#0b5cad"  # the launcher, the header, the visitor's messages, links
+    background_color: str = "#ffffff"
+    text_color: str = "#1b1f24"
+    title: str = "Ask us anything"
+    greeting: str = ""  # the first message shown in a new conversation; empty: none
+    launcher_text: str = "Chat with us"
+    position: str = "right"  # left | right
+    avatar_url: str = ""  # a logo in the header, https only
+    starter_questions: list[str] = []  # offered as buttons in a new conversation
+    show_sources: bool = True  # the links to the pages an answer cites
+
+
 class SiteConfig(Strict):
     name: str = ""
     # Browser origins (scheme://host[:port]) whose pages may call this site's visitor
@@ -141,75 +167,177 @@ class SiteConfig(Strict):
     lead: Lead = msgspec.field(default_factory=Lead)
     persona: Persona = msgspec.field(default_factory=Persona)
     retrieval: Retrieval = msgspec.field(default_factory=Retrieval)
-    version: str = ""  # set by the sync: the file's content hash
+    widget: Widget = msgspec.field(default_factory=Widget)
+    # Set when stored: a file's content hash (the sync), or the config's (`content_version`:
+    # the API and the CLI). What a turn records as its `config_version`.
+    version: str = ""
+
+
+class FieldError(msgspec.Struct):
+    """One problem with a config: the field (dotted, `booking.fields[1].kind`; None: the
+    whole text) and what is wrong with it."""
+
+    field: str | None
+    message: str
 
 
 class SiteConfigError(ValueError):
-    pass
+    """A config refused; `errors` names each field (the API's 422 lists them)."""
+
+    def __init__(self, message: str, errors: list[FieldError] | None = None):
+        super().__init__(message)
+        self.errors = errors if errors is not None else [FieldError(None, message)]
 
 
 _ORIGIN_RE = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?\Z")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
+_COLOR_RE = re.compile(r"^#(?:[0-9a-fA-F]{3}|[0-9a-fA-F]{6})\Z")
+_LANGUAGE_RE = re.compile(r"^[a-z]{2,3}(?:-[A-Za-z0-9]{2,8})*\Z")
+# What a browser is handed as an attribute or a link: no spaces, quotes or angle brackets.
+_URL_CHARS_RE = re.compile(r"^[^\s\"'<>\\]{1,2048}\Z")
 
 
-def _check(config: SiteConfig) -> None:
-    for origin in config.allowed_origins:
+def _url(value: str, schemes: tuple[str, ...]) -> bool:
+    try:
+        parts = urlsplit(value)
+        return bool(_URL_CHARS_RE.match(value)) and parts.scheme in schemes and bool(parts.hostname)
+    except ValueError:  # e.g. an unclosed "[" of an IPv6 host
+        return False
+
+
+def problems(config: SiteConfig) -> list[FieldError]:
+    """Everything wrong with a config its types allow (msgspec checked those): every field's
+    problem, not only the first, so a form can show them all at once."""
+    out: list[FieldError] = []
+
+    def bad(field: str, message: str) -> None:
+        out.append(FieldError(field, message))
+
+    for i, origin in enumerate(config.allowed_origins):
         if origin != "*" and not _ORIGIN_RE.match(origin):
-            raise SiteConfigError(f"allowed_origins: {origin!r} is not an origin "
-                                  "(scheme://host[:port], no path, no trailing slash) or \"*\"")
-    for digest in config.operator_key_sha256:
+            bad(f"allowed_origins[{i}]", f"{origin!r} is not an origin (scheme://host[:port], no path, "
+                                         "no trailing slash) or \"*\"")
+    for i, digest in enumerate(config.operator_key_sha256):
         if not _SHA256_RE.match(digest):
-            raise SiteConfigError("operator_key_sha256: each entry is a key's SHA-256 in lowercase hex "
-                                  "(`concierge sites key --site SITE` prints one)")
+            bad(f"operator_key_sha256[{i}]", "each entry is a key's SHA-256 in lowercase hex "
+                                             "(`concierge sites key --site SITE` prints one)")
+    for i, language in enumerate(config.languages):
+        if not _LANGUAGE_RE.match(language):
+            bad(f"languages[{i}]", f"{language!r} is not a language tag (e.g. en, fr, pt-BR)")
     if not 0.0 <= config.interest.threshold <= 1.0:
-        raise SiteConfigError("interest.threshold: must be between 0 and 1")
+        bad("interest.threshold", "must be between 0 and 1")
     if not 0.0 <= config.persona.weight <= 1.0:
-        raise SiteConfigError("persona.weight: must be between 0 and 1")
+        bad("persona.weight", "must be between 0 and 1")
     unknown = [s for s in config.skills.enabled if s not in SKILLS]
     if unknown:
-        raise SiteConfigError(f"skills.enabled: unknown skill {unknown[0]!r} (known: {', '.join(SKILLS)})")
+        bad("skills.enabled", f"unknown skill {unknown[0]!r} (known: {', '.join(SKILLS)})")
     if config.classifier.backend not in ("", "local", "llm", "cascade"):
-        raise SiteConfigError("classifier.backend: must be local, llm or cascade")
-    if config.cta.first_turn < 1 or config.cta.cooldown_turns < 0:
-        raise SiteConfigError("cta.first_turn must be ≥ 1 and cta.cooldown_turns ≥ 0")
+        bad("classifier.backend", "must be local, llm or cascade")
+    if config.cta.first_turn < 1:
+        bad("cta.first_turn", "must be ≥ 1")
+    if config.cta.cooldown_turns < 0:
+        bad("cta.cooldown_turns", "must be ≥ 0")
+    for key in ("url", "booking_url"):  # links the widget shows: a `javascript:` URL would run there
+        value = getattr(config.cta, key)
+        if value and not _url(value, ("https", "http")):
+            bad(f"cta.{key}", "must be an http(s) URL")
     r = config.retrieval
     if r.mode is not None and r.mode not in RETRIEVAL_MODES:
-        raise SiteConfigError(f"retrieval.mode: must be one of {', '.join(RETRIEVAL_MODES)}")
+        bad("retrieval.mode", f"must be one of {', '.join(RETRIEVAL_MODES)}")
     if r.rerank_provider is not None and r.rerank_provider not in RERANK_PROVIDERS:
-        raise SiteConfigError(f"retrieval.rerank_provider: must be one of {', '.join(RERANK_PROVIDERS)}")
+        bad("retrieval.rerank_provider", f"must be one of {', '.join(RERANK_PROVIDERS)}")
     for key in ("rerank_top_k", "graph_top_k", "chunk_top_k"):
         if getattr(r, key) is not None and getattr(r, key) < 1:
-            raise SiteConfigError(f"retrieval.{key}: must be ≥ 1")
+            bad(f"retrieval.{key}", "must be ≥ 1")
     if config.lead.webhook_secret_env and not ENV_NAME_RE.match(config.lead.webhook_secret_env):
-        raise SiteConfigError("lead.webhook_secret_env: must name an environment variable (A-Z, 0-9, _), "
-                              "not hold the secret")
+        bad("lead.webhook_secret_env", "must name an environment variable (A-Z, 0-9, _), not hold the secret")
     names = [f.name for f in config.booking.fields]
     if len(set(names)) != len(names):
-        raise SiteConfigError("booking.fields: two fields share a name")
+        bad("booking.fields", "two fields share a name")
     for i, f in enumerate(config.booking.fields):
         if f.kind not in ("text", "email", "phone", "choice"):
-            raise SiteConfigError(f"booking.fields[{i}].kind: must be text, email, phone or choice")
+            bad(f"booking.fields[{i}].kind", "must be text, email, phone or choice")
+    out.extend(_widget_problems(config.widget))
+    return out
+
+
+def _widget_problems(w: Widget) -> list[FieldError]:
+    out = []
+    for key in ("primary_color", "background_color", "text_color"):
+        if not _COLOR_RE.match(getattr(w, key)):
+            out.append(FieldError(f"widget.{key}", "must be a hex colour, #rgb or #rrggbb"))
+    for key, limit in WIDGET_TEXT_LIMITS.items():
+        value = getattr(w, key)
+        if len(value) > limit:
+            out.append(FieldError(f"widget.{key}", f"at most {limit} characters"))
+        elif key in ("title", "launcher_text") and not value.strip():
+            out.append(FieldError(f"widget.{key}", "must not be empty"))
+    if w.position not in WIDGET_POSITIONS:
+        out.append(FieldError("widget.position", "must be left or right"))
+    if w.avatar_url and not _url(w.avatar_url, ("https",)):
+        out.append(FieldError("widget.avatar_url", "must be an https:// URL"))
+    if len(w.starter_questions) > MAX_STARTER_QUESTIONS:
+        out.append(FieldError("widget.starter_questions", f"at most {MAX_STARTER_QUESTIONS} questions"))
+    for i, question in enumerate(w.starter_questions):
+        if not question.strip() or len(question) > MAX_STARTER_CHARS:
+            out.append(FieldError(f"widget.starter_questions[{i}]", f"1 to {MAX_STARTER_CHARS} characters"))
+    return out
+
+
+_AT_RE = re.compile(r" - at `\$\.?([^`]*)`\Z")
+_NAMED_RE = re.compile(r"(?:unknown|missing required) field `([^`]+)`")
+
+
+def _type_error(exc: msgspec.ValidationError) -> FieldError:
+    """msgspec's "Expected `float`, got `str` - at `$.interest.threshold`" as a field and a
+    message; an unknown or missing key is named with its table."""
+    text = str(exc)
+    at = _AT_RE.search(text)
+    path = at.group(1) if at else ""
+    message = text[:at.start()] if at else text
+    named = _NAMED_RE.search(message)
+    if named:
+        path = f"{path}.{named.group(1)}" if path else named.group(1)
+    return FieldError(path or None, message)
+
+
+def validate(data: Any) -> SiteConfig:
+    """A config from plain data (a TOML file's tables, an API body): its types, then its
+    values, as one check for files, the API and the CLI. Raises SiteConfigError naming each
+    field."""
+    try:
+        config = msgspec.convert(data, SiteConfig)
+    except msgspec.ValidationError as exc:
+        raise SiteConfigError(str(exc), [_type_error(exc)]) from None
+    errors = problems(config)
+    if errors:
+        raise SiteConfigError("; ".join(f"{e.field}: {e.message}" for e in errors), errors)
+    return config
 
 
 def parse(path: Path) -> SiteConfig:
     """Read and validate one file; errors name the file and the field."""
-    import hashlib
-
     try:
         raw = path.read_bytes()
         data = tomllib.loads(raw.decode("utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise SiteConfigError(f"{path}: {exc}") from None
     try:
-        config = msgspec.convert(data, SiteConfig)
-        _check(config)
-    except msgspec.ValidationError as exc:
-        # msgspec says e.g. "Expected `float`, got `str` - at `$.interest.threshold`"
-        raise SiteConfigError(f"{path}: {exc}") from None
+        config = validate(data)
     except SiteConfigError as exc:
-        raise SiteConfigError(f"{path}: {exc}") from None
+        raise SiteConfigError(f"{path}: {exc}", exc.errors) from None
     config.version = hashlib.sha256(raw).hexdigest()[:16]
     return config
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(SiteConfig)
+
+
+def content_version(config: SiteConfig) -> str:
+    """The version of a config written through the API or the CLI: its content's hash (a
+    file's is the file's bytes' hash), so the same content is the same version."""
+    return hashlib.sha256(_encoder.encode(msgspec.structs.replace(config, version=""))).hexdigest()[:16]
 
 
 def site_of(path: Path) -> str:
@@ -219,114 +347,12 @@ def site_of(path: Path) -> str:
     return site
 
 
-_encoder = msgspec.json.Encoder()
-_decoder = msgspec.json.Decoder(SiteConfig)
 _registry_decoder = msgspec.json.Decoder(list[str])
 
 # The registry's own record in the bucket: the sites the router has loaded, written after
 # their configs. Until it exists nobody knows which sites there are, so the gateway is not
 # ready (a site it cannot find then may only not be loaded yet). A site id has no '.'.
 REGISTRY_KEY = "registry.sites"
-
-
-async def register_no_sites(bus: Bus) -> None:
-    """A deployment without site files: the registry is loaded, and empty."""
-    kv = await bus.js.key_value(subjects.SITE_CONFIG_BUCKET)
-    await kv.put(REGISTRY_KEY, _encoder.encode([]))
-
-
-class SiteConfigSync:
-    """Files → bucket. Runs at start and then every `poll_s`; only changed files are
-    re-read and only changed configs are written."""
-
-    def __init__(self, bus: Bus, directory: Path, poll_s: float = 1.0):
-        self.bus = bus
-        self.directory = directory
-        self.poll_s = poll_s
-        self._mtimes: dict[Path, float] = {}
-        self._task: asyncio.Task | None = None
-        self.errors: dict[str, str] = {}  # file → last error, for tests and /readyz-style checks
-        self._registered: list[str] | None = None  # the sites REGISTRY_KEY lists, once written
-
-    async def sync_once(self) -> dict[str, str]:
-        """One pass; returns {site: "loaded" | "unchanged" | "refused: …" | "removed"}."""
-        kv = await self.bus.js.key_value(subjects.SITE_CONFIG_BUCKET)
-        result: dict[str, str] = {}
-        present = set()
-        for path in sorted(self.directory.glob("*.toml")):
-            present.add(path)
-            try:
-                mtime = path.stat().st_mtime_ns
-            except OSError:
-                continue
-            if self._mtimes.get(path) == mtime:
-                continue
-            self._mtimes[path] = mtime
-            try:
-                site = site_of(path)
-                config = parse(path)
-            except SiteConfigError as exc:
-                self.errors[str(path)] = str(exc)
-                result[path.stem] = f"refused: {exc}"
-                log.error("site config refused; the last good config stays active", extra={"error": str(exc)})
-                continue
-            self.errors.pop(str(path), None)
-            current = await _get(kv, site)
-            if current is not None and current.version == config.version:
-                result[site] = "unchanged"
-                continue
-            await kv.put(site, _encoder.encode(config))
-            result[site] = "loaded"
-            log.info("site config loaded", extra={"site_id": site, "file": str(path), "version": config.version})
-        for path in list(self._mtimes):
-            if path not in present:
-                del self._mtimes[path]
-                self.errors.pop(str(path), None)
-                if not subjects.TOKEN_RE.match(path.stem):
-                    continue  # refused for its name: nothing of it is in the bucket
-                try:
-                    await kv.delete(path.stem)
-                except Exception:  # noqa: BLE001 - already gone
-                    pass
-                result[path.stem] = "removed"
-                log.info("site config removed (defaults apply)", extra={"site_id": path.stem})
-        await self._register(kv, await self._known(kv, result))
-        return result
-
-    async def _known(self, kv, result: dict[str, str]) -> list[str]:
-        """The sites served after this pass: those listed before, changed by its outcomes (a
-        refused file's site stays when its last good config does)."""
-        known = set(self._registered or ())
-        for site, outcome in result.items():
-            if outcome in ("loaded", "unchanged") or (outcome.startswith("refused") and subjects.TOKEN_RE.match(site)
-                                                             and await _get(kv, site)):
-                known.add(site)
-            else:
-                known.discard(site)
-        return sorted(known)
-
-    async def _register(self, kv, sites: list[str]) -> None:
-        """The registry's record (REGISTRY_KEY): this directory's sites are all in the bucket.
-        Written after their configs, and again only when the list changes."""
-        if sites != self._registered:
-            await kv.put(REGISTRY_KEY, _encoder.encode(sites))
-            self._registered = sites
-
-    async def start(self) -> None:
-        await self.sync_once()
-        self._task = asyncio.create_task(self._poll(), name="site-config-sync")
-
-    async def _poll(self) -> None:
-        while True:
-            await asyncio.sleep(self.poll_s)
-            try:
-                await self.sync_once()
-            except Exception:  # noqa: BLE001 - a bus hiccup must not end the watch
-                log.exception("site config sync failed; retrying")
-
-    async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
 
 
 async def _get(kv, site: str) -> SiteConfig | None:
@@ -432,7 +458,8 @@ class SiteConfigs:
             names = await (await self._bucket()).keys()
         except nats.js.errors.NoKeysError:
             names = []
-        self._sites = (now, sorted(name for name in names if name != REGISTRY_KEY))
+        # A site id has no '.': the registry's record and the sync's file records have one.
+        self._sites = (now, sorted(name for name in names if "." not in name))
         return self._sites[1]
 
     async def loaded(self) -> bool:

@@ -197,6 +197,30 @@ async def test_each_service_works_within_its_subjects_and_is_refused_outside(sec
             await bus.close()
 
 
+async def test_the_gateway_and_the_router_change_sites_and_audit_them_and_no_one_else_does(secured_nats, site,
+                                                                                           tmp_path):
+    """Sites as data under deploy/nats-server.conf: the gateway (the operator API) makes and
+    changes a site, the router imports a file, each audited in the site's log; a node's
+    service may do neither."""
+    from shared.site_store import SiteConfigSync, SiteStore
+
+    gateway, router, responder = [await as_service(secured_nats, n) for n in ("gateway", "router", "responder")]
+    try:
+        await SiteStore(gateway).put(site, {"name": "Acme"}, "admin", must_create=True)
+        await SiteStore(gateway).patch(site, {"widget": {"title": "Hello"}}, "admin")
+        (tmp_path / f"{site}.toml").write_text('name = "From the file"\n')
+        assert (await SiteConfigSync(router, tmp_path).sync_once())[site] == "loaded"
+        log = [r.event for r in await responder.read(subjects.conv(site, ev.SITE_SESSION, "site_changed"))]
+        assert [e.change for e in log] == ["created", "updated", "updated"]
+        with pytest.raises(nats.errors.TimeoutError):
+            await responder.js.publish(f"$KV.{subjects.SITE_CONFIG_BUCKET}.{site}", b"{}", timeout=0.5)
+        with pytest.raises(nats.errors.TimeoutError):
+            await responder.js.publish(subjects.conv(site, ev.SITE_SESSION, "site_changed"), b"{}", timeout=0.5)
+    finally:
+        for bus in (gateway, router, responder):
+            await bus.close()
+
+
 async def test_a_service_follows_the_log_through_the_servers_flow_control(secured_nats, site):
     """The log feed (shared/store/feed.py) is an ordered push consumer with flow control: the
     server stops delivering until the subscriber answers on `$JS.FC.>`, which each service

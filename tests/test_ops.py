@@ -21,7 +21,7 @@ from shared.bus import _ensure_bucket, connect
 from shared.config import BusConfig, ConfigError, ConsumerConfig
 from shared.consumer import ConsumerRunner
 from shared.node import Node
-from shared.site_config import SiteConfigSync
+from shared.site_store import SiteConfigSync
 
 
 def requested(site: str, session: str = "s1") -> ev.TurnRequested:

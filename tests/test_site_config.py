@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from shared import prompts
-from shared.site_config import SiteConfig, SiteConfigError, SiteConfigs, SiteConfigSync, parse, stored_versions
+from shared.site_config import SiteConfig, SiteConfigError, SiteConfigs, parse, stored_versions
+from shared.site_store import SiteConfigSync
 from tests.servers import ROOT
 
 GOOD = """

@@ -16,7 +16,7 @@ import pytest
 from cli import preflight
 from cli.harness.supervisor import ROOT, free_port, make_system
 from shared.config import ConfigError, env_float, every_problem
-from shared.site_config import SiteConfigSync
+from shared.site_store import SiteConfigSync
 
 
 # --- every problem, before anything starts --------------------------------------------------

@@ -219,7 +219,7 @@ class System:
 
         from shared.bus import connect
         from shared.config import BusConfig
-        from shared.site_config import SiteConfigSync
+        from shared.site_store import SiteConfigSync
 
         async def load() -> None:
             bus = await connect(BusConfig(url=self.nats_url), name="supervisor-sites")

@@ -4,8 +4,8 @@ A turn's outcome: its route and intent, the skills applied, the retrieved source
 answer's text, the suggestions, the `TurnCompleted` metadata, and which events it stored
 (a count per type: nodes run concurrently, so the order of a turn's events is not part of
 its outcome). LLM call records and the ids, clocks and attempts of events are left out: a
-rerun makes its own; so are a lead's brief events (`ev.LEAD_BRIEF_EVENTS`), written for the
-sales team after the turn, by nodes a replay does not run.
+rerun makes its own; so are a lead's brief events and a site's changes (`ev.OUTSIDE_TURNS`),
+written after or beside the turns, by what a replay does not run.
 
 Beside the differences, what each run's nodes decided under (`version_changes`): the site
 config's version, the intent model's and the embedding model's, as the events record them.
@@ -46,7 +46,7 @@ def outcomes(events: list[ev.Envelope]) -> dict[int, Outcome]:
     counts: dict[int, Counter] = {}
     for event in events:
         kind = ev.event_type(event)
-        if kind in ev.LEAD_BRIEF_EVENTS:
+        if kind in ev.OUTSIDE_TURNS:
             continue
         o = out.setdefault(event.turn, Outcome(turn=event.turn))
         if kind not in NOT_COUNTED:

@@ -63,7 +63,7 @@ async def read_site(bus: Bus, site: str, since_ts: float = 0.0, limit: int | Non
     started before `since_ts` left out; the newest `limit`."""
     by_session: dict[str, list[Record]] = defaultdict(list)
     for record in await bus.read(subjects.conversation(site, "*")):
-        if not record.event.session_id.startswith(ev.SOURCE_PREFIX):  # a knowledge source's log, no conversation
+        if ev.is_conversation(record.event.session_id):
             by_session[record.event.session_id].append(record)
     chosen = sorted((records for records in by_session.values() if records[0].event.ts >= since_ts),
                     key=lambda records: records[0].event.ts)

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 
 from services.gateway.operators import Unauthorized
 from services.gateway.schemas import RequestError
+from shared.site_config import SiteConfigError
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,13 @@ async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResp
     return _answer("invalid_request", detail, 422)
 
 
+async def _invalid_config(_: Request, exc: SiteConfigError) -> JSONResponse:
+    # Every field's problem at once (a form shows each beside its field), in `detail` as every
+    # 422 has them, and as `errors` too, the name the operator UI and the CLI read.
+    errors = [{"field": e.field, "message": e.message} for e in exc.errors]
+    return JSONResponse({"error": "invalid_request", "detail": errors, "errors": errors}, status_code=422)
+
+
 async def _unauthorized(_: Request, exc: Unauthorized) -> JSONResponse:
     return _answer("unauthorized", exc.detail, 401, {"WWW-Authenticate": "Bearer"})
 
@@ -99,6 +107,7 @@ async def _bus_unavailable(_: Request, exc: Exception) -> JSONResponse:
 HANDLERS = {
     RequestError: _request_error,
     RequestValidationError: _validation_error,
+    SiteConfigError: _invalid_config,
     Unauthorized: _unauthorized,
     NotReady: _not_ready,
     NotFound: _not_found,

@@ -17,6 +17,7 @@ from fastapi import Header, Path
 from fastapi.security import HTTPBearer
 
 from services.gateway.schemas import ChatRequest, ErrorBody
+from shared.site_config import SiteConfig, Widget
 
 # Python's `\Z` is not in JSON Schema's (ECMA-262) regex dialect; there `$` already means
 # the end of the text.
@@ -34,10 +35,11 @@ OPERATOR_PREFIX = "/v1/admin/sites/{site}"
 TAGS = [
     {"name": "visitor", "description": "The widget's calls, under `/v1/chat` and `/v1/sites/{site}/`: a turn over "
                                        "server-sent events, its stream again, the visitor's own conversation (its "
-                                       "session token). CORS for the site's allowed origins."},
-    {"name": "operator", "description": "Everything an operator reads or does, under `/v1/admin/sites/{site}/`: "
-                                        "conversations, their events and states, replay, lead briefs and triage. A "
-                                        "bearer token (ADMIN_TOKEN, or the site's API key); no CORS."},
+                                       "session token), the widget's look. CORS for the site's allowed origins."},
+    {"name": "operator", "description": "Everything an operator reads or does, under `/v1/admin/sites/{site}`: "
+                                        "the site's config, versions and keys, conversations, their events and "
+                                        "states, replay, lead briefs and triage. A bearer token (ADMIN_TOKEN, or the "
+                                        "site's API key); no CORS."},
     {"name": "health", "description": "Liveness and readiness (also on the ops port, with /metrics)."},
 ]
 
@@ -84,8 +86,23 @@ RESUME_RESPONSES = {
               s404="no such site, conversation or turn", s422="a malformed id or turn",
               s503="the event bus is not reachable"),
 }
+SITE_OPENAPI = {"requestBody": {"required": True, "content": {"application/json": {"schema": schema_of(SiteConfig)}}}}
+SITE_PATCH_OPENAPI = {"requestBody": {"required": True, "content": {"application/json": {"schema": {
+    "type": "object", "description": "a JSON merge patch of the site's config (RFC 7396): tables merge, lists are "
+                                     "replaced, null puts a key back to its default"}}}}}
+WIDGET_RESPONSES = {
+    200: {"description": "the site's widget settings and languages: only what the widget shows",
+          "content": {"application/json": {"schema": {"type": "object", "properties": {
+              "site": {"type": "string"}, "languages": {"type": "array", "items": {"type": "string"}},
+              "widget": schema_of(Widget)}}}}},
+    **_errors(s403="an origin the site does not allow", s404="the site is not configured",
+              s422="a malformed site id", s503="the event bus is not reachable"),
+}
 VISITOR_READ_RESPONSES = _errors(s403="no or a wrong session token", s404="no such site or conversation",
                                  s422="a malformed id", s503="the event bus is not reachable")
 OPERATOR_RESPONSES = _errors(s401="no or a wrong bearer token",
+                             s403="a site key asking to create or delete a site (ADMIN_TOKEN only)",
                              s404="no such site, conversation, brief or triage for this operator",
-                             s422="a malformed id", s503="the event bus is not reachable")
+                             s409="the site kept changing while this change was tried",
+                             s422="a malformed id or body, or a site config that does not validate (every field's "
+                                  "problem)", s503="the event bus is not reachable")

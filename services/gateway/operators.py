@@ -11,16 +11,15 @@ Comparisons are constant-time. No token or a wrong one: 401.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 
 import msgspec
 
 from shared.config import invalid
 from shared.site_config import SiteConfigs
+from shared.site_store import KEY_PREFIX, key_sha256
 from shared.subjects import TOKEN_RE
 
-KEY_PREFIX = "ck_"
 MIN_TOKEN_CHARS = 16
 
 
@@ -32,13 +31,15 @@ class Unauthorized(Exception):
 
 class Operator(msgspec.Struct, frozen=True):
     site: str | None  # None: the deployment operator, every site
+    key_hash: str = ""  # a site key's SHA-256 (empty: ADMIN_TOKEN)
 
     def sees(self, site: str) -> bool:
         return self.site is None or self.site == site
 
-
-def key_sha256(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
+    @property
+    def actor(self) -> str:
+        """Who, in a site's audit log (`SiteChanged.actor`): never the key, a prefix of its hash."""
+        return "admin" if self.site is None else f"key:{self.site}:{self.key_hash[:12]}"
 
 
 def site_of_key(key: str) -> str | None:
@@ -75,5 +76,5 @@ class OperatorAuth:
             config = await self.configs.find(site)
             digest = key_sha256(token)
             if config is not None and any(hmac.compare_digest(digest, known) for known in config.operator_key_sha256):
-                return Operator(site=site)
+                return Operator(site=site, key_hash=digest)
         raise Unauthorized("the bearer token is not an operator token or a site API key")

@@ -12,7 +12,7 @@ from services.router.settings import RouterSettings
 from shared import service
 from shared.llm import LLMClient
 from shared.node import Node
-from shared.site_config import SiteConfigSync, register_no_sites
+from shared.site_store import SiteConfigSync, register_no_sites
 
 log = logging.getLogger(__name__)
 _sync: SiteConfigSync | None = None

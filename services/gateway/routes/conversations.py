@@ -60,7 +60,7 @@ async def conversations(request: Request, site: SiteId,
     """The site's conversations, newest first, filtered."""
     by_session: dict[str, list[ev.Envelope]] = {}
     for record in await request.app.state.bus.read(subjects.conversation(site, "*")):
-        if not record.event.session_id.startswith(ev.SOURCE_PREFIX):  # a knowledge source's log (sources.py)
+        if ev.is_conversation(record.event.session_id):  # not the site's own logs (sources, triage, config)
             by_session.setdefault(record.event.session_id, []).append(record.event)
     rows = sorted((summary(events) for events in by_session.values()), key=lambda r: r["last"], reverse=True)
     rows = [r for r in rows

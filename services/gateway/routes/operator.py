@@ -1,9 +1,10 @@
 """The operator API: everything an operator reads or does, under one prefix,
-`/v1/admin/sites/{site}/…`, behind one check for all of it (`access.operator_of_site`: a
+`/v1/admin/sites/{site}[/…]`, behind one check for all of it (`access.operator_of_site`: a
 bearer token, ADMIN_TOKEN or the site's API key; 401 without, 404 for another site's key,
 as if the site had nothing). cors.py serves the visitor prefixes only, so no page can
 read this API from a browser. What is under the prefix:
 
+- the site itself: its config, versions and keys (sites.py);
 - the site's conversations, their event logs and states (conversations.py);
 - rerun, diff, fork and verify, by the replay worker (replay.py);
 - the lead briefs and the triage (briefs.py);
@@ -16,9 +17,9 @@ from fastapi import APIRouter, Depends
 
 from services.gateway.access import operator_of_site
 from services.gateway.openapi import OPERATOR_PREFIX, OPERATOR_RESPONSES
-from services.gateway.routes import briefs, conversations, replay, sources
+from services.gateway.routes import briefs, conversations, replay, sites, sources
 
-router = APIRouter(prefix=OPERATOR_PREFIX, tags=["operator"], dependencies=[Depends(operator_of_site)],
-                   responses=OPERATOR_RESPONSES)
-for part in (conversations, replay, briefs, sources):
-    router.include_router(part.router)
+router = APIRouter(tags=["operator"], dependencies=[Depends(operator_of_site)], responses=OPERATOR_RESPONSES)
+for part in (sites, conversations, replay, briefs, sources):
+    # The prefix given here, not the router's own: the site itself is the prefix's path ("").
+    router.include_router(part.router, prefix=OPERATOR_PREFIX)

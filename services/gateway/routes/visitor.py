@@ -1,4 +1,10 @@
-"""The visitor's own conversation, for the holder of its session token (access.py):
+"""What the widget reads besides the chat (`POST /v1/chat`, chat.py):
+
+- `GET /v1/sites/{site}/widget`: the site's widget settings (its `[widget]` table and its
+  languages: public, nothing else of the config), which widget.js applies when it loads, so
+  a site changes its look without a deploy; shared caches may keep it a few seconds;
+
+and the visitor's own conversation, for the holder of its session token (access.py):
 
 - `GET /v1/sites/{site}/conversations/{session_id}`: what the widget shows of it
   (visitor_view.py), for a page that reloads;
@@ -15,12 +21,33 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
 
 from services.gateway import frames, streams, visitor_view
-from services.gateway.access import own_conversation
+from services.gateway.access import configured_site, own_conversation
 from services.gateway.errors import NotFound
-from services.gateway.openapi import RESUME_RESPONSES, VISITOR_READ_RESPONSES, LastEventId, Turn
+from services.gateway.openapi import (RESUME_RESPONSES, VISITOR_READ_RESPONSES, WIDGET_RESPONSES, LastEventId, SiteId,
+                                      Turn)
+from shared.site_config import SiteConfig
 
 router = APIRouter(tags=["visitor"])
 Own = Annotated[tuple[str, str], Depends(own_conversation)]
+WIDGET_MAX_AGE_S = 5  # how stale a page's widget settings may be: a change shows within seconds
+
+
+async def served_site(request: Request, site: SiteId) -> SiteConfig:
+    """`configured_site` for a path whose site id is checked first (422), so a malformed one
+    never reaches the bucket as a key."""
+    return await configured_site(request, site)
+
+
+@router.get("/v1/sites/{site}/widget", responses=WIDGET_RESPONSES)
+async def widget_settings(site: SiteId, config: Annotated[SiteConfig, Depends(served_site)]):
+    """The site's widget settings: colours, texts, position, logo, starter questions, whether
+    sources are shown, and the site's languages."""
+    body = {"site": site, "languages": config.languages, "widget": config.widget}
+    # Public, the same for every visitor of the site: shared caches may keep it (per Origin:
+    # the CORS header differs) for a few seconds.
+    return Response(msgspec.json.encode(body), media_type="application/json",
+                    headers={"Cache-Control": f"public, max-age={WIDGET_MAX_AGE_S}", "Vary": "Origin",
+                             "ETag": f'"{config.version}"'})
 
 
 @router.get("/v1/sites/{site}/conversations/{session_id}", responses=VISITOR_READ_RESPONSES)

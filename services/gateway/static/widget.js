@@ -3,7 +3,12 @@
  *   <script src="https://concierge.example/widget.js" data-site="demo"></script>
  *
  * data-site (required): the site id. data-api (optional): the gateway's URL (default: where
- * this script came from). The session id and its token (the conversation's only key: the
+ * this script came from). The widget's look (colours, title, greeting, launcher text, side,
+ * logo, starter questions, whether sources are listed) is the site's, read from
+ * GET /v1/sites/{site}/widget when the script loads: a site changes it in its config, not in
+ * its pages. data-settings (optional, JSON): settings that take precedence over the site's
+ * (the operator UI's preview of unsaved edits); data-open: start with the panel open.
+ * The session id and its token (the conversation's only key: the
  * gateway refuses a session id without it) are kept in localStorage per site, so a reload
  * resumes the conversation; an answer cut off (a reload, a dropped connection) is resumed
  * from the turn's stream after the last frame read, and a message whose sending failed before
@@ -26,31 +31,38 @@
   var RETRY_PAUSES_MS = [1000, 1000, 1000, 2000, 2000, 3000, 5000, 5000, 10000];
   if (!site) { console.error("concierge widget: data-site is required"); return; }
 
+  // The colours are custom properties on the widget's own two boxes (the launcher and the
+  // panel), so the site's settings restyle the widget and nothing else of the page.
   var css = [
-    ".cw-launch{position:fixed;right:24px;bottom:24px;border:0;border-radius:28px;padding:14px 20px;background:#0b5cad;color:#fff;font:600 15px system-ui;cursor:pointer;box-shadow:0 4px 14px #0003;z-index:2147483000}",
-    ".cw-panel{position:fixed;right:24px;bottom:88px;width:370px;max-width:calc(100vw - 32px);height:560px;max-height:calc(100vh - 120px);display:none;flex-direction:column;background:#fff;border-radius:14px;box-shadow:0 8px 30px #0004;font:14px/1.45 system-ui;color:#1b1f24;z-index:2147483000;overflow:hidden}",
+    ".cw-launch,.cw-panel{--cw-primary:#0b5cad;--cw-bg:#fff;--cw-text:#1b1f24}",
+    ".cw-launch{position:fixed;right:24px;bottom:24px;border:0;border-radius:28px;padding:14px 20px;background:var(--cw-primary);color:#fff;font:600 15px system-ui;cursor:pointer;box-shadow:0 4px 14px #0003;z-index:2147483000}",
+    ".cw-panel{position:fixed;right:24px;bottom:88px;width:370px;max-width:calc(100vw - 32px);height:560px;max-height:calc(100vh - 120px);display:none;flex-direction:column;background:var(--cw-bg);border-radius:14px;box-shadow:0 8px 30px #0004;font:14px/1.45 system-ui;color:var(--cw-text);z-index:2147483000;overflow:hidden}",
+    ".cw-launch.cw-left,.cw-panel.cw-left{right:auto;left:24px}",
     ".cw-panel.cw-open{display:flex}",
-    ".cw-head{display:flex;align-items:center;justify-content:space-between;padding:12px 14px;background:#0b5cad;color:#fff;font-weight:600}",
+    ".cw-head{display:flex;align-items:center;justify-content:space-between;gap:8px;padding:12px 14px;background:var(--cw-primary);color:#fff;font-weight:600}",
+    ".cw-title{flex:1;display:flex;align-items:center;gap:8px}",
+    ".cw-avatar{width:26px;height:26px;border-radius:50%;object-fit:cover;background:#fff}",
     ".cw-head button{background:transparent;border:1px solid #fff8;color:#fff;border-radius:6px;padding:3px 8px;cursor:pointer;font-size:12px}",
     ".cw-log{flex:1;overflow-y:auto;padding:12px;display:flex;flex-direction:column;gap:8px}",
     ".cw-msg{max-width:85%;padding:8px 11px;border-radius:12px;white-space:pre-wrap;word-wrap:break-word}",
-    ".cw-user{align-self:flex-end;background:#0b5cad;color:#fff}",
-    ".cw-bot{align-self:flex-start;background:#f0f3f7}",
+    ".cw-user{align-self:flex-end;background:var(--cw-primary);color:#fff}",
+    // The answer's bubble: a tint of the text colour over the background, so it stays readable on a dark one.
+    ".cw-bot{align-self:flex-start;background:#f0f3f7;background:color-mix(in srgb,var(--cw-text) 7%,var(--cw-bg));color:var(--cw-text)}",
     ".cw-bot p{margin:0 0 6px}.cw-bot p:last-child{margin-bottom:0}",
     ".cw-bot ul,.cw-bot ol{margin:0 0 6px;padding-left:20px;white-space:normal}.cw-bot ul:last-child,.cw-bot ol:last-child{margin-bottom:0}",
     ".cw-bot li{white-space:pre-wrap}",
-    ".cw-link{color:#0b5cad}",
+    ".cw-link{color:var(--cw-primary)}",
     ".cw-notice{align-self:center;background:#fff4e5;color:#7a4300;border:1px solid #f3c78a;font-size:13px}",
     ".cw-error{align-self:center;background:#fde8e8;color:#8a1c1c;border:1px solid #f0a8a8;font-size:13px}",
-    ".cw-sources{align-self:flex-start;font-size:12px;color:#4a5563;max-width:85%}",
-    ".cw-sources a{color:#0b5cad;margin-right:8px}",
-    ".cw-cite{color:#0b5cad;font-size:11px;vertical-align:super;text-decoration:none}",
+    ".cw-sources{align-self:flex-start;font-size:12px;opacity:.8;max-width:85%}",
+    ".cw-sources a{color:var(--cw-primary);margin-right:8px}",
+    ".cw-cite{color:var(--cw-primary);font-size:11px;vertical-align:super;text-decoration:none}",
     ".cw-chips{display:flex;flex-wrap:wrap;gap:6px;align-self:flex-start}",
-    ".cw-chips button,.cw-cta{border:1px solid #0b5cad;background:#fff;color:#0b5cad;border-radius:14px;padding:5px 10px;cursor:pointer;font-size:13px;text-decoration:none}",
-    ".cw-cta{background:#0b5cad;color:#fff;align-self:flex-start}",
+    ".cw-chips button,.cw-cta{border:1px solid var(--cw-primary);background:var(--cw-bg);color:var(--cw-primary);border-radius:14px;padding:5px 10px;cursor:pointer;font-size:13px;text-decoration:none}",
+    ".cw-cta{background:var(--cw-primary);color:#fff;align-self:flex-start}",
     ".cw-form{display:flex;gap:6px;padding:10px;border-top:1px solid #e3e7ec}",
-    ".cw-form input{flex:1;border:1px solid #c9d1da;border-radius:8px;padding:8px}",
-    ".cw-form button{border:0;background:#0b5cad;color:#fff;border-radius:8px;padding:8px 12px;cursor:pointer}",
+    ".cw-form input{flex:1;border:1px solid #c9d1da;border-radius:8px;padding:8px;background:#fff;color:#1b1f24}",
+    ".cw-form button{border:0;background:var(--cw-primary);color:#fff;border-radius:8px;padding:8px 12px;cursor:pointer}",
     ".cw-form button:disabled{opacity:.5;cursor:default}"
   ].join("\n");
   var style = document.createElement("style");
@@ -69,7 +81,11 @@
   var panel = el("div", "cw-panel");
   panel.setAttribute("role", "dialog");
   var head = el("div", "cw-head");
-  head.appendChild(el("span", null, "Ask us anything"));
+  var titleBox = el("span", "cw-title");
+  var title = el("span", null, "Ask us anything");
+  title.setAttribute("data-testid", "cw-title");
+  titleBox.appendChild(title);
+  head.appendChild(titleBox);
   var reset = el("button", null, "New conversation");
   reset.setAttribute("data-testid", "cw-new");
   head.appendChild(reset);
@@ -91,6 +107,9 @@
   document.body.appendChild(launch);
 
   var busy = false;
+  var settings = {show_sources: true, greeting: "", starter_questions: []};
+  var starters = null;  // the starter questions' buttons while the conversation is new
+  if (script.hasAttribute("data-open")) panel.classList.add("cw-open");
   launch.addEventListener("click", function () {
     panel.classList.toggle("cw-open");
     if (panel.classList.contains("cw-open")) input.focus();
@@ -102,6 +121,7 @@
     log.textContent = "";
     input.type = "text";
     input.placeholder = "Type your question…";
+    welcome();
   });
   form.addEventListener("submit", function (e) {
     e.preventDefault();
@@ -110,6 +130,65 @@
   });
 
   function scroll() { log.scrollTop = log.scrollHeight; }
+
+  // --- the site's look (GET /v1/sites/{site}/widget, validated there; checked again here,
+  // since data-settings comes from the page) ---
+  var COLOR = /^#([0-9a-f]{3}|[0-9a-f]{6})$/i;
+  var COLORS = {primary_color: "--cw-primary", background_color: "--cw-bg", text_color: "--cw-text"};
+
+  function apply(given) {
+    Object.keys(given || {}).forEach(function (k) { settings[k] = given[k]; });
+    Object.keys(COLORS).forEach(function (k) {
+      if (typeof settings[k] === "string" && COLOR.test(settings[k])) {
+        launch.style.setProperty(COLORS[k], settings[k]);
+        panel.style.setProperty(COLORS[k], settings[k]);
+      }
+    });
+    if (settings.title) title.textContent = settings.title;
+    if (settings.launcher_text) launch.textContent = settings.launcher_text;
+    var left = settings.position === "left";
+    launch.classList.toggle("cw-left", left);
+    panel.classList.toggle("cw-left", left);
+    var avatar = titleBox.querySelector(".cw-avatar"), src = https(settings.avatar_url);
+    if (src && !avatar) {
+      avatar = el("img", "cw-avatar");
+      avatar.alt = "";
+      avatar.setAttribute("data-testid", "cw-avatar");
+      titleBox.insertBefore(avatar, title);
+    }
+    if (avatar && src) avatar.src = src;
+    else if (avatar) avatar.remove();
+  }
+
+  function https(url) {
+    try { return url && new URL(url).protocol === "https:" ? new URL(url).href : null; } catch (e) { return null; }
+  }
+
+  // A new conversation opens with the site's greeting and its starter questions.
+  function welcome() {
+    if (log.querySelector(".cw-user, [data-testid=cw-bot]")) return;
+    log.textContent = "";
+    if (settings.greeting) {
+      var hello = el("div", "cw-msg cw-bot", settings.greeting);
+      hello.setAttribute("data-testid", "cw-greeting");
+      log.appendChild(hello);
+    }
+    var questions = (settings.starter_questions || []).filter(function (q) { return typeof q === "string" && q; });
+    starters = null;
+    if (questions.length) starters = chips(questions.slice(0, 6), "cw-starters");
+  }
+
+  function readSettings() {
+    var preview = null;
+    try { preview = JSON.parse(script.getAttribute("data-settings") || "null"); } catch (e) { preview = null; }
+    return fetch(api + "/v1/sites/" + encodeURIComponent(site) + "/widget")
+      .then(function (r) { return r.ok ? r.json() : null; })
+      .catch(function () { return null; })  // unreachable: the defaults, and the chat says why when used
+      .then(function (body) {
+        apply(body && body.widget);
+        if (preview) apply(preview);
+      });
+  }
 
   // The answer's markdown, a safe subset built with DOM calls only (never innerHTML, so no
   // HTML from a model is ever parsed): paragraphs, bullet and numbered lists, **bold**,
@@ -192,7 +271,7 @@
   // The sources the answer cited (the server marks them), else all it was given; a source
   // without a page (a knowledge-graph entity) has nothing to link to.
   function showSources(sources) {
-    if (!sources || !sources.length) return;
+    if (!settings.show_sources || !sources || !sources.length) return;
     var cited = sources.filter(function (s) { return s.cited; });
     var shown = (cited.length ? cited : sources).filter(function (s) { return /^https?:\/\//.test(s.url || ""); });
     if (!shown.length) return;
@@ -230,6 +309,7 @@
       box.appendChild(b);
     });
     log.appendChild(box);
+    return box;
   }
 
   function finish(meta) {
@@ -431,6 +511,7 @@
   function ask(text) {
     busy = true; send.disabled = true;
     input.value = "";
+    if (starters) { starters.remove(); starters = null; }
     log.appendChild(el("div", "cw-msg cw-user", text));
     var turn = bubble();
     turn.text = text;
@@ -442,8 +523,9 @@
   // answer that was streaming, resumed from its first frame (the page lost what it showed).
   var saved = localStorage.getItem(storeKey), savedToken = localStorage.getItem(tokenKey);
   var streaming = JSON.parse(localStorage.getItem(streamKey) || "null");
+  var restored = Promise.resolve();
   if (saved && savedToken) {
-    fetch(api + "/v1/sites/" + encodeURIComponent(site) + "/conversations/" + encodeURIComponent(saved),
+    restored = fetch(api + "/v1/sites/" + encodeURIComponent(site) + "/conversations/" + encodeURIComponent(saved),
           {headers: {"X-Session-Token": savedToken}})
       .then(function (r) { return r.ok ? r.json() : null; })
       .then(function (view) {
@@ -475,4 +557,6 @@
         scroll();
       });
   }
+  // The greeting and the starter questions once the look is known and nothing was restored.
+  Promise.all([readSettings(), restored.catch(function () {})]).then(welcome);
 })();

@@ -1,0 +1,139 @@
+"""The site itself, for operators (under the operator prefix: operator.py): its config, made,
+changed and deleted through shared/site_store.py (checked as a file is, versioned in the
+`site_config` bucket, audited as a `SiteChanged` in the site's log).
+
+- `GET    /v1/admin/sites/{site}`: the config (every field), its version, the embed snippet;
+- `PUT    /v1/admin/sites/{site}`: the whole config (the file's keys, as JSON): creates the
+  site (201; ADMIN_TOKEN only, a site key gets 403) or replaces its config (200);
+- `PATCH  /v1/admin/sites/{site}`: a JSON merge patch (tables merge, lists are replaced, null
+  puts a key back to its default);
+- `DELETE /v1/admin/sites/{site}`: ADMIN_TOKEN only (403 for a site key);
+- `GET    versions`: the configs the bucket keeps, newest first, with who made each;
+- `POST   keys`: a new operator key for the site, in the answer only; its SHA-256 joins
+  `operator_key_sha256`.
+
+A config that does not validate is a 422 listing every field's problem (errors.py); a site
+key sees only its own site (404 for any other, as for everything under the prefix).
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Annotated, Any
+
+import msgspec
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+
+from services.gateway.access import operator_of_site
+from services.gateway.errors import Conflict, NotFound
+from services.gateway.openapi import SITE_OPENAPI, SITE_PATCH_OPENAPI, SiteId
+from services.gateway.operators import Operator
+from services.gateway.schemas import RequestError, decode, read_body
+from shared.site_config import SiteConfig
+from shared.site_store import SiteConflict, SiteNotFound, SiteStore, as_data
+
+router = APIRouter()
+Who = Annotated[Operator, Depends(operator_of_site)]
+_object = msgspec.json.Decoder(dict[str, Any])
+NO_STORE = {"Cache-Control": "no-store"}
+
+
+def snippet(request: Request, site: str) -> str:
+    """What a page embeds to show the site's widget (as the demo page does)."""
+    base = str(request.base_url).rstrip("/")
+    return f'<script src="{html.escape(base)}/widget.js" data-site="{html.escape(site)}"></script>'
+
+
+def shown(request: Request, site: str, config: SiteConfig) -> dict[str, Any]:
+    return {"site": site, "version": config.version, "config": as_data(config), "snippet": snippet(request, site),
+            "widget_settings_url": f"{str(request.base_url).rstrip('/')}/v1/sites/{site}/widget"}
+
+
+def _store(request: Request) -> SiteStore:
+    return SiteStore(request.app.state.bus)
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    return decode(await read_body(request, request.app.state.settings.max_body_bytes), _object)
+
+
+def _admin_only(who: Operator, what: str) -> None:
+    if who.site is not None:
+        raise RequestError(None, f"{what} needs the deployment's ADMIN_TOKEN, not a site key", status=403)
+
+
+@router.get("")
+async def show_site(request: Request, site: SiteId):
+    """The site's config (every field, defaults included), its version and its embed snippet."""
+    config = await _store(request).read(site)
+    if config is None:
+        raise NotFound(f"no site {site}")
+    return JSONResponse(shown(request, site, config), headers=NO_STORE)
+
+
+@router.put("", openapi_extra=SITE_OPENAPI, responses={201: {"description": "the site was created"}})
+async def put_site(request: Request, site: SiteId, who: Who):
+    """Create the site with this config (ADMIN_TOKEN), or replace its config."""
+    data = await _body(request)
+    try:
+        change = await _store(request).put(site, data, who.actor, may_create=who.site is None)
+    except SiteNotFound:  # a site key's site, deleted since the key was checked
+        raise RequestError(None, "creating a site needs the deployment's ADMIN_TOKEN, not a site key",
+                           status=403) from None
+    except SiteConflict as exc:
+        raise Conflict(str(exc)) from None
+    created = change.event is not None and change.event.change == "created"
+    return JSONResponse(shown(request, site, change.config), status_code=201 if created else 200, headers=NO_STORE)
+
+
+@router.patch("", openapi_extra=SITE_PATCH_OPENAPI)
+async def patch_site(request: Request, site: SiteId, who: Who):
+    """Change some of the site's settings: a JSON merge patch, e.g. `{"widget": {"primary_color": "#0a7"}}`."""
+    patch = await _body(request)
+    try:
+        change = await _store(request).patch(site, patch, who.actor)
+    except SiteNotFound:
+        raise NotFound(f"no site {site}") from None
+    except SiteConflict as exc:
+        raise Conflict(str(exc)) from None
+    return JSONResponse(shown(request, site, change.config), headers=NO_STORE)
+
+
+@router.delete("")
+async def delete_site(request: Request, site: SiteId, who: Who):
+    """Delete the site (ADMIN_TOKEN): the gateway stops serving it once the replicas' copies
+    expire; its log and its earlier configs stay."""
+    _admin_only(who, "deleting a site")
+    try:
+        change = await _store(request).delete(site, who.actor)
+    except SiteNotFound:
+        raise NotFound(f"no site {site}") from None
+    except SiteConflict as exc:
+        raise Conflict(str(exc)) from None
+    return {"site": site, "deleted": change.event.previous_version}
+
+
+@router.get("/versions")
+async def site_versions(request: Request, site: SiteId):
+    """The site's configs the bucket keeps (the last 64), newest first, each with the change
+    that made it (who, when, which fields) when the site's log has it."""
+    versions = await _store(request).versions(site)
+    if not versions:
+        raise NotFound(f"no site {site}")
+    return JSONResponse({"site": site, "versions": versions}, headers=NO_STORE)
+
+
+@router.post("/keys", status_code=201)
+async def make_key(request: Request, site: SiteId, who: Who):
+    """A new operator key for the site, returned once: only its SHA-256 is stored (added to
+    `operator_key_sha256`; remove an entry with PATCH to retire a key). It works on every
+    replica once their copies of the config expire (SITE_CONFIG_TTL_S)."""
+    try:
+        key, change = await _store(request).add_key(site, who.actor)
+    except SiteNotFound:
+        raise NotFound(f"no site {site}") from None
+    except SiteConflict as exc:
+        raise Conflict(str(exc)) from None
+    return JSONResponse({"site": site, "key": key, "sha256": change.config.operator_key_sha256[-1],
+                         "version": change.config.version}, status_code=201, headers=NO_STORE)
