@@ -1,15 +1,17 @@
 """The widget in headless Chromium (Debian's, through playwright-core) on the demo page,
 with the whole system running as processes (tests/e2e.py): a streamed answer with its
 sources and follow-ups, markdown rendered and HTML never, an answer resumed after a reload
-or a dropped connection, a message sent again after a try that failed in transit."""
+or a dropped connection, a message sent again after a try that failed in transit; and a
+site owner onboarding in /admin (a site, its website synced, its widget embedded)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 
 from tests import e2e
-from tests.e2e import SLOW_ANSWER, ask_in_a_fresh_widget, events_of, launch_chromium, needs_chromium
+from tests.e2e import SLOW_ANSWER, ask_in_a_fresh_widget, events_of, launch_chromium, needs_chromium, ops
 from tests.servers import ROOT
 
 system, http = e2e.system, e2e.http  # the fixtures (tests/e2e.py)
@@ -228,3 +230,79 @@ async def test_browser_sends_a_message_again_when_its_try_fails_before_the_turn_
     assert [(e["turn"], e["message"]) for e in requested] == [
         (1, "Hello there"), (2, "Do you integrate with Xero?"), (3, "And with Sage?")]
 
+
+
+@needs_chromium
+async def test_a_site_owner_onboards_from_the_operator_ui(system, llm, suggestions_llm, http):
+    """Issue 40's path, in Chromium: /admin makes a site (its name, its website's origin, a
+    colour and a greeting), the Knowledge view adds the website's sitemap and shows the sync
+    to its end, a page of the website embedding the snippet shows the widget in the site's
+    look and answers from the crawled pages, citing their URLs; the page changes, "Sync now"
+    brings the new fact."""
+    from playwright.async_api import async_playwright
+
+    from tests.website import Website
+
+    llm.clear(), suggestions_llm.clear()
+    llm.fail_next({"reply": "The Model 17 sensor costs 170 euros [1]."}, {"reply": "It includes 12 dispatchers [1]."})
+    suggestions_llm.fail_next({"reply": json.dumps({"suggestions": ["What does Model 18 cost?"]})},
+                              {"reply": json.dumps({"suggestions": ["Is there a trial?"]})})
+    site = f"onboard{uuid.uuid4().hex[:6]}"
+    with Website() as website:
+        async with async_playwright() as pw:
+            browser = await launch_chromium(pw)
+            try:
+                admin = await browser.new_page(viewport={"width": 1400, "height": 900})
+                await admin.goto(system.gateway_url + "/admin")
+                await admin.fill("#token", system.env["ADMIN_TOKEN"])
+                await admin.fill("#site", site)
+                await admin.click("#siteSettings")
+                await admin.wait_for_selector("#siteState:has-text('No site')")
+                await admin.fill("#site-name", "Gridline")
+                await admin.fill("#site-allowed_origins", website.url)
+                await admin.fill("#site-widget-primary_color", "#0a7755")
+                await admin.fill("#site-widget-greeting", "Hello from Gridline!")
+                await admin.click("#siteSave")
+                await admin.wait_for_selector("#status:has-text('site created')")
+                snippet = await admin.text_content("#siteSnippet")
+
+                await admin.click("#knowledge")
+                await admin.fill("#sourceUrl", f"{website.url}/sitemap.xml")
+                await admin.click("#sourceAdd")
+                await admin.wait_for_selector("#sources .source .tag.good", timeout=90000)  # completed
+                counts = await admin.text_content("#sources .source .counts")
+                assert f"{len(website.allowed())} added" in counts, counts
+                await admin.click("#sources .source button:has-text('Pages')")
+                await admin.wait_for_selector("#sourcePages td:has-text('gone')")  # the sitemap's 404
+
+                website.embed = snippet
+                page = await browser.new_page()
+                await page.goto(f"{website.url}/embed.html")
+                await page.wait_for_function(
+                    "() => { const b = document.querySelector('[data-testid=cw-launch]');"
+                    " return b && getComputedStyle(b).backgroundColor === 'rgb(10, 119, 85)'; }", timeout=15000)
+                await page.click("[data-testid=cw-launch]")
+                assert await page.locator("[data-testid=cw-greeting]").text_content() == "Hello from Gridline!"
+                await page.fill("[data-testid=cw-input]", "How much does the Model 17 sensor cost?")
+                await page.press("[data-testid=cw-input]", "Enter")
+                await page.wait_for_selector("[data-testid=cw-sources] a", timeout=30000)
+                links = await page.locator("[data-testid=cw-sources] a").evaluate_all("as => as.map(a => a.href)")
+                assert f"{website.url}/docs/page-17" in links, links
+                assert "170 euros" in await page.locator("[data-testid=cw-bot]").first.text_content()
+
+                # The website changes; "Sync now" brings the new text into the answers' sources.
+                website.changing = "The Orbit plan includes 12 dispatchers."
+                await admin.click("#sources .source button.sync")
+                await admin.wait_for_selector("#sources .source .counts:has-text('1 updated')", timeout=90000)
+                await page.fill("[data-testid=cw-input]", "How many dispatchers does the Orbit plan include?")
+                await page.press("[data-testid=cw-input]", "Enter")
+                await page.wait_for_function(
+                    "() => document.querySelectorAll('[data-testid=cw-bot]').length === 2", timeout=30000)
+            finally:
+                await browser.close()
+    conversations = (await http.get(f"{system.gateway_url}/v1/admin/sites/{site}/conversations",
+                                    headers=ops(system))).json()["conversations"]
+    (conversation,) = conversations
+    events = await events_of(http, system, site, conversation["session_id"])
+    retrieved = [e for e in events if e["type"] == "retrieval_completed"][-1]["event"]["documents"]
+    assert any("12 dispatchers" in d["content"] and d["source"] == f"{website.url}/changing" for d in retrieved), retrieved

@@ -31,6 +31,7 @@ class Website:
         self.changing = "The Orbit plan includes 5 dispatchers."
         self.vanishing = True
         self.hits: Counter[str] = Counter()
+        self.embed = ""  # /embed.html: a page of the site embedding the widget's snippet (not in the sitemap)
         self.port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -74,6 +75,9 @@ class Website:
             return web.Response(text=f"User-agent: *\nDisallow: /private/\nSitemap: {self.url}/sitemap.xml\n")
         if path == "/sitemap.xml":
             return web.Response(text=self.sitemap(), content_type="application/xml")
+        if path == "/embed.html":
+            return web.Response(text=f"<!doctype html><html><body><h1>Gridline</h1>{self.embed}</body></html>",
+                                content_type="text/html")
         if path == "/brochure.png":
             return web.Response(body=b"\x89PNG\r\n\x1a\n" + b"0" * 64, content_type="image/png")
         if path == "/download":

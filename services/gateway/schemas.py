@@ -69,17 +69,6 @@ class RequestError(Exception):
         return {"error": code, "detail": [{"field": self.field, "message": self.message}]}
 
 
-class FieldErrors(RequestError):
-    """Several fields wrong at once (a definition checked as a whole): 422 naming each."""
-
-    def __init__(self, errors: list[dict[str, str]]):
-        super().__init__(errors[0]["field"] if errors else None, "; ".join(e["message"] for e in errors))
-        self.errors = errors
-
-    def body(self) -> dict:
-        return {"error": "invalid_request", "detail": [{"field": e["field"], "message": e["message"]} for e in self.errors]}
-
-
 class ErrorDetail(msgspec.Struct):
     field: str | None
     message: str

@@ -26,7 +26,7 @@ from services.gateway.access import operator_of_site
 from services.gateway.errors import NotFound
 from services.gateway.openapi import SiteId
 from services.gateway.operators import Operator
-from services.gateway.schemas import FieldErrors, RequestError, decode
+from services.gateway.schemas import decode, read_body
 
 router = APIRouter()
 SourceId = Annotated[str, msgspec.Meta(pattern=r"^(web|file|text)-[0-9a-f]{12}\Z")]
@@ -51,16 +51,6 @@ async def _spec(request: Request, site: str, source_id: str):
     return spec
 
 
-async def _body(request: Request, limit: int) -> bytes:
-    """The request's body, refused past `limit` bytes (413) before more of it is read."""
-    data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > limit:
-            raise RequestError(None, f"the body is larger than {limit} bytes", status=413)
-    return bytes(data)
-
-
 @router.get("/sources")
 async def list_sources(request: Request, site: SiteId):
     """The site's knowledge sources and how their runs went."""
@@ -71,11 +61,8 @@ async def list_sources(request: Request, site: SiteId):
 @router.post("/sources", status_code=202)
 async def add_source(request: Request, site: SiteId, who: Annotated[Operator, Depends(operator_of_site)]):
     """Define a website or text source and start its first run."""
-    given = decode(await _body(request, MAX_DEFINITION_BYTES), _decoder)
-    try:
-        spec = sources.spec_of(given)
-    except sources.SourceError as exc:
-        raise FieldErrors(exc.errors) from None
+    given = decode(await read_body(request, MAX_DEFINITION_BYTES), _decoder)
+    spec = sources.spec_of(given)  # SourceError: a 422 naming each field (errors.py)
     bus = request.app.state.bus
     await sources.define(bus, site, spec, _actor(who))
     run, _ = await sources.request_sync(bus, site, spec.id, "added", _actor(who))
@@ -86,11 +73,8 @@ async def add_source(request: Request, site: SiteId, who: Annotated[Operator, De
 async def upload(request: Request, site: SiteId, who: Annotated[Operator, Depends(operator_of_site)],
                  name: Annotated[str, Query(min_length=1, max_length=200)]):
     """Store a file as a source (its bytes are the body) and sync it."""
-    data = await _body(request, sources.MAX_UPLOAD_BYTES)
-    try:
-        spec = sources.file_spec(name, len(data))
-    except sources.SourceError as exc:
-        raise FieldErrors(exc.errors) from None
+    data = await read_body(request, sources.MAX_UPLOAD_BYTES)
+    spec = sources.file_spec(name, len(data))
     spec = msgspec.structs.replace(spec, upload=sources.upload_key(site, spec.id, spec.name))
     bus = request.app.state.bus
     await sources.Staging(bus).upload(spec.upload, data)
