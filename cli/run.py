@@ -101,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  gateway:      {system.gateway_url}  (POST /v1/chat, GET /readyz)")
         token_note = ("from ADMIN_TOKEN" if os.environ.get("ADMIN_TOKEN")
                       else f"in {system.data_dir / 'admin-token'}")
-        print(f"  operator UI:  {system.gateway_url}/admin  (conversations, timelines, rerun, diff, fork, verify)")
+        print(f"  operator UI:  {system.gateway_url}/admin  (conversations, timelines, replay, leads, a site's settings "
+              "and widget, its knowledge sources)")
         print(f"  operator token ({token_note}) for the operator endpoints:")
         print(f"    curl -H \"Authorization: Bearer $(cat {system.data_dir / 'admin-token'})\" "
               f"{system.gateway_url}/v1/admin/sites/demo/conversations/<session_id>/events" if not os.environ.get("ADMIN_TOKEN")
