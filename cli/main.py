@@ -40,7 +40,7 @@ COMMANDS = (
         ("briefs triage --site SITE", "rank the site's open leads: whom to call first"))),
     Command("sources", "cli.sources", (
         ("sources add --site SITE --url URL [--every 24h]", "a website (start page or sitemap) kept in the knowledge base"),
-        ("sources upload --site SITE FILE...", "files (pdf, docx, pptx, xlsx, html, md, txt) as sources"),
+        ("sources upload --site SITE FILE...", "files (pdf, docx, pptx, html, md, txt) as sources"),
         ("sources list --site SITE", "the site's sources and how their last runs went"),
         ("sources sync --site SITE [--wait]", "sync the sources now (--wait: until done; 1 if one failed)"))),
     Command("sites", "cli.sites", (

@@ -47,7 +47,7 @@ def parser() -> argparse.ArgumentParser:
     add.add_argument("--text", default="")
     add.add_argument("--wait", action="store_true", help="return when the first run has ended")
     add.add_argument("--timeout", type=float, default=600.0)
-    upload = commands.add_parser("upload", help="files (pdf, docx, pptx, xlsx, html, md, txt)")
+    upload = commands.add_parser("upload", help="files (pdf, docx, pptx, html, md, txt)")
     upload.add_argument("--site", required=True)
     upload.add_argument("files", nargs="+", type=Path)
     upload.add_argument("--wait", action="store_true")

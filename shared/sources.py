@@ -32,7 +32,7 @@ MAX_PAGES_LIMIT = 5000  # a run's page limit at most (its progress is folded fro
 MIN_EVERY_S = 3600.0  # the shortest schedule: once an hour
 MAX_TEXT_CHARS = 200_000
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
-UPLOAD_SUFFIXES = (".pdf", ".docx", ".pptx", ".xlsx", ".html", ".htm", ".md", ".markdown", ".txt")
+UPLOAD_SUFFIXES = (".pdf", ".docx", ".pptx", ".html", ".htm", ".md", ".markdown", ".txt")
 EVERY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 
 

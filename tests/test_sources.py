@@ -132,3 +132,23 @@ async def test_the_fetcher_refuses_loopback_names_and_redirects_into_the_network
         await client.close()
         await runner.cleanup()
     await asyncio.sleep(0)
+
+
+def test_uploaded_office_files_and_documents_become_markdown():
+    import io
+
+    from pptx import Presentation
+
+    deck = Presentation()
+    slide = deck.slides.add_slide(deck.slide_layouts[1])
+    slide.shapes.title.text = "Onboarding"
+    slide.placeholders[1].text = "Every customer gets a 30-day onboarding plan."
+    data = io.BytesIO()
+    deck.save(data)
+    title, text = pages.file_text("sales-deck.pptx", data.getvalue())
+    assert title == "Sales Deck" and "# Onboarding" in text and "30-day onboarding plan" in text
+    assert pages.file_text("faq.md", b"# FAQ\n\nYes.") == ("Faq", "# FAQ\n\nYes.")
+    with pytest.raises(pages.UnreadableFile):
+        pages.file_text("notes.txt", b"\xff\xfe\x00bad")
+    with pytest.raises(pages.UnreadableFile):
+        pages.file_text("tool.exe", b"MZ")

@@ -11,7 +11,7 @@ shared/sources.py.
 - `POST   sources/{source_id}/sync`: its next run (or the one still going), 202;
 - `DELETE sources/{source_id}`: removed; its pages leave the knowledge base;
 - `POST   uploads?name=FILE` (the file's bytes as the body, at most 20 MiB): a file source
-  (PDF, DOCX, PPTX, XLSX, HTML, Markdown, text), stored and synced, 202.
+  (PDF, DOCX, PPTX, HTML, Markdown, text), stored and synced, 202.
 """
 
 from __future__ import annotations

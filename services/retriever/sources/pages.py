@@ -10,7 +10,7 @@ pages a sitemap lists, and the text of a page or file (pure functions over fetch
 - HTML: trafilatura (Apache-2.0) takes the main content as Markdown (headings kept, menus,
   footers and cookie banners left out) and the title; the links come from lxml.
 - Files: PDF, HTML, Markdown and text as `concierge ingest` reads them (documents.py);
-  DOCX, PPTX and XLSX through markitdown (MIT).
+  DOCX and PPTX through markitdown (MIT).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import posixpath
 from urllib.parse import urljoin, urlsplit, urlunsplit
 
 from shared import events as ev
+from shared import sources
 
 HTML_TYPES = ("text/html", "application/xhtml+xml")
-FILE_SUFFIXES = (".pdf", ".docx", ".pptx", ".xlsx", ".html", ".htm", ".md", ".markdown", ".txt")
 # Links to these are not pages: never queued.
 ASSET_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".svg", ".webp", ".ico", ".css", ".js", ".zip", ".gz", ".mp4",
                   ".mp3", ".woff", ".woff2", ".ttf", ".xml", ".json", ".rss", ".atom")
@@ -126,10 +126,10 @@ class UnreadableFile(Exception):
 def file_text(name: str, data: bytes) -> tuple[str, str]:
     """(title, text as Markdown) of an uploaded file."""
     suffix = posixpath.splitext(name.lower())[1]
-    if suffix not in FILE_SUFFIXES:
-        raise UnreadableFile(f"{name}: unsupported file type {suffix or '(none)'} (use {', '.join(FILE_SUFFIXES)})")
+    if suffix not in sources.UPLOAD_SUFFIXES:
+        raise UnreadableFile(f"{name}: unsupported file type {suffix or '(none)'} (use {', '.join(sources.UPLOAD_SUFFIXES)})")
     stem = posixpath.splitext(posixpath.basename(name))[0].replace("-", " ").replace("_", " ").strip().title()
-    if suffix in (".docx", ".pptx", ".xlsx"):
+    if suffix in (".docx", ".pptx"):
         from markitdown import MarkItDown, StreamInfo
 
         try:
