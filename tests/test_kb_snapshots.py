@@ -182,10 +182,11 @@ async def test_history_keeps_the_newest_archives(tmp_path, bus, site):
     assert (await store.current(site)).version == versions[-1]
 
 
-async def test_with_the_production_permissions_ingestion_publishes_and_the_retriever_only_reads(tmp_path, site):
+async def test_with_the_production_permissions_ingestion_and_the_retriever_publish_and_replay_only_reads(tmp_path, site):
     """deploy/nats-server.conf: ingestion connects as `admin` (docs/deploy.md); the
-    retriever may create the bucket and read it (a multi-chunk archive), not write it; so
-    may the replay worker, which follows the snapshots for a fork's retrieval."""
+    retriever may create the bucket, read it (a multi-chunk archive) and write it (a
+    knowledge source's run publishes the site it changed); the replay worker, which follows
+    the snapshots for a fork's retrieval, may only read it."""
     passwords = {name: uuid.uuid4().hex for name in NATS_USERS}
     env = {f"NATS_{name.upper()}_PASSWORD": pw for name, pw in passwords.items()}
     with nats_server_with_config((ROOT / "deploy" / "nats-server.conf").read_text(), env) as url:
@@ -201,13 +202,14 @@ async def test_with_the_production_permissions_ingestion_publishes_and_the_retri
             assert new and list(await reading.digests()) == [site]
             assert (await reading.current(site)).version == manifest.version
             assert snapshots.unpack(await reading.fetch(manifest), tmp_path / "copy").version == manifest.version
-            with pytest.raises(nats.errors.TimeoutError):
-                await retriever.js.publish(f"$O.{reading.objects._name}.M.x", b"{}", timeout=0.5)
+            (directory / "documents.json").write_text("{}")
+            synced, new = await reading.publish(site, directory)  # as a sync run's end does
+            assert new and (await reading.current(site)).version == synced.version
             replay = await connect(BusConfig(url=url, user="replay", password=passwords["replay"]), "replay")
             try:
                 replaying = await snapshots.open_store(replay)
-                assert (await replaying.current(site)).version == manifest.version
-                assert snapshots.unpack(await replaying.fetch(manifest), tmp_path / "again").version == manifest.version
+                assert (await replaying.current(site)).version == synced.version
+                assert snapshots.unpack(await replaying.fetch(synced), tmp_path / "again").version == synced.version
                 with pytest.raises(nats.errors.TimeoutError):
                     await replay.js.publish(f"$O.{reading.objects._name}.M.x", b"{}", timeout=0.5)
             finally:
