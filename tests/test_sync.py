@@ -62,6 +62,14 @@ async def stop(runners):
         await CLIENTS.pop().close()
 
 
+async def added(bus, site, **given) -> ev.SourceSpec:
+    """A source defined as an operator does, its first run requested."""
+    spec = sources.spec_of(sources.SourceInput(**given))
+    await sources.define(bus, site, spec, "test")
+    await sources.request_sync(bus, site, spec.id, "added")
+    return spec
+
+
 async def ended(bus, site, source, run) -> ev.Envelope | None:
     session = sources.session_of(source)
     for kind in ("sync_completed", "sync_failed"):
@@ -145,12 +153,12 @@ async def test_a_fetcher_killed_mid_run_loses_and_duplicates_nothing(work_bus, k
                 await asyncio.sleep(3600)  # dies here, holding the page
             return await super().get(url, headers)
 
-    node = fetcher.make_node(Stuck("ConciergeTest/1.0", allow_private=True, timeout_s=5.0), staging)
+    stuck = Stuck("ConciergeTest/1.0", allow_private=True, timeout_s=5.0)
+    CLIENTS.append(stuck)
+    node = fetcher.make_node(stuck, staging)
     doomed = await start(bus, node, fast(concurrency=4, ack_wait_s=2.0))
     try:
-        spec = sources.spec_of(sources.SourceInput(url=f"{website.url}/sitemap.xml", include=["/", "/slow", "/docs/page-0*"]))
-        await sources.define(bus, site, spec, "test")
-        await sources.request_sync(bus, site, spec.id, "added")
+        spec = await added(bus, site, url=f"{website.url}/sitemap.xml", include=["/", "/slow", "/docs/page-0*"])
         await asyncio.wait_for(started.wait(), 30)
         # Killed: no ack, no nak for what it holds; its pages come back after the ack wait.
         doomed._stopping = True
@@ -178,9 +186,7 @@ async def test_a_start_page_is_crawled_by_its_links_up_to_the_limit(work_bus, kb
     bus = work_bus
     runners = await run_nodes(bus, kb)
     try:
-        spec = sources.spec_of(sources.SourceInput(url=f"{website.url}/", max_pages=10, exclude=["/slow"]))
-        await sources.define(bus, site, spec, "test")
-        await sources.request_sync(bus, site, spec.id, "added")
+        spec = await added(bus, site, url=f"{website.url}/", max_pages=10, exclude=["/slow"])
         done = await synced(bus, site, spec.id, 1)
         assert isinstance(done, ev.SyncCompleted), done
         urls = [p.url for p in await pages_of(bus, site, spec.id, 1)]
@@ -195,9 +201,7 @@ async def test_a_site_that_cannot_be_reached_fails_the_run_and_keeps_the_knowled
     bus = work_bus
     runners = await run_nodes(bus, kb)
     try:
-        spec = sources.spec_of(sources.SourceInput(url="http://127.0.0.1:9/sitemap.xml"))
-        await sources.define(bus, site, spec, "test")
-        await sources.request_sync(bus, site, spec.id, "added")
+        spec = await added(bus, site, url="http://127.0.0.1:9/sitemap.xml")
         done = await synced(bus, site, spec.id, 1)
         assert isinstance(done, ev.SyncFailed) and "127.0.0.1:9" in done.reason
     finally:
