@@ -55,7 +55,8 @@ COMMANDS = (
     Command("bench", "cli.measure.bench", (
         ("bench", "drive a fresh system with the scripted LLM and print figures (make bench)"),)),
     Command("loadtest", "cli.measure.loadtest", (
-        ("loadtest SERVICE|all", "one service alone over rising rates: capacity per replica, CPU ms per event (make loadtest)"),)),
+        ("loadtest SERVICE|all", "one service alone over rising rates: capacity per replica, CPU ms per event (make loadtest)"),
+        ("loadtest ingest [--sites N --docs N]", "chunks/s of the offline ingest on a generated corpus, and where its time goes"))),
     Command("eval", "cli.measure.evals", (
         ("eval intent|followups|skills|hack|retrieval|all", "the router's and retriever's evals on labeled JSONL (make eval)"),
         ("eval answers [--base-url URL]", "ask the dataset's questions through a running system (or one it starts)"),

@@ -46,6 +46,7 @@ from services.retriever.lightrag_functions import (UNBOUNDED_TOKENS, cosine_once
                                                     llm_function, no_llm, querying, quiet_lightrag, share_query_config,
                                                     tokenize_inline, untruncated_when_unbounded)
 from services.retriever.settings import KnowledgeBaseSettings
+from services.retriever.stage_clock import StageClock
 from services.retriever.word_tokenizer import WordTokenizer
 from shared import subjects
 from shared.embeddings import Embedder, model_dir
@@ -111,6 +112,7 @@ class KnowledgeBase:
         self._own_client = client is None
         self._server = bool(qdrant_url) or client is not None
         self._key = f"kb-{id(self)}"
+        self.clock = StageClock()  # where ingestion's time went (`concierge loadtest ingest`)
         self._tokenizer = None
         self._model_tokenizer = None
 
@@ -266,7 +268,7 @@ class KnowledgeBase:
         rag = LightRAG(
             working_dir=str(directory.parent),
             workspace=directory.name,
-            embedding_func=EmbeddingFunc(embedding_dim=self.embedder.dim, func=embedding_function(self.embedder),
+            embedding_func=EmbeddingFunc(embedding_dim=self.embedder.dim, func=embedding_function(self.embedder, self.clock),
                                          model_name=re.sub(r"[^a-z0-9]+", "_", self.embedder.name.lower())),
             llm_model_func=llm_function(self.extraction_llm) if self.extraction_llm else no_llm,
             chunk_token_size=LLM_CHUNK_WORDS,  # LightRAG's chunking (LLM mode) counts words here
@@ -368,8 +370,9 @@ class KnowledgeBase:
             if self.extraction_llm:
                 return await self._ingest_with_llm(site, doc, registry, old)
             loop = asyncio.get_running_loop()
-            chunks = await loop.run_in_executor(None, extraction.chunk, doc, self.count_tokens)
-            found = extraction.extract(doc, chunks)
+            with self.clock("extract"):
+                chunks = await loop.run_in_executor(None, extraction.chunk, doc, self.count_tokens)
+                found = extraction.extract(doc, chunks)
             rag = await self._rag(site, create=True)
             from lightrag.utils import normalize_entity_name
 
@@ -387,11 +390,13 @@ class KnowledgeBase:
                       "content_hash": doc.content_hash, "extraction": extraction.VERSION, "ingested_at": time.time(),
                       **({"meta": doc.meta} if doc.meta else {}),
                       "chunks": {c.alias: c.content for c in chunks}, "entities": entities, "relations": relations}
-            affected = await self._take_out(rag, registry, doc.doc_id) if old is not None else (set(), set())
-            registry[doc.doc_id] = record
-            await self._write(rag, registry, set(entities) | affected[0], set(relations) | affected[1],
-                              own_doc=doc.doc_id)
-            self._save_registry(site)
+            with self.clock("write"):
+                affected = await self._take_out(rag, registry, doc.doc_id) if old is not None else (set(), set())
+                registry[doc.doc_id] = record
+                await self._write(rag, registry, set(entities) | affected[0], set(relations) | affected[1],
+                                  own_doc=doc.doc_id)
+            with self.clock("registry"):
+                self._save_registry(site)
             return "replaced" if old is not None else "added"
 
     async def delete(self, site: str, doc_id: str) -> bool:

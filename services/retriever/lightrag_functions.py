@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from services.retriever.stage_clock import StageClock
 from shared.embeddings import Embedder
 from shared.llm import LLMClient
 
@@ -27,18 +28,19 @@ UNBOUNDED_TOKENS = 10_000_000
 UNBOUNDED_FLOOR = UNBOUNDED_TOKENS // 2
 
 
-def embedding_function(embedder: Embedder):
+def embedding_function(embedder: Embedder, clock: StageClock):
     """A plain function (LightRAG deep-copies its config; a bound method would copy the
     whole knowledge base): a query's few texts (the question and its two keyword lists, in
     one call) go through the embedder's cache and batching, so a question asked again costs
     no model call; many (ingestion) are embedded in length-sorted batches off the event
-    loop, without filling the cache."""
+    loop, without filling the cache, their time counted on `clock` as "embed"."""
 
     async def embed(texts: list[str], **_: Any) -> np.ndarray:
         if len(texts) <= QUERY_TEXTS:
             return await embedder.aembed_all(list(texts))
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, embedder.embed_many, list(texts))
+        with clock("embed"):
+            return await loop.run_in_executor(None, embedder.embed_many, list(texts))
 
     return embed
 

@@ -8,6 +8,9 @@ loadtest` does), prints each one's line as it ends and, last, one line with them
 `--docs` writes their table into docs/benchmarks.md, `--chart` their latency chart, and
 `--reuse LOG` takes the services an earlier run's output already holds (one service
 measured again without the others).
+
+`concierge loadtest ingest` is no service and no rate sweep: how many chunks a second the
+offline ingest stores (cli/measure/loadtest/ingest.py); `all` leaves it out.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ SERVICES = {
     "enricher": "cli.measure.loadtest.enricher",
     "responder": "cli.measure.loadtest.responder",
 }
-USAGE = (f"usage: concierge loadtest {{{','.join(SERVICES)},all}} [ARGS]  "
+INGEST = "cli.measure.loadtest.ingest"
+USAGE = (f"usage: concierge loadtest {{{','.join(SERVICES)},all,ingest}} [ARGS]  "
          "(concierge loadtest SERVICE --help, concierge loadtest all --help)")
 
 
@@ -98,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["all"]:
         return run_all(argv[1:])
+    if argv[:1] == ["ingest"]:
+        return importlib.import_module(INGEST).main(argv[1:])
     if not argv or argv[0] not in SERVICES:
         print(USAGE, file=sys.stdout if argv[:1] in (["-h"], ["--help"]) else sys.stderr)
         return 0 if argv[:1] in (["-h"], ["--help"]) else 2
