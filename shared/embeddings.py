@@ -242,6 +242,28 @@ class Embedder:
             out[idx] = self.embed([texts[i] for i in idx])
         return out
 
+    async def aembed_many(self, texts: list[str], workers: int = 0) -> np.ndarray:
+        """Many texts (ingestion) off the event loop, `workers` model runs at once (default:
+        one per core), without the cache. The packaged model embeds each text alone: its
+        int8 weights quantize a run's activations with one scale for the whole batch, so a
+        text embedded beside others gets another vector (cosine ≈ 0.99 to its own) that
+        depends on its neighbours; alone, a text's vector is always the same, no padding is
+        computed, and a CPU second embeds more texts (~180 against ~130 in length-sorted
+        batches of 32, on the development machine). An endpoint gets length-sorted batches
+        of 32, one request each."""
+        batch = 32 if self.base_url else 1
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        loop = asyncio.get_running_loop()
+        slots = asyncio.Semaphore(workers or os.cpu_count() or 1)
+
+        async def run(rows: list[int]) -> None:
+            async with slots:
+                out[rows] = await loop.run_in_executor(None, self.embed, [texts[i] for i in rows])
+
+        await asyncio.gather(*(run(order[start:start + batch]) for start in range(0, len(order), batch)))
+        return out
+
     async def aembed(self, text: str) -> np.ndarray:
         """One text's vector, off the event loop. Requests that arrive while a batch is
         being embedded form the next batch (no added wait at low load, fewer model calls

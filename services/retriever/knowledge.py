@@ -20,6 +20,9 @@ extraction; removed with `adelete_by_doc_id`). `<KB_DIR>/<site>/documents.json` 
 added, so re-ingesting an unchanged file does nothing and a changed or deleted file takes
 its chunks, and the entities and relationships no other document of the site names, with
 it; names that other documents share are written again from those documents.
+`ingest_many` does it for many documents at once, with one embedding pass and one insert;
+`ingest` is a batch of one. A site's writers (ingest, delete, load) take its lock; queries
+take none and read the stores as the last flush left them.
 
 A site can also be served from another directory: a snapshot of its files published by
 ingestion and unpacked by this replica (snapshots.py). `load` opens it beside the one in
@@ -35,7 +38,7 @@ import json
 import re
 import shutil
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,6 +116,7 @@ class KnowledgeBase:
         self._server = bool(qdrant_url) or client is not None
         self._key = f"kb-{id(self)}"
         self.clock = StageClock()  # where ingestion's time went (`concierge loadtest ingest`)
+        self._prepared: dict[str, Any] = {}  # text -> vector, embedded before an insert (`_write`)
         self._tokenizer = None
         self._model_tokenizer = None
 
@@ -268,7 +272,8 @@ class KnowledgeBase:
         rag = LightRAG(
             working_dir=str(directory.parent),
             workspace=directory.name,
-            embedding_func=EmbeddingFunc(embedding_dim=self.embedder.dim, func=embedding_function(self.embedder, self.clock),
+            embedding_func=EmbeddingFunc(embedding_dim=self.embedder.dim,
+                                         func=embedding_function(self.embedder, self.clock, self._prepared),
                                          model_name=re.sub(r"[^a-z0-9]+", "_", self.embedder.name.lower())),
             llm_model_func=llm_function(self.extraction_llm) if self.extraction_llm else no_llm,
             chunk_token_size=LLM_CHUNK_WORDS,  # LightRAG's chunking (LLM mode) counts words here
@@ -361,21 +366,81 @@ class KnowledgeBase:
 
     async def ingest(self, site: str, doc: SourceDocument) -> str:
         """"added", "replaced" or "unchanged"."""
+        return (await self.ingest_many(site, [doc]))[doc.doc_id]
+
+    async def ingest_many(self, site: str, docs: list[SourceDocument]) -> dict[str, str]:
+        """Each document's outcome by doc id: "added", "replaced" or "unchanged" (a doc id
+        given twice counts with its last version). The stores end as ingesting the documents
+        one by one in order leaves them, but each piece of work is done once for all of them:
+        the changed documents are extracted together off the event loop, every text to embed
+        is embedded in one pass, and one LightRAG insert takes out their earlier versions and
+        writes their chunks and every entity and relationship they name (each once, however
+        many of them name it), with one flush of the stores; documents.json is written once.
+
+        If it fails, the registry is read again from documents.json, which still names the
+        earlier versions, so ingesting the same documents again redoes them; a failure
+        before the stores are written (the extraction, the embedding) leaves them untouched."""
         async with self._locks[site]:
             registry = self.registry(site)
-            old = registry.get(doc.doc_id)
             method = "llm" if self.extraction_llm else extraction.VERSION
-            if old is not None and old["content_hash"] == doc.content_hash and old.get("extraction") == method:
-                return "unchanged"
+            outcomes: dict[str, str] = {}
+            changed: list[SourceDocument] = []
+            for doc in {d.doc_id: d for d in docs}.values():
+                old = registry.get(doc.doc_id)
+                if old is not None and old["content_hash"] == doc.content_hash and old.get("extraction") == method:
+                    outcomes[doc.doc_id] = "unchanged"
+                else:
+                    outcomes[doc.doc_id] = "added" if old is None else "replaced"
+                    changed.append(doc)
             if self.extraction_llm:
-                return await self._ingest_with_llm(site, doc, registry, old)
-            loop = asyncio.get_running_loop()
+                for doc in changed:
+                    await self._ingest_with_llm(site, doc, registry)
+                return outcomes
+            if not changed:
+                return outcomes
             with self.clock("extract"):
-                chunks = await loop.run_in_executor(None, extraction.chunk, doc, self.count_tokens)
-                found = extraction.extract(doc, chunks)
+                records = await asyncio.get_running_loop().run_in_executor(None, self._records, changed)
             rag = await self._rag(site, create=True)
-            from lightrag.utils import normalize_entity_name
+            try:
+                first = _first_naming(registry, records)
+                olds = [registry.pop(doc_id) for doc_id in records if doc_id in registry]
+                registry.update(records)
+                names, relations = _still_named(registry, olds)
+                for record in records.values():
+                    names.update(record["entities"])
+                    relations.update(record["relations"])
+                await self._write(rag, registry, olds, names, relations, list(records), first)
+            except BaseException:
+                self._registries.pop(site, None)
+                raise
+            with self.clock("registry"):
+                self._save_registry(site)
+            return outcomes
 
+    async def delete(self, site: str, doc_id: str) -> bool:
+        async with self._locks[site]:
+            registry = self.registry(site)
+            if doc_id not in registry:
+                return False
+            rag = await self._rag(site, create=True)
+            try:
+                olds = [registry.pop(doc_id)]
+                await self._write(rag, registry, olds, *_still_named(registry, olds))
+            except BaseException:
+                self._registries.pop(site, None)
+                raise
+            self._save_registry(site)
+            return True
+
+    def _records(self, docs: list[SourceDocument]) -> dict[str, dict]:
+        """Each document's registry record: its chunks, and the entities and relationships
+        extracted from them under LightRAG's normalised names."""
+        from lightrag.utils import normalize_entity_name
+
+        records = {}
+        for doc in docs:
+            chunks = extraction.chunk(doc, self.count_tokens)
+            found = extraction.extract(doc, chunks)
             entities = {}
             for name, data in found.entities.items():
                 key = normalize_entity_name(name)
@@ -386,36 +451,19 @@ class KnowledgeBase:
                 a, b = normalize_entity_name(a), normalize_entity_name(b)
                 if a in entities and b in entities and a != b:
                     relations[f"{min(a, b)}{SEP}{max(a, b)}"] = data
-            record = {"doc_id": doc.doc_id, "title": doc.title, "source": doc.source, "path": doc.path,
-                      "content_hash": doc.content_hash, "extraction": extraction.VERSION, "ingested_at": time.time(),
-                      **({"meta": doc.meta} if doc.meta else {}),
-                      "chunks": {c.alias: c.content for c in chunks}, "entities": entities, "relations": relations}
-            with self.clock("write"):
-                affected = await self._take_out(rag, registry, doc.doc_id) if old is not None else (set(), set())
-                registry[doc.doc_id] = record
-                await self._write(rag, registry, set(entities) | affected[0], set(relations) | affected[1],
-                                  own_doc=doc.doc_id)
-            with self.clock("registry"):
-                self._save_registry(site)
-            return "replaced" if old is not None else "added"
+            records[doc.doc_id] = {
+                "doc_id": doc.doc_id, "title": doc.title, "source": doc.source, "path": doc.path,
+                "content_hash": doc.content_hash, "extraction": extraction.VERSION, "ingested_at": time.time(),
+                **({"meta": doc.meta} if doc.meta else {}),
+                "chunks": {c.alias: c.content for c in chunks}, "entities": entities, "relations": relations}
+        return records
 
-    async def delete(self, site: str, doc_id: str) -> bool:
-        async with self._locks[site]:
-            registry = self.registry(site)
-            if doc_id not in registry:
-                return False
-            rag = await self._rag(site, create=True)
-            names, relations = await self._take_out(rag, registry, doc_id)
-            await self._write(rag, registry, names, relations, own_doc=None)
-            self._save_registry(site)
-            return True
-
-    async def _ingest_with_llm(self, site: str, doc: SourceDocument, registry: dict, old: dict | None) -> str:
+    async def _ingest_with_llm(self, site: str, doc: SourceDocument, registry: dict) -> None:
         """LightRAG's own pipeline: its chunking and its LLM entity/relationship extraction."""
         rag = await self._rag(site, create=True)
-        if old is not None:
-            names, relations = await self._take_out(rag, registry, doc.doc_id)
-            await self._write(rag, registry, names, relations, own_doc=None)
+        if doc.doc_id in registry:
+            olds = [registry.pop(doc.doc_id)]
+            await self._write(rag, registry, olds, *_still_named(registry, olds))
         text = "\n\n".join([f"# {doc.title}"] + [f"## {h}\n{t}" if h else t for h, t in doc.sections])
         await rag.ainsert(text, ids=[doc.doc_id], file_paths=[doc.doc_id])
         status = await rag.doc_status.get_by_id(doc.doc_id) or {}
@@ -426,51 +474,34 @@ class KnowledgeBase:
                                 "chunk_count": int(status.get("chunks_count") or 0),
                                 "chunks": {}, "entities": {}, "relations": {}, **({"meta": doc.meta} if doc.meta else {})}
         self._save_registry(site)
-        return "replaced" if old is not None else "added"
 
-    async def _take_out(self, rag, registry: dict, doc_id: str) -> tuple[set[str], set[str]]:
-        """Remove a document, whichever way it was ingested."""
-        if registry[doc_id].get("extraction") == "llm":
-            registry.pop(doc_id)
-            await rag.adelete_by_doc_id(doc_id)
-            return set(), set()
-        return await self._remove(rag, registry, doc_id)
+    async def _write(self, rag, registry: dict, olds: list[dict], names: set[str], relations: set[str],
+                     docs: list[str] | None = None, first: dict[tuple[str, str], str] | None = None) -> None:
+        """Take `olds` (records already out of `registry`) out of the stores (`_take_out`),
+        then write the chunks of `docs`, and the given entities and relationships with the
+        descriptions of every document naming them (`first[kind, key]`'s first when given,
+        the others in registry order), each anchored to one chunk of its first document (that chunk is
+        written again too; same content, same id), in one LightRAG insert, which flushes
+        every store (with nothing to insert, the stores are flushed). LightRAG records a
+        chunk's alias (`<doc id>#<n>`) as its `full_doc_id`.
 
-    async def _remove(self, rag, registry: dict, doc_id: str) -> tuple[set[str], set[str]]:
-        """Take a document out; returns the entity names and relationships that other
-        documents still hold (to be written again from them)."""
-        from lightrag.utils import compute_mdhash_id, sanitize_text_for_encoding
-
-        old = registry.pop(doc_id)
-        chunk_ids = [compute_mdhash_id(sanitize_text_for_encoding(c), prefix="chunk-") for c in old["chunks"].values()]
-        await rag.chunks_vdb.delete(chunk_ids)
-        await rag.text_chunks.delete(chunk_ids)
-        await rag.chunks_vdb.index_done_callback()
-        await rag.text_chunks.index_done_callback()
-        held_names = {n for r in registry.values() for n in r["entities"]}
-        held_relations = {k for r in registry.values() for k in r["relations"]}
-        for key in old["relations"]:
-            if key not in held_relations:
-                a, _, b = key.partition(SEP)
-                await rag.adelete_by_relation(a, b)
-        for name in old["entities"]:
-            if name not in held_names:
-                await rag.adelete_by_entity(name)
-        return set(old["entities"]) & held_names, set(old["relations"]) & held_relations
-
-    async def _write(self, rag, registry: dict, names: set[str], relations: set[str], own_doc: str | None) -> None:
-        """Write `own_doc`'s chunks, and the given entities and relationships with the
-        descriptions of every document naming them, each anchored to one chunk of a
-        document that holds it (that chunk is written again too; same content, same id)."""
+        Every text the insert will embed is embedded first, all in one pass
+        (`Embedder.aembed_many`), before any store is touched; LightRAG's flush then finds
+        each vector prepared (lightrag_functions.embedding_function) instead of embedding
+        its three stores' texts in small calls of its own."""
+        first = first or {}
         chunks: dict[str, dict] = {}
-        if own_doc is not None:
-            for alias, content in registry[own_doc]["chunks"].items():
-                chunks[alias] = {"content": content, "source_id": alias, "file_path": own_doc}
-
-        def holders(kind: str, key: str) -> list[dict]:
-            docs = [r for r in registry.values() if key in r[kind]]
-            docs.sort(key=lambda r: r["doc_id"] != own_doc)  # the document being written anchors first
-            return docs
+        for doc_id in docs or ():
+            for alias, content in registry[doc_id]["chunks"].items():
+                chunks[alias] = {"content": content, "source_id": alias, "file_path": doc_id}
+        holders: dict[tuple[str, str], list[dict]] = defaultdict(list)  # in registry order
+        for record in registry.values():
+            for name in names.intersection(record["entities"]):
+                holders["entities", name].append(record)
+            for key in relations.intersection(record["relations"]):
+                holders["relations", key].append(record)
+        for key, records in holders.items():
+            records.sort(key=lambda r: r["doc_id"] != first.get(key))
 
         def anchor(record: dict, alias: str) -> str:
             chunks.setdefault(alias, {"content": record["chunks"][alias], "source_id": alias,
@@ -479,27 +510,116 @@ class KnowledgeBase:
 
         entities, edges = [], []
         for name in sorted(names):
-            docs = holders("entities", name)
-            if not docs:
+            naming = holders.get(("entities", name))
+            if not naming:
                 continue
-            first = docs[0]["entities"][name]
-            entities.append({"entity_name": name, "entity_type": first["type"],
-                             "description": _merged(d["entities"][name]["description"] for d in docs),
-                             "source_id": anchor(docs[0], first["chunk"]),
-                             "file_path": SEP.join(d["doc_id"] for d in docs)})
+            head = naming[0]["entities"][name]
+            entities.append({"entity_name": name, "entity_type": head["type"],
+                             "description": _merged(d["entities"][name]["description"] for d in naming),
+                             "source_id": anchor(naming[0], head["chunk"]),
+                             "file_path": SEP.join(d["doc_id"] for d in naming)})
         for key in sorted(relations):
-            docs = holders("relations", key)
-            if not docs:
+            naming = holders.get(("relations", key))
+            if not naming:
                 continue
             a, _, b = key.partition(SEP)
-            first = docs[0]["relations"][key]
-            edges.append({"src_id": a, "tgt_id": b, "keywords": first["keywords"],
-                          "description": _merged(d["relations"][key]["description"] for d in docs),
-                          "source_id": anchor(docs[0], first["chunk"]),
-                          "file_path": SEP.join(d["doc_id"] for d in docs)})
-        if chunks or entities or edges:
-            await rag.ainsert_custom_kg({"chunks": list(chunks.values()), "entities": entities,
-                                         "relationships": edges}, full_doc_id=own_doc)
+            head = naming[0]["relations"][key]
+            edges.append({"src_id": a, "tgt_id": b, "keywords": head["keywords"],
+                          "description": _merged(d["relations"][key]["description"] for d in naming),
+                          "source_id": anchor(naming[0], head["chunk"]),
+                          "file_path": SEP.join(d["doc_id"] for d in naming)})
+        texts = list(dict.fromkeys(_embedded_texts(chunks.values(), entities, edges)))
+        with self.clock("embed"):
+            vectors = await self.embedder.aembed_many(texts)
+        self._prepared.update(zip(texts, vectors))
+        try:
+            with self.clock("store"):
+                await self._take_out(rag, registry, olds)
+                if chunks or entities or edges:
+                    await rag.ainsert_custom_kg({"chunks": list(chunks.values()), "entities": entities,
+                                                 "relationships": edges})
+                else:
+                    await _flush(rag)
+        finally:
+            for text in texts:
+                self._prepared.pop(text, None)
+
+    async def _take_out(self, rag, registry: dict, olds: list[dict]) -> None:
+        """Take documents' records (`olds`, already out of `registry`) out of the stores,
+        whichever way they were ingested: their chunks, and the entities and relationships
+        no document in `registry` names. Offline records' removals wait in the stores'
+        buffers for the flush that follows."""
+        from lightrag.utils import compute_mdhash_id, make_relation_vdb_ids, sanitize_text_for_encoding
+
+        for old in olds:
+            if old.get("extraction") == "llm":
+                await rag.adelete_by_doc_id(old["doc_id"])
+        olds = [old for old in olds if old.get("extraction") != "llm"]
+        if not olds:
+            return
+        chunk_ids = [compute_mdhash_id(sanitize_text_for_encoding(c), prefix="chunk-")
+                     for old in olds for c in old["chunks"].values()]
+        await rag.chunks_vdb.delete(chunk_ids)
+        await rag.text_chunks.delete(chunk_ids)
+        # A name no document holds leaves no relationship any document holds either (a
+        # document's relationships join its own names): these are all there is to remove.
+        held_names = {n for r in registry.values() for n in r["entities"]}
+        held_relations = {k for r in registry.values() for k in r["relations"]}
+        gone_relations = {k for old in olds for k in old["relations"]} - held_relations
+        pairs = [tuple(key.split(SEP)) for key in sorted(gone_relations)]
+        await rag.relationships_vdb.delete([i for a, b in pairs for i in make_relation_vdb_ids(a, b)])
+        await rag.chunk_entity_relation_graph.remove_edges(pairs)
+        gone = sorted({n for old in olds for n in old["entities"]} - held_names)
+        await rag.entities_vdb.delete([compute_mdhash_id(name, prefix="ent-") for name in gone])
+        await rag.chunk_entity_relation_graph.remove_nodes(gone)
+
+
+def _first_naming(registry: dict, records: dict[str, dict]) -> dict[tuple[str, str], str | None]:
+    """Whose description goes first for each entity name and relationship (`(kind, key)`)
+    a batch writes, as ingesting `records` one by one into `registry` (as it is before the
+    batch) would leave it: each is written last by the last document whose ingestion wrote
+    it, which goes first if it names it (None otherwise: a replaced document no longer
+    naming what others still name has it written again from those, in registry order)."""
+    kinds = ("entities", "relations")
+    held = Counter((kind, key) for r in registry.values() for kind in kinds for key in r[kind])
+    first: dict[tuple[str, str], str | None] = {}
+    for doc_id, record in records.items():
+        if doc_id in registry:
+            old = [(kind, key) for kind in kinds for key in registry[doc_id][kind]]
+            held.subtract(old)
+            first.update((named, None) for named in old if held[named] > 0)
+        new = [(kind, key) for kind in kinds for key in record[kind]]
+        held.update(new)
+        first.update(dict.fromkeys(new, doc_id))
+    return first
+
+
+def _still_named(registry: dict, olds: list[dict]) -> tuple[set[str], set[str]]:
+    """The entity names and relationships of `olds` that documents in `registry` still
+    name: to be written again from those."""
+    held_names = {n for r in registry.values() for n in r["entities"]}
+    held_relations = {k for r in registry.values() for k in r["relations"]}
+    return ({n for old in olds for n in old["entities"]} & held_names,
+            {k for old in olds for k in old["relations"]} & held_relations)
+
+
+def _embedded_texts(chunks, entities: list[dict], edges: list[dict]) -> list[str]:
+    """The texts `ainsert_custom_kg` gives its three vector stores to embed, as it makes
+    them (pinned: lightrag-hku 1.5.7; names and pairs come normalised and sorted, and with
+    no embedding token limit nothing is cut). A text made differently is not found
+    prepared and is embedded by the flush instead: slower, never wrong; a test checks
+    that none is (tests/test_retriever.py)."""
+    from lightrag.utils import sanitize_text_for_encoding
+
+    return ([sanitize_text_for_encoding(c["content"]) for c in chunks]
+            + [f"{e['entity_name']}\n{e['description']}" for e in entities]
+            + [f"{r['keywords']}\t{r['src_id']}\n{r['tgt_id']}\n{r['description']}" for r in edges])
+
+
+async def _flush(rag) -> None:
+    """Persist what the stores hold buffered (LightRAG's inserts do it themselves)."""
+    await asyncio.gather(*(storage.index_done_callback() for storage in (
+        rag.chunks_vdb, rag.text_chunks, rag.entities_vdb, rag.relationships_vdb, rag.chunk_entity_relation_graph)))
 
 
 async def _finalize(opened: _Open) -> None:

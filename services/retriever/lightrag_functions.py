@@ -28,14 +28,19 @@ UNBOUNDED_TOKENS = 10_000_000
 UNBOUNDED_FLOOR = UNBOUNDED_TOKENS // 2
 
 
-def embedding_function(embedder: Embedder, clock: StageClock):
+def embedding_function(embedder: Embedder, clock: StageClock, prepared: dict[str, np.ndarray]):
     """A plain function (LightRAG deep-copies its config; a bound method would copy the
-    whole knowledge base): a query's few texts (the question and its two keyword lists, in
-    one call) go through the embedder's cache and batching, so a question asked again costs
-    no model call; many (ingestion) are embedded in length-sorted batches off the event
-    loop, without filling the cache, their time counted on `clock` as "embed"."""
+    whole knowledge base): texts whose vectors an insert prepared (`prepared`, text ->
+    vector: knowledge.py embeds all of an insert's texts in one pass before it) are
+    looked up; a query's few texts (the question and its two keyword lists, in one call)
+    go through the embedder's cache and batching, so a question asked again costs no model
+    call; many others (LightRAG's own ingestion, with an LLM) are embedded in length-sorted
+    batches off the event loop, without filling the cache, their time counted on `clock`
+    as "embed"."""
 
     async def embed(texts: list[str], **_: Any) -> np.ndarray:
+        if texts and all(text in prepared for text in texts):
+            return np.stack([prepared[text] for text in texts])
         if len(texts) <= QUERY_TEXTS:
             return await embedder.aembed_all(list(texts))
         loop = asyncio.get_running_loop()
