@@ -2,7 +2,8 @@
 
 Ingest reads Markdown, text, HTML and PDF files (a directory: every such file under it),
 chunks them, extracts entities and relationships offline and stores them in the site's
-knowledge base (KB_DIR, Qdrant local mode or QDRANT_URL). An unchanged file adds nothing;
+knowledge base (KB_DIR, Qdrant local mode or QDRANT_URL), all files in one batch
+(`KnowledgeBase.ingest_many`: one embedding pass, one write). An unchanged file adds nothing;
 a changed one replaces its earlier content. A file that cannot be read is reported by name
 and skipped; the others are still ingested (exit status 1 if any was skipped).
 
@@ -104,22 +105,27 @@ async def ingest(site: str, paths: list[Path], quiet: bool = False) -> dict[str,
 
 
 async def _ingest_files(kb, site: str, files: list[Path], paths: list[Path], counts: dict, quiet: bool) -> None:
+    """Every file read, then all of them ingested together (`KnowledgeBase.ingest_many`)."""
     from tqdm import tqdm
 
     from services.retriever import documents
 
-    bar = tqdm(files, unit="file", desc=f"ingest {site}", disable=quiet or len(files) < 2, file=sys.stderr)
+    docs = []
+    bar = tqdm(files, unit="file", desc=f"read {site}", disable=quiet or len(files) < 2, file=sys.stderr)
     for path in bar:
         try:
-            doc = documents.read(site, path, _name(path, paths))
+            docs.append(documents.read(site, path, _name(path, paths)))
         except documents.UnreadableDocument as exc:
             counts["skipped"] += 1
             bar.write(f"skipped {exc}", file=sys.stderr)
-            continue
-        outcome = await kb.ingest(site, doc)
+    if not quiet and len(docs) > 1:
+        print(f"ingest {site}: {len(docs)} documents", file=sys.stderr, flush=True)
+    outcomes = await kb.ingest_many(site, docs)
+    registry = kb.registry(site)
+    for doc_id, outcome in outcomes.items():
         counts[outcome] += 1
         if outcome != "unchanged":
-            record = kb.registry(site)[doc.doc_id]
+            record = registry[doc_id]
             counts["chunks"] += record.get("chunk_count", len(record["chunks"]))
 
 

@@ -115,6 +115,20 @@ def test_each_service_load_test_answers_and_prints_the_shared_json(service):
     assert result["machine_gauge_ms"] > 0, report  # the machine's speed, read with the figures
 
 
+@pytest.mark.timeout(90)
+def test_the_ingest_load_test_prints_chunks_per_second_and_the_stages_shares():
+    out = subprocess.run([sys.executable, "-m", "cli", "loadtest", "ingest", "--sites", "2", "--docs", "2",
+                          "--sections", "3"], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=80)
+    report = f"{out.stdout[-3000:]}\n{out.stderr[-2000:]}"
+    assert out.returncode == 0, report
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["chunks"] == 2 * 2 * 3 and result["seconds"] > 0 and result["cpu_seconds"] > 0, report
+    assert result["chunks_per_s"] == pytest.approx(result["chunks"] / result["seconds"], rel=0.1), report
+    assert set(result["shares"]) == {"read", "extract", "embed", "store", "registry"}, report
+    assert result["shares"]["embed"] > 0 and result["shares"]["store"] > 0, report
+
+
 def test_an_earlier_runs_output_gives_each_services_last_result(tmp_path):
     log = tmp_path / "make-loadtest.log"
     first = {"service": "router", "rates": [], "max_sustainable_rate": 10.0}

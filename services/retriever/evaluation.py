@@ -54,8 +54,7 @@ async def _run(dataset: Path, kb_dir: Path) -> dict:
     kb = KnowledgeBase(kb_dir, Embedder()).open()
     try:
         started = time.monotonic()
-        for path in documents.collect([DEMO_KB]):
-            await kb.ingest("demo", documents.read("demo", path, path.name))
+        await kb.ingest_many("demo", [documents.read("demo", path, path.name) for path in documents.collect([DEMO_KB])])
         ingest_s = time.monotonic() - started
         results = {}
         config = site_config.parse(DEMO_SITE)  # the demo site's own settings (its name, ...), as served

@@ -76,8 +76,8 @@ async def ingest_corpus(corpus: Path, kb_dir: Path, sites: list[str]) -> dict:
     chunks, started = 0, time.monotonic()
     try:
         for site in sites:
-            for path in documents.collect([corpus / site]):
-                await kb.ingest(site, documents.read(site, path, path.name))
+            await kb.ingest_many(site, [documents.read(site, path, path.name)
+                                        for path in documents.collect([corpus / site])])
             chunks += sum(len(r["chunks"]) for r in kb.documents(site))
             print(f"  {site}: {len(kb.documents(site))} documents, {chunks} chunks so far "
                   f"({time.monotonic() - started:.0f} s)", flush=True)
