@@ -6,7 +6,8 @@ On each `PageFetched` of a run that discovers, the links the run's progress queu
 says every queued page has its outcome (on whichever event completes it), the knowledge
 base changes, once, under the site's lock:
 
-- `changed` pages are ingested from their staged text (replacing what the page had);
+- `changed` pages are ingested from their staged text (replacing what the page had), in
+  batches (INGEST_BATCH);
 - `unchanged` and `failed` pages keep what the knowledge base holds;
 - the source's pages this run did not keep are removed: `gone` and `skipped` ones, and
   those no longer listed or linked (after a discovering run in which some page failed,
@@ -33,6 +34,10 @@ log = logging.getLogger(__name__)
 NAME = "sync_collector"
 KEPT = ("changed", "unchanged", "failed")
 MAX_FAILURES_LISTED = 20
+# Pages ingested together: one extraction, embedding and store write for all of them
+# (knowledge.py `ingest_many`), small enough that queries served meanwhile barely wait for
+# the store's writes, which run on the event loop.
+INGEST_BATCH = 16
 
 
 def make_node(kb, staging: sources.Staging, published=None) -> Node:
@@ -65,6 +70,7 @@ def make_node(kb, staging: sources.Staging, published=None) -> Node:
         counts = {"added": 0, "replaced": 0, "unchanged": 0}
         chunks = 0
         staged_keys = []
+        batch: list[documents.SourceDocument] = []
         for url, outcome in progress.pages.items():
             if outcome != "changed":
                 continue
@@ -75,16 +81,16 @@ def make_node(kb, staging: sources.Staging, published=None) -> Node:
             staged_keys.append(key)
             cited = url if url.startswith(("http://", "https://")) else page.title
             try:
-                doc = documents.from_markdown(site, f"{source}:{url}", page.title, cited, page.text, page.content_hash,
-                                              {"source": source, "url": url, "etag": page.etag,
-                                               "last_modified": page.last_modified})
+                batch.append(documents.from_markdown(
+                    site, f"{source}:{url}", page.title, cited, page.text, page.content_hash,
+                    {"source": source, "url": url, "etag": page.etag, "last_modified": page.last_modified}))
             except documents.UnreadableDocument:
                 continue
-            result = await kb.ingest(site, doc)
-            counts[result] += 1
-            if result != "unchanged":
-                record = kb.registry(site)[doc.doc_id]
-                chunks += record.get("chunk_count", len(record.get("chunks", {})))
+            if len(batch) >= INGEST_BATCH:
+                chunks += await ingest(site, batch, counts)
+                batch = []
+        if batch:
+            chunks += await ingest(site, batch, counts)
         keep = {url for url, o in progress.pages.items() if o in KEPT}
         if progress.discover and failures:
             keep |= {url for url in known if url not in progress.pages}
@@ -106,6 +112,17 @@ def make_node(kb, staging: sources.Staging, published=None) -> Node:
         log.info("sync completed", extra={"site_id": site, "source": source, "run": progress.run,
                                           "pages": len(outcomes), "removed": removed})
         return []  # stored already, before the staged texts went
+
+    async def ingest(site: str, batch: list, counts: dict[str, int]) -> int:
+        """One batch of pages into the knowledge base; the chunks it added."""
+        outcomes = await kb.ingest_many(site, batch)
+        chunks = 0
+        for doc_id, result in outcomes.items():
+            counts[result] += 1
+            if result != "unchanged":
+                record = kb.registry(site)[doc_id]
+                chunks += record.get("chunk_count", len(record.get("chunks", {})))
+        return chunks
 
     async def forget(event: ev.SourceRemoved) -> None:
         """A removed source's pages leave the knowledge base (and its upload the store)."""
