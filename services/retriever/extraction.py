@@ -40,7 +40,8 @@ mit für ein eine il lo gli di che o e com para os as um uma het een van voor me
 STOP = COMMON | set("""tell know want need like give show explain much many offer offers offered does do
 provide provides support supports work works able there any kind kinds whats what's i'm im can't cannot
 between difference about available include includes including""".split())
-VERSION = 2  # bump when the rules change: documents ingested by older rules are extracted again
+VERSION = 3  # bump when the rules change: documents ingested by older rules are extracted again
+# (3: a relationship's vector is its anchor chunk's, knowledge._write; a site keeps one kind)
 MAX_ENTITIES = 80
 MAX_RELATIONS = 160
 MAX_DESCRIPTION_SENTENCES = 3

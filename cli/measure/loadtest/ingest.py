@@ -11,7 +11,7 @@ those seconds (`shares`; their seconds under `stage_seconds`):
 
 - read: the files parsed into documents;
 - extract: chunking and the offline entity and relationship extraction;
-- embed: the embedding model (chunks, entity and relationship descriptions), one pass per site;
+- embed: the embedding model (chunks and entity descriptions; a relationship takes its chunk's vector), one pass per site;
 - store: LightRAG's writes besides the embedding (graph, key-value files, Qdrant points);
 - registry: the site's documents.json written.
 
