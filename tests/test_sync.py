@@ -62,6 +62,14 @@ async def stop(runners):
         await CLIENTS.pop().close()
 
 
+@pytest.fixture
+async def syncing(work_bus, kb):
+    """The sync's three nodes running on the work queue's server (what tests add sources to)."""
+    runners = await run_nodes(work_bus, kb)
+    yield work_bus
+    await stop(runners)
+
+
 async def added(bus, site, **given) -> ev.SourceSpec:
     """A source defined as an operator does, its first run requested."""
     spec = sources.spec_of(sources.SourceInput(**given))
@@ -93,51 +101,47 @@ def kept_urls(kb, site, source) -> set[str]:
     return set(planner.known_pages(kb, site, source))
 
 
-async def test_a_website_is_synced_and_kept_current(work_bus, kb, website, site):
-    bus = work_bus
-    runners = await run_nodes(bus, kb)
-    try:
-        spec = sources.spec_of(sources.SourceInput(url=f"{website.url}/sitemap.xml"))
-        await sources.define(bus, site, spec, "test")
-        first, new = await sources.request_sync(bus, site, spec.id, "added")
-        assert new and first.turn == 1
-        done = await synced(bus, site, spec.id, 1)
-        assert isinstance(done, ev.SyncCompleted), done
-        outcomes = {p.url: p.outcome for p in await pages_of(bus, site, spec.id, 1)}
-        base = website.url
-        assert f"{base}/private/secret" not in outcomes  # robots.txt: never planned
-        assert outcomes[f"{base}/missing"] == "gone" and outcomes[f"{base}/download"] == "skipped"
-        assert f"{base}/brochure.png" not in outcomes  # an image's address: never planned
-        assert kept_urls(kb, site, spec.id) == website.allowed()
-        assert len(website.allowed()) >= 50 and done.added == len(website.allowed()) and done.chunks > 0
-        assert website.hits["/private/secret"] == 0
+async def test_a_website_is_synced_and_kept_current(syncing, kb, website, site):
+    bus = syncing
+    spec = sources.spec_of(sources.SourceInput(url=f"{website.url}/sitemap.xml"))
+    await sources.define(bus, site, spec, "test")
+    first, new = await sources.request_sync(bus, site, spec.id, "added")
+    assert new and first.turn == 1
+    done = await synced(bus, site, spec.id, 1)
+    assert isinstance(done, ev.SyncCompleted), done
+    outcomes = {p.url: p.outcome for p in await pages_of(bus, site, spec.id, 1)}
+    base = website.url
+    assert f"{base}/private/secret" not in outcomes  # robots.txt: never planned
+    assert outcomes[f"{base}/missing"] == "gone" and outcomes[f"{base}/download"] == "skipped"
+    assert f"{base}/brochure.png" not in outcomes  # an image's address: never planned
+    assert kept_urls(kb, site, spec.id) == website.allowed()
+    assert len(website.allowed()) >= 50 and done.added == len(website.allowed()) and done.chunks > 0
+    assert website.hits["/private/secret"] == 0
 
-        # The site changes: a page's text, a page gone. Only the changed one is extracted again.
-        website.changing = "The Orbit plan includes 12 dispatchers."
-        website.vanishing = False
-        before = collections.Counter(website.hits)
-        second, new = await sources.request_sync(bus, site, spec.id, "operator")
-        assert new and second.turn == 2
-        done = await synced(bus, site, spec.id, 2)
-        assert isinstance(done, ev.SyncCompleted), done
-        outcomes = {p.url: p.outcome for p in await pages_of(bus, site, spec.id, 2)}
-        assert [u for u, o in outcomes.items() if o == "changed"] == [f"{base}/changing"]
-        assert done.replaced == 1 and done.added == 0 and done.removed == 1
-        assert f"{base}/vanishing" not in kept_urls(kb, site, spec.id)
-        refetched = {p for p in website.hits if website.hits[p] > before[p]}
-        assert refetched == {"/changing", "/"}, refetched  # the rest answered 304
-        registry = kb.registry(site)
-        changing = next(r for r in registry.values() if r.get("meta", {}).get("url") == f"{base}/changing")
-        assert "12 dispatchers" in " ".join(changing["chunks"].values())
+    # The site changes: a page's text, a page gone. Only the changed one is extracted again.
+    website.changing = "The Orbit plan includes 12 dispatchers."
+    website.vanishing = False
+    before = collections.Counter(website.hits)
+    second, new = await sources.request_sync(bus, site, spec.id, "operator")
+    assert new and second.turn == 2
+    done = await synced(bus, site, spec.id, 2)
+    assert isinstance(done, ev.SyncCompleted), done
+    outcomes = {p.url: p.outcome for p in await pages_of(bus, site, spec.id, 2)}
+    assert [u for u, o in outcomes.items() if o == "changed"] == [f"{base}/changing"]
+    assert done.replaced == 1 and done.added == 0 and done.removed == 1
+    assert f"{base}/vanishing" not in kept_urls(kb, site, spec.id)
+    refetched = {p for p in website.hits if website.hits[p] > before[p]}
+    assert refetched == {"/changing", "/"}, refetched  # the rest answered 304
+    registry = kb.registry(site)
+    changing = next(r for r in registry.values() if r.get("meta", {}).get("url") == f"{base}/changing")
+    assert "12 dispatchers" in " ".join(changing["chunks"].values())
 
-        # What the knowledge base finds is cited by the page's URL.
-        found = await kb.query(site, "How much does the Model 17 sensor cost?", mode="mix", high_level=[],
-                               low_level=["Model 17 sensor"], graph_top_k=5, chunk_top_k=5)
-        cited = [kb.document(site, c["file_path"])["source"] for c in found["chunk"]]
-        assert cited and cited[0] == f"{base}{doc_path(17)}", cited
-        assert doc_fact(17) in found["chunk"][0]["content"]
-    finally:
-        await stop(runners)
+    # What the knowledge base finds is cited by the page's URL.
+    found = await kb.query(site, "How much does the Model 17 sensor cost?", mode="mix", high_level=[],
+                           low_level=["Model 17 sensor"], graph_top_k=5, chunk_top_k=5)
+    cited = [kb.document(site, c["file_path"])["source"] for c in found["chunk"]]
+    assert cited and cited[0] == f"{base}{doc_path(17)}", cited
+    assert doc_fact(17) in found["chunk"][0]["content"]
 
 
 async def test_a_fetcher_killed_mid_run_loses_and_duplicates_nothing(work_bus, kb, website, site):
@@ -182,56 +186,44 @@ async def test_a_fetcher_killed_mid_run_loses_and_duplicates_nothing(work_bus, k
         await stop(first)
 
 
-async def test_a_start_page_is_crawled_by_its_links_up_to_the_limit(work_bus, kb, website, site):
-    bus = work_bus
-    runners = await run_nodes(bus, kb)
-    try:
-        spec = await added(bus, site, url=f"{website.url}/", max_pages=10, exclude=["/slow"])
-        done = await synced(bus, site, spec.id, 1)
-        assert isinstance(done, ev.SyncCompleted), done
-        urls = [p.url for p in await pages_of(bus, site, spec.id, 1)]
-        assert len(urls) == 10 and len(set(urls)) == 10
-        assert f"{website.url}/private/secret" not in urls and f"{website.url}/slow" not in urls
-        assert f"{website.url}{doc_path(1)}" in urls
-    finally:
-        await stop(runners)
+async def test_a_start_page_is_crawled_by_its_links_up_to_the_limit(syncing, website, site):
+    bus = syncing
+    spec = await added(bus, site, url=f"{website.url}/", max_pages=10, exclude=["/slow"])
+    done = await synced(bus, site, spec.id, 1)
+    assert isinstance(done, ev.SyncCompleted), done
+    urls = [p.url for p in await pages_of(bus, site, spec.id, 1)]
+    assert len(urls) == 10 and len(set(urls)) == 10
+    assert f"{website.url}/private/secret" not in urls and f"{website.url}/slow" not in urls
+    assert f"{website.url}{doc_path(1)}" in urls
 
 
-async def test_a_site_that_cannot_be_reached_fails_the_run_and_keeps_the_knowledge(work_bus, kb, site):
-    bus = work_bus
-    runners = await run_nodes(bus, kb)
-    try:
-        spec = await added(bus, site, url="http://127.0.0.1:9/sitemap.xml")
-        done = await synced(bus, site, spec.id, 1)
-        assert isinstance(done, ev.SyncFailed) and "127.0.0.1:9" in done.reason
-    finally:
-        await stop(runners)
+async def test_a_site_that_cannot_be_reached_ends_its_run_in_sync_failed(syncing, site):
+    bus = syncing
+    spec = await added(bus, site, url="http://127.0.0.1:9/sitemap.xml")
+    done = await synced(bus, site, spec.id, 1)
+    assert isinstance(done, ev.SyncFailed) and "127.0.0.1:9" in done.reason
 
 
-async def test_text_and_file_sources_are_synced(work_bus, kb, site, tmp_path):
-    bus = work_bus
-    runners = await run_nodes(bus, kb)
-    try:
-        text = sources.spec_of(sources.SourceInput(title="Returns policy",
-                                                   text="# Returns\n\nHardware can be returned within 45 days."))
-        await sources.define(bus, site, text, "test")
-        await sources.request_sync(bus, site, text.id, "added")
-        data = b"# Warranty\n\nEvery Gridline sensor has a 3 year warranty.\n"
-        spec = sources.file_spec("warranty.md", len(data))
-        spec = msgspec.structs.replace(spec, upload=sources.upload_key(site, spec.id, spec.name))
-        await sources.Staging(bus).upload(spec.upload, data)
-        await sources.define(bus, site, spec, "test")
-        await sources.request_sync(bus, site, spec.id, "added")
-        for source in (text.id, spec.id):
-            done = await synced(bus, site, source, 1)
-            assert isinstance(done, ev.SyncCompleted) and done.added == 1, done
-        cited = {r["title"]: r["source"] for r in kb.registry(site).values()}
-        assert cited == {"Returns policy": "Returns policy", "Warranty": "Warranty"}, cited
-        # Removing a source takes its pages out of the knowledge base.
-        await sources.remove(bus, site, text.id, "test")
-        await wait_for(lambda: _gone(kb, site, text.id), timeout=20, what="the removed source's pages gone")
-    finally:
-        await stop(runners)
+async def test_text_and_file_sources_are_synced(syncing, kb, site, tmp_path):
+    bus = syncing
+    text = sources.spec_of(sources.SourceInput(title="Returns policy",
+                                               text="# Returns\n\nHardware can be returned within 45 days."))
+    await sources.define(bus, site, text, "test")
+    await sources.request_sync(bus, site, text.id, "added")
+    data = b"# Warranty\n\nEvery Gridline sensor has a 3 year warranty.\n"
+    spec = sources.file_spec("warranty.md", len(data))
+    spec = msgspec.structs.replace(spec, upload=sources.upload_key(site, spec.id, spec.name))
+    await sources.Staging(bus).upload(spec.upload, data)
+    await sources.define(bus, site, spec, "test")
+    await sources.request_sync(bus, site, spec.id, "added")
+    for source in (text.id, spec.id):
+        done = await synced(bus, site, source, 1)
+        assert isinstance(done, ev.SyncCompleted) and done.added == 1, done
+    cited = {r["title"]: r["source"] for r in kb.registry(site).values()}
+    assert cited == {"Returns policy": "Returns policy", "Warranty": "Warranty"}, cited
+    # Removing a source takes its pages out of the knowledge base.
+    await sources.remove(bus, site, text.id, "test")
+    await wait_for(lambda: _gone(kb, site, text.id), timeout=20, what="the removed source's pages gone")
 
 
 async def _gone(kb, site, source):
