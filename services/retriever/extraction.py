@@ -40,9 +40,8 @@ mit für ein eine il lo gli di che o e com para os as um uma het een van voor me
 STOP = COMMON | set("""tell know want need like give show explain much many offer offers offered does do
 provide provides support supports work works able there any kind kinds whats what's i'm im can't cannot
 between difference about available include includes including""".split())
-VERSION = 4  # bump when the rules change: documents ingested by older rules are extracted again
-# (3: a relationship's vector is its anchor chunk's, knowledge._write; a site keeps one kind;
-# 4: an entity's is the mean of the chunks naming it)
+VERSION = 3  # bump when the rules change: documents ingested by older rules are extracted again
+# (3: a relationship's vector is its anchor chunk's, knowledge._write; a site keeps one kind)
 MAX_ENTITIES = 80
 MAX_RELATIONS = 160
 MAX_DESCRIPTION_SENTENCES = 3
@@ -57,7 +56,7 @@ class Chunk:
 @dataclass
 class Extraction:
     chunks: list[Chunk] = field(default_factory=list)
-    entities: dict[str, dict] = field(default_factory=dict)  # name -> {type, description, chunk, chunks}
+    entities: dict[str, dict] = field(default_factory=dict)  # name -> {type, description, chunk}
     relations: dict[tuple[str, str], dict] = field(default_factory=dict)  # (a, b) sorted -> {description, keywords, chunk}
 
 
@@ -126,7 +125,6 @@ def extract(doc: SourceDocument, chunks: list[Chunk]) -> Extraction:
     result = Extraction(chunks=chunks)
     mentions: dict[str, list[str]] = {}
     first_chunk: dict[str, str] = {}
-    naming: dict[str, dict[str, None]] = {}  # name -> the chunks naming it, in order
     kinds: dict[str, str] = {}
     # Names the document uses mid-sentence or in several words: a sentence-opening word
     # counts as a name only if it is one of these.
@@ -138,7 +136,6 @@ def extract(doc: SourceDocument, chunks: list[Chunk]) -> Extraction:
         if topic and len(topic.split()) <= 6:
             kinds.setdefault(topic, "topic")
             first_chunk.setdefault(topic, c.alias)
-            naming.setdefault(topic, {})[c.alias] = None
             mentions.setdefault(topic, []).append(body.strip().split("\n")[0][:300])
         for sentence in (s.strip(" -*") for s in SENTENCE.split(body)):
             if len(sentence) < 3:
@@ -147,7 +144,6 @@ def extract(doc: SourceDocument, chunks: list[Chunk]) -> Extraction:
             for name in names:
                 kinds.setdefault(name, "term")
                 first_chunk.setdefault(name, c.alias)
-                naming.setdefault(name, {})[c.alias] = None
                 mentions.setdefault(name, []).append(sentence[:300])
             pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:] if a.lower() != b.lower()]
             if topic:
@@ -161,7 +157,7 @@ def extract(doc: SourceDocument, chunks: list[Chunk]) -> Extraction:
     for name in ranked:
         sentences = list(dict.fromkeys(mentions[name]))[:MAX_DESCRIPTION_SENTENCES]
         result.entities[name] = {"type": kinds[name], "description": f"{name} ({doc.title}): " + " ".join(sentences),
-                                 "chunk": first_chunk[name], "chunks": list(naming[name])}
+                                 "chunk": first_chunk[name]}
     kept = {k: v for k, v in result.relations.items() if k[0] in result.entities and k[1] in result.entities}
     best = sorted(kept, key=lambda k: -len(kept[k]["sentences"]))[:MAX_RELATIONS]
     result.relations = {k: {"description": " ".join(kept[k]["sentences"]), "keywords": kept[k]["keywords"],

@@ -43,8 +43,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from services.retriever import extraction
 from services.retriever.documents import SourceDocument
 from services.retriever.lightrag_functions import (UNBOUNDED_TOKENS, cosine_once_per_vector, embedding_function,
@@ -502,8 +500,6 @@ class KnowledgeBase:
         (hit@5 0.897 -> 0.914, MRR 0.842 -> 0.853). The vector depends only on what is written
         with it, so a batch stores what one-by-one ingestion does (the midpoint of the two
         entities' vectors did not: an entity's description grows as documents name it)."""
-        from lightrag.utils import sanitize_text_for_encoding
-
         first = first or {}
         chunks: dict[str, dict] = {}
         for doc_id in docs or ():
@@ -544,22 +540,13 @@ class KnowledgeBase:
                           "source_id": anchor(naming[0], head["chunk"]),
                           "file_path": SEP.join(d["doc_id"] for d in naming)})
         chunk_texts, entity_texts, edge_texts = _embedded_texts(chunks.values(), entities, edges)
-        named_in = {e["entity_name"]: sorted({(d["doc_id"], alias) for d in holders["entities", e["entity_name"]]
-                                              for alias in d["entities"][e["entity_name"]]["chunks"]})
-                    for e in entities}
-        found_in = dict(zip(chunks, chunk_texts))
-        for doc_id, alias in {key for keys in named_in.values() for key in keys}:
-            if alias not in found_in:
-                found_in[alias] = sanitize_text_for_encoding(registry[doc_id]["chunks"][alias])
-        texts = list(dict.fromkeys(found_in.values()))
+        texts = list(dict.fromkeys(chunk_texts + entity_texts))
         with self.clock("embed"):
             vectors = await self.embedder.aembed_many(texts)
         self._prepared.update(zip(texts, vectors))
-        for entity, text in zip(entities, entity_texts):
-            mean = np.sum([self._prepared[found_in[alias]] for _, alias in named_in[entity["entity_name"]]], axis=0)
-            self._prepared[text] = mean / np.linalg.norm(mean)
+        found_in = dict(zip(chunks, chunk_texts))
         self._prepared.update((text, self._prepared[found_in[edge["source_id"]]]) for edge, text in zip(edges, edge_texts))
-        texts += entity_texts + edge_texts
+        texts += edge_texts
         try:
             with self.clock("store"):
                 await self._take_out(rag, registry, olds)
