@@ -255,16 +255,13 @@ class Embedder:
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         loop = asyncio.get_running_loop()
-        # Every run handed to the pool at once: its threads go on while the event loop is busy
-        # (knowledge.py writes one insert on it while the next one's texts are embedded).
-        pool = ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1, thread_name_prefix="embed-many")
-        try:
-            rows = [order[start:start + batch] for start in range(0, len(order), batch)]
-            runs = [loop.run_in_executor(pool, self.embed, [texts[i] for i in part]) for part in rows]
-            for part, vectors in zip(rows, await asyncio.gather(*runs)):
-                out[part] = vectors
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
+        slots = asyncio.Semaphore(workers or os.cpu_count() or 1)
+
+        async def run(rows: list[int]) -> None:
+            async with slots:
+                out[rows] = await loop.run_in_executor(None, self.embed, [texts[i] for i in rows])
+
+        await asyncio.gather(*(run(order[start:start + batch]) for start in range(0, len(order), batch)))
         return out
 
     async def aembed(self, text: str) -> np.ndarray:

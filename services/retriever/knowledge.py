@@ -57,9 +57,6 @@ from shared.llm import LLMClient
 
 SEP = "<SEP>"  # LightRAG's separator between the sources of a merged graph field
 MAX_DESCRIPTION_CHARS = 600
-# A batch is written in inserts of about this many chunks, the next one embedded while one is
-# written (`KnowledgeBase._write_all`)
-PART_CHUNKS = 250
 LLM_CHUNK_WORDS = 160  # ≈ 210 MiniLM tokens: under the 256 the embedding model reads
 LLM_CHUNK_OVERLAP_WORDS = 20
 
@@ -119,7 +116,7 @@ class KnowledgeBase:
         self._server = bool(qdrant_url) or client is not None
         self._key = f"kb-{id(self)}"
         self.clock = StageClock()  # where ingestion's time went (`concierge loadtest ingest`)
-        self._prepared: dict[str, Any] = {}  # text -> vector, embedded before an insert (`_write_all`)
+        self._prepared: dict[str, Any] = {}  # text -> vector, embedded before an insert (`_write`)
         self._tokenizer = None
         self._model_tokenizer = None
 
@@ -407,17 +404,14 @@ class KnowledgeBase:
                 records = await asyncio.get_running_loop().run_in_executor(None, self._records, changed)
             rag = await self._rag(site, create=True)
             try:
-                inserts = []
-                for part in _parts(records, PART_CHUNKS):
-                    first = _first_naming(registry, part)
-                    olds = [registry.pop(doc_id) for doc_id in part if doc_id in registry]
-                    registry.update(part)
-                    names, relations = _still_named(registry, olds)
-                    for record in part.values():
-                        names.update(record["entities"])
-                        relations.update(record["relations"])
-                    inserts.append(_planned(registry, olds, names, relations, list(part), first))
-                await self._write_all(rag, inserts)
+                first = _first_naming(registry, records)
+                olds = [registry.pop(doc_id) for doc_id in records if doc_id in registry]
+                registry.update(records)
+                names, relations = _still_named(registry, olds)
+                for record in records.values():
+                    names.update(record["entities"])
+                    relations.update(record["relations"])
+                await self._write(rag, registry, olds, names, relations, list(records), first)
             except BaseException:
                 self._registries.pop(site, None)
                 raise
@@ -433,7 +427,7 @@ class KnowledgeBase:
             rag = await self._rag(site, create=True)
             try:
                 olds = [registry.pop(doc_id)]
-                await self._write_all(rag, [_planned(registry, olds, *_still_named(registry, olds))])
+                await self._write(rag, registry, olds, *_still_named(registry, olds))
             except BaseException:
                 self._registries.pop(site, None)
                 raise
@@ -471,7 +465,7 @@ class KnowledgeBase:
         rag = await self._rag(site, create=True)
         if doc.doc_id in registry:
             olds = [registry.pop(doc.doc_id)]
-            await self._write_all(rag, [_planned(registry, olds, *_still_named(registry, olds))])
+            await self._write(rag, registry, olds, *_still_named(registry, olds))
         text = "\n\n".join([f"# {doc.title}"] + [f"## {h}\n{t}" if h else t for h, t in doc.sections])
         await rag.ainsert(text, ids=[doc.doc_id], file_paths=[doc.doc_id])
         status = await rag.doc_status.get_by_id(doc.doc_id) or {}
@@ -483,46 +477,86 @@ class KnowledgeBase:
                                 "chunks": {}, "entities": {}, "relations": {}, **({"meta": doc.meta} if doc.meta else {})}
         self._save_registry(site)
 
-    async def _write_all(self, rag, inserts: list[_Insert]) -> None:
-        """Each insert (`_planned`) in turn: its texts embedded, then its stores written
-        (`_take_out`, then one LightRAG insert, which flushes every store; with nothing to
-        insert, the stores are flushed). While one insert is written the next one's texts
-        are embedded: the store runs on the event loop (qdrant-client's local mode is
-        synchronous) on one core, the embedding in threads that need no event loop.
+    async def _write(self, rag, registry: dict, olds: list[dict], names: set[str], relations: set[str],
+                     docs: list[str] | None = None, first: dict[tuple[str, str], str] | None = None) -> None:
+        """Take `olds` (records already out of `registry`) out of the stores (`_take_out`),
+        then write the chunks of `docs`, and the given entities and relationships with the
+        descriptions of every document naming them (`first[kind, key]`'s first when given,
+        the others in registry order), each anchored to one chunk of its first document (that chunk is
+        written again too; same content, same id), in one LightRAG insert, which flushes
+        every store (with nothing to insert, the stores are flushed). LightRAG records a
+        chunk's alias (`<doc id>#<n>`) as its `full_doc_id`.
 
-        Every text an insert will embed is embedded first, all in one pass
-        (`Embedder.aembed_many`), before its stores are touched; LightRAG's flush then finds
+        Every text the insert will embed is embedded first, all in one pass
+        (`Embedder.aembed_many`), before any store is touched; LightRAG's flush then finds
         each vector prepared (lightrag_functions.embedding_function) instead of embedding
-        its three stores' texts in small calls of its own."""
-        embedding = asyncio.ensure_future(self._embedded(inserts[0].texts))
-        try:
-            for n, insert in enumerate(inserts):
-                vectors = await embedding
-                if n + 1 < len(inserts):
-                    embedding = asyncio.ensure_future(self._embedded(inserts[n + 1].texts))
-                await self._store(rag, insert, vectors)
-        finally:
-            embedding.cancel()
-            await asyncio.gather(embedding, return_exceptions=True)
+        its three stores' texts in small calls of its own.
 
-    async def _embedded(self, texts: list[str]):
+        A relationship's text is not run through the model: its vector is its anchor chunk's.
+        Offline, a relationship is two names in a sentence of that chunk, described by such
+        sentences; embedding each was 3 in 4 of the texts an ingest embedded (6.6 a chunk on
+        the load test's corpus, 3.5 on the demo's) for no better retrieval: with the chunk's
+        vector the retrieval eval is the same in every mode but global, which is better
+        (hit@5 0.897 -> 0.914, MRR 0.842 -> 0.853). The vector depends only on what is written
+        with it, so a batch stores what one-by-one ingestion does (the midpoint of the two
+        entities' vectors did not: an entity's description grows as documents name it)."""
+        first = first or {}
+        chunks: dict[str, dict] = {}
+        for doc_id in docs or ():
+            for alias, content in registry[doc_id]["chunks"].items():
+                chunks[alias] = {"content": content, "source_id": alias, "file_path": doc_id}
+        holders: dict[tuple[str, str], list[dict]] = defaultdict(list)  # in registry order
+        for record in registry.values():
+            for name in names.intersection(record["entities"]):
+                holders["entities", name].append(record)
+            for key in relations.intersection(record["relations"]):
+                holders["relations", key].append(record)
+        for key, records in holders.items():
+            records.sort(key=lambda r: r["doc_id"] != first.get(key))
+
+        def anchor(record: dict, alias: str) -> str:
+            chunks.setdefault(alias, {"content": record["chunks"][alias], "source_id": alias,
+                                      "file_path": record["doc_id"]})
+            return alias
+
+        entities, edges = [], []
+        for name in sorted(names):
+            naming = holders.get(("entities", name))
+            if not naming:
+                continue
+            head = naming[0]["entities"][name]
+            entities.append({"entity_name": name, "entity_type": head["type"],
+                             "description": _merged(d["entities"][name]["description"] for d in naming),
+                             "source_id": anchor(naming[0], head["chunk"]),
+                             "file_path": SEP.join(d["doc_id"] for d in naming)})
+        for key in sorted(relations):
+            naming = holders.get(("relations", key))
+            if not naming:
+                continue
+            a, _, b = key.partition(SEP)
+            head = naming[0]["relations"][key]
+            edges.append({"src_id": a, "tgt_id": b, "keywords": head["keywords"],
+                          "description": _merged(d["relations"][key]["description"] for d in naming),
+                          "source_id": anchor(naming[0], head["chunk"]),
+                          "file_path": SEP.join(d["doc_id"] for d in naming)})
+        chunk_texts, entity_texts, edge_texts = _embedded_texts(chunks.values(), entities, edges)
+        texts = list(dict.fromkeys(chunk_texts + entity_texts))
         with self.clock("embed"):
-            return await self.embedder.aembed_many(texts)
-
-    async def _store(self, rag, insert: _Insert, vectors) -> None:
-        prepared = dict(zip(insert.texts, vectors))
-        prepared.update((text, vectors[row]) for text, row in zip(insert.edge_texts, insert.edge_rows))
-        self._prepared.update(prepared)
+            vectors = await self.embedder.aembed_many(texts)
+        self._prepared.update(zip(texts, vectors))
+        found_in = dict(zip(chunks, chunk_texts))
+        self._prepared.update((text, self._prepared[found_in[edge["source_id"]]]) for edge, text in zip(edges, edge_texts))
+        texts += edge_texts
         try:
             with self.clock("store"):
-                await self._take_out(rag, insert.registry, insert.olds)
-                if insert.chunks or insert.entities or insert.edges:
-                    await rag.ainsert_custom_kg({"chunks": insert.chunks, "entities": insert.entities,
-                                                 "relationships": insert.edges})
+                await self._take_out(rag, registry, olds)
+                if chunks or entities or edges:
+                    await rag.ainsert_custom_kg({"chunks": list(chunks.values()), "entities": entities,
+                                                 "relationships": edges})
                 else:
                     await _flush(rag)
         finally:
-            for text in prepared:
+            for text in texts:
                 self._prepared.pop(text, None)
 
     async def _take_out(self, rag, registry: dict, olds: list[dict]) -> None:
@@ -553,95 +587,6 @@ class KnowledgeBase:
         gone = sorted({n for old in olds for n in old["entities"]} - held_names)
         await rag.entities_vdb.delete([compute_mdhash_id(name, prefix="ent-") for name in gone])
         await rag.chunk_entity_relation_graph.remove_nodes(gone)
-
-
-def _planned(registry: dict, olds: list[dict], names: set[str], relations: set[str],
-             docs: list[str] | None = None, first: dict[tuple[str, str], str] | None = None) -> _Insert:
-    """What one insert of `KnowledgeBase._write_all` does: take `olds` (records already out of `registry`) out of the stores (`_take_out`),
-    then write the chunks of `docs`, and the given entities and relationships with the
-    descriptions of every document naming them (`first[kind, key]`'s first when given,
-    the others in registry order), each anchored to one chunk of its first document (that chunk is
-    written again too; same content, same id), in one LightRAG insert. LightRAG records a
-    chunk's alias (`<doc id>#<n>`) as its `full_doc_id`.
-
-    A relationship's text is not run through the model: its vector is its anchor chunk's.
-    Offline, a relationship is two names in a sentence of that chunk, described by such
-    sentences; embedding each was 3 in 4 of the texts an ingest embedded (6.6 a chunk on
-    the load test's corpus, 3.5 on the demo's) for no better retrieval: with the chunk's
-    vector the retrieval eval is the same in every mode but global, which is better
-    (hit@5 0.897 -> 0.914, MRR 0.842 -> 0.853). The vector depends only on what is written
-    with it, so a batch stores what one-by-one ingestion does (the midpoint of the two
-    entities' vectors did not: an entity's description grows as documents name it)."""
-    first = first or {}
-    chunks: dict[str, dict] = {}
-    for doc_id in docs or ():
-        for alias, content in registry[doc_id]["chunks"].items():
-            chunks[alias] = {"content": content, "source_id": alias, "file_path": doc_id}
-    holders: dict[tuple[str, str], list[dict]] = defaultdict(list)  # in registry order
-    for record in registry.values():
-        for name in names.intersection(record["entities"]):
-            holders["entities", name].append(record)
-        for key in relations.intersection(record["relations"]):
-            holders["relations", key].append(record)
-    for key, records in holders.items():
-        records.sort(key=lambda r: r["doc_id"] != first.get(key))
-
-    def anchor(record: dict, alias: str) -> str:
-        chunks.setdefault(alias, {"content": record["chunks"][alias], "source_id": alias,
-                                  "file_path": record["doc_id"]})
-        return alias
-
-    entities, edges = [], []
-    for name in sorted(names):
-        naming = holders.get(("entities", name))
-        if not naming:
-            continue
-        head = naming[0]["entities"][name]
-        entities.append({"entity_name": name, "entity_type": head["type"],
-                         "description": _merged(d["entities"][name]["description"] for d in naming),
-                         "source_id": anchor(naming[0], head["chunk"]),
-                         "file_path": SEP.join(d["doc_id"] for d in naming)})
-    for key in sorted(relations):
-        naming = holders.get(("relations", key))
-        if not naming:
-            continue
-        a, _, b = key.partition(SEP)
-        head = naming[0]["relations"][key]
-        edges.append({"src_id": a, "tgt_id": b, "keywords": head["keywords"],
-                      "description": _merged(d["relations"][key]["description"] for d in naming),
-                      "source_id": anchor(naming[0], head["chunk"]),
-                      "file_path": SEP.join(d["doc_id"] for d in naming)})
-    chunk_texts, entity_texts, edge_texts = _embedded_texts(chunks.values(), entities, edges)
-    found_in = {alias: row for row, alias in enumerate(chunks)}
-    return _Insert(dict(registry), olds, list(chunks.values()), entities, edges, chunk_texts + entity_texts,
-                   edge_texts, [found_in[edge["source_id"]] for edge in edges])
-
-
-@dataclass
-class _Insert:
-    """One LightRAG insert's writes, planned before any store is touched (`_planned`)."""
-    registry: dict  # as the insert leaves it (a copy: the next insert of a batch changes it)
-    olds: list[dict]
-    chunks: list[dict]
-    entities: list[dict]
-    edges: list[dict]
-    texts: list[str]  # to embed: the chunks', then the entities'
-    edge_texts: list[str]
-    edge_rows: list[int]  # each relationship's vector: its anchor chunk's row in `texts`
-
-
-def _parts(records: dict[str, dict], chunks: int) -> list[dict[str, dict]]:
-    """A batch's records in order, in parts of about `chunks` chunks (a document is never split)."""
-    parts: list[dict[str, dict]] = [{}]
-    size = 0
-    for doc_id, record in records.items():
-        if size >= chunks:
-            parts.append({})
-            size = 0
-        parts[-1][doc_id] = record
-        size += len(record["chunks"])
-    return parts
-
 
 
 def _first_naming(registry: dict, records: dict[str, dict]) -> dict[tuple[str, str], str | None]:
