@@ -208,17 +208,22 @@ async def _ended(bus: Bus, site: str, session: str, run: int) -> bool:
 # --- reading ----------------------------------------------------------------------------
 
 
-async def definitions(bus: Bus, site: str) -> dict[str, ev.SourceSpec]:
-    """The site's sources (the newest definition of each), without the removed ones."""
-    found: dict[str, ev.SourceSpec] = {}
+async def defined(bus: Bus, site: str = "*") -> dict[tuple[str, str], ev.SourceSpec]:
+    """Every source of the site (of every site: "*") by (site, id): the newest definition
+    of each, those removed since left out."""
+    latest: dict[tuple[str, str], ev.SourceAdded] = {}
     for record in await bus.read(subjects.conv(site, "*", "source_added")):
-        found[record.event.source.id] = record.event.source
+        latest[(record.event.site, record.event.source.id)] = record.event
     for record in await bus.read(subjects.conv(site, "*", "source_removed")):
-        source = source_of(record.event.session_id)
-        if source in found and (added := await bus.last(subjects.conv(site, record.event.session_id, "source_added"))):
-            if added.ts <= record.event.ts:
-                found.pop(source, None)
-    return found
+        key = (record.event.site, source_of(record.event.session_id))
+        if key in latest and latest[key].ts <= record.event.ts:
+            del latest[key]
+    return {key: added.source for key, added in latest.items()}
+
+
+async def definitions(bus: Bus, site: str) -> dict[str, ev.SourceSpec]:
+    """The site's sources by id (`defined` for one site)."""
+    return {source: spec for (_, source), spec in (await defined(bus, site)).items()}
 
 
 async def status(bus: Bus, site: str, spec: ev.SourceSpec, progress=None) -> dict:

@@ -10,7 +10,6 @@ import contextlib
 import logging
 import time
 
-from shared import events as ev
 from shared import sources, subjects
 from shared.bus import Bus
 
@@ -19,19 +18,12 @@ log = logging.getLogger(__name__)
 
 async def due(bus: Bus, now: float) -> list[tuple[str, str]]:
     """(site, source) of every scheduled source whose next run is due."""
-    latest: dict[tuple[str, str], ev.SourceAdded] = {}
-    for record in await bus.read(subjects.conv("*", "*", "source_added")):
-        latest[(record.event.site, record.event.source.id)] = record.event
     found = []
-    for (site, source), added in latest.items():
-        if added.source.every_s <= 0:
+    for (site, source), spec in (await sources.defined(bus)).items():
+        if spec.every_s <= 0:
             continue
-        session = sources.session_of(source)
-        removed = await bus.last(subjects.conv(site, session, "source_removed"))
-        if removed is not None and removed.ts >= added.ts:
-            continue
-        last = await bus.last(subjects.conv(site, session, "sync_requested"))
-        if last is None or now - last.ts >= added.source.every_s:
+        last = await bus.last(subjects.conv(site, sources.session_of(source), "sync_requested"))
+        if last is None or now - last.ts >= spec.every_s:
             found.append((site, source))
     return found
 
