@@ -46,7 +46,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 FINGERPRINT = "fp_scripted"
-BREAK_AFTER_LAST_CHUNK_S = 0.05  # a `break_after` fault: how long after its last chunk the connection drops
+BREAK_AFTER_LAST_CHUNK_S = 0.3  # a `break_after` fault: how long after its last chunk the connection drops (a loaded test machine may take 50 ms to read them)
 
 
 class Recorded(msgspec.Struct):
