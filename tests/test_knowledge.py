@@ -194,3 +194,17 @@ async def test_queries_run_while_a_batch_is_written_and_a_document_deleted(two, 
 
 async def _no_record(_call) -> None:
     return None
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+async def test_many_texts_get_the_vectors_each_gets_alone_in_their_order(workers):
+    """Ingestion embeds with `aembed_many` (the workers share the texts out); a text's
+    vector is the one it gets alone, whatever its neighbours, in the order given."""
+    embedder = shared_embedder()
+    texts = ["Zephyr Link costs $12 per seat.", "", "Harbor Desk data is hosted in Frankfurt, with backups.",
+             "trial", "Zephyr Link encrypts data at rest with AES-256 and keeps it for 90 days."]
+    vectors = await embedder.aembed_many(texts, workers=workers)
+    assert vectors.shape == (len(texts), embedder.dim)
+    for text, vector in zip(texts, vectors):
+        assert np.array_equal(vector, embedder.embed([text])[0])
+    assert (await embedder.aembed_many([])).shape == (0, embedder.dim)

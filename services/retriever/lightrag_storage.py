@@ -63,6 +63,15 @@ class ConciergeQdrantStorage(QdrantVectorDBStorage):
         until then reads go to the store with them, as LightRAG's own do."""
         return bool(self._pending_vector_docs or self._pending_vector_deletes)
 
+    def _build_upsert_batches(self, points, max_payload_bytes: int, max_points_per_batch: int):
+        """Local mode: batches by point count only. LightRAG sizes each point as JSON to keep
+        a request under a server's payload limit; the embedded store takes no request, and
+        that sizing (a JSON dump of every point) costs more than the write itself."""
+        if not self._per_site:
+            return super()._build_upsert_batches(points, max_payload_bytes, max_points_per_batch)
+        size = max_points_per_batch if max_points_per_batch > 0 else len(points) or 1
+        return [(points[start:start + size], 0) for start in range(0, len(points), size)]
+
     # What writes the store itself forgets the index (this process is the embedded store's
     # only writer): the flush of the buffered writes, and the two that write directly.
 
