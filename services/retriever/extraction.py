@@ -40,8 +40,9 @@ mit für ein eine il lo gli di che o e com para os as um uma het een van voor me
 STOP = COMMON | set("""tell know want need like give show explain much many offer offers offered does do
 provide provides support supports work works able there any kind kinds whats what's i'm im can't cannot
 between difference about available include includes including""".split())
-VERSION = 3  # bump when the rules change: documents ingested by older rules are extracted again
-# (3: a relationship's vector is its anchor chunk's, knowledge._write; a site keeps one kind)
+VERSION = 4  # bump when the rules change: documents ingested by older rules are extracted again
+# (3: a relationship's vector is its anchor chunk's, knowledge._write; a site keeps one kind;
+# 4: a sentence's opening word with only numbers and small words after it is no name)
 MAX_ENTITIES = 80
 MAX_RELATIONS = 160
 MAX_DESCRIPTION_SENTENCES = 3
@@ -99,8 +100,9 @@ def _paragraphs(text: str, count_tokens: Callable[[str], int], budget: int) -> l
 
 def names_in(text: str, known: set[str] | None = None) -> list[str]:
     """Capitalised names and bold terms, in order of appearance, without everyday words.
-    A single capitalised word that opens the text is a name only if it is in `known`
-    (names seen elsewhere), since any word is capitalised there ("Office users are free")."""
+    A capitalised word that opens the text, alone or with only numbers and small words
+    after it ("Teams of 50"), is a name only if it is in `known` (names seen elsewhere),
+    since any word is capitalised there ("Office users are free")."""
     found: list[str] = []
     for match in BOLD.finditer(text):
         found.append(match.group(1).strip())
@@ -114,7 +116,11 @@ def names_in(text: str, known: set[str] | None = None) -> list[str]:
         if not words or (len(words) == 1 and len(words[0]) < 2):
             continue
         opening = not plain[:match.start()].strip(" -*#>\"'(")
-        if len(words) == 1 and opening and known is not None and words[0] not in known:
+        # At the opening, only the first word may be capitalised for the opening's sake:
+        # with no other capitalised word ("Teams of 50 people use it"), the phrase is a
+        # name only if the document uses it (or its first word) as one elsewhere.
+        alone = len(words) == 1 or not any(w[0].isupper() for w in words[1:])
+        if alone and opening and known is not None and words[0] not in known and " ".join(words) not in known:
             continue
         found.append(" ".join(words))
     seen: set[str] = set()
