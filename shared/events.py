@@ -375,6 +375,9 @@ class ResponseCompleted(Envelope, tag="response_completed"):
     embedding_version: str = ""  # extractive: the embedding model that chose the sentences (name@version)
     # The responder's roles (answer, redirect, suggestions) as it had them ({}: not recorded).
     llm_roles: dict[str, LLMRole] = {}
+    # When its first token went out to the visitor (the responder's clock; 0: none sent, or
+    # stored before it was recorded): the time to first token is this less the turn's request.
+    first_token_ts: float = 0.0
 
 
 class TurnCompleted(Envelope, tag="turn_completed"):
@@ -693,9 +696,23 @@ class SiteChanged(Envelope, tag="site_changed", kw_only=True):
     actor: str
 
 
+# --- visitor feedback (services/gateway/routes/feedback.py) ---------------------------------
+FEEDBACK_REASON_CHARS = 500
+Rating = Literal["up", "down"]
+
+
+class FeedbackGiven(Envelope, tag="feedback_given", kw_only=True):
+    """The visitor rated the answer of turn `turn` (the widget's thumbs), with what they
+    wrote, if anything (at most FEEDBACK_REASON_CHARS; redacted by an erase). A turn's
+    latest vote counts: a second vote replaces the first."""
+
+    rating: Rating
+    reason: str = ""
+
+
 # Stored in a log, but no step of a turn: written after it or beside it by what a replay does
 # not run (cli/replay/diff.py leaves them out of a turn's outcome).
-OUTSIDE_TURNS = (*LEAD_BRIEF_EVENTS, "site_changed")
+OUTSIDE_TURNS = (*LEAD_BRIEF_EVENTS, "site_changed", "feedback_given")
 
 
 Event = Union[
@@ -740,6 +757,7 @@ Event = Union[
     SyncCompleted,
     SyncFailed,
     SiteChanged,
+    FeedbackGiven,
 ]
 
 EVENT_TYPES: dict[str, type[Envelope]] = {cls.__struct_config__.tag: cls for cls in Event.__args__}

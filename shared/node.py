@@ -102,6 +102,7 @@ class Context:
     # The time outputs are stamped with: now, or in a replay a fixed one, so a rerun makes the
     # same log twice. Decisions read no clock.
     clock: Callable[[], float] = ev.now
+    first_token_ts: float = 0.0  # when the handler's first token went out (`clock`; 0: none yet)
     _llm_calls: int = 0
 
     def follow(self, cls: type, key: str | None = None, *, cause_id: str | None = None, **fields):
@@ -136,6 +137,8 @@ class Context:
             ev.TokenChunk, key=f"token-{self.attempt}-{index}", index=index, content=content, attempt=self.attempt
         )
         await self.out.publish_token(chunk)
+        if not self.first_token_ts:
+            self.first_token_ts = chunk.ts
 
     async def stream(self, chunk: ev.SourcesAttached) -> None:
         """Send something on the turn's token stream besides tokens (the sources ahead of them)."""

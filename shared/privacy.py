@@ -124,6 +124,9 @@ def redact(event: ev.Envelope) -> tuple[ev.Envelope, list[str]]:
         case ev.BookingProgressed():
             if event.collected:
                 changes["collected"] = {k: REDACTED for k in event.collected}
+        case ev.FeedbackGiven():
+            if event.reason and event.reason != REDACTED:
+                changes["reason"] = REDACTED
         case ev.LeadCaptured():
             if event.email != REDACTED:
                 changes["email"] = REDACTED

@@ -25,12 +25,12 @@ from shared.llm import LLMClient
 from shared.site_config import SiteConfig
 from shared.state import ConversationState, Record, fold
 
-# Left out when one node's outputs are compared: a rerun's own ids, clocks and log
-# positions; the time a decision took (measured, not decided: the local classifier's
+# Left out when one node's outputs are compared: a rerun's own ids, clocks (an answer's
+# first token's too) and log positions; the time a decision took (measured, not decided: the local classifier's
 # `latency_ms` differs on every run); the config and model versions (reported as version
 # changes, diff.py); the LLM roles a node had (turn_config.py: a rerun runs under the recorded ones or,
 # asked to, under the deployment's).
-VOLATILE = ("event_id", "ts", "input_seq", "causation_id", "latency_ms", "config_version", "classifier_version",
+VOLATILE = ("event_id", "ts", "first_token_ts", "input_seq", "causation_id", "latency_ms", "config_version", "classifier_version",
             "embedding_version", "llm_roles")
 
 

@@ -108,8 +108,9 @@ async def stream_llm(ctx: Context, llm: LLMClient, role: str, node: str, message
         await tokens.cancel()
     await tokens.close()
     return ctx.follow(ev.ResponseCompleted, node=node, text="".join(parts), token_count=tokens.sent,
-                      attempt=ctx.attempt, fallback_used=any(call.fallback_used for call in calls),
-                      late_inputs=late_inputs or [], sources=[d.n for d in sources or []], llm_roles=llm_roles or {})
+                      attempt=ctx.attempt, first_token_ts=ctx.first_token_ts,
+                      fallback_used=any(call.fallback_used for call in calls), late_inputs=late_inputs or [],
+                      sources=[d.n for d in sources or []], llm_roles=llm_roles or {})
 
 
 async def publish_sources(ctx: Context, sources: list[ev.RetrievedDocument] | None) -> None:
@@ -129,4 +130,4 @@ async def stream_text(ctx: Context, node: str, text: str, backend: str = "templa
     for index, part in enumerate(parts):
         await ctx.token(index, part)
     return ctx.follow(ev.ResponseCompleted, node=node, text=text, token_count=len(parts), attempt=ctx.attempt,
-                      backend=backend, llm_roles=llm_roles or {})
+                      first_token_ts=ctx.first_token_ts, backend=backend, llm_roles=llm_roles or {})
