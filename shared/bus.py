@@ -517,8 +517,10 @@ async def ensure_topology(bus: Bus) -> None:
         (subjects.SNAPSHOT_BUCKET, cfg.snapshot_ttl_s or None, 1),
         (subjects.LEAD_CLAIM_BUCKET, None, 1),  # kept as long as the log that may replay a lead
         (subjects.KB_VECTORS_BUCKET, cfg.kb_vectors_ttl_s or None, 1),
+        (subjects.INSIGHT_BUCKET, None, 1),  # made again from the log: `concierge insight rebuild`
     ):
-        bus.kv[bucket] = await _ensure_bucket(bus.js, bucket, ttl, cfg.replicas, history)
+        bus.kv[bucket] = await _ensure_bucket(bus.js, bucket, ttl, cfg.replicas, history,
+                                              direct=bucket == subjects.INSIGHT_BUCKET)
 
 
 async def _ensure_stream(js: JetStreamContext, config: api.StreamConfig) -> None:
@@ -533,24 +535,26 @@ async def _ensure_stream(js: JetStreamContext, config: api.StreamConfig) -> None
 
 
 async def _ensure_bucket(js: JetStreamContext, bucket: str, ttl: float | None, replicas: int,
-                         history: int = 1) -> KeyValue:
+                         history: int = 1, direct: bool = False) -> KeyValue:
     """Create the bucket, or bring an existing one to `replicas` (NATS_REPLICAS raised when
-    a single server became a cluster), `ttl` and `history` (the values kept per key): a
-    bucket is the stream `KV_<bucket>`."""
+    a single server became a cluster), `ttl`, `history` (the values kept per key) and
+    `direct` (direct gets: a reader takes many keys in batches, `Bus.read_raw`): a bucket is
+    the stream `KV_<bucket>`."""
     try:
-        return await js.create_key_value(bucket=bucket, ttl=ttl, history=history, replicas=replicas)
+        return await js.create_key_value(bucket=bucket, ttl=ttl, history=history, replicas=replicas, direct=direct)
     except BadRequestError as exc:
         if exc.err_code != ALREADY_EXISTS:
             raise
     info = await js.stream_info(f"KV_{bucket}")
     if (info.config.num_replicas != replicas or abs((info.config.max_age or 0) - (ttl or 0)) > 0.001
-            or info.config.max_msgs_per_subject != history):
+            or info.config.max_msgs_per_subject != history or bool(info.config.allow_direct) != direct):
         info.config.num_replicas = replicas
         info.config.max_age = ttl or 0
         info.config.max_msgs_per_subject = history
+        info.config.allow_direct = direct
         await js.update_stream(info.config)
         log.info("bucket settings changed",
-                 extra={"bucket": bucket, "replicas": replicas, "ttl_s": ttl, "history": history})
+                 extra={"bucket": bucket, "replicas": replicas, "ttl_s": ttl, "history": history, "direct": direct})
     return await js.key_value(bucket)
 
 

@@ -710,9 +710,20 @@ class FeedbackGiven(Envelope, tag="feedback_given", kw_only=True):
     reason: str = ""
 
 
+class ProjectionFailed(Envelope, tag="projection_failed", kw_only=True):
+    """The insight projector gave up on this conversation's event after its last attempt:
+    the conversation's insight record lags its log until the next of its turns ends or
+    `concierge insight rebuild` runs. The event is also in the node's dead letters."""
+
+    node: str
+    reason: str
+    attempts: int
+    failed_event_id: str
+
+
 # Stored in a log, but no step of a turn: written after it or beside it by what a replay does
 # not run (cli/replay/diff.py leaves them out of a turn's outcome).
-OUTSIDE_TURNS = (*LEAD_BRIEF_EVENTS, "site_changed", "feedback_given")
+OUTSIDE_TURNS = (*LEAD_BRIEF_EVENTS, "site_changed", "feedback_given", "projection_failed")
 
 
 Event = Union[
@@ -758,6 +769,7 @@ Event = Union[
     SyncFailed,
     SiteChanged,
     FeedbackGiven,
+    ProjectionFailed,
 ]
 
 EVENT_TYPES: dict[str, type[Envelope]] = {cls.__struct_config__.tag: cls for cls in Event.__args__}

@@ -94,3 +94,12 @@ BRIEF_OUTCOMES = ("generated", "failed", "retried")
 briefs = Counter("concierge_briefs", "Lead briefs by outcome and backend (llm | data)", ["outcome", "backend"])
 brief_seconds = Histogram("concierge_brief_seconds", "Time to write one brief, gathered data to BriefCompleted",
                           ["backend"], buckets=HANDLER_BUCKETS)
+
+# Insight (services/enricher/insight_projector.py), per site, counted as the projector first
+# sees a turn end or a vote change (a rebuild counts nothing): a site's rates in PromQL, e.g.
+# answered / turns, or converted / conversations ended.
+insight_turns = Counter("concierge_insight_turns", "Ended turns by site and outcome (shared/insight.py)",
+                        ["site", "outcome"])
+insight_feedback = Counter("concierge_insight_feedback", "Visitor votes by site and rating", ["site", "rating"])
+insight_conversations = Counter("concierge_insight_conversations",
+                                "Conversations by site and the outcome they first reached", ["site", "outcome"])

@@ -5,7 +5,10 @@ chain.py), then the `visitor_profiler` node (what are they trying to do?).
 And the lead briefs (briefs/): `brief_requester` (a captured lead → a work item on the BRIEFS
 work queue), `brief_gatherer` (the lead's data, gathered once), `lead_briefer` (the brief,
 its checks and a call script, at most BRIEFS_CONCURRENCY at a time deployment-wide) and
-`lead_triager` (a site's open leads ranked)."""
+`lead_triager` (a site's open leads ranked).
+
+And `insight_projector`: each conversation's insight record (shared/insight.py) kept current
+in the `insight` bucket as its turns end and its visitor votes."""
 
 from __future__ import annotations
 
@@ -13,11 +16,11 @@ from pathlib import Path
 
 import httpx
 
-from shared import redis_client, service
+from shared import insight, redis_client, service
 from shared.llm import LLMClient
 from shared.node import Node
-from services.enricher import (brief_gatherer, brief_requester, enrichment, lead_briefer, lead_triager,
-                               visitor_profiler)
+from services.enricher import (brief_gatherer, brief_requester, enrichment, insight_projector, lead_briefer,
+                               lead_triager, visitor_profiler)
 from services.enricher.breaker import CircuitBreaker
 from services.enricher.chain import Enricher
 from services.enricher.settings import EnricherSettings, RemoteSource
@@ -59,8 +62,9 @@ async def nodes(bus, settings: EnricherSettings):
     enricher = build_enricher(redis_client.connect(settings.redis_url), httpx.AsyncClient(), settings)
     llm = LLMClient(settings.llm).prepare()
     profiler_llm = llm if settings.profiler_backend == "llm" else None
-    return enricher_nodes(enricher, profiler_llm, settings) + brief_nodes(llm if settings.briefs_with_llm() else None,
-                                                                          settings)
+    return (enricher_nodes(enricher, profiler_llm, settings)
+            + brief_nodes(llm if settings.briefs_with_llm() else None, settings)
+            + [insight_projector.make_node(insight.Projections(bus))])
 
 
 def enricher_nodes(enricher: Enricher | None, profiler_llm: LLMClient | None, settings: EnricherSettings) -> list[Node]:
