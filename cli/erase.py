@@ -5,7 +5,8 @@ the IP) given. For each of those sessions:
 - the conversation log is rewritten with personal data redacted (`shared.privacy.redact`):
   the events are read, the session's subjects purged, and the redacted events appended
   again in their original order with their original ids;
-- the state snapshot, the token chunks and the session's dead letters are removed;
+- the state snapshot, the token chunks and the session's dead letters are removed, and its
+  insight record (shared/insight.py) is made again from the redacted log;
 - its lead brief's steps are redacted with the rest of its log (the e-mail, the form
   fields, e-mails in the transcript, the brief, the call script); and where other
   conversations speak of it, the site's triages (its reason) and other leads' briefs (its
@@ -27,7 +28,7 @@ from contextlib import asynccontextmanager
 from typing import Callable
 
 from shared import events as ev
-from shared import privacy, redis_client, subjects
+from shared import insight, privacy, redis_client, subjects
 from shared.bus import Bus, connect
 from shared.config import BusConfig
 from shared.session_guard import SessionGuard
@@ -96,6 +97,8 @@ async def erase_session(bus: Bus, redis, site: str, session_id: str, report: dic
         except Exception as exc:  # no snapshot is fine
             report["notes"].append(f"snapshot {site}/{session_id}: {exc!r}")
         dead = await _delete_dead_letters(bus, site, session_id)
+        # Its insight record (votes' reasons, questions) made again from the redacted log.
+        await insight.project_session(bus, site, session_id)
         keys = [privacy.raw_ip_key(site, session_id), privacy.seen_key(site, session_id),
                 privacy.cache_key(site, f"session-{session_id}")]
         deleted = await redis.delete(*keys)

@@ -2,7 +2,7 @@
 
 A command's module is imported only when it runs, so `concierge sites check` does not load
 LightRAG or the models. Three kinds of module live under cli/: the operator commands here
-(run, ingest, replay, erase, briefs, sources, sites), the measurements in cli/measure/, and the system harness
+(run, ingest, replay, erase, briefs, sources, sites, insight), the measurements in cli/measure/, and the system harness
 that `run`, the measurements and the tests share in cli/harness/.
 """
 
@@ -52,6 +52,10 @@ COMMANDS = (
         ("sites check [DIR]", "validate the site config files (default: sites/)"),
         ("sites key --site SITE", "make an operator API key for one site (its hash goes in the site file)"),
         ("sites webhook-secret --site SITE", "print the secret SITE's lead webhooks are signed with"))),
+    Command("insight", "cli.insight", (
+        ("insight --site SITE [--since 7d] [--language L] [--route R]",
+         "does it work? conversations, answers, not found, leads, feedback, resolution rate, knowledge gaps"),
+        ("insight rebuild --site SITE", "make the site's insight records again from the log"))),
     Command("bench", "cli.measure.bench", (
         ("bench", "drive a fresh system with the scripted LLM and print figures (make bench)"),)),
     Command("loadtest", "cli.measure.loadtest", (

@@ -308,6 +308,21 @@ def _conflict(exc: Exception) -> bool:
     return isinstance(exc, KeyWrongLastSequenceError) or (isinstance(exc, APIError) and exc.err_code == 10071)
 
 
+async def report(bus: Bus, site: str, filters: Filters, embed) -> dict:
+    """A site's figures and knowledge gaps over `filters`, as `concierge insight` prints them
+    and the operator API serves them (`embed`: texts -> unit vectors, for the gaps; run in a
+    thread, off the event loop)."""
+    import asyncio
+
+    from shared import gaps, sources
+
+    records = await Projections(bus).records(site)
+    curated = sources.curated_answers(await sources.definitions(bus, site))
+    found = await asyncio.to_thread(gaps.gaps, records, embed, filters, curated)
+    return {"site": site, "since": filters.since, "until": None if filters.until == float("inf") else filters.until,
+            "language": filters.language, "route": filters.route, **figures(records, filters), "gaps": found}
+
+
 # --- rebuilding from the log ------------------------------------------------------------------
 
 

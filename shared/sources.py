@@ -118,6 +118,38 @@ def spec_of(given: SourceInput) -> ev.SourceSpec:
                          every_s=every)
 
 
+CURATED_PREFIX = "answer-"  # a curated answer's source id (shared/gaps.py finds them by it)
+MAX_QUESTION_CHARS = 200
+
+
+class CuratedInput(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """An operator's answer to a question visitors ask (a knowledge gap's, or any turn's)."""
+
+    question: str
+    answer: str
+
+
+def curated_spec(given: CuratedInput) -> ev.SourceSpec:
+    """The text source a curated answer is: titled with its question, so retrieval finds it
+    for that question and an answer cites it like any page (`text://answer-…`); the same
+    question again redefines it (its id derives from the question)."""
+    question, answer = " ".join(given.question.split()), given.answer.strip()
+    errors = []
+    if not 3 <= len(question) <= MAX_QUESTION_CHARS:
+        errors.append({"field": "question", "message": f"the question, 3 to {MAX_QUESTION_CHARS} characters"})
+    if not answer or len(answer) > MAX_TEXT_CHARS:
+        errors.append({"field": "answer", "message": f"the answer, 1 to {MAX_TEXT_CHARS} characters"})
+    if errors:
+        raise SourceError(errors)
+    return ev.SourceSpec(id=CURATED_PREFIX + _id("q", question.lower())[2:], kind="text", title=question,
+                         text=answer)
+
+
+def curated_answers(specs: dict[str, ev.SourceSpec]) -> list[tuple[str, str]]:
+    """(url, question) of each curated answer among a site's sources (`definitions`)."""
+    return [(page_url(spec), spec.title) for spec in specs.values() if spec.id.startswith(CURATED_PREFIX)]
+
+
 def file_spec(name: str, size: int) -> ev.SourceSpec:
     """The source of an uploaded file (SourceError when its name or size is refused)."""
     base = posixpath.basename(name.replace("\\", "/")).strip()
@@ -140,6 +172,11 @@ def session_of(source: str) -> str:
 
 def source_of(session: str) -> str | None:
     return session[len(ev.SOURCE_PREFIX):] if session.startswith(ev.SOURCE_PREFIX) else None
+
+
+def page_url(spec: ev.SourceSpec) -> str:
+    """The one page of a file or text source (what its answers cite)."""
+    return f"upload://{spec.id}/{spec.name}" if spec.kind == "file" else f"text://{spec.id}"
 
 
 def upload_key(site: str, source: str, name: str) -> str:

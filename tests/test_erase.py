@@ -185,3 +185,18 @@ def test_a_turns_copy_of_the_previous_message_is_redacted_like_the_message():
     redacted, fields = privacy.redact(request)
     assert "ada@example.com" not in redacted.previous and "previous" in fields
     assert redacted.message == "and the price?"
+
+
+async def test_erase_removes_the_visitors_words_from_their_insight_record(bus, nats_url, redis_url, site):
+    from shared import insight
+
+    await conversation(bus, site, "rated", "192.0.2.31")
+    vote = ev.FeedbackGiven(event_id=ev.new_id(), site=site, session_id="rated", turn=1, ts=ev.now(),
+                            producer="gateway", rating="down", reason="wrong, mail me at ada@example.com (Ada Lovelace)")
+    await bus.publish(vote)
+    before = await insight.project_session(bus, site, "rated")
+    assert before.turns[0].rating == "down" and "Ada Lovelace" in before.turns[0].reason
+    await erase.erase(BusConfig(url=nats_url), redis_url, site, ["rated"], None)
+    [after] = await insight.Projections(bus).records(site)
+    assert after.turns[0].rating == "down" and after.turns[0].reason == privacy.REDACTED
+    assert "ada@example.com" not in after.turns[0].question and "ada@example.com" not in str(after)

@@ -4,6 +4,8 @@ the figures summed over a range, per day, by language and route."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from shared import events as ev
@@ -245,3 +247,108 @@ async def test_a_record_made_from_less_of_the_log_does_not_replace_one_made_from
     assert (await projections.save(early)) == (False, full)
     assert (await projections.save(full)) == (False, full)  # the same again: nothing written
     assert await projections.records(site) == [full]
+
+
+# --- knowledge gaps (shared/gaps.py) ------------------------------------------------------------
+
+
+def test_gaps_group_the_questions_not_answered_largest_first_and_close_with_a_curated_answer():
+    from shared import gaps
+    from shared.embeddings import shared_embedder
+
+    embed = shared_embedder().embed
+    logs = []
+    for i, question in enumerate(["Do you support SAML single sign-on?", "Can we log in with SAML SSO?",
+                                  "Is single sign-on with Okta SAML available?"]):
+        log = Log(f"sso-{i}")
+        log.ask(1, question)
+        log.reply(1, "ANSWER", given=["security", "pricing"])
+        logs.append(log)
+    android = Log("android")
+    android.ask(1, "Is there an Android app?")
+    android.reply(1, "ANSWER", cited=["mobile"])
+    android.vote(1, "down", "it only talks about iOS")
+    logs.append(android)
+    fine = Log("fine")
+    fine.ask(1, "What does the Pro plan cost?")
+    fine.reply(1, "ANSWER", cited=["pricing"])
+    logs.append(fine)
+
+    found = gaps.gaps([log.facts() for log in logs], embed)
+    assert [(g["size"], g["status"]) for g in found] == [(3, "open"), (1, "open")]
+    sso, mobile = found
+    assert set(sso["examples"]) == {"Do you support SAML single sign-on?", "Can we log in with SAML SSO?",
+                                    "Is single sign-on with Okta SAML available?"}
+    assert sso["closest"][0]["title"] == "security" and sso["reasons"] == {"not found": 3}
+    assert "saml" in sso["suggested_page"]["about"] and sso["suggested_page"]["title"] in sso["examples"]
+    assert mobile["examples"] == ["Is there an Android app?"] and mobile["reasons"] == {"rated down": 1}
+
+    curated = [("text://answer-sso", "Do you support SAML single sign-on (SSO)?")]
+    assert [g["status"] for g in gaps.gaps([log.facts() for log in logs], embed, curated=curated)] == \
+        ["answered", "open"]
+    later = Log("later", start=DAY + 3600)
+    later.ask(1, "Does it support SAML SSO?")
+    later.clock += 1
+    later._add(ev.RouteDecided, 1, route="ANSWER", reason="test")
+    later._add(ev.TurnCompleted, 1, metadata={"route": "ANSWER", "sources": [
+        {"n": 1, "title": "Do you support SAML single sign-on (SSO)?", "url": "text://answer-sso", "cited": True}]})
+    closed = gaps.gaps([log.facts() for log in logs + [later]], embed, curated=curated)
+    assert closed[0]["status"] == "closed" and closed[0]["closed_by"]["session_id"] == "later"
+    assert closed[0]["size"] == 3  # the answered question is no gap
+
+
+def test_a_curated_answer_is_a_text_source_titled_with_its_question():
+    from shared import sources
+
+    spec = sources.curated_spec(sources.CuratedInput(question="  Do you  support SSO? ", answer="Yes, SAML 2.0."))
+    assert (spec.kind, spec.title, spec.text) == ("text", "Do you support SSO?", "Yes, SAML 2.0.")
+    assert spec.id.startswith("answer-") and sources.page_url(spec) == f"text://{spec.id}"
+    again = sources.curated_spec(sources.CuratedInput(question="do you support sso?", answer="Yes."))
+    assert again.id == spec.id
+    assert sources.curated_answers({spec.id: spec}) == [(f"text://{spec.id}", "Do you support SSO?")]
+    with pytest.raises(sources.SourceError) as refused:
+        sources.curated_spec(sources.CuratedInput(question="?", answer=" "))
+    assert [e["field"] for e in refused.value.errors] == ["question", "answer"]
+
+
+def test_the_command_prints_the_figures_and_gaps_its_last_line_one_json_object(nats_url, capsys):
+    import asyncio
+    import json
+
+    from cli import insight as command
+    from shared.bus import connect
+    from shared.config import BusConfig
+    from tests.helpers import unique
+
+    site = unique("insight")
+    answered, missing = Log("answered"), Log("missing")
+    answered.ask(1, "What does the Pro plan cost?")
+    answered.reply(1, "ANSWER", cited=["pricing"])
+    answered.vote(1, "up")
+    missing.ask(1, "Do you support SAML single sign-on?")
+    missing.reply(1, "ANSWER", given=["security"])
+    for log in (answered, missing):  # started an hour ago: within --since 7d
+        for event in log.events:
+            event.ts = event.ts - DAY + time.time() - 3600 if event.ts else event.ts
+
+    async def publish():
+        bus = await connect(BusConfig(url=nats_url), name="test-insight-cli")
+        try:
+            for log in (answered, missing):
+                await published(bus, log, site)
+        finally:
+            await bus.close()
+
+    asyncio.run(publish())
+    assert command.main(["rebuild", "--site", site, "--nats-url", nats_url]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["conversations"] == 2
+    assert command.main(["--site", site, "--since", "7d", "--nats-url", nats_url]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    figures = json.loads(printed[-1])
+    assert {k: figures[k] for k in ("conversations", "turns", "answered", "not_found", "redirected", "bookings",
+                                    "leads", "handoffs", "feedback_up", "feedback_down", "resolution_rate")} == {
+        "conversations": 2, "turns": 2, "answered": 1, "not_found": 1, "redirected": 0, "bookings": 0, "leads": 0,
+        "handoffs": 0, "feedback_up": 1, "feedback_down": 0, "resolution_rate": 0.5}
+    assert [(g["size"], g["examples"]) for g in figures["gaps"]] == [(1, ["Do you support SAML single sign-on?"])]
+    assert any("knowledge gaps: 1" in line for line in printed)
+    assert command.main(["--site", site, "--since", "week", "--nats-url", nats_url]) == 2

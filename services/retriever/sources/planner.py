@@ -19,16 +19,13 @@ import logging
 from services.retriever.sources import pages as pg
 from services.retriever.sources.web import FetchError, RefusedAddress, WebClient
 from shared import events as ev
+from shared import sources
 from shared.node import Context, Inputs, Needs, Node
 
 log = logging.getLogger(__name__)
 
 NAME = "sync_planner"
 
-
-def page_url(spec: ev.SourceSpec) -> str:
-    """The one page of a file or text source."""
-    return f"upload://{spec.id}/{spec.name}" if spec.kind == "file" else f"text://{spec.id}"
 
 
 def known_pages(kb, site: str, source: str) -> dict[str, dict]:
@@ -87,7 +84,7 @@ def make_node(web: WebClient, kb) -> Node:
             urls = [u for u in urls if pg.in_scope(spec, u) and rules.can_fetch(u, web.user_agent)]
             urls = urls[:spec.max_pages]
         else:
-            urls = [page_url(spec)]
+            urls = [sources.page_url(spec)]
         targets = [ev.PageTarget(url=u, **{k: v for k, v in known.get(u, {}).items() if k != "doc_id"})
                    for u in urls]
         started = ctx.follow(ev.SyncStarted, source=spec, pages=targets, discover=discover, robots=robots_text[:20000],
