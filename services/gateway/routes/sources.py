@@ -29,7 +29,7 @@ from services.gateway.operators import Operator
 from services.gateway.schemas import decode, read_body
 
 router = APIRouter()
-SourceId = Annotated[str, msgspec.Meta(pattern=r"^(web|file|text)-[0-9a-f]{12}\Z")]
+SourceId = Annotated[str, msgspec.Meta(pattern=r"^(web|file|text|answer)-[0-9a-f]{12}\Z")]
 _decoder = msgspec.json.Decoder(sources.SourceInput)
 MAX_DEFINITION_BYTES = 256 * 1024
 PAGES_SHOWN = 1000
