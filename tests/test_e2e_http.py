@@ -326,3 +326,98 @@ async def test_stop_booking_leaves_the_flow(system, http):
     assert meta["booking"]["active"] is False
     assert question.final["metadata"]["route"] == "ANSWER" and question.final["metadata"]["branch"] == "DEFAULT"
 
+
+
+async def test_insight_counts_a_known_mix_and_a_curated_answer_closes_its_gap(system, llm, http):
+    """Issue 41 end to end on the demo site: an answered question rated up, one the knowledge
+    base cannot answer rated down, a redirect, a booking with a lead, a blocked message; the
+    live projection's every figure, a rebuild equal to it, the gap in the operator API; then a
+    curated answer, synced into the knowledge base, answers the next visitor asking it, cited,
+    and the gap shows closed."""
+    from shared import insight
+    from shared.bus import connect
+    from shared.config import BusConfig
+
+    site, missing_question = "demo", "Do you offer a Klingon translation service for work orders?"
+    llm.clear()
+
+    async def vote(visitor, turn, rating, reason=""):
+        response = await http.post(f"{system.gateway_url}/v1/sites/{site}/conversations/{visitor.session_id}/turns/"
+                                   f"{turn}/feedback", headers={"X-Session-Token": visitor.session_token},
+                                   json={"rating": rating, "reason": reason})
+        assert response.status_code in (200, 201), response.text
+
+    answered = Conversation(http, system.gateway_url, site)
+    llm.fail_next({"reply": "Tidewise connects to QuickBooks Online and Xero [1]."})
+    await _turns(http, system, answered, "What integrations do you offer?")
+    await vote(answered, 1, "up")
+    missing = Conversation(http, system.gateway_url, site)
+    (reply,) = await _turns(http, system, missing, missing_question)  # the scripted model cites nothing
+    assert reply.final["metadata"]["route"] == "ANSWER"
+    await vote(missing, 1, "down", "no answer to my question")
+    redirected = Conversation(http, system.gateway_url, site)
+    await _turns(http, system, redirected, "I can't log in to my account, please help")
+    booked = Conversation(http, system.gateway_url, site)
+    await _turns(http, system, booked, "I'd like to book a demo", "grace@example.com")
+    blocked = Conversation(http, system.gateway_url, site)
+    assert (await blocked.say("x" * 15_001)).final["metadata"]["blocked"] == "length"
+    ours = {v.session_id: name for v, name in ((answered, "answered"), (missing, "missing"),
+                                               (redirected, "redirected"), (booked, "booked"), (blocked, "blocked"))}
+
+    bus = await connect(BusConfig(url=system.nats_url), name="test-insight")
+    try:
+        projections = insight.Projections(bus)
+
+        async def projected():
+            records = {r.session_id: r for r in await projections.records(site) if r.session_id in ours}
+            ready = len(records) == 5 and records[missing.session_id].turns[0].rating == "down" \
+                and records[answered.session_id].turns[0].rating == "up" and records[booked.session_id].lead
+            return records if ready else None
+
+        live = await wait_for(projected, timeout=20, what="the five conversations projected")
+        assert {ours[s]: r.outcome for s, r in live.items()} == {
+            "answered": "resolved", "missing": "unresolved", "redirected": "resolved", "booked": "converted",
+            "blocked": "abandoned"}
+        figures = insight.figures(live.values())
+        assert {k: figures[k] for k in ("conversations", "turns", "answered", "not_found", "redirected", "bookings",
+                                        "leads", "blocked", "feedback_up", "feedback_down", "resolution_rate")} == {
+            "conversations": 5, "turns": 6, "answered": 1, "not_found": 1, "redirected": 1, "bookings": 1,
+            "leads": 1, "blocked": 1, "feedback_up": 1, "feedback_down": 1, "resolution_rate": 0.6}
+        assert figures["routes"] == {"ANSWER": 2, "BOOKING": 2, "REDIRECT": 1} and figures["ttft_ms_p50"] > 0
+        # A rebuild from the log stores the records the live projection stored.
+        await insight.rebuild(bus, site)
+        rebuilt = {r.session_id: r for r in await projections.records(site) if r.session_id in ours}
+        assert rebuilt == live
+
+        shown = await http.get(operator_url(system, site, "insight"), headers=ops(system))
+        assert shown.status_code == 200, shown.text
+        gap = next(g for g in shown.json()["gaps"] if missing_question in g["examples"])
+        assert gap["status"] == "open" and missing.session_id in gap["sessions"]
+
+        # The operator answers it; once the source is synced, the next visitor asking gets it, cited.
+        added = await http.post(operator_url(system, site, "insight/answers"), headers=ops(system), json={
+            "question": missing_question, "answer": "Yes: Tidewise translates work orders into Klingon for crews "
+                                                    "on the Qo'noS contract, at no extra cost."})
+        assert added.status_code == 202, added.text
+        source, url = added.json()["source"], added.json()["url"]
+
+        async def synced():
+            listed = (await http.get(operator_url(system, site, f"sources/{source}"), headers=ops(system))).json()
+            return listed if listed["source"]["state"] in ("completed", "failed") else None
+
+        assert (await wait_for(synced, timeout=30, what="the curated answer synced"))["source"]["state"] == "completed"
+        after = Conversation(http, system.gateway_url, site)
+        llm.fail_next({"reply": "Yes, Tidewise translates work orders into Klingon [1]."})
+        (reply,) = await _turns(http, system, after, "Is there a Klingon translation service for work orders?")
+        cited = [s["url"] for s in reply.final["metadata"]["sources"] if s["cited"]]
+        assert cited == [url], reply.final["metadata"]["sources"]
+
+        async def closed():
+            gaps = (await http.get(operator_url(system, site, "insight"), headers=ops(system))).json()["gaps"]
+            found = next((g for g in gaps if missing_question in g["examples"]), None)
+            return found if found and found["status"] == "closed" else None
+
+        gap = await wait_for(closed, timeout=20, what="the gap closed")
+        assert gap["closed_by"]["session_id"] == after.session_id and gap["curated"]["url"] == url
+    finally:
+        await bus.close()

@@ -349,3 +349,30 @@ def test_the_command_prints_the_figures_and_gaps_its_last_line_one_json_object(n
     assert [(g["size"], g["examples"]) for g in figures["gaps"]] == [(1, ["Do you support SAML single sign-on?"])]
     assert any("knowledge gaps: 1" in line for line in printed)
     assert command.main(["--site", site, "--since", "week", "--nats-url", nats_url]) == 2
+
+
+def test_the_per_site_counters_count_what_a_record_adds_once():
+    from prometheus_client import REGISTRY
+
+    from services.enricher.insight_projector import count
+    from tests.helpers import unique
+
+    site = unique("metrics")
+
+    def value(name, **labels):
+        return REGISTRY.get_sample_value(f"concierge_insight_{name}_total", {"site": site, **labels}) or 0
+
+    log = Log("counted")
+    log.ask(1, "What does Pro cost?")
+    first = insight.conversation_facts(site, "counted", log.by_kind())
+    log.reply(1, "ANSWER", cited=["pricing"])
+    answered = insight.conversation_facts(site, "counted", log.by_kind())
+    count(first, None)
+    count(answered, first)
+    count(answered, answered)  # nothing new
+    log.vote(1, "down")
+    count(insight.conversation_facts(site, "counted", log.by_kind()), answered)
+    assert value("turns", outcome="answered") == 1 and value("turns", outcome="pending") == 0
+    assert value("feedback", rating="down") == 1
+    assert (value("conversations", outcome="abandoned"), value("conversations", outcome="resolved"),
+            value("conversations", outcome="unresolved")) == (1, 1, 1)
