@@ -74,6 +74,11 @@ async def test_a_vote_is_stored_once_and_the_same_vote_again_stores_nothing(bus,
 
     (stored,) = await votes_of(bus, site, session)
     assert (stored.turn, stored.rating, stored.reason, stored.producer) == (2, "up", "", "gateway")
+    # The widget offers a vote on an answer its route names, after a reload too.
+    view = (await client.get(f"/v1/sites/{site}/conversations/{session}",
+                             headers={"X-Session-Token": tokens.issue(site, session)})).json()
+    assert [(m["turn"], m["route"]) for m in view["messages"] if m["role"] == "assistant"] == [(1, "ANSWER"),
+                                                                                            (2, "ANSWER")]
 
 
 async def test_a_changed_vote_is_a_new_event_and_the_latest_counts(bus, site, client):
