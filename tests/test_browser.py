@@ -231,6 +231,45 @@ async def test_browser_sends_a_message_again_when_its_try_fails_before_the_turn_
         (1, "Hello there"), (2, "Do you integrate with Xero?"), (3, "And with Sage?")]
 
 
+@needs_chromium
+async def test_browser_votes_down_on_an_answer_and_says_why(system, llm, suggestions_llm, http):
+    """Thumbs down under an answer, a reason typed and sent: the buttons say which vote is
+    pressed, and the conversation's log has the turn's latest FeedbackGiven with the reason.
+    After a reload the answer has its buttons again, unpressed."""
+    from playwright.async_api import async_playwright
+
+    llm.clear(), suggestions_llm.clear()
+    reason = "It did not name the accounting tools."
+    async with async_playwright() as pw:
+        browser = await launch_chromium(pw)
+        try:
+            page = await browser.new_page(viewport={"width": 1200, "height": 800})
+            await ask_in_a_fresh_widget(page, system.gateway_url, "What integrations do you offer?")
+            up, down = page.locator("[data-testid=cw-vote-up]"), page.locator("[data-testid=cw-vote-down]")
+            await down.wait_for(timeout=30000)
+            assert (await up.get_attribute("aria-label"), await down.get_attribute("aria-label")) == (
+                "Helpful", "Not helpful")
+            assert await down.get_attribute("aria-pressed") == "false"
+            await down.click()
+            await page.fill("[data-testid=cw-reason]", reason)
+            (ROOT / "artifacts").mkdir(exist_ok=True)
+            await page.screenshot(path=str(ROOT / "artifacts" / "browser-vote.png"))
+            await page.click("[data-testid=cw-reason-send]")
+            await page.wait_for_selector("[data-testid=cw-reason]", state="detached", timeout=10000)
+            assert (await down.get_attribute("aria-pressed"), await up.get_attribute("aria-pressed")) == (
+                "true", "false")
+            assert await page.text_content("[data-testid=cw-vote-status]") == "Thanks for your feedback."
+            session = await page.evaluate("localStorage.getItem('concierge:demo:session')")
+            await page.reload()
+            await page.wait_for_selector("[data-testid=cw-vote-down]", timeout=30000)
+            assert await page.locator("[data-testid=cw-vote]").count() == 1
+            assert await page.locator("[data-testid=cw-vote-down]").get_attribute("aria-pressed") == "false"
+        finally:
+            await browser.close()
+    votes = [e["event"] for e in await events_of(http, system, "demo", session) if e["type"] == "feedback_given"]
+    # The thumbs-down is stored as it is clicked, then again with its reason: the latest counts.
+    assert [(v["turn"], v["rating"], v["reason"]) for v in votes] == [(1, "down", ""), (1, "down", reason)]
+
 
 @needs_chromium
 async def test_a_site_owner_onboards_from_the_operator_ui(system, llm, suggestions_llm, http):

@@ -183,6 +183,13 @@ async def test_each_service_works_within_its_subjects_and_is_refused_outside(sec
             await responder.nc.request(f"$JS.API.STREAM.PURGE.{subjects.CONV_STREAM}", b"", timeout=0.5)
         assert [type(r.event) for r in await gateway.read(subjects.conversation(site, "s1"))] == \
             [ev.TurnRequested, ev.IntentClassified]
+        # The gateway stores a visitor's vote on an answer; a node's service may not.
+        vote = ev.FeedbackGiven(event_id=ev.new_id(), site=site, session_id="s1", turn=1, ts=ev.now(),
+                                producer="gateway", rating="up")
+        assert (await gateway.publish(vote)).seq > 0
+        with pytest.raises(nats.errors.TimeoutError):
+            await responder.js.publish(subjects.conv(site, "s1", "feedback_given"), ev.encode(vote),
+                                       stream=subjects.CONV_STREAM, timeout=0.5)
         # The gateway writes the conversation's snapshot as a turn starts; the nodes'
         # services only read it.
         await gateway.publish(requested(site, "s1", 2))

@@ -69,6 +69,8 @@ async def test_rate_limit_per_ip_and_per_site(redis):
     assert await limiter.retry_after(site, "ipB", now) is None  # another visitor: fine ...
     assert await limiter.retry_after(site, "ipC", now) == 41  # ... until the site's own limit
     assert await limiter.retry_after(site, "ipA", now + 60) is None  # next window
+    # A limiter of its own name (the votes') counts apart from the chat's.
+    assert await RateLimiter(redis, per_ip=3, per_site=5, name="rl-votes").retry_after(site, "ipA", now) is None
 
 
 async def test_rate_limit_lets_requests_through_when_redis_is_down():
@@ -83,7 +85,7 @@ def test_the_visitor_ip_is_counted_from_the_right_of_x_forwarded_for():
     """The left of X-Forwarded-For is whatever the client wrote; the ingress appends on the right."""
     from starlette.requests import Request
 
-    from services.gateway.routes.chat import client_ip
+    from services.gateway.access import client_ip
 
     def request(forwarded: str) -> Request:
         return Request({"type": "http", "headers": [(b"x-forwarded-for", forwarded.encode())],

@@ -5,11 +5,15 @@
   (sessions.py; 403): `configured_site`, `require_token`, and both for a path that names the
   conversation, `own_conversation`;
 - an operator: a bearer token (operators.py; 401) that sees the site the path names (404
-  otherwise, as if the site had nothing): `operator_of_site`, the operator API's one check.
+  otherwise, as if the site had nothing): `operator_of_site`, the operator API's one check;
+
+and the visitor's address, which the rate limits count per (`client_ip`).
 """
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -21,6 +25,8 @@ from services.gateway.openapi import SessionId, SiteId, TokenHeader, bearer
 from services.gateway.operators import Operator
 from services.gateway.schemas import RequestError
 from shared.site_config import SiteConfig
+
+log = logging.getLogger(__name__)
 
 
 async def configured_site(request: Request, site: str) -> SiteConfig:
@@ -61,3 +67,17 @@ async def operator_of_site(site: SiteId, who: Annotated[Operator, Depends(operat
     if not who.sees(site):
         raise NotFound(f"no site {site}")
     return who
+
+
+def client_ip(request: Request, hops: int) -> str | None:
+    """The visitor's address. Behind `hops` proxies (TRUSTED_PROXY_HOPS; an ingress: 1), the
+    address the outermost of them saw: counted from the right of X-Forwarded-For, since the
+    client writes whatever it likes on the left. Not a valid IP: the connection's peer."""
+    if hops > 0:
+        forwarded = [p.strip() for p in request.headers.get("x-forwarded-for", "").split(",") if p.strip()]
+        if len(forwarded) >= hops:
+            try:
+                return str(ipaddress.ip_address(forwarded[-hops]))
+            except ValueError:
+                log.warning("X-Forwarded-For hop is not an IP address; using the peer")
+    return request.client.host if request.client else None

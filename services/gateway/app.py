@@ -54,7 +54,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 async def lifespan(app: FastAPI):
     """What the routes find on `app.state` while the app serves (besides `settings` and
     `tokens`): the bus, the conversation store following the log (shared/store: turn-start
-    loads read what its feed has not folded), Redis and the rate limiter on it, the session guard, the site
+    loads read what its feed has not folded), Redis and the rate limiters on it (chat turns,
+    and apart, votes: per address only), the session guard, the site
     registry, the operators' credentials, and `ready` (the ops port's /readyz)."""
     settings: GatewaySettings = app.state.settings
     app.state.bus = await connect(settings.bus, name="gateway")
@@ -62,6 +63,7 @@ async def lifespan(app: FastAPI):
     await app.state.store.follow()
     app.state.redis = redis_client.connect(settings.redis_url)
     app.state.limiter = RateLimiter(app.state.redis, settings.rate_per_ip_per_min, settings.rate_per_site_per_min)
+    app.state.vote_limiter = RateLimiter(app.state.redis, settings.rate_per_ip_per_min, 0, name="rl-feedback")
     app.state.guard = SessionGuard(app.state.bus, ttl_s=settings.turn_deadline_s + 10)
     app.state.sites = SiteConfigs(app.state.bus, settings.site_config_ttl_s)
     app.state.operators = OperatorAuth(app.state.sites, settings.admin_token)

@@ -49,7 +49,8 @@ class TurnInProgress(Exception):
 
 
 class Conflict(Exception):
-    """The conversation moved on while this turn started (the log's sequence check): 409."""
+    """The conversation is not where the request needs it: it moved on while this turn
+    started (the log's sequence check), or the turn voted on has no answer: 409."""
 
 
 def _answer(error: str, detail, status: int, headers: dict[str, str] | None = None) -> JSONResponse:

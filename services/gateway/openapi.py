@@ -16,7 +16,7 @@ import msgspec
 from fastapi import Header, Path
 from fastapi.security import HTTPBearer
 
-from services.gateway.schemas import ChatRequest, ErrorBody
+from services.gateway.schemas import ChatRequest, ErrorBody, FeedbackRequest, FeedbackStored
 from shared.site_config import SiteConfig, Widget
 
 # Python's `\Z` is not in JSON Schema's (ECMA-262) regex dialect; there `$` already means
@@ -34,8 +34,9 @@ VISITOR_PREFIXES = ("/v1/chat", "/v1/sites/")
 OPERATOR_PREFIX = "/v1/admin/sites/{site}"
 TAGS = [
     {"name": "visitor", "description": "The widget's calls, under `/v1/chat` and `/v1/sites/{site}/`: a turn over "
-                                       "server-sent events, its stream again, the visitor's own conversation (its "
-                                       "session token), the widget's look. CORS for the site's allowed origins."},
+                                       "server-sent events, its stream again, the visitor's own conversation and "
+                                       "votes on its answers (its session token), the widget's look. CORS for the "
+                                       "site's allowed origins."},
     {"name": "operator", "description": "Everything an operator reads or does, under `/v1/admin/sites/{site}`: "
                                         "the site's config, versions and keys, conversations, their events and "
                                         "states, replay, lead briefs and triage. A bearer token (ADMIN_TOKEN, or the "
@@ -85,6 +86,19 @@ RESUME_RESPONSES = {
               s403="no or a wrong session token, or an origin the site does not allow",
               s404="no such site, conversation or turn", s422="a malformed id or turn",
               s503="the event bus is not reachable"),
+}
+FEEDBACK_OPENAPI = {"requestBody": {"required": True,
+                                     "content": {"application/json": {"schema": schema_of(FeedbackRequest)}}}}
+FEEDBACK_RESPONSES = {
+    200: {"description": "the same vote was the turn's latest already: nothing more stored (`new`: false)",
+          "content": {"application/json": {"schema": schema_of(FeedbackStored)}}},
+    201: {"description": "the vote stored: the turn's latest, which counts (`new`: true)",
+          "content": {"application/json": {"schema": schema_of(FeedbackStored)}}},
+    **_errors(s403="no or a wrong session token, or an origin the site does not allow",
+              s404="no such site, conversation or turn", s409="the turn has no answer to rate (not finished, "
+              "blocked or failed)", s413="the body is too large",
+              s422="a malformed id or turn, or a body that is not valid (the field and why)",
+              s429="rate limited (Retry-After)", s503="the event bus is not reachable"),
 }
 SITE_OPENAPI = {"requestBody": {"required": True, "content": {"application/json": {"schema": schema_of(SiteConfig)}}}}
 SITE_PATCH_OPENAPI = {"requestBody": {"required": True, "content": {"application/json": {"schema": {

@@ -15,10 +15,13 @@ WINDOW_S = 60
 
 
 class RateLimiter:
-    def __init__(self, redis, per_ip: int, per_site: int):
+    def __init__(self, redis, per_ip: int, per_site: int, name: str = "rl"):
+        """`name`: the counts' own keys (`concierge:<name>:…`), so limiters of different
+        requests (a chat turn, a vote) count apart."""
         self.redis = redis
         self.per_ip = per_ip
         self.per_site = per_site
+        self.name = name
 
     async def retry_after(self, site: str | None, ip_digest: str | None, now: float | None = None) -> int | None:
         """Seconds until the caller may try again, or None when the request is allowed.
@@ -27,9 +30,9 @@ class RateLimiter:
         window = int(now // WINDOW_S)
         checks = []
         if site:
-            checks.append((f"concierge:rl:site:{site}:{window}", self.per_site))
+            checks.append((f"concierge:{self.name}:site:{site}:{window}", self.per_site))
         if ip_digest:
-            checks.append((f"concierge:rl:ip:{ip_digest}:{window}", self.per_ip))
+            checks.append((f"concierge:{self.name}:ip:{ip_digest}:{window}", self.per_ip))
         checks = [(key, limit) for key, limit in checks if limit > 0]  # 0 switches a limit off
         if not checks:
             return None

@@ -12,6 +12,7 @@ from typing import Annotated
 
 import msgspec
 
+from shared import events as ev
 from shared.subjects import TOKEN_RE
 
 # Longer than this is not a chat message and is refused as a bad request; between the abuse
@@ -20,6 +21,9 @@ MAX_BODY_MESSAGE_CHARS = 100_000
 # A request body above this is refused (413) before it is read whole: the longest message
 # (100,000 characters, up to 4 bytes each in UTF-8) and a full visitor object fit.
 MAX_BODY_BYTES = 512 * 1024
+# A vote's body: the longest reason (ev.FEEDBACK_REASON_CHARS) with every character escaped
+# as a JSON surrogate pair (12 bytes each), and its rating.
+MAX_FEEDBACK_BODY_BYTES = 8 * 1024
 
 Id = Annotated[str, msgspec.Meta(pattern=TOKEN_RE.pattern, description="letters, digits, '-' or '_'; 1-64")]
 Short = Annotated[str, msgspec.Meta(max_length=256)]
@@ -51,6 +55,26 @@ class ChatRequest(msgspec.Struct, forbid_unknown_fields=True):
     session_token: Token | None = None  # or the X-Session-Token header
     visitor: Visitor | None = None
     client_message_id: MessageId | None = None
+
+
+class FeedbackRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """The visitor's vote on a turn's answer (the widget's thumbs)."""
+
+    rating: ev.Rating
+    reason: Annotated[str, msgspec.Meta(
+        max_length=ev.FEEDBACK_REASON_CHARS,
+        description="what the visitor wrote, if anything; blanks around it are trimmed")] = ""
+
+
+class FeedbackStored(msgspec.Struct):
+    """The turn's vote as stored: its latest, which counts. `new`: this request stored it
+    (false: the same vote was the turn's latest already, nothing more was stored)."""
+
+    turn: int
+    rating: ev.Rating
+    reason: str
+    stored: bool
+    new: bool
 
 
 class RequestError(Exception):
@@ -92,6 +116,15 @@ def decode_chat(body: bytes) -> ChatRequest:
     return request
 
 
+_feedback_decoder = msgspec.json.Decoder(FeedbackRequest)
+
+
+def decode_feedback(body: bytes) -> FeedbackRequest:
+    """The vote, its reason trimmed."""
+    request = decode(body, _feedback_decoder)
+    return msgspec.structs.replace(request, reason=request.reason.strip())
+
+
 def decode(body: bytes, decoder: msgspec.json.Decoder):
     """`body` decoded, or a RequestError (422) naming the field and the problem."""
     try:
@@ -99,7 +132,7 @@ def decode(body: bytes, decoder: msgspec.json.Decoder):
     except msgspec.ValidationError as exc:
         text = str(exc)
         match = _FIELD_RE.search(text)
-        field = match.group(1) if match else _missing_field(text)
+        field = match.group(1) if match else _top_level_field(text)
         raise RequestError(field, text) from None
     except msgspec.DecodeError as exc:
         raise RequestError(None, f"body is not valid JSON: {exc}") from None
@@ -109,8 +142,9 @@ def decode(body: bytes, decoder: msgspec.json.Decoder):
         raise RequestError(None, "body is nested too deeply") from None
 
 
-def _missing_field(text: str) -> str | None:
-    match = re.search(r"required field `([^`]+)`", text)
+def _top_level_field(text: str) -> str | None:
+    """The body's own field a message names (one missing, or one it may not have), or None."""
+    match = re.search(r"(?:required|unknown) field `([^`]+)`", text)
     return match.group(1) if match else None
 
 

@@ -21,13 +21,15 @@ def public_metadata(metadata: dict | None) -> dict:
 
 
 def conversation(state: ConversationState) -> dict:
-    """The messages (answers with their sources) and the newest turn's widget state."""
+    """The messages (answers with their sources and route: the widget offers a vote on an
+    answer's) and the newest turn's widget state."""
     messages = []
     for message in state.messages:
         item = {"role": message.role, "content": message.content, "turn": message.turn}
         if message.role == "assistant":
             record = state.turns.get(message.turn)
             item["sources"] = (record.metadata.get("sources") or []) if record else []
+            item["route"] = record.route if record else None
         messages.append(item)
     completed = [t for t, record in state.turns.items() if record.status == "completed"]
     last = public_metadata(state.turns[max(completed)].metadata) if completed else {}

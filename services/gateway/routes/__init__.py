@@ -5,6 +5,7 @@
 | chat.py | `POST /v1/chat` | visitors |
 | visitor.py | `GET /v1/sites/{site}/widget` | anyone (the site's origins) |
 | visitor.py | `GET /v1/sites/{site}/conversations/{session_id}` and its turns' `/stream` | the conversation's token |
+| feedback.py | `POST /v1/sites/{site}/conversations/{session_id}/turns/{turn}/feedback` | the conversation's token |
 | operator.py | `/v1/admin/sites/{site}` and everything under it: sites.py, conversations.py, replay.py, briefs.py | operators |
 | health.py | `/healthz`, `/readyz` | anyone (probes) |
 | pages.py | `/`, `/widget.js`, `/admin` (files) | anyone |
@@ -13,6 +14,6 @@ Routes find what they use on `request.app.state` (app.py's lifespan) or through 
 dependencies (access.py), never in a closure.
 """
 
-from services.gateway.routes import chat, health, operator, pages, visitor
+from services.gateway.routes import chat, feedback, health, operator, pages, visitor
 
-ROUTERS = (chat.router, visitor.router, operator.router, health.router, pages.router)
+ROUTERS = (chat.router, visitor.router, feedback.router, operator.router, health.router, pages.router)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import ipaddress
 import logging
 import time
 
@@ -34,7 +33,7 @@ from shared import history, metrics, privacy, telemetry
 from shared.bus import ConcurrencyConflict
 from shared.state import ConversationState
 from services.gateway import abuse_gate, frames, streams
-from services.gateway.access import configured_site, require_token
+from services.gateway.access import client_ip, configured_site, require_token
 from services.gateway.errors import RETRY_AFTER_S, Conflict, RateLimited, TurnInProgress
 from services.gateway.openapi import CHAT_OPENAPI, CHAT_RESPONSES, TokenHeader
 from services.gateway.relay import TurnRelay
@@ -258,20 +257,6 @@ async def release(visit: Visit, hold: int) -> None:
     except Exception:
         # The TTL frees it anyway; say so rather than fail the response.
         log.exception("session guard release failed; it will expire by TTL")
-
-
-def client_ip(request: Request, hops: int) -> str | None:
-    """The visitor's address. Behind `hops` proxies (TRUSTED_PROXY_HOPS; an ingress: 1), the
-    address the outermost of them saw: counted from the right of X-Forwarded-For, since the
-    client writes whatever it likes on the left. Not a valid IP: the connection's peer."""
-    if hops > 0:
-        forwarded = [p.strip() for p in request.headers.get("x-forwarded-for", "").split(",") if p.strip()]
-        if len(forwarded) >= hops:
-            try:
-                return str(ipaddress.ip_address(forwarded[-hops]))
-            except ValueError:
-                log.warning("X-Forwarded-For hop is not an IP address; using the peer")
-    return request.client.host if request.client else None
 
 
 async def remember_ip(visit: Visit) -> None:

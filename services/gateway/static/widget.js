@@ -15,6 +15,10 @@
  * its turn began streaming is sent again with the same id (the gateway then streams the turn
  * that try started, if it did, instead of starting another). The page's origin must be in the
  * site's `allowed_origins`.
+ * Under each answer (route ANSWER) a thumbs up and a thumbs down post the visitor's vote
+ * (POST /v1/sites/{site}/conversations/{session}/turns/{turn}/feedback, the session's token);
+ * a thumbs-down then offers a one-line reason. The turn's latest vote counts, so a vote can
+ * be changed; after a reload the buttons show unpressed (votes are not read back).
  * No dependencies, no CDN.
  */
 (function () {
@@ -63,7 +67,19 @@
     ".cw-form{display:flex;gap:6px;padding:10px;border-top:1px solid #e3e7ec}",
     ".cw-form input{flex:1;border:1px solid #c9d1da;border-radius:8px;padding:8px;background:#fff;color:#1b1f24}",
     ".cw-form button{border:0;background:var(--cw-primary);color:#fff;border-radius:8px;padding:8px 12px;cursor:pointer}",
-    ".cw-form button:disabled{opacity:.5;cursor:default}"
+    ".cw-form button:disabled{opacity:.5;cursor:default}",
+    // The votes under an answer: quiet until hovered, focused or pressed (the site's colour).
+    ".cw-vote{display:flex;align-items:center;gap:4px;align-self:flex-start;margin-top:-4px}",
+    ".cw-vote button{display:inline-flex;align-items:center;justify-content:center;width:28px;height:24px;padding:0;border:1px solid transparent;border-radius:6px;background:transparent;color:var(--cw-text);opacity:.55;cursor:pointer}",
+    ".cw-vote button:hover,.cw-vote button:focus-visible{opacity:1;border-color:var(--cw-primary)}",
+    ".cw-vote button[aria-pressed=true]{opacity:1;background:var(--cw-primary);color:#fff}",
+    ".cw-vote button:disabled{cursor:default}",
+    ".cw-vote svg{width:15px;height:15px;fill:currentColor}",
+    ".cw-vote-status{font-size:12px;opacity:.75;margin-left:4px}",
+    ".cw-reason{display:flex;gap:6px;align-self:flex-start;width:85%}",
+    ".cw-reason input{flex:1;min-width:0;border:1px solid #c9d1da;border-radius:8px;padding:5px 8px;font-size:13px;background:#fff;color:#1b1f24}",
+    ".cw-reason button{border:0;background:var(--cw-primary);color:#fff;border-radius:8px;padding:5px 10px;cursor:pointer;font-size:13px}",
+    ".cw-reason button:disabled{opacity:.5;cursor:default}"
   ].join("\n");
   var style = document.createElement("style");
   style.textContent = css;
@@ -330,6 +346,127 @@
     input.placeholder = wantsEmail ? "Your work e-mail" : "Type your question…";
   }
 
+  // --- votes on an answer: thumbs up or down (aria-pressed shows the one stored), and after a
+  // thumbs-down an optional reason, sent as the same vote with its reason (the latest counts).
+  var THUMB = "M2 10h4v11H2zM8 10l4.5-7.5c1.3 0 2.2 1 2 2.3L14 9h5.5c1.4 0 2.4 1.3 2 2.6l-2 7.4c-.3 1.2-1.3 2-2.5 2H8z";
+  var REASON_CHARS = 500;  // the gateway's limit (shared/events.py FEEDBACK_REASON_CHARS)
+
+  function thumb(down) {
+    var ns = "http://www.w3.org/2000/svg";
+    var svg = document.createElementNS(ns, "svg"), path = document.createElementNS(ns, "path");
+    svg.setAttribute("viewBox", "0 0 24 24");
+    svg.setAttribute("aria-hidden", "true");
+    svg.setAttribute("focusable", "false");
+    path.setAttribute("d", THUMB);
+    if (down) path.setAttribute("transform", "matrix(1 0 0 -1 0 24)");  // the same hand, upside down
+    svg.appendChild(path);
+    return svg;
+  }
+
+  function voteButton(rating, label) {
+    var b = el("button");
+    b.type = "button";
+    b.title = label;
+    b.setAttribute("aria-label", label);
+    b.setAttribute("aria-pressed", "false");
+    b.setAttribute("data-testid", "cw-vote-" + rating);
+    b.appendChild(thumb(rating === "down"));
+    return b;
+  }
+
+  // The vote on `turn` of the conversation `session` (the one the answer is in), with its token.
+  function sendVote(session, turn, body) {
+    return fetch(api + "/v1/sites/" + encodeURIComponent(site) + "/conversations/" + encodeURIComponent(session) +
+                 "/turns/" + turn + "/feedback", {
+      method: "POST",
+      headers: {"content-type": "application/json", "X-Session-Token": localStorage.getItem(tokenKey) || ""},
+      body: JSON.stringify(body)
+    }).then(function (resp) {
+      if (!resp.ok) {
+        throw new Error(resp.status === 429 ? "Too many votes; please try again in a minute."
+                                            : "Your vote could not be saved.");
+      }
+    });
+  }
+
+  // The thumbs under the answer of `turn`, placed where the log ends now (just after the answer).
+  function votes(turn) {
+    var session = localStorage.getItem(storeKey);
+    if (!turn || !session) return;
+    var box = el("div", "cw-vote");
+    box.setAttribute("role", "group");
+    box.setAttribute("aria-label", "Was this answer helpful?");
+    box.setAttribute("data-testid", "cw-vote");
+    var up = voteButton("up", "Helpful"), down = voteButton("down", "Not helpful");
+    var status = el("span", "cw-vote-status");
+    status.setAttribute("role", "status");
+    status.setAttribute("data-testid", "cw-vote-status");
+    box.appendChild(up); box.appendChild(down); box.appendChild(status);
+    log.appendChild(box);
+    var chosen = null, reason = null;
+
+    function show(rating) {
+      chosen = rating;
+      up.setAttribute("aria-pressed", String(rating === "up"));
+      down.setAttribute("aria-pressed", String(rating === "down"));
+    }
+
+    // Shown pressed at once; put back as it was when the gateway refuses it. True once stored.
+    function cast(body) {
+      var before = chosen;
+      show(body.rating);
+      up.disabled = down.disabled = true;
+      status.textContent = "";
+      return sendVote(session, turn, body).then(function () {
+        status.textContent = "Thanks for your feedback.";
+        return true;
+      }, function (err) {
+        show(before);
+        status.textContent = err.message;
+        return false;
+      }).then(function (stored) {
+        up.disabled = down.disabled = false;
+        return stored;
+      });
+    }
+
+    function askReason() {
+      reason = el("form", "cw-reason");
+      var text = el("input");
+      text.maxLength = REASON_CHARS;
+      text.placeholder = "What was wrong? (optional)";
+      text.setAttribute("aria-label", "What was wrong with this answer? (optional)");
+      text.setAttribute("data-testid", "cw-reason");
+      var sendReason = el("button", null, "Send");
+      sendReason.type = "submit";
+      sendReason.setAttribute("data-testid", "cw-reason-send");
+      reason.appendChild(text);
+      reason.appendChild(sendReason);
+      reason.addEventListener("submit", function (e) {
+        e.preventDefault();
+        var said = text.value.trim();
+        if (!said) return;
+        sendReason.disabled = true;
+        cast({rating: "down", reason: said}).then(function (stored) {
+          if (stored && reason) { reason.remove(); reason = null; }
+          else sendReason.disabled = false;
+        });
+      });
+      log.insertBefore(reason, box.nextSibling);
+      text.focus();
+    }
+
+    up.addEventListener("click", function () {
+      if (chosen === "up") return;
+      if (reason) { reason.remove(); reason = null; }
+      cast({rating: "up"});
+    });
+    down.addEventListener("click", function () {
+      if (chosen === "down") return;
+      cast({rating: "down"}).then(function (stored) { if (stored && !reason && chosen === "down") askReason(); });
+    });
+  }
+
   // The answer streaming now: its turn and the id of the last frame read (`<turn>:<n>`), kept
   // while it streams so that a dropped connection or a reload resumes it instead of losing it.
   function remember(turn) {
@@ -382,6 +519,7 @@
       var meta = event.metadata || {};
       if (meta.blocked) turn.bot.className = "cw-msg cw-notice";
       if (!turn.started) turn.bot.textContent = turn.answer || "";
+      if (meta.route === "ANSWER" && !meta.blocked) votes(event.turn || turn.number);
       finish(meta);
       scroll();
       return true;
@@ -540,6 +678,7 @@
             node.textContent = m.content;
           }
           log.appendChild(node);
+          if (m.role === "assistant" && m.route === "ANSWER") votes(m.turn);
         });
         if (messages.length) panel.classList.add("cw-open");
         var answered = streaming && messages.some(function (m) {
