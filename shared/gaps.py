@@ -45,7 +45,7 @@ def is_gap(turn: TurnFacts) -> bool:
 def gaps(records: Iterable[ConversationFacts], embed: Embed, filters: Filters = Filters(),
          curated: Sequence[tuple[str, str]] = (), threshold: float = THRESHOLD) -> list[dict]:
     """The gap groups of `records` in `filters`' range, largest first. `curated`: the site's
-    curated answers as (source url, question)."""
+    curated answers as (what a citing answer names as its source, question)."""
     chosen = selected(records, filters)
     asked = sorted(((r.session_id, t) for r in chosen for t in r.turns if is_gap(t)), key=lambda p: p[1].ts)
     if not asked:
@@ -97,7 +97,7 @@ def _describe(members: list, centre: np.ndarray, answer: tuple[str, str] | None,
         "first_asked": first[1].ts,
         "last_asked": max(t.ts for _, t, _ in members),
         "status": status,
-        "curated": {"url": answer[0], "question": answer[1]} if answer else None,
+        "curated": {"source": answer[0], "question": answer[1]} if answer else None,
         "closed_by": closed_by,
     }
 
@@ -119,9 +119,9 @@ def _curated_matches(centres: list[np.ndarray], curated: Sequence[tuple[str, str
 def _closing_turns(records: list[ConversationFacts], centres: list[np.ndarray], answers: dict[int, tuple[str, str]],
                    embed: Embed, threshold: float) -> dict[int, dict]:
     """Each answered group's first turn close to it that was answered citing its curated answer."""
-    urls = {url for url, _ in answers.values()}
+    names = {name for name, _ in answers.values()}
     cited = sorted(((r.session_id, t) for r in records for t in r.turns
-                    if t.outcome == "answered" and any(s.url in urls for s in t.cited)), key=lambda p: p[1].ts)
+                    if t.outcome == "answered" and any(s.url in names for s in t.cited)), key=lambda p: p[1].ts)
     if not cited:
         return {}
     similarity = _unit(embed([t.question for _, t in cited])) @ np.stack(centres).T

@@ -131,8 +131,8 @@ class CuratedInput(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 def curated_spec(given: CuratedInput) -> ev.SourceSpec:
     """The text source a curated answer is: titled with its question, so retrieval finds it
-    for that question and an answer cites it like any page (`text://answer-…`); the same
-    question again redefines it (its id derives from the question)."""
+    for that question and an answer cites it like any page (by that title, as pages with no
+    web address are); the same question again redefines it (its id derives from the question)."""
     question, answer = " ".join(given.question.split()), given.answer.strip()
     errors = []
     if not 3 <= len(question) <= MAX_QUESTION_CHARS:
@@ -146,8 +146,10 @@ def curated_spec(given: CuratedInput) -> ev.SourceSpec:
 
 
 def curated_answers(specs: dict[str, ev.SourceSpec]) -> list[tuple[str, str]]:
-    """(url, question) of each curated answer among a site's sources (`definitions`)."""
-    return [(page_url(spec), spec.title) for spec in specs.values() if spec.id.startswith(CURATED_PREFIX)]
+    """(what an answer citing it names as its source, question) of each curated answer among
+    a site's sources (`definitions`): a page with no web address is cited by its title
+    (services/retriever/sources/collector.py), a curated answer's being its question."""
+    return [(spec.title, spec.title) for spec in specs.values() if spec.id.startswith(CURATED_PREFIX)]
 
 
 def file_spec(name: str, size: int) -> ev.SourceSpec:

@@ -399,7 +399,7 @@ async def test_insight_counts_a_known_mix_and_a_curated_answer_closes_its_gap(sy
             "question": missing_question, "answer": "Yes: Tidewise translates work orders into Klingon for crews "
                                                     "on the Qo'noS contract, at no extra cost."})
         assert added.status_code == 202, added.text
-        source, url = added.json()["source"], added.json()["url"]
+        source, cited_as = added.json()["source"], added.json()["cited_as"]
 
         async def synced():
             listed = (await http.get(operator_url(system, site, f"sources/{source}"), headers=ops(system))).json()
@@ -410,7 +410,7 @@ async def test_insight_counts_a_known_mix_and_a_curated_answer_closes_its_gap(sy
         llm.fail_next({"reply": "Yes, Tidewise translates work orders into Klingon [1]."})
         (reply,) = await _turns(http, system, after, "Is there a Klingon translation service for work orders?")
         cited = [s["url"] for s in reply.final["metadata"]["sources"] if s["cited"]]
-        assert cited == [url], reply.final["metadata"]["sources"]
+        assert cited == [cited_as] == [missing_question], reply.final["metadata"]["sources"]
 
         async def closed():
             gaps = (await http.get(operator_url(system, site, "insight"), headers=ops(system))).json()["gaps"]
@@ -418,6 +418,6 @@ async def test_insight_counts_a_known_mix_and_a_curated_answer_closes_its_gap(sy
             return found if found and found["status"] == "closed" else None
 
         gap = await wait_for(closed, timeout=20, what="the gap closed")
-        assert gap["closed_by"]["session_id"] == after.session_id and gap["curated"]["url"] == url
+        assert gap["closed_by"]["session_id"] == after.session_id and gap["curated"]["source"] == cited_as
     finally:
         await bus.close()

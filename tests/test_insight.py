@@ -283,7 +283,7 @@ def test_gaps_group_the_questions_not_answered_largest_first_and_close_with_a_cu
     assert "saml" in sso["suggested_page"]["about"] and sso["suggested_page"]["title"] in sso["examples"]
     assert mobile["examples"] == ["Is there an Android app?"] and mobile["reasons"] == {"rated down": 1}
 
-    curated = [("text://answer-sso", "Do you support SAML single sign-on (SSO)?")]
+    curated = [("Do you support SAML single sign-on (SSO)?", "Do you support SAML single sign-on (SSO)?")]
     assert [g["status"] for g in gaps.gaps([log.facts() for log in logs], embed, curated=curated)] == \
         ["answered", "open"]
     later = Log("later", start=DAY + 3600)
@@ -291,7 +291,8 @@ def test_gaps_group_the_questions_not_answered_largest_first_and_close_with_a_cu
     later.clock += 1
     later._add(ev.RouteDecided, 1, route="ANSWER", reason="test")
     later._add(ev.TurnCompleted, 1, metadata={"route": "ANSWER", "sources": [
-        {"n": 1, "title": "Do you support SAML single sign-on (SSO)?", "url": "text://answer-sso", "cited": True}]})
+        {"n": 1, "title": "Do you support SAML single sign-on (SSO)?", "url": "Do you support SAML single sign-on (SSO)?",
+         "cited": True}]})
     closed = gaps.gaps([log.facts() for log in logs + [later]], embed, curated=curated)
     assert closed[0]["status"] == "closed" and closed[0]["closed_by"]["session_id"] == "later"
     assert closed[0]["size"] == 3  # the answered question is no gap
@@ -305,7 +306,7 @@ def test_a_curated_answer_is_a_text_source_titled_with_its_question():
     assert spec.id.startswith("answer-") and sources.page_url(spec) == f"text://{spec.id}"
     again = sources.curated_spec(sources.CuratedInput(question="do you support sso?", answer="Yes."))
     assert again.id == spec.id
-    assert sources.curated_answers({spec.id: spec}) == [(f"text://{spec.id}", "Do you support SSO?")]
+    assert sources.curated_answers({spec.id: spec}) == [("Do you support SSO?", "Do you support SSO?")]
     with pytest.raises(sources.SourceError) as refused:
         sources.curated_spec(sources.CuratedInput(question="?", answer=" "))
     assert [e["field"] for e in refused.value.errors] == ["question", "answer"]

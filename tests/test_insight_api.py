@@ -83,7 +83,7 @@ async def test_a_curated_answer_is_a_source_of_its_own_synced_now(bus, site, api
     added = await client.post(f"/v1/admin/sites/{site}/insight/answers", headers=bearer(key_of(site)), json=given)
     assert added.status_code == 202, added.text
     source = added.json()["source"]
-    assert source.startswith("answer-") and added.json()["url"] == f"text://{source}"
+    assert source.startswith("answer-") and added.json()["cited_as"] == "Do you support SAML single sign-on?"
     listed = (await client.get(f"/v1/admin/sites/{site}/sources", headers=bearer(ADMIN))).json()["sources"]
     assert [s["id"] for s in listed] == [source]
     assert (await client.get(f"/v1/admin/sites/{site}/sources/{source}", headers=bearer(ADMIN))).status_code == 200

@@ -144,5 +144,6 @@ async def curated_answer(request: Request, site: SiteId, who: Annotated[Operator
     bus = request.app.state.bus
     await sources.define(bus, site, spec, actor)
     run, _ = await sources.request_sync(bus, site, spec.id, "curated answer", actor)
-    return {"site": site, "source": spec.id, "url": sources.page_url(spec), "question": spec.title, "run": run.turn}
+    # An answer citing it names it by its question (a page with no web address is cited by its title).
+    return {"site": site, "source": spec.id, "question": spec.title, "cited_as": spec.title, "run": run.turn}
 
