@@ -27,7 +27,8 @@ import json
 import sys
 import time
 
-from shared import insight, subjects
+from cli import options
+from shared import insight
 from shared.bus import connect
 from shared.config import BusConfig
 
@@ -36,21 +37,18 @@ def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="concierge insight", description=__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     top.add_argument("action", nargs="?", choices=("show", "rebuild"), default="show")
-    top.add_argument("--site", required=True)
+    top.add_argument("--site", required=True, type=options.site_id)
     top.add_argument("--since", default="7d", help="conversations started this long ago or later (default 7d)")
     top.add_argument("--until", default=None, help="and started more than this long ago (default: now)")
     top.add_argument("--language", default=None, help="only conversations in this language (en, fr, ...)")
     top.add_argument("--route", default=None, choices=("ANSWER", "REDIRECT", "BOOKING"),
                      help="only conversations with a turn of this route, and those turns")
-    top.add_argument("--nats-url", default=None, help="default: $NATS_URL or nats://127.0.0.1:4222")
+    options.add_bus(top)
     return top
 
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    if not subjects.TOKEN_RE.match(args.site):
-        print(f"--site {args.site!r}: not a site id ([A-Za-z0-9_-], ≤ 64 chars)", file=sys.stderr)
-        return 2
     try:
         now = time.time()
         filters = insight.Filters(since=now - insight.since_seconds(args.since),
@@ -59,10 +57,7 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"--since/--until: {exc}", file=sys.stderr)
         return 2
-    config = BusConfig.from_env()
-    if args.nats_url:
-        config.url = args.nats_url
-    return asyncio.run(run(config, args, filters))
+    return asyncio.run(run(options.bus_config(args), args, filters))
 
 
 async def run(config: BusConfig, args: argparse.Namespace, filters: insight.Filters) -> int:

@@ -28,7 +28,7 @@ import time
 import tomllib
 from typing import Any
 
-from shared import subjects
+from cli import options
 from shared.bus import connect
 from shared.config import BusConfig
 from shared.site_config import SiteConfigError
@@ -44,8 +44,8 @@ def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="concierge sites", description=__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--site", required=True)
-    common.add_argument("--nats-url", default=None, help="default: $NATS_URL or nats://127.0.0.1:4222")
+    common.add_argument("--site", required=True, type=options.site_id)
+    options.add_bus(common)
     sub = top.add_subparsers(dest="command", required=True)
     add = sub.add_parser("add", parents=[common], help="create a site")
     add.add_argument("--name", required=True, help="the company name the assistant speaks for")
@@ -64,18 +64,12 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    if not subjects.TOKEN_RE.match(args.site):
-        print(f"--site {args.site!r}: not a site id ([A-Za-z0-9_-], ≤ 64 chars)", file=sys.stderr)
-        return 2
     try:
         patch = _patch(args) if args.command == "set" else {}
     except BadInput as exc:
         print(exc, file=sys.stderr)
         return 2
-    config = BusConfig.from_env()
-    if args.nats_url:
-        config.url = args.nats_url
-    return asyncio.run(run(config, args, patch))
+    return asyncio.run(run(options.bus_config(args), args, patch))
 
 
 def assignments(pairs: list[str]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import msgspec
 
+from cli import options
 from shared import sources, subjects
 from shared.bus import Bus, connect
 from shared.config import BusConfig
@@ -34,10 +35,10 @@ from shared.state import fold
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="concierge sources", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--nats-url", default="", help="default: NATS_URL")
+    options.add_bus(p)
     commands = p.add_subparsers(dest="command", required=True)
     add = commands.add_parser("add", help="a website (start page or sitemap) or a text snippet")
-    add.add_argument("--site", required=True)
+    add.add_argument("--site", required=True, type=options.site_id)
     add.add_argument("--url", default="")
     add.add_argument("--every", default=None, help="re-sync this often (e.g. 24h); default: on demand only")
     add.add_argument("--include", action="append", default=[], help="only paths matching (repeatable), e.g. /docs/*")
@@ -48,33 +49,27 @@ def parser() -> argparse.ArgumentParser:
     add.add_argument("--wait", action="store_true", help="return when the first run has ended")
     add.add_argument("--timeout", type=float, default=600.0)
     upload = commands.add_parser("upload", help="files (pdf, docx, pptx, html, md, txt)")
-    upload.add_argument("--site", required=True)
+    upload.add_argument("--site", required=True, type=options.site_id)
     upload.add_argument("files", nargs="+", type=Path)
     upload.add_argument("--wait", action="store_true")
     upload.add_argument("--timeout", type=float, default=600.0)
     listing = commands.add_parser("list", help="the site's sources and their last runs")
-    listing.add_argument("--site", required=True)
+    listing.add_argument("--site", required=True, type=options.site_id)
     listing.add_argument("--json", action="store_true")
     sync = commands.add_parser("sync", help="run the sources again now")
-    sync.add_argument("--site", required=True)
+    sync.add_argument("--site", required=True, type=options.site_id)
     sync.add_argument("--source", action="append", default=[], help="only this source (repeatable); default: all")
     sync.add_argument("--wait", action="store_true", help="return when the runs have ended (1 if one failed)")
     sync.add_argument("--timeout", type=float, default=600.0)
     remove = commands.add_parser("remove", help="remove a source: its pages leave the knowledge base")
-    remove.add_argument("--site", required=True)
+    remove.add_argument("--site", required=True, type=options.site_id)
     remove.add_argument("--source", required=True)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if not subjects.TOKEN_RE.match(args.site):
-        print(f"invalid site id {args.site!r}: letters, digits, '_' and '-' only", file=sys.stderr)
-        return 2
-    config = BusConfig.from_env()
-    if args.nats_url:
-        config.url = args.nats_url
-    return asyncio.run(run(config, args))
+    return asyncio.run(run(options.bus_config(args), args))
 
 
 async def run(config: BusConfig, args: argparse.Namespace) -> int:
