@@ -2,16 +2,19 @@
 with the whole system running as processes (tests/e2e.py): a streamed answer with its
 sources and follow-ups, markdown rendered and HTML never, an answer resumed after a reload
 or a dropped connection, a message sent again after a try that failed in transit; and a
-site owner onboarding in /admin (a site, its website synced, its widget embedded)."""
+site owner onboarding in /admin (a site, its website synced, its widget embedded); an operator
+reading the Insight view and answering a knowledge gap from it."""
 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import uuid
 
 from tests import e2e
-from tests.e2e import SLOW_ANSWER, ask_in_a_fresh_widget, events_of, launch_chromium, needs_chromium, ops
+from tests.e2e import SLOW_ANSWER, ask_in_a_fresh_widget, events_of, launch_chromium, needs_chromium, operator_url, ops
+from tests.helpers import wait_for
 from tests.servers import ROOT
 
 system, http = e2e.system, e2e.http  # the fixtures (tests/e2e.py)
@@ -345,3 +348,114 @@ async def test_a_site_owner_onboards_from_the_operator_ui(system, llm, suggestio
     events = await events_of(http, system, site, conversation["session_id"])
     retrieved = [e for e in events if e["type"] == "retrieval_completed"][-1]["event"]["documents"]
     assert any("12 dispatchers" in d["content"] and d["source"] == f"{website.url}/changing" for d in retrieved), retrieved
+
+
+@needs_chromium
+async def test_an_operator_reads_insight_and_answers_a_gap(system, llm, suggestions_llm, http):
+    """Issue 41's Insight view: two conversations on the demo site through the gateway, one
+    answered from its knowledge base and one it cannot answer, projected as their turns end
+    by the enricher's insight_projector. /admin's Insight shows the counts the API gives, the
+    conversations behind "not found" (one opens its timeline), charts, the gap with its
+    example question; an answer written from the gap (its question prefilled; an empty answer
+    refused beside its field) becomes a source of the site; the export downloads."""
+    from playwright.async_api import async_playwright
+
+    from cli.harness.sse import Conversation
+
+    llm.clear(), suggestions_llm.clear()
+    klingon = "Do you offer a Klingon translation service?"
+    llm.fail_next({"reply": "Tidewise connects to QuickBooks Online and Xero [1]."})
+    answered = await Conversation(http, system.gateway_url, "demo").say("What integrations do you offer?")
+    missing = await Conversation(http, system.gateway_url, "demo").say(klingon)  # the scripted reply cites nothing
+    answered_id, missing_id = answered.final["session_id"], missing.final["session_id"]
+
+    async def behind(**query) -> set[str]:
+        listed = await http.get(operator_url(system, "demo", "insight/conversations"), params=query, headers=ops(system))
+        return {c["session_id"] for c in listed.json()["conversations"]}
+
+    async def both_projected() -> bool:
+        return answered_id in await behind(turn_outcome="answered") and missing_id in await behind(turn_outcome="not_found")
+
+    # No rebuild: the live projector stores each record as its turn ends.
+    await wait_for(both_projected, timeout=30, what="both conversations projected")
+    figures = (await http.get(operator_url(system, "demo", "insight"), headers=ops(system), timeout=120)).json()
+    assert figures["conversations"] >= 2 and figures["not_found"] >= 1, figures
+
+    async with async_playwright() as pw:
+        browser = await launch_chromium(pw)
+        try:
+            admin = await browser.new_page(viewport={"width": 1400, "height": 900})
+            await admin.goto(system.gateway_url + "/admin")
+            await admin.fill("#token", system.env["ADMIN_TOKEN"])
+            await admin.fill("#site", "demo")
+            await admin.click("#insight")
+            gap = admin.locator("#insightGaps .gap", has_text=klingon)
+            await gap.wait_for(timeout=120000)  # the gaps embed their questions (the first call loads the model)
+            figure = "#insightFigures [data-figure={}] .value"
+            assert await admin.text_content(figure.format("conversations")) == str(figures["conversations"])
+            assert await admin.text_content(figure.format("not_found")) == str(figures["not_found"])
+            assert await admin.locator("#insightCharts svg[role=img]").count() == 4
+            assert await admin.locator("#insightCharts rect").count() >= 1
+            assert klingon in await gap.locator(".examples").all_text_contents()
+            assert await gap.locator("h3 .tag").text_content() == "open"
+
+            # Between dates: yesterday alone has none of them; from yesterday on, both.
+            yesterday = (datetime.date.today() - datetime.timedelta(days=1)).isoformat()
+            await admin.select_option("#insightRange", "dates")
+            await admin.fill("#insightTo", yesterday)
+            await admin.fill("#insightFrom", yesterday)
+            await admin.wait_for_selector(f"{figure.format('conversations')}:text-is('0')")
+            await admin.fill("#insightTo", "")
+            await admin.wait_for_selector(f"{figure.format('conversations')}:text-is('{figures['conversations']}')")
+
+            # The conversations behind "not found"; one opens in the timeline.
+            await admin.click("#insightFigures [data-figure=not_found]")
+            row = admin.locator(f"#insightConversations .row[data-session='{missing_id}']")
+            await row.wait_for()
+            assert klingon in await row.text_content()
+            assert await admin.locator(f"#insightConversations .row[data-session='{answered_id}']").count() == 0
+            await row.locator("button", has_text="Open conversation").click()
+            await admin.wait_for_selector(f"#which:has-text('{missing_id}')")
+            await admin.wait_for_selector("#timeline .event")
+            assert await admin.is_hidden("#insightView")
+
+            # Back to Insight: the export, fetched with the token, saved from a Blob.
+            await admin.click("#insight")
+            await gap.wait_for(timeout=120000)
+            async with admin.expect_download() as downloading:
+                await admin.click("#exportConversations")
+            download = await downloading.value
+            assert download.suggested_filename == "demo-conversations.csv"
+            with open(await download.path(), encoding="utf-8") as exported:
+                text = exported.read()
+            assert text.startswith("session_id,") and missing_id in text and answered_id in text
+
+            # A curated answer from the gap: its question prefilled; an empty answer is refused
+            # beside its field; then added, and the gap shows as answered.
+            await gap.locator("button.write").click()
+            assert await admin.input_value("#answerQuestion") == klingon
+            await admin.click("#answerSave")
+            await admin.wait_for_selector("#answerTextError:not(:empty)")
+            await admin.fill("#answerText", "No: Tidewise is in English, French and German only.")
+            await admin.click("#answerSave")
+            notice = admin.locator("#insightView .notice", has_text="being added to the knowledge base")
+            await notice.wait_for(timeout=30000)
+            confirmed = await notice.text_content()
+            await admin.wait_for_selector(f"#insightGaps .gap:has-text('{klingon}') h3 .tag:text-is('answered')",
+                                          timeout=30000)
+            (ROOT / "artifacts").mkdir(exist_ok=True)
+            await admin.screenshot(path=str(ROOT / "artifacts" / "browser-insight.png"))
+            # The same form from a listed conversation, its question prefilled.
+            await row.locator("button.write").click()
+            assert await admin.input_value("#answerQuestion") == klingon
+            await admin.click("#answerCancel")
+            # A filter reloads the figures and the list shown: no BOOKING turn in either.
+            await admin.select_option("#insightRoute", "BOOKING")
+            await admin.wait_for_selector("#insightConversations > .muted:text-is('0 conversations')")
+            assert await admin.text_content("#behindWhich") == "not found"
+            assert await admin.text_content(figure.format("conversations")) == "0"
+        finally:
+            await browser.close()
+    sources = (await http.get(operator_url(system, "demo", "sources"), headers=ops(system))).json()["sources"]
+    curated = [s["id"] for s in sources if s["id"].startswith("answer-")]
+    assert len(curated) == 1 and curated[0] in confirmed, (sources, confirmed)
