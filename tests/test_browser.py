@@ -267,6 +267,26 @@ async def test_browser_votes_down_on_an_answer_and_says_why(system, llm, suggest
             await page.wait_for_selector("[data-testid=cw-vote-down]", timeout=30000)
             assert await page.locator("[data-testid=cw-vote]").count() == 1
             assert await page.locator("[data-testid=cw-vote-down]").get_attribute("aria-pressed") == "false"
+
+            # Counted in /admin: Insight's "rated down" lists the conversation, with the reason's turn.
+            admin = await browser.new_page(viewport={"width": 1400, "height": 900})
+            await admin.goto(system.gateway_url + "/admin")
+            await admin.fill("#token", system.env["ADMIN_TOKEN"])
+            await admin.fill("#site", "demo")
+            await admin.click("#insight")
+            down_figure = admin.locator("#insightFigures [data-figure=feedback_down]")
+            await down_figure.wait_for(timeout=120000)
+            row = admin.locator(f"#insightConversations .row[data-session='{session}']")
+            for _ in range(20):  # the projector stores the vote as it is delivered: reload until it is in
+                await admin.click("#insight")
+                await down_figure.click()
+                try:
+                    await row.wait_for(timeout=1500)
+                    break
+                except Exception:  # noqa: BLE001 - not projected yet
+                    continue
+            assert int(await down_figure.locator(".value").text_content()) >= 1
+            assert "What integrations do you offer?" in await row.text_content()
         finally:
             await browser.close()
     votes = [e["event"] for e in await events_of(http, system, "demo", session) if e["type"] == "feedback_given"]
