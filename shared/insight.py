@@ -32,6 +32,7 @@ positive or absent; converted first):
 
 from __future__ import annotations
 
+import functools
 import logging
 import statistics
 import time
@@ -50,7 +51,7 @@ log = logging.getLogger(__name__)
 
 # The event types a conversation's record is made of, and those that end a turn or change a
 # vote: the projector consumes the latter and reads the former.
-KINDS = ("turn_requested", "turn_blocked", "route_decided", "response_completed", "turn_completed", "turn_failed",
+KINDS = ("turn_requested", "turn_blocked", "response_completed", "turn_completed", "turn_failed",
          "booking_progressed", "lead_captured", "feedback_given")
 TRIGGERS = ("turn_completed", "turn_failed", "turn_blocked", "feedback_given")
 QUESTION_CHARS = 500
@@ -101,15 +102,12 @@ def conversation_facts(site: str, session_id: str, log: Mapping[str, Iterable[ev
     turns: dict[int, TurnFacts] = {}
     for event in by_kind["turn_requested"]:
         if event.turn not in turns:
-            lang = language.guess(event.message, event.visitor)
+            lang = _language(event.message, (event.visitor or {}).get("language"))
             turns[event.turn] = TurnFacts(turn=event.turn, ts=event.ts, question=event.message[:QUESTION_CHARS],
                                           language=lang)
     for event in by_kind["turn_blocked"]:
         facts = turns.setdefault(event.turn, TurnFacts(turn=event.turn, ts=event.ts, language=event.language))
         facts.outcome = "blocked"
-    for event in by_kind["route_decided"]:
-        if event.turn in turns and not turns[event.turn].route:
-            turns[event.turn].route = event.route
     answers: dict[int, ev.ResponseCompleted] = {}
     for event in by_kind["response_completed"]:
         answers.setdefault(event.turn, event)
@@ -119,8 +117,8 @@ def conversation_facts(site: str, session_id: str, log: Mapping[str, Iterable[ev
         if facts is None or event.turn in ended or facts.outcome == "blocked":
             continue
         ended.add(event.turn)
-        route = event.metadata.get("route") or facts.route
-        facts.route = route or ""
+        route = event.metadata.get("route") or ""
+        facts.route = route
         given = [s for s in event.metadata.get("sources") or [] if isinstance(s, dict)]
         facts.cited = [Source(title=str(s.get("title", "")), url=str(s.get("url", ""))) for s in given if s.get("cited")]
         facts.closest = [Source(title=str(s.get("title", "")), url=str(s.get("url", ""))) for s in given[:CLOSEST]]
@@ -152,6 +150,13 @@ def conversation_facts(site: str, session_id: str, log: Mapping[str, Iterable[ev
         booking_completed=any(e.done for e in by_kind["booking_progressed"]))
     record.outcome = outcome(record)
     return record
+
+
+@functools.lru_cache(maxsize=4096)
+def _language(message: str, declared: str | None) -> str:
+    """A question's language (each trigger makes the record again: its earlier questions' are
+    remembered)."""
+    return language.guess(message, {"language": declared} if isinstance(declared, str) else None)
 
 
 def outcome(record: ConversationFacts) -> str:

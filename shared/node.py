@@ -22,6 +22,7 @@ call records). The state in the inputs is shared with other handlers: read it, n
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -213,10 +214,11 @@ async def gather(needs: Needs, event: ev.Envelope, store: ConversationStore, con
     if needs.join and not joined(needs.join, event, state):
         return None
     config = (await configs.get(site) if configs is not None else SiteConfig()) if needs.config else SiteConfig()
+    # A node reading several types reads them at once: one round trip, not one per type.
+    logs = await asyncio.gather(*(store.events(site, session, kind, at) for kind in needs.log))
     return Inputs(
         state=state, config=config, late=tuple(late),
-        log=MappingProxyType({kind: tuple(await store.events(site, session, kind, at)) for kind in needs.log})
-        if needs.log else _NOTHING,
+        log=MappingProxyType({kind: tuple(found) for kind, found in zip(needs.log, logs)}) if needs.log else _NOTHING,
         latest=MappingProxyType({kind: await store.latest(site, session, kind, at) for kind in needs.latest})
         if needs.latest else _NOTHING,
         open_briefs=tuple(await store.open_briefs(site)) if needs.open_briefs else (),
