@@ -28,7 +28,7 @@ import sys
 import time
 
 from cli import options
-from shared import insight
+from shared import gaps, insight
 from shared.bus import connect
 from shared.config import BusConfig
 
@@ -71,7 +71,7 @@ async def run(config: BusConfig, args: argparse.Namespace, filters: insight.Filt
             return 0
         from shared.embeddings import shared_embedder
 
-        report = await insight.report(bus, args.site, filters, shared_embedder().embed_many)
+        report = await gaps.report(bus, args.site, filters, shared_embedder().embed_many)
     finally:
         await bus.close()
     print(summary(report))

@@ -7,7 +7,7 @@ mean vector is closest, when that is at least `threshold` in cosine, in the orde
 asked; else it starts a group. Each group: how many visitors (conversations) it affected,
 how many times it was asked, example questions, the knowledge-base sections retrieval came
 closest with, and a suggested page to write (its most central question, and the words its
-questions share). Largest first.
+questions share). Largest first. `report` puts them beside the site's figures.
 
 A curated answer (an operator's answer to a question: a text source whose id starts with
 `answer-`, shared/sources.py `curated_spec`) that is close to a group marks it
@@ -17,6 +17,7 @@ group is "closed" (its `closed_by` names the turn). Otherwise a group is "open".
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 from collections import Counter
@@ -24,7 +25,9 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from shared.insight import ConversationFacts, Filters, TurnFacts, selected
+from shared import sources
+from shared.bus import Bus
+from shared.insight import ConversationFacts, Filters, Projections, TurnFacts, figures, selected
 
 THRESHOLD = 0.6  # cosine between a question and a group's mean: the same question, asked otherwise
 EXAMPLES = 5
@@ -71,6 +74,17 @@ def gaps(records: Iterable[ConversationFacts], embed: Embed, filters: Filters = 
     out = [_describe(group["members"], centre, answers.get(i), closing.get(i))
            for i, (group, centre) in enumerate(zip(groups, centres))]
     return sorted(out, key=lambda g: (-g["size"], -g["questions"], g["first_asked"]))
+
+
+async def report(bus: Bus, site: str, filters: Filters, embed: Embed) -> dict:
+    """A site's figures (shared/insight.py) and knowledge gaps over `filters`, as `concierge
+    insight` prints them and the operator API serves them (`embed`: texts -> vectors, run in
+    a thread, off the event loop)."""
+    records = await Projections(bus).records(site)
+    curated = sources.curated_answers(await sources.definitions(bus, site))
+    found = await asyncio.to_thread(gaps, records, embed, filters, curated)
+    return {"site": site, "since": filters.since, "until": None if filters.until == float("inf") else filters.until,
+            "language": filters.language, "route": filters.route, **figures(records, filters), "gaps": found}
 
 
 def _describe(members: list, centre: np.ndarray, answer: tuple[str, str] | None,

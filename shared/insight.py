@@ -9,7 +9,8 @@ record in the `insight` bucket as its turns end; `rebuild` makes every record of
 from the log (`concierge insight rebuild --site SITE`) and gives the same records.
 
 `figures` sums the records over a date range (filtered by language and route): per site and
-per day. `gaps` (gaps.py) clusters the questions the knowledge base could not answer.
+per day. shared/gaps.py groups the questions the knowledge base could not answer, and puts
+them beside the figures (`report`).
 
 A turn's outcome:
 - answered: routed ANSWER and its answer cites at least one source;
@@ -311,21 +312,6 @@ def _conflict(exc: Exception) -> bool:
     from nats.js.errors import APIError, KeyWrongLastSequenceError
 
     return isinstance(exc, KeyWrongLastSequenceError) or (isinstance(exc, APIError) and exc.err_code == 10071)
-
-
-async def report(bus: Bus, site: str, filters: Filters, embed) -> dict:
-    """A site's figures and knowledge gaps over `filters`, as `concierge insight` prints them
-    and the operator API serves them (`embed`: texts -> unit vectors, for the gaps; run in a
-    thread, off the event loop)."""
-    import asyncio
-
-    from shared import gaps, sources
-
-    records = await Projections(bus).records(site)
-    curated = sources.curated_answers(await sources.definitions(bus, site))
-    found = await asyncio.to_thread(gaps.gaps, records, embed, filters, curated)
-    return {"site": site, "since": filters.since, "until": None if filters.until == float("inf") else filters.until,
-            "language": filters.language, "route": filters.route, **figures(records, filters), "gaps": found}
 
 
 # --- rebuilding from the log ------------------------------------------------------------------

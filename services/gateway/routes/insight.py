@@ -26,7 +26,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 
-from shared import insight, sources
+from shared import gaps, insight, sources
 from services.gateway.access import operator_of_site
 from services.gateway.openapi import SiteId
 from services.gateway.operators import Operator
@@ -60,7 +60,7 @@ async def site_insight(request: Request, site: SiteId, since: Duration = None, u
     """The site's figures over the range, per day, and its knowledge gaps, largest first."""
     from shared.embeddings import shared_embedder
 
-    return await insight.report(request.app.state.bus, site, filters(since, until, language, route),
+    return await gaps.report(request.app.state.bus, site, filters(since, until, language, route),
                                 shared_embedder().embed_many)
 
 
