@@ -101,6 +101,17 @@ async def ask_in_a_fresh_widget(page, gateway_url: str, message: str) -> None:
     await page.press("[data-testid=cw-input]", "Enter")
 
 
+async def open_admin(browser, system, site: str, view: str):
+    """/admin in a new page, the operator's token and `site` typed in, the view whose header
+    button is `#view` opened."""
+    admin = await browser.new_page(viewport={"width": 1400, "height": 900})
+    await admin.goto(system.gateway_url + "/admin")
+    await admin.fill("#token", system.env["ADMIN_TOKEN"])
+    await admin.fill("#site", site)
+    await admin.click(f"#{view}")
+    return admin
+
+
 async def launch_chromium(pw):
     """Debian's Chromium, headless, without the background calls a closed network refuses."""
     return await pw.chromium.launch(executable_path=CHROMIUM, args=[

@@ -13,7 +13,8 @@ import json
 import uuid
 
 from tests import e2e
-from tests.e2e import SLOW_ANSWER, ask_in_a_fresh_widget, events_of, launch_chromium, needs_chromium, operator_url, ops
+from tests.e2e import (SLOW_ANSWER, ask_in_a_fresh_widget, events_of, launch_chromium, needs_chromium, open_admin,
+                       operator_url, ops)
 from tests.helpers import wait_for
 from tests.servers import ROOT
 
@@ -269,11 +270,7 @@ async def test_browser_votes_down_on_an_answer_and_says_why(system, llm, suggest
             assert await page.locator("[data-testid=cw-vote-down]").get_attribute("aria-pressed") == "false"
 
             # Counted in /admin: Insight's "rated down" lists the conversation, with the reason's turn.
-            admin = await browser.new_page(viewport={"width": 1400, "height": 900})
-            await admin.goto(system.gateway_url + "/admin")
-            await admin.fill("#token", system.env["ADMIN_TOKEN"])
-            await admin.fill("#site", "demo")
-            await admin.click("#insight")
+            admin = await open_admin(browser, system, "demo", "insight")
             down_figure = admin.locator("#insightFigures [data-figure=feedback_down]")
             await down_figure.wait_for(timeout=120000)
             row = admin.locator(f"#insightConversations .row[data-session='{session}']")
@@ -314,11 +311,7 @@ async def test_a_site_owner_onboards_from_the_operator_ui(system, llm, suggestio
         async with async_playwright() as pw:
             browser = await launch_chromium(pw)
             try:
-                admin = await browser.new_page(viewport={"width": 1400, "height": 900})
-                await admin.goto(system.gateway_url + "/admin")
-                await admin.fill("#token", system.env["ADMIN_TOKEN"])
-                await admin.fill("#site", site)
-                await admin.click("#siteSettings")
+                admin = await open_admin(browser, system, site, "siteSettings")
                 await admin.wait_for_selector("#siteState:has-text('No site')")
                 await admin.fill("#site-name", "Gridline")
                 await admin.fill("#site-allowed_origins", website.url)
@@ -404,11 +397,7 @@ async def test_an_operator_reads_insight_and_answers_a_gap(system, llm, suggesti
     async with async_playwright() as pw:
         browser = await launch_chromium(pw)
         try:
-            admin = await browser.new_page(viewport={"width": 1400, "height": 900})
-            await admin.goto(system.gateway_url + "/admin")
-            await admin.fill("#token", system.env["ADMIN_TOKEN"])
-            await admin.fill("#site", "demo")
-            await admin.click("#insight")
+            admin = await open_admin(browser, system, "demo", "insight")
             gap = admin.locator("#insightGaps .gap", has_text=klingon)
             await gap.wait_for(timeout=120000)  # the gaps embed their questions (the first call loads the model)
             figure = "#insightFigures [data-figure={}] .value"
