@@ -74,6 +74,7 @@ class TurnRecord(msgspec.Struct, kw_only=True):
     seen: list[str] = []  # event types stored for this turn, in arrival order
     language: str = ""  # TurnRequested.visitor["language"], when the widget sent one
     client_message_id: str | None = None  # the message's id from the client (a message sent again: the same)
+    rating: str = ""  # the visitor's latest vote on the turn's answer (FeedbackGiven): up | down | ""
 
 
 class SyncProgress(msgspec.Struct, kw_only=True):
@@ -323,6 +324,8 @@ def apply(state: ConversationState, record: Record) -> ConversationState:
             if rec.status != "completed":
                 rec.status = "failed"
                 rec.error = f"{event.node}: {event.reason}"
+        case ev.FeedbackGiven():
+            _turn(state, event.turn).rating = event.rating
         case ev.SyncStarted() | ev.PageFetched() | ev.SyncCompleted() | ev.SyncFailed():
             state.sync = apply_sync(state.sync, event)
     return state

@@ -239,7 +239,7 @@ async def test_browser_sends_a_message_again_when_its_try_fails_before_the_turn_
 async def test_browser_votes_down_on_an_answer_and_says_why(system, llm, suggestions_llm, http):
     """Thumbs down under an answer, a reason typed and sent: the buttons say which vote is
     pressed, and the conversation's log has the turn's latest FeedbackGiven with the reason.
-    After a reload the answer has its buttons again, unpressed."""
+    After a reload the answer has its buttons again, the stored vote pressed."""
     from playwright.async_api import async_playwright
 
     llm.clear(), suggestions_llm.clear()
@@ -267,7 +267,8 @@ async def test_browser_votes_down_on_an_answer_and_says_why(system, llm, suggest
             await page.reload()
             await page.wait_for_selector("[data-testid=cw-vote-down]", timeout=30000)
             assert await page.locator("[data-testid=cw-vote]").count() == 1
-            assert await page.locator("[data-testid=cw-vote-down]").get_attribute("aria-pressed") == "false"
+            assert await page.locator("[data-testid=cw-vote-down]").get_attribute("aria-pressed") == "true"
+            assert await page.locator("[data-testid=cw-vote-up]").get_attribute("aria-pressed") == "false"
 
             # Counted in /admin: Insight's "rated down" lists the conversation, with the reason's turn.
             admin = await open_admin(browser, system, "demo", "insight")

@@ -77,8 +77,8 @@ async def test_a_vote_is_stored_once_and_the_same_vote_again_stores_nothing(bus,
     # The widget offers a vote on an answer its route names, after a reload too.
     view = (await client.get(f"/v1/sites/{site}/conversations/{session}",
                              headers={"X-Session-Token": tokens.issue(site, session)})).json()
-    assert [(m["turn"], m["route"]) for m in view["messages"] if m["role"] == "assistant"] == [(1, "ANSWER"),
-                                                                                            (2, "ANSWER")]
+    assert [(m["turn"], m["route"], m["rating"]) for m in view["messages"] if m["role"] == "assistant"] == [
+        (1, "ANSWER", ""), (2, "ANSWER", "up")]  # and the vote each has, shown pressed again
 
 
 async def test_a_changed_vote_is_a_new_event_and_the_latest_counts(bus, site, client):
@@ -101,6 +101,9 @@ async def test_a_changed_vote_is_a_new_event_and_the_latest_counts(bus, site, cl
                                                      ("up", "")]
     assert len({v.event_id for v in votes}) == 3
     assert votes[-1].rating == "up"  # the latest counts
+    view = (await client.get(f"/v1/sites/{site}/conversations/{session}",
+                             headers={"X-Session-Token": tokens.issue(site, session)})).json()
+    assert [m["rating"] for m in view["messages"] if m["role"] == "assistant"] == ["up"]
 
 
 async def test_a_vote_sent_again_while_its_first_try_is_in_flight_is_stored_once(bus, site, client):

@@ -30,6 +30,7 @@ def conversation(state: ConversationState) -> dict:
             record = state.turns.get(message.turn)
             item["sources"] = (record.metadata.get("sources") or []) if record else []
             item["route"] = record.route if record else None
+            item["rating"] = record.rating if record else ""  # the visitor's own vote, shown pressed again
         messages.append(item)
     completed = [t for t, record in state.turns.items() if record.status == "completed"]
     last = public_metadata(state.turns[max(completed)].metadata) if completed else {}

@@ -18,7 +18,7 @@
  * Under each answer (route ANSWER) a thumbs up and a thumbs down post the visitor's vote
  * (POST /v1/sites/{site}/conversations/{session}/turns/{turn}/feedback, the session's token);
  * a thumbs-down then offers a one-line reason. The turn's latest vote counts, so a vote can
- * be changed; after a reload the buttons show unpressed (votes are not read back).
+ * be changed; after a reload the conversation's view says which vote is stored (pressed again).
  * No dependencies, no CDN.
  */
 (function () {
@@ -389,8 +389,9 @@
     });
   }
 
-  // The thumbs under the answer of `turn`, placed where the log ends now (just after the answer).
-  function votes(turn) {
+  // The thumbs under the answer of `turn`, placed where the log ends now (just after the answer);
+  // `stored`: the vote the log holds for it ("up", "down"; none: "").
+  function votes(turn, stored) {
     var session = localStorage.getItem(storeKey);
     if (!turn || !session) return;
     var box = el("div", "cw-vote");
@@ -410,6 +411,7 @@
       up.setAttribute("aria-pressed", String(rating === "up"));
       down.setAttribute("aria-pressed", String(rating === "down"));
     }
+    if (stored === "up" || stored === "down") show(stored);
 
     // Shown pressed at once; put back as it was when the gateway refuses it. True once stored.
     function cast(body) {
@@ -678,7 +680,7 @@
             node.textContent = m.content;
           }
           log.appendChild(node);
-          if (m.role === "assistant" && m.route === "ANSWER") votes(m.turn);
+          if (m.role === "assistant" && m.route === "ANSWER") votes(m.turn, m.rating);
         });
         if (messages.length) panel.classList.add("cw-open");
         var answered = streaming && messages.some(function (m) {
