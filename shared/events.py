@@ -20,7 +20,7 @@ SCHEMA_VERSION = 1
 
 UNKNOWN = "unknown"
 
-Route = Literal["ANSWER", "REDIRECT", "BOOKING"]
+Route = Literal["ANSWER", "REDIRECT", "BOOKING", "HANDOFF"]
 
 
 class Envelope(msgspec.Struct, kw_only=True, tag_field="type", forbid_unknown_fields=False):
@@ -710,6 +710,47 @@ class FeedbackGiven(Envelope, tag="feedback_given", kw_only=True):
     reason: str = ""
 
 
+# --- human handoff (services/responder/handoff_handler.py, services/gateway/routes/handoffs.py) ---
+# A HANDOFF turn asks for a person (`HandoffRequested`, a step of its turn); what operators do
+# then happens between turns (turn = the conversation's latest turn when it happened).
+HandoffReason = Literal["visitor_asked", "lead_score", "operator"]
+
+
+class HandoffRequested(Envelope, tag="handoff_requested", kw_only=True):
+    """The conversation waits for a person of the site's team: why (`reason`), in words
+    (`detail`)."""
+
+    reason: HandoffReason
+    detail: str = ""
+
+
+class OperatorJoined(Envelope, tag="operator_joined", kw_only=True):
+    """An operator took the conversation (the first claim wins): the AI stops answering."""
+
+    operator: str
+
+
+class OperatorMessage(Envelope, tag="operator_message", kw_only=True):
+    """What the operator holding the conversation wrote to the visitor."""
+
+    operator: str
+    text: str
+
+
+class OperatorLeft(Envelope, tag="operator_left", kw_only=True):
+    operator: str
+
+
+class HandoffEnded(Envelope, tag="handoff_ended", kw_only=True):
+    """The handoff is over: back to the AI (`released`), or the conversation closed."""
+
+    by: str  # an operator's name, or "system"
+    outcome: Literal["released", "closed"]
+
+
+HANDOFF_EVENTS = ("operator_joined", "operator_message", "operator_left", "handoff_ended")
+
+
 class ProjectionFailed(Envelope, tag="projection_failed", kw_only=True):
     """The insight projector gave up on this conversation's event after its last attempt:
     the conversation's insight record lags its log until the next of its turns ends or
@@ -723,7 +764,7 @@ class ProjectionFailed(Envelope, tag="projection_failed", kw_only=True):
 
 # Stored in a log, but no step of a turn: written after it or beside it by what a replay does
 # not run (cli/replay/diff.py leaves them out of a turn's outcome).
-OUTSIDE_TURNS = (*LEAD_BRIEF_EVENTS, "site_changed", "feedback_given", "projection_failed")
+OUTSIDE_TURNS = (*LEAD_BRIEF_EVENTS, "site_changed", "feedback_given", "projection_failed", *HANDOFF_EVENTS)
 
 
 Event = Union[
@@ -770,6 +811,11 @@ Event = Union[
     SiteChanged,
     FeedbackGiven,
     ProjectionFailed,
+    HandoffRequested,
+    OperatorJoined,
+    OperatorMessage,
+    OperatorLeft,
+    HandoffEnded,
 ]
 
 EVENT_TYPES: dict[str, type[Envelope]] = {cls.__struct_config__.tag: cls for cls in Event.__args__}

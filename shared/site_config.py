@@ -147,6 +147,13 @@ class Widget(Strict):
     show_sources: bool = True  # the links to the pages an answer cites
 
 
+class Handoff(Strict):
+    """When the conversation goes to a person of the site's team (services/router/routing.py)."""
+
+    enabled: bool = False  # off: a visitor asking for a person is answered as any other message
+    lead_score: float = 0.0  # a cumulative interest score at which a qualified lead is handed off (0: never)
+
+
 class SiteConfig(Strict):
     name: str = ""
     # Browser origins (scheme://host[:port]) whose pages may call this site's visitor
@@ -168,6 +175,7 @@ class SiteConfig(Strict):
     persona: Persona = msgspec.field(default_factory=Persona)
     retrieval: Retrieval = msgspec.field(default_factory=Retrieval)
     widget: Widget = msgspec.field(default_factory=Widget)
+    handoff: Handoff = msgspec.field(default_factory=Handoff)
     # Set when stored: a file's content hash (the sync), or the config's (`content_version`:
     # the API and the CLI). What a turn records as its `config_version`.
     version: str = ""
@@ -226,6 +234,8 @@ def problems(config: SiteConfig) -> list[FieldError]:
             bad(f"languages[{i}]", f"{language!r} is not a language tag (e.g. en, fr, pt-BR)")
     if not 0.0 <= config.interest.threshold <= 1.0:
         bad("interest.threshold", "must be between 0 and 1")
+    if not 0.0 <= config.handoff.lead_score <= 1.0:
+        bad("handoff.lead_score", "must be between 0 and 1 (0: never)")
     if not 0.0 <= config.persona.weight <= 1.0:
         bad("persona.weight", "must be between 0 and 1")
     unknown = [s for s in config.skills.enabled if s not in SKILLS]

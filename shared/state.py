@@ -53,6 +53,19 @@ class BookingState(msgspec.Struct, kw_only=True):
     ended_turn: int = 0  # the turn whose booking step asked for nothing more (BookingProgressed.done)
 
 
+class HandoffState(msgspec.Struct, kw_only=True):
+    """A person of the site's team and the conversation: `waiting` for one (HandoffRequested),
+    `held` by `operator` (OperatorJoined; the AI does not answer), back to "" once it ended
+    (HandoffEnded). An operator who leaves without ending it leaves it waiting."""
+
+    status: str = ""  # "" | waiting | held
+    reason: str = ""
+    requested_turn: int = 0
+    requested_ts: float = 0.0
+    operator: str = ""
+    handoffs: int = 0  # handoffs requested in the conversation
+
+
 class TurnRecord(msgspec.Struct, kw_only=True):
     turn: int
     status: str = "requested"  # requested -> completed | failed; or blocked
@@ -147,6 +160,7 @@ class ConversationState(msgspec.Struct, kw_only=True):
     last_input: str = ""
     llm_calls: int = 0
     sync: SyncProgress = msgspec.field(default_factory=SyncProgress)  # a knowledge source's log only
+    handoff: HandoffState = msgspec.field(default_factory=HandoffState)
 
 
 class Record(msgspec.Struct, kw_only=True):
@@ -326,6 +340,17 @@ def apply(state: ConversationState, record: Record) -> ConversationState:
                 rec.error = f"{event.node}: {event.reason}"
         case ev.FeedbackGiven():
             _turn(state, event.turn).rating = event.rating
+        case ev.HandoffRequested():
+            if state.handoff.status != "held":
+                state.handoff = HandoffState(status="waiting", reason=event.reason, requested_turn=event.turn,
+                                             requested_ts=event.ts, handoffs=state.handoff.handoffs + 1)
+        case ev.OperatorJoined():
+            state.handoff = msgspec.structs.replace(state.handoff, status="held", operator=event.operator)
+        case ev.OperatorLeft():
+            if state.handoff.status == "held" and state.handoff.operator == event.operator:
+                state.handoff = msgspec.structs.replace(state.handoff, status="waiting", operator="")
+        case ev.HandoffEnded():
+            state.handoff = msgspec.structs.replace(state.handoff, status="", operator="")
         case ev.SyncStarted() | ev.PageFetched() | ev.SyncCompleted() | ev.SyncFailed():
             state.sync = apply_sync(state.sync, event)
     return state
