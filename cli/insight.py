@@ -41,7 +41,7 @@ def parser() -> argparse.ArgumentParser:
     top.add_argument("--since", default="7d", help="conversations started this long ago or later (default 7d)")
     top.add_argument("--until", default=None, help="and started more than this long ago (default: now)")
     top.add_argument("--language", default=None, help="only conversations in this language (en, fr, ...)")
-    top.add_argument("--route", default=None, choices=("ANSWER", "REDIRECT", "BOOKING"),
+    top.add_argument("--route", default=None, choices=("ANSWER", "REDIRECT", "BOOKING", "HANDOFF"),
                      help="only conversations with a turn of this route, and those turns")
     options.add_bus(top)
     return top

@@ -17,6 +17,7 @@ A turn's outcome:
 - not_found: routed ANSWER and its answer cites none ("I did not find that…");
 - redirected: routed REDIRECT (support, careers, …: answered by pointing elsewhere);
 - booking: routed BOOKING (the in-chat booking flow asked for its next field);
+- handoff: routed HANDOFF (a person of the team was asked for, or holds the conversation);
 - blocked: refused by the abuse gate; failed: ended by a `TurnFailed`; pending: not ended.
 An answered turn is `weak` when its citation audit flagged it (sources given and none cited,
 or figures no source holds).
@@ -26,7 +27,8 @@ positive or absent; converted first):
 - converted: a lead was captured or a booking completed;
 - abandoned: not converted, and it stopped mid-way: a booking started and not finished, or
   no turn got a reply (every turn blocked, failed or pending);
-- unresolved: neither, and an answer was rated down, or its last ANSWER turn was not_found;
+- unresolved: neither, and the visitor was handed to a person (`handoffs`), an answer was
+  rated down, or its last ANSWER turn was not_found;
 - resolved: the rest (answered from the knowledge base or redirected, never rated down).
 `resolution_rate` = (resolved + converted) / conversations.
 """
@@ -53,11 +55,11 @@ log = logging.getLogger(__name__)
 # The event types a conversation's record is made of, and those that end a turn or change a
 # vote: the projector consumes the latter and reads the former.
 KINDS = ("turn_requested", "turn_blocked", "response_completed", "turn_completed", "turn_failed",
-         "booking_progressed", "lead_captured", "feedback_given")
+         "booking_progressed", "lead_captured", "feedback_given", "handoff_requested")
 TRIGGERS = ("turn_completed", "turn_failed", "turn_blocked", "feedback_given")
 QUESTION_CHARS = 500
 CLOSEST = 3  # the closest knowledge-base sections kept per turn (the sources it was given, best first)
-TURN_OUTCOMES = ("answered", "not_found", "redirected", "booking", "blocked", "failed", "pending")
+TURN_OUTCOMES = ("answered", "not_found", "redirected", "booking", "handoff", "blocked", "failed", "pending")
 OUTCOMES = ("resolved", "unresolved", "converted", "abandoned")
 
 
@@ -131,6 +133,8 @@ def conversation_facts(site: str, session_id: str, log: Mapping[str, Iterable[ev
             facts.outcome = "redirected"
         elif route == "BOOKING":
             facts.outcome = "booking"
+        elif route == "HANDOFF":
+            facts.outcome = "handoff"
         else:
             facts.outcome = "answered" if facts.cited else "not_found"
         if answer is not None and answer.first_token_ts > 0:
@@ -148,7 +152,8 @@ def conversation_facts(site: str, session_id: str, log: Mapping[str, Iterable[ev
         started_ts=ordered[0].ts if ordered else 0.0, language=ordered[0].language if ordered else "en",
         turns=ordered, lead=bool(by_kind["lead_captured"]),
         booking_started=any(t.route == "BOOKING" for t in ordered),
-        booking_completed=any(e.done for e in by_kind["booking_progressed"]))
+        booking_completed=any(e.done for e in by_kind["booking_progressed"]),
+        handoffs=len({e.turn for e in by_kind["handoff_requested"]}))
     record.outcome = outcome(record)
     return record
 
@@ -168,7 +173,8 @@ def outcome(record: ConversationFacts) -> str:
     if not replied or (record.booking_started and not record.booking_completed):
         return "abandoned"
     answers = [t for t in record.turns if t.route == "ANSWER" and t.outcome in ("answered", "not_found")]
-    if any(t.rating == "down" for t in record.turns) or (answers and answers[-1].outcome == "not_found"):
+    if record.handoffs or any(t.rating == "down" for t in record.turns) or (
+            answers and answers[-1].outcome == "not_found"):
         return "unresolved"
     return "resolved"
 
@@ -208,6 +214,7 @@ def _counts(records: list[ConversationFacts], route: str | None) -> dict:
         "not_found": outcomes["not_found"],
         "weak": sum(1 for t in turns if t.weak),
         "redirected": outcomes["redirected"],
+        "handoff_turns": outcomes["handoff"],
         "bookings": sum(1 for r in records if r.booking_started),
         "bookings_completed": sum(1 for r in records if r.booking_completed),
         "leads": sum(1 for r in records if r.lead),

@@ -9,6 +9,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import uuid
 
 import httpx
 import pytest
@@ -421,3 +422,28 @@ async def test_insight_counts_a_known_mix_and_a_curated_answer_closes_its_gap(sy
         assert gap["closed_by"]["session_id"] == after.session_id and gap["curated"]["source"] == cited_as
     finally:
         await bus.close()
+
+
+async def test_a_visitor_who_asks_for_a_person_waits_for_the_team_and_the_ai_stops_answering(system, llm, http):
+    """Issue 42's first step: on a site that takes handoffs, asking for a person ends the turn
+    with route HANDOFF and a localized waiting message, the log holds the HandoffRequested,
+    and the conversation's next message gets no AI answer (it waits for the operator)."""
+    from shared.site_config import Handoff
+
+    site = f"h{uuid.uuid4().hex[:10]}"
+    await configure_site(system.nats_url, site, name="Acme", handoff=Handoff(enabled=True))
+    llm.clear()
+    visitor = Conversation(http, system.gateway_url, site)
+    asked = await visitor.say("Bonjour, puis-je parler à un conseiller ?")
+    assert asked.final["type"] == "complete" and asked.final["metadata"]["route"] == "HANDOFF"
+    assert asked.final["metadata"]["branch"] == "VISITOR_ASKED" and "l'équipe Acme" in asked.text
+    later = await visitor.say("Are you there? I need a quote for 40 technicians.")
+    assert later.final["type"] == "complete" and later.final["metadata"]["route"] == "HANDOFF"
+    assert later.final["metadata"]["branch"] == "HELD" and later.text == ""
+    assert not [r for r in llm.requests() if "40 technicians" in json.dumps(r)]  # no model saw it
+    events = await events_of(http, system, site, visitor.session_id)
+    requested = [e["event"] for e in events if e["type"] == "handoff_requested"]
+    assert [(r["turn"], r["reason"]) for r in requested] == [(1, "visitor_asked")]
+    # A site that takes no handoffs answers as before.
+    other = await Conversation(http, system.gateway_url, "demo").say("Can I talk to a human?")
+    assert other.final["metadata"]["route"] != "HANDOFF"

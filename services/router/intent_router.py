@@ -63,6 +63,9 @@ def make_node(parts: RouterParts) -> Node:
             runner_up=record.intent_runner_up or "",
             markers=tuple(record.intent_markers),
             strike_confidence=parts.classifier.strike_confidence,
+            handoff=routing.HandoffRules(status=state.handoff.status, operator=state.handoff.operator,
+                                         enabled=config.handoff.enabled, lead_score=config.handoff.lead_score,
+                                         handoffs=state.handoff.handoffs),
         )
         decided = ctx.follow(ev.RouteDecided, key="route", cause_id=cause,
                              route=decision.route, reason=decision.reason,

@@ -4,12 +4,15 @@ stands, where does the turn go? Pure and deterministic; the rules, in order:
 | # | when                                                       | route    | branch             |
 |---|------------------------------------------------------------|----------|--------------------|
 | 0 | intent HACK with confidence ≥ the strike confidence (ROUTER_HACK_STRIKE_CONFIDENCE, 0.8; a decisive injection marker gives 1.0), or corroborated by an injection cue: a strike, the gateway blocks at 2 | REDIRECT | EXIT mid-booking, REDIRECT_HACK otherwise |
+| H | the conversation waits for or is held by a person of the team (`HandoffState`): the AI does not answer | HANDOFF | HELD |
+| P | the site takes handoffs (`[handoff] enabled`) and the visitor asks for a person (handoff.py), mid-booking too | HANDOFF | VISITOR_ASKED |
 | 1 | any other HACK: suspicious, no strike; routed by rules 2-11 as its runner-up intent (LEARN when unknown) with the HACK's confidence (so "ada@example" while the e-mail is asked stays in the flow, rule 4) | by rules 2-11 | by rules 2-11 |
 | 2 | STOP_BOOKING with a booking flow under way                  | BOOKING  | STOP (the flow ends politely) |
 | 3 | STOP_BOOKING with no flow                                   | ANSWER   | NOTHING_TO_STOP    |
 | 4 | flow under way and the message answers the field: an e-mail (even a malformed one when the e-mail was asked), BOOKING / CONTEXT, or a short statement the classifier is unsure of | BOOKING | STAY |
 | 5 | flow under way, LEARN (a product question)                  | ANSWER   | PAUSE (the flow stays open) |
 | 6 | flow under way, SUPPORT / OFFTOPIC / OTHER                  | REDIRECT | EXIT (the flow ends) |
+| Q | no flow under way, LEARN / CONTEXT / BOOKING, the site takes handoffs with a `lead_score` and the cumulative score reaches it, no handoff yet in the conversation | HANDOFF | LEAD_SCORE |
 | 7 | lead captured (flow over), LEARN / CONTEXT / BOOKING         | ANSWER   | POST_CONVERSION    |
 | 8 | intent BOOKING                                              | BOOKING  | DEMO_REQUESTED     |
 | 9 | LEARN / CONTEXT, cumulative score ≥ site threshold and the skills propose a demo | BOOKING | INTEREST_THRESHOLD |
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import msgspec
 
+from services.router.handoff import asks_for_person
 from shared.privacy import EMAIL_RE
 from shared.state import BookingState
 
@@ -49,30 +53,46 @@ def answers_field(intent: str, confidence: float, message: str, booking: Booking
     return bool(booking.pending_field) and short and confidence < UNSURE  # "Acme Corp", "11-50"
 
 
+class HandoffRules(msgspec.Struct, kw_only=True, frozen=True):
+    """The conversation's handoff (its `HandoffState`) and the site's rules for one."""
+
+    status: str = ""  # "" | waiting | held
+    operator: str = ""
+    enabled: bool = False
+    lead_score: float = 0.0  # 0: never on the score
+    handoffs: int = 0  # requested so far in the conversation
+
+
 def decide(*, intent: str, message: str, score: float, threshold: float, skills: list[str],
            booking: BookingState, confidence: float = 1.0, runner_up: str = "", markers: tuple[str, ...] = (),
-           strike_confidence: float = STRIKE_CONFIDENCE) -> Decision:
+           strike_confidence: float = STRIKE_CONFIDENCE, handoff: HandoffRules = HandoffRules()) -> Decision:
     """`markers`: the injection markers and cues the classifier found (IntentClassified.markers)."""
     if intent == "HACK" and (confidence >= strike_confidence or markers):
         active = booking.active
         return Decision(route="REDIRECT", branch="EXIT" if active else "REDIRECT_HACK", hack_increment=1, intent=intent,
                         reason="prompt-injection or data-extraction attempt" + (", booking flow left" if active else ""))
+    if handoff.status in ("waiting", "held"):
+        who = f"{handoff.operator} holds the conversation" if handoff.status == "held" else "waiting for the team"
+        return Decision(route="HANDOFF", branch="HELD", intent=intent, reason=f"{who}: the message goes to them")
+    if handoff.enabled and asks_for_person(message):
+        return Decision(route="HANDOFF", branch="VISITOR_ASKED", intent=intent, reason="the visitor asked for a person")
     if intent == "HACK":
         # Two strikes block the session for good: an unsure HACK is answered as what it most
         # likely is otherwise, and the event says it was suspicious.
         routed = runner_up if runner_up in ROUTABLE else "LEARN"
-        decision = _route(routed, message, score, threshold, skills, booking, confidence)
+        decision = _route(routed, message, score, threshold, skills, booking, confidence, handoff)
         return msgspec.structs.replace(
             decision, intent=routed, suspicious=True,
             reason=f"suspicious: HACK {confidence:.2f} < strike confidence {strike_confidence:.2f} and no injection cue, "
                    f"no strike; "
                    f"routed as {routed}: {decision.reason}")
-    return msgspec.structs.replace(_route(intent, message, score, threshold, skills, booking, confidence), intent=intent)
+    return msgspec.structs.replace(_route(intent, message, score, threshold, skills, booking, confidence, handoff),
+                                   intent=intent)
 
 
 def _route(intent: str, message: str, score: float, threshold: float, skills: list[str], booking: BookingState,
-           confidence: float) -> Decision:
-    """Rules 2-11, for every intent but a striking HACK."""
+           confidence: float, handoff: HandoffRules) -> Decision:
+    """Rules 2-11 (Q among them), for every intent but a striking HACK."""
     active = booking.active
     if intent == "STOP_BOOKING":
         if active:
@@ -85,6 +105,10 @@ def _route(intent: str, message: str, score: float, threshold: float, skills: li
         if intent == "LEARN":
             return Decision(route="ANSWER", branch="PAUSE", reason="product question mid-booking: answered, flow kept")
         return Decision(route="REDIRECT", branch="EXIT", reason=f"{intent} mid-booking: the flow ends")
+    if (handoff.enabled and handoff.lead_score > 0 and score >= handoff.lead_score and not handoff.handoffs
+            and intent in ("LEARN", "CONTEXT", "BOOKING")):
+        return Decision(route="HANDOFF", branch="LEAD_SCORE",
+                        reason=f"a qualified lead: interest score {score:.2f} ≥ {handoff.lead_score:.2f}")
     if booking.lead_captured and intent in ("LEARN", "CONTEXT", "BOOKING"):
         return Decision(route="ANSWER", branch="POST_CONVERSION", reason="lead already captured: qualification, not booking")
     if intent == "BOOKING":

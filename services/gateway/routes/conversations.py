@@ -53,7 +53,7 @@ def summary(events: list[ev.Envelope]) -> dict:
 
 @router.get("/conversations")
 async def conversations(request: Request, site: SiteId,
-                        route: Annotated[Literal["ANSWER", "REDIRECT", "BOOKING"] | None, Query()] = None,
+                        route: Annotated[Literal["ANSWER", "REDIRECT", "BOOKING", "HANDOFF"] | None, Query()] = None,
                         intent: Annotated[str | None, Query(max_length=32)] = None,
                         failed: bool | None = None, blocked: bool | None = None, lead: bool | None = None,
                         limit: Annotated[int, Query(ge=1, le=MAX_CONVERSATIONS)] = 100):

@@ -38,7 +38,7 @@ MAX_ANSWER_BYTES = 256 * 1024
 LISTED = 500  # conversations listed at most (newest first)
 Duration = Annotated[str | None, Query(max_length=16, description="7d, 24h, 90m or seconds")]
 Language = Annotated[str | None, Query(pattern=r"^[a-z]{2}$")]
-RouteName = Literal["ANSWER", "REDIRECT", "BOOKING"]
+RouteName = Literal["ANSWER", "REDIRECT", "BOOKING", "HANDOFF"]
 
 
 def filters(since: str | None, until: str | None, language: str | None, route: str | None) -> insight.Filters:
@@ -76,7 +76,7 @@ def _listed(records: list[insight.ConversationFacts], chosen: insight.Filters, o
 async def insight_conversations(request: Request, site: SiteId, since: Duration = None, until: Duration = None,
                                 language: Language = None, route: RouteName | None = None,
                                 outcome: Literal["resolved", "unresolved", "converted", "abandoned"] | None = None,
-                                turn_outcome: Literal["answered", "not_found", "redirected", "booking", "blocked",
+                                turn_outcome: Literal["answered", "not_found", "redirected", "booking", "handoff", "blocked",
                                                       "failed", "up", "down"] | None = None):
     """The conversations behind a figure: those of the range with this outcome, or with a
     turn of this outcome (`up`, `down`: a turn rated so)."""
