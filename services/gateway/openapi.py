@@ -35,11 +35,13 @@ OPERATOR_PREFIX = "/v1/admin/sites/{site}"
 TAGS = [
     {"name": "visitor", "description": "The widget's calls, under `/v1/chat` and `/v1/sites/{site}/`: a turn over "
                                        "server-sent events, its stream again, the visitor's own conversation and "
-                                       "votes on its answers (its session token), the widget's look. CORS for the "
+                                       "votes on its answers, what operators do in it, live (its session token), the "
+                                       "widget's look. CORS for the "
                                        "site's allowed origins."},
     {"name": "operator", "description": "Everything an operator reads or does, under `/v1/admin/sites/{site}`: "
                                         "the site's config, versions and keys, conversations, their events and "
-                                        "states, replay, lead briefs and triage. A bearer token (ADMIN_TOKEN, or the "
+                                        "states, replay, lead briefs and triage, handoffs to a person. A bearer token "
+                                        "(ADMIN_TOKEN, or the "
                                         "site's API key); no CORS."},
     {"name": "health", "description": "Liveness and readiness (also on the ops port, with /metrics)."},
 ]
