@@ -29,6 +29,7 @@ SITE_CONFIG_BUCKET = "site_config"
 SESSION_GUARD_BUCKET = "session_guards"
 SNAPSHOT_BUCKET = "state_snapshots"
 LEAD_CLAIM_BUCKET = "lead_claims"
+HANDOFF_CLAIM_BUCKET = "handoff_claims"  # who holds a conversation's handoff (services/gateway/handoffs.py)
 KB_SNAPSHOT_BUCKET = "kb_snapshots"  # object store: each site's knowledge-base snapshot
 KB_VECTORS_BUCKET = "kb_vectors"  # vectors of knowledge-base sentences (services/responder/kb_vectors.py)
 INSIGHT_BUCKET = "insight"  # each conversation's insight record (shared/insight.py)

@@ -190,6 +190,17 @@ async def test_each_service_works_within_its_subjects_and_is_refused_outside(sec
         with pytest.raises(nats.errors.TimeoutError):
             await responder.js.publish(subjects.conv(site, "s1", "feedback_given"), ev.encode(vote),
                                        stream=subjects.CONV_STREAM, timeout=0.5)
+        # The gateway stores what an operator does in a handoff and holds its claim; a node's
+        # service may do neither.
+        joined = ev.OperatorJoined(event_id=ev.new_id(), site=site, session_id="s1", turn=1, ts=ev.now(),
+                                   producer="gateway", operator="Ada")
+        assert (await gateway.publish(joined)).seq > 0
+        assert await gateway.bucket(subjects.HANDOFF_CLAIM_BUCKET).create(subjects.kv_key(site, "s1"), b"{}") > 0
+        with pytest.raises(nats.errors.TimeoutError):
+            await responder.js.publish(subjects.conv(site, "s1", "operator_message"), b"{}",
+                                       stream=subjects.CONV_STREAM, timeout=0.5)
+        with pytest.raises(nats.errors.TimeoutError):
+            await responder.bucket(subjects.HANDOFF_CLAIM_BUCKET).put(subjects.kv_key(site, "s1"), b"{}")
         # The gateway writes the conversation's snapshot as a turn starts; the nodes'
         # services only read it.
         await gateway.publish(requested(site, "s1", 2))

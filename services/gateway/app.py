@@ -23,6 +23,7 @@ from shared.site_config import SiteConfigs
 from shared.store import CachedStore
 from services.gateway import errors
 from services.gateway.cors import KnownOrigins, SiteCORS
+from services.gateway.handoffs import Claims
 from services.gateway.openapi import TAGS, VISITOR_PREFIXES
 from services.gateway.operators import OperatorAuth, check_admin_token
 from services.gateway.rate_limit import RateLimiter
@@ -55,7 +56,7 @@ async def lifespan(app: FastAPI):
     """What the routes find on `app.state` while the app serves (besides `settings` and
     `tokens`): the bus, the conversation store following the log (shared/store: turn-start
     loads read what its feed has not folded), Redis and the rate limiters on it (chat turns,
-    and apart, votes: per address only), the session guard, the site
+    and apart, votes: per address only), the handoffs' claims, the session guard, the site
     registry, the operators' credentials, and `ready` (the ops port's /readyz)."""
     settings: GatewaySettings = app.state.settings
     app.state.bus = await connect(settings.bus, name="gateway")
@@ -64,6 +65,7 @@ async def lifespan(app: FastAPI):
     app.state.redis = redis_client.connect(settings.redis_url)
     app.state.limiter = RateLimiter(app.state.redis, settings.rate_per_ip_per_min, settings.rate_per_site_per_min)
     app.state.vote_limiter = RateLimiter(app.state.redis, settings.rate_per_ip_per_min, 0, name="rl-feedback")
+    app.state.handoff_claims = Claims(app.state.bus)
     app.state.guard = SessionGuard(app.state.bus, ttl_s=settings.turn_deadline_s + 10)
     app.state.sites = SiteConfigs(app.state.bus, settings.site_config_ttl_s)
     app.state.operators = OperatorAuth(app.state.sites, settings.admin_token)

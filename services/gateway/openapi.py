@@ -35,11 +35,13 @@ OPERATOR_PREFIX = "/v1/admin/sites/{site}"
 TAGS = [
     {"name": "visitor", "description": "The widget's calls, under `/v1/chat` and `/v1/sites/{site}/`: a turn over "
                                        "server-sent events, its stream again, the visitor's own conversation and "
-                                       "votes on its answers (its session token), the widget's look. CORS for the "
+                                       "votes on its answers, what operators do in it, live (its session token), the "
+                                       "widget's look. CORS for the "
                                        "site's allowed origins."},
     {"name": "operator", "description": "Everything an operator reads or does, under `/v1/admin/sites/{site}`: "
                                         "the site's config, versions and keys, conversations, their events and "
-                                        "states, replay, lead briefs and triage. A bearer token (ADMIN_TOKEN, or the "
+                                        "states, replay, lead briefs and triage, handoffs to a person. A bearer token "
+                                        "(ADMIN_TOKEN, or the "
                                         "site's API key); no CORS."},
     {"name": "health", "description": "Liveness and readiness (also on the ops port, with /metrics)."},
 ]
@@ -87,6 +89,14 @@ RESUME_RESPONSES = {
               s404="no such site, conversation or turn", s422="a malformed id or turn",
               s503="the event bus is not reachable"),
 }
+LIVE_RESPONSES = {
+    200: {"description": "server-sent events: operator_joined, operator_message, operator_left, handoff_ended, "
+                         "each with its log sequence as its id; live until the client goes",
+          "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+    **_errors(s400="a Last-Event-ID that is not a number", s403="no or a wrong session token, or an origin the "
+              "site does not allow", s404="the site is not configured", s422="a malformed id",
+              s503="the event bus is not reachable"),
+}
 FEEDBACK_OPENAPI = {"requestBody": {"required": True,
                                      "content": {"application/json": {"schema": schema_of(FeedbackRequest)}}}}
 FEEDBACK_RESPONSES = {
@@ -116,7 +126,8 @@ VISITOR_READ_RESPONSES = _errors(s403="no or a wrong session token", s404="no su
                                  s422="a malformed id", s503="the event bus is not reachable")
 OPERATOR_RESPONSES = _errors(s401="no or a wrong bearer token",
                              s403="a site key asking to create or delete a site (ADMIN_TOKEN only)",
-                             s404="no such site, conversation, brief or triage for this operator",
-                             s409="the site kept changing while this change was tried",
+                             s404="no such site, conversation, brief or triage for this operator, or no handoff "
+                                  "waiting or held", s409="the site kept changing while this change was tried, or "
+                                  "another operator holds the handoff",
                              s422="a malformed id or body, or a site config that does not validate (every field's "
                                   "problem)", s503="the event bus is not reachable")

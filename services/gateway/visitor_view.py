@@ -7,7 +7,11 @@ a field added to the turn's metadata later stays private until it is named here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from shared import events as ev
 from shared.state import ConversationState
+from services.gateway.handoffs import transcript
 
 PUBLIC_METADATA = (
     "route", "branch", "intent", "fallback_used", "blocked", "sources", "suggested_follow_ups",
@@ -20,14 +24,14 @@ def public_metadata(metadata: dict | None) -> dict:
     return {key: metadata[key] for key in PUBLIC_METADATA if key in (metadata or {})}
 
 
-def conversation(state: ConversationState) -> dict:
+def conversation(state: ConversationState, operator_messages: Sequence[ev.OperatorMessage] = ()) -> dict:
     """The messages (answers with their sources and route: the widget offers a vote on an
-    answer's) and the newest turn's widget state."""
+    answer's; an operator's with their name, role "operator"), the handoff's standing (status
+    "" | waiting | held, and who holds it) and the newest turn's widget state."""
     messages = []
-    for message in state.messages:
-        item = {"role": message.role, "content": message.content, "turn": message.turn}
-        if message.role == "assistant":
-            record = state.turns.get(message.turn)
+    for item in transcript(state, operator_messages):
+        if item["role"] == "assistant":
+            record = state.turns.get(item["turn"])
             item["sources"] = (record.metadata.get("sources") or []) if record else []
             item["route"] = record.route if record else None
             item["rating"] = record.rating if record else ""  # the visitor's own vote, shown pressed again
@@ -35,4 +39,4 @@ def conversation(state: ConversationState) -> dict:
     completed = [t for t, record in state.turns.items() if record.status == "completed"]
     last = public_metadata(state.turns[max(completed)].metadata) if completed else {}
     return {"site": state.site, "session_id": state.session_id, "turn": state.turn, "messages": messages,
-            "last": last}
+            "handoff": {"status": state.handoff.status, "operator": state.handoff.operator}, "last": last}

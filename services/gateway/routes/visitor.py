@@ -8,6 +8,8 @@ and the visitor's own conversation, for the holder of its session token (access.
 
 - `GET /v1/sites/{site}/conversations/{session_id}`: what the widget shows of it
   (visitor_view.py), for a page that reloads;
+- `GET /v1/sites/{site}/conversations/{session_id}/live`: what operators do in it (a
+  handoff: handoffs.py), over server-sent events, from after `Last-Event-ID` and then live;
 - `GET /v1/sites/{site}/conversations/{session_id}/turns/{turn}/stream`: a turn's stream
   again (streams.py), for a client that lost it.
 """
@@ -20,11 +22,11 @@ import msgspec
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
 
-from services.gateway import frames, streams, visitor_view
+from services.gateway import frames, handoffs, streams, visitor_view
 from services.gateway.access import configured_site, own_conversation
 from services.gateway.errors import NotFound
-from services.gateway.openapi import (RESUME_RESPONSES, VISITOR_READ_RESPONSES, WIDGET_RESPONSES, LastEventId, SiteId,
-                                      Turn)
+from services.gateway.openapi import (LIVE_RESPONSES, RESUME_RESPONSES, VISITOR_READ_RESPONSES, WIDGET_RESPONSES,
+                                      LastEventId, SiteId, Turn)
 from shared.site_config import SiteConfig
 
 router = APIRouter(tags=["visitor"])
@@ -58,7 +60,8 @@ async def visitor_conversation(request: Request, conversation: Own):
     if state.event_count == 0:
         raise NotFound(f"no conversation {site}/{session_id}")
     # Private to the token's holder: no shared cache may keep it under the URL alone.
-    return Response(msgspec.json.encode(visitor_view.conversation(state)), media_type="application/json",
+    written = await request.app.state.store.events(site, session_id, "operator_message")
+    return Response(msgspec.json.encode(visitor_view.conversation(state, written)), media_type="application/json",
                     headers={"Cache-Control": "no-store, private", "Vary": "X-Session-Token, Origin"})
 
 
@@ -70,3 +73,16 @@ async def resume_turn(request: Request, conversation: Own, turn: Turn, last_even
     `error`. A finished turn replays from the log."""
     site, session_id = conversation
     return await streams.resumed(request, site, session_id, turn, frames.last_event_id(last_event_id, turn))
+
+
+@router.get("/v1/sites/{site}/conversations/{session_id}/live", responses=LIVE_RESPONSES,
+            response_class=StreamingResponse)
+async def live_channel(request: Request, conversation: Own, last_event_id: LastEventId = None):
+    """What operators do in the conversation (X-Session-Token required): `operator_joined`,
+    `operator_message`, `operator_left`, `handoff_ended` frames, each with its log sequence as
+    its id; those stored after `Last-Event-ID` (without it, all), then live until the client
+    goes. Keep-alive comments while nothing happens."""
+    site, session_id = conversation
+    after = handoffs.last_seq(last_event_id)
+    body = handoffs.live(request.app.state.bus, site, session_id, after)
+    return frames.response(body, {"X-Session-Id": session_id}, request.app.state.settings.keepalive_s)

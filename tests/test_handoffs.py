@@ -1,0 +1,244 @@
+"""Human handoff, the operator's side and the visitor's live channel
+(services/gateway/routes/handoffs.py, services/gateway/handoffs.py), in process against real
+NATS and Redis. No service runs: a turn answered and its `HandoffRequested` are stored as
+the responder stores them; what the API does is read back from the conversation's log."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import uuid
+
+import httpx
+import pytest
+
+from services.gateway.sessions import SessionTokens
+from shared import events as ev
+from tests.helpers import events_of, turn, unique
+from tests.servers import configure_site
+from tests.test_turn_end import running_gateway
+
+ADMIN = "handoffs-api-admin-token-0123456789"
+SECRET = "handoffs-test-secret-0123456789"
+ORIGIN = "https://shop.example"
+tokens = SessionTokens(SECRET)
+
+
+def key_of(site: str) -> str:
+    return f"ck_{site}_{hashlib.sha256(site.encode()).hexdigest()[:24]}"
+
+
+def bearer(token: str) -> dict:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture
+async def api(nats_url, redis_url, site, monkeypatch):
+    """The gateway, the site configured with its key, and another site with its own."""
+    other = unique("other")
+    for name in (site, other):
+        await configure_site(nats_url, name, operator_key_sha256=[hashlib.sha256(key_of(name).encode()).hexdigest()],
+                             allowed_origins=[ORIGIN])
+    async with running_gateway(nats_url, redis_url, monkeypatch, admin_token=ADMIN,
+                               session_token_secret=SECRET) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+            yield client, other
+
+
+async def waiting(bus, site: str, session: str | None = None) -> str:
+    """A conversation whose first turn was answered and whose second asked for a person."""
+    session = session or f"s-{uuid.uuid4().hex[:10]}"
+    first = turn(site, session, 1, "What does it cost?")
+    await bus.publish(first)
+    await bus.publish(ev.follow(first, ev.ResponseCompleted, "responder", node="answer_writer", text="From 10 EUR.",
+                                token_count=3))
+    await bus.publish(ev.follow(first, ev.TurnCompleted, "responder", metadata={"route": "ANSWER"}))
+    second = turn(site, session, 2, "Can I talk to a person?")
+    await bus.publish(second)
+    await bus.publish(ev.follow(second, ev.HandoffRequested, "responder", reason="visitor_asked"))
+    return session
+
+
+def admin(site: str, session: str, action: str) -> str:
+    return f"/v1/admin/sites/{site}/handoffs/{session}/{action}"
+
+
+async def kinds(bus, site: str, session: str) -> list[str]:
+    return [ev.event_type(e) for e in await events_of(bus, site, session) if ev.event_type(e) in ev.HANDOFF_EVENTS]
+
+
+async def test_the_list_shows_a_waiting_conversation_and_its_visitor(bus, site, api):
+    client, _ = api
+    session = await waiting(bus, site)
+    listed = await client.get(f"/v1/admin/sites/{site}/handoffs", headers=bearer(key_of(site)))
+    assert listed.status_code == 200, listed.text
+    (row,) = [r for r in listed.json()["handoffs"] if r["session_id"] == session]
+    assert row["status"] == "waiting" and row["reason"] == "visitor_asked" and row["operator"] == ""
+    assert row["requested_ts"] > 0 and row["interest_score"] == 0
+    assert [m["content"] for m in row["messages"]] == ["What does it cost?", "From 10 EUR.", "Can I talk to a person?"]
+    assert row["visitor_profile"] == {}  # nothing known yet: unknown fields are left out
+
+
+async def test_the_first_of_concurrent_claims_wins_and_the_other_is_told_who_holds_it(bus, site, api):
+    client, _ = api
+    for _ in range(4):
+        session = await waiting(bus, site)
+        answers = await asyncio.gather(*(client.post(admin(site, session, "claim"), json={"operator": name},
+                                                     headers=bearer(ADMIN)) for name in ("Ada", "Bob", "Cyd")))
+        codes = sorted(a.status_code for a in answers)
+        assert codes == [201, 409, 409], [a.text for a in answers]
+        winner = next(a.json()["operator"] for a in answers if a.status_code == 201)
+        assert {a.json()["holder"] for a in answers if a.status_code == 409} == {winner}
+        assert await kinds(bus, site, session) == ["operator_joined"]
+        again = await client.post(admin(site, session, "claim"), json={"operator": winner}, headers=bearer(ADMIN))
+        assert again.status_code == 200 and again.json()["new"] is False
+        assert await kinds(bus, site, session) == ["operator_joined"]
+
+
+async def test_the_holder_writes_releases_and_a_later_handoff_is_claimed_again(bus, site, api):
+    client, _ = api
+    session = await waiting(bus, site)
+    auth = bearer(key_of(site))
+    nobody = await client.post(admin(site, session, "messages"), json={"operator": "Ada", "text": "Hi"}, headers=auth)
+    assert nobody.status_code == 409  # waiting: claim it first
+    assert (await client.post(admin(site, session, "claim"), json={"operator": "Ada"}, headers=auth)).status_code == 201
+    sent = await client.post(admin(site, session, "messages"), json={"operator": "Ada", "text": "Hello, Ada here."},
+                             headers=auth)
+    assert sent.status_code == 201, sent.text
+    other = await client.post(admin(site, session, "messages"), json={"operator": "Bob", "text": "Me too"},
+                              headers=auth)
+    assert other.status_code == 409 and "Ada" in other.text
+    released = await client.post(admin(site, session, "release"), json={"operator": "Ada"}, headers=auth)
+    assert released.status_code == 200 and released.json()["outcome"] == "released"
+    log = [e for e in await events_of(bus, site, session) if ev.event_type(e) in ev.HANDOFF_EVENTS]
+    assert [ev.event_type(e) for e in log] == ["operator_joined", "operator_message", "operator_left",
+                                               "handoff_ended"]
+    assert log[1].text == "Hello, Ada here." and log[1].operator == "Ada" and log[1].turn == 2
+    assert log[3].outcome == "released" and log[3].by == "Ada" and all(e.producer == "gateway" for e in log)
+    state = await api_state(client, site, session)
+    assert state["handoff"] == {"status": "", "operator": ""}
+    assert (await client.post(admin(site, session, "claim"), json={"operator": "Ada"}, headers=auth)).status_code == 404
+    # A later handoff of the same conversation: the claim key is free again.
+    third = turn(site, session, 3, "A person again, please")
+    await bus.publish(third)
+    await bus.publish(ev.follow(third, ev.HandoffRequested, "responder", reason="visitor_asked"))
+    assert (await client.post(admin(site, session, "claim"), json={"operator": "Bob"}, headers=auth)).status_code == 201
+
+
+async def test_close_ends_a_held_or_a_waiting_handoff(bus, site, api):
+    client, _ = api
+    held = await waiting(bus, site)
+    await client.post(admin(site, held, "claim"), json={"operator": "Ada"}, headers=bearer(ADMIN))
+    refused = await client.post(admin(site, held, "close"), json={"operator": "Bob"}, headers=bearer(ADMIN))
+    assert refused.status_code == 409
+    closed = await client.post(admin(site, held, "close"), json={"operator": "Ada"}, headers=bearer(ADMIN))
+    assert closed.status_code == 200 and closed.json()["outcome"] == "closed"
+    assert await kinds(bus, site, held) == ["operator_joined", "operator_left", "handoff_ended"]
+    untouched = await waiting(bus, site)
+    assert (await client.post(admin(site, untouched, "close"), json={"operator": "Bob"},
+                              headers=bearer(ADMIN))).status_code == 200
+    assert await kinds(bus, site, untouched) == ["handoff_ended"]
+    listed = (await client.get(f"/v1/admin/sites/{site}/handoffs", headers=bearer(ADMIN))).json()["handoffs"]
+    assert {held, untouched}.isdisjoint(r["session_id"] for r in listed)
+
+
+async def test_another_sites_key_finds_nothing_and_bad_bodies_name_the_field(bus, site, api):
+    client, other = api
+    session = await waiting(bus, site)
+    assert (await client.get(f"/v1/admin/sites/{site}/handoffs", headers=bearer(key_of(other)))).status_code == 404
+    assert (await client.post(admin(site, session, "claim"), json={"operator": "Eve"},
+                              headers=bearer(key_of(other)))).status_code == 404
+    assert (await client.post(admin(site, session, "claim"), json={"operator": "Eve"})).status_code == 401
+    for path, body, field in (
+        ("claim", {"operator": ""}, "operator"),
+        ("claim", {"operator": "x" * 65}, "operator"),
+        ("claim", {"operator": "Ada\n"}, "operator"),
+        ("claim", {"operator": " Ada"}, "operator"),
+        ("claim", {}, "operator"),
+        ("claim", {"operator": "Ada", "role": "admin"}, "role"),
+        ("messages", {"operator": "Ada", "text": ""}, "text"),
+        ("messages", {"operator": "Ada", "text": "   "}, "text"),
+        ("messages", {"operator": "Ada", "text": "x" * 4001}, "text"),
+        ("release", {"operator": 7}, "operator"),
+    ):
+        answer = await client.post(admin(site, session, path), json=body, headers=bearer(ADMIN))
+        assert answer.status_code == 422, (path, body, answer.text)
+        assert answer.json()["detail"][0]["field"] == field, (path, body, answer.text)
+    garbage = await client.post(admin(site, session, "claim"), content=b"{", headers=bearer(ADMIN))
+    assert garbage.status_code == 422
+    assert (await client.post(admin(site, "no-such-session", "claim"), json={"operator": "Ada"},
+                              headers=bearer(ADMIN))).status_code == 404
+    assert await kinds(bus, site, session) == []
+
+
+async def api_state(client, site: str, session: str) -> dict:
+    answer = await client.get(f"/v1/sites/{site}/conversations/{session}",
+                              headers={"X-Session-Token": tokens.issue(site, session), "Origin": ORIGIN})
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+async def frames_of(client, site: str, session: str, want: int, last_id: str | None = None,
+                    during=None) -> list[tuple[str, dict]]:
+    """(id, payload) of the live channel's first `want` frames; `during` is awaited once the
+    channel is open (its first byte, a frame or a keep-alive, or its headers)."""
+    headers = {"X-Session-Token": tokens.issue(site, session), "Origin": ORIGIN}
+    if last_id is not None:
+        headers["Last-Event-ID"] = last_id
+    got, event_id = [], None
+    async with client.stream("GET", f"/v1/sites/{site}/conversations/{session}/live", headers=headers) as response:
+        assert response.status_code == 200, await response.aread()
+        if during is not None:
+            await asyncio.sleep(0.3)  # subscribed and caught up
+            await during()
+        async for line in response.aiter_lines():
+            if line.startswith("id:"):
+                event_id = line[3:].strip()
+            elif line.startswith("data:"):
+                got.append((event_id, json.loads(line[5:])))
+                if len(got) == want:
+                    break
+    return got
+
+
+async def test_the_live_channel_sends_operator_frames_and_resumes_after_the_last_id(bus, site, api):
+    client, _ = api
+    session = await waiting(bus, site)
+    auth = bearer(ADMIN)
+    await client.post(admin(site, session, "claim"), json={"operator": "Ada"}, headers=auth)
+
+    async def write():
+        await client.post(admin(site, session, "messages"), json={"operator": "Ada", "text": "one"}, headers=auth)
+
+    first = await asyncio.wait_for(frames_of(client, site, session, 2, during=write), 10)
+    assert [p["type"] for _, p in first] == ["operator_joined", "operator_message"]
+    assert first[1][1]["text"] == "one" and first[1][1]["operator"] == "Ada"
+    for text in ("two", "three"):
+        await client.post(admin(site, session, "messages"), json={"operator": "Ada", "text": text}, headers=auth)
+    await client.post(admin(site, session, "release"), json={"operator": "Ada"}, headers=auth)
+    # Reconnected after "one": the rest, each once, in order.
+    rest = await asyncio.wait_for(frames_of(client, site, session, 4, last_id=first[1][0]), 10)
+    assert [(p["type"], p.get("text")) for _, p in rest] == [
+        ("operator_message", "two"), ("operator_message", "three"), ("operator_left", None), ("handoff_ended", None)]
+    assert rest[3][1]["outcome"] == "released"
+    ids = [int(i) for i, _ in first + rest]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    forged = await client.get(f"/v1/sites/{site}/conversations/{session}/live",
+                              headers={"X-Session-Token": tokens.issue(site, "someone-else"), "Origin": ORIGIN})
+    assert forged.status_code == 403
+
+
+async def test_the_visitor_view_shows_the_handoff_and_the_operators_messages(bus, site, api):
+    client, _ = api
+    session = await waiting(bus, site)
+    assert (await api_state(client, site, session))["handoff"] == {"status": "waiting", "operator": ""}
+    await client.post(admin(site, session, "claim"), json={"operator": "Ada"}, headers=bearer(ADMIN))
+    await client.post(admin(site, session, "messages"), json={"operator": "Ada", "text": "Hi, I'm Ada."},
+                      headers=bearer(ADMIN))
+    view = await api_state(client, site, session)
+    assert view["handoff"] == {"status": "held", "operator": "Ada"}
+    assert [(m["role"], m["content"]) for m in view["messages"]] == [
+        ("user", "What does it cost?"), ("assistant", "From 10 EUR."), ("user", "Can I talk to a person?"),
+        ("operator", "Hi, I'm Ada.")]
+    assert view["messages"][-1]["operator"] == "Ada"
