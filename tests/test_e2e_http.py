@@ -424,10 +424,12 @@ async def test_insight_counts_a_known_mix_and_a_curated_answer_closes_its_gap(sy
         await bus.close()
 
 
-async def test_a_visitor_who_asks_for_a_person_waits_for_the_team_and_the_ai_stops_answering(system, llm, http):
-    """Issue 42's first step: on a site that takes handoffs, asking for a person ends the turn
-    with route HANDOFF and a localized waiting message, the log holds the HandoffRequested,
-    and the conversation's next message gets no AI answer (it waits for the operator)."""
+async def test_a_visitor_who_asks_for_a_person_is_answered_by_an_operator_then_by_the_ai_again(system, llm, http):
+    """Issue 42 on the real system, over HTTP: on a site that takes handoffs, asking for a
+    person ends the turn with route HANDOFF and a localized waiting message, the log holds the
+    HandoffRequested, the next message gets no AI answer; the inbox lists the conversation, of
+    two operators claiming at once one wins (409 for the other), the visitor's live channel
+    carries the operator's arrival and reply, and once handed back the AI answers again."""
     from shared.site_config import Handoff
 
     site = f"h{uuid.uuid4().hex[:10]}"
@@ -444,6 +446,48 @@ async def test_a_visitor_who_asks_for_a_person_waits_for_the_team_and_the_ai_sto
     events = await events_of(http, system, site, visitor.session_id)
     requested = [e["event"] for e in events if e["type"] == "handoff_requested"]
     assert [(r["turn"], r["reason"]) for r in requested] == [(1, "visitor_asked")]
+
+    # The operator's inbox lists it; of two operators claiming at once, one holds it.
+    handoff = operator_url(system, site, f"handoffs/{visitor.session_id}")
+    inbox = (await http.get(operator_url(system, site, "handoffs"), headers=ops(system))).json()
+    assert [h["session_id"] for h in inbox["handoffs"]] == [visitor.session_id]
+    claims = await asyncio.gather(*(http.post(f"{handoff}/claim", json={"operator": name}, headers=ops(system))
+                                    for name in ("Grace", "Linus")))
+    assert sorted(c.status_code for c in claims) == [201, 409]
+    holder = next(c for c in claims if c.status_code == 201).json()["operator"]
+
+    # The visitor's live channel carries the operator's arrival and reply.
+    async def live_frames(want: int) -> list[dict]:
+        got = []
+        async with http.stream("GET", f"{system.gateway_url}/v1/sites/{site}/conversations/{visitor.session_id}/live",
+                               headers={"X-Session-Token": visitor.session_token}) as response:
+            assert response.status_code == 200
+            async for line in response.aiter_lines():
+                if line.startswith("data:"):
+                    got.append(json.loads(line[5:]))
+                    if len(got) == want:
+                        return got
+        return got
+
+    listening = asyncio.create_task(asyncio.wait_for(live_frames(2), DEADLINE_S))
+    await asyncio.sleep(0.5)
+    sent = await http.post(f"{handoff}/messages", json={"operator": holder, "text": "Hi, this is the sales team: "
+                                                        "40 technicians is our Pro plan."}, headers=ops(system))
+    assert sent.status_code in (200, 201), sent.text
+    frames = await listening
+    assert [f["type"] for f in frames] == ["operator_joined", "operator_message"]
+    assert frames[1]["operator"] == holder and "Pro plan" in frames[1]["text"]
+    assert not [r for r in llm.requests() if "Pro plan" in json.dumps(r)]  # the AI never answers the operator
+
+    # Handed back: the AI answers the next question.
+    assert (await http.post(f"{handoff}/release", json={"operator": holder}, headers=ops(system))).status_code == 200
+    back = await visitor.say("What does the Pro plan include?")
+    assert back.final["metadata"]["route"] == "ANSWER" and back.text.startswith("You said:")
+    view = (await http.get(f"{system.gateway_url}/v1/sites/{site}/conversations/{visitor.session_id}",
+                           headers={"X-Session-Token": visitor.session_token})).json()
+    assert view["handoff"]["status"] == "" and [m["operator"] for m in view["messages"] if m["role"] == "operator"] \
+        == [holder]
+
     # A site that takes no handoffs answers as before.
     other = await Conversation(http, system.gateway_url, "demo").say("Can I talk to a human?")
     assert other.final["metadata"]["route"] != "HANDOFF"
