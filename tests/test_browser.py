@@ -1,9 +1,9 @@
 """The widget in headless Chromium (Debian's, through playwright-core) on the demo page,
 with the whole system running as processes (tests/e2e.py): a streamed answer with its
 sources and follow-ups, markdown rendered and HTML never, an answer resumed after a reload
-or a dropped connection, a message sent again after a try that failed in transit; and a
-site owner onboarding in /admin (a site, its website synced, its widget embedded); an operator
-reading the Insight view and answering a knowledge gap from it."""
+or a dropped connection, a message sent again after a try that failed in transit, a handoff to
+an operator and back; and a site owner onboarding in /admin (a site, its website synced, its
+widget embedded); an operator reading the Insight view and answering a knowledge gap from it."""
 
 from __future__ import annotations
 
@@ -290,6 +290,92 @@ async def test_browser_votes_down_on_an_answer_and_says_why(system, llm, suggest
     votes = [e["event"] for e in await events_of(http, system, "demo", session) if e["type"] == "feedback_given"]
     # The thumbs-down is stored as it is clicked, then again with its reason: the latest counts.
     assert [(v["turn"], v["rating"], v["reason"]) for v in votes] == [(1, "down", ""), (1, "down", reason)]
+
+
+@needs_chromium
+async def test_browser_handoff_an_operator_answers_then_the_assistant_again(system, llm, suggestions_llm, http):
+    """Issue 42 in the widget: on a site that takes handoffs, asking for a person shows the
+    waiting message and a status line; the operator's arrival and message come over the live
+    channel (a bubble with their name, no votes); a message written while held shows no answer;
+    after a reload the operator's message is still there and the channel listens again; handed
+    back, the AI answers."""
+    from playwright.async_api import async_playwright
+
+    from shared.site_config import Handoff
+    from tests.servers import configure_site
+
+    site = f"h{uuid.uuid4().hex[:10]}"
+    await configure_site(system.nats_url, site, name="Acme", handoff=Handoff(enabled=True))
+    llm.clear(), suggestions_llm.clear()
+    # A page embedding the site's widget, on the gateway's own origin (a site's origins need not list it).
+    page_url = f"{system.gateway_url}/handoff-{site}.html"
+    html = f'<!doctype html><html><body><script src="/widget.js" data-site="{site}"></script></body></html>'
+    status = "[data-testid=cw-handoff-status]"
+    async with async_playwright() as pw:
+        browser = await launch_chromium(pw)
+        try:
+            page = await browser.new_page(viewport={"width": 1200, "height": 800})
+            await page.route(page_url, lambda route: route.fulfill(content_type="text/html", body=html))
+            await page.goto(page_url)
+            await page.click("[data-testid=cw-launch]")
+            await page.fill("[data-testid=cw-input]", "Can I talk to a person?")
+            await page.press("[data-testid=cw-input]", "Enter")
+            await page.wait_for_function("() => [...document.querySelectorAll('[data-testid=cw-bot]')].some("
+                                         "b => b.textContent.includes('connecting you with the Acme team'))",
+                                         timeout=30000)
+            await page.wait_for_function(f"() => document.querySelector('{status}').textContent === "
+                                         "'Connecting you with the team…'", timeout=10000)
+            assert await page.get_attribute(status, "aria-live") == "polite"
+            session = await page.evaluate(f"localStorage.getItem('concierge:{site}:session')")
+
+            handoff = operator_url(system, site, f"handoffs/{session}")
+            claimed = await http.post(f"{handoff}/claim", json={"operator": "Grace"}, headers=ops(system))
+            assert claimed.status_code == 201, claimed.text
+            await page.locator("[data-testid=cw-handoff-event]", has_text="Grace joined the conversation").wait_for(
+                timeout=15000)
+            sent = await http.post(f"{handoff}/messages", json={"operator": "Grace", "text": "Hi, Grace from sales: "
+                                                                "40 technicians is our Pro plan."}, headers=ops(system))
+            assert sent.status_code in (200, 201), sent.text
+            operator = page.locator("[data-testid=cw-operator]")
+            await operator.wait_for(timeout=15000)
+            assert "Grace" in await operator.locator(".cw-operator-name").text_content()
+            assert "Pro plan" in await operator.text_content()
+            assert await page.locator("[data-testid=cw-vote]").count() == 0
+
+            # Written while held: the turn ends with no answer, and no empty bubble is left.
+            await page.fill("[data-testid=cw-input]", "Great, and for 60?")
+            await page.press("[data-testid=cw-input]", "Enter")
+            await page.wait_for_function("() => document.querySelectorAll('.cw-user').length === 2 && "
+                                         "!document.querySelector('.cw-form button').disabled", timeout=30000)
+            assert await page.locator("[data-testid=cw-bot]").count() == 1
+            (ROOT / "artifacts").mkdir(exist_ok=True)
+            await page.screenshot(path=str(ROOT / "artifacts" / "browser-handoff.png"))
+
+            # Reloaded: the operator's message in its place, the channel listening again.
+            await page.reload()
+            await operator.wait_for(timeout=30000)
+            assert await operator.count() == 1 and "Pro plan" in await operator.text_content()
+            texts = await page.locator(".cw-log > *").all_text_contents()
+            assert [t for t in texts if "Pro plan" in t or "for 60" in t] == [await operator.text_content(),
+                                                                            "Great, and for 60?"]  # in order
+            await page.wait_for_function(f"() => document.querySelector('{status}').textContent === "
+                                         "'Grace joined the conversation'", timeout=10000)
+            assert await page.locator("[data-testid=cw-bot]").count() == 1
+
+            # Handed back: said in the log, and the AI answers the next question.
+            released = await http.post(f"{handoff}/release", json={"operator": "Grace"}, headers=ops(system))
+            assert released.status_code == 200, released.text
+            await page.locator("[data-testid=cw-handoff-event]",
+                               has_text="The conversation is back with the assistant").wait_for(timeout=15000)
+            assert await page.locator("[data-testid=cw-handoff-event]", has_text="Grace left").count() == 1
+            await page.fill("[data-testid=cw-input]", "What does the Pro plan include?")
+            await page.press("[data-testid=cw-input]", "Enter")
+            await page.wait_for_function("() => [...document.querySelectorAll('[data-testid=cw-bot]')].some("
+                                         "b => b.textContent.includes('You said:'))", timeout=30000)
+            await page.locator("[data-testid=cw-vote]").wait_for(timeout=30000)  # an answer's votes, once it ends
+            assert await operator.count() == 1
+        finally:
+            await browser.close()
 
 
 @needs_chromium

@@ -19,6 +19,15 @@
  * (POST /v1/sites/{site}/conversations/{session}/turns/{turn}/feedback, the session's token);
  * a thumbs-down then offers a one-line reason. The turn's latest vote counts, so a vote can
  * be changed; after a reload the conversation's view says which vote is stored (pressed again).
+ * A person of the site's team (a handoff, route HANDOFF): once a turn ends with that route, or
+ * a reloaded conversation's view says the handoff is waiting or held, the widget listens on
+ * the conversation's live channel (GET /v1/sites/{site}/conversations/{session}/live, the
+ * session's token; read with fetch, since an EventSource cannot send the token) until the
+ * handoff ends, from after the last frame it read (kept per session: a dropped connection or
+ * a reload resumes it). A status line under the header says where the handoff stands
+ * (aria-live); the operator's arrival and departure are lines in the log, their messages
+ * bubbles with their name (no vote under them). The visitor keeps writing as before: those
+ * turns end with no answer, and show none.
  * No dependencies, no CDN.
  */
 (function () {
@@ -29,6 +38,7 @@
   var storeKey = "concierge:" + site + ":session";
   var tokenKey = "concierge:" + site + ":token";
   var streamKey = "concierge:" + site + ":stream";
+  var liveKey = "concierge:" + site + ":live";
   // A try that failed in transit is tried again after each of these pauses: every second at
   // first (a load balancer sends the next try to a live gateway), 30 s in all (long enough for
   // a lone gateway to come back). cli/harness/visitor.py, the rehearsals' visitor, does the same.
@@ -57,6 +67,10 @@
     ".cw-bot li{white-space:pre-wrap}",
     ".cw-link{color:var(--cw-primary)}",
     ".cw-notice{align-self:center;background:#fff4e5;color:#7a4300;border:1px solid #f3c78a;font-size:13px}",
+    ".cw-status{padding:6px 14px;font-size:12px;background:#fff4e5;color:#7a4300;border-bottom:1px solid #f3c78a}",
+    ".cw-status:empty{display:none}",
+    ".cw-event{align-self:center;font-size:12px;opacity:.75;text-align:center}",
+    ".cw-operator-name{display:block;font-size:11px;font-weight:600;opacity:.75;margin-bottom:2px}",
     ".cw-error{align-self:center;background:#fde8e8;color:#8a1c1c;border:1px solid #f0a8a8;font-size:13px}",
     ".cw-sources{align-self:flex-start;font-size:12px;opacity:.8;max-width:85%}",
     ".cw-sources a{color:var(--cw-primary);margin-right:8px}",
@@ -105,6 +119,11 @@
   var reset = el("button", null, "New conversation");
   reset.setAttribute("data-testid", "cw-new");
   head.appendChild(reset);
+  // Where a handoff stands, announced to screen readers as it changes; hidden when empty.
+  var handoffStatus = el("div", "cw-status");
+  handoffStatus.setAttribute("role", "status");
+  handoffStatus.setAttribute("aria-live", "polite");
+  handoffStatus.setAttribute("data-testid", "cw-handoff-status");
   var log = el("div", "cw-log");
   log.setAttribute("data-testid", "cw-log");
   var form = el("form", "cw-form");
@@ -117,6 +136,7 @@
   form.appendChild(input);
   form.appendChild(send);
   panel.appendChild(head);
+  panel.appendChild(handoffStatus);
   panel.appendChild(log);
   panel.appendChild(form);
   document.body.appendChild(panel);
@@ -134,6 +154,10 @@
     localStorage.removeItem(storeKey);
     localStorage.removeItem(tokenKey);
     localStorage.removeItem(streamKey);
+    localStorage.removeItem(liveKey);
+    stopListening();
+    handoff = "";
+    handoffStatus.textContent = "";
     log.textContent = "";
     input.type = "text";
     input.placeholder = "Type your question…";
@@ -490,16 +514,22 @@
     return Date.now().toString(36) + "-" + Math.random().toString(36).slice(2, 12);
   }
 
-  // One frame into the bubble; true once the turn ended (complete or error).
-  function take(turn, block) {
+  // A server-sent event's id and data (parsed); null for a keepalive comment.
+  function parseFrame(block) {
     var id = null, data = null;
     block.split("\n").forEach(function (l) {
       if (l.indexOf("id: ") === 0) id = l.slice(4);
       else if (l.indexOf("data: ") === 0) data = l.slice(6);
     });
-    if (data === null) return false;  // a keepalive comment
-    var event = JSON.parse(data);
-    if (id) turn.last = id;
+    return data === null ? null : {id: id, event: JSON.parse(data)};
+  }
+
+  // One frame into the bubble; true once the turn ended (complete or error).
+  function take(turn, block) {
+    var frame = parseFrame(block);
+    if (!frame) return false;
+    var event = frame.event;
+    if (frame.id) turn.last = frame.id;
     if (event.type === "start") {
       turn.number = event.turn;
       localStorage.setItem(storeKey, event.session_id);
@@ -521,8 +551,10 @@
       var meta = event.metadata || {};
       if (meta.blocked) turn.bot.className = "cw-msg cw-notice";
       if (!turn.started) turn.bot.textContent = turn.answer || "";
+      if (meta.route === "HANDOFF" && !turn.answer) turn.bot.remove();  // written while waiting or held: no answer
       if (meta.route === "ANSWER" && !meta.blocked) votes(event.turn || turn.number);
       finish(meta);
+      if (meta.route === "HANDOFF") handedOff(handoff || "waiting", handoffOperator);
       scroll();
       return true;
     } else if (event.type === "error") {
@@ -537,8 +569,8 @@
     return false;
   }
 
-  // Read frames until the turn ends (true) or the connection ends first (false).
-  function follow(resp, turn) {
+  // Read frames until `handle` says the stream is done (true) or the connection ends first (false).
+  function follow(resp, handle) {
     var reader = resp.body.getReader(), decoder = new TextDecoder(), buffer = "";
     function pump() {
       return reader.read().then(function (chunk) {
@@ -546,7 +578,7 @@
         buffer += decoder.decode(chunk.value, {stream: true});
         var blocks = buffer.split("\n\n");
         buffer = blocks.pop();
-        for (var i = 0; i < blocks.length; i++) if (take(turn, blocks[i])) return true;
+        for (var i = 0; i < blocks.length; i++) if (handle(blocks[i])) return true;
         return pump();
       });
     }
@@ -590,7 +622,7 @@
 
   // Follow a turn to its end; a connection that ends first is tried again.
   function stream(turn, resp) {
-    return follow(resp, turn).then(function (ended) {
+    return follow(resp, function (block) { return take(turn, block); }).then(function (ended) {
       if (!ended) {
         return again(turn, new Error(turn.number ? "The connection was lost. Please ask again."
                                                  : "The assistant is unavailable."));
@@ -652,11 +684,108 @@
     busy = true; send.disabled = true;
     input.value = "";
     if (starters) { starters.remove(); starters = null; }
+    if (!handoff) handoffStatus.textContent = "";  // how the last handoff ended, said once
     log.appendChild(el("div", "cw-msg cw-user", text));
     var turn = bubble();
     turn.text = text;
     turn.id = messageId();
     post(turn).catch(failed(turn)).then(idle);
+  }
+
+  // --- a handoff: the operators' side of the conversation, from its live channel ---
+  var handoff = "", handoffOperator = "";  // "" | waiting | held, and who holds it
+  var listening = null;  // the live channel while open: {session, abort}
+  var shownByOperator = {};  // the operator messages shown (a frame may repeat one the view showed)
+
+  function note(text) {
+    var line = el("div", "cw-event", text);
+    line.setAttribute("data-testid", "cw-handoff-event");
+    log.appendChild(line);
+    scroll();
+  }
+
+  function operatorBubble(m) {
+    var key = [m.operator, m.ts, m.text].join("\n");
+    if (shownByOperator[key]) return;
+    shownByOperator[key] = true;
+    var node = el("div", "cw-msg cw-bot cw-operator");
+    node.setAttribute("data-testid", "cw-operator");
+    node.appendChild(el("span", "cw-operator-name", m.operator));
+    node.appendChild(el("span", null, m.text));
+    log.appendChild(node);
+    scroll();
+  }
+
+  // The handoff stands at `status`: said in the status line, and the live channel opened.
+  function handedOff(status, operator) {
+    handoff = status; handoffOperator = operator || "";
+    handoffStatus.textContent = status === "held" && operator ? operator + " joined the conversation"
+                                                              : "Connecting you with the team…";
+    listen();
+  }
+
+  function onLive(event) {
+    if (event.type === "operator_joined") {
+      note(event.operator + " joined the conversation");
+      handoff = "held"; handoffOperator = event.operator;
+      handoffStatus.textContent = event.operator + " joined the conversation";
+    } else if (event.type === "operator_message") {
+      operatorBubble(event);
+    } else if (event.type === "operator_left") {
+      note(event.operator + " left");
+      handoff = "waiting"; handoffOperator = "";
+      handoffStatus.textContent = "Connecting you with the team…";
+    } else if (event.type === "handoff_ended") {
+      var said = event.outcome === "closed" ? "The conversation was closed"
+                                            : "The conversation is back with the assistant";
+      note(said);
+      handoff = ""; handoffOperator = "";
+      handoffStatus.textContent = said;
+      return true;
+    }
+    return false;
+  }
+
+  function stopListening() {
+    if (listening) { listening.abort(); listening = null; }
+  }
+
+  // The live channel of the conversation, kept open until the handoff ends (or the visitor
+  // starts a new conversation): each frame's id is kept, so a dropped connection or a reload
+  // goes on after it; a drop is followed by another try after a pause, for as long as it lasts.
+  function listen() {
+    var session = localStorage.getItem(storeKey), token = localStorage.getItem(tokenKey);
+    if (!session || !token || (listening && listening.session === session)) return;
+    stopListening();
+    var controller = new AbortController(), tries = 0;
+    var mine = listening = {session: session, abort: function () { controller.abort(); }};
+    function lastId() {
+      var kept = JSON.parse(localStorage.getItem(liveKey) || "null");
+      return kept && kept.session === session ? kept.last : null;
+    }
+    function handle(block) {
+      var frame = parseFrame(block);
+      if (!frame) return false;
+      tries = 0;
+      if (frame.id) localStorage.setItem(liveKey, JSON.stringify({session: session, last: frame.id}));
+      return onLive(frame.event);
+    }
+    function connect() {
+      if (listening !== mine) return;
+      var headers = {"X-Session-Token": token}, last = lastId();
+      if (last) headers["Last-Event-ID"] = last;
+      fetch(api + "/v1/sites/" + encodeURIComponent(site) + "/conversations/" + encodeURIComponent(session) + "/live",
+            {headers: headers, signal: controller.signal}).then(function (resp) {
+        if (!resp.ok && resp.status < 500) return true;  // no longer this visitor's: nothing to listen to
+        return resp.ok ? follow(resp, handle) : false;
+      }).catch(function () { return false; }).then(function (done) {
+        if (listening !== mine) return;
+        if (done) { listening = null; controller.abort(); return; }
+        var pause = RETRY_PAUSES_MS[Math.min(tries++, RETRY_PAUSES_MS.length - 1)];
+        setTimeout(connect, pause);
+      });
+    }
+    connect();
   }
 
   // After a reload: the visitor's own view of the conversation (its token required), and the
@@ -672,6 +801,8 @@
         if (!view) return;
         var messages = view.messages || [];
         messages.forEach(function (m) {
+          if (m.role === "operator") { operatorBubble({operator: m.operator, ts: m.ts, text: m.content}); return; }
+          if (m.role === "assistant" && !m.content && m.route === "HANDOFF") return;  // written while held
           var node = el("div", "cw-msg " + (m.role === "user" ? "cw-user" : "cw-bot"));
           if (m.role === "assistant") {
             node.setAttribute("data-testid", "cw-bot");
@@ -695,6 +826,8 @@
           localStorage.removeItem(streamKey);
           if (messages.length) finish(view.last);
         }
+        var standing = view.handoff || {};
+        if (standing.status === "waiting" || standing.status === "held") handedOff(standing.status, standing.operator);
         scroll();
       });
   }
