@@ -3,7 +3,8 @@ with the whole system running as processes (tests/e2e.py): a streamed answer wit
 sources and follow-ups, markdown rendered and HTML never, an answer resumed after a reload
 or a dropped connection, a message sent again after a try that failed in transit, a handoff to
 an operator and back; and a site owner onboarding in /admin (a site, its website synced, its
-widget embedded); an operator reading the Insight view and answering a knowledge gap from it."""
+widget embedded); an operator reading the Insight view and answering a knowledge gap from it;
+an operator answering a visitor who asked for a person from the Inbox view."""
 
 from __future__ import annotations
 
@@ -555,3 +556,71 @@ async def test_an_operator_reads_insight_and_answers_a_gap(system, llm, suggesti
     sources = (await http.get(operator_url(system, "demo", "sources"), headers=ops(system))).json()["sources"]
     curated = [s["id"] for s in sources if s["id"].startswith("answer-")]
     assert len(curated) == 1 and curated[0] in confirmed, (sources, confirmed)
+
+
+@needs_chromium
+async def test_an_operator_answers_a_handoff_from_the_inbox(system, llm, http):
+    """Issue 42's inbox in /admin: a visitor asks for a person on a site that takes handoffs;
+    the Inbox lists the conversation as waiting with its transcript; a claim without a name is
+    refused beside the name field; claimed as Grace, another operator's claim is a 409 naming
+    her (through the API and in the view); her reply is stored as hers; handed back to the AI,
+    the visitor's next question is answered by the AI; the timeline opens from the view."""
+    from playwright.async_api import async_playwright
+
+    from cli.harness.sse import Conversation
+    from shared.site_config import Handoff
+    from tests.servers import configure_site
+
+    site = f"inbox{uuid.uuid4().hex[:6]}"
+    await configure_site(system.nats_url, site, name="Acme", handoff=Handoff(enabled=True))
+    llm.clear()
+    visitor = Conversation(http, system.gateway_url, site)
+    asked = await visitor.say("Can I talk to a person?")
+    assert asked.final["metadata"]["route"] == "HANDOFF", asked.final
+    session = visitor.session_id
+    handoff = operator_url(system, site, f"handoffs/{session}")
+    reply = "Hi, Grace from Acme here: how many technicians do you have?"
+    async with async_playwright() as pw:
+        browser = await launch_chromium(pw)
+        try:
+            admin = await open_admin(browser, system, site, "inbox")
+            row = admin.locator(f"#inboxList .row[data-session='{session}']")
+            await row.wait_for(timeout=15000)
+            assert await row.locator(".tag").first.text_content() == "waiting"
+            await row.click()
+            await admin.wait_for_selector("#handoffTranscript .msg.user:has-text('Can I talk to a person?')")
+
+            await admin.click("#handoffClaim")  # no name yet
+            await admin.wait_for_selector("#inboxOperatorError:not(:empty)")
+            await admin.fill("#inboxOperator", "Grace")
+            await admin.click("#handoffClaim")
+            await row.locator(".tag:text-is('held')").wait_for()
+            assert "Grace" in await row.text_content()
+            taken = await http.post(f"{handoff}/claim", json={"operator": "Linus"}, headers=ops(system))
+            assert taken.status_code == 409 and taken.json()["holder"] == "Grace", taken.text
+            await admin.fill("#inboxOperator", "Linus")
+            await admin.click("#handoffClaim")
+            await admin.wait_for_selector("#handoffErrors:has-text('Grace holds this conversation')")
+
+            await admin.fill("#inboxOperator", "Grace")
+            await admin.click("#handoffSend")  # an empty reply: refused beside its field
+            await admin.wait_for_selector("#handoffTextError:not(:empty)")
+            await admin.fill("#handoffText", reply)
+            await admin.click("#handoffSend")
+            await admin.wait_for_selector(f"#handoffTranscript .msg.operator:has-text('{reply}')")
+            assert "Grace (operator)" in await admin.text_content("#handoffTranscript .msg.operator")
+            written = [e["event"] for e in await events_of(http, system, site, session) if e["type"] == "operator_message"]
+            assert [(m["operator"], m["text"]) for m in written] == [("Grace", reply)]
+
+            await admin.click("#handoffRelease")
+            await row.wait_for(state="detached")
+            await admin.wait_for_selector("#inboxList .muted:has-text('Nobody is waiting')")
+            back = await visitor.say("What does the Pro plan include?")
+            assert back.final["metadata"]["route"] == "ANSWER", back.final
+
+            await admin.click("#handoffTimeline")
+            await admin.wait_for_selector(f"#which:has-text('{session}')")
+            await admin.wait_for_selector("#timeline .event")
+            assert await admin.is_hidden("#inboxView")
+        finally:
+            await browser.close()
