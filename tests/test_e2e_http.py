@@ -487,6 +487,11 @@ async def test_a_visitor_who_asks_for_a_person_is_answered_by_an_operator_then_b
                            headers={"X-Session-Token": visitor.session_token})).json()
     assert view["handoff"]["status"] == "" and [m["operator"] for m in view["messages"] if m["role"] == "operator"] \
         == [holder]
+    # A replay reruns the conversation with the operators' events where they were: no divergence.
+    replayed = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "cli", "replay", "diff", site,
+                                                        visitor.session_id, "--nats-url", system.nats_url],
+                                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
 
     # A site that takes no handoffs answers as before.
     other = await Conversation(http, system.gateway_url, "demo").say("Can I talk to a human?")

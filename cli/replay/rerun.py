@@ -16,7 +16,7 @@ import msgspec
 from cli.replay.diff import Difference, VersionChange, diff, version_changes
 from cli.replay.graph import CURRENT_LLM, Graph
 from cli.replay.recorded_llm import RecordedCalls, RecordedLLM
-from cli.replay.sandbox import Recording, Sandbox
+from cli.replay.sandbox import BETWEEN_TURNS, Recording, Sandbox
 from cli.replay.turn_config import NotRerunnable, Plan, unanswerable_reason
 from shared import events as ev
 from shared import subjects
@@ -120,6 +120,9 @@ async def _rerun(recording: Recording, graph: Graph, plan: Plan, llm: str, node:
         inputs = [e for e in inputs if e.turn == turn]
         original = [e for e in original if e.turn == turn]
     for event in [*inputs, *extra_inputs]:
+        if ev.event_type(event) in BETWEEN_TURNS:  # an operator's: back in the log as it was, nothing runs
+            sandbox.preload([event])
+            continue
         if event.turn in skipped:  # as recorded: what later turns saw
             sandbox.preload([e for e in original if e.turn == event.turn])
             continue
