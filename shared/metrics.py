@@ -103,3 +103,14 @@ insight_turns = Counter("concierge_insight_turns", "Ended turns by site and outc
 insight_feedback = Counter("concierge_insight_feedback", "Visitor votes by site and rating", ["site", "rating"])
 insight_conversations = Counter("concierge_insight_conversations",
                                 "Conversations by site and the outcome they first reached", ["site", "outcome"])
+
+# Human handoff (issue 42): requests by reason (responder, handoff_handler), what operators do
+# (gateway, the operator API), and how long a visitor waited for the first operator reply.
+# The handoff rate: handoffs / turns, e.g. sum(rate(concierge_handoffs_total[1h])) /
+# sum(rate(concierge_gateway_turns_total{outcome="complete"}[1h])).
+handoffs = Counter("concierge_handoffs", "Handoffs requested, by reason (visitor_asked, lead_score)", ["reason"])
+handoff_actions = Counter("concierge_handoff_operator_actions", "Operators' handoff actions (claim, message, "
+                          "release, close), stored", ["action"])
+handoff_first_reply_seconds = Histogram("concierge_handoff_first_reply_seconds",
+                                        "A handoff's request to its first operator message",
+                                        buckets=(5, 15, 30, 60, 120, 300, 600, 1800, 3600))

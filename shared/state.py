@@ -64,6 +64,7 @@ class HandoffState(msgspec.Struct, kw_only=True):
     requested_ts: float = 0.0
     operator: str = ""
     handoffs: int = 0  # handoffs requested in the conversation
+    replied: bool = False  # an operator has written to the visitor since the request
 
 
 class TurnRecord(msgspec.Struct, kw_only=True):
@@ -346,6 +347,9 @@ def apply(state: ConversationState, record: Record) -> ConversationState:
                                              requested_ts=event.ts, handoffs=state.handoff.handoffs + 1)
         case ev.OperatorJoined():
             state.handoff = msgspec.structs.replace(state.handoff, status="held", operator=event.operator)
+        case ev.OperatorMessage():
+            if state.handoff.status and not state.handoff.replied:
+                state.handoff = msgspec.structs.replace(state.handoff, replied=True)
         case ev.OperatorLeft():
             if state.handoff.status == "held" and state.handoff.operator == event.operator:
                 state.handoff = msgspec.structs.replace(state.handoff, status="waiting", operator="")

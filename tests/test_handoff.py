@@ -70,9 +70,16 @@ def decided(requested, branch):
 
 
 async def test_the_handler_stores_the_request_and_says_the_team_is_coming_in_the_visitors_language():
+    from prometheus_client import REGISTRY
+
+    def counted():
+        return REGISTRY.get_sample_value("concierge_handoffs_total", {"reason": "visitor_asked"}) or 0
+
     config = SiteConfig(name="Acme", handoff=Handoff(enabled=True))
     asked = turn(SITE, "s1", 1, "Puis-je parler à un conseiller ?", visitor={"language": "fr"})
+    before = counted()
     out = await decide(handoff_handler.make_node(), decided(asked, "VISITOR_ASKED"), asked, config=config)
+    assert counted() == before + 1  # the handoffs by reason on /metrics
     requested, completed = out.events
     assert isinstance(requested, ev.HandoffRequested) and requested.reason == "visitor_asked"
     assert isinstance(completed, ev.ResponseCompleted) and "l'équipe Acme" in completed.text
@@ -119,3 +126,20 @@ def test_a_handed_off_conversation_counts_as_a_handoff_and_unresolved():
     assert (record.turns[0].outcome, record.handoffs, record.outcome) == ("handoff", 1, "unresolved")
     figures = insight.figures([record])
     assert (figures["handoffs"], figures["handoff_turns"], figures["routes"]) == (1, 1, {"HANDOFF": 1})
+
+
+def test_the_first_operator_reply_is_marked_in_the_fold():
+    asked = turn(SITE, "s1", 1, "Can I talk to a human?")
+    requested = ev.follow(asked, ev.HandoffRequested, "handoff_handler", reason="visitor_asked")
+
+    def by_operator(cls, **fields):
+        return cls(event_id=ev.new_id(), site=SITE, session_id="s1", turn=1, ts=ev.now(), producer="gateway", **fields)
+
+    joined = by_operator(ev.OperatorJoined, operator="Grace")
+    said = by_operator(ev.OperatorMessage, operator="Grace", text="Hello!")
+    assert not state_of(asked, requested, joined).handoff.replied
+    assert state_of(asked, requested, joined, said).handoff.replied
+    again = ev.follow(turn(SITE, "s1", 2, "And a person again?"), ev.HandoffRequested, "handoff_handler",
+                      reason="visitor_asked")
+    ended = by_operator(ev.HandoffEnded, by="Grace", outcome="released")
+    assert not state_of(asked, requested, joined, said, ended, again).handoff.replied  # a new handoff

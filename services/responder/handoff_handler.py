@@ -14,6 +14,7 @@ from __future__ import annotations
 from services.responder import replies
 from services.responder.streaming import stream_text
 from shared import events as ev
+from shared import metrics
 from shared.node import Context, Inputs, Needs, Node
 
 NAME = "handoff_handler"
@@ -27,6 +28,7 @@ async def hand_off(event: ev.RouteDecided, inputs: Inputs, ctx: Context) -> list
                            backend="template")]
     lang = replies.visitor_language(state, event.turn)
     waiting = replies.text("handoff.waiting", lang, site_name=config.name or event.site)
+    metrics.handoffs.labels(REASONS[event.branch]).inc()
     return [ctx.follow(ev.HandoffRequested, reason=REASONS[event.branch], detail=event.reason),
             await stream_text(ctx, NAME, waiting)]
 

@@ -29,7 +29,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from shared import events as ev
-from shared import subjects
+from shared import metrics, subjects
 from shared.state import ConversationState
 from services.gateway import handoffs
 from services.gateway.access import operator_of_site
@@ -101,6 +101,8 @@ async def claim(request: Request, site: SiteId, session_id: SessionId, who: Who)
         return _taken(taken)
     joined = _event(ev.OperatorJoined, state, "joined", body.operator, operator=body.operator)
     new = await _store(request, who, joined)
+    if new:
+        metrics.handoff_actions.labels("claim").inc()
     return _done(state, body.operator, new, status="held")
 
 
@@ -115,6 +117,9 @@ async def send_message(request: Request, site: SiteId, session_id: SessionId, wh
     message = ev.OperatorMessage(event_id=ev.new_id(), site=site, session_id=session_id, turn=state.turn,
                                  ts=ev.now(), producer="gateway", operator=body.operator, text=body.text)
     await _store(request, who, message)
+    metrics.handoff_actions.labels("message").inc()
+    if not state.handoff.replied and state.handoff.requested_ts:
+        metrics.handoff_first_reply_seconds.observe(max(0.0, message.ts - state.handoff.requested_ts))
     return {"site": site, "session_id": session_id, "operator": body.operator, "ts": message.ts, "stored": True}
 
 
@@ -139,6 +144,7 @@ async def _end(request: Request, site: str, session_id: str, who: Operator, outc
     await _store(request, who, _event(ev.HandoffEnded, state, f"ended:{outcome}", body.operator,
                                       by=body.operator, outcome=outcome))
     await request.app.state.handoff_claims.end(site, session_id)
+    metrics.handoff_actions.labels("release" if outcome == "released" else "close").inc()
     return {"site": site, "session_id": session_id, "status": "", "outcome": outcome, "operator": body.operator}
 
 
