@@ -494,5 +494,7 @@ async def test_a_visitor_who_asks_for_a_person_is_answered_by_an_operator_then_b
     assert replayed.returncode == 0, replayed.stdout + replayed.stderr
 
     # A site that takes no handoffs answers as before.
-    other = await Conversation(http, system.gateway_url, "demo").say("Can I talk to a human?")
+    plain = f"p{uuid.uuid4().hex[:10]}"
+    await configure_site(system.nats_url, plain, name="Plain")
+    other = await Conversation(http, system.gateway_url, plain).say("Can I talk to a human?")
     assert other.final["metadata"]["route"] != "HANDOFF"
