@@ -18,6 +18,7 @@ from tests.test_turn_end import running_gateway
 
 ADMIN = "briefs-api-admin-token-0123456789"
 ORIGIN = "https://shop.example"  # the sites' widget page
+SECRET = "operator-api-test-secret-0123456789"  # the session tokens' (tests that act as a visitor too)
 
 
 def key_of(site: str) -> str:
@@ -35,7 +36,8 @@ async def api(nats_url, redis_url, site, monkeypatch):
     for name in (site, other):
         await configure_site(nats_url, name, operator_key_sha256=[hashlib.sha256(key_of(name).encode()).hexdigest()],
                              allowed_origins=[ORIGIN])
-    async with running_gateway(nats_url, redis_url, monkeypatch, admin_token=ADMIN) as url:
+    async with running_gateway(nats_url, redis_url, monkeypatch, admin_token=ADMIN,
+                               session_token_secret=SECRET) as url:
         async with httpx.AsyncClient(base_url=url, timeout=10) as client:
             yield client, other
 

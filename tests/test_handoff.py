@@ -99,16 +99,18 @@ async def test_a_held_conversations_turn_gets_no_answer():
     assert (await decide(handoff_handler.make_node(), answer, asked)).events == []
 
 
+def by_operator(cls, **fields):
+    """An operator's event in conversation s1 (the operator API's, between turns)."""
+    return cls(event_id=ev.new_id(), site=SITE, session_id="s1", turn=1, ts=ev.now(), producer="gateway", **fields)
+
+
 def test_the_fold_waits_holds_and_ends():
     asked = turn(SITE, "s1", 1, "Can I talk to a human?")
     requested = ev.follow(asked, ev.HandoffRequested, "handoff_handler", reason="visitor_asked")
 
-    def at_conversation(cls, **fields):
-        return cls(event_id=ev.new_id(), site=SITE, session_id="s1", turn=1, ts=ev.now(), producer="gateway", **fields)
-
-    joined = at_conversation(ev.OperatorJoined, operator="Grace")
-    left = at_conversation(ev.OperatorLeft, operator="Grace")
-    ended = at_conversation(ev.HandoffEnded, by="Grace", outcome="released")
+    joined = by_operator(ev.OperatorJoined, operator="Grace")
+    left = by_operator(ev.OperatorLeft, operator="Grace")
+    ended = by_operator(ev.HandoffEnded, by="Grace", outcome="released")
     assert state_of(asked, requested).handoff.status == "waiting"
     held = state_of(asked, requested, joined).handoff
     assert (held.status, held.operator, held.reason, held.handoffs) == ("held", "Grace", "visitor_asked", 1)
@@ -131,10 +133,6 @@ def test_a_handed_off_conversation_counts_as_a_handoff_and_unresolved():
 def test_the_first_operator_reply_is_marked_in_the_fold():
     asked = turn(SITE, "s1", 1, "Can I talk to a human?")
     requested = ev.follow(asked, ev.HandoffRequested, "handoff_handler", reason="visitor_asked")
-
-    def by_operator(cls, **fields):
-        return cls(event_id=ev.new_id(), site=SITE, session_id="s1", turn=1, ts=ev.now(), producer="gateway", **fields)
-
     joined = by_operator(ev.OperatorJoined, operator="Grace")
     said = by_operator(ev.OperatorMessage, operator="Grace", text="Hello!")
     assert not state_of(asked, requested, joined).handoff.replied

@@ -6,44 +6,17 @@ the responder stores them; what the API does is read back from the conversation'
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import uuid
 
-import httpx
-import pytest
-
 from services.gateway.sessions import SessionTokens
 from shared import events as ev
-from tests.helpers import events_of, turn, unique
-from tests.servers import configure_site
-from tests.test_turn_end import running_gateway
+from tests import test_briefs_api
+from tests.helpers import events_of, turn
+from tests.test_briefs_api import ADMIN, ORIGIN, SECRET, bearer, key_of
 
-ADMIN = "handoffs-api-admin-token-0123456789"
-SECRET = "handoffs-test-secret-0123456789"
-ORIGIN = "https://shop.example"
 tokens = SessionTokens(SECRET)
-
-
-def key_of(site: str) -> str:
-    return f"ck_{site}_{hashlib.sha256(site.encode()).hexdigest()[:24]}"
-
-
-def bearer(token: str) -> dict:
-    return {"Authorization": f"Bearer {token}"}
-
-
-@pytest.fixture
-async def api(nats_url, redis_url, site, monkeypatch):
-    """The gateway, the site configured with its key, and another site with its own."""
-    other = unique("other")
-    for name in (site, other):
-        await configure_site(nats_url, name, operator_key_sha256=[hashlib.sha256(key_of(name).encode()).hexdigest()],
-                             allowed_origins=[ORIGIN])
-    async with running_gateway(nats_url, redis_url, monkeypatch, admin_token=ADMIN,
-                               session_token_secret=SECRET) as url:
-        async with httpx.AsyncClient(base_url=url, timeout=10) as client:
-            yield client, other
+api = test_briefs_api.api  # the gateway, the site configured with its key, and another site with its own
 
 
 async def waiting(bus, site: str, session: str | None = None) -> str:
