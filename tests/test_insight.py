@@ -9,7 +9,7 @@ import time
 import pytest
 
 from shared import events as ev
-from shared import insight
+from shared import insight, subjects
 
 SITE = "acme"
 DAY = 1_795_000_000.0  # 2026-11-18 in UTC; every conversation here starts that day or later
@@ -225,7 +225,7 @@ async def test_the_live_projection_equals_a_rebuild_from_the_log(bus):
         try:
             await wait_for(projected, timeout=30, what="every conversation projected")
         except AssertionError as exc:  # say what was stored and what failed, for a run that cannot be repeated
-            failed = [r.event for r in await bus.read(f"conv.{site}.*.projection_failed")]
+            failed = [r.event for r in await bus.read(subjects.conv(site, "*", "projection_failed"))]
             stored = {r.session_id: (r.events, r.outcome) for r in await projections.records(site)}
             raise AssertionError(f"{exc}; stored {stored}; failures {failed}; runner {runner.stats}") from None
         live = sorted(await projections.records(site), key=lambda r: r.session_id)
