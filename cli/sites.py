@@ -2,22 +2,25 @@
 `concierge sites webhook-secret --site SITE [--dir DIR]`: print the secret that site's lead
 webhooks are signed with, for the operator to give to that customer (`--new`: a fresh
 random one, for a site's own `lead.webhook_secret_env` variable).
-`concierge sites key --site SITE`: make an operator API key for one site.
+`concierge sites key --site SITE [--operator NAME]`: make an operator API key for one site
+(with --operator, a named operator's own key).
 `concierge sites add|set|show|export|delete`: a site's config in the bus (cli/site_data.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
 
 from shared import subjects, webhook_secret
-from shared.site_config import SiteConfig, SiteConfigError, parse, site_of
+from shared.site_config import OPERATOR_NAME_RE, SiteConfig, SiteConfigError, parse, site_of
 from shared.site_store import key_sha256, new_key
 
-USAGE = ("usage: concierge sites check [DIR] | webhook-secret (--site SITE [--dir DIR] | --new) | key --site SITE\n"
+USAGE = ("usage: concierge sites check [DIR] | webhook-secret (--site SITE [--dir DIR] | --new) | "
+         "key --site SITE [--operator NAME]\n"
          "       | add --site SITE --name NAME [--origin URL ...] | set --site SITE KEY=VALUE ... [--file PATCH.toml]\n"
          "       | show --site SITE [--versions] | export --site SITE | delete --site SITE")
 DATA_COMMANDS = ("add", "set", "show", "export", "delete")
@@ -85,10 +88,23 @@ def key(argv: list[str]) -> int:
     leaks no key; add the hash next to the old one, hand out the key, then drop the old."""
     parser = argparse.ArgumentParser(prog="concierge sites key", description=key.__doc__)
     parser.add_argument("--site", required=True)
+    parser.add_argument("--operator", default="", metavar="NAME",
+                        help="a named operator's own key: what they do in a handoff is recorded as theirs")
     args = parser.parse_args(argv)
     if not subjects.TOKEN_RE.match(args.site):
         parser.error(f"--site {args.site!r}: not a site id ([A-Za-z0-9_-], ≤ 64 chars)")
+    if args.operator and not OPERATOR_NAME_RE.match(args.operator):
+        parser.error(f"--operator {args.operator!r}: 1-64 letters, digits, spaces, '.', '_' or '-'")
     api_key = new_key(args.site)
+    if args.operator:
+        print(f"API key of {args.operator} for site {args.site} (shown once; give it to them only):")
+        print(f"  {api_key}")
+        print(f"Add their account to sites/{args.site}.toml:")
+        print("  [[operators]]")
+        print(f"  name = {json.dumps(args.operator)}")
+        print(f'  key_sha256 = "{key_sha256(api_key)}"')
+        print('(or in one step: POST /v1/admin/sites/SITE/keys with {"operator": NAME})')
+        return 0
     print(f"API key for site {args.site} (shown once; give it to the site's operators):")
     print(f"  {api_key}")
     print(f"Add its hash to sites/{args.site}.toml (keep the old entry until the old key is retired):")

@@ -34,12 +34,12 @@ from shared import events as ev
 from shared import logs, metrics, subjects, telemetry
 from shared.bus import BUS_UNAVAILABLE, Bus, Position, delivery
 from shared.config import ConsumerConfig
-from shared.node import Context, Node, PermanentError, gather
+from shared.node import Context, Later, Node, PermanentError, gather
 from shared.site_config import SiteConfigs
 from shared.store import ConversationStore, JetStreamStore
 
 log = logging.getLogger(__name__)
-OUTCOMES = ("ok", "retried", "failed", "dead_lettered", "mismatched")  # concierge_node_events_total{outcome}
+OUTCOMES = ("ok", "retried", "deferred", "failed", "dead_lettered", "mismatched")  # concierge_node_events_total{outcome}
 TRACER = telemetry.tracer("concierge.consumer")  # a proxy: follows the provider telemetry.setup sets
 
 FETCH_TIMEOUT_S = 2.0
@@ -347,6 +347,13 @@ class ConsumerRunner:
                 except PermanentError as exc:
                     log.error("handler gave up", extra={"node": self.durable, "error": str(exc)})
                     await self._give_up(msg, event, attempt, f"{type(exc).__name__}: {exc}")
+                    return
+                except Later as later:
+                    if attempt >= self.config.max_deliver:  # the server would not deliver it again
+                        await self._give_up(msg, event, attempt, f"deferred past the last delivery: {later}")
+                    else:
+                        await msg.nak(delay=max(0.05, later.delay_s))
+                        self._count("deferred")
                     return
                 except Exception as exc:
                     if attempt >= self.config.max_deliver:

@@ -713,7 +713,9 @@ class FeedbackGiven(Envelope, tag="feedback_given", kw_only=True):
 # --- human handoff (services/responder/handoff_handler.py, services/gateway/routes/handoffs.py) ---
 # A HANDOFF turn asks for a person (`HandoffRequested`, a step of its turn); what operators do
 # then happens between turns (turn = the conversation's latest turn when it happened).
-HandoffReason = Literal["visitor_asked", "lead_score", "operator"]
+HandoffReason = Literal["visitor_asked", "lead_score", "not_found", "operator"]
+HandoffOutcome = Literal["released", "closed", "out_of_hours", "no_answer"]
+UNANSWERED = ("out_of_hours", "no_answer")  # the outcomes that offer an e-mail follow-up
 
 
 class HandoffRequested(Envelope, tag="handoff_requested", kw_only=True):
@@ -742,10 +744,14 @@ class OperatorLeft(Envelope, tag="operator_left", kw_only=True):
 
 
 class HandoffEnded(Envelope, tag="handoff_ended", kw_only=True):
-    """The handoff is over: back to the AI (`released`), or the conversation closed."""
+    """The handoff is over: back to the AI (`released`), the conversation closed, or nobody
+    could take it (by "system"): asked outside the team's hours (`out_of_hours`) or nobody
+    joined within the site's maximum wait (`no_answer`). Those two offer the visitor an
+    e-mail follow-up: `message`, the words the visitor is shown (in their language)."""
 
     by: str  # an operator's name, or "system"
-    outcome: Literal["released", "closed"]
+    outcome: HandoffOutcome
+    message: str = ""
 
 
 HANDOFF_EVENTS = ("operator_joined", "operator_message", "operator_left", "handoff_ended")

@@ -22,11 +22,13 @@ TTFT_BUCKETS = (0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 8, 13, 20, 30, 60)
 # What happened to one delivered message, by the consumer runner (shared/consumer.py):
 #   ok            handled, outputs stored, acked
 #   retried       the handler raised; nak'ed for another delivery
+#   deferred      the handler's moment has not come (shared/node.py `Later`): nak'ed with
+#                 that delay
 #   failed        given up (last attempt, PermanentError, or the server's max-deliveries
 #                 advisory): TurnFailed appended and the message dead-lettered
 #   dead_lettered undecodable payload, dead-lettered and terminated
 #   mismatched    envelope disagrees with its subject, dead-lettered and terminated
-OUTCOMES = ("ok", "retried", "failed", "dead_lettered", "mismatched")
+OUTCOMES = ("ok", "retried", "deferred", "failed", "dead_lettered", "mismatched")
 
 node_events = Counter("concierge_node_events", "Messages a node's consumer finished with, by outcome",
                       ["node", "outcome"])
@@ -108,7 +110,12 @@ insight_conversations = Counter("concierge_insight_conversations",
 # (gateway, the operator API), and how long a visitor waited for the first operator reply.
 # The handoff rate: handoffs / turns, e.g. sum(rate(concierge_handoffs_total[1h])) /
 # sum(rate(concierge_gateway_turns_total{outcome="complete"}[1h])).
-handoffs = Counter("concierge_handoffs", "Handoffs requested, by reason (visitor_asked, lead_score)", ["reason"])
+handoffs = Counter("concierge_handoffs", "Handoffs requested, by reason (visitor_asked, lead_score, not_found, "
+                   "operator)", ["reason"])
+# Handoffs nobody could take, by why (out_of_hours: handoff_handler; no_answer: handoff_timer):
+# each offered the visitor the e-mail follow-up.
+handoffs_unanswered = Counter("concierge_handoffs_unanswered", "Handoffs nobody could take, by why "
+                              "(out_of_hours, no_answer)", ["outcome"])
 handoff_actions = Counter("concierge_handoff_operator_actions", "Operators' handoff actions (claim, message, "
                           "release, close), stored", ["action"])
 handoff_first_reply_seconds = Histogram("concierge_handoff_first_reply_seconds",

@@ -43,6 +43,16 @@ class PermanentError(Exception):
     """The handler knows a retry cannot help (bad input, an exhausted dependency)."""
 
 
+class Later(Exception):
+    """Not yet: the handler's moment has not come (a deadline in the future). The runner hands
+    the event back to the server to be delivered again in `delay_s`, no retry counted; the
+    server keeps the time, so the event comes back however often the runner restarts."""
+
+    def __init__(self, delay_s: float):
+        super().__init__(f"not before {delay_s:.1f} s")
+        self.delay_s = delay_s
+
+
 @dataclass(frozen=True)
 class Wait:
     """Wait for these event types of the event's turn, at most `deadline_s` after the event

@@ -27,7 +27,7 @@ import msgspec
 import nats.js.errors
 from nats.js.errors import KeyNotFoundError, NotFoundError
 
-from shared import subjects
+from shared import business_hours, subjects
 from shared.bus import Bus
 
 log = logging.getLogger(__name__)
@@ -127,6 +127,7 @@ class Retrieval(Strict):
 
 WIDGET_POSITIONS = ("left", "right")
 MAX_STARTER_QUESTIONS = 6
+MAX_WAIT_S = 86_400  # a handoff's longest wait for an operator: a day
 MAX_STARTER_CHARS = 120
 WIDGET_TEXT_LIMITS = {"title": 80, "greeting": 500, "launcher_text": 40}
 
@@ -152,6 +153,23 @@ class Handoff(Strict):
 
     enabled: bool = False  # off: a visitor asking for a person is answered as any other message
     lead_score: float = 0.0  # a cumulative interest score at which a qualified lead is handed off (0: never)
+    # Answers in a row that found nothing in the knowledge base or were rated down, after
+    # which the next question goes to the team (0: never).
+    not_found_turns: int = 0
+    # When the team takes handoffs (shared/business_hours.py): "always", or entries such as
+    # "mon-fri 09:00-17:30", in `timezone`. Outside them the visitor is offered an e-mail follow-up.
+    hours: str | list[str] = "always"
+    timezone: str = "UTC"
+    # How long a visitor waits for an operator to join before being offered the e-mail follow-up.
+    max_wait_s: int = 300
+
+
+class OperatorAccount(Strict):
+    """A named person of the site's team: their own key (its SHA-256 here), so what they do in
+    a conversation is theirs (services/gateway/operators.py). `concierge sites key --operator`."""
+
+    name: str
+    key_sha256: str
 
 
 class SiteConfig(Strict):
@@ -162,6 +180,9 @@ class SiteConfig(Strict):
     # SHA-256 (hex) of this site's operator API keys (`concierge sites key`): the keys
     # themselves are never in the file. Several entries let a key be rotated without a gap.
     operator_key_sha256: list[str] = []
+    # The team's named accounts, each with its own key: the handoff API takes the operator's
+    # name from the key (a shared key above names nobody: the request does).
+    operators: list[OperatorAccount] = []
     languages: list[str] = msgspec.field(default_factory=lambda: ["en"])
     instructions: str = ""  # the client's own instructions: the third prompt level
     interest: Interest = msgspec.field(default_factory=Interest)
@@ -197,6 +218,8 @@ class SiteConfigError(ValueError):
         self.errors = errors if errors is not None else [FieldError(None, message)]
 
 
+# Who the visitor sees and the log records as the team's person (the handoff API's `operator`).
+OPERATOR_NAME_RE = re.compile(r"^[\w.-]([\w .-]{0,62}[\w.-])?\Z")
 _ORIGIN_RE = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?\Z")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
 _COLOR_RE = re.compile(r"^#(?:[0-9a-fA-F]{3}|[0-9a-fA-F]{6})\Z")
@@ -229,6 +252,16 @@ def problems(config: SiteConfig) -> list[FieldError]:
         if not _SHA256_RE.match(digest):
             bad(f"operator_key_sha256[{i}]", "each entry is a key's SHA-256 in lowercase hex "
                                              "(`concierge sites key --site SITE` prints one)")
+    names: set[str] = set()
+    for i, account in enumerate(config.operators):
+        if not OPERATOR_NAME_RE.match(account.name):
+            bad(f"operators[{i}].name", "1-64 letters, digits, spaces, '.', '_' or '-', no space at either end")
+        elif account.name.casefold() in names:
+            bad(f"operators[{i}].name", f"{account.name!r} is named twice")
+        names.add(account.name.casefold())
+        if not _SHA256_RE.match(account.key_sha256):
+            bad(f"operators[{i}].key_sha256", "a key's SHA-256 in lowercase hex "
+                                              "(`concierge sites key --site SITE --operator NAME` prints one)")
     for i, language in enumerate(config.languages):
         if not _LANGUAGE_RE.match(language):
             bad(f"languages[{i}]", f"{language!r} is not a language tag (e.g. en, fr, pt-BR)")
@@ -236,6 +269,24 @@ def problems(config: SiteConfig) -> list[FieldError]:
         bad("interest.threshold", "must be between 0 and 1")
     if not 0.0 <= config.handoff.lead_score <= 1.0:
         bad("handoff.lead_score", "must be between 0 and 1 (0: never)")
+    if not 0 <= config.handoff.not_found_turns <= 20:
+        bad("handoff.not_found_turns", "must be between 0 and 20 (0: never)")
+    if not 1 <= config.handoff.max_wait_s <= MAX_WAIT_S:
+        bad("handoff.max_wait_s", f"must be between 1 and {MAX_WAIT_S} seconds: nobody waits for ever")
+    try:
+        business_hours.zone(config.handoff.timezone)
+    except business_hours.HoursError as exc:
+        bad("handoff.timezone", str(exc))
+    hours = config.handoff.hours
+    if isinstance(hours, list) and hours:
+        for i, entry in enumerate(hours):
+            try:
+                business_hours.window(entry)
+            except business_hours.HoursError as exc:
+                bad(f"handoff.hours[{i}]", str(exc))
+    elif hours != business_hours.ALWAYS or not isinstance(hours, str):
+        bad("handoff.hours", f"{business_hours.ALWAYS!r} or a list such as [\"mon-fri 09:00-17:30\"] "
+                             "(an empty list would never open)")
     if not 0.0 <= config.persona.weight <= 1.0:
         bad("persona.weight", "must be between 0 and 1")
     unknown = [s for s in config.skills.enabled if s not in SKILLS]

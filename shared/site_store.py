@@ -36,8 +36,8 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFound
 from shared import events as ev
 from shared import subjects
 from shared.bus import Bus
-from shared.site_config import (REGISTRY_KEY, SiteConfig, SiteConfigError, content_version, parse, site_of,
-                                validate)
+from shared.site_config import (REGISTRY_KEY, OperatorAccount, SiteConfig, SiteConfigError, content_version, parse,
+                                site_of, validate)
 
 log = logging.getLogger(__name__)
 
@@ -188,14 +188,19 @@ class SiteStore:
 
         return await self._change(site, edit, actor)
 
-    async def add_key(self, site: str, actor: str) -> tuple[str, Change]:
+    async def add_key(self, site: str, actor: str, operator: str = "") -> tuple[str, Change]:
         """A new operator key for the site: the key (shown once), its SHA-256 added to the
-        config (the key itself is stored nowhere)."""
+        config (the key itself is stored nowhere): to `operator_key_sha256`, or, for a named
+        `operator`, as their account in `operators` (a new key for a known name replaces its old one)."""
         key = new_key(site)
 
         def edit(current: SiteConfig | None) -> SiteConfig:
             if current is None:
                 raise SiteNotFound(site)
+            if operator:
+                others = [a for a in current.operators if a.name.casefold() != operator.casefold()]
+                return msgspec.structs.replace(current, operators=[
+                    *others, OperatorAccount(name=operator, key_sha256=key_sha256(key))])
             return msgspec.structs.replace(current, operator_key_sha256=[*current.operator_key_sha256,
                                                                           key_sha256(key)])
 

@@ -65,6 +65,9 @@ class HandoffState(msgspec.Struct, kw_only=True):
     operator: str = ""
     handoffs: int = 0  # handoffs requested in the conversation
     replied: bool = False  # an operator has written to the visitor since the request
+    # Nobody could take the last handoff (HandoffEnded out_of_hours / no_answer) and the
+    # visitor was asked for an e-mail address; set until a lead is captured.
+    follow_up: bool = False
 
 
 class TurnRecord(msgspec.Struct, kw_only=True):
@@ -89,6 +92,7 @@ class TurnRecord(msgspec.Struct, kw_only=True):
     language: str = ""  # TurnRequested.visitor["language"], when the widget sent one
     client_message_id: str | None = None  # the message's id from the client (a message sent again: the same)
     rating: str = ""  # the visitor's latest vote on the turn's answer (FeedbackGiven): up | down | ""
+    requested_ts: float = 0.0  # when the visitor sent the message (TurnRequested.ts)
 
 
 class SyncProgress(msgspec.Struct, kw_only=True):
@@ -254,6 +258,7 @@ def apply(state: ConversationState, record: Record) -> ConversationState:
             state.messages.append(Message(role="user", content=event.message, turn=event.turn))
             rec = _turn(state, event.turn)
             rec.client_message_id = event.client_message_id
+            rec.requested_ts = event.ts
             if event.visitor and isinstance(event.visitor.get("language"), str):
                 rec.language = event.visitor["language"]
         case ev.TurnBlocked():
@@ -302,6 +307,8 @@ def apply(state: ConversationState, record: Record) -> ConversationState:
             if not booking.lead_captured:
                 booking.lead_captured = True
                 booking.lead_turn = event.turn
+            if state.handoff.follow_up:
+                state.handoff = msgspec.structs.replace(state.handoff, follow_up=False)
         case ev.EnrichmentCompleted() | ev.ProfileInferred():
             state.visitor_profile = merge_visitor_profiles(state.visitor_profile, event.profile)
         case ev.RetrievalCompleted():
@@ -354,7 +361,9 @@ def apply(state: ConversationState, record: Record) -> ConversationState:
             if state.handoff.status == "held" and state.handoff.operator == event.operator:
                 state.handoff = msgspec.structs.replace(state.handoff, status="waiting", operator="")
         case ev.HandoffEnded():
-            state.handoff = msgspec.structs.replace(state.handoff, status="", operator="")
+            follow_up = event.outcome in ev.UNANSWERED and not state.booking.lead_captured
+            state.handoff = msgspec.structs.replace(state.handoff, status="", operator="",
+                                                    follow_up=follow_up or state.handoff.follow_up)
         case ev.SyncStarted() | ev.PageFetched() | ev.SyncCompleted() | ev.SyncFailed():
             state.sync = apply_sync(state.sync, event)
     return state

@@ -9,7 +9,7 @@ import nats.js.errors
 from shared import events as ev
 from shared import consumer, subjects
 from shared.consumer import ConsumerRunner
-from shared.node import Needs, Node, PermanentError
+from shared.node import Later, Needs, Node, PermanentError
 from tests.helpers import events_of, fast, own, requested, start, unique, wait_for
 
 
@@ -108,6 +108,27 @@ async def test_permanent_error_fails_at_once(bus, site):
         await bus.publish(requested(site))
         failed = await wait_for(lambda: _find(bus, site, ev.TurnFailed))
         assert failed.attempts == 1 and calls == [1]
+    finally:
+        await runner.stop()
+
+
+async def test_a_handler_whose_moment_has_not_come_gets_the_event_again_then_with_no_retry_counted(bus, site):
+    import time
+
+    calls = []
+
+    async def handle(event, inputs, ctx):
+        calls.append((ctx.attempt, time.monotonic()))
+        if len(calls) == 1:
+            raise Later(0.6)
+        return [ctx.follow(ev.RouteDecided, route="ANSWER", reason="its moment came")]
+
+    runner = await start(bus, Node(unique("later"), ("turn_requested",), own(site, handle)))
+    try:
+        await bus.publish(requested(site))
+        await wait_for(lambda: _find(bus, site, ev.RouteDecided))
+        assert [a for a, _ in calls] == [1, 2] and calls[1][1] - calls[0][1] >= 0.5
+        assert (runner.stats.retried, runner.stats.failed) == (0, 0)
     finally:
         await runner.stop()
 

@@ -498,3 +498,60 @@ async def test_a_visitor_who_asks_for_a_person_is_answered_by_an_operator_then_b
     await configure_site(system.nats_url, plain, name="Plain")
     other = await Conversation(http, system.gateway_url, plain).say("Can I talk to a human?")
     assert other.final["metadata"]["route"] != "HANDOFF"
+
+
+async def test_nobody_available_the_visitor_leaves_an_email_for_the_team_and_is_never_left_waiting(system, llm, http):
+    """Issue 42, "nobody available": outside the site's hours a request for a person is told
+    when the team works and asked for an e-mail address, which becomes a lead with the
+    handoff's context; within them, a handoff nobody joins ends after the site's maximum wait
+    with the same offer on the visitor's live channel and in their view. A replay reruns it
+    with the timer's end where it was."""
+    from datetime import datetime, timezone
+
+    from shared.site_config import Handoff
+
+    closed = f"c{uuid.uuid4().hex[:10]}"
+    today = datetime.now(timezone.utc).weekday()
+    day = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")[(today + 3) % 7]  # neither today nor tomorrow
+    await configure_site(system.nats_url, closed, name="Acme",
+                         handoff=Handoff(enabled=True, hours=[f"{day} 09:00-17:00"], timezone="UTC"))
+    visitor = Conversation(http, system.gateway_url, closed)
+    asked = await visitor.say("Can I talk to a human?")
+    assert asked.final["metadata"]["route"] == "HANDOFF" and asked.final["metadata"]["handoff"] == ""
+    assert "isn't available right now" in asked.text and f"{day} 09:00-17:00 (UTC)" in asked.text
+    left = await visitor.say("Sure: ada@example.com")
+    assert (left.final["metadata"]["route"], left.final["metadata"]["branch"]) == ("HANDOFF", "EMAIL_LEFT")
+    assert "ada@example.com" in left.text and left.final["metadata"]["booking"]["lead_captured"]
+    events = await events_of(http, system, closed, visitor.session_id)
+    ended = [e["event"] for e in events if e["type"] == "handoff_ended"]
+    assert [(e["by"], e["outcome"]) for e in ended] == [("system", "out_of_hours")]
+    leads = [e["event"] for e in events if e["type"] == "lead_captured"]
+    assert [(e["email"], e["capture_context"]) for e in leads] == [("ada@example.com", "handoff")]
+    llm.clear()
+    after = await visitor.say("What does the Pro plan include?")
+    assert after.final["metadata"]["route"] == "ANSWER"
+
+    waited = f"w{uuid.uuid4().hex[:10]}"
+    await configure_site(system.nats_url, waited, name="Acme", handoff=Handoff(enabled=True, max_wait_s=2))
+    alone = Conversation(http, system.gateway_url, waited)
+    asked = await alone.say("I'd like to talk to someone from sales")
+    assert asked.final["metadata"]["handoff"] == "waiting" and "connecting you" in asked.text
+    frames = []
+    async with http.stream("GET", f"{system.gateway_url}/v1/sites/{waited}/conversations/{alone.session_id}/live",
+                           headers={"X-Session-Token": alone.session_token}, timeout=DEADLINE_S) as response:
+        async for line in response.aiter_lines():
+            if line.startswith("data:"):
+                frames.append(json.loads(line[5:]))
+                break
+    (frame,) = frames
+    assert (frame["type"], frame["outcome"]) == ("handoff_ended", "no_answer") and "e-mail address" in frame["message"]
+    view = (await http.get(f"{system.gateway_url}/v1/sites/{waited}/conversations/{alone.session_id}",
+                           headers={"X-Session-Token": alone.session_token})).json()
+    assert view["handoff"]["status"] == "" and [m["content"] for m in view["messages"] if m["role"] == "notice"] \
+        == [frame["message"]]
+    back = await alone.say("What does the Pro plan include?")
+    assert back.final["metadata"]["route"] == "ANSWER"
+    replayed = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "cli", "replay", "diff", waited,
+                                                        alone.session_id, "--nats-url", system.nats_url],
+                                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr

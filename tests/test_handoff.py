@@ -5,6 +5,7 @@ waiting message and HandoffRequested; the fold's states; the insight record's co
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from services.responder import handoff_handler
@@ -141,3 +142,115 @@ def test_the_first_operator_reply_is_marked_in_the_fold():
                       reason="visitor_asked")
     ended = by_operator(ev.HandoffEnded, by="Grace", outcome="released")
     assert not state_of(asked, requested, joined, said, ended, again).handoff.replied  # a new handoff
+
+
+# --- nobody available: business hours, the maximum wait, the e-mail follow-up -------------------
+
+MONDAY_10_PARIS = 1_795_424_400.0  # 2026-11-23 10:00 Europe/Paris (09:00 UTC), a Monday
+
+
+def test_business_hours_in_the_sites_time_zone():
+    from shared import business_hours as bh
+
+    week = bh.schedule(["mon-fri 09:00-17:30", "sat 10:00-13:00"], "Europe/Paris")
+    hour = 3600.0
+    assert week.open_at(MONDAY_10_PARIS) and week.open_at(MONDAY_10_PARIS + 7 * hour + 1799)
+    assert not week.open_at(MONDAY_10_PARIS + 7.5 * hour)  # 17:30: closed
+    assert not week.open_at(MONDAY_10_PARIS - 1.5 * hour)  # 08:30
+    assert week.open_at(MONDAY_10_PARIS + 5 * 24 * hour) and not week.open_at(MONDAY_10_PARIS + 6 * 24 * hour)
+    assert not bh.schedule(["mon-fri 09:00-17:30"], "America/New_York").open_at(MONDAY_10_PARIS)  # 04:00 there
+    assert bh.schedule("always").open_at(MONDAY_10_PARIS)
+    assert bh.schedule(["fri-mon 00:00-24:00"], "UTC").open_at(MONDAY_10_PARIS)  # a range over the weekend
+    for bad in (["mon-fri 9-17"], ["moon 09:00-10:00"], ["mon 10:00-09:00"], ["mon 09:00-24:30"], [], "never"):
+        with pytest.raises(bh.HoursError):
+            bh.schedule(bad)
+    with pytest.raises(bh.HoursError):
+        bh.schedule("always", "Mars/Olympus")
+
+
+def test_a_sites_handoff_settings_are_checked_field_by_field():
+    from shared.site_config import problems
+
+    config = SiteConfig(handoff=Handoff(hours=["mon-fri 09:00-17:30", "sun 18:00-08:00"], timezone="Paris",
+                                        max_wait_s=0, not_found_turns=-1))
+    assert {p.field for p in problems(config)} == {"handoff.hours[1]", "handoff.timezone", "handoff.max_wait_s",
+                                                   "handoff.not_found_turns"}
+
+
+def test_the_email_and_not_found_rules():
+    # Nobody could take the handoff: an e-mail address in the next messages is left for the team.
+    left = route("sure, ada@example.com", follow_up=True, enabled=True)
+    assert (left.route, left.branch) == ("HANDOFF", "EMAIL_LEFT")
+    assert route("What does Pro cost?", follow_up=True, enabled=True).route == "ANSWER"
+    # Answers in a row that found nothing: the next question goes to the team, when the site says so.
+    missed = route("And SSO?", enabled=True, not_found_turns=2, unanswered=2)
+    assert (missed.route, missed.branch) == ("HANDOFF", "NOT_FOUND")
+    assert route("And SSO?", enabled=True, not_found_turns=2, unanswered=1).route == "ANSWER"
+    assert route("And SSO?", enabled=True, not_found_turns=0, unanswered=5).route == "ANSWER"
+    assert route("And SSO?", enabled=False, not_found_turns=2, unanswered=2).route == "ANSWER"
+
+
+def test_unanswered_counts_answers_in_a_row_that_cited_nothing_or_were_rated_down():
+    from services.router.handoff import unanswered
+
+    def answered(number, cited):
+        asked = turn(SITE, "s1", number, f"question {number}")
+        sources = [{"n": 1, "title": "Pricing", "cited": cited}]
+        return [asked, ev.follow(asked, ev.RouteDecided, "intent_router", route="ANSWER", branch="DEFAULT", reason="t"),
+                ev.follow(asked, ev.TurnCompleted, "finalize", metadata={"route": "ANSWER", "sources": sources})]
+
+    log = [*answered(1, True), *answered(2, False), *answered(3, False)]
+    assert unanswered(state_of(*log)) == 2
+    vote = ev.FeedbackGiven(event_id=ev.new_id(), site=SITE, session_id="s1", turn=1, ts=ev.now(), producer="gateway",
+                            rating="down")
+    assert unanswered(state_of(*log, vote)) == 3  # the cited answer was no help either
+    assert unanswered(state_of(*log, *answered(4, True))) == 0
+    handed = ev.follow(log[-3], ev.HandoffRequested, "handoff_handler", reason="not_found")
+    assert unanswered(state_of(*log, handed, *answered(4, False))) == 1  # counted again after a handoff
+
+
+async def test_out_of_hours_the_visitor_is_told_when_and_asked_for_an_email():
+    config = SiteConfig(name="Acme", handoff=Handoff(enabled=True, hours=["sat 10:00-12:00"], timezone="Europe/Paris"))
+    asked = turn(SITE, "s1", 1, "Can I talk to a human?")
+    asked.ts = MONDAY_10_PARIS
+    out = await decide(handoff_handler.make_node(), decided(asked, "VISITOR_ASKED"), asked, config=config)
+    requested, ended, completed = out.events
+    assert isinstance(requested, ev.HandoffRequested) and requested.reason == "visitor_asked"
+    assert isinstance(ended, ev.HandoffEnded) and (ended.by, ended.outcome) == ("system", "out_of_hours")
+    assert "isn't available right now" in completed.text and "sat 10:00-12:00 (Europe/Paris)" in completed.text
+    state = state_of(asked, requested, ended)
+    assert (state.handoff.status, state.handoff.follow_up) == ("", True)
+    # The same handoff within the hours waits for the team.
+    open_config = msgspec.structs.replace(config, handoff=Handoff(enabled=True, hours=["mon 09:00-11:00"],
+                                                                  timezone="Europe/Paris"))
+    waits = await decide(handoff_handler.make_node(), decided(asked, "VISITOR_ASKED"), asked, config=open_config)
+    assert [ev.event_type(e) for e in waits.events] == ["handoff_requested", "response_completed"]
+    # The e-mail left: a lead with the handoff's context, and thanks naming the address.
+    email = turn(SITE, "s1", 2, "OK: Ada@Example.com")
+    left = await decide(handoff_handler.make_node(), decided(email, "EMAIL_LEFT"), asked, requested, ended, email,
+                        config=config)
+    lead, thanks = left.events
+    assert isinstance(lead, ev.LeadCaptured) and (lead.email, lead.capture_context) == ("ada@example.com", "handoff")
+    assert "ada@example.com" in thanks.text
+    assert not state_of(asked, requested, ended, email, lead).handoff.follow_up
+
+
+async def test_the_timer_ends_a_handoff_nobody_joined_once_the_wait_is_over():
+    from services.responder import handoff_timer
+    from shared.node import Later
+
+    config = SiteConfig(name="Acme", handoff=Handoff(enabled=True, max_wait_s=60))
+    asked = turn(SITE, "s1", 1, "Can I talk to a human?")
+    requested = ev.follow(asked, ev.HandoffRequested, "handoff_handler", reason="visitor_asked")
+    with pytest.raises(Later) as later:
+        await decide(handoff_timer.make_node(), requested, asked, config=config)
+    assert 55 < later.value.delay_s <= 60
+    requested.ts -= 61  # the wait is over
+    still = turn(SITE, "s1", 2, "Hello?")
+    out = await decide(handoff_timer.make_node(), requested, asked, requested, still, config=config)
+    (ended,) = out.events
+    assert (ended.by, ended.outcome, ended.turn) == ("system", "no_answer", 2) and "e-mail address" in ended.message
+    assert state_of(asked, requested, still, ended).handoff.follow_up
+    # Taken or ended meanwhile: nothing.
+    joined = by_operator(ev.OperatorJoined, operator="Grace")
+    assert (await decide(handoff_timer.make_node(), requested, asked, requested, joined, config=config)).events == []

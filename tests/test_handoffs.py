@@ -9,14 +9,39 @@ import asyncio
 import json
 import uuid
 
+import httpx
+import pytest
+
 from services.gateway.sessions import SessionTokens
 from shared import events as ev
-from tests import test_briefs_api
-from tests.helpers import events_of, turn
+from shared.site_config import Handoff, OperatorAccount
+from shared.site_store import key_sha256
+from tests.helpers import events_of, turn, unique
+from tests.servers import configure_site
+from tests.test_turn_end import running_gateway
 from tests.test_briefs_api import ADMIN, ORIGIN, SECRET, bearer, key_of
 
 tokens = SessionTokens(SECRET)
-api = test_briefs_api.api  # the gateway, the site configured with its key, and another site with its own
+ADA_KEY = "ck_{site}_" + "ada" * 16  # a named operator's own key (`concierge sites key --operator`)
+
+
+def ada_key(site: str) -> str:
+    return ADA_KEY.format(site=site)
+
+
+@pytest.fixture
+async def api(nats_url, redis_url, site, monkeypatch):
+    """The gateway; the site takes handoffs, with its shared key and Ada Lovelace's own; another
+    site with its key, taking none."""
+    other = unique("other")
+    await configure_site(nats_url, site, operator_key_sha256=[key_sha256(key_of(site))], allowed_origins=[ORIGIN],
+                         handoff=Handoff(enabled=True),
+                         operators=[OperatorAccount(name="Ada Lovelace", key_sha256=key_sha256(ada_key(site)))])
+    await configure_site(nats_url, other, operator_key_sha256=[key_sha256(key_of(other))], allowed_origins=[ORIGIN])
+    async with running_gateway(nats_url, redis_url, monkeypatch, admin_token=ADMIN,
+                               session_token_secret=SECRET) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+            yield client, other
 
 
 async def waiting(bus, site: str, session: str | None = None) -> str:
@@ -91,7 +116,6 @@ async def test_the_holder_writes_releases_and_a_later_handoff_is_claimed_again(b
     assert log[3].outcome == "released" and log[3].by == "Ada" and all(e.producer == "gateway" for e in log)
     state = await api_state(client, site, session)
     assert state["handoff"] == {"status": "", "operator": ""}
-    assert (await client.post(admin(site, session, "claim"), json={"operator": "Ada"}, headers=auth)).status_code == 404
     # A later handoff of the same conversation: the claim key is free again.
     third = turn(site, session, 3, "A person again, please")
     await bus.publish(third)
@@ -215,3 +239,65 @@ async def test_the_visitor_view_shows_the_handoff_and_the_operators_messages(bus
         ("user", "What does it cost?"), ("assistant", "From 10 EUR."), ("user", "Can I talk to a person?"),
         ("operator", "Hi, I'm Ada.")]
     assert view["messages"][-1]["operator"] == "Ada"
+
+
+async def answered(bus, site: str) -> str:
+    """A conversation whose one turn was answered: nobody asked for a person."""
+    session = f"s-{uuid.uuid4().hex[:10]}"
+    first = turn(site, session, 1, "What does it cost?")
+    await bus.publish(first)
+    await bus.publish(ev.follow(first, ev.ResponseCompleted, "responder", node="answer_writer", text="From 10 EUR.",
+                                token_count=3))
+    await bus.publish(ev.follow(first, ev.TurnCompleted, "responder", metadata={"route": "ANSWER"}))
+    return session
+
+
+async def test_an_operator_joins_a_conversation_nobody_handed_off_and_the_first_join_wins(bus, site, api):
+    client, other = api
+    session = await answered(bus, site)
+    joins = await asyncio.gather(
+        client.post(admin(site, session, "claim"), json={}, headers=bearer(ada_key(site))),
+        client.post(admin(site, session, "claim"), json={"operator": "Bob"}, headers=bearer(key_of(site))))
+    assert sorted(j.status_code for j in joins) == [201, 409], [j.text for j in joins]
+    winner = next(j for j in joins if j.status_code == 201).json()["operator"]
+    log = [e for e in await events_of(bus, site, session) if ev.event_type(e) in ("handoff_requested", *ev.HANDOFF_EVENTS)]
+    assert [(ev.event_type(e), e.producer) for e in log] == [("handoff_requested", "gateway"),
+                                                             ("operator_joined", "gateway")]
+    assert log[0].reason == "operator" and log[0].turn == 1 and log[1].operator == winner
+    assert (await api_state(client, site, session))["handoff"] == {"status": "held", "operator": winner}
+    # A site that takes no handoffs: nobody joins; a conversation that does not exist: 404.
+    elsewhere = await answered(bus, other)
+    refused = await client.post(admin(other, elsewhere, "claim"), json={"operator": "Eve"}, headers=bearer(key_of(other)))
+    assert refused.status_code == 409 and "does not take handoffs" in refused.text
+    assert await kinds(bus, other, elsewhere) == []
+
+
+async def test_a_named_operators_key_acts_as_them_and_as_nobody_else(bus, site, api):
+    client, _ = api
+    session = await waiting(bus, site)
+    ada = bearer(ada_key(site))
+    posing = await client.post(admin(site, session, "claim"), json={"operator": "Bob"}, headers=ada)
+    assert posing.status_code == 403 and posing.json()["detail"][0]["field"] == "operator"
+    claimed = await client.post(admin(site, session, "claim"), json={}, headers=ada)
+    assert claimed.status_code == 201 and claimed.json()["operator"] == "Ada Lovelace"
+    sent = await client.post(admin(site, session, "messages"), json={"text": "Ada here."}, headers=ada)
+    assert sent.status_code == 201 and sent.json()["operator"] == "Ada Lovelace"
+    # The shared key names whoever the request names: not Ada, who holds the conversation.
+    shared = await client.post(admin(site, session, "messages"), json={"operator": "Bob", "text": "Hi"},
+                               headers=bearer(key_of(site)))
+    assert shared.status_code == 409 and "Ada Lovelace" in shared.text
+    log = [e for e in await events_of(bus, site, session) if ev.event_type(e) in ev.HANDOFF_EVENTS]
+    assert [(ev.event_type(e), e.operator) for e in log] == [("operator_joined", "Ada Lovelace"),
+                                                             ("operator_message", "Ada Lovelace")]
+    # A key made for a named operator through the API acts as them at once; it makes no keys.
+    made = await client.post(f"/v1/admin/sites/{site}/keys", json={"operator": "Cy Young"}, headers=bearer(ADMIN))
+    assert made.status_code == 201 and made.json()["operator"] == "Cy Young"
+    cy = bearer(made.json()["key"])
+    other = await waiting(bus, site)
+    for _ in range(50):  # the gateway's copy of the config expires (SITE_CONFIG_TTL_S)
+        answer = await client.post(admin(site, other, "claim"), headers=cy)
+        if answer.status_code != 401:
+            break
+        await asyncio.sleep(0.1)
+    assert answer.status_code == 201 and answer.json()["operator"] == "Cy Young", answer.text
+    assert (await client.post(f"/v1/admin/sites/{site}/keys", json={}, headers=cy)).status_code == 403

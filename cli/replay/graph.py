@@ -31,6 +31,7 @@ from services.router.main import router_nodes
 from services.router.classifiers import IntentClassifier
 from services.router.runtime import RouterParts
 from services.router.settings import RouterSettings
+from cli.replay.sandbox import CLOCK_NODES
 from shared import language
 from shared.config import LLM_ROLES, LLMRoleConfig
 from shared.llm import LLMClient
@@ -101,8 +102,9 @@ class Graph:
         if answer_backend:
             responder = msgspec.structs.replace(
                 responder, answer=msgspec.structs.replace(responder.answer, backend=answer_backend))
-        return [*router_nodes(parts), *enricher_nodes(None, profiler_llm, self._enricher),
-                *retriever_nodes(self._retriever), *responder_nodes(current, None, responder)]
+        nodes = [*router_nodes(parts), *enricher_nodes(None, profiler_llm, self._enricher),
+                 *retriever_nodes(self._retriever), *responder_nodes(current, None, responder)]
+        return [n for n in nodes if n.name not in CLOCK_NODES]  # their outputs are put back (sandbox.py)
 
 
 def _retriever():

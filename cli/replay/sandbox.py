@@ -41,7 +41,10 @@ INPUT_TYPES = ("turn_requested", "turn_blocked")
 # What operators did between turns (a handoff: claimed, answered, handed back): no node of a
 # rerun makes them, and the turns after them depend on them (a held conversation gets no AI
 # answer), so a rerun puts them back where they were in the log.
-BETWEEN_TURNS = ev.HANDOFF_EVENTS
+BETWEEN_TURNS = (*ev.HANDOFF_EVENTS, "handoff_requested")  # the last: an operator's choice to join
+# Nodes the clock wakes, not the conversation (a handoff nobody joined in time): a rerun does
+# not run them and puts what they stored back where it was, as it does the operators' steps.
+CLOCK_NODES = ("handoff_timer",)
 # The node call under way (node name, turn): what a recorded LLM names in a divergence.
 CURRENT_CALL: contextvars.ContextVar[tuple[str, int]] = contextvars.ContextVar("replay_call", default=("", 0))
 # Outputs that do not change what a node decides: not waited for.
@@ -63,10 +66,11 @@ class Recording:
         self.waited = [r for r in records if ev.event_type(r.event) not in NOT_WAITED]
 
     def inputs(self) -> list[ev.Envelope]:
-        """What the visitor and the operators did: the gateway's turn-starting events and the
-        operators' (`BETWEEN_TURNS`), in order."""
-        return [r.event for r in self.records if r.event.producer == "gateway"
-                and ev.event_type(r.event) in (*INPUT_TYPES, *BETWEEN_TURNS)]
+        """What the visitor, the operators and the clock did: the gateway's turn-starting
+        events and the handoff steps of the operators and `CLOCK_NODES` (`BETWEEN_TURNS`), in order."""
+        return [r.event for r in self.records
+                if (r.event.producer == "gateway" and ev.event_type(r.event) in (*INPUT_TYPES, *BETWEEN_TURNS))
+                or (r.event.producer in CLOCK_NODES and ev.event_type(r.event) in BETWEEN_TURNS)]
 
     def llm_calls(self) -> list[ev.LLMCall]:
         return [r.event.call for r in self.records if isinstance(r.event, ev.LLMCallRecorded)]

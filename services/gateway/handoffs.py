@@ -25,6 +25,7 @@ from shared import events as ev
 from shared import subjects
 from shared.bus import Bus, stored_event
 from shared.state import ConversationState
+from shared.store import ConversationStore
 from services.gateway import frames
 from services.gateway.schemas import RequestError
 
@@ -91,13 +92,27 @@ class Claims:
         await self.kv.delete(subjects.kv_key(site, session_id))
 
 
-def transcript(state: ConversationState, operator_messages: Sequence[ev.OperatorMessage]) -> list[dict]:
-    """The conversation's messages in order, the operator's among them. An operator message
-    is written between turns (its `turn` is the latest then): after that turn's messages,
-    before the next turn's."""
+BETWEEN_TURNS = ("operator_message", "handoff_ended")  # what `transcript` shows among the turns
+
+
+async def written_between(store: ConversationStore, site: str, session_id: str) -> list[ev.Envelope]:
+    """The conversation's events `transcript` shows between its turns, in the order written."""
+    found = await asyncio.gather(*(store.events(site, session_id, kind) for kind in BETWEEN_TURNS))
+    return sorted((e for events in found for e in events), key=lambda e: e.ts)
+
+
+def transcript(state: ConversationState, between: Sequence[ev.Envelope]) -> list[dict]:
+    """The conversation's messages in order, with what was written between turns (`between`:
+    the operators' messages, role "operator", and the site's notice when nobody could take a
+    handoff, role "notice"; any other event is passed over). Written between turns (its `turn`
+    is the latest then): after that turn's messages, before the next turn's."""
     items = [(m.turn, 0, {"role": m.role, "content": m.content, "turn": m.turn}) for m in state.messages]
-    items += [(m.turn, 1, {"role": "operator", "content": m.text, "turn": m.turn, "operator": m.operator,
-                           "ts": m.ts}) for m in operator_messages]
+    for m in between:
+        if isinstance(m, ev.OperatorMessage):
+            items.append((m.turn, 1, {"role": "operator", "content": m.text, "turn": m.turn, "operator": m.operator,
+                                      "ts": m.ts}))
+        elif isinstance(m, ev.HandoffEnded) and m.message:
+            items.append((m.turn, 1, {"role": "notice", "content": m.message, "turn": m.turn, "ts": m.ts}))
     # sorted is stable: within a turn and rank, log order stays.
     return [item for _, _, item in sorted(items, key=lambda i: (i[0], i[1]))]
 
@@ -112,7 +127,7 @@ def frame_of(event: ev.Envelope) -> dict:
         case ev.OperatorLeft():
             return {"type": "operator_left", "operator": event.operator}
         case ev.HandoffEnded():
-            return {"type": "handoff_ended", "outcome": event.outcome}
+            return {"type": "handoff_ended", "outcome": event.outcome, "message": event.message, "ts": event.ts}
     raise ValueError(f"not a handoff event: {ev.event_type(event)}")
 
 

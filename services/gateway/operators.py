@@ -4,7 +4,10 @@
 - a site's API key (`ck_<site>_<secret>`, made by `concierge sites key`) sees only its
   site. The site's config holds the key's SHA-256, never the key; a key is checked
   against the hashes of the site named in it, so a valid key of another site is known
-  as such (and that site's data answers 404, as if it did not exist).
+  as such (and that site's data answers 404, as if it did not exist);
+- a named operator's key (the same form, `concierge sites key --operator NAME`; its hash in
+  the site's `operators`) sees only its site too, and names its holder: what they do in a
+  handoff is recorded under their name, whatever a request says (`Operator.name`).
 
 Comparisons are constant-time. No token or a wrong one: 401.
 """
@@ -32,14 +35,18 @@ class Unauthorized(Exception):
 class Operator(msgspec.Struct, frozen=True):
     site: str | None  # None: the deployment operator, every site
     key_hash: str = ""  # a site key's SHA-256 (empty: ADMIN_TOKEN)
+    name: str = ""  # a named operator account's name (empty: a shared key or ADMIN_TOKEN)
 
     def sees(self, site: str) -> bool:
         return self.site is None or self.site == site
 
     @property
     def actor(self) -> str:
-        """Who, in a site's audit log (`SiteChanged.actor`): never the key, a prefix of its hash."""
-        return "admin" if self.site is None else f"key:{self.site}:{self.key_hash[:12]}"
+        """Who, in a site's audit log (`SiteChanged.actor`): never the key, a prefix of its
+        hash, and a named account's name."""
+        if self.site is None:
+            return "admin"
+        return f"key:{self.site}:{self.key_hash[:12]}" + (f":{self.name}" if self.name else "")
 
 
 def site_of_key(key: str) -> str | None:
@@ -75,6 +82,10 @@ class OperatorAuth:
         if site is not None:
             config = await self.configs.find(site)
             digest = key_sha256(token)
-            if config is not None and any(hmac.compare_digest(digest, known) for known in config.operator_key_sha256):
-                return Operator(site=site, key_hash=digest)
+            if config is not None:
+                if any(hmac.compare_digest(digest, known) for known in config.operator_key_sha256):
+                    return Operator(site=site, key_hash=digest)
+                for account in config.operators:
+                    if hmac.compare_digest(digest, account.key_sha256):
+                        return Operator(site=site, key_hash=digest, name=account.name)
         raise Unauthorized("the bearer token is not an operator token or a site API key")

@@ -16,7 +16,7 @@ from services.gateway.handoffs import transcript
 PUBLIC_METADATA = (
     "route", "branch", "intent", "fallback_used", "blocked", "sources", "suggested_follow_ups",
     "suggested_answers", "form_values", "cta", "cta_url_overrides", "skill_selection_state",
-    "booking", "dialog_flags",
+    "booking", "dialog_flags", "handoff",
 )
 
 
@@ -24,12 +24,13 @@ def public_metadata(metadata: dict | None) -> dict:
     return {key: metadata[key] for key in PUBLIC_METADATA if key in (metadata or {})}
 
 
-def conversation(state: ConversationState, operator_messages: Sequence[ev.OperatorMessage] = ()) -> dict:
+def conversation(state: ConversationState, between: Sequence[ev.Envelope] = ()) -> dict:
     """The messages (answers with their sources and route: the widget offers a vote on an
-    answer's; an operator's with their name, role "operator"), the handoff's standing (status
+    answer's; an operator's with their name, role "operator"; the site's notice when nobody
+    could take a handoff, role "notice"), the handoff's standing (status
     "" | waiting | held, and who holds it) and the newest turn's widget state."""
     messages = []
-    for item in transcript(state, operator_messages):
+    for item in transcript(state, between):
         if item["role"] == "assistant":
             record = state.turns.get(item["turn"])
             item["sources"] = (record.metadata.get("sources") or []) if record else []

@@ -55,6 +55,7 @@ def metadata(state: ConversationState, turn: int, suggestions: ev.SuggestionsGen
         "booking": {"active": state.booking.active, "pending_field": state.booking.pending_field,
                     "lead_captured": state.booking.lead_captured},
         "dialog_flags": dict(state.dialog.latest) if state.dialog.latest_turn == turn else {},
+        "handoff": state.handoff.status,  # "" | waiting | held: the widget listens for the team while not ""
         "sources": sources(state, turn),
     }
 

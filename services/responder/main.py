@@ -5,7 +5,10 @@ about captured leads and closes the turn. Its nodes, by the event that wakes the
                            redirect_handler (REDIRECT)         → ResponseCompleted
                            booking_handler (BOOKING)           → BookingProgressed, LeadCaptured,
                                                                  ResponseCompleted
-                           handoff_handler (HANDOFF)           → HandoffRequested, ResponseCompleted
+                           handoff_handler (HANDOFF)           → HandoffRequested, HandoffEnded (out of
+                                                                 hours), LeadCaptured (an e-mail left),
+                                                                 ResponseCompleted
+    handoff_requested      handoff_timer (after the maximum wait) → HandoffEnded (nobody joined)
     response_completed     dialog_state_extractor              → DialogStateExtracted
                            form_field_extractor                → FormFieldsExtracted
                            suggestion_router                   → SuggestionsRouted
@@ -19,8 +22,8 @@ from shared import service
 from shared.llm import LLMClient
 from shared.node import Node
 from services.responder import (answer_suggester, answer_writer, booking_handler, dialog_state_extractor, finalize,
-                                follow_up_suggester, form_field_extractor, handoff_handler, lead_notifier,
-                                redirect_handler, suggestion_router)
+                                follow_up_suggester, form_field_extractor, handoff_handler, handoff_timer,
+                                lead_notifier, redirect_handler, suggestion_router)
 from services.responder.lead_claims import LeadClaims
 from services.responder.settings import ResponderSettings
 
@@ -37,6 +40,7 @@ def responder_nodes(llm: LLMClient, claims: LeadClaims | None, settings: Respond
         redirect_handler.make_node(llm, settings.token_batch_s),
         booking_handler.make_node(llm, settings.token_batch_s),
         handoff_handler.make_node(),
+        handoff_timer.make_node(),
         dialog_state_extractor.make_node(),
         form_field_extractor.make_node(),
         suggestion_router.make_node(),

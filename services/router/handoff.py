@@ -1,10 +1,16 @@
-"""Does the visitor ask for a person? Phrases in every supported language (shared/language.py's)
-that ask to talk to a human, someone of the team or sales: a rule, not a classifier intent,
-so it is the same in every backend and needs no model (routing.py's HANDOFF rules)."""
+"""When a conversation goes to a person (routing.py's HANDOFF rules), from what needs no model:
+
+- `asks_for_person`: phrases in every supported language (shared/language.py's) that ask to
+  talk to a human, someone of the team or sales: a rule, not a classifier intent, so it is
+  the same in every backend (rule P);
+- `unanswered`: how many answers in a row found nothing or were rated down (rule N).
+"""
 
 from __future__ import annotations
 
 import re
+
+from shared.state import ConversationState
 
 _PEOPLE = {
     "en": r"(?:a |an |some |the |your |one of your |real |live )*(?:human|person|people|someone|somebody|agent|"
@@ -40,3 +46,21 @@ _PATTERNS.append(re.compile(r"\b(?:human|real person|live agent|humain|humano|me
 def asks_for_person(message: str) -> bool:
     text = " ".join(message.split())
     return any(p.search(text) for p in _PATTERNS)
+
+
+def unanswered(state: ConversationState) -> int:
+    """The conversation's answers in a row, newest first, that cited nothing (found nothing in
+    the knowledge base) or that the visitor rated down; turns routed elsewhere are passed over,
+    and nothing before the last handoff request counts (its rule fired already)."""
+    count = 0
+    for turn in sorted(state.turns, reverse=True):
+        if state.handoff.handoffs and turn <= state.handoff.requested_turn:
+            break
+        record = state.turns[turn]
+        if record.status != "completed" or record.route != "ANSWER":
+            continue
+        cited = any(isinstance(s, dict) and s.get("cited") for s in record.metadata.get("sources") or [])
+        if cited and record.rating != "down":
+            break
+        count += 1
+    return count

@@ -22,6 +22,7 @@ event that woke the node, so their ids are the same either way and the bus store
 from __future__ import annotations
 
 from services.router import routing
+from services.router.handoff import unanswered
 from services.router.runtime import RouterParts
 from shared import events as ev
 from shared import history
@@ -65,7 +66,9 @@ def make_node(parts: RouterParts) -> Node:
             strike_confidence=parts.classifier.strike_confidence,
             handoff=routing.HandoffRules(status=state.handoff.status, operator=state.handoff.operator,
                                          enabled=config.handoff.enabled, lead_score=config.handoff.lead_score,
-                                         handoffs=state.handoff.handoffs),
+                                         handoffs=state.handoff.handoffs, follow_up=state.handoff.follow_up,
+                                         not_found_turns=config.handoff.not_found_turns,
+                                         unanswered=unanswered(state) if config.handoff.not_found_turns else 0),
         )
         decided = ctx.follow(ev.RouteDecided, key="route", cause_id=cause,
                              route=decision.route, reason=decision.reason,

@@ -5,6 +5,7 @@ stands, where does the turn go? Pure and deterministic; the rules, in order:
 |---|------------------------------------------------------------|----------|--------------------|
 | 0 | intent HACK with confidence ≥ the strike confidence (ROUTER_HACK_STRIKE_CONFIDENCE, 0.8; a decisive injection marker gives 1.0), or corroborated by an injection cue: a strike, the gateway blocks at 2 | REDIRECT | EXIT mid-booking, REDIRECT_HACK otherwise |
 | H | the conversation waits for or is held by a person of the team (`HandoffState`): the AI does not answer | HANDOFF | HELD |
+| F | nobody could take the last handoff, the visitor was asked for an e-mail address and the message has one | HANDOFF | EMAIL_LEFT |
 | P | the site takes handoffs (`[handoff] enabled`) and the visitor asks for a person (handoff.py), mid-booking too | HANDOFF | VISITOR_ASKED |
 | 1 | any other HACK: suspicious, no strike; routed by rules 2-11 as its runner-up intent (LEARN when unknown) with the HACK's confidence (so "ada@example" while the e-mail is asked stays in the flow, rule 4) | by rules 2-11 | by rules 2-11 |
 | 2 | STOP_BOOKING with a booking flow under way                  | BOOKING  | STOP (the flow ends politely) |
@@ -13,6 +14,7 @@ stands, where does the turn go? Pure and deterministic; the rules, in order:
 | 5 | flow under way, LEARN (a product question)                  | ANSWER   | PAUSE (the flow stays open) |
 | 6 | flow under way, SUPPORT / OFFTOPIC / OTHER                  | REDIRECT | EXIT (the flow ends) |
 | Q | no flow under way, LEARN / CONTEXT / BOOKING, the site takes handoffs with a `lead_score` and the cumulative score reaches it, no handoff yet in the conversation | HANDOFF | LEAD_SCORE |
+| N | no flow under way, LEARN / CONTEXT, the site takes handoffs with `not_found_turns` and that many answers in a row found nothing or were rated down (handoff.py `unanswered`) | HANDOFF | NOT_FOUND |
 | 7 | lead captured (flow over), LEARN / CONTEXT / BOOKING         | ANSWER   | POST_CONVERSION    |
 | 8 | intent BOOKING                                              | BOOKING  | DEMO_REQUESTED     |
 | 9 | LEARN / CONTEXT, cumulative score ≥ site threshold and the skills propose a demo | BOOKING | INTEREST_THRESHOLD |
@@ -61,6 +63,9 @@ class HandoffRules(msgspec.Struct, kw_only=True, frozen=True):
     enabled: bool = False
     lead_score: float = 0.0  # 0: never on the score
     handoffs: int = 0  # requested so far in the conversation
+    follow_up: bool = False  # nobody could take the last one: the visitor was asked for an e-mail address
+    not_found_turns: int = 0  # the site's rule N (0: never)
+    unanswered: int = 0  # answers in a row that found nothing or were rated down (handoff.py)
 
 
 def decide(*, intent: str, message: str, score: float, threshold: float, skills: list[str],
@@ -74,6 +79,9 @@ def decide(*, intent: str, message: str, score: float, threshold: float, skills:
     if handoff.status in ("waiting", "held"):
         who = f"{handoff.operator} holds the conversation" if handoff.status == "held" else "waiting for the team"
         return Decision(route="HANDOFF", branch="HELD", intent=intent, reason=f"{who}: the message goes to them")
+    if handoff.follow_up and EMAIL_RE.search(message):
+        return Decision(route="HANDOFF", branch="EMAIL_LEFT", intent=intent,
+                        reason="the visitor left an e-mail address for the team, who could not take the conversation")
     if handoff.enabled and asks_for_person(message):
         return Decision(route="HANDOFF", branch="VISITOR_ASKED", intent=intent, reason="the visitor asked for a person")
     if intent == "HACK":
@@ -92,7 +100,7 @@ def decide(*, intent: str, message: str, score: float, threshold: float, skills:
 
 def _route(intent: str, message: str, score: float, threshold: float, skills: list[str], booking: BookingState,
            confidence: float, handoff: HandoffRules) -> Decision:
-    """Rules 2-11 (Q among them), for every intent but a striking HACK."""
+    """Rules 2-11 (Q and N among them), for every intent but a striking HACK."""
     active = booking.active
     if intent == "STOP_BOOKING":
         if active:
@@ -109,6 +117,11 @@ def _route(intent: str, message: str, score: float, threshold: float, skills: li
             and intent in ("LEARN", "CONTEXT", "BOOKING")):
         return Decision(route="HANDOFF", branch="LEAD_SCORE",
                         reason=f"a qualified lead: interest score {score:.2f} ≥ {handoff.lead_score:.2f}")
+    if (handoff.enabled and handoff.not_found_turns > 0 and handoff.unanswered >= handoff.not_found_turns
+            and intent in ("LEARN", "CONTEXT")):
+        return Decision(route="HANDOFF", branch="NOT_FOUND",
+                        reason=f"{handoff.unanswered} answers in a row found nothing or were rated down "
+                               f"(the site hands off at {handoff.not_found_turns})")
     if booking.lead_captured and intent in ("LEARN", "CONTEXT", "BOOKING"):
         return Decision(route="ANSWER", branch="POST_CONVERSION", reason="lead already captured: qualification, not booking")
     if intent == "BOOKING":

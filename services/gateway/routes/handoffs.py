@@ -5,7 +5,9 @@ that wait for a person of the site's team, and what that person does in one (iss
   first, each with its last messages, the visitor's profile and interest score;
 - `POST handoffs/{session_id}/claim` (`{"operator": NAME}`): `OperatorJoined`, 201; the
   first claim wins (handoffs.Claims), a later one by another operator is a 409 naming the
-  holder, the holder's own again a 200 storing nothing;
+  holder, the holder's own again a 200 storing nothing. A conversation nobody asked a person
+  for is joined the same way (the operator chose to: `HandoffRequested`, reason `operator`,
+  first), on a site that takes handoffs;
 - `POST handoffs/{session_id}/messages` (`{"operator": NAME, "text": ...}`): by the holder,
   `OperatorMessage`, 201;
 - `POST handoffs/{session_id}/release` (`{"operator": NAME}`): back to the AI, `OperatorLeft`
@@ -13,9 +15,11 @@ that wait for a person of the site's team, and what that person does in one (iss
 - `POST handoffs/{session_id}/close` (`{"operator": NAME}`): `HandoffEnded(closed)`, after
   `OperatorLeft` when held.
 
-A conversation with no handoff waiting or held is a 404; one held by another operator a 409.
-NAME is who the visitor sees and the log records; the credential that acted (ADMIN_TOKEN or
-the site's key, `Operator.actor`) is logged beside it and kept in the claim.
+A conversation with no handoff waiting or held is a 404 (but to a claim); one held by another
+operator a 409. NAME is who the visitor sees and the log records: a named operator's key
+(operators.py) is its holder's name, and a request naming someone else with it is a 403; with
+the site's shared key or ADMIN_TOKEN the request names who acts. The credential that acted
+(`Operator.actor`) is logged beside it and kept in the claim.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from fastapi.responses import JSONResponse
 
 from shared import events as ev
 from shared import metrics, subjects
+from shared.site_config import OPERATOR_NAME_RE
 from shared.state import ConversationState
 from services.gateway import handoffs
 from services.gateway.access import operator_of_site
@@ -45,18 +50,19 @@ Who = Annotated[Operator, Depends(operator_of_site)]
 MESSAGES_SHOWN = 10  # the list's last messages of each conversation
 MAX_BODY_BYTES = 64 * 1024  # the longest text (4,000 characters), every one escaped
 OperatorName = Annotated[str, msgspec.Meta(
-    pattern=r"^[\w.-]([\w .-]{0,62}[\w.-])?\Z",
-    description="who the visitor sees: 1-64 letters, digits, spaces, '.', '_' or '-', no space at either end")]
+    pattern=OPERATOR_NAME_RE.pattern,
+    description="who the visitor sees: 1-64 letters, digits, spaces, '.', '_' or '-', no space at either end; "
+                "with a named operator's key, theirs (or left out)")]
 Text = Annotated[str, msgspec.Meta(min_length=1, max_length=4000)]
 
 
 class OperatorAction(msgspec.Struct, forbid_unknown_fields=True):
-    operator: OperatorName
+    operator: OperatorName | None = None
 
 
 class OperatorText(msgspec.Struct, forbid_unknown_fields=True):
-    operator: OperatorName
     text: Text
+    operator: OperatorName | None = None
 
 
 _action = msgspec.json.Decoder(OperatorAction)
@@ -71,56 +77,64 @@ async def list_handoffs(request: Request, site: SiteId):
     sessions = list(dict.fromkeys(r.event.session_id for r in requested))
     states = await asyncio.gather(*(store.state(site, s) for s in sessions))
     open_ = [s for s in states if s.handoff.status in ("waiting", "held")]
-    written = await asyncio.gather(*(store.events(site, s.session_id, "operator_message") for s in open_))
+    written = await asyncio.gather(*(handoffs.written_between(store, site, s.session_id) for s in open_))
     rows = [_row(state, messages) for state, messages in zip(open_, written)]
     return {"site": site, "handoffs": sorted(rows, key=lambda r: r["requested_ts"])}
 
 
-def _row(state: ConversationState, operator_messages: list) -> dict:
+def _row(state: ConversationState, between: list) -> dict:
     handoff = state.handoff
     return {"session_id": state.session_id, "status": handoff.status, "reason": handoff.reason,
             "requested_turn": handoff.requested_turn, "requested_ts": handoff.requested_ts,
             "operator": handoff.operator, "turn": state.turn,
-            "messages": handoffs.transcript(state, operator_messages)[-MESSAGES_SHOWN:],
+            "messages": handoffs.transcript(state, between)[-MESSAGES_SHOWN:],
             "visitor_profile": msgspec.to_builtins(state.visitor_profile), "interest_score": state.interest.score}
 
 
 @router.post("/handoffs/{session_id}/claim")
 async def claim(request: Request, site: SiteId, session_id: SessionId, who: Who):
     """Hold the conversation: the AI stops answering, the visitor sees the operator join."""
-    body = decode(await read_body(request, MAX_BODY_BYTES), _action)
-    state = await _open(request, site, session_id)
-    if state.handoff.status == "held" and state.handoff.operator == body.operator:
-        return _done(state, body.operator, new=False)
-    if state.handoff.status == "held":  # the log says so, whatever the bucket still holds
+    name = _name(who, await _action_of(request))
+    state = await request.app.state.store.state(site, session_id)
+    joining = state.handoff.status not in ("waiting", "held")  # nobody asked: the operator chooses to join
+    if joining:
+        await _joinable(request, state)
+    elif state.handoff.status == "held" and state.handoff.operator == name:
+        return _done(state, name, new=False)
+    elif state.handoff.status == "held":  # the log says so, whatever the bucket still holds
         return _taken(handoffs.Taken(state.handoff.operator))
+    number = state.handoff.handoffs + 1 if joining else state.handoff.handoffs
     try:
         await request.app.state.handoff_claims.claim(
-            site, session_id, handoffs.Claim(operator=body.operator, handoff=state.handoff.handoffs, actor=who.actor))
+            site, session_id, handoffs.Claim(operator=name, handoff=number, actor=who.actor))
     except handoffs.Taken as taken:
         return _taken(taken)
-    joined = _event(ev.OperatorJoined, state, "joined", body.operator, operator=body.operator)
-    new = await _store(request, who, joined)
+    if joining:
+        await _store(request, who, _event(ev.HandoffRequested, state, "requested", "operator", number,
+                                          reason="operator", detail=f"{name} joined"))
+        metrics.handoffs.labels("operator").inc()
+    new = await _store(request, who, _event(ev.OperatorJoined, state, "joined", name, number, operator=name))
     if new:
         metrics.handoff_actions.labels("claim").inc()
-    return _done(state, body.operator, new, status="held")
+    return _done(state, name, new, status="held")
 
 
 @router.post("/handoffs/{session_id}/messages", status_code=201)
 async def send_message(request: Request, site: SiteId, session_id: SessionId, who: Who):
     """What the holder writes to the visitor, shown on the visitor's live channel."""
     body = decode(await read_body(request, MAX_BODY_BYTES), _text)
+    name = _name(who, body)
     if not body.text.strip():
         raise RequestError("text", "text is empty")
     state = await _open(request, site, session_id)
-    _held_by(state, body.operator)
+    _held_by(state, name)
     message = ev.OperatorMessage(event_id=ev.new_id(), site=site, session_id=session_id, turn=state.turn,
-                                 ts=ev.now(), producer="gateway", operator=body.operator, text=body.text)
+                                 ts=ev.now(), producer="gateway", operator=name, text=body.text)
     await _store(request, who, message)
     metrics.handoff_actions.labels("message").inc()
     if not state.handoff.replied and state.handoff.requested_ts:
         metrics.handoff_first_reply_seconds.observe(max(0.0, message.ts - state.handoff.requested_ts))
-    return {"site": site, "session_id": session_id, "operator": body.operator, "ts": message.ts, "stored": True}
+    return {"site": site, "session_id": session_id, "operator": name, "ts": message.ts, "stored": True}
 
 
 @router.post("/handoffs/{session_id}/release")
@@ -136,16 +150,15 @@ async def close(request: Request, site: SiteId, session_id: SessionId, who: Who)
 
 
 async def _end(request: Request, site: str, session_id: str, who: Operator, outcome: str):
-    body = decode(await read_body(request, MAX_BODY_BYTES), _action)
+    name = _name(who, await _action_of(request))
     state = await _open(request, site, session_id)
     if state.handoff.status == "held":
-        _held_by(state, body.operator)
-        await _store(request, who, _event(ev.OperatorLeft, state, "left", body.operator, operator=body.operator))
-    await _store(request, who, _event(ev.HandoffEnded, state, f"ended:{outcome}", body.operator,
-                                      by=body.operator, outcome=outcome))
+        _held_by(state, name)
+        await _store(request, who, _event(ev.OperatorLeft, state, "left", name, operator=name))
+    await _store(request, who, _event(ev.HandoffEnded, state, f"ended:{outcome}", name, by=name, outcome=outcome))
     await request.app.state.handoff_claims.end(site, session_id)
     metrics.handoff_actions.labels("release" if outcome == "released" else "close").inc()
-    return {"site": site, "session_id": session_id, "status": "", "outcome": outcome, "operator": body.operator}
+    return {"site": site, "session_id": session_id, "status": "", "outcome": outcome, "operator": name}
 
 
 async def _open(request: Request, site: str, session_id: str) -> ConversationState:
@@ -156,6 +169,33 @@ async def _open(request: Request, site: str, session_id: str) -> ConversationSta
     return state
 
 
+async def _action_of(request: Request) -> OperatorAction:
+    """A claim's, release's or close's body: none at all is `{}` (a named operator's key says who)."""
+    raw = await read_body(request, MAX_BODY_BYTES)
+    return decode(raw, _action) if raw.strip() else OperatorAction()
+
+
+def _name(who: Operator, body: OperatorAction | OperatorText) -> str:
+    """Who acts: a named operator's key names them (a request naming another is refused);
+    the site's shared key and ADMIN_TOKEN act for the operator the request names."""
+    if who.name:
+        if body.operator and body.operator != who.name:
+            raise RequestError("operator", f"this key is {who.name}'s: it acts as {who.name} only", status=403)
+        return who.name
+    if not body.operator:
+        raise RequestError("operator", 'who acts: {"operator": NAME} (a named operator\'s own key names them)')
+    return body.operator
+
+
+async def _joinable(request: Request, state: ConversationState) -> None:
+    """An operator may join a conversation that exists, on a site that takes handoffs."""
+    if state.event_count == 0:
+        raise NotFound(f"no conversation {state.site}/{state.session_id}")
+    config = await request.app.state.sites.find(state.site)
+    if config is None or not config.handoff.enabled:
+        raise Conflict("this site does not take handoffs ([handoff] enabled = false): nobody can join")
+
+
 def _held_by(state: ConversationState, operator: str) -> None:
     if state.handoff.status != "held":
         raise Conflict("nobody holds this conversation: claim it first")
@@ -163,10 +203,11 @@ def _held_by(state: ConversationState, operator: str) -> None:
         raise Conflict(f"{state.handoff.operator} holds this conversation")
 
 
-def _event(cls, state: ConversationState, step: str, name: str, **fields) -> ev.Envelope:
-    """An operator's step in the conversation's current handoff, under an id derived from the
-    handoff and the step: a request sent again is the same message, which JetStream keeps once."""
-    cause = f"{state.site}/{state.session_id}/handoff/{state.handoff.handoffs}"
+def _event(cls, state: ConversationState, step: str, name: str, number: int | None = None, **fields) -> ev.Envelope:
+    """An operator's step in the conversation's handoff `number` (default: the current one),
+    under an id derived from the handoff and the step: a request sent again is the same
+    message, which JetStream keeps once."""
+    cause = f"{state.site}/{state.session_id}/handoff/{state.handoff.handoffs if number is None else number}"
     return cls(event_id=ev.derived_id(cause, "gateway", f"{step}:{name}"), site=state.site,
                session_id=state.session_id, turn=state.turn, ts=ev.now(), producer="gateway", **fields)
 

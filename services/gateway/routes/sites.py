@@ -10,7 +10,8 @@ changed and deleted through shared/site_store.py (checked as a file is, versione
 - `DELETE /v1/admin/sites/{site}`: ADMIN_TOKEN only (403 for a site key);
 - `GET    versions`: the configs the bucket keeps, newest first, with who made each;
 - `POST   keys`: a new operator key for the site, in the answer only; its SHA-256 joins
-  `operator_key_sha256`.
+  `operator_key_sha256`, or, with `{"operator": NAME}`, is that named operator's account
+  (`operators`).
 
 A config that does not validate is a 422 listing every field's problem (errors.py); a site
 key sees only its own site (404 for any other, as for everything under the prefix).
@@ -30,8 +31,8 @@ from services.gateway.errors import Conflict, NotFound
 from services.gateway.openapi import SITE_OPENAPI, SITE_PATCH_OPENAPI, SiteId
 from services.gateway.operators import Operator
 from services.gateway.schemas import RequestError, decode, read_body
-from shared.site_config import SiteConfig
-from shared.site_store import SiteConflict, SiteNotFound, SiteStore, as_data
+from shared.site_config import OPERATOR_NAME_RE, SiteConfig
+from shared.site_store import SiteConflict, SiteNotFound, SiteStore, as_data, key_sha256
 
 router = APIRouter()
 Who = Annotated[Operator, Depends(operator_of_site)]
@@ -124,16 +125,31 @@ async def site_versions(request: Request, site: SiteId):
     return JSONResponse({"site": site, "versions": versions}, headers=NO_STORE)
 
 
+class KeyFor(msgspec.Struct, forbid_unknown_fields=True):
+    operator: Annotated[str, msgspec.Meta(pattern=OPERATOR_NAME_RE.pattern)] = ""
+
+
+_key_for = msgspec.json.Decoder(KeyFor)
+
+
 @router.post("/keys", status_code=201)
 async def make_key(request: Request, site: SiteId, who: Who):
     """A new operator key for the site, returned once: only its SHA-256 is stored (added to
-    `operator_key_sha256`; remove an entry with PATCH to retire a key). It works on every
-    replica once their copies of the config expire (SITE_CONFIG_TTL_S)."""
+    `operator_key_sha256`; remove an entry with PATCH to retire a key). With a body
+    `{"operator": NAME}`, a named operator's key instead (their account in `operators`,
+    replacing an older key of the same name): what they do in a handoff is theirs. A key
+    works on every replica once their copies of the config expire (SITE_CONFIG_TTL_S)."""
+    raw = await read_body(request, 1024)
+    body = decode(raw, _key_for) if raw.strip() else KeyFor()
+    if who.name:
+        raise RequestError(None, "a named operator's key cannot make keys: use the site's key or ADMIN_TOKEN",
+                           status=403)
     try:
-        key, change = await _store(request).add_key(site, who.actor)
+        key, change = await _store(request).add_key(site, who.actor, body.operator)
     except SiteNotFound:
         raise NotFound(f"no site {site}") from None
     except SiteConflict as exc:
         raise Conflict(str(exc)) from None
-    return JSONResponse({"site": site, "key": key, "sha256": change.config.operator_key_sha256[-1],
+    digest = key_sha256(key)
+    return JSONResponse({"site": site, "key": key, "sha256": digest, "operator": body.operator,
                          "version": change.config.version}, status_code=201, headers=NO_STORE)

@@ -60,7 +60,7 @@ async def visitor_conversation(request: Request, conversation: Own):
     if state.event_count == 0:
         raise NotFound(f"no conversation {site}/{session_id}")
     # Private to the token's holder: no shared cache may keep it under the URL alone.
-    written = await request.app.state.store.events(site, session_id, "operator_message")
+    written = await handoffs.written_between(request.app.state.store, site, session_id)
     return Response(msgspec.json.encode(visitor_view.conversation(state, written)), media_type="application/json",
                     headers={"Cache-Control": "no-store, private", "Vary": "X-Session-Token, Origin"})
 

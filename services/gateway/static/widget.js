@@ -554,7 +554,8 @@
       if (meta.route === "HANDOFF" && !turn.answer) turn.bot.remove();  // written while waiting or held: no answer
       if (meta.route === "ANSWER" && !meta.blocked) votes(event.turn || turn.number);
       finish(meta);
-      if (meta.route === "HANDOFF") handedOff(handoff || "waiting", handoffOperator);
+      // A handoff nobody can take (out of hours) or an e-mail left for the team: nothing to wait for.
+      if (meta.route === "HANDOFF" && meta.handoff !== "") handedOff(handoff || "waiting", handoffOperator);
       scroll();
       return true;
     } else if (event.type === "error") {
@@ -716,6 +717,17 @@
     scroll();
   }
 
+  // What the site says when nobody could take the handoff: a bot message, shown once.
+  function noticeBubble(text, ts) {
+    var key = ["notice", ts, text].join("\n");
+    if (shownByOperator[key]) return;
+    shownByOperator[key] = true;
+    var node = el("div", "cw-msg cw-bot cw-notice", text);
+    node.setAttribute("data-testid", "cw-notice");
+    log.appendChild(node);
+    scroll();
+  }
+
   // The handoff stands at `status`: said in the status line, and the live channel opened.
   function handedOff(status, operator) {
     handoff = status; handoffOperator = operator || "";
@@ -736,11 +748,18 @@
       handoff = "waiting"; handoffOperator = "";
       handoffStatus.textContent = "Connecting you with the team…";
     } else if (event.type === "handoff_ended") {
-      var said = event.outcome === "closed" ? "The conversation was closed"
-                                            : "The conversation is back with the assistant";
-      note(said);
       handoff = ""; handoffOperator = "";
-      handoffStatus.textContent = said;
+      if (event.message) {  // nobody could take it: the e-mail follow-up is offered
+        noticeBubble(event.message, event.ts);
+        handoffStatus.textContent = "";
+      } else if (event.outcome === "released" || event.outcome === "closed") {
+        var said = event.outcome === "closed" ? "The conversation was closed"
+                                              : "The conversation is back with the assistant";
+        note(said);
+        handoffStatus.textContent = said;
+      } else {
+        handoffStatus.textContent = "";  // out of hours: the turn's reply said so
+      }
       return true;
     }
     return false;
@@ -802,6 +821,7 @@
         var messages = view.messages || [];
         messages.forEach(function (m) {
           if (m.role === "operator") { operatorBubble({operator: m.operator, ts: m.ts, text: m.content}); return; }
+          if (m.role === "notice") { noticeBubble(m.content, m.ts); return; }
           if (m.role === "assistant" && !m.content && m.route === "HANDOFF") return;  // written while held
           var node = el("div", "cw-msg " + (m.role === "user" ? "cw-user" : "cw-bot"));
           if (m.role === "assistant") {

@@ -1,0 +1,45 @@
+"""handoff_timer: nobody is left waiting for a person in silence.
+
+Woken by each `HandoffRequested`; until the site's maximum wait (`[handoff] max_wait_s`)
+has passed since the request it hands the event back to the server to come again then
+(shared/node.py `Later`: the server keeps the time, so a restart loses no timer). Then, if
+the same handoff is still waiting with no operator having joined or written, it ends it
+(`HandoffEnded`, by "system", `no_answer`) with a localized message asking for an e-mail
+address the team can write to (data/replies.toml `handoff.no_answer`), which the visitor's
+live channel carries. A handoff taken, ended or replaced by a later request in the meantime
+is left alone. A replay does not run this node: what it stored is put back where it was in
+the log, like the operators' steps (cli/replay/sandbox.py).
+"""
+
+from __future__ import annotations
+
+import time
+
+from services.responder import replies
+from shared import events as ev
+from shared import metrics
+from shared.node import Context, Inputs, Later, Needs, Node
+
+NAME = "handoff_timer"
+
+
+async def check(event: ev.HandoffRequested, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
+    state, config = inputs.state, inputs.config
+    handoff = state.handoff
+    if handoff.status != "waiting" or handoff.requested_ts != event.ts or handoff.replied:
+        return []  # taken, ended, or a later request has its own timer
+    due = event.ts + config.handoff.max_wait_s
+    now = time.time()
+    if now < due:
+        raise Later(due - now)
+    lang = replies.visitor_language(state, handoff.requested_turn)
+    key = "handoff.no_answer_known" if state.booking.lead_captured else "handoff.no_answer"
+    ended = ctx.follow(ev.HandoffEnded, by="system", outcome="no_answer",
+                       message=replies.text(key, lang, site_name=config.name or event.site))
+    ended.turn = state.turn  # after the visitor's latest message, where it is shown
+    metrics.handoffs_unanswered.labels("no_answer").inc()
+    return [ended]
+
+
+def make_node() -> Node:
+    return Node(name=NAME, consumes=("handoff_requested",), handle=check, needs=Needs(state=True, config=True))
