@@ -562,9 +562,10 @@ async def test_an_operator_reads_insight_and_answers_a_gap(system, llm, suggesti
 async def test_an_operator_answers_a_handoff_from_the_inbox(system, llm, http):
     """Issue 42's inbox in /admin: a visitor asks for a person on a site that takes handoffs;
     the Inbox lists the conversation as waiting with its transcript; a claim without a name is
-    refused beside the name field; claimed as Grace, another operator's claim is a 409 naming
-    her (through the API and in the view); her reply is stored as hers; handed back to the AI,
-    the visitor's next question is answered by the AI; the timeline opens from the view."""
+    refused beside the name field; claimed as Grace, the visitor's next message shows at once
+    (the site's feed); another operator's claim is a 409 naming her (through the API and in the
+    view); her reply is stored as hers; handed back to the AI, the visitor's next question is
+    answered by the AI; the timeline opens from the view."""
     from playwright.async_api import async_playwright
 
     from cli.harness.sse import Conversation
@@ -596,6 +597,9 @@ async def test_an_operator_answers_a_handoff_from_the_inbox(system, llm, http):
             await admin.click("#handoffClaim")
             await row.locator(".tag:text-is('held')").wait_for()
             assert "Grace" in await row.text_content()
+            # The visitor writes while held: the feed brings it, well before the 30 s fallback poll.
+            await visitor.say("Are you there?")
+            await admin.wait_for_selector("#handoffTranscript .msg.user:has-text('Are you there?')", timeout=5000)
             taken = await http.post(f"{handoff}/claim", json={"operator": "Linus"}, headers=ops(system))
             assert taken.status_code == 409 and taken.json()["holder"] == "Grace", taken.text
             await admin.fill("#inboxOperator", "Linus")

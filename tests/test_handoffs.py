@@ -183,20 +183,27 @@ async def frames_of(client, site: str, session: str, want: int, last_id: str | N
     headers = {"X-Session-Token": tokens.issue(site, session), "Origin": ORIGIN}
     if last_id is not None:
         headers["Last-Event-ID"] = last_id
-    got, event_id = [], None
+    got = []
     async with client.stream("GET", f"/v1/sites/{site}/conversations/{session}/live", headers=headers) as response:
         assert response.status_code == 200, await response.aread()
         if during is not None:
             await asyncio.sleep(0.3)  # subscribed and caught up
             await during()
-        async for line in response.aiter_lines():
-            if line.startswith("id:"):
-                event_id = line[3:].strip()
-            elif line.startswith("data:"):
-                got.append((event_id, json.loads(line[5:])))
-                if len(got) == want:
-                    break
+        async for frame in sse(response):
+            got.append(frame)
+            if len(got) == want:
+                break
     return got
+
+
+async def sse(response):
+    """(id, payload) of each server-sent event of an open response, as it comes."""
+    event_id = None
+    async for line in response.aiter_lines():
+        if line.startswith("id:"):
+            event_id = line[3:].strip()
+        elif line.startswith("data:"):
+            yield event_id, json.loads(line[5:])
 
 
 async def test_the_live_channel_sends_operator_frames_and_resumes_after_the_last_id(bus, site, api):
@@ -301,3 +308,57 @@ async def test_a_named_operators_key_acts_as_them_and_as_nobody_else(bus, site, 
         await asyncio.sleep(0.1)
     assert answer.status_code == 201 and answer.json()["operator"] == "Cy Young", answer.text
     assert (await client.post(f"/v1/admin/sites/{site}/keys", json={}, headers=cy)).status_code == 403
+def feed(site: str) -> str:
+    return f"/v1/admin/sites/{site}/handoffs/live"
+
+
+async def take(frames, want: int) -> list[tuple[str, dict]]:
+    return [await asyncio.wait_for(anext(frames), 10) for _ in range(want)]
+
+
+async def test_the_operators_feed_sends_the_sites_steps_in_order_and_resumes_after_the_last_id(bus, site, api):
+    """The inbox's feed: from now without Last-Event-ID, the site's handoff steps and its
+    visitors' messages in log order, each with its sequence as its id, none of another site's
+    (whose steps are interleaved); reconnected after an id, what followed it, none twice."""
+    client, other = api
+    before = await waiting(bus, site)  # stored before the feed opened: not in it
+    auth = bearer(key_of(site))
+    async with client.stream("GET", feed(site), headers=auth) as response:
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+        frames = sse(response)
+        (ready_id, ready), = await take(frames, 1)
+        assert ready == {"type": "ready"} and int(ready_id) > 0
+        session = await waiting(bus, site)
+        theirs = await waiting(bus, other)
+        for where, who in ((site, session), (other, theirs)):
+            claimed = await client.post(admin(where, who, "claim"), json={"operator": "Ada"}, headers=bearer(ADMIN))
+            assert claimed.status_code == 201, claimed.text
+        for where, who in ((other, theirs), (site, session)):
+            await client.post(admin(where, who, "messages"), json={"operator": "Ada", "text": "secret"},
+                              headers=bearer(ADMIN))
+        got = await take(frames, 5)
+    assert [(p["type"], p["turn"]) for _, p in got] == [
+        ("turn_requested", 1), ("turn_requested", 2), ("handoff_requested", 2), ("operator_joined", 2),
+        ("operator_message", 2)]
+    assert {p["session_id"] for _, p in got} == {session} and before != session
+    assert got[2][1]["reason"] == "visitor_asked" and got[3][1]["operator"] == got[4][1]["operator"] == "Ada"
+    assert "text" not in got[4][1] and all(p["ts"] > 0 for _, p in got)  # the page reads the list for the text
+    ids = [int(i) for i, _ in got]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids) and ids[0] > int(ready_id)
+
+    await client.post(admin(site, session, "release"), json={"operator": "Ada"}, headers=auth)
+    async with client.stream("GET", feed(site), headers={**auth, "Last-Event-ID": got[2][0]}) as response:
+        rest = await take(sse(response), 5)
+    assert rest[0] == (got[2][0], {"type": "ready"})
+    assert rest[1:3] == got[3:5]  # the same frames under the same ids
+    assert [p["type"] for _, p in rest[3:]] == ["operator_left", "handoff_ended"]
+    assert rest[4][1]["outcome"] == "released" and rest[4][1]["by"] == "Ada"
+
+
+async def test_the_operators_feed_needs_the_sites_token(site, api):
+    client, other = api
+    assert (await client.get(feed(site))).status_code == 401
+    assert (await client.get(feed(site), headers=bearer(key_of(other)))).status_code == 404
+    assert (await client.get(feed(other), headers=bearer(key_of(site)))).status_code == 404
+    bad = await client.get(feed(site), headers={**bearer(key_of(site)), "Last-Event-ID": "3:0"})
+    assert bad.status_code == 400 and "last-event-id" in bad.text

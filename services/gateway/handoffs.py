@@ -9,14 +9,16 @@ wrote among its messages, and the visitor's live channel of what operators do.
   is deleted when the handoff ends through this API.
 - `transcript`: the fold's messages with the operator's among them (the fold keeps no
   operator message: prompts must never take one for the AI's answer).
-- `live`: a conversation's handoff events as server-sent events, each framed with its
-  stream sequence as its id, so `Last-Event-ID` resumes exactly.
+- `follow`: the log's events on a few subjects as server-sent events, each framed with its
+  stream sequence as its id, so `Last-Event-ID` resumes exactly; its two uses, `live`, a
+  conversation's handoff events for its visitor, and `site_feed`, a site's handoff activity
+  for its operators (the inbox's feed).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import msgspec
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
@@ -29,7 +31,7 @@ from shared.store import ConversationStore
 from services.gateway import frames
 from services.gateway.schemas import RequestError
 
-# The live channel reads the log again this often with no wake-up: a wake-up (a core NATS
+# A live channel reads the log again this often with no wake-up: a wake-up (a core NATS
 # message) may arrive before the stream's replica answering the read has stored its event.
 POLL_S = 2.0
 RECHECK_S = (0.05, 0.2, 0.5)  # a wake-up that found nothing new reads again after these
@@ -141,19 +143,63 @@ def last_seq(header: str | None) -> int:
     return int(header)
 
 
-async def live(bus: Bus, site: str, session_id: str, after: int) -> AsyncIterator[bytes]:
-    """The conversation's handoff events stored after sequence `after`, then each as it is
-    stored, until the client goes (the response cancels this). Subscribed before the first
-    read, so nothing stored in between is missed; the reads go by sequence, so nothing is
-    sent twice."""
+# What the operators' feed frames: the site's handoff steps, and every visitor's message (a
+# turn requested), so the inbox shows a new message of a conversation it lists at once.
+FEED_EVENTS = ("handoff_requested", *ev.HANDOFF_EVENTS, "turn_requested")
+
+
+def feed_frame(event: ev.Envelope) -> dict:
+    """What an operator's feed says of an event: which conversation and what happened in it,
+    no more than the inbox's list shows (no text: the page reads the list again)."""
+    frame = {"type": ev.event_type(event), "session_id": event.session_id, "turn": event.turn, "ts": event.ts}
+    match event:
+        case ev.HandoffRequested():
+            frame["reason"] = event.reason
+        case ev.OperatorJoined() | ev.OperatorMessage() | ev.OperatorLeft():
+            frame["operator"] = event.operator
+        case ev.HandoffEnded():
+            frame |= {"outcome": event.outcome, "by": event.by}
+    return frame
+
+
+async def log_end(bus: Bus) -> int:
+    """The sequence of the log's newest message: where a feed without `Last-Event-ID` starts."""
+    return (await bus.js.stream_info(subjects.CONV_STREAM)).state.last_seq
+
+
+def live(bus: Bus, site: str, session_id: str, after: int) -> AsyncIterator[bytes]:
+    """The conversation's handoff events for its visitor (`frame_of`), stored after `after`."""
+    return follow(bus, subjects.conv(site, session_id, "*"),
+                  [subjects.conv(site, session_id, kind) for kind in ev.HANDOFF_EVENTS], frame_of, after)
+
+
+async def site_feed(bus: Bus, site: str, after: int) -> AsyncIterator[bytes]:
+    """The site's handoff activity for its operators (`feed_frame`), stored after `after`: first
+    a `ready` frame whose id is `after` (the client then has an id to resume from, and reads
+    the inbox's list once: the feed has what comes after), then the site's `FEED_EVENTS`. Only
+    the site's own subjects are read or subscribed to: no other tenant's event can show."""
+    yield frames.frame({"type": "ready"}, str(after))
+    async for chunk in follow(bus, subjects.conv_of_type("*", site),
+                              [subjects.conv_of_type(kind, site) for kind in FEED_EVENTS], feed_frame, after):
+        yield chunk
+
+
+async def follow(bus: Bus, read: str, wanted: Sequence[str], frame: Callable[[ev.Event], dict],
+                 after: int) -> AsyncIterator[bytes]:
+    """The events stored on `read` after sequence `after` whose subject one of `wanted` names
+    (each within `read`), framed by `frame` with its sequence as its id, then each as it is
+    stored, until the client goes (the response cancels this). Subscribed to `wanted` (plain
+    NATS: wake-ups) before the first read, so nothing stored in between is missed; the reads
+    go by sequence, so nothing is sent twice."""
     woken = asyncio.Event()
 
     async def wake(_msg) -> None:
         woken.set()
 
-    filter_subject = subjects.conv(site, session_id, "*")
-    subs = [await bus.nc.subscribe(subjects.conv(site, session_id, kind), cb=wake) for kind in ev.HANDOFF_EVENTS]
+    subs = []
     try:
+        for subject in wanted:
+            subs.append(await bus.nc.subscribe(subject, cb=wake))
         while True:
             woken.clear()
             sent = False
@@ -161,11 +207,11 @@ async def live(bus: Bus, site: str, session_id: str, after: int) -> AsyncIterato
                 if pause:
                     await asyncio.sleep(pause)
                 out = []
-                async for seq, subject, data in bus.read_raw(filter_subject, after):
+                async for seq, subject, data in bus.read_raw(read, after):
                     after = seq
-                    if subject.rsplit(".", 1)[-1] in ev.HANDOFF_EVENTS and \
+                    if any(subjects.matches(w, subject) for w in wanted) and \
                             (event := stored_event(seq, subject, data)) is not None:
-                        out.append(frames.frame(frame_of(event), str(seq)))
+                        out.append(frames.frame(frame(event), str(seq)))
                 if out:
                     yield b"".join(out)
                     sent = True

@@ -97,6 +97,13 @@ LIVE_RESPONSES = {
               "site does not allow", s404="the site is not configured", s422="a malformed id",
               s503="the event bus is not reachable"),
 }
+FEED_RESPONSES = {
+    200: {"description": "server-sent events: ready (its id: where the feed starts), then the site's handoff_requested, "
+                         "operator_joined, operator_message, operator_left, handoff_ended and turn_requested, each with "
+                         "its log sequence as its id; live until the client goes",
+          "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+    **_errors(s400="a Last-Event-ID that is not a number"),
+}
 FEEDBACK_OPENAPI = {"requestBody": {"required": True,
                                      "content": {"application/json": {"schema": schema_of(FeedbackRequest)}}}}
 FEEDBACK_RESPONSES = {

@@ -13,7 +13,9 @@ that wait for a person of the site's team, and what that person does in one (iss
 - `POST handoffs/{session_id}/release` (`{"operator": NAME}`): back to the AI, `OperatorLeft`
   (when held) and `HandoffEnded(released)`;
 - `POST handoffs/{session_id}/close` (`{"operator": NAME}`): `HandoffEnded(closed)`, after
-  `OperatorLeft` when held.
+  `OperatorLeft` when held;
+- `GET  handoffs/live`: the site's handoff activity as server-sent events (handoffs.site_feed),
+  what the inbox in /admin listens to.
 
 A conversation with no handoff waiting or held is a 404 (but to a claim); one held by another
 operator a 409. NAME is who the visitor sees and the log records: a named operator's key
@@ -30,16 +32,16 @@ from typing import Annotated
 
 import msgspec
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from shared import events as ev
 from shared import metrics, subjects
 from shared.site_config import OPERATOR_NAME_RE
 from shared.state import ConversationState
-from services.gateway import handoffs
+from services.gateway import frames, handoffs
 from services.gateway.access import operator_of_site
 from services.gateway.errors import Conflict, NotFound
-from services.gateway.openapi import SessionId, SiteId
+from services.gateway.openapi import FEED_RESPONSES, LastEventId, SessionId, SiteId
 from services.gateway.operators import Operator
 from services.gateway.schemas import RequestError, decode, read_body
 
@@ -228,3 +230,15 @@ def _taken(taken: handoffs.Taken) -> JSONResponse:
 def _done(state: ConversationState, operator: str, new: bool, status: str = "held") -> JSONResponse:
     body = {"site": state.site, "session_id": state.session_id, "status": status, "operator": operator, "new": new}
     return JSONResponse(body, status_code=201 if new else 200)
+
+
+@router.get("/handoffs/live", responses=FEED_RESPONSES, response_class=StreamingResponse)
+async def live_feed(request: Request, site: SiteId, last_event_id: LastEventId = None):
+    """The site's handoff activity: a `ready` frame, then each handoff step (`handoff_requested`,
+    `operator_joined`, `operator_message`, `operator_left`, `handoff_ended`) and each visitor's
+    message (`turn_requested`), `{"type", "session_id", "turn", "ts", ...}`, with its log
+    sequence as its id; those stored after `Last-Event-ID` (without it, from now), then live
+    until the client goes. Keep-alive comments while nothing happens."""
+    bus = request.app.state.bus
+    after = handoffs.last_seq(last_event_id) or await handoffs.log_end(bus)
+    return frames.response(handoffs.site_feed(bus, site, after), {}, request.app.state.settings.keepalive_s)
