@@ -60,6 +60,7 @@ async def test_the_webhook_tells_the_receiver_the_booking_answers_and_the_visito
     payload = json.loads(delivered["body"])
     assert payload["collected"] == {"email": "ada@example.com", "team_size": "11-50"}
     assert payload["visitor_profile"]["company_name"] == "Globex" and payload["event_id"] == captured.event_id
+    assert payload["transcript"] == [{"role": "user", "content": request.message, "turn": 1}]
 
 
 async def test_a_lead_with_no_webhook_configured_is_recorded_as_skipped():

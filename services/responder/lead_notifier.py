@@ -1,8 +1,8 @@
 """lead_notifier: tells the outside world about a captured lead (on `LeadCaptured`).
 
-- Webhook: POST JSON (the lead, the booking answers and the visitor profile) to the site's
-  `lead.webhook_url` (or LEAD_WEBHOOK_URL), signed and retried as webhooks.py says; the
-  outcome is stored as `WebhookRecorded` whatever it is.
+- Webhook: POST JSON (the lead, the booking answers, the visitor profile and the
+  conversation's transcript) to the site's `lead.webhook_url` (or LEAD_WEBHOOK_URL), signed
+  and retried as webhooks.py says; the outcome is stored as `WebhookRecorded` whatever it is.
 - One lead, one delivery: the first `LeadCaptured` of a conversation claims its lead
   (webhook_claims.py); a copy with another event id records `WebhookRecorded(skipped,
   duplicate_of=<owner>)` and sends nothing, neither webhook nor analytics.
@@ -42,6 +42,7 @@ def make_node(claims: WebhookClaims, settings: LeadSettings = LeadSettings(),
             "email": event.email, "capture_context": event.capture_context,
             "collected": dict(state.booking.collected),
             "visitor_profile": msgspec.to_builtins(state.visitor_profile),
+            "transcript": webhooks.transcript(state, event.turn),
         }
         return await webhooks.send(http, settings, "lead", config.lead.webhook_url or settings.webhook_url,
                                    event.site, config.lead, lead_id(event.site, event.session_id), payload)
