@@ -517,6 +517,7 @@ async def ensure_topology(bus: Bus) -> None:
         (subjects.SNAPSHOT_BUCKET, cfg.snapshot_ttl_s or None, 1),
         (subjects.LEAD_CLAIM_BUCKET, None, 1),  # kept as long as the log that may replay a lead
         (subjects.HANDOFF_CLAIM_BUCKET, None, 1),  # deleted as the handoff ends; a stale one is taken over
+        (subjects.HANDOFF_DELIVERY_BUCKET, None, 1),  # as lead_claims: kept as long as the log
         (subjects.KB_VECTORS_BUCKET, cfg.kb_vectors_ttl_s or None, 1),
         (subjects.INSIGHT_BUCKET, None, 1),  # made again from the log: `concierge insight rebuild`
     ):

@@ -252,7 +252,8 @@ class SuggestionsGenerated(Envelope, tag="suggestions_generated"):
 
 
 class WebhookRecorded(Envelope, tag="webhook_recorded"):
-    """The lead-capture webhook's outcome, whatever it was."""
+    """A webhook's outcome, whatever it was: a captured lead's (`hook` lead, caused by the
+    LeadCaptured) or a handoff request's (`hook` handoff, caused by the HandoffRequested)."""
 
     target: str  # the URL (no secret in it)
     ok: bool
@@ -261,6 +262,7 @@ class WebhookRecorded(Envelope, tag="webhook_recorded"):
     error: str | None = None
     skipped: bool = False  # nothing sent: no webhook configured, or a duplicate
     duplicate_of: str | None = None  # the LeadCaptured that owns this conversation's lead
+    hook: str = "lead"  # lead | handoff; events stored before handoff webhooks have none: lead
 
 
 class AnalyticsRecorded(Envelope, tag="analytics_recorded"):

@@ -153,6 +153,9 @@ class Handoff(Strict):
 
     enabled: bool = False  # off: a visitor asking for a person is answered as any other message
     lead_score: float = 0.0  # a cumulative interest score at which a qualified lead is handed off (0: never)
+    # Where each handoff request is POSTed (signed with the site's lead webhook secret), for
+    # the team's own chat tool; empty: `lead.webhook_url`, then LEAD_WEBHOOK_URL.
+    webhook_url: str = ""
     # Answers in a row that found nothing in the knowledge base or were rated down, after
     # which the next question goes to the team (0: never).
     not_found_turns: int = 0
@@ -310,6 +313,10 @@ def problems(config: SiteConfig) -> list[FieldError]:
     for key in ("rerank_top_k", "graph_top_k", "chunk_top_k"):
         if getattr(r, key) is not None and getattr(r, key) < 1:
             bad(f"retrieval.{key}", "must be ≥ 1")
+    for field, value in (("lead.webhook_url", config.lead.webhook_url),
+                         ("handoff.webhook_url", config.handoff.webhook_url)):  # where the responder POSTs
+        if value and not _url(value, ("https", "http")):
+            bad(field, "must be an http(s) URL")
     if config.lead.webhook_secret_env and not ENV_NAME_RE.match(config.lead.webhook_secret_env):
         bad("lead.webhook_secret_env", "must name an environment variable (A-Z, 0-9, _), not hold the secret")
     names = [f.name for f in config.booking.fields]

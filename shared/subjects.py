@@ -30,6 +30,8 @@ SESSION_GUARD_BUCKET = "session_guards"
 SNAPSHOT_BUCKET = "state_snapshots"
 LEAD_CLAIM_BUCKET = "lead_claims"
 HANDOFF_CLAIM_BUCKET = "handoff_claims"  # who holds a conversation's handoff (services/gateway/handoffs.py)
+# Who delivers each handoff request's webhook (services/responder/webhook_claims.py).
+HANDOFF_DELIVERY_BUCKET = "handoff_deliveries"
 KB_SNAPSHOT_BUCKET = "kb_snapshots"  # object store: each site's knowledge-base snapshot
 KB_VECTORS_BUCKET = "kb_vectors"  # vectors of knowledge-base sentences (services/responder/kb_vectors.py)
 INSIGHT_BUCKET = "insight"  # each conversation's insight record (shared/insight.py)

@@ -1,4 +1,5 @@
-"""Each site's lead-webhook secret, in the Standard Webhooks format (`whsec_` + base64).
+"""Each site's webhook secret (its lead and handoff webhooks), in the Standard Webhooks format
+(`whsec_` + base64).
 
 A site whose `[lead]` names `webhook_secret_env` uses that variable's value (a Kubernetes
 Secret, say): the customer's own key, rotated on its own. Any other site gets a key derived

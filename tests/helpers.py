@@ -13,6 +13,7 @@ from shared import events as ev
 from shared import subjects
 from shared.config import ConsumerConfig
 from cli.replay.sandbox import LogBus
+from services.responder.webhook_claims import Claim, lead_key
 from shared.consumer import ConsumerRunner
 from shared.node import Context, gather
 from shared.store import MemoryStore
@@ -99,6 +100,21 @@ async def start(bus, node, config=None, configs=None):
     runner = ConsumerRunner(bus, node, config or fast(), configs=configs, start_lookback_s=5)
     await runner.start()
     return runner
+
+
+class ClaimsInMemory:
+    """WebhookClaims (services/responder/webhook_claims.py) without the bucket: the first event
+    to claim a conversation's lead, or a handoff request's delivery, owns it."""
+
+    def __init__(self, key=lead_key):
+        self.key = key
+        self.claims: dict[str, Claim] = {}
+
+    async def claim(self, site, session_id, event_id):
+        return self.claims.setdefault(self.key(site, session_id, event_id), Claim(owner=event_id))
+
+    async def settle(self, site, session_id, owner, outcome):
+        self.claims[self.key(site, session_id, owner)] = Claim(owner=owner, outcome=outcome)
 
 
 class FixedConfigs:

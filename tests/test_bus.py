@@ -159,11 +159,15 @@ async def test_each_service_works_within_its_subjects_and_is_refused_outside(sec
                                                     ts=ev.now(), index=0, content="Hi"))
         assert (await JetStreamStore(responder).state(site, "s1")).turn == 1  # it reads the snapshot bucket
         # The responder claims and settles a lead (one delivery per lead) under its own user.
-        from services.responder.lead_claims import LeadClaims
+        from services.responder import webhook_claims
 
-        claims = LeadClaims(responder)
+        claims = webhook_claims.for_leads(responder)
         claim = await asyncio.wait_for(claims.claim(site, "s1", "lead-event-1"), 5)
         assert claim.owner == "lead-event-1" and claim.outcome is None
+        # And each handoff request's webhook.
+        handoffs = webhook_claims.for_handoffs(responder)
+        claim = await asyncio.wait_for(handoffs.claim(site, "s1", "handoff-event-1"), 5)
+        assert claim.owner == "handoff-event-1" and claim.outcome is None
         # It stores the knowledge vectors it embedded (kb_vectors.py), and reads them back.
         from services.responder import kb_vectors
 

@@ -424,14 +424,20 @@ async def test_insight_counts_a_known_mix_and_a_curated_answer_closes_its_gap(sy
         await bus.close()
 
 
-async def test_a_visitor_who_asks_for_a_person_is_answered_by_an_operator_then_by_the_ai_again(system, llm, http):
+async def test_a_visitor_who_asks_for_a_person_is_answered_by_an_operator_then_by_the_ai_again(system, llm, http,
+                                                                                               webhook):
     """Issue 42 on the real system, over HTTP: on a site that takes handoffs, asking for a
     person ends the turn with route HANDOFF and a localized waiting message, the log holds the
-    HandoffRequested, the next message gets no AI answer; the inbox lists the conversation, of
+    HandoffRequested (and the team's tool gets it, a signed webhook), the next message gets
+    no AI answer; the inbox lists the conversation, of
     two operators claiming at once one wins (409 for the other), the visitor's live channel
     carries the operator's arrival and reply, and once handed back the AI answers again."""
+    from standardwebhooks.webhooks import Webhook
+
+    from shared import webhook_secret
     from shared.site_config import Handoff
 
+    webhook.reset()
     site = f"h{uuid.uuid4().hex[:10]}"
     await configure_site(system.nats_url, site, name="Acme", handoff=Handoff(enabled=True))
     llm.clear()
@@ -446,6 +452,16 @@ async def test_a_visitor_who_asks_for_a_person_is_answered_by_an_operator_then_b
     events = await events_of(http, system, site, visitor.session_id)
     requested = [e["event"] for e in events if e["type"] == "handoff_requested"]
     assert [(r["turn"], r["reason"]) for r in requested] == [(1, "visitor_asked")]
+
+    def handoff_webhooks():
+        return [r for r in webhook.requests if b'"handoff.requested"' in r["body"]]
+
+    # The team's tool is told, signed (the site names no URL: the deployment's LEAD_WEBHOOK_URL).
+    (told,) = await wait_for(handoff_webhooks, timeout=10, what="the handoff webhook")
+    payload = Webhook(webhook_secret.derive(WEBHOOK_SECRET, site)).verify(told["body"], told["headers"])
+    assert payload["session_id"] == visitor.session_id and payload["reason"] == "visitor_asked"
+    assert payload["transcript"][0] == {"role": "user", "content": "Bonjour, puis-je parler à un conseiller ?",
+                                        "turn": 1} and payload["lead_email"] is None
 
     # The operator's inbox lists it; of two operators claiming at once, one holds it.
     handoff = operator_url(system, site, f"handoffs/{visitor.session_id}")
@@ -492,6 +508,7 @@ async def test_a_visitor_who_asks_for_a_person_is_answered_by_an_operator_then_b
                                                         visitor.session_id, "--nats-url", system.nats_url],
                                        capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    assert len(handoff_webhooks()) == 1  # nor did the replay send it again
 
     # A site that takes no handoffs answers as before.
     plain = f"p{uuid.uuid4().hex[:10]}"

@@ -14,8 +14,8 @@ import msgspec
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from services.responder import lead_notifier
-from services.responder.lead_claims import Claim, LeadClaims, Outcome, lead_id
+from services.responder import lead_notifier, webhook_claims, webhooks
+from services.responder.webhook_claims import Outcome, lead_id
 from services.responder.settings import LeadSettings
 from shared import events as ev
 from shared import subjects, webhook_secret
@@ -24,7 +24,7 @@ from shared.site_config import Lead, SiteConfig, SiteConfigs
 from shared.store import JetStreamStore
 from shared.webhook_secret import WebhookSecrets
 from tests.servers import WebhookReceiver
-from tests.helpers import decide, events_of, fast, isolated, start, turn, wait_for
+from tests.helpers import ClaimsInMemory, decide, events_of, fast, isolated, start, turn, wait_for
 
 DEPLOYMENT_SECRET = "deployment-secret"
 
@@ -46,19 +46,6 @@ def lead(site, session="s1", turn=2, email="ada@example.com"):
                            producer="test", email=email)
 
 
-class ClaimsInMemory:
-    """LeadClaims without the bucket: the first event to claim a conversation's lead owns it."""
-
-    def __init__(self):
-        self.claims: dict[tuple[str, str], Claim] = {}
-
-    async def claim(self, site, session_id, event_id):
-        return self.claims.setdefault((site, session_id), Claim(owner=event_id))
-
-    async def settle(self, site, session_id, owner, outcome):
-        self.claims[(site, session_id)] = Claim(owner=owner, outcome=outcome)
-
-
 async def test_the_webhook_tells_the_receiver_the_booking_answers_and_the_visitor_profile(receiver):
     request = turn("s", "l1", 1, "Book a demo, I'm ada@example.com, we are 11-50")
     given = [request, ev.follow(request, ev.BookingProgressed, "booking_handler", pending_field=None,
@@ -73,6 +60,7 @@ async def test_the_webhook_tells_the_receiver_the_booking_answers_and_the_visito
     payload = json.loads(delivered["body"])
     assert payload["collected"] == {"email": "ada@example.com", "team_size": "11-50"}
     assert payload["visitor_profile"]["company_name"] == "Globex" and payload["event_id"] == captured.event_id
+    assert payload["transcript"] == [{"role": "user", "content": request.message, "turn": 1}]
 
 
 async def test_a_lead_with_no_webhook_configured_is_recorded_as_skipped():
@@ -84,7 +72,7 @@ async def test_a_lead_with_no_webhook_configured_is_recorded_as_skipped():
 
 async def running(bus, site, settings: LeadSettings):
     """The lead_notifier node on a durable of its own, acting on this test's site only."""
-    node = lead_notifier.make_node(LeadClaims(bus), settings)
+    node = lead_notifier.make_node(webhook_claims.for_leads(bus), settings)
     return await start(bus, isolated(node, site), fast(), configs=SiteConfigs(bus, ttl_s=0))
 
 
@@ -119,7 +107,7 @@ async def test_the_signature_verifies_and_a_tampered_body_or_a_late_replay_fails
     with pytest.raises(WebhookVerificationError):  # another tenant's key does not verify it
         Webhook(webhook_secret.derive(DEPLOYMENT_SECRET, site + "x")).verify(body, headers)
     # The same request replayed ten minutes later: a valid signature, but for a stale timestamp.
-    late = lead_notifier.signed_headers(Webhook(secret), headers["webhook-id"], body, time.time() - 600)
+    late = webhooks.signed_headers(Webhook(secret), headers["webhook-id"], body, time.time() - 600)
     with pytest.raises(WebhookVerificationError, match="too old"):
         Webhook(secret).verify(body, late)
 
@@ -209,7 +197,7 @@ async def test_a_lead_claimed_but_not_sent_is_sent_once_on_redelivery(bus, site,
     """A process that died between claiming and POSTing leaves a claim without an outcome;
     the redelivered event owns that claim and sends. A redelivery after the outcome was
     stored (the ack was lost) reports it again and sends nothing."""
-    claims = LeadClaims(bus)
+    claims = webhook_claims.for_leads(bus)
     captured = lead(site)
     assert (await claims.claim(site, "s1", captured.event_id)).outcome is None  # the dead process's claim
     runner = await running(bus, site, to(receiver))
@@ -235,7 +223,7 @@ async def test_an_outcome_is_stored_when_the_claims_bucket_answers_again(bus, si
     there would send the lead again on the retry (a bounded rehearsal's duplicate
     delivery), so the put is made again until the bucket answers."""
     bucket = f"claims_{site}"
-    claims = LeadClaims(bus)
+    claims = webhook_claims.for_leads(bus)
     claims.kv = await bus.js.create_key_value(bucket=bucket)
     await bus.js.delete_stream(f"KV_{bucket}")  # no stream answers the bucket's subjects now
 

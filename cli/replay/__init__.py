@@ -14,8 +14,9 @@ sandbox in this process: the original log is only read, nothing is published, no
 is sent, no Redis key written. With `--llm recorded` (the default for rerun, diff and
 verify) every LLM call is answered from the conversation's recorded calls; a call with no
 recording is reported as a divergence, never sent to a provider. Nodes that read or change
-the world outside the conversation (enrichment, retrieval, lead_notifier) are replayed from
-the record (`--live-retrieval` runs the retriever on this machine's knowledge base).
+the world outside the conversation (enrichment, retrieval, lead_notifier, handoff_notifier)
+are replayed from the record (`--live-retrieval` runs the retriever on this machine's
+knowledge base).
 `--node NAME` runs that node alone on its recorded inputs, every other node's outputs
 copied. `verify` is the regression gate: it reruns many conversations and exits 1 when any
 diverges; its last line is one JSON object.

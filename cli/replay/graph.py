@@ -4,9 +4,10 @@ call to the LLM client of the rerun in progress (`CURRENT_LLM`: that conversatio
 calls, or a live client). Making the nodes is most of what a rerun would cost otherwise
 (language models, rule files, HTTP clients), and production makes them once per process too.
 
-Three nodes are `RECORDED`: they read or change the world outside the conversation
+Four nodes are `RECORDED`: they read or change the world outside the conversation
 (enrichment: company lookups and Redis; retrieval: a knowledge base that ingestion changes;
-lead_notifier: the webhook), so a rerun copies their outputs instead of running them.
+lead_notifier and handoff_notifier: the webhooks), so a rerun copies their outputs instead of
+running them.
 `live_retrieval` runs the retriever on this machine's knowledge base for every turn;
 `retrieval_for_new` only for turns the recording does not have (a fork's new message). The
 knowledge base is the shared Qdrant server when `QDRANT_URL` is set, else a private copy of
@@ -37,7 +38,7 @@ from shared.config import LLM_ROLES, LLMRoleConfig
 from shared.llm import LLMClient
 from shared.node import Node
 
-RECORDED = frozenset({"enrichment", "retrieval", "lead_notifier"})
+RECORDED = frozenset({"enrichment", "retrieval", "lead_notifier", "handoff_notifier"})
 # The LLM client of the rerun in progress (each rerun sets its own; reruns in other tasks keep theirs).
 CURRENT_LLM: contextvars.ContextVar[LLMClient] = contextvars.ContextVar("replay_llm")
 

@@ -1,5 +1,6 @@
 """Responder service: replies to each turn by its route, post-processes the reply, notifies
-about captured leads and closes the turn. Its nodes, by the event that wakes them:
+about captured leads and handoff requests and closes the turn. Its nodes, by the event that
+wakes them:
 
     route_decided          answer_writer (ANSWER)              → ResponseCompleted
                            redirect_handler (REDIRECT)         → ResponseCompleted
@@ -15,26 +16,29 @@ about captured leads and closes the turn. Its nodes, by the event that wakes the
     suggestions_routed     follow_up_suggester (follow_up)     → SuggestionsGenerated
                            answer_suggester (answers)          → SuggestionsGenerated
     lead_captured          lead_notifier                       → WebhookRecorded, AnalyticsRecorded
+    handoff_requested      handoff_notifier                    → WebhookRecorded
     suggestions_generated  finalize                            → TurnCompleted
 """
 
 from shared import service
+from shared.bus import Bus
 from shared.llm import LLMClient
 from shared.node import Node
 from services.responder import (answer_suggester, answer_writer, booking_handler, dialog_state_extractor, finalize,
-                                follow_up_suggester, form_field_extractor, handoff_handler, handoff_timer,
-                                lead_notifier, redirect_handler, suggestion_router)
-from services.responder.lead_claims import LeadClaims
+                                follow_up_suggester, form_field_extractor, handoff_handler, handoff_notifier,
+                                handoff_timer, lead_notifier, redirect_handler, suggestion_router, webhook_claims)
 from services.responder.settings import ResponderSettings
 
 
 async def nodes(bus, settings: ResponderSettings):
-    return responder_nodes(LLMClient(settings.llm).prepare(), LeadClaims(bus), settings)
+    return responder_nodes(LLMClient(settings.llm).prepare(), bus, settings)
 
 
-def responder_nodes(llm: LLMClient, claims: LeadClaims | None, settings: ResponderSettings) -> list[Node]:
-    """The responder's nodes (also what a replay runs, with no lead claims: its lead_notifier
-    is never run there)."""
+def responder_nodes(llm: LLMClient, bus: Bus | None, settings: ResponderSettings) -> list[Node]:
+    """The responder's nodes (also what a replay runs, with no bus: its notifiers, whose
+    webhook claims are on the bus, are never run there)."""
+    leads = webhook_claims.for_leads(bus) if bus is not None else None
+    handoffs = webhook_claims.for_handoffs(bus) if bus is not None else None
     return [
         answer_writer.make_node(llm, settings.answer, settings.embeddings, settings.token_batch_s),
         redirect_handler.make_node(llm, settings.token_batch_s),
@@ -46,7 +50,8 @@ def responder_nodes(llm: LLMClient, claims: LeadClaims | None, settings: Respond
         suggestion_router.make_node(),
         follow_up_suggester.make_node(llm),
         answer_suggester.make_node(llm),
-        lead_notifier.make_node(claims, settings.lead),
+        lead_notifier.make_node(leads, settings.lead),
+        handoff_notifier.make_node(handoffs, settings.lead),
         finalize.make_node(settings.finalize_wait_s),
     ]
 

@@ -51,8 +51,10 @@ class AnswerSettings(Settings):
 
 
 class LeadSettings(Settings):
-    """lead_notifier's: where leads go (a site's `lead.webhook_url` wins over `webhook_url`),
-    how hard to try, the signing secrets, and the analytics API."""
+    """lead_notifier's and handoff_notifier's: where webhooks go when a site names none
+    (`webhook_url`: a site's `lead.webhook_url`, and for handoffs first its
+    `handoff.webhook_url`, win over it), how hard to try, the signing secrets, and the
+    analytics API."""
 
     SECRETS = ("posthog_api_key",)
 

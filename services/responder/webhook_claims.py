@@ -1,0 +1,129 @@
+"""One webhook, one delivery: who delivers a lead or a handoff request, and how it went.
+
+Each kind of webhook has a KV bucket of claims, one key per thing it notifies about:
+- a lead (`lead_claims`, key `<site>.<session>`). A conversation has one lead (the state
+  keeps its first `LeadCaptured`), so the lead is named by site and session, whatever else a
+  copy of its event carries: a second `LeadCaptured` from two booking turns racing, an
+  erased copy republished by `erase-visitor`, a replay past JetStream's dedupe window;
+- a handoff request (`handoff_deliveries`, key `<site>.<session>.<event id>`). A
+  conversation may ask for a person again after a handoff ended, and each request is
+  notified: named by its `HandoffRequested` event id (a redelivered handler makes the same
+  id, an erased copy keeps it).
+The first event to `create` the key owns the delivery; the others are duplicates. The claim
+names its owner's event id, so a redelivery of the owner (its process died after claiming)
+still delivers, and, once the owner stored the outcome, a redelivery reports that outcome
+instead of sending again.
+
+The one window left is between the receiver's 2xx and storing the outcome: a crash there
+sends again on redelivery, with the same `webhook-id` (`lead_id`, `handoff_id`) for the
+receiver to drop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from typing import Awaitable, Callable
+
+import msgspec
+from nats.js.errors import KeyWrongLastSequenceError
+
+from shared import subjects
+from shared.bus import BUS_UNAVAILABLE, Bus
+
+SETTLE_WAIT_S = 20.0
+SETTLE_RETRY_S = 0.5
+
+
+class Outcome(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The delivery's result: `WebhookRecorded`'s fields."""
+
+    target: str
+    ok: bool
+    status: int | None = None
+    attempts: int = 0
+    error: str | None = None
+    skipped: bool = False
+
+
+class Claim(msgspec.Struct, kw_only=True, omit_defaults=True):
+    owner: str  # the event_id that delivers this lead or handoff request
+    outcome: Outcome | None = None  # None: claimed, not (yet) delivered
+
+
+def lead_id(site: str, session_id: str) -> str:
+    """The lead's stable id: the `webhook-id` of every attempt and every copy."""
+    return "lead_" + hashlib.blake2b(f"{site}|{session_id}".encode(), digest_size=16).hexdigest()
+
+
+def handoff_id(site: str, session_id: str, event_id: str) -> str:
+    """A handoff request's stable id: the `webhook-id` of every attempt and every copy."""
+    return "handoff_" + hashlib.blake2b(f"{site}|{session_id}|{event_id}".encode(), digest_size=16).hexdigest()
+
+
+def lead_key(site: str, session_id: str, event_id: str) -> str:
+    return subjects.kv_key(site, session_id)  # one lead per conversation, whichever event carries it
+
+
+def handoff_key(site: str, session_id: str, event_id: str) -> str:
+    return f"{subjects.kv_key(site, session_id)}.{event_id}"
+
+
+_decoder = msgspec.json.Decoder(Claim)
+
+
+class WebhookClaims:
+    """The claims of one kind of webhook: its bucket, and the key an event's claim is under
+    (`key(site, session_id, event_id)`)."""
+
+    def __init__(self, bus: Bus, bucket: str, key: Callable[[str, str, str], str]):
+        self.kv = bus.bucket(bucket)
+        self.key = key
+
+    async def claim(self, site: str, session_id: str, event_id: str) -> Claim:
+        """A new claim owned by `event_id`, or the claim already there (ours or another's)."""
+        key = self.key(site, session_id, event_id)
+        try:
+            await self.kv.create(key, msgspec.json.encode(Claim(owner=event_id)))
+            return Claim(owner=event_id)
+        except KeyWrongLastSequenceError:
+            entry = await self.kv.get(key)
+            return _decoder.decode(entry.value)
+
+    async def settle(self, site: str, session_id: str, owner: str, outcome: Outcome) -> None:
+        """Store the owner's outcome; only the owner writes here, so a plain put is safe.
+        The webhook has gone out: an outcome not stored would send it again on the retry, so
+        a bucket that does not answer (its stream electing a leader, 4-9 s) is waited out
+        for up to `SETTLE_WAIT_S` (a bounded rehearsal sent a lead twice that way)."""
+        data = msgspec.json.encode(Claim(owner=owner, outcome=outcome))
+        deadline = time.monotonic() + SETTLE_WAIT_S
+        while True:
+            try:
+                await self.kv.put(self.key(site, session_id, owner), data)
+                return
+            except BUS_UNAVAILABLE:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(SETTLE_RETRY_S)
+
+
+def for_leads(bus: Bus) -> WebhookClaims:
+    return WebhookClaims(bus, subjects.LEAD_CLAIM_BUCKET, lead_key)
+
+
+def for_handoffs(bus: Bus) -> WebhookClaims:
+    return WebhookClaims(bus, subjects.HANDOFF_DELIVERY_BUCKET, handoff_key)
+
+
+async def deliver_once(claims: WebhookClaims, site: str, session_id: str, event_id: str,
+                       send: Callable[[], Awaitable[Outcome]]) -> Claim:
+    """The claim of `event_id`'s delivery, with its outcome: sent now (`send`) when this event
+    owns the claim and no outcome is stored yet; another owner's claim (a duplicate) is
+    returned as it is, and nothing is sent."""
+    claim = await claims.claim(site, session_id, event_id)
+    if claim.owner != event_id or claim.outcome is not None:
+        return claim
+    outcome = await send()
+    await claims.settle(site, session_id, event_id, outcome)
+    return Claim(owner=event_id, outcome=outcome)

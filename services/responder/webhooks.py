@@ -1,0 +1,86 @@
+"""Sending a webhook (lead_notifier's and handoff_notifier's): a JSON POST signed the Standard
+Webhooks way (standardwebhooks.com), retried, its outcome returned for `WebhookRecorded`.
+
+Headers: `webhook-id` (the lead's or the handoff request's, the same on every attempt and
+every copy), `webhook-timestamp` (this attempt's), `webhook-signature` (`v1,` + base64
+HMAC-SHA256 of `id.timestamp.body` under the site's secret, see shared/webhook_secret.py). A
+receiver verifies it, rejects stale timestamps (replays) and drops repeated ids. No secret,
+no POST: an unsigned webhook is never sent. Retried with exponential backoff on connection
+errors, timeouts, 429 and 5xx (LEAD_WEBHOOK_ATTEMPTS, LEAD_WEBHOOK_BACKOFF_S).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from datetime import datetime, timezone
+
+import httpx
+from standardwebhooks.webhooks import Webhook
+
+from services.responder.settings import LeadSettings
+from services.responder.webhook_claims import Outcome
+from shared import webhook_secret
+from shared.site_config import Lead
+from shared.state import ConversationState
+
+log = logging.getLogger(__name__)
+
+TRANSCRIPT_MESSAGES = 50  # the conversation's last messages a webhook carries
+
+
+def transcript(state: ConversationState, turn: int) -> list[dict]:
+    """The conversation's last messages up to `turn` (the event's: the same on a redelivery
+    that finds later turns stored), oldest first."""
+    messages = [m for m in state.messages if m.turn <= turn][-TRANSCRIPT_MESSAGES:]
+    return [{"role": m.role, "content": m.content, "turn": m.turn} for m in messages]
+
+
+def signed_headers(signer: Webhook, msg_id: str, body: bytes, now: float) -> dict[str, str]:
+    timestamp = int(now)
+    signature = signer.sign(msg_id, datetime.fromtimestamp(timestamp, timezone.utc), body.decode())
+    return {"Content-Type": "application/json", "webhook-id": msg_id, "webhook-timestamp": str(timestamp),
+            "webhook-signature": signature}
+
+
+async def post_webhook(client: httpx.AsyncClient, url: str, body: bytes, signer: Webhook, msg_id: str,
+                       attempts: int, backoff_s: float) -> tuple[bool, int | None, int, str | None]:
+    status, error = None, None
+    for attempt in range(1, attempts + 1):
+        try:
+            # Signed per attempt: a retry carries a fresh timestamp, so it passes a receiver's
+            # replay window however long the backoff was.
+            response = await client.post(url, content=body, headers=signed_headers(signer, msg_id, body, time.time()))
+            status = response.status_code
+            if 200 <= status < 300:
+                return True, status, attempt, None
+            error = f"HTTP {status}"
+            if status < 500 and status != 429:
+                return False, status, attempt, error  # the receiver refused it: retrying cannot help
+        except httpx.HTTPError as exc:
+            error = f"{type(exc).__name__}: {exc}"[:300]
+        if attempt < attempts:
+            await asyncio.sleep(backoff_s * 2 ** (attempt - 1) * (0.8 + 0.4 * random.random()))
+    return False, status, attempts, error
+
+
+async def send(client: httpx.AsyncClient, settings: LeadSettings, hook: str, url: str, site: str, lead: Lead,
+               msg_id: str, payload: dict) -> Outcome:
+    """POST `payload` to `url`, signed with the site's secret (its `[lead]` table names it);
+    `hook` (lead, handoff) names the webhook in the logs. No URL: skipped, nothing sent."""
+    if not url:
+        return Outcome(target="", ok=False, skipped=True, error="no webhook configured")
+    try:
+        signer = Webhook(settings.secrets.for_site(site, lead))
+    except webhook_secret.WebhookSecretError as exc:
+        log.error("webhook not sent: no secret", extra={"hook": hook, "target": url, "error": str(exc)})
+        return Outcome(target=url, ok=False, error=str(exc))
+    body = json.dumps(payload, separators=(",", ":")).encode()
+    ok, status, attempts, error = await post_webhook(client, url, body, signer, msg_id, max(1, settings.attempts),
+                                                     settings.backoff_s)
+    if not ok:
+        log.error("webhook failed", extra={"hook": hook, "target": url, "status": status, "error": error})
+    return Outcome(target=url, ok=ok, status=status, attempts=attempts, error=error)
