@@ -626,5 +626,14 @@ async def test_an_operator_answers_a_handoff_from_the_inbox(system, llm, http):
             await admin.wait_for_selector(f"#which:has-text('{session}')")
             await admin.wait_for_selector("#timeline .event")
             assert await admin.is_hidden("#inboxView")
+            # From the timeline Grace steps in again, unasked: the conversation is hers.
+            await admin.click("#join")
+            await admin.wait_for_selector("#handoffClaim:text-is('Join')")
+            await admin.click("#handoffClaim")
+            await row.locator(".tag:text-is('held')").wait_for()
+            requested = [e["event"] for e in await events_of(http, system, site, session)
+                         if e["type"] == "handoff_requested"]
+            assert [(r["reason"], r["producer"]) for r in requested] == [("visitor_asked", "handoff_handler"),
+                                                                         ("operator", "gateway")]
         finally:
             await browser.close()
