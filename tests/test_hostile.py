@@ -157,7 +157,7 @@ async def test_the_visitor_reads_back_only_what_the_widget_shows(system, sites, 
     assert [m["role"] for m in view["messages"]] == ["user", "assistant"]
     assert set(view["last"]) <= {"route", "branch", "intent", "fallback_used", "blocked", "sources",
                                  "suggested_follow_ups", "suggested_answers", "form_values", "cta",
-                                 "cta_url_overrides", "skill_selection_state", "booking", "dialog_flags"}
+                                 "cta_url_overrides", "skill_selection_state", "booking", "dialog_flags", "handoff"}
 
 
 async def test_only_configured_sites_are_served(system, http):
