@@ -51,7 +51,8 @@ async def waiting(bus, site: str, session: str | None = None) -> str:
     await bus.publish(first)
     await bus.publish(ev.follow(first, ev.ResponseCompleted, "responder", node="answer_writer", text="From 10 EUR.",
                                 token_count=3))
-    await bus.publish(ev.follow(first, ev.TurnCompleted, "responder", metadata={"route": "ANSWER"}))
+    await bus.publish(ev.follow(first, ev.TurnCompleted, "responder", metadata={"route": "ANSWER", "sources": [
+        {"n": 1, "title": "Pricing", "url": "https://acme.example/pricing", "snippet": "From 10 EUR", "cited": True}]}))
     second = turn(site, session, 2, "Can I talk to a person?")
     await bus.publish(second)
     await bus.publish(ev.follow(second, ev.HandoffRequested, "responder", reason="visitor_asked"))
@@ -76,6 +77,7 @@ async def test_the_list_shows_a_waiting_conversation_and_its_visitor(bus, site, 
     assert row["requested_ts"] > 0 and row["interest_score"] == 0
     assert [m["content"] for m in row["messages"]] == ["What does it cost?", "From 10 EUR.", "Can I talk to a person?"]
     assert row["visitor_profile"] == {}  # nothing known yet: unknown fields are left out
+    assert row["sources"] == [{"title": "Pricing", "url": "https://acme.example/pricing", "snippet": "From 10 EUR"}]
 
 
 async def test_the_first_of_concurrent_claims_wins_and_the_other_is_told_who_holds_it(bus, site, api):

@@ -2,7 +2,8 @@
 that wait for a person of the site's team, and what that person does in one (issue 42).
 
 - `GET  handoffs`: the site's conversations whose handoff is waiting or held, oldest request
-  first, each with its last messages, the visitor's profile and interest score;
+  first, each with its last messages, the visitor's profile and interest score, and the
+  knowledge-base pages retrieval found for the latest question;
 - `POST handoffs/{session_id}/claim` (`{"operator": NAME}`): `OperatorJoined`, 201; the
   first claim wins (handoffs.Claims), a later one by another operator is a 409 naming the
   holder, the holder's own again a 200 storing nothing. A conversation nobody asked a person
@@ -50,6 +51,7 @@ router = APIRouter()
 Who = Annotated[Operator, Depends(operator_of_site)]
 
 MESSAGES_SHOWN = 10  # the list's last messages of each conversation
+SOURCES_SHOWN = 5  # the knowledge-base pages retrieval found for the latest question
 MAX_BODY_BYTES = 64 * 1024  # the longest text (4,000 characters), every one escaped
 OperatorName = Annotated[str, msgspec.Meta(
     pattern=OPERATOR_NAME_RE.pattern,
@@ -90,7 +92,19 @@ def _row(state: ConversationState, between: list) -> dict:
             "requested_turn": handoff.requested_turn, "requested_ts": handoff.requested_ts,
             "operator": handoff.operator, "turn": state.turn,
             "messages": handoffs.transcript(state, between)[-MESSAGES_SHOWN:],
-            "visitor_profile": msgspec.to_builtins(state.visitor_profile), "interest_score": state.interest.score}
+            "visitor_profile": msgspec.to_builtins(state.visitor_profile), "interest_score": state.interest.score,
+            "sources": _sources(state)}
+
+
+def _sources(state: ConversationState) -> list[dict]:
+    """What retrieval found for the latest question it was asked (title, link, snippet): the
+    pages an operator may point the visitor to."""
+    for number in sorted(state.turns, reverse=True):
+        record = state.turns[number]
+        found = ev.public_sources(record.sources) if record.sources else record.metadata.get("sources") or []
+        if found:
+            return [{key: s.get(key, "") for key in ("title", "url", "snippet")} for s in found[:SOURCES_SHOWN]]
+    return []
 
 
 @router.post("/handoffs/{session_id}/claim")
