@@ -559,6 +559,46 @@ async def test_an_operator_reads_insight_and_answers_a_gap(system, llm, suggesti
 
 
 @needs_chromium
+async def test_browser_handoff_nobody_joins_so_the_widget_offers_the_email_follow_up(system, llm, http):
+    """Issue 42, "never left waiting silently", in the widget: nobody joins within the site's
+    maximum wait, so the waiting status goes and the site's offer to leave an e-mail address
+    arrives on the live channel as a message; it is still there after a reload, and the
+    address the visitor leaves is thanked for."""
+    from playwright.async_api import async_playwright
+
+    from shared.site_config import Handoff
+    from tests.servers import configure_site
+
+    site = f"n{uuid.uuid4().hex[:10]}"
+    await configure_site(system.nats_url, site, name="Acme", handoff=Handoff(enabled=True, max_wait_s=2))
+    page_url = f"{system.gateway_url}/alone-{site}.html"
+    html = f'<!doctype html><html><body><script src="/widget.js" data-site="{site}"></script></body></html>'
+    status = "[data-testid=cw-handoff-status]"
+    async with async_playwright() as pw:
+        browser = await launch_chromium(pw)
+        try:
+            page = await browser.new_page(viewport={"width": 1200, "height": 800})
+            await page.route(page_url, lambda route: route.fulfill(content_type="text/html", body=html))
+            await page.goto(page_url)
+            await page.click("[data-testid=cw-launch]")
+            await page.fill("[data-testid=cw-input]", "Can I talk to a person?")
+            await page.press("[data-testid=cw-input]", "Enter")
+            notice = page.locator("[data-testid=cw-notice]")
+            await notice.wait_for(timeout=30000)
+            assert "e-mail address" in await notice.text_content()
+            await page.wait_for_function(f"() => document.querySelector('{status}').textContent === ''", timeout=5000)
+            await page.reload()
+            await notice.wait_for(timeout=30000)
+            assert await notice.count() == 1
+            await page.fill("[data-testid=cw-input]", "ada@example.com")
+            await page.press("[data-testid=cw-input]", "Enter")
+            await page.wait_for_function("() => [...document.querySelectorAll('[data-testid=cw-bot]')].some("
+                                         "b => b.textContent.includes('write to you at ada@example.com'))",
+                                         timeout=30000)
+        finally:
+            await browser.close()
+
+
 async def test_an_operator_answers_a_handoff_from_the_inbox(system, llm, http):
     """Issue 42's inbox in /admin: a visitor asks for a person on a site that takes handoffs;
     the Inbox lists the conversation as waiting with its transcript; a claim without a name is
