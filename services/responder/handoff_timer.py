@@ -41,5 +41,12 @@ async def check(event: ev.HandoffRequested, inputs: Inputs, ctx: Context) -> lis
     return [ended]
 
 
+# Each handoff waiting for its deadline is one message handed back and not yet acked: as many
+# may wait at once as the deployment has open handoffs, which must not hold back the next one's
+# first delivery.
+WAITING_AT_ONCE = 10_000
+
+
 def make_node() -> Node:
-    return Node(name=NAME, consumes=("handoff_requested",), handle=check, needs=Needs(state=True, config=True))
+    return Node(name=NAME, consumes=("handoff_requested",), handle=check, needs=Needs(state=True, config=True),
+                max_in_flight=WAITING_AT_ONCE)
