@@ -188,7 +188,8 @@ def test_an_ai_answer_in_a_handoff_turn_is_found():
     log.insert(4, reply(1, "Our plans start at 29 EUR.", "answer_writer"))
     problems = ai_answers_in_handoffs(log_of(*log))
     assert [p.split(" (seq")[0] for p in problems] == [
-        "turn 1 routed HANDOFF/VISITOR_ASKED: answer_writer answered", "turn 2 routed HANDOFF/HELD: handoff_handler answered"]
+        "turn 1 routed HANDOFF/VISITOR_ASKED: answer_writer answered",
+        "turn 2 routed HANDOFF/HELD: handoff_handler answered"]
 
 
 def test_a_live_frame_missed_or_shown_twice_is_found():

@@ -407,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     # The tool's own connection losing the nats-server it restarts is expected, not news.
     logging.getLogger("shared.bus").setLevel(logging.CRITICAL)
     with started(args, "chaos", args.replicas, log) as (cluster, receiver):
-        log(f"{args.sessions} sessions and {args.handoffs} handoff conversations, scenarios {', '.join(args.scenarios)}")
+        log(f"{args.sessions} sessions and {args.handoffs} handoff conversations, "
+            f"scenarios {', '.join(args.scenarios)}")
         visitors, talks, scenarios, result, records, rewritten, wall = asyncio.run(run(args, cluster, log))
     return report(args, visitors, talks, scenarios, result, records, rewritten, receiver.deliveries(), wall)
 

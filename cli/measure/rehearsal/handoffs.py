@@ -7,10 +7,10 @@ are over (at least one each). A handoff:
 
 - the visitor asks "Can I talk to a human?": the turn ends `complete`, route HANDOFF;
 - the operator finds the conversation waiting in the inbox (`GET …/handoffs`) and claims it;
-- the operator writes `MESSAGES` messages while the visitor writes `HELD` (each turn ends
-  HANDOFF, with no AI answer);
-- the operator releases the conversation (every other handoff) or closes it, and the visitor
-  asks a product question, which the AI answers again.
+- the operator writes (a message every `WRITE_PAUSE_S`) while the visitor writes `HELD`
+  messages, at the other visitors' pace (each turn ends HANDOFF, with no AI answer);
+- the operator releases the conversation or closes it (in turn, each conversation starting
+  with the other), and the visitor asks a product question, which the AI answers again.
 
 The operator's requests go to gateway `a` first (the one the `handoff` scenario kills) and,
 after a failed try (no answer, or a 5xx), to the next, after the widget's pauses (30 s in
@@ -56,10 +56,9 @@ from shared.state import Record, fold
 
 OPERATOR = "Ada"
 ASK = "Can I talk to a human?"
-MESSAGES = 4  # an operator's messages per handoff
 HELD = 2  # a visitor's messages per handoff while held
 AGAIN = 3  # one operator message in AGAIN is sent again after its 2xx
-WRITE_PAUSE_S = 0.4  # between an operator's messages
+WRITE_PAUSE_S = 0.5  # between an operator's messages
 LIVE_PAUSE_S = 0.5  # before a live channel is opened again
 LIVE_TIMEOUT = httpx.Timeout(40.0, connect=2.0)  # the channel sends a keep-alive every 15 s
 LIVE_DRAIN_S = 10.0  # at the end, how long a live channel may take to show the last handoff's end
@@ -267,10 +266,11 @@ class Operator:
             talk.refused.append(f"claim: {_status(response)}")
         return False
 
-    async def write(self, talk: Talk, label: str, over: asyncio.Event) -> None:
-        for k in range(MESSAGES):
-            if k and over.is_set():
-                break  # the faults are over: the handoff ends sooner
+    async def write(self, talk: Talk, label: str, over: asyncio.Event, visitor_done: asyncio.Event) -> None:
+        """Messages, one every WRITE_PAUSE_S, for as long as the visitor writes too (at least one;
+        once the faults are over, no more)."""
+        k = 0
+        while k == 0 or not (visitor_done.is_set() or over.is_set()):
             message_id = uuid.uuid4().hex
             sent = Sent(message_id, f"Operator message {label}.{k} ({message_id[:8]})")
             body = {"operator": OPERATOR, "text": sent.text, "client_message_id": message_id}
@@ -285,6 +285,7 @@ class Operator:
                 if self.written % AGAIN == 0:  # its answer lost, as far as this client knows
                     sent.again = True
                     await self.call(talk, "POST", path, body)
+            k += 1
             await asyncio.sleep(WRITE_PAUSE_S)
 
     async def end(self, talk: Talk, outcome: str) -> bool:
@@ -342,9 +343,11 @@ class Handoffs:
                 if listening is None and talk.visitor.session_id:
                     listening = asyncio.create_task(self.listen(client, talk))
                 if talk.visitor.session_id and await self.operator.claim(talk, asked.outcome == "complete"):
-                    label = f"{talk.visitor.index}.{n}"
-                    await asyncio.gather(self.operator.write(talk, label, over), self.write(client, talk, label, over))
-                    if await self.operator.end(talk, "released" if n % 2 == 0 else "closed"):
+                    label, visitor_done = f"{talk.visitor.index}.{n}", asyncio.Event()
+                    await asyncio.gather(self.operator.write(talk, label, over, visitor_done),
+                                         self.write(client, talk, label, over, visitor_done))
+                    if await self.operator.end(talk, "released" if (n + talk.visitor.index) % 2 == 0 else "closed"):
+                        await asyncio.sleep(self.think_s)
                         talk.afters.append(await self.say(client, talk, QUESTIONS[n % len(QUESTIONS)]))
                 n += 1
                 await asyncio.sleep(self.think_s)
@@ -365,13 +368,18 @@ class Handoffs:
                   self.hang_s)
         return turn
 
-    async def write(self, client: httpx.AsyncClient, talk: Talk, label: str, over: asyncio.Event) -> None:
-        """The visitor's messages while the operator holds the conversation."""
-        for k in range(HELD):
-            if k and over.is_set():
-                break
-            talk.held.append(await self.say(client, talk, f"I am still here, {label}.{k}"))
-            await asyncio.sleep(self.think_s / 2)
+    async def write(self, client: httpx.AsyncClient, talk: Talk, label: str, over: asyncio.Event,
+                    done: asyncio.Event) -> None:
+        """The visitor's messages while the operator holds the conversation, at the other
+        visitors' pace (a think pause before each)."""
+        try:
+            for k in range(HELD):
+                if k and over.is_set():
+                    break
+                await asyncio.sleep(self.think_s)
+                talk.held.append(await self.say(client, talk, f"I am still here, {label}.{k}"))
+        finally:
+            done.set()
 
     async def listen(self, client: httpx.AsyncClient, talk: Talk) -> None:
         """The visitor's live channel, on gateway `a` first, opened again after a cut with
