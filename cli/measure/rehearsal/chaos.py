@@ -29,7 +29,8 @@ recovery and a few seconds to settle:
   publish `--republish` stored conversation events again with their own `Nats-Msg-Id`, as
   a producer's retry would (JetStream must drop every one);
 - `handoff`: SIGKILL gateway `a` as an operator's message goes to it (the handoffs' live
-  channels are open on it too), start it again after `--down-s`; recovery as `kill-gateway`.
+  channels are open on it too) and start it again at once: its start-up (3-5 s) is the
+  outage the operator's retries and the live channels go through; recovery as `kill-gateway`.
 
 A turn counts for the last fault before it ended for its visitor: the one it was under way
 through, or else the last one before it was sent (a turn in flight across two faults counts
@@ -257,20 +258,21 @@ class Chaos:
         if kind[0] == "kill":
             await self.kill(scenario, kind[1])
         elif scenario.name == "handoff":
-            await self.kill(scenario, "gateway", self.talks.busy(self.args.trigger_s))
+            await self.kill(scenario, "gateway", self.talks.busy(self.args.trigger_s), down_s=0.0)
         else:
             await {"nats-restart": self.nats_restart, "redis-stop": self.redis_stop,
                    "duplicates": self.duplicates}[scenario.name](scenario)
 
-    async def kill(self, scenario: Scenario, service: str, busy: Awaitable[bool] | None = None) -> None:
+    async def kill(self, scenario: Scenario, service: str, busy: Awaitable[bool] | None = None,
+                   down_s: float | None = None) -> None:
         """SIGKILL replica `a` once `busy` (by default: the next of what the service is busy
-        with, BUSY_ON), start it again after --down-s."""
+        with, BUSY_ON), start it again after `down_s` (by default --down-s)."""
         name = f"{service}-{REPLICAS[0]}"
         scenario.mid_turn = await (busy or self.watch.busy(BUSY_ON[service], self.args.trigger_s))
         self.strike(scenario)
         await asyncio.to_thread(self.system.kill, name)
         self.say(f"SIGKILL {name}{'' if scenario.mid_turn else ' (no turn seen under way)'}")
-        await asyncio.sleep(self.args.down_s)
+        await asyncio.sleep(self.args.down_s if down_s is None else down_s)
         offset = self.cluster.start(service, 0)
         await asyncio.to_thread(self.cluster.wait_ready, service, 0, offset, self.args.ready_timeout)
         scenario.recovery_s = round(time.monotonic() - scenario.fault_at, 1)
