@@ -2,8 +2,8 @@
 the faults go on, one operator who serves them through the operator API, each visitor's live
 channel; and the audit of what they did against the log.
 
-`--handoffs` visitors (besides the `--sessions` ones) go through handoffs until the faults
-are over (at least one each). A handoff:
+`--handoffs` visitors (besides the `--sessions` ones) go through handoffs until the last
+fault strikes (at least one each), then end the one under way. A handoff:
 
 - the visitor asks "Can I talk to a human?": the turn ends `complete`, route HANDOFF;
 - the operator finds the conversation waiting in the inbox (`GET …/handoffs`) and claims it;
