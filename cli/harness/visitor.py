@@ -43,6 +43,8 @@ class Turn:
     resumed: int = 0  # of those, resumes of a cut stream
     started: float = 0.0  # time.monotonic() when first sent
     seconds: float = 0.0  # until the visitor saw it end (or gave up)
+    message_id: str = ""  # its `client_message_id`, the same on every try
+    route: str = ""  # the route its `complete` named (HANDOFF: a person of the team has it)
 
 
 @dataclass
@@ -70,7 +72,7 @@ async def ask(client: httpx.AsyncClient, site: str, gateways: list[str], first: 
     """One turn, tried as the widget tries it, to its `complete` or `error` or until the
     pauses are spent; `turn` says how it went. `hang_s`: the longest a try may take."""
     turn.started = time.monotonic()
-    message_id = uuid.uuid4().hex
+    turn.message_id = message_id = uuid.uuid4().hex
     last_event_id: str | None = None
     gateway, pauses = first, iter(RETRY_PAUSES_S)
     while True:
@@ -95,6 +97,7 @@ async def ask(client: httpx.AsyncClient, site: str, gateways: list[str], first: 
         last_event_id = read.last_event_id or last_event_id
         if read.final is not None and read.final["type"] in ENDS:
             turn.outcome = read.final["type"]
+            turn.route = (read.final.get("metadata") or {}).get("route") or ""
         if turn.outcome:
             break
         pause = next(pauses, None) if _retry_worthy(read, turn) else None

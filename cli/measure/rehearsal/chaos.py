@@ -7,8 +7,12 @@ the gateways the whole time (the cluster rehearsal's visitors: two in three ask 
 questions, one in three books a demo, so leads fire webhooks; each takes a turn as the
 widget does, cli/harness/visitor.py: a message whose try started nothing or was cut before
 the turn's `start` frame is sent again with the same `client_message_id`, a stream cut by
-its gateway's death is resumed after its last frame, for up to 30 s). Each scenario is some
-load, one fault, the recovery and a few seconds to settle:
+its gateway's death is resumed after its last frame, for up to 30 s). Beside them,
+`--handoffs` visitors ask for a person again and again, and an operator client claims their
+conversations, writes to them while they write too, and releases or closes them (handoffs.py:
+its requests go to gateway `a` first; each visitor listens on its live channel; they end
+their handoffs as the last fault strikes). Each scenario is some load, one fault, the
+recovery and a few seconds to settle:
 
 - `kill-<service>` (router, retriever, enricher, responder, gateway): SIGKILL replica `a`
   as soon as the service is busy with a turn (a `TurnRequested` stored, for the nodes that
@@ -23,7 +27,10 @@ load, one fault, the recovery and a few seconds to settle:
   its ack wait, so the server redelivers its messages while it still holds them, then let it
   go on (both copies finish: outputs with the same derived ids, one lead claim); then
   publish `--republish` stored conversation events again with their own `Nats-Msg-Id`, as
-  a producer's retry would (JetStream must drop every one).
+  a producer's retry would (JetStream must drop every one);
+- `handoff`: SIGKILL gateway `a` as an operator's message goes to it (the handoffs' live
+  channels are open on it too) and start it again at once: its start-up (3-5 s) is the
+  outage the operator's retries and the live channels go through; recovery as `kill-gateway`.
 
 A turn counts for the last fault before it ended for its visitor: the one it was under way
 through, or else the last one before it was sent (a turn in flight across two faults counts
@@ -49,16 +56,24 @@ requests:
   on the bus): the fault did hit an answer being written;
 - in_flight_end_s: per fault, the longest time from the fault to the end of a turn that was
   in flight at that moment, as its visitor saw it (a stream cut by its gateway's death ends
-  when the resumed stream does).
+  when the resumed stream does);
+- visitor_messages_lost / _doubled: a message whose turn the gateway named (`start`) missing
+  from the log, or stored as more than one turn (by its `client_message_id`), every visitor;
+- handoffs (handoffs.py says how each is found): operator messages answered 2xx missing from
+  the log or stored twice, AI answers in turns routed HANDOFF, handoff events a live channel
+  missed or got twice across its reconnections, handoffs that did not end as the operator
+  ended them (and questions after an end the AI did not answer), operator steps refused.
 
 The JSON also lists every turn not shown complete (session, outcome, scenario, when it ended)
 to look up in the log and in the processes' logs (`--data-dir`).
 
 Targets (exit status 1 when one does not hold): always 0 hung, 0 lost, 0 corrupted logs, 0
-duplicate side effects, every republished event dropped; a NATS restart shows at most the
+duplicate side effects, every republished event dropped, 0 visitor messages lost or doubled,
+and of the handoffs (at least one) 0 of every count above; a NATS restart shows at most the
 turns in flight as errors and `/readyz` is 200 everywhere within 5 s of the server being
-back; with two replicas a service's SIGKILL shows no visitor an error; with one, every turn
-in flight ends within 10 s of the kill. The last line printed is one JSON object.
+back; with two replicas a service's SIGKILL (`handoff`'s too) shows no visitor an error;
+with one, every turn in flight ends within 10 s of the kill. The last line printed is one
+JSON object.
 """
 
 from __future__ import annotations
@@ -69,20 +84,23 @@ import json
 import logging
 import time
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 
 import httpx
 
 from cli.harness.supervisor import SERVICES
 from cli.harness.visitor import Turn, Visitor
+from cli.measure.rehearsal import handoffs
 from cli.measure.rehearsal.cluster import (
     ACK_WAIT_S,
+    HANG_MARGIN_S,
     REPLICAS,
     SITE,
     Audit,
     Cluster,
     add_arguments,
+    audit,
     rehearse,
     started,
 )
@@ -91,13 +109,15 @@ from shared import subjects
 from shared.bus import Bus, connect
 from shared.state import Record, fold
 
-SCENARIOS = (*(f"kill-{s}" for s in SERVICES), "nats-restart", "redis-stop", "duplicates")
-BOUNDED = ("kill-responder", "nats-restart", "duplicates")
+SCENARIOS = (*(f"kill-{s}" for s in SERVICES), "nats-restart", "redis-stop", "duplicates", "handoff")
+BOUNDED = ("kill-responder", "nats-restart", "duplicates", "handoff")
 # What a service is busy with when the next one of these appears: its kill lands mid-turn.
 BUSY_ON = {"router": "requested", "retriever": "requested", "enricher": "requested",
            "responder": "tokens", "gateway": "tokens"}
 ENDS = ("turn_completed", "turn_failed", "turn_blocked")
 ERRORS = ("error", "cut", "refused")  # what a visitor sees as an error
+HANDOFF_TARGETS = ("operator_messages_lost", "operator_messages_doubled", "ai_answers_in_handoff_turns", "live_missed",
+                   "live_doubled", "wrong_states", "operator_refused")
 READYZ_TARGET_S = 5.0
 ONE_REPLICA_END_TARGET_S = 10.0
 
@@ -214,31 +234,45 @@ class Scenario:
 
 
 class Chaos:
-    def __init__(self, args, cluster: Cluster, bus: Bus, watch: Watch, log):
+    def __init__(self, args, cluster: Cluster, bus: Bus, watch: Watch, talks: handoffs.Handoffs, log):
         self.args, self.cluster, self.bus, self.watch, self.log = args, cluster, bus, watch, log
+        self.talks = talks
         self.system = cluster.system
         self.t0 = time.monotonic()
+        self.last: Scenario | None = None
+        self.over = asyncio.Event()  # the handoff conversations end theirs, then stop
+
+    def strike(self, scenario: Scenario) -> None:
+        """The fault strikes now; the last one's recovery is when the handoffs end."""
+        scenario.fault_at = time.monotonic()
+        if scenario is self.last:
+            self.over.set()
 
     def say(self, line: str) -> None:
         self.log(f"  {time.monotonic() - self.t0:6.1f}s  {line}")
 
     async def run(self, scenario: Scenario) -> None:
+        """Some load, the fault and the recovery (the settling after it is the caller's)."""
         await asyncio.sleep(self.args.load_s)
         kind = scenario.name.split("-", 1)
         if kind[0] == "kill":
             await self.kill(scenario, kind[1])
+        elif scenario.name == "handoff":
+            await self.kill(scenario, "gateway", self.talks.busy(self.args.trigger_s), down_s=0.0)
         else:
             await {"nats-restart": self.nats_restart, "redis-stop": self.redis_stop,
                    "duplicates": self.duplicates}[scenario.name](scenario)
-        await asyncio.sleep(self.args.settle_s)
 
-    async def kill(self, scenario: Scenario, service: str) -> None:
+    async def kill(self, scenario: Scenario, service: str, busy: Awaitable[bool] | None = None,
+                   down_s: float | None = None) -> None:
+        """SIGKILL replica `a` once `busy` (by default: the next of what the service is busy
+        with, BUSY_ON), start it again after `down_s` (by default --down-s)."""
         name = f"{service}-{REPLICAS[0]}"
-        scenario.mid_turn = await self.watch.busy(BUSY_ON[service], self.args.trigger_s)
-        scenario.fault_at = time.monotonic()
+        scenario.mid_turn = await (busy or self.watch.busy(BUSY_ON[service], self.args.trigger_s))
+        self.strike(scenario)
         await asyncio.to_thread(self.system.kill, name)
         self.say(f"SIGKILL {name}{'' if scenario.mid_turn else ' (no turn seen under way)'}")
-        await asyncio.sleep(self.args.down_s)
+        await asyncio.sleep(self.args.down_s if down_s is None else down_s)
         offset = self.cluster.start(service, 0)
         await asyncio.to_thread(self.cluster.wait_ready, service, 0, offset, self.args.ready_timeout)
         scenario.recovery_s = round(time.monotonic() - scenario.fault_at, 1)
@@ -246,7 +280,7 @@ class Chaos:
 
     async def nats_restart(self, scenario: Scenario) -> None:
         scenario.mid_turn = await self.watch.busy("tokens", self.args.trigger_s)
-        scenario.fault_at = time.monotonic()
+        self.strike(scenario)
         await asyncio.to_thread(self.system.kill, "nats")
         self.say(f"SIGKILL nats-server{'' if scenario.mid_turn else ' (no answer seen streaming)'}")
         await asyncio.sleep(self.args.down_s)
@@ -263,7 +297,7 @@ class Chaos:
 
     async def redis_stop(self, scenario: Scenario) -> None:
         scenario.mid_turn = await self.watch.busy("requested", self.args.trigger_s)
-        scenario.fault_at = time.monotonic()
+        self.strike(scenario)
         await asyncio.to_thread(self.system.kill, "redis")
         self.say("SIGKILL redis-server")
         await asyncio.sleep(self.args.redis_down_s)
@@ -274,7 +308,7 @@ class Chaos:
     async def duplicates(self, scenario: Scenario) -> None:
         name = f"responder-{REPLICAS[0]}"
         scenario.mid_turn = await self.watch.busy("tokens", self.args.trigger_s)
-        scenario.fault_at = time.monotonic()
+        self.strike(scenario)
         await asyncio.to_thread(self.system.pause, name)
         self.say(f"SIGSTOP {name} for {ACK_WAIT_S + 2:g} s (its ack wait is {ACK_WAIT_S:g} s)")
         try:
@@ -304,23 +338,37 @@ class Chaos:
 
 # --- the run ---------------------------------------------------------------------------------
 
-async def run(args, cluster: Cluster, log) -> tuple[list[Visitor], list[Scenario], Audit, list[Record], dict, float]:
+async def run(args, cluster: Cluster, log) -> tuple[list[Visitor], list[handoffs.Talk], list[Scenario], Audit,
+                                                  list[Record], dict, float]:
     bus = await connect(cluster.bus_config(), name="chaos")
     watch = Watch()
     await watch.start(bus)
     try:
-        chaos = Chaos(args, cluster, bus, watch, log)
+        talks = handoffs.Handoffs(args.handoffs, args.sessions, SITE, cluster.gateways,
+                                  cluster.system.env["ADMIN_TOKEN"], args.think_ms / 1000,
+                                  args.turn_deadline_s + HANG_MARGIN_S)
+        chaos = Chaos(args, cluster, bus, watch, talks, log)
         scenarios = [Scenario(name) for name in args.scenarios]
 
-        async def faults() -> None:
-            for scenario in scenarios:
-                await chaos.run(scenario)
+        async def faults() -> list[handoffs.Talk]:
+            chaos.last = scenarios[-1]
+            talking = asyncio.create_task(talks.run(chaos.over))
+            try:
+                for scenario in scenarios:
+                    await chaos.run(scenario)
+                    await asyncio.sleep(args.settle_s)
+            finally:
+                chaos.over.set()
+                done = await talking
+            return done
 
-        visitors, _, result, wall = await rehearse(args, cluster, bus, 1, faults, log)
+        visitors, done, result, wall = await rehearse(args, cluster, bus, 1, faults, log)
+        # The rehearsal's audit knew the other visitors only: what the handoffs' visitors were shown too.
+        result = await audit(bus, [*visitors, *(t.visitor for t in done)])
         records = await bus.read(subjects.conversation(SITE, "*"))
     finally:
         await bus.close()
-    return visitors, scenarios, result, records, watch.rewritten, wall
+    return visitors, done, scenarios, result, records, watch.rewritten, wall
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -328,6 +376,9 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--replicas", type=int, choices=(1, 2), default=2, help="processes of every service")
     parser.add_argument("--sessions", type=int, default=8)
+    parser.add_argument("--handoffs", type=int, default=2,
+                        help="visitors who ask for a person, served by an operator client (handoffs.py), besides "
+                             "--sessions")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS),
                         help=f"comma-separated, in this order (default all: {','.join(SCENARIOS)})")
     parser.add_argument("--load-s", type=float, default=3.0, help="seconds of load before each fault")
@@ -339,14 +390,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--republish", type=int, default=40, help="stored events published again (duplicates)")
     add_arguments(parser)
     parser.add_argument("--bounded", action="store_true",
-                        help=f"the make-test version: 4 sessions, 2 replicas, {', '.join(BOUNDED)}, shorter pauses")
+                        help=f"the make-test version: 3 sessions and 2 handoff conversations, 2 replicas, "
+                             f"{', '.join(BOUNDED)}, shorter pauses")
     args = parser.parse_args(argv)
     if args.bounded:
-        args.sessions, args.replicas, args.scenarios = 4, 2, ",".join(BOUNDED)
-        args.load_s, args.settle_s = 2.0, 2.0
+        args.sessions, args.handoffs, args.replicas, args.scenarios = 3, 2, 2, ",".join(BOUNDED)
+        # The visitors talk all along: each fault waits for a turn under way, the last one's settling after.
+        args.load_s, args.settle_s = 0.0, 2.0
     args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     if unknown := [s for s in args.scenarios if s not in SCENARIOS]:
         parser.error(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
+    if "handoff" in args.scenarios and args.handoffs < 1:
+        parser.error("the handoff scenario needs --handoffs 1 or more")
 
     def log(line: str) -> None:
         print(line, flush=True)
@@ -354,9 +409,10 @@ def main(argv: list[str] | None = None) -> int:
     # The tool's own connection losing the nats-server it restarts is expected, not news.
     logging.getLogger("shared.bus").setLevel(logging.CRITICAL)
     with started(args, "chaos", args.replicas, log) as (cluster, receiver):
-        log(f"{args.sessions} sessions, scenarios {', '.join(args.scenarios)}")
-        visitors, scenarios, result, records, rewritten, wall = asyncio.run(run(args, cluster, log))
-    return report(args, visitors, scenarios, result, records, rewritten, receiver.deliveries(), wall)
+        log(f"{args.sessions} sessions and {args.handoffs} handoff conversations, "
+            f"scenarios {', '.join(args.scenarios)}")
+        visitors, talks, scenarios, result, records, rewritten, wall = asyncio.run(run(args, cluster, log))
+    return report(args, visitors, talks, scenarios, result, records, rewritten, receiver.deliveries(), wall)
 
 
 # --- the report ------------------------------------------------------------------------------
@@ -422,19 +478,40 @@ def unmet_targets(args, figures: dict) -> list[str]:
             if s["readyz_s"] > READYZ_TARGET_S:
                 unmet.append(f"{name}: /readyz 200 everywhere {s['readyz_s']} s after the server was back "
                              f"(target {READYZ_TARGET_S:g})")
-        elif name.startswith("kill-") and args.replicas == 2 and s["errors_shown"]:
+        elif killed(name) and args.replicas == 2 and s["errors_shown"]:
             unmet.append(f"{name}: {s['errors_shown']} errors shown with two replicas (target 0)")
-        elif name.startswith("kill-") and args.replicas == 1 and (s["in_flight_end_s"] or 0) > ONE_REPLICA_END_TARGET_S:
+        elif killed(name) and args.replicas == 1 and (s["in_flight_end_s"] or 0) > ONE_REPLICA_END_TARGET_S:
             unmet.append(f"{name}: a turn in flight ended {s['in_flight_end_s']} s after the kill "
                          f"(target {ONE_REPLICA_END_TARGET_S:g})")
+    unmet += [f"{key} {figures[key]} (target 0)" for key in ("visitor_messages_lost", "visitor_messages_doubled")
+              if figures[key]]
+    if (h := figures["handoffs"])["conversations"]:
+        unmet += [f"handoffs: {key} {h[key]} (target 0)" for key in HANDOFF_TARGETS if h[key]]
+        if not h["handoffs"] or not h["operator_messages"]:
+            unmet.append(f"handoffs: {h['handoffs']} claimed, {h['operator_messages']} operator messages (target > 0)")
     return unmet
 
 
-def report(args, visitors: list[Visitor], scenarios: list[Scenario], result: Audit, records: list[Record],
-           rewritten: dict, deliveries: Counter, wall: float) -> int:
+def killed(name: str) -> bool:
+    """Whether the scenario SIGKILLs a service's replica (`handoff`: a gateway)."""
+    return name.startswith("kill-") or name == "handoff"
+
+
+def report(args, visitors: list[Visitor], talks: list[handoffs.Talk], scenarios: list[Scenario], result: Audit,
+           records: list[Record], rewritten: dict, deliveries: Counter, wall: float) -> int:
+    visitors = [*visitors, *(t.visitor for t in talks)]
     turns = [t for v in visitors for t in v.turns]
     outcomes = Counter(t.outcome for t in turns)
-    corrupted = {session: problems for session, rs in conversations(records).items() if (problems := corruption(rs))}
+    logs = conversations(records)
+    corrupted = {session: problems for session, rs in logs.items() if (problems := corruption(rs))}
+    messages_lost, messages_doubled = [], []
+    for visitor in visitors:
+        lost, doubled = handoffs.visitor_messages(logs.get(visitor.session_id or "", []), visitor.turns)
+        messages_lost += [f"{visitor.session_id}: {m}" for m in lost]
+        messages_doubled += [f"{visitor.session_id}: {m}" for m in doubled]
+    in_handoffs = [f"{session}: {p}" for session, rs in logs.items() for p in handoffs.ai_answers_in_handoffs(rs)]
+    handed = {**handoffs.figures(talks, logs), "ai_answers_in_handoff_turns": len(in_handoffs)}
+    handed["problems"] = (in_handoffs + handed["problems"])[:20]
     per_scenario = {s.name: scenario_figures(s, scenarios, turns, rewritten, records) for s in scenarios}
     recoveries = [s.recovery_s for s in scenarios if s.recovery_s is not None]
     figures = {
@@ -455,6 +532,10 @@ def report(args, visitors: list[Visitor], scenarios: list[Scenario], result: Aud
         "webhooks_recorded": result.webhooks_recorded,
         "webhook_deliveries": sum(deliveries.values()),
         "answers_rewritten": len(rewritten),
+        "visitor_messages": sum(t.turn is not None for t in turns),
+        "visitor_messages_lost": len(messages_lost),
+        "visitor_messages_doubled": len(messages_doubled),
+        "handoffs": handed,
         "replicas": args.replicas,
         "sessions": args.sessions,
         "bounded": args.bounded,
@@ -479,6 +560,23 @@ def report(args, visitors: list[Visitor], scenarios: list[Scenario], result: Aud
     if "duplicates" in per_scenario:
         d = per_scenario["duplicates"]
         print(f"{'republished events (stored again)':<34}{d['republished']} ({d['stored_again']})")
+    print(f"{'visitor messages (lost, doubled)':<34}{figures['visitor_messages']} "
+          f"({figures['visitor_messages_lost']}, {figures['visitor_messages_doubled']})")
+    for line in (messages_lost + messages_doubled)[:10]:
+        print(f"    {line}")
+    if talks:
+        h = handed
+        print(f"{'handoffs (released, closed)':<34}{h['handoffs']} ({h['released']}, {h['closed']})")
+        print(f"{'operator messages 2xx / in log':<34}{h['operator_messages']} / {h['operator_messages_in_log']} "
+              f"(lost {h['operator_messages_lost']}, doubled {h['operator_messages_doubled']}; "
+              f"{h['sent_again']} sent again after their 2xx, {h['operator_retries']} requests tried again)")
+        print(f"{'AI answers in HANDOFF turns':<34}{h['ai_answers_in_handoff_turns']} ({h['held_turns']} messages "
+              f"written while held)")
+        print(f"{'live frames (missed, twice)':<34}{h['live_frames']} ({h['live_missed']}, {h['live_doubled']}); "
+              f"{h['live_connections']} connections, {h['live_resumed']} with Last-Event-ID")
+        print(f"{'wrong handoff states / refused':<34}{h['wrong_states']} / {h['operator_refused']}")
+        for line in h["problems"][:10]:
+            print(f"    {line}")
     figures["unmet"] = unmet_targets(args, figures)
     for line in figures["unmet"]:
         print(f"target not met: {line}")

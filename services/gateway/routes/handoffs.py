@@ -9,8 +9,9 @@ that wait for a person of the site's team, and what that person does in one (iss
   holder, the holder's own again a 200 storing nothing. A conversation nobody asked a person
   for is joined the same way (the operator chose to: `HandoffRequested`, reason `operator`,
   first), on a site that takes handoffs;
-- `POST handoffs/{session_id}/messages` (`{"operator": NAME, "text": ...}`): by the holder,
-  `OperatorMessage`, 201;
+- `POST handoffs/{session_id}/messages` (`{"operator": NAME, "text": ..., "client_message_id":
+  ID}`): by the holder, `OperatorMessage`, 201; a message sent again with its
+  `client_message_id` (a retry after a lost answer) is stored once (`"new": false`);
 - `POST handoffs/{session_id}/release` (`{"operator": NAME}`): back to the AI, `OperatorLeft`
   (when held) and `HandoffEnded(released)`;
 - `POST handoffs/{session_id}/close` (`{"operator": NAME}`): `HandoffEnded(closed)`, after
@@ -58,6 +59,10 @@ OperatorName = Annotated[str, msgspec.Meta(
     description="who the visitor sees: 1-64 letters, digits, spaces, '.', '_' or '-', no space at either end; "
                 "with a named operator's key, theirs (or left out)")]
 Text = Annotated[str, msgspec.Meta(min_length=1, max_length=4000)]
+ClientMessageId = Annotated[str, msgspec.Meta(
+    pattern=subjects.TOKEN_RE.pattern,
+    description="the client's id for this message, the same when it sends the message again after a try that "
+                "failed in transit: stored once")]
 
 
 class OperatorAction(msgspec.Struct, forbid_unknown_fields=True):
@@ -67,6 +72,7 @@ class OperatorAction(msgspec.Struct, forbid_unknown_fields=True):
 class OperatorText(msgspec.Struct, forbid_unknown_fields=True):
     text: Text
     operator: OperatorName | None = None
+    client_message_id: ClientMessageId | None = None
 
 
 _action = msgspec.json.Decoder(OperatorAction)
@@ -144,13 +150,18 @@ async def send_message(request: Request, site: SiteId, session_id: SessionId, wh
         raise RequestError("text", "text is empty")
     state = await _open(request, site, session_id)
     _held_by(state, name)
-    message = ev.OperatorMessage(event_id=ev.new_id(), site=site, session_id=session_id, turn=state.turn,
-                                 ts=ev.now(), producer="gateway", operator=name, text=body.text)
-    await _store(request, who, message)
-    metrics.handoff_actions.labels("message").inc()
-    if not state.handoff.replied and state.handoff.requested_ts:
-        metrics.handoff_first_reply_seconds.observe(max(0.0, message.ts - state.handoff.requested_ts))
-    return {"site": site, "session_id": session_id, "operator": name, "ts": message.ts, "stored": True}
+    if body.client_message_id:  # sent again (its answer lost to a dead gateway): the same id, kept once
+        message = _event(ev.OperatorMessage, state, f"message:{body.client_message_id}", name,
+                         operator=name, text=body.text)
+    else:
+        message = ev.OperatorMessage(event_id=ev.new_id(), site=site, session_id=session_id, turn=state.turn,
+                                     ts=ev.now(), producer="gateway", operator=name, text=body.text)
+    new = await _store(request, who, message)
+    if new:
+        metrics.handoff_actions.labels("message").inc()
+        if not state.handoff.replied and state.handoff.requested_ts:
+            metrics.handoff_first_reply_seconds.observe(max(0.0, message.ts - state.handoff.requested_ts))
+    return {"site": site, "session_id": session_id, "operator": name, "ts": message.ts, "stored": True, "new": new}
 
 
 @router.post("/handoffs/{session_id}/release")
