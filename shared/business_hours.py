@@ -75,7 +75,7 @@ def window(entry: str) -> Window:
 def zone(name: str) -> ZoneInfo:
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
+    except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: "Europe" is a directory, a name too long
         raise HoursError(f"{name!r} is not a time zone (an IANA name such as Europe/Paris or UTC)") from None
 
 

@@ -45,8 +45,10 @@ class PermanentError(Exception):
 
 class Later(Exception):
     """Not yet: the handler's moment has not come (a deadline in the future). The runner hands
-    the event back to the server to be delivered again in `delay_s`, no retry counted; the
-    server keeps the time, so the event comes back however often the runner restarts."""
+    the event back to the server to be delivered again in `delay_s` (counted as deferred, not
+    retried; the server still counts the delivery against `max_deliver`, so a handler defers
+    once or twice, not in a loop); the server keeps the time, so the event comes back however
+    often the runner restarts."""
 
     def __init__(self, delay_s: float):
         super().__init__(f"not before {delay_s:.1f} s")

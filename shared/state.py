@@ -349,7 +349,9 @@ def apply(state: ConversationState, record: Record) -> ConversationState:
         case ev.FeedbackGiven():
             _turn(state, event.turn).rating = event.rating
         case ev.HandoffRequested():
-            if state.handoff.status != "held":
+            # A copy of an earlier turn's request (republished by an erase, or redelivered past the
+            # dedupe window) reopens nothing.
+            if state.handoff.status != "held" and event.turn >= state.turn:
                 state.handoff = HandoffState(status="waiting", reason=event.reason, requested_turn=event.turn,
                                              requested_ts=event.ts, handoffs=state.handoff.handoffs + 1)
         case ev.OperatorJoined():
@@ -360,7 +362,8 @@ def apply(state: ConversationState, record: Record) -> ConversationState:
         case ev.OperatorLeft():
             if state.handoff.status == "held" and state.handoff.operator == event.operator:
                 state.handoff = msgspec.structs.replace(state.handoff, status="waiting", operator="")
-        case ev.HandoffEnded():
+        case ev.HandoffEnded() if not (event.by == "system" and state.handoff.status == "held"):
+            # (An end by "system", nobody available, that raced an operator's claim ends nothing.)
             follow_up = event.outcome in ev.UNANSWERED and not state.booking.lead_captured
             state.handoff = msgspec.structs.replace(state.handoff, status="", operator="",
                                                     follow_up=follow_up or state.handoff.follow_up)

@@ -164,8 +164,9 @@ def test_business_hours_in_the_sites_time_zone():
     for bad in (["mon-fri 9-17"], ["moon 09:00-10:00"], ["mon 10:00-09:00"], ["mon 09:00-24:30"], [], "never"):
         with pytest.raises(bh.HoursError):
             bh.schedule(bad)
-    with pytest.raises(bh.HoursError):
-        bh.schedule("always", "Mars/Olympus")
+    for zone in ("Mars/Olympus", "Europe", "x" * 300):  # not a zone, a directory of them, too long a name
+        with pytest.raises(bh.HoursError):
+            bh.schedule("always", zone)
 
 
 def test_a_sites_handoff_settings_are_checked_field_by_field():
@@ -254,3 +255,24 @@ async def test_the_timer_ends_a_handoff_nobody_joined_once_the_wait_is_over():
     # Taken or ended meanwhile: nothing.
     joined = by_operator(ev.OperatorJoined, operator="Grace")
     assert (await decide(handoff_timer.make_node(), requested, asked, requested, joined, config=config)).events == []
+
+
+def test_a_system_end_that_raced_a_claim_or_a_stale_request_changes_nothing():
+    asked = turn(SITE, "s1", 1, "Can I talk to a human?")
+    requested = ev.follow(asked, ev.HandoffRequested, "handoff_handler", reason="visitor_asked")
+    joined = by_operator(ev.OperatorJoined, operator="Grace")
+    late = ev.follow(requested, ev.HandoffEnded, "handoff_timer", by="system", outcome="no_answer", message="…")
+    held = state_of(asked, requested, joined, late).handoff
+    assert (held.status, held.operator, held.follow_up) == ("held", "Grace", False)
+    # A copy of turn 1's request stored after the handoff ended and turn 2 began reopens nothing.
+    ended = by_operator(ev.HandoffEnded, by="Grace", outcome="released")
+    later = turn(SITE, "s1", 2, "Thanks!")
+    assert state_of(asked, requested, joined, ended, later, requested).handoff.status == ""
+
+
+async def test_a_copy_of_a_turn_that_ended_is_not_handed_off_again():
+    asked = turn(SITE, "s1", 1, "Can I talk to a human?")
+    done = ev.follow(asked, ev.TurnCompleted, "finalize", metadata={"route": "HANDOFF"})
+    config = SiteConfig(name="Acme", handoff=Handoff(enabled=True))
+    assert (await decide(handoff_handler.make_node(), decided(asked, "VISITOR_ASKED"), asked, done,
+                         config=config)).events == []

@@ -279,12 +279,20 @@ async def test_an_operator_joins_a_conversation_nobody_handed_off_and_the_first_
     refused = await client.post(admin(other, elsewhere, "claim"), json={"operator": "Eve"}, headers=bearer(key_of(other)))
     assert refused.status_code == 409 and "does not take handoffs" in refused.text
     assert await kinds(bus, other, elsewhere) == []
+    for own_log in ("_site", "_triage"):  # the site's own logs are no conversation to join
+        await bus.publish(turn(site, own_log, 1, "an event in the site's own log"))
+        assert (await client.post(admin(site, own_log, "claim"), json={"operator": "Eve"},
+                                  headers=bearer(ADMIN))).status_code == 404
 
 
 async def test_a_named_operators_key_acts_as_them_and_as_nobody_else(bus, site, api):
     client, _ = api
     session = await waiting(bus, site)
     ada = bearer(ada_key(site))
+    # Her key answers handoffs; it changes nothing of the site (no keys of its own making either).
+    for method, path in (("PATCH", ""), ("PUT", ""), ("POST", "/keys")):
+        refused = await client.request(method, f"/v1/admin/sites/{site}{path}", json={}, headers=ada)
+        assert refused.status_code == 403, (method, path, refused.text)
     posing = await client.post(admin(site, session, "claim"), json={"operator": "Bob"}, headers=ada)
     assert posing.status_code == 403 and posing.json()["detail"][0]["field"] == "operator"
     claimed = await client.post(admin(site, session, "claim"), json={}, headers=ada)
@@ -309,7 +317,6 @@ async def test_a_named_operators_key_acts_as_them_and_as_nobody_else(bus, site, 
             break
         await asyncio.sleep(0.1)
     assert answer.status_code == 201 and answer.json()["operator"] == "Cy Young", answer.text
-    assert (await client.post(f"/v1/admin/sites/{site}/keys", json={}, headers=cy)).status_code == 403
 def feed(site: str) -> str:
     return f"/v1/admin/sites/{site}/handoffs/live"
 

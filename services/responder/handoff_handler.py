@@ -35,14 +35,18 @@ REASONS = {"VISITOR_ASKED": "visitor_asked", "LEAD_SCORE": "lead_score", "NOT_FO
 
 async def hand_off(event: ev.RouteDecided, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
     state, config = inputs.state, inputs.config
+    if state.turns[event.turn].status != "requested":  # a copy of a turn that ended: its outputs are stored
+        return []
     lang = replies.visitor_language(state, event.turn)
     site_name = config.name or event.site
-    if event.branch == "EMAIL_LEFT":
-        address = EMAIL_RE.search(history.message_of(state, event.turn)).group(0).lower()  # rule F found one
+    email = EMAIL_RE.search(history.message_of(state, event.turn))
+    if event.branch == "EMAIL_LEFT" and email is not None:  # rule F found one
+        address = email.group(0).lower()
         return [ctx.follow(ev.LeadCaptured, email=address, capture_context="handoff"),
                 await stream_text(ctx, NAME, replies.text("handoff.email_left", lang, site_name=site_name,
                                                           email=address))]
-    if event.branch not in REASONS:  # HELD: the operator answers, not the AI
+    if event.branch not in REASONS or state.handoff.status == "held" and state.handoff.requested_turn != event.turn:
+        # HELD: the operator answers, not the AI (one may have joined since the router decided)
         return [ctx.follow(ev.ResponseCompleted, node=NAME, text="", token_count=0, attempt=ctx.attempt,
                            backend="template")]
     reason = REASONS[event.branch]

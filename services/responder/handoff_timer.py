@@ -21,6 +21,7 @@ from shared import metrics
 from shared.node import Context, Inputs, Later, Needs, Node
 
 NAME = "handoff_timer"
+CLOCK_SLACK_S = 1.0
 
 
 async def check(event: ev.HandoffRequested, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
@@ -30,7 +31,7 @@ async def check(event: ev.HandoffRequested, inputs: Inputs, ctx: Context) -> lis
         return []  # taken, ended, or a later request has its own timer
     due = event.ts + config.handoff.max_wait_s
     now = time.time()
-    if now < due:
+    if now < due - CLOCK_SLACK_S:  # (within the slack: due; replicas' clocks differ a little)
         raise Later(due - now)
     lang = replies.visitor_language(state, handoff.requested_turn)
     key = "handoff.no_answer_known" if state.booking.lead_captured else "handoff.no_answer"
@@ -47,6 +48,14 @@ async def check(event: ev.HandoffRequested, inputs: Inputs, ctx: Context) -> lis
 WAITING_AT_ONCE = 10_000
 
 
+def given_up(event: ev.HandoffRequested, node: str, attempts: int, reason: str) -> ev.Envelope:
+    """The last attempt failed (the bus or the log unreachable all along): the handoff ends as
+    unanswered anyway, in English with no config to hand, so the visitor is not left waiting;
+    an operator who holds it by then keeps it (the fold ignores a system end of a held handoff)."""
+    return ev.follow(event, ev.HandoffEnded, node, key="given-up", by="system", outcome="no_answer",
+                     message=replies.text("handoff.no_answer", "en", site_name=event.site))
+
+
 def make_node() -> Node:
     return Node(name=NAME, consumes=("handoff_requested",), handle=check, needs=Needs(state=True, config=True),
-                max_in_flight=WAITING_AT_ONCE)
+                max_in_flight=WAITING_AT_ONCE, failure=given_up)

@@ -293,7 +293,10 @@ async def audit(bus: Bus, visitors: list[Visitor]) -> Audit:
     requested_at: dict[tuple[str, int], int] = {}
     for record in await bus.read(subjects.conversation(SITE, "*")):
         key = record.event.session_id, record.event.turn
-        kinds[key][ev.event_type(record.event)] += 1
+        kind = ev.event_type(record.event)
+        if kind == "webhook_recorded" and record.event.hook != "lead":
+            kind = "webhook_recorded:" + record.event.hook  # a handoff's webhook: not a lead's
+        kinds[key][kind] += 1
         if isinstance(record.event, ev.TurnRequested):
             requested_at[key] = record.seq
     for (session_id, number), counts in sorted(kinds.items()):

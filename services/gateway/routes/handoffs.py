@@ -131,11 +131,15 @@ async def claim(request: Request, site: SiteId, session_id: SessionId, who: Who)
             site, session_id, handoffs.Claim(operator=name, handoff=number, actor=who.actor))
     except handoffs.Taken as taken:
         return _taken(taken)
-    if joining:
-        await _store(request, who, _event(ev.HandoffRequested, state, "requested", "operator", number,
-                                          reason="operator", detail=f"{name} joined"))
-        metrics.handoffs.labels("operator").inc()
-    new = await _store(request, who, _event(ev.OperatorJoined, state, "joined", name, number, operator=name))
+    try:
+        if joining:
+            await _store(request, who, _event(ev.HandoffRequested, state, "requested", "operator", number,
+                                              reason="operator", detail=f"{name} joined"))
+            metrics.handoffs.labels("operator").inc()
+        new = await _store(request, who, _event(ev.OperatorJoined, state, "joined", name, number, operator=name))
+    except Exception:  # not in the log: nobody holds it, so the next claim (this one sent again) may win
+        await request.app.state.handoff_claims.end(site, session_id)
+        raise
     if new:
         metrics.handoff_actions.labels("claim").inc()
     return _done(state, name, new, status="held")
@@ -216,7 +220,7 @@ def _name(who: Operator, body: OperatorAction | OperatorText) -> str:
 
 async def _joinable(request: Request, state: ConversationState) -> None:
     """An operator may join a conversation that exists, on a site that takes handoffs."""
-    if state.event_count == 0:
+    if state.event_count == 0 or state.session_id.startswith("_"):  # "_site", "_triage": the site's own logs
         raise NotFound(f"no conversation {state.site}/{state.session_id}")
     config = await request.app.state.sites.find(state.site)
     if config is None or not config.handoff.enabled:

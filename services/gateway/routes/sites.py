@@ -64,6 +64,13 @@ def _admin_only(who: Operator, what: str) -> None:
         raise RequestError(None, f"{what} needs the deployment's ADMIN_TOKEN, not a site key", status=403)
 
 
+def _not_named(who: Operator, what: str) -> None:
+    """A named operator's key answers handoffs; the site's settings (its keys among them) are for
+    the site's shared key and ADMIN_TOKEN."""
+    if who.name:
+        raise RequestError(None, f"{what} needs the site's key or ADMIN_TOKEN, not {who.name}'s own key", status=403)
+
+
 @router.get("")
 async def show_site(request: Request, site: SiteId):
     """The site's config (every field, defaults included), its version and its embed snippet."""
@@ -76,6 +83,7 @@ async def show_site(request: Request, site: SiteId):
 @router.put("", openapi_extra=SITE_OPENAPI, responses={201: {"description": "the site was created"}})
 async def put_site(request: Request, site: SiteId, who: Who):
     """Create the site with this config (ADMIN_TOKEN), or replace its config."""
+    _not_named(who, "changing the site")
     data = await _body(request)
     try:
         change = await _store(request).put(site, data, who.actor, may_create=who.site is None)
@@ -91,6 +99,7 @@ async def put_site(request: Request, site: SiteId, who: Who):
 @router.patch("", openapi_extra=SITE_PATCH_OPENAPI)
 async def patch_site(request: Request, site: SiteId, who: Who):
     """Change some of the site's settings: a JSON merge patch, e.g. `{"widget": {"primary_color": "#0a7"}}`."""
+    _not_named(who, "changing the site")
     patch = await _body(request)
     try:
         change = await _store(request).patch(site, patch, who.actor)
@@ -139,11 +148,9 @@ async def make_key(request: Request, site: SiteId, who: Who):
     `{"operator": NAME}`, a named operator's key instead (their account in `operators`,
     replacing an older key of the same name): what they do in a handoff is theirs. A key
     works on every replica once their copies of the config expire (SITE_CONFIG_TTL_S)."""
+    _not_named(who, "making a key")
     raw = await read_body(request, 1024)
     body = decode(raw, _key_for) if raw.strip() else KeyFor()
-    if who.name:
-        raise RequestError(None, "a named operator's key cannot make keys: use the site's key or ADMIN_TOKEN",
-                           status=403)
     try:
         key, change = await _store(request).add_key(site, who.actor, body.operator)
     except SiteNotFound:
