@@ -1,9 +1,26 @@
 from __future__ import annotations
 
+import os
+import tempfile
 import uuid
 from pathlib import Path
 
 import pytest
+
+
+def _cache_bytecode() -> None:
+    """With PYTHONDONTWRITEBYTECODE set (as on the CI machine), nothing is ever compiled once:
+    every process the tests start (each service of each system, every CLI command, the xdist
+    workers) compiled torch, transformers, FastAPI, ... from source again, about a third of a
+    system's start-up CPU. Their bytecode goes to a cache outside the tree instead
+    (PYTHONPYCACHEPREFIX), so the tree stays as clean as the setting keeps it; Python checks
+    each cached file against its source, and writes it atomically."""
+    if os.environ.get("PYTHONDONTWRITEBYTECODE") and not os.environ.get("PYTHONPYCACHEPREFIX"):
+        del os.environ["PYTHONDONTWRITEBYTECODE"]
+        os.environ["PYTHONPYCACHEPREFIX"] = str(Path(tempfile.gettempdir()) / f"concierge-pycache-{os.getuid()}")
+
+
+_cache_bytecode()  # at import: before xdist starts its workers, which inherit the environment
 
 from shared.bus import connect
 from shared.config import BusConfig
