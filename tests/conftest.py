@@ -32,8 +32,10 @@ from tests.servers import WebhookReceiver, nats_server, redis_server, scripted_l
 # whole, so its module-scoped system starts once (the scheduler below). The runs that load
 # the machine most (two replicas of everything, killed and restarted; a bench's pairs) are
 # one unit, run one after the other rather than starving each other; the longest units are
-# handed out first so that no worker starts one late.
+# handed out first so that no worker starts one late. The modules that take tests/e2e.py's
+# shared system are one unit too, so that it starts once.
 HEAVY = ("test_chaos", "test_cluster_rehearsal", "test_bench")
+SHARED_SYSTEM = ("test_e2e_http", "test_e2e_briefs")
 LONGEST_FIRST = (*HEAVY, "test_hostile", "test_replay", "test_turn_config", "test_loadtest", "test_state",
                  "test_resilience", "test_browser", "test_e2e_http", "test_k8s", "test_answer_eval", "test_e2e_briefs")
 
@@ -46,11 +48,14 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class ModuleUnits(LoadScopeScheduling):
-        """xdist's scope scheduling, a scope being a module (or the heavy runs together),
-        handed out in collection order (LONGEST_FIRST)."""
+        """xdist's scope scheduling, a scope being a module (or the heavy runs together, or
+        the modules sharing a system), handed out in collection order (LONGEST_FIRST)."""
 
         def _split_scope(self, nodeid: str) -> str:
-            return "heavy" if _module(nodeid) in HEAVY else nodeid.split("::", 1)[0]
+            module = _module(nodeid)
+            if module in HEAVY:
+                return "heavy"
+            return "shared-system" if module in SHARED_SYSTEM else nodeid.split("::", 1)[0]
 
     config.option.loadscopereorder = False  # the order below, not by how many tests a unit has
     return ModuleUnits(config, log)
@@ -106,6 +111,23 @@ def webhook():
     receiver = WebhookReceiver()
     yield receiver
     receiver.close()
+
+
+# Session-scoped, so defined once, here: a session fixture each module registered for itself
+# would be started once per module. The modules take them through tests/e2e.py.
+@pytest.fixture(scope="session")
+def e2e_shared_webhook():
+    receiver = WebhookReceiver()
+    yield receiver
+    receiver.close()
+
+
+@pytest.fixture(scope="session")
+def e2e_shared_system(llm, fallback_llm, suggestions_llm, e2e_shared_webhook):
+    from tests.e2e import running_system
+
+    with running_system(llm, fallback_llm, suggestions_llm, e2e_shared_webhook) as system:
+        yield system
 
 
 @pytest.fixture

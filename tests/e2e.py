@@ -1,15 +1,22 @@
 """What the end-to-end modules share (test_e2e_http, test_resilience, test_browser,
 test_e2e_briefs): the whole system as processes (nats-server, Redis, the five services, the
-scripted LLMs, the webhook receiver), one per module; an HTTP client; a configured site per
-test; the operator's reads; and headless Chromium for the widget.
+scripted LLMs, the webhook receiver); an HTTP client; a configured site per test; the
+operator's reads; and headless Chromium for the widget.
 
-A module takes the fixtures by name: `system, http, site = e2e.system, e2e.http, e2e.site`.
+A module takes the fixtures by name: `system, http, site = e2e.system, e2e.http, e2e.site`,
+a system of its own (`system`, for a module that kills, restarts or reconfigures its
+processes, or whose tests read the whole demo site), or the one the worker's modules share
+(`system, webhook = e2e.shared_system, e2e.shared_webhook`: started once, as the whole
+system's start is most of such a module's time; tests/conftest.py hands those modules to
+one worker together, SHARED_SYSTEM).
 """
 
 from __future__ import annotations
 
 import tempfile
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -27,8 +34,8 @@ needs_chromium = pytest.mark.skipif(CHROMIUM is None,
                                     reason="Chromium not installed (Debian package `chromium`): browser test skipped")
 
 
-@pytest.fixture(scope="module")
-def system(llm, fallback_llm, suggestions_llm, webhook):
+@contextmanager
+def running_system(llm, fallback_llm, suggestions_llm, webhook) -> Iterator:
     with tempfile.TemporaryDirectory(prefix="concierge-e2e-") as data:
         sys_ = make_system(Path(data), free_port(), free_port(), {
             "LLM_BASE_URL": llm.base_url,
@@ -58,6 +65,26 @@ def system(llm, fallback_llm, suggestions_llm, webhook):
             yield sys_
         finally:
             sys_.stop()
+
+
+@pytest.fixture(scope="module")
+def system(llm, fallback_llm, suggestions_llm, webhook):
+    """A system of the module's own."""
+    with running_system(llm, fallback_llm, suggestions_llm, webhook) as sys_:
+        yield sys_
+
+
+@pytest.fixture(scope="module")
+def shared_system(e2e_shared_system):
+    """The system the worker's SHARED_SYSTEM modules share (tests/conftest.py): a module takes
+    it as its `system`, with `shared_webhook` as its `webhook`."""
+    return e2e_shared_system
+
+
+@pytest.fixture(scope="module")
+def shared_webhook(e2e_shared_webhook):
+    """The lead webhook of `shared_system`: reset it (`webhook.reset()`) before counting."""
+    return e2e_shared_webhook
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from tests import e2e
 from tests.e2e import ask_in_a_fresh_widget, launch_chromium, needs_chromium
 from tests.servers import ROOT
 
-system = e2e.system  # the fixture (tests/e2e.py)
+system = e2e.shared_system  # the fixture (tests/e2e.py): the system test_e2e_http takes too
 
 
 @needs_chromium

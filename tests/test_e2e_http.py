@@ -20,7 +20,8 @@ from tests.e2e import DEADLINE_S, WEBHOOK_SECRET, events_of, operator_url, ops
 from tests.helpers import wait_for
 from tests.servers import ROOT, configure_site
 
-system, http, site = e2e.system, e2e.http, e2e.site  # the fixtures (tests/e2e.py)
+# The fixtures (tests/e2e.py); the system is the one this worker's SHARED_SYSTEM modules share.
+system, webhook, http, site = e2e.shared_system, e2e.shared_webhook, e2e.http, e2e.site
 
 
 async def test_two_turns_stream_and_remember(system, llm, http, site):
