@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -18,6 +19,8 @@ def _cache_bytecode() -> None:
     if os.environ.get("PYTHONDONTWRITEBYTECODE") and not os.environ.get("PYTHONPYCACHEPREFIX"):
         del os.environ["PYTHONDONTWRITEBYTECODE"]
         os.environ["PYTHONPYCACHEPREFIX"] = str(Path(tempfile.gettempdir()) / f"concierge-pycache-{os.getuid()}")
+        # This process too, for what it imports from now on (the test modules and the code under test).
+        sys.pycache_prefix, sys.dont_write_bytecode = os.environ["PYTHONPYCACHEPREFIX"], False
 
 
 _cache_bytecode()  # at import: before xdist starts its workers, which inherit the environment
