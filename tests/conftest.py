@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -40,28 +41,56 @@ from tests.servers import WebhookReceiver, nats_server, redis_server, scripted_l
 HEAVY = ("test_chaos", "test_cluster_rehearsal", "test_bench")
 SHARED_SYSTEM = ("test_e2e_http", "test_e2e_briefs")
 LONGEST_FIRST = (*HEAVY, "test_hostile", "test_replay", "test_turn_config", "test_loadtest", "test_state",
-                 "test_resilience", "test_browser", "test_e2e_http", "test_k8s", "test_answer_eval", "test_e2e_briefs")
+                 "test_resilience", "test_browser", *SHARED_SYSTEM, "test_k8s", "test_answer_eval")
 
 
 def _module(nodeid: str) -> str:
     return Path(nodeid.split("::", 1)[0]).stem
 
 
+def _unit(nodeid: str) -> str:
+    """The unit a test is handed out with: its module, or the heavy runs, or the modules that
+    share a system."""
+    module = _module(nodeid)
+    if module in HEAVY:
+        return "heavy"
+    return "shared-system" if module in SHARED_SYSTEM else nodeid.split("::", 1)[0]
+
+
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class ModuleUnits(LoadScopeScheduling):
-        """xdist's scope scheduling, a scope being a module (or the heavy runs together, or
-        the modules sharing a system), handed out in collection order (LONGEST_FIRST)."""
+        """xdist's scope scheduling, a scope being a unit (`_unit`), handed out in collection
+        order (LONGEST_FIRST)."""
 
         def _split_scope(self, nodeid: str) -> str:
-            module = _module(nodeid)
-            if module in HEAVY:
-                return "heavy"
-            return "shared-system" if module in SHARED_SYSTEM else nodeid.split("::", 1)[0]
+            return _unit(nodeid)
 
     config.option.loadscopereorder = False  # the order below, not by how many tests a unit has
     return ModuleUnits(config, log)
+
+
+# Under xdist, the terminal summary says when each worker finished and what took it longest:
+# the workers should finish together (LONGEST_FIRST is the lever).
+_SESSION_START = time.time()
+_SPANS: dict[str, dict[str, list[float]]] = {}  # worker -> unit -> [first start, last stop]
+
+
+def pytest_runtest_logreport(report):
+    node = getattr(report, "node", None)  # on the controller, the worker that ran the test
+    if node is None or not report.start:
+        return
+    span = _SPANS.setdefault(node.gateway.id, {}).setdefault(_unit(report.nodeid), [report.start, report.stop])
+    span[0], span[1] = min(span[0], report.start), max(span[1], report.stop)
+
+
+def pytest_terminal_summary(terminalreporter):
+    for worker, units in sorted(_SPANS.items()):
+        done = max(stop for _, stop in units.values()) - _SESSION_START
+        longest = sorted(units.items(), key=lambda u: u[1][0] - u[1][1])[:4]
+        terminalreporter.write_line(f"{worker} done after {done:.0f} s ({len(units)} units; longest: " + ", ".join(
+            f"{Path(unit).stem} {stop - start:.0f} s" for unit, (start, stop) in longest) + ")")
 
 
 def pytest_collection_modifyitems(config, items):
