@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import hashlib
 import json
 import uuid
 
@@ -294,6 +295,68 @@ async def test_browser_votes_down_on_an_answer_and_says_why(system, llm, suggest
 
 
 @needs_chromium
+async def widget_page(browser, system, site: str, message: str, before: str = ""):
+    """A page embedding the site's widget (on the gateway's own origin: a site's origins need
+    not list it; `before`: the page's own script ahead of it), whose visitor opened it and sent
+    `message`."""
+    page_url = f"{system.gateway_url}/page-{site}.html"
+    html = (f'<!doctype html><html><body><script>{before}</script>'
+            f'<script src="/widget.js" data-site="{site}"></script></body></html>')
+    page = await browser.new_page(viewport={"width": 1200, "height": 800})
+    await page.route(page_url, lambda route: route.fulfill(content_type="text/html", body=html))
+    await page.goto(page_url)
+    await page.click("[data-testid=cw-launch]")
+    await page.fill("[data-testid=cw-input]", message)
+    await page.press("[data-testid=cw-input]", "Enter")
+    return page
+
+
+async def asked_for_a_person(browser, system, site: str):
+    return await widget_page(browser, system, site, "Can I talk to a person?")
+
+
+async def test_the_widget_sends_what_the_site_knows_of_the_visitor_and_the_enricher_uses_it(system, http):
+    """Issue 43's first step: the site's page sets `window.ConciergeIdentity`; each message
+    carries what is valid of it (an invalid e-mail hash and an unknown key are left out, so the
+    message still goes), the page without its query string; the reveal names the company."""
+    from playwright.async_api import async_playwright
+
+    from tests.servers import configure_site
+
+    site = f"id{uuid.uuid4().hex[:8]}"
+    await configure_site(system.nats_url, site, name="Acme")
+    digest = hashlib.sha256(b"ada@initech.example").hexdigest()
+    identity = ("window.ConciergeIdentity = function () { return {reveal: {company: 'Initech', domain: "
+                "'initech.example', nested: {no: 1}}, person_id: 'crm-0042', email_hash: '" + digest + "', "
+                "password: 'never sent'}; };")
+    async with async_playwright() as pw:
+        browser = await launch_chromium(pw)
+        try:
+            page = await widget_page(browser, system, site, "What does it cost?", before=identity)
+            await page.locator("[data-testid=cw-bot]").first.wait_for(timeout=30000)
+            await page.wait_for_function("() => !document.querySelector('.cw-form button').disabled", timeout=30000)
+            session = await page.evaluate(f"localStorage.getItem('concierge:{site}:session')")
+            await page.evaluate("window.ConciergeIdentity = () => ({email_hash: 'not a hash'})")
+            await page.fill("[data-testid=cw-input]", "And for 40 people?")
+            await page.press("[data-testid=cw-input]", "Enter")
+            await page.wait_for_function("() => document.querySelectorAll('[data-testid=cw-bot]').length === 2",
+                                         timeout=30000)
+        finally:
+            await browser.close()
+
+    async def enriched():
+        events = await events_of(http, system, site, session)
+        done = [e["event"] for e in events if e["type"] == "enrichment_completed" and e["event"]["turn"] == 1]
+        return (events, done) if done else None
+
+    events, done = await wait_for(enriched, timeout=20, what="turn 1 enriched")
+    visitors = [e["event"]["visitor"] for e in events if e["type"] == "turn_requested"]
+    assert visitors[0] == {"reveal": {"company": "Initech", "domain": "initech.example"}, "person_id": "crm-0042",
+                           "email_hash": digest, "page_url": f"{system.gateway_url}/page-{site}.html"}
+    assert visitors[1] == {"page_url": f"{system.gateway_url}/page-{site}.html"}  # the bad hash left out
+    assert done[0]["profile"]["company_name"] == "Initech"
+
+
 async def test_browser_handoff_an_operator_answers_then_the_assistant_again(system, llm, suggestions_llm, http):
     """Issue 42 in the widget: on a site that takes handoffs, asking for a person shows the
     waiting message and a status line; the operator's arrival and message come over the live
@@ -308,19 +371,11 @@ async def test_browser_handoff_an_operator_answers_then_the_assistant_again(syst
     site = f"h{uuid.uuid4().hex[:10]}"
     await configure_site(system.nats_url, site, name="Acme", handoff=Handoff(enabled=True))
     llm.clear(), suggestions_llm.clear()
-    # A page embedding the site's widget, on the gateway's own origin (a site's origins need not list it).
-    page_url = f"{system.gateway_url}/handoff-{site}.html"
-    html = f'<!doctype html><html><body><script src="/widget.js" data-site="{site}"></script></body></html>'
     status = "[data-testid=cw-handoff-status]"
     async with async_playwright() as pw:
         browser = await launch_chromium(pw)
         try:
-            page = await browser.new_page(viewport={"width": 1200, "height": 800})
-            await page.route(page_url, lambda route: route.fulfill(content_type="text/html", body=html))
-            await page.goto(page_url)
-            await page.click("[data-testid=cw-launch]")
-            await page.fill("[data-testid=cw-input]", "Can I talk to a person?")
-            await page.press("[data-testid=cw-input]", "Enter")
+            page = await asked_for_a_person(browser, system, site)
             await page.wait_for_function("() => [...document.querySelectorAll('[data-testid=cw-bot]')].some("
                                          "b => b.textContent.includes('connecting you with the Acme team'))",
                                          timeout=30000)
@@ -571,18 +626,11 @@ async def test_browser_handoff_nobody_joins_so_the_widget_offers_the_email_follo
 
     site = f"n{uuid.uuid4().hex[:10]}"
     await configure_site(system.nats_url, site, name="Acme", handoff=Handoff(enabled=True, max_wait_s=2))
-    page_url = f"{system.gateway_url}/alone-{site}.html"
-    html = f'<!doctype html><html><body><script src="/widget.js" data-site="{site}"></script></body></html>'
     status = "[data-testid=cw-handoff-status]"
     async with async_playwright() as pw:
         browser = await launch_chromium(pw)
         try:
-            page = await browser.new_page(viewport={"width": 1200, "height": 800})
-            await page.route(page_url, lambda route: route.fulfill(content_type="text/html", body=html))
-            await page.goto(page_url)
-            await page.click("[data-testid=cw-launch]")
-            await page.fill("[data-testid=cw-input]", "Can I talk to a person?")
-            await page.press("[data-testid=cw-input]", "Enter")
+            page = await asked_for_a_person(browser, system, site)
             notice = page.locator("[data-testid=cw-notice]")
             await notice.wait_for(timeout=30000)
             assert "e-mail address" in await notice.text_content()

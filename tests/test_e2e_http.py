@@ -109,6 +109,8 @@ async def test_answer_from_the_knowledge_base_sends_sources_then_cited_tokens(sy
     ({"site": "demo\n", "message": "hi"}, "site"),
     ({"site": "demo", "message": "hi", "visitor": {"reveal": {"company": "x" * 300}}}, "visitor.reveal[...]"),
     ({"site": "demo", "message": "hi", "visitor": {"nested": {"a": {"b": 1}}}}, "visitor"),
+    ({"site": "demo", "message": "hi", "visitor": {"email_hash": "ada@example.com"}}, "visitor.email_hash"),
+    ({"site": "demo", "message": "hi", "visitor": {"person_id": "has spaces"}}, "visitor.person_id"),
 ])
 async def test_bad_requests_are_4xx_with_the_field(system, http, body, field):
     response = await http.post(f"{system.gateway_url}/v1/chat", json=body)

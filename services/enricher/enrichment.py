@@ -29,7 +29,7 @@ from services.enricher.sources import Lookup
 log = logging.getLogger(__name__)
 
 NAME = "enrichment"
-IDENTIFYING = ("reveal", "email", "session_uuid")
+IDENTIFYING = ("reveal", "email", "session_uuid", "person_id", "email_hash")  # a change of any: enrich again
 
 
 def identity_fingerprint(visitor: dict | None) -> str | None:

@@ -46,6 +46,14 @@ class Visitor(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
                       msgspec.Meta(max_length=20)] | None = None
     page_url: Url | None = None
     referrer: Url | None = None
+    # Who the site already knows this visitor to be (its own page passes them to the widget:
+    # `window.ConciergeIdentity`): its id for the person, and the SHA-256 of their lower-case
+    # e-mail address (the address itself stays with the site).
+    person_id: Annotated[str, msgspec.Meta(pattern=r"^[\x21-\x7e]{1,128}\Z",
+                                           description="the site's own id of the person: 1-128 visible ASCII "
+                                                       "characters")] | None = None
+    email_hash: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}\Z",
+                                            description="SHA-256 of the lower-case e-mail address, hex")] | None = None
 
 
 class ChatRequest(msgspec.Struct, forbid_unknown_fields=True):

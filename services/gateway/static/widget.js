@@ -8,6 +8,9 @@
  * GET /v1/sites/{site}/widget when the script loads: a site changes it in its config, not in
  * its pages. data-settings (optional, JSON): settings that take precedence over the site's
  * (the operator UI's preview of unsaved edits); data-open: start with the panel open.
+ * window.ConciergeIdentity (optional; an object, or a function returning one, set by the
+ * site's page): who the visitor is as far as the site knows (reveal, session_uuid, person_id,
+ * email_hash), sent with each message (docs/examples/identity.html).
  * The session id and its token (the conversation's only key: the
  * gateway refuses a session id without it) are kept in localStorage per site, so a reload
  * resumes the conversation; an answer cut off (a reload, a dropped connection) is resumed
@@ -636,6 +639,39 @@
                              function (err) { if (err.final) throw err; return again(turn, err); });
   }
 
+  // What the page knows of the visitor, sent with each message (schemas.py `Visitor`): the page
+  // and where it was reached from (origin and path: a query string may hold personal data), and
+  // what the site's own page passes in `window.ConciergeIdentity` (an object, or a function that
+  // returns one, read at each message): `reveal` (a reveal provider's browser result, e.g.
+  // {company, domain}), `session_uuid` (a session-identification provider's id), `person_id`
+  // (the site's id of a person it knows), `email_hash` (SHA-256 of their lower-case e-mail).
+  // Anything else is left out and what would be refused is dropped, so a page's mistake never
+  // costs the visitor their message. Not the browser's language: the message's own says more.
+  function visitor() {
+    var out = {page_url: (location.origin + location.pathname).slice(0, 2048)};
+    try {
+      var from = document.referrer ? new URL(document.referrer) : null;
+      if (from) out.referrer = (from.origin + from.pathname).slice(0, 2048);
+    } catch (e) { /* not a URL: left out */ }
+    var given = window.ConciergeIdentity;
+    try { if (typeof given === "function") given = given(); } catch (e) { given = null; }
+    if (!given || typeof given !== "object") return out;
+    if (typeof given.session_uuid === "string" && given.session_uuid) out.session_uuid = given.session_uuid.slice(0, 256);
+    if (typeof given.person_id === "string" && /^[\x21-\x7e]{1,128}$/.test(given.person_id)) out.person_id = given.person_id;
+    if (typeof given.email_hash === "string" && /^[0-9a-f]{64}$/.test(given.email_hash)) out.email_hash = given.email_hash;
+    if (given.reveal && typeof given.reveal === "object") {
+      var reveal = {}, kept = 0;
+      Object.keys(given.reveal).forEach(function (key) {
+        var value = given.reveal[key];
+        if (kept < 20 && key.length <= 64 && (typeof value === "string" || typeof value === "number")) {
+          reveal[key] = String(value).slice(0, 256); kept++;
+        }
+      });
+      if (kept) out.reveal = reveal;
+    }
+    return out;
+  }
+
   // Send the visitor's message, or send it again (the same id) after a try that failed before
   // its turn's `start` frame came: the gateway may or may not have started the turn.
   function post(turn) {
@@ -645,7 +681,7 @@
       method: "POST",
       headers: {"content-type": "application/json"},
       body: JSON.stringify({site: site, session_id: session, session_token: session ? token : null,
-                            message: turn.text, client_message_id: turn.id})
+                            message: turn.text, client_message_id: turn.id, visitor: visitor()})
     }).then(function (resp) {
       if (resp.status === 403 && session) {  // the token is no longer valid: start a new conversation
         localStorage.removeItem(storeKey);
