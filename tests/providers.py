@@ -50,7 +50,38 @@ def create_app(state: Providers) -> Starlette:
             return JSONResponse({"company_name": 42})
         return JSONResponse({"error": "unknown"}, status_code=404)
 
-    return Starlette(routes=[Route("/{mode}", handle, methods=["GET", "POST"])])
+    async def ipinfo(request: Request) -> Response:
+        """IPinfo's `GET /{ip}/json`, answering as its documentation shows (a token as bearer)."""
+        ip = request.path_params["ip"]
+        state.hits["ipinfo"] += 1
+        if request.headers.get("authorization") != "Bearer secret":
+            return JSONResponse({"status": 403, "error": {"title": "Unknown token", "message": "Please ensure "
+                                 "you've entered your token correctly."}}, status_code=403)
+        if ip in IPINFO:
+            return JSONResponse(IPINFO[ip])
+        if ip == "203.0.113.99":
+            return JSONResponse({"status": 429, "error": {"title": "Rate limit exceeded", "message": "Upgrade to "
+                                 "increase your usage limits at https://ipinfo.io/pricing"}}, status_code=429)
+        return JSONResponse({"status": 404, "error": {"title": "Wrong ip", "message": "Please provide a valid IP "
+                             "address"}}, status_code=404)
+
+    return Starlette(routes=[Route("/ipinfo/{ip}/json", ipinfo), Route("/{mode}", handle, methods=["GET", "POST"])])
+
+
+# IPinfo's answers (its documented shape), by address: a business (paid plan: `company`), an
+# ISP's customer, a free plan's `org` only, a private address.
+IPINFO = {
+    "203.0.113.10": {"ip": "203.0.113.10", "city": "Austin", "region": "Texas", "country": "US",
+                     "loc": "30.2672,-97.7431", "org": "AS64500 Initech Inc.", "postal": "78701",
+                     "timezone": "America/Chicago",
+                     "asn": {"asn": "AS64500", "name": "Initech Inc.", "domain": "initech.example",
+                             "route": "203.0.113.0/24", "type": "business"},
+                     "company": {"name": "Initech", "domain": "initech.example", "type": "business"}},
+    "203.0.113.20": {"ip": "203.0.113.20", "country": "DE", "org": "AS64501 Example Telecom",
+                     "company": {"name": "Example Telecom", "domain": "telecom.example", "type": "isp"}},
+    "198.51.100.7": {"ip": "198.51.100.7", "city": "Boston", "country": "US", "org": "AS64502 Example University"},
+    "10.0.0.1": {"ip": "10.0.0.1", "bogon": True},
+}
 
 
 @contextmanager

@@ -14,7 +14,7 @@ from services.enricher.breaker import CircuitBreaker
 from services.enricher.chain import Enricher
 from services.enricher.settings import DATASET
 from services.enricher.sources import (
-    CacheSource, Guarded, IpApiSource, IpDatasetSource, Lookup, ReturningVisitorSource, RevealSource,
+    CacheSource, Guarded, IpApiSource, IpDatasetSource, IpinfoSource, Lookup, ReturningVisitorSource, RevealSource,
     SessionProviderSource,
 )
 from tests.providers import provider_server
@@ -162,3 +162,40 @@ async def test_one_sites_visitors_are_never_another_sites(redis, providers, clie
     profile, statuses = await run(e, lookup(b, ip="192.0.2.50"))  # same visitor IP, other tenant
     assert statuses["cache"] == "miss" and statuses["returning_visitor"] == "miss"
     assert profile.company_name == "unknown"
+
+
+async def test_ipinfos_answers_become_profiles_and_its_errors_failures(redis, providers, client):
+    """IPinfo (ENRICH_IP_API_FORMAT=ipinfo) against a local server answering in its format: a
+    business is a completed profile; an ISP's customer, a private address and a "Wrong ip"
+    are misses; a free plan's `org` only a partial one; its rate limit and a refused token are
+    failures, which the breaker counts and the chain passes over."""
+    def ipinfo(key="secret"):
+        return Guarded(IpinfoSource(f"{providers.url}/ipinfo", key, client), timeout_s=0.5, retries=0)
+
+    profile, statuses = await run(make(redis, [ipinfo()]), lookup(ip="203.0.113.10"))
+    assert (profile.company_name, profile.company_domain, profile.status, profile.source) == (
+        "Initech", "initech.example", "completed", "ip_api")
+    for ip in ("203.0.113.20", "10.0.0.1", "192.0.2.55"):
+        profile, statuses = await run(make(redis, [ipinfo()]), lookup(ip=ip))
+        assert profile.company_name == "unknown" and statuses["ip_api"] == "miss", (ip, statuses)
+    free = await IpinfoSource(f"{providers.url}/ipinfo", "secret", client).lookup(lookup(ip="198.51.100.7"))
+    assert (free.company_name, free.status) == ("Example University", "partial")
+    for ip, key, why in (("203.0.113.99", "secret", "429"), ("203.0.113.10", "wrong", "403")):
+        # (another site: the first lookup's profile is in the cache for that address)
+        profile, statuses = await run(make(redis, [ipinfo(key)]), lookup(site=f"s{uuid.uuid4().hex[:6]}", ip=ip))
+        assert profile.company_name == "unknown" and why in statuses["ip_api"], statuses
+
+
+def test_the_ip_apis_format_picks_its_adapter_and_an_unknown_one_stops_the_service(monkeypatch):
+    from services.enricher.main import build_enricher
+    from services.enricher.settings import EnricherSettings
+    from shared.config import ConfigError
+
+    monkeypatch.setenv("ENRICH_IP_API_URL", "https://ipinfo.io")
+    monkeypatch.setenv("ENRICH_IP_API_FORMAT", "ipinfo")
+    settings = EnricherSettings.from_env()
+    enricher = build_enricher(None, None, settings)
+    assert [type(getattr(s, "source", s)).__name__ for s in enricher.sources] == ["RevealSource", "IpinfoSource"]
+    monkeypatch.setenv("ENRICH_IP_API_FORMAT", "clearbit")
+    with pytest.raises(ConfigError, match="ENRICH_IP_API_FORMAT"):
+        EnricherSettings.from_env()

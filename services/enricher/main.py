@@ -25,9 +25,12 @@ from services.enricher.breaker import CircuitBreaker
 from services.enricher.chain import Enricher
 from services.enricher.settings import EnricherSettings, RemoteSource
 from services.enricher.sources import (
-    CacheSource, Guarded, IpApiSource, IpDatasetSource, ReturningVisitorSource, RevealSource,
+    CacheSource, Guarded, IpApiSource, IpDatasetSource, IpinfoSource, ReturningVisitorSource, RevealSource,
     SessionProviderSource,
 )
+
+# ENRICH_IP_API_FORMAT (settings.IP_API_FORMATS): how the IP API answers, Concierge's profile JSON or a vendor's.
+IP_API_SOURCES = {"concierge": IpApiSource, "ipinfo": IpinfoSource}
 
 
 def guarded(source, remote: RemoteSource) -> Guarded:
@@ -46,7 +49,7 @@ def build_enricher(redis, client: httpx.AsyncClient, settings: EnricherSettings)
     if (provider := settings.session_provider) is not None:
         sources.append(guarded(SessionProviderSource(provider.url, provider.key, client), provider))
     if (api := settings.ip_api) is not None:
-        sources.append(guarded(IpApiSource(api.url, api.key, client), api))
+        sources.append(guarded(IP_API_SOURCES[api.format](api.url, api.key, client), api))
     else:
         sources.append(IpDatasetSource(Path(settings.ip_dataset)))
     return Enricher(

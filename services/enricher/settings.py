@@ -10,6 +10,9 @@ from shared.config import ConfigError, LLMRoleConfig, Settings, env_choice, env_
 DATASET = Path(__file__).parent / "data" / "ip_companies.csv"
 
 
+IP_API_FORMATS = ("concierge", "ipinfo")  # how the IP API answers: sources.py IpApiSource, IpinfoSource
+
+
 class RemoteSource(Settings):
     """A remote company-lookup API, with its timeout, retries and circuit breaker
     (ENRICH_<SOURCE>_*: SESSION_PROVIDER or IP_API)."""
@@ -18,13 +21,16 @@ class RemoteSource(Settings):
 
     url: str
     key: str = ""
+    # How the provider answers (`<prefix>_FORMAT`): `concierge`, Concierge's own profile JSON,
+    # or a vendor's response mapped onto the profile (sources.py: `ipinfo` for IP_API).
+    format: str = "concierge"
     timeout_s: float = 0.8
     retries: int = 1
     breaker_threshold: int = 3
     breaker_reset_s: float = 30.0
 
     @classmethod
-    def from_env(cls, prefix: str) -> "RemoteSource | None":
+    def from_env(cls, prefix: str, formats: tuple[str, ...] = ("concierge",)) -> "RemoteSource | None":
         """None when `<prefix>_URL` is not set (its other variables are then not read)."""
         url = env_str(f"{prefix}_URL", "")
         if not url:
@@ -33,6 +39,7 @@ class RemoteSource(Settings):
         return cls(
             url=url,
             key=env_str(f"{prefix}_KEY", d.key),
+            format=env_choice(f"{prefix}_FORMAT", d.format, formats),
             timeout_s=env_float(f"{prefix}_TIMEOUT_S", d.timeout_s),
             retries=env_int(f"{prefix}_RETRIES", d.retries),
             breaker_threshold=env_int(f"{prefix}_BREAKER_THRESHOLD", d.breaker_threshold),
@@ -75,7 +82,7 @@ class EnricherSettings(Settings):
         return cls(
             redis_url=env_str("REDIS_URL", d.redis_url),
             session_provider=RemoteSource.from_env("ENRICH_SESSION_PROVIDER"),
-            ip_api=RemoteSource.from_env("ENRICH_IP_API"),
+            ip_api=RemoteSource.from_env("ENRICH_IP_API", IP_API_FORMATS),
             ip_dataset=env_str("ENRICH_IP_DATASET", d.ip_dataset),
             cache_ttl_s=env_float("ENRICH_CACHE_TTL_S", d.cache_ttl_s),
             returning_ttl_s=env_float("ENRICH_RETURNING_TTL_S", d.returning_ttl_s),

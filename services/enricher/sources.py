@@ -150,6 +150,70 @@ class IpApiSource:
         return _http_profile(response, self.name)
 
 
+@dataclass
+class IpinfoSource:
+    """IPinfo (ipinfo.io), an IP-to-company API: GET <url>/<ip>/json with the token as a
+    bearer, mapped by `ipinfo_profile`. A bogon (private) address or a 404 ("Wrong ip") is a
+    miss; a 429 (the plan's limit) or a refused token is a failure the breaker counts."""
+
+    url: str
+    api_key: str
+    client: httpx.AsyncClient
+    name: str = "ip_api"
+
+    async def lookup(self, q: Lookup) -> VisitorProfile | None:
+        if not q.ip:
+            return None
+        response = await self.client.get(f"{self.url.rstrip('/')}/{q.ip}/json", headers=_auth(self.api_key))
+        if response.status_code == 429:
+            raise SourceError("HTTP 429: the plan's request limit")
+        if response.status_code in (401, 403):
+            raise SourceError(f"HTTP {response.status_code}: the token was refused")
+        if response.status_code == 404:
+            return None
+        if response.status_code >= 400:
+            raise SourceError(f"HTTP {response.status_code}")
+        try:
+            data = response.json()
+        except ValueError:
+            raise SourceError("malformed response: not JSON") from None
+        return ipinfo_profile(data, self.name)
+
+
+IPINFO_NETWORKS = ("isp", "hosting")  # an address of a carrier or a cloud: not the visitor's company
+IPINFO_SECTORS = {"education": "Education", "government": "Government"}
+
+
+def ipinfo_profile(data: Any, source: str) -> VisitorProfile | None:
+    """IPinfo's answer → profile. `company` (paid plans: name, domain, type) says who uses the
+    address, else `asn` (name, domain, type), else `org` ("AS15169 Google LLC": only the
+    network's owner). A type of isp or hosting names a carrier or a cloud, not who is visiting:
+    a miss. With a business, education or government type the profile is completed; with no
+    type (`org` alone) it only says whose network it is: partial, the chain goes on."""
+    if not isinstance(data, dict):
+        raise SourceError("malformed response: not a JSON object")
+    if data.get("bogon"):
+        return None
+    company = data.get("company") if isinstance(data.get("company"), dict) else {}
+    asn = data.get("asn") if isinstance(data.get("asn"), dict) else {}
+    found = company or asn
+    kind = str(found.get("type") or "").lower()
+    if kind in IPINFO_NETWORKS:
+        return None
+    name = str(found.get("name") or "")
+    org = data.get("org")
+    if not name and isinstance(org, str):
+        name = org.split(" ", 1)[1] if org.startswith("AS") and " " in org else org
+    if not name:
+        return None
+    fields = {"company_name": name[:200]}
+    if found.get("domain"):
+        fields["company_domain"] = str(found["domain"])[:253]
+    if kind in IPINFO_SECTORS:
+        fields["sector"] = IPINFO_SECTORS[kind]
+    return VisitorProfile(**fields, source=source, status="completed" if kind else "partial")
+
+
 def _auth(api_key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
