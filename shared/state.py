@@ -166,6 +166,9 @@ class ConversationState(msgspec.Struct, kw_only=True):
     llm_calls: int = 0
     sync: SyncProgress = msgspec.field(default_factory=SyncProgress)  # a knowledge source's log only
     handoff: HandoffState = msgspec.field(default_factory=HandoffState)
+    # The site's own id of the visitor, when its page passed one (TurnRequested.visitor's
+    # `person_id`; the latest given): what analytics and the lead webhook tie the lead to.
+    person_id: str = ""
 
 
 class Record(msgspec.Struct, kw_only=True):
@@ -261,6 +264,8 @@ def apply(state: ConversationState, record: Record) -> ConversationState:
             rec.requested_ts = event.ts
             if event.visitor and isinstance(event.visitor.get("language"), str):
                 rec.language = event.visitor["language"]
+            if event.visitor and isinstance(event.visitor.get("person_id"), str):
+                state.person_id = event.visitor["person_id"]
         case ev.TurnBlocked():
             # A blocked turn uses its number but leaves the spam counters as they were, so
             # repeating the message stays blocked and a different one unblocks.

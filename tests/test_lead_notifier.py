@@ -63,6 +63,32 @@ async def test_the_webhook_tells_the_receiver_the_booking_answers_and_the_visito
     assert payload["transcript"] == [{"role": "user", "content": request.message, "turn": 1}]
 
 
+async def test_the_lead_carries_the_company_domain_and_the_person_the_site_knows_to_the_webhook_and_analytics(
+        receiver):
+    """Issue 43: the site's page said who the visitor is (`person_id`): the lead webhook and the
+    analytics event tie the lead to them, and both carry the company's domain."""
+    request = turn("s", "l2", 1, "I'm ada@globex.example", visitor={"person_id": "crm-0042"})
+    given = [request, ev.follow(request, ev.EnrichmentCompleted, "enrichment",
+                                profile=ev.VisitorProfile(company_name="Globex", company_domain="globex.example"))]
+    captured = ev.follow(request, ev.LeadCaptured, "booking_handler", email="ada@globex.example")
+    settings = msgspec.structs.replace(to(receiver), posthog_host=receiver.url.rsplit("/", 1)[0],
+                                       posthog_api_key="phc_test")
+    recorded, analytics = (await decide(lead_notifier.make_node(ClaimsInMemory(), settings), captured, *given)).events
+    assert recorded.ok and analytics.sent and analytics.ok
+    assert analytics.properties["company_domain"] == "globex.example"
+    hook, capture = (json.loads(r["body"]) for r in receiver.requests)
+    assert (hook["company_domain"], hook["person_id"]) == ("globex.example", "crm-0042")
+    assert (capture["distinct_id"], capture["properties"]["company_domain"]) == ("crm-0042", "globex.example")
+    # Nobody the site knows and no company found: the conversation, and no domain.
+    receiver.reset()
+    anonymous = turn("s", "l3", 1, "I'm bob@example.org")
+    lead_of_anonymous = ev.follow(anonymous, ev.LeadCaptured, "booking_handler", email="bob@example.org")
+    await decide(lead_notifier.make_node(ClaimsInMemory(), settings), lead_of_anonymous, anonymous)
+    hook, capture = (json.loads(r["body"]) for r in receiver.requests)
+    assert (hook["company_domain"], hook["person_id"], capture["distinct_id"]) == (None, None, "l3")
+    assert "company_domain" not in capture["properties"]
+
+
 async def test_a_lead_with_no_webhook_configured_is_recorded_as_skipped():
     request = turn("s", "l2", 1, "I'm ada@example.com")
     captured = ev.follow(request, ev.LeadCaptured, "booking_handler", email="ada@example.com")

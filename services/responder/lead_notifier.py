@@ -42,6 +42,8 @@ def make_node(claims: WebhookClaims, settings: LeadSettings = LeadSettings(),
             "email": event.email, "capture_context": event.capture_context,
             "collected": dict(state.booking.collected),
             "visitor_profile": msgspec.to_builtins(state.visitor_profile),
+            "company_domain": _known(state.visitor_profile.company_domain),
+            "person_id": state.person_id or None,
             "transcript": webhooks.transcript(state, event.turn),
         }
         return await webhooks.send(http, settings, "lead", config.lead.webhook_url or settings.webhook_url,
@@ -57,14 +59,20 @@ def make_node(claims: WebhookClaims, settings: LeadSettings = LeadSettings(),
                                duplicate_of=claim.owner)]
         outcome = claim.outcome
         outputs: list[ev.Envelope] = [ctx.follow(ev.WebhookRecorded, **msgspec.structs.asdict(outcome))]
+        state = inputs.state
         properties = {"site": event.site, "capture_context": event.capture_context, "turn": event.turn}
+        if domain := _known(state.visitor_profile.company_domain):
+            properties["company_domain"] = domain
+        # The person the site knows, when its page said who (PostHog ties the lead to them);
+        # the conversation otherwise.
+        distinct_id = state.person_id or event.session_id
         host, key = settings.posthog_host, settings.posthog_api_key
         sent, ok, error = False, False, None
         if host and key:
             sent = True
             try:
                 response = await http.post(host.rstrip("/") + "/capture/", json={
-                    "api_key": key, "event": "lead_captured", "distinct_id": event.session_id,
+                    "api_key": key, "event": "lead_captured", "distinct_id": distinct_id,
                     "properties": properties, "timestamp": event.ts})
                 ok = 200 <= response.status_code < 300
                 error = None if ok else f"HTTP {response.status_code}"
@@ -75,3 +83,7 @@ def make_node(claims: WebhookClaims, settings: LeadSettings = LeadSettings(),
         return outputs
 
     return Node(name=NAME, consumes=("lead_captured",), handle=handle, needs=Needs(state=True, config=True))
+
+
+def _known(value: str) -> str | None:
+    return None if value in ("", ev.UNKNOWN) else value
