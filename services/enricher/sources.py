@@ -12,7 +12,7 @@ import csv
 import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import httpx
 import msgspec
@@ -151,33 +151,16 @@ class IpApiSource:
 
 
 @dataclass
-class IpinfoSource:
+class IpinfoSource(IpApiSource):
     """IPinfo (ipinfo.io), an IP-to-company API: GET <url>/<ip>/json with the token as a
     bearer, mapped by `ipinfo_profile`. A bogon (private) address or a 404 ("Wrong ip") is a
     miss; a 429 (the plan's limit) or a refused token is a failure the breaker counts."""
-
-    url: str
-    api_key: str
-    client: httpx.AsyncClient
-    name: str = "ip_api"
 
     async def lookup(self, q: Lookup) -> VisitorProfile | None:
         if not q.ip:
             return None
         response = await self.client.get(f"{self.url.rstrip('/')}/{q.ip}/json", headers=_auth(self.api_key))
-        if response.status_code == 429:
-            raise SourceError("HTTP 429: the plan's request limit")
-        if response.status_code in (401, 403):
-            raise SourceError(f"HTTP {response.status_code}: the token was refused")
-        if response.status_code == 404:
-            return None
-        if response.status_code >= 400:
-            raise SourceError(f"HTTP {response.status_code}")
-        try:
-            data = response.json()
-        except ValueError:
-            raise SourceError("malformed response: not JSON") from None
-        return ipinfo_profile(data, self.name)
+        return _http_profile(response, self.name, ipinfo_profile)
 
 
 IPINFO_NETWORKS = ("isp", "hosting")  # an address of a carrier or a cloud: not the visitor's company
@@ -218,16 +201,23 @@ def _auth(api_key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def _http_profile(response: httpx.Response, name: str) -> VisitorProfile | None:
+def _http_profile(response: httpx.Response, name: str,
+                  mapped: Callable[[Any, str], VisitorProfile | None] | None = None) -> VisitorProfile | None:
+    """A provider's answer: 404 a miss, any other error a failure (said for a plan's limit and a
+    refused key), else its JSON mapped onto a profile (`mapped`: Concierge's own format by default)."""
     if response.status_code == 404:
         return None
+    if response.status_code == 429:
+        raise SourceError("HTTP 429: the plan's request limit")
+    if response.status_code in (401, 403):
+        raise SourceError(f"HTTP {response.status_code}: the key was refused")
     if response.status_code >= 400:
         raise SourceError(f"HTTP {response.status_code}")
     try:
         data = response.json()
     except ValueError:
         raise SourceError("malformed response: not JSON") from None
-    return profile_from(data, name)
+    return (mapped or profile_from)(data, name)
 
 
 @dataclass
