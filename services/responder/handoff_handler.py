@@ -39,8 +39,8 @@ async def hand_off(event: ev.RouteDecided, inputs: Inputs, ctx: Context) -> list
         return []
     lang = replies.visitor_language(state, event.turn)
     site_name = config.name or event.site
-    email = EMAIL_RE.search(history.message_of(state, event.turn))
-    if event.branch == "EMAIL_LEFT" and email is not None:  # rule F found one
+    email = EMAIL_RE.search(history.message_of(state, event.turn)) if event.branch == "EMAIL_LEFT" else None
+    if email is not None:  # rule F found one
         address = email.group(0).lower()
         return [ctx.follow(ev.LeadCaptured, email=address, capture_context="handoff"),
                 await stream_text(ctx, NAME, replies.text("handoff.email_left", lang, site_name=site_name,
@@ -56,12 +56,11 @@ async def hand_off(event: ev.RouteDecided, inputs: Inputs, ctx: Context) -> list
     asked_at = state.turns[event.turn].requested_ts or event.ts
     if business_hours.schedule(hours.hours, hours.timezone).open_at(asked_at):
         return [requested, await stream_text(ctx, NAME, replies.text("handoff.waiting", lang, site_name=site_name))]
-    key = "handoff.out_of_hours_known" if state.booking.lead_captured else "handoff.out_of_hours"
     metrics.handoffs_unanswered.labels("out_of_hours").inc()
-    return [requested,
-            ctx.follow(ev.HandoffEnded, by="system", outcome="out_of_hours"),
-            await stream_text(ctx, NAME, replies.text(key, lang, site_name=site_name,
-                                                      hours=business_hours.describe(hours.hours, hours.timezone)))]
+    offer = replies.follow_up_offer("out_of_hours", state, lang, site_name=site_name,
+                                    hours=business_hours.describe(hours.hours, hours.timezone))
+    return [requested, ctx.follow(ev.HandoffEnded, by="system", outcome="out_of_hours"),
+            await stream_text(ctx, NAME, offer)]
 
 
 def make_node() -> Node:

@@ -34,9 +34,8 @@ async def check(event: ev.HandoffRequested, inputs: Inputs, ctx: Context) -> lis
     if now < due - CLOCK_SLACK_S:  # (within the slack: due; replicas' clocks differ a little)
         raise Later(due - now)
     lang = replies.visitor_language(state, handoff.requested_turn)
-    key = "handoff.no_answer_known" if state.booking.lead_captured else "handoff.no_answer"
-    ended = ctx.follow(ev.HandoffEnded, by="system", outcome="no_answer",
-                       message=replies.text(key, lang, site_name=config.name or event.site))
+    offer = replies.follow_up_offer("no_answer", state, lang, site_name=config.name or event.site)
+    ended = ctx.follow(ev.HandoffEnded, by="system", outcome="no_answer", message=offer)
     ended.turn = state.turn  # after the visitor's latest message, where it is shown
     metrics.handoffs_unanswered.labels("no_answer").inc()
     return [ended]

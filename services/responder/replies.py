@@ -23,6 +23,13 @@ def text(key: str, lang: str, **fields: str) -> str:
     return table.get(lang, table["en"]).format(**fields)
 
 
+def follow_up_offer(outcome: str, state: ConversationState, lang: str, **fields: str) -> str:
+    """What a visitor nobody could take (`outcome`: out_of_hours / no_answer) is told: leave an
+    e-mail address, or, once a lead was captured, that the team will write to the one given."""
+    known = "_known" if state.booking.lead_captured else ""
+    return text(f"handoff.{outcome}{known}", lang, **fields)
+
+
 def lower_first(label: str) -> str:
     """A label inside a sentence: "Work email" -> "work email"; an acronym ("SIRET number") stays."""
     first = label.split(" ", 1)[0]
