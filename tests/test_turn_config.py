@@ -16,6 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from cli.harness.supervisor import free_port, make_system
@@ -256,6 +257,24 @@ async def test_a_changed_prompt_or_rule_still_fails_the_gate(system, sessions, g
         result = await reruns.verify(recordings, graph, config)
         routes = {(d["session_id"], d["turn"]) for d in result.divergences if d.get("field") == "route"}
         assert routes == {(keyless[WEATHER], 2), (keyed[WEATHER], 2)}
+
+
+async def test_a_turn_whose_nodes_ran_on_two_versions_reruns_each_node_under_its_own(system, sessions, graphs):
+    """A turn during a config edit: the router still had the earlier version cached, later
+    nodes the new one. The router names the turn's request as its outputs' cause, not the
+    analysis that completed its join; its rerun still finds the version it recorded."""
+    recordings, config = await site_log(system)
+    keyless, _ = sessions
+    (recording,) = [r for r in recordings if r.records[0].event.session_id == keyless[0]]
+    then = msgspec.structs.replace(config, version="then")
+    routed = [r for r in recording.records if r.event.producer == "intent_router" and r.event.turn == 1]
+    assert routed and all(r.event.config_version == config.version for r in routed)
+    mixed = Recording([msgspec.structs.replace(r, event=msgspec.structs.replace(r.event, config_version="then"))
+                       if r in routed else r for r in recording.records])
+    result = await reruns.rerun(mixed, graphs["keyless"], config, stored_configs={"then": then})
+    assert result.version_changes == [] and result.divergences == [] and result.differences == []
+    rerouted = [e for e in result.events if e.producer == "intent_router" and e.turn == 1]
+    assert rerouted and {e.config_version for e in rerouted} == {"then"}
 
 
 async def test_after_a_config_edit_each_turn_reruns_under_the_version_it_recorded(system, sessions, graphs):

@@ -233,9 +233,12 @@ class Sandbox:
 
     def _config(self, node: str, event: ev.Envelope) -> SiteConfig:
         """The site config version the original handler of this event recorded, when it is
-        in `versions` (a turn during a config change may have run on two); else `config`."""
+        in `versions` (a turn during a config change may have run on two); else `config`.
+        Its outputs are found as `_invoke` copies them: under this event, or under the
+        event's own cause (the intent router names the turn's request as its cause)."""
         if self.recording is not None and self.versions:
-            for out in self.recording.outputs.get((node, event.event_id), ()):
+            outputs = self.recording.outputs
+            for out in (*outputs.get((node, event.event_id), ()), *outputs.get((node, event.causation_id or ""), ())):
                 if out.config_version and out.config_version in self.versions:
                     return self.versions[out.config_version]
         return self.config
