@@ -60,6 +60,10 @@ class VisitorProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
     feature_list: str = UNKNOWN
     intent: str = UNKNOWN
     sector_confidence_level: str = UNKNOWN
+    # How many people the company employs, as a range ("51-200", "1000+": shared/segments.py
+    # reads it) and where it is (ISO 3166 alpha-2 when a provider says so).
+    company_size: str = UNKNOWN
+    country: str = UNKNOWN
 
 
 class TurnRequested(Envelope, tag="turn_requested"):
@@ -380,6 +384,9 @@ class ResponseCompleted(Envelope, tag="response_completed"):
     # When its first token went out to the visitor (the responder's clock; 0: none sent, or
     # stored before it was recorded): the time to first token is this less the turn's request.
     first_token_ts: float = 0.0
+    # The site's audience segments the visitor's profile matched (shared/segments.py): their
+    # example, offer and call to action shaped the answer.
+    segments: list[str] = []
 
 
 class TurnCompleted(Envelope, tag="turn_completed"):

@@ -129,6 +129,9 @@ WIDGET_POSITIONS = ("left", "right")
 MAX_STARTER_QUESTIONS = 6
 MAX_WAIT_S = 86_400  # a handoff's longest wait for an operator: a day
 MAX_STARTER_CHARS = 120
+MAX_BUDGET_MS = 5_000  # the longest an answer may wait for the visitor's profile
+MAX_SEGMENT_TEXT = 500
+SEGMENT_NAME_RE = re.compile(r"^[\w.-]{1,64}\Z")
 WIDGET_TEXT_LIMITS = {"title": 80, "greeting": 500, "launcher_text": 40}
 
 
@@ -167,6 +170,29 @@ class Handoff(Strict):
     max_wait_s: int = 300
 
 
+class Segment(Strict):
+    """An audience of the site (shared/segments.py): visitors whose profile names one of
+    `sectors` and/or whose company has `employees` in range get its words in their answers."""
+
+    name: str
+    sectors: list[str] = []  # e.g. ["HVAC", "Construction"]; matched with the profile's sector or sub-sector
+    employees: str = ""  # a range: "1-50", "51-200", "1000+"; matched with the profile's company size
+    example: str = ""  # a sentence of the site's about this audience, said once in the conversation
+    offer: str = ""  # the plan for this audience, in the site's words, said once
+    cta_label: str = ""  # the call to action for this audience (its booking link, its plan's page)
+    cta_url: str = ""
+    tone: str = ""  # the persona's tone for this audience (a model's answers)
+
+
+class Enrichment(Strict):
+    """Who the visitor is, before the answer (services/enricher)."""
+
+    # How long an answer may wait, after its route, for the visitor's profile (the company and
+    # what the conversation says): within it the answer uses the profile, past it the answer
+    # goes without and says so (`late_inputs`). None: the deployment's ANSWER_WAIT_S.
+    budget_ms: int | None = None
+
+
 class OperatorAccount(Strict):
     """A named person of the site's team: their own key (its SHA-256 here), so what they do in
     a conversation is theirs (services/gateway/operators.py). `concierge sites key --operator`."""
@@ -200,6 +226,8 @@ class SiteConfig(Strict):
     retrieval: Retrieval = msgspec.field(default_factory=Retrieval)
     widget: Widget = msgspec.field(default_factory=Widget)
     handoff: Handoff = msgspec.field(default_factory=Handoff)
+    enrichment: Enrichment = msgspec.field(default_factory=Enrichment)
+    segments: list[Segment] = []
     # Set when stored: a file's content hash (the sync), or the config's (`content_version`:
     # the API and the CLI). What a turn records as its `config_version`.
     version: str = ""
@@ -325,7 +353,38 @@ def problems(config: SiteConfig) -> list[FieldError]:
     for i, f in enumerate(config.booking.fields):
         if f.kind not in ("text", "email", "phone", "choice"):
             bad(f"booking.fields[{i}].kind", "must be text, email, phone or choice")
+    if config.enrichment.budget_ms is not None and not 0 <= config.enrichment.budget_ms <= MAX_BUDGET_MS:
+        bad("enrichment.budget_ms", f"must be between 0 and {MAX_BUDGET_MS} ms: every answer may wait that long")
+    out.extend(_segment_problems(config.segments))
     out.extend(_widget_problems(config.widget))
+    return out
+
+
+def _segment_problems(segments: list[Segment]) -> list[FieldError]:
+    from shared.segments import employees  # reads a Segment: imported here, not at the top
+
+    out: list[FieldError] = []
+    names: set[str] = set()
+    for i, segment in enumerate(segments):
+        where = f"segments[{i}]"
+        if not SEGMENT_NAME_RE.match(segment.name):
+            out.append(FieldError(f"{where}.name", "1-64 letters, digits, '.', '_' or '-'"))
+        elif segment.name in names:
+            out.append(FieldError(f"{where}.name", f"{segment.name!r} is named twice"))
+        names.add(segment.name)
+        if not segment.sectors and not segment.employees:
+            out.append(FieldError(where, "name `sectors` or `employees` (or both): a segment naming neither "
+                                         "matches no visitor"))
+        if segment.employees and employees(segment.employees) is None:
+            out.append(FieldError(f"{where}.employees", "a range of employees such as \"1-50\", \"51-200\" or "
+                                                        "\"1000+\""))
+        for key in ("example", "offer", "cta_label", "tone"):
+            if len(getattr(segment, key)) > MAX_SEGMENT_TEXT:
+                out.append(FieldError(f"{where}.{key}", f"at most {MAX_SEGMENT_TEXT} characters"))
+        if segment.cta_url and not _url(segment.cta_url, ("https", "http")):
+            out.append(FieldError(f"{where}.cta_url", "must be an http(s) URL"))
+        if segment.cta_label and not segment.cta_url:
+            out.append(FieldError(f"{where}.cta_label", "goes with a `cta_url` (the site's own CTA has its label)"))
     return out
 
 
