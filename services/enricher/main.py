@@ -23,6 +23,7 @@ from services.enricher import (brief_gatherer, brief_requester, enrichment, insi
                                lead_triager, visitor_profiler)
 from services.enricher.breaker import CircuitBreaker
 from services.enricher.chain import Enricher
+from services.enricher.ip_owners import IpOwnerSource
 from services.enricher.settings import EnricherSettings, RemoteSource
 from services.enricher.sources import (
     CacheSource, Guarded, IpApiSource, IpDatasetSource, IpinfoSource, ReturningVisitorSource, RevealSource,
@@ -43,15 +44,19 @@ def guarded(source, remote: RemoteSource) -> Guarded:
 
 
 def build_enricher(redis, client: httpx.AsyncClient, settings: EnricherSettings) -> Enricher:
-    """Sources in priority order; remote providers only when configured, the offline IP
-    dataset otherwise."""
+    """Sources in priority order; remote providers only when configured. Without an IP API:
+    the CSV dataset when one is configured (the demo's), then the owner of the address's
+    network unless ENRICH_IP_OWNERS=off."""
     sources: list = [RevealSource()]
     if (provider := settings.session_provider) is not None:
         sources.append(guarded(SessionProviderSource(provider.url, provider.key, client), provider))
     if (api := settings.ip_api) is not None:
         sources.append(guarded(IP_API_SOURCES[api.format](api.url, api.key, client), api))
     else:
-        sources.append(IpDatasetSource(Path(settings.ip_dataset)))
+        if settings.ip_dataset:
+            sources.append(IpDatasetSource(Path(settings.ip_dataset)))
+        if settings.ip_owners:
+            sources.append(IpOwnerSource())
     return Enricher(
         redis=redis,
         cache=CacheSource(redis, ttl_s=settings.cache_ttl_s),

@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from shared import redis_client
-from shared.config import ConfigError, LLMRoleConfig, Settings, env_choice, env_float, env_int, env_str
+from shared.config import ConfigError, LLMRoleConfig, Settings, env_bool, env_choice, env_float, env_int, env_str
 
+# The demo's fictional IP ranges → companies (127.0.0.0/8 is Northwind): read only when
+# ENRICH_IP_DATASET names it, as `make run` and the test harness do (cli/harness/supervisor.py).
 DATASET = Path(__file__).parent / "data" / "ip_companies.csv"
 
 
@@ -50,8 +52,9 @@ class RemoteSource(Settings):
 class EnricherSettings(Settings):
     redis_url: str = redis_client.DEFAULT_URL
     session_provider: RemoteSource | None = None
-    ip_api: RemoteSource | None = None  # None: the offline dataset
-    ip_dataset: str = str(DATASET)
+    ip_api: RemoteSource | None = None  # None: the offline sources below
+    ip_dataset: str = ""  # a CSV of IP ranges → companies (DATASET: the demo's); empty: none
+    ip_owners: bool = True  # the owner of the address's network (ip_owners.py), when there is no IP API
     cache_ttl_s: float = 600.0
     returning_ttl_s: float = 30 * 24 * 3600.0
     deadline_s: float = 1.5  # all sources of one enrichment together
@@ -84,6 +87,7 @@ class EnricherSettings(Settings):
             session_provider=RemoteSource.from_env("ENRICH_SESSION_PROVIDER"),
             ip_api=RemoteSource.from_env("ENRICH_IP_API", IP_API_FORMATS),
             ip_dataset=env_str("ENRICH_IP_DATASET", d.ip_dataset),
+            ip_owners=env_bool("ENRICH_IP_OWNERS", d.ip_owners),
             cache_ttl_s=env_float("ENRICH_CACHE_TTL_S", d.cache_ttl_s),
             returning_ttl_s=env_float("ENRICH_RETURNING_TTL_S", d.returning_ttl_s),
             deadline_s=env_float("ENRICH_DEADLINE_S", d.deadline_s),
