@@ -387,3 +387,12 @@ async def test_a_models_answer_is_told_the_segments_words_and_tone(bus, site, ll
     assert '"Start a Growth trial": https://tidewise.example/signup?plan=growth' in system
     assert "Tone: plain and exact." in system and "Tone: warm." not in system
     assert completed.segments == ["logistics", "growing"]
+
+
+async def test_nothing_found_points_to_the_visitors_call_to_action(extractive):
+    routed, given = asked("g3", "How much is the Growth plan?", documents=None)
+    enriched = ev.follow(given[0], ev.EnrichmentCompleted, "enrichment", profile=NORTHWIND)
+    (completed,) = (await decide(extractive, routed, *given, enriched, config=SEGMENTED)).events
+    assert completed.text.endswith("The team can answer it: Start a Growth trial, "
+                                   "https://tidewise.example/signup?plan=growth")
+    assert "Logistics companies" not in completed.text  # no example or offer without an answer

@@ -127,7 +127,7 @@ async def extractive_answer(ctx: Context, knowledge: kb_vectors.KnowledgeVectors
                             settings: AnswerSettings, event: ev.RouteDecided,
                             state: ConversationState, documents: list[ev.RetrievedDocument], config: SiteConfig,
                             skills: list[str], question: str | None, late: list[str],
-                            audience: list[str] = ()) -> ev.ResponseCompleted:
+                            audience: list[str] = (), cta: tuple[str, str] | None = None) -> ev.ResponseCompleted:
     """The answer from the sources' sentences (extractive.py), streamed a sentence at a time
     after the sources, as an LLM answer would be. The question is embedded here; the
     sources' sentences and titles mostly come ready from the `kb_vectors` bucket
@@ -149,7 +149,7 @@ async def extractive_answer(ctx: Context, knowledge: kb_vectors.KnowledgeVectors
         picked = extractive.choose_from(vectors, asked, titles, pool, threshold=settings.extractive_threshold,
                                         max_sentences=settings.extractive_max_sentences)
     text = extractive.reply(picked, documents, skills=skills, question=question, lang=lang, config=config,
-                            site=event.site, audience=list(audience))
+                            site=event.site, audience=list(audience), cta=cta)
     await publish_sources(ctx, documents)
     completed = await stream_text(ctx, NAME, text)
     return msgspec.structs.replace(completed, backend="extractive", late_inputs=late,
@@ -196,7 +196,7 @@ def make_node(llm: LLMClient, settings: AnswerSettings = AnswerSettings(),
         site_words = [*answer_audit.site_words(config, question), audience.example, audience.offer, label]
         if mode == "extractive":
             completed = await extractive_answer(ctx, knowledge, inputs.kb_vectors, settings, event, state, documents, config, skills,
-                                                question, late, audience_lines(audience, said))
+                                                question, late, audience_lines(audience, said), audience.cta(config))
             completed = msgspec.structs.replace(completed, llm_roles=roles, segments=list(audience.segments))
             return [audited(completed, state, documents, site_words,
                             declined=not citations.cited(completed.text))]

@@ -351,14 +351,15 @@ def _templates(lang: str) -> dict[str, str]:
     return {**TEMPLATES["en"], **TEMPLATES.get(lang, {})}
 
 
-def not_found(config: SiteConfig, site: str, lang: str) -> str:
-    """Nothing relevant was retrieved: say so, and where to ask instead."""
+def not_found(config: SiteConfig, site: str, lang: str, cta: tuple[str, str] | None = None) -> str:
+    """Nothing relevant was retrieved: say so, and where to ask instead (`cta`: the visitor's
+    segment's (label, url), else the site's)."""
     t = _templates(lang)
     name = config.name or site
     lines = [t["not_found"].format(site_name=name)]
-    cta_url = config.cta.url or config.cta.booking_url
+    label, cta_url = cta if cta and cta[1] else (config.cta.label, config.cta.url or config.cta.booking_url)
     if cta_url:
-        lines.append(t["contact_cta"].format(label=config.cta.label, url=cta_url))
+        lines.append(t["contact_cta"].format(label=label, url=cta_url))
     if config.redirects.support:
         lines.append(t["contact_support"].format(url=config.redirects.support))
     if len(lines) == 1:
@@ -382,13 +383,15 @@ def endings(skills: list[str], question: str | None, lang: str, resource_url: st
 
 
 def reply(picked: list[Picked], documents: list[ev.RetrievedDocument], *, skills: list[str], question: str | None,
-          lang: str, config: SiteConfig, site: str, audience: list[str] = ()) -> str:
+          lang: str, config: SiteConfig, site: str, audience: list[str] = (),
+          cta: tuple[str, str] | None = None) -> str:
     """The answer's text: the sentences, each cited, then the site's words for the visitor's
     audience (`audience`: its example and offer, shared/segments.py), then the skills'
-    endings; or the "not found" reply (with a qualifying question still asked when one is due)."""
+    endings; or the "not found" reply, with the visitor's call to action (`cta`), and a
+    qualifying question still asked when one is due."""
     if not picked:
         rest = endings([s for s in skills if s == "ask_qualifying_question"], question, lang)
-        return "\n\n".join([not_found(config, site, lang), *rest])
+        return "\n\n".join([not_found(config, site, lang, cta), *rest])
     urls = {d.n: d.source for d in documents}
     answer = " ".join(cite(p.text, p.n) for p in picked)
     return "\n\n".join([answer, *([" ".join(audience)] if audience else []),
