@@ -126,12 +126,13 @@ async def _held(bus: Bus, site: str, session_id: str):
 
 
 async def _rewrite(bus: Bus, site: str, session_id: str,
-                   fix: Callable[[list[ev.Envelope]], list[tuple[ev.Envelope, list[str]]]]
-                   ) -> tuple[list[ev.Envelope], int]:
+                   fix: Callable[[list[ev.Envelope]], list[tuple[ev.Envelope, list[str]]]],
+                   erased: bool) -> tuple[list[ev.Envelope], int]:
     """The conversation's log again with `fix` applied to its events (each fixed one with
     the fields it changed): read, purged, and the fixed events appended in their original
-    order with their original ids. Returns the events as they were, and how many fields
-    `fix` changed."""
+    order with their original ids. `erased`: the log is the erased visitor's, its copies
+    marked so that no node handles them again (`privacy.ERASED_COPY`). Returns the events
+    as they were, and how many fields `fix` changed."""
     records = await bus.read(subjects.conversation(site, session_id))
     results = fix([r.event for r in records])
     fields = sum(len(touched) for _, touched in results)
@@ -144,15 +145,17 @@ async def _rewrite(bus: Bus, site: str, session_id: str,
         await bus.js.purge_stream(subjects.CONV_STREAM, subject=subjects.conversation(site, session_id))
         for event in fixed:
             subject = subjects.conv(site, session_id, ev.event_type(event))
-            await bus.js.publish(subject, ev.encode(event), stream=subjects.CONV_STREAM,
-                                 headers={"Nats-Msg-Id": f"{event.event_id}:erased:{rewrite}"})
+            headers = {"Nats-Msg-Id": f"{event.event_id}:erased:{rewrite}"}
+            if erased:
+                headers[privacy.ERASED_COPY] = rewrite
+            await bus.js.publish(subject, ev.encode(event), stream=subjects.CONV_STREAM, headers=headers)
     return [r.event for r in records], fields
 
 
 async def erase_session(bus: Bus, redis, site: str, session_id: str, report: dict) -> Traits:
     """Erase one session; returns the traits it had (IP hashes, person ids, e-mail hashes)."""
     async with _held(bus, site, session_id):
-        events, fields = await _rewrite(bus, site, session_id, privacy.redact_log)
+        events, fields = await _rewrite(bus, site, session_id, privacy.redact_log, erased=True)
         traits = Traits.of(events)
         # What the enricher stored of the session, and of its IP hashes now (not after the
         # other sessions): the rewritten log no longer names them, so a run that dies later
@@ -186,7 +189,8 @@ async def forget_mentions(bus: Bus, site: str, erased: set[str], report: dict) -
     for session_id in sorted(mentioning):
         async with _held(bus, site, session_id):
             events, fields = await _rewrite(bus, site, session_id,
-                                            lambda log: [privacy.forget_mentions(e, erased) for e in log])
+                                            lambda log: [privacy.forget_mentions(e, erased) for e in log],
+                                            erased=False)
         report["mentions"][session_id] = {"events_rewritten": len(events), "fields_redacted": fields}
 
 

@@ -59,6 +59,11 @@ def seen_key(site: str, session_id: str) -> str:
 
 
 REDACTED = "[redacted]"
+# The header on an erased visitor's events as `concierge erase-visitor` stores them again:
+# nodes ack such a copy unhandled (shared/consumer.py), so the erase makes no answer, model
+# call, webhook or analytics event again. (Other conversations it rewrites, because they
+# mention the visitor, are stored without it: their events may not all be handled yet.)
+ERASED_COPY = "Concierge-Erased"
 # An e-mail address in free text, wherever one is looked for (redaction, the router's
 # booking rule, the booking flow, the form-field extractor): the domain is dot-separated
 # labels, none empty, ending in a TLD of two letters or more.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from shared import events as ev
@@ -385,3 +387,35 @@ async def test_an_erased_leads_copy_sends_no_webhook_and_no_analytics(bus, nats_
         assert decided.events == [] and receiver.requests == []
     finally:
         receiver.close()
+
+
+async def test_no_node_handles_the_erased_visitors_copies_but_other_leads_rewritten_logs_still_reach_them(
+        bus, nats_url, redis_url, site):
+    """The erase stores the visitor's log again: a node that handled the events once is not
+    handed their copies (an answer written again, a model called, a webhook or analytics
+    event sent, for someone erased). A log rewritten only because it mentions the visitor
+    (another lead's brief) is not marked so: its events may not all have been handled yet."""
+    from shared.node import Node
+    from tests.helpers import isolated, start, wait_for
+
+    seen: list[tuple[str, str]] = []
+
+    async def handle(event, inputs, ctx):
+        seen.append((event.session_id, ev.event_type(event)))
+        return []
+
+    runner = await start(bus, isolated(Node(name="erase_watcher", consumes=("turn_requested", "brief_gathered"),
+                                            handle=handle), site))
+    try:
+        await lead_with_brief(bus, site, "ada", "ada@example.com")
+        await lead_with_brief(bus, site, "bob", "bob@example.org", similar=[("ada", "Ada of Acme")])
+        originals = [("ada", "turn_requested"), ("ada", "brief_gathered"),
+                     ("bob", "turn_requested"), ("bob", "brief_gathered")]
+        await wait_for(lambda: sorted(seen) == sorted(originals), what="the originals handled")
+        report = await erase.erase(BusConfig(url=nats_url), redis_url, site, ["ada"], None)
+        assert set(report["mentions"]) == {"bob"}
+        await wait_for(lambda: len(seen) >= 6, what="bob's rewritten log handled")
+        await asyncio.sleep(0.5)
+        assert sorted(seen[4:]) == [("bob", "brief_gathered"), ("bob", "turn_requested")]  # nothing of ada's
+    finally:
+        await runner.stop()
