@@ -1,11 +1,11 @@
 """`concierge erase-visitor --site SITE (--session ID ... | --ip ADDRESS | --person-id ID | --email ADDRESS)`:
 forget a visitor.
 
-The visitor is every session of the site that shares an identifier with the sessions (or
-the IP, person id or e-mail) given: an IP hash, the `person_id` the site's page passed,
-the `email_hash` it passed or an e-mail address the visitor gave (compared by their
-SHA-256). Each session erased may name more, so it goes on until no session is new. For
-each of those sessions:
+The visitor is every session of the site tied to the sessions (or the IP, person id or
+e-mail) given: by the `person_id` the site's page passed, by the `email_hash` it passed or
+an e-mail address the visitor gave (compared by their SHA-256), or by an IP hash when the
+session names no other person (`Traits.tie`). Each session erased may name more, so it
+goes on until no session is new. For each of those sessions:
 - the conversation log is rewritten with personal data redacted (`shared.privacy.redact_log`):
   the events are read, the session's subjects purged, and the redacted events appended
   again in their original order with their original ids;
@@ -89,27 +89,28 @@ class Traits:
             traits.email_hashes.add(privacy.email_hash(visitor["email"]))
         return traits
 
-    def share(self, event: ev.Envelope) -> bool:
-        """Whether `event` (a request or a lead) shows one of these traits."""
-        match event:
-            case ev.TurnRequested():
-                if event.ip_hash in self.ip_hashes:
-                    return True
-                theirs = self._of_visitor(event.visitor)
-                return bool(theirs.person_ids & self.person_ids or theirs.email_hashes & self.email_hashes)
-            case ev.LeadCaptured() if event.email != privacy.REDACTED:
-                return privacy.email_hash(event.email) in self.email_hashes
-        return False
+    def names_someone(self) -> bool:
+        return bool(self.person_ids or self.email_hashes)
+
+    def tie(self, theirs: "Traits") -> bool:
+        """Whether a session with traits `theirs` is this visitor's: it names the same person
+        (a person id, an e-mail hash), or it shares an IP hash and names nobody else. An IP
+        is shared by an office or a carrier: a session there in which the site said who the
+        visitor is, someone other than this visitor, is that person's, not this visitor's.
+        (Until this visitor is known as a person, an IP takes everyone behind it.)"""
+        if theirs.person_ids & self.person_ids or theirs.email_hashes & self.email_hashes:
+            return True
+        return bool(theirs.ip_hashes & self.ip_hashes) and not (self.names_someone() and theirs.names_someone())
 
 
 async def sessions_of(bus: Bus, site: str, traits: Traits) -> set[str]:
-    """The site's sessions with a request or a lead showing one of `traits`."""
-    found = set()
+    """The site's sessions tied to `traits` (`Traits.tie`), from their requests and leads."""
+    theirs: dict[str, Traits] = {}
     for event_type in ("turn_requested", "lead_captured"):
         for record in await bus.read(subjects.conv_of_type(event_type, site)):
-            if traits.share(record.event):
-                found.add(record.event.session_id)
-    return found
+            found = theirs.setdefault(record.event.session_id, Traits())
+            found |= Traits.of([record.event])
+    return {session_id for session_id, found in theirs.items() if traits.tie(found)}
 
 
 @asynccontextmanager

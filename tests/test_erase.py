@@ -307,6 +307,10 @@ async def test_erase_by_the_sites_person_id_covers_every_copy_and_leaves_other_v
     await identified(bus, site, "a3", ips["a3"], {"email_hash": ADA["email_hash"]})
     bob = await identified(bus, site, "b1", ips["b1"], {"person_id": "crm-bob-0007", "session_uuid": "sess-uuid-bob-1"},
                            email="bob@example.org")
+    # Behind a1's office IP: a colleague the site knows as someone else (theirs), and a
+    # visitor who said nobody (the IP's, so Ada's, as for an erase by IP).
+    cyd = await identified(bus, site, "c1", ips["a1"], {"person_id": "crm-cyd-0009"})
+    await identified(bus, site, "x1", ips["a1"], {})
     theirs = await identified(bus, other_site, "a1", ips["a1"], ADA, email="ada@example.com")
     redis = redis_client.connect(redis_url)
     try:
@@ -321,7 +325,8 @@ async def test_erase_by_the_sites_person_id_covers_every_copy_and_leaves_other_v
         report = await erase.erase(BusConfig(url=nats_url), redis_url, site, [], None,
                                    person_ids=[ADA["person_id"]])
 
-        assert set(report["sessions"]) == {"a1", "a2", "a3"}
+        assert set(report["sessions"]) == {"a1", "a2", "a3", "x1"}
+        assert [r.event for r in await bus.read(subjects.conversation(site, "c1"))] == cyd
         for s in ("a1", "a2", "a3"):
             records = await bus.read(subjects.conversation(site, s))
             data = blob(records)
