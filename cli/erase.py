@@ -132,8 +132,10 @@ async def _rewrite(bus: Bus, site: str, session_id: str,
     """The conversation's log again with `fix` applied to its events (each fixed one with
     the fields it changed): read, purged, and the fixed events appended in their original
     order with their original ids. `erased`: the log is the erased visitor's, its copies
-    marked so that no node handles them again (`privacy.ERASED_COPY`). Returns the events
-    as they were, and how many fields `fix` changed."""
+    marked so that no node handles them again (`privacy.ERASED_COPY`); otherwise a copy is
+    marked so (`privacy.SETTLED_COPY`) only when every node consuming it had acked the
+    original, and the others go to every node again (not lost: handled twice at worst).
+    Returns the events as they were, and how many fields `fix` changed."""
     records = await bus.read(subjects.conversation(site, session_id))
     results = fix([r.event for r in records])
     fields = sum(len(touched) for _, touched in results)
@@ -143,14 +145,29 @@ async def _rewrite(bus: Bus, site: str, session_id: str,
     # dropped as a duplicate after the purge, the event lost. Each rewrite has ids of its own.
     rewrite = ev.new_id()
     if records:
+        # Read before the purge: the purged originals would count as acked after it.
+        floors = [] if erased else await _ack_floors(bus)
         await bus.js.purge_stream(subjects.CONV_STREAM, subject=subjects.conversation(site, session_id))
-        for event in fixed:
+        for record, event in zip(records, fixed, strict=True):
             subject = subjects.conv(site, session_id, ev.event_type(event))
             headers = {"Nats-Msg-Id": f"{event.event_id}:erased:{rewrite}"}
             if erased:
                 headers[privacy.ERASED_COPY] = rewrite
+            elif all(floor >= record.seq for filters, floor in floors
+                     if any(subjects.matches(f, record.subject) for f in filters)):
+                headers[privacy.SETTLED_COPY] = rewrite
             await bus.js.publish(subject, ev.encode(event), stream=subjects.CONV_STREAM, headers=headers)
     return [r.event for r in records], fields
+
+
+async def _ack_floors(bus: Bus) -> list[tuple[list[str], int]]:
+    """Each node's durable on the log: what it consumes (its filters) and its ack floor (the
+    stream sequence up to which it has acked everything)."""
+    floors = []
+    for info in await bus.js.consumers_info(subjects.CONV_STREAM):
+        filters = info.config.filter_subjects or [info.config.filter_subject or ">"]
+        floors.append((filters, info.ack_floor.stream_seq))
+    return floors
 
 
 async def erase_session(bus: Bus, redis, site: str, session_id: str, report: dict) -> Traits:

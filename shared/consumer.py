@@ -296,10 +296,11 @@ class ConsumerRunner:
         self._metrics[2][outcome].inc()
 
     async def process(self, msg: Msg) -> None:
-        if msg.headers and privacy.ERASED_COPY in msg.headers:
-            # An erased visitor's event stored again by `concierge erase-visitor`: what it
-            # caused is in the log already, and nothing more is done for that visitor (no
-            # answer again, no model call, no webhook, no analytics).
+        if msg.headers and (privacy.ERASED_COPY in msg.headers or privacy.SETTLED_COPY in msg.headers):
+            # A copy `concierge erase-visitor` stored: an erased visitor's (what it caused is
+            # in the log already, and nothing more is done for them: no answer again, no model
+            # call, no webhook, no analytics), or one of another conversation's rewritten log
+            # whose original every node had handled.
             await self._handled(msg)
             return
         at = delivery(msg.reply)

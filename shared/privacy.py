@@ -61,9 +61,12 @@ def seen_key(site: str, session_id: str) -> str:
 REDACTED = "[redacted]"
 # The header on an erased visitor's events as `concierge erase-visitor` stores them again:
 # nodes ack such a copy unhandled (shared/consumer.py), so the erase makes no answer, model
-# call, webhook or analytics event again. (Other conversations it rewrites, because they
-# mention the visitor, are stored without it: their events may not all be handled yet.)
+# call, webhook or analytics event again.
 ERASED_COPY = "Concierge-Erased"
+# The header on an event of another conversation the erase rewrites (one that mentions the
+# visitor) when every node consuming it had acked the original: nodes ack the copy
+# unhandled too. Without it (an original still pending somewhere) every node gets the copy.
+SETTLED_COPY = "Concierge-Settled"
 # An e-mail address in free text, wherever one is looked for (redaction, the router's
 # booking rule, the booking flow, the form-field extractor): the domain is dot-separated
 # labels, none empty, ending in a TLD of two letters or more.
