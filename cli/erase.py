@@ -17,7 +17,8 @@ goes on until no session is new. For each of those sessions:
   summary among their similar leads), that is redacted too;
 - Redis: the raw IP, the enrichment cache (by IP hash and by session), the
   returning-visitor profile and the identity fingerprint (`seen`) are deleted.
-It prints what it touched. Sessions with a turn in flight are refused (run it again
+The rewritten events are marked so that no node acts on them again (`_rewrite`). It
+prints what it touched. Sessions with a turn in flight are refused (run it again
 later), so no turn is written into a log that is being rewritten. Run again, it finds the
 same sessions (by what was given) and changes nothing more.
 """
