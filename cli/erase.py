@@ -17,10 +17,11 @@ goes on until no session is new. For each of those sessions:
   summary among their similar leads), that is redacted too;
 - Redis: the raw IP, the enrichment cache (by IP hash and by session), the
   returning-visitor profile and the identity fingerprint (`seen`) are deleted.
-The rewritten events are marked so that no node acts on them again (`_rewrite`). It
-prints what it touched. Sessions with a turn in flight are refused (run it again
-later), so no turn is written into a log that is being rewritten. Run again, it finds the
-same sessions (by what was given) and changes nothing more.
+The rewritten events are marked so that no node acts on what it acted on before
+(`_rewrite`). It prints what it touched. Sessions with a turn in flight are refused (run
+it again later), so no turn is written into a log that is being rewritten. Run again, it
+changes nothing more: an erased session no longer shows what found it, and `--session`
+rewrites it into the same log.
 """
 
 from __future__ import annotations
