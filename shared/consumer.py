@@ -31,7 +31,7 @@ from nats.js import api
 from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
 
 from shared import events as ev
-from shared import logs, metrics, subjects, telemetry
+from shared import logs, metrics, privacy, subjects, telemetry
 from shared.bus import BUS_UNAVAILABLE, Bus, Position, delivery
 from shared.config import ConsumerConfig
 from shared.node import Context, Later, Node, PermanentError, gather
@@ -296,6 +296,13 @@ class ConsumerRunner:
         self._metrics[2][outcome].inc()
 
     async def process(self, msg: Msg) -> None:
+        if msg.headers and (privacy.ERASED_COPY in msg.headers or privacy.SETTLED_COPY in msg.headers):
+            # A copy `concierge erase-visitor` stored: an erased visitor's (what it caused is
+            # in the log already, and nothing more is done for them: no answer again, no model
+            # call, no webhook, no analytics), or one of another conversation's rewritten log
+            # whose original every node had handled.
+            await self._handled(msg)
+            return
         at = delivery(msg.reply)
         attempt = at.delivered
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+from typing import Any, Iterable
 
 import msgspec
 
@@ -58,6 +59,14 @@ def seen_key(site: str, session_id: str) -> str:
 
 
 REDACTED = "[redacted]"
+# The header on an erased visitor's events as `concierge erase-visitor` stores them again:
+# nodes ack such a copy unhandled (shared/consumer.py), so the erase makes no answer, model
+# call, webhook or analytics event again.
+ERASED_COPY = "Concierge-Erased"
+# The header on an event of another conversation the erase rewrites (one that mentions the
+# visitor) when every node consuming it had acked the original: nodes ack the copy
+# unhandled too. Without it (an original still pending somewhere) every node gets the copy.
+SETTLED_COPY = "Concierge-Settled"
 # An e-mail address in free text, wherever one is looked for (redaction, the router's
 # booking rule, the booking flow, the form-field extractor): the domain is dot-separated
 # labels, none empty, ending in a TLD of two letters or more.
@@ -66,6 +75,71 @@ EMAIL_RE = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-
 
 def _scrub(text: str) -> str:
     return EMAIL_RE.sub(REDACTED, text)
+
+
+def email_hash(email: str) -> str:
+    """What the widget's `visitor.email_hash` is of an address: SHA-256 of it in lower case."""
+    return hashlib.sha256(email.strip().lower().encode()).hexdigest()
+
+
+# The identifiers the widget may send that name the person (not the company).
+IDENTIFIERS = ("person_id", "email_hash", "session_uuid", "email")
+MIN_IDENTIFIER_CHARS = 4  # shorter ids ("42") are not looked for in free text: too many false hits
+
+
+def identifiers(events: Iterable[ev.Envelope]) -> set[str]:
+    """What names the visitor in a conversation's log, wherever else it may be copied: the IP
+    hash, the ids the widget sent (`IDENTIFIERS`), the e-mail of a lead or a profile."""
+    found: set[str] = set()
+    for event in events:
+        match event:
+            case ev.TurnRequested():
+                if event.ip_hash and event.ip_hash != REDACTED:
+                    found.add(event.ip_hash)
+                visitor = event.visitor or {}
+                found |= {visitor[k] for k in IDENTIFIERS if isinstance(visitor.get(k), str)}
+            case ev.LeadCaptured():
+                found.add(event.email)
+            case ev.EnrichmentCompleted() | ev.ProfileInferred():
+                found.add(event.profile.email)
+    return {i for i in found if len(i) >= MIN_IDENTIFIER_CHARS and i not in (REDACTED, ev.UNKNOWN)}
+
+
+# An envelope's own fields: ids and positions, never personal data.
+ENVELOPE = frozenset(ev.Envelope.__struct_fields__)
+
+
+def _known_re(known: Iterable[str]) -> re.Pattern | None:
+    ids = sorted(set(known), key=len, reverse=True)
+    return re.compile(r"(?<!\w)(?:" + "|".join(map(re.escape, ids)) + r")(?!\w)") if ids else None
+
+
+def _scrub_all(value: Any, known: re.Pattern | None) -> Any:
+    """Every string in `value` (builtins: dicts, lists, strings) scrubbed of e-mail addresses
+    and of the visitor's identifiers."""
+    if isinstance(value, str):
+        text = _scrub(value)
+        return known.sub(REDACTED, text) if known else text
+    if isinstance(value, dict):
+        return {k: _scrub_all(v, known) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_scrub_all(v, known) for v in value]
+    return value
+
+
+def _everywhere(event: ev.Envelope, known: re.Pattern | None) -> dict:
+    """The fields of `event` (not its envelope) that still hold an e-mail address or one of
+    the visitor's identifiers in some string, scrubbed: what no event-specific rule covers
+    (a search query, an operator's message, an identifier quoted in a prompt)."""
+    changes = {}
+    for field in msgspec.structs.fields(event):
+        if field.name in ENVELOPE:
+            continue
+        value = msgspec.to_builtins(getattr(event, field.name))
+        scrubbed = _scrub_all(value, known)
+        if scrubbed != value:
+            changes[field.name] = msgspec.convert(scrubbed, field.type)
+    return changes
 
 
 def _profile(profile: ev.VisitorProfile) -> ev.VisitorProfile:
@@ -88,18 +162,27 @@ def _brief_inputs(inputs: ev.BriefInputs) -> ev.BriefInputs:
     )
 
 
-def redact(event: ev.Envelope) -> tuple[ev.Envelope, list[str]]:
+def redact_log(events: list[ev.Envelope]) -> list[tuple[ev.Envelope, list[str]]]:
+    """A conversation's events redacted (`redact`), each with the fields it touched; the
+    visitor's identifiers are those the log itself holds (`identifiers`)."""
+    known = identifiers(events)
+    return [redact(event, known) for event in events]
+
+
+def redact(event: ev.Envelope, known: Iterable[str] = ()) -> tuple[ev.Envelope, list[str]]:
     """The event with its personal data removed, and the names of the fields it touched.
 
-    Personal data: the visitor object the widget sent, IP hashes, e-mail addresses in
-    profiles, form fields, and e-mail addresses written in free text (messages, prompts,
-    answers, a lead's brief, its call script and what its brief was written from)."""
+    Personal data: the visitor object the widget sent (its person_id, email_hash,
+    session_uuid, reveal, e-mail, pages), IP hashes, e-mail addresses in profiles, form
+    fields, a vote's reason, and, in every other string of the event (messages, prompts,
+    answers, search queries, operators' messages, a lead's brief, its call script and what
+    its brief was written from), e-mail addresses and the visitor's `known` identifiers."""
     changes: dict = {}
     match event:
         case ev.TurnRequested():
             if event.visitor:
                 changes["visitor"] = None
-            if event.ip_hash:
+            if event.ip_hash and event.ip_hash != REDACTED:
                 changes["ip_hash"] = REDACTED
             if _scrub(event.message) != event.message:
                 changes["message"] = _scrub(event.message)
@@ -154,7 +237,11 @@ def redact(event: ev.Envelope) -> tuple[ev.Envelope, list[str]]:
         case ev.BriefFailed():
             if _scrub(event.reason) != event.reason:
                 changes["reason"] = _scrub(event.reason)
-    return _changed(event, changes)
+    fixed, touched = _changed(event, changes)
+    rest = _everywhere(fixed, _known_re(known))
+    if not rest:
+        return fixed, touched
+    return msgspec.structs.replace(fixed, **rest), sorted(set(touched) | set(rest))
 
 
 def forget_mentions(event: ev.Envelope, sessions: set[str]) -> tuple[ev.Envelope, list[str]]:

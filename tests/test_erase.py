@@ -1,11 +1,15 @@
-"""Erasing a visitor: every session sharing their IP hash is redacted, caches are emptied."""
+"""Erasing a visitor: every session tied to them (IP hash, the site's person id, e-mail) is
+redacted, every other copy of their identity deleted, and nothing of anyone else touched."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+from nats.js.errors import NotFoundError
 
 from shared import events as ev
-from shared import privacy, redis_client, subjects
+from shared import insight, privacy, redis_client, subjects
 from shared.config import BusConfig
 from shared.events import LLMCall, VisitorProfile
 from shared.store import CachedStore
@@ -14,22 +18,22 @@ from cli import erase
 KEYS = privacy.PrivacySettings()  # the development IP hash key
 
 
-async def conversation(bus, site, session, ip):
+async def conversation(bus, site, session, ip, email="ada@example.com"):
     digest = KEYS.ip_hash(ip)
     req = ev.TurnRequested(event_id=ev.new_id(), site=site, session_id=session, turn=1, ts=ev.now(),
-                           producer="gateway", message="I'm ada@example.com, call me",
-                           visitor={"email": "ada@example.com", "reveal": {"company": "Acme"}}, ip_hash=digest)
+                           producer="gateway", message=f"I'm {email}, call me",
+                           visitor={"email": email, "reveal": {"company": "Acme"}}, ip_hash=digest)
     events = [
         req,
         ev.follow(req, ev.EnrichmentCompleted, "enrichment",
-                  profile=VisitorProfile(company_name="Acme", ip=digest, email="ada@example.com", status="completed")),
+                  profile=VisitorProfile(company_name="Acme", ip=digest, email=email, status="completed")),
         ev.follow(req, ev.LLMCallRecorded, "answer_writer", node="answer_writer",
                   call=LLMCall(role="answer", model="m", base_url="u",
-                               messages=[{"role": "user", "content": "I'm ada@example.com, call me"}],
-                               response_text="Sure, ada@example.com")),
-        ev.follow(req, ev.ResponseCompleted, "answer_writer", node="answer_writer", text="Sure, ada@example.com",
+                               messages=[{"role": "user", "content": f"I'm {email}, call me"}],
+                               response_text=f"Sure, {email}")),
+        ev.follow(req, ev.ResponseCompleted, "answer_writer", node="answer_writer", text=f"Sure, {email}",
                   token_count=3),
-        ev.follow(req, ev.TurnCompleted, "finalize", metadata={"visitor_profile": {"ip": digest, "email": "ada@example.com",
+        ev.follow(req, ev.TurnCompleted, "finalize", metadata={"visitor_profile": {"ip": digest, "email": email,
                                                                                   "company_name": "Acme"}}),
     ]
     for e in events:
@@ -42,7 +46,7 @@ async def test_erase_visitor_everywhere(bus, nats_url, redis_url, site):
     digest = KEYS.ip_hash(ip)
     first_ids = await conversation(bus, site, "first", ip)
     await conversation(bus, site, "second", ip)        # same visitor, later session
-    other_ids = await conversation(bus, site, "other", "198.51.100.1")
+    other_ids = await conversation(bus, site, "other", "198.51.100.1", email="bob@example.org")
     redis = redis_client.connect(redis_url)
     try:
         for key in (privacy.raw_ip_key(site, "first"), privacy.cache_key(site, digest),
@@ -68,7 +72,7 @@ async def test_erase_visitor_everywhere(bus, nats_url, redis_url, site):
         assert [r.event.event_id for r in kept] == first_ids  # same events, same order
         untouched = await bus.read(subjects.conversation(site, "other"))
         assert [r.event.event_id for r in untouched] == other_ids
-        assert b"ada@example.com" in ev.encode(untouched[0].event)
+        assert b"bob@example.org" in ev.encode(untouched[0].event)
         for key in (privacy.raw_ip_key(site, "first"), privacy.cache_key(site, digest),
                     privacy.returning_key(site, digest), privacy.seen_key(site, "second")):
             assert not await redis.exists(key), key
@@ -86,7 +90,7 @@ async def test_erase_refuses_a_session_with_a_turn_in_flight(bus, nats_url, redi
 async def test_erase_by_ip_finds_the_visitors_sessions(bus, nats_url, redis_url, site):
     await conversation(bus, site, "a", "192.0.2.99")
     await conversation(bus, site, "b", "192.0.2.99")
-    await conversation(bus, site, "c", "192.0.2.100")
+    await conversation(bus, site, "c", "192.0.2.100", email="cyd@example.net")
     report = await erase.erase(BusConfig(url=nats_url), redis_url, site, [], "192.0.2.99")
     assert set(report["sessions"]) == {"a", "b"}
     assert report["ip_hashes"][0]["ip_hash"] == KEYS.ip_hash("192.0.2.99")
@@ -200,3 +204,255 @@ async def test_erase_removes_the_visitors_words_from_their_insight_record(bus, n
     [after] = await insight.Projections(bus).records(site)
     assert after.turns[0].rating == "down" and after.turns[0].reason == privacy.REDACTED
     assert "ada@example.com" not in after.turns[0].question and "ada@example.com" not in str(after)
+
+
+# --- the identity the widget sends (issue 43): every copy, and nothing of anyone else ------
+
+ADA = {"person_id": "crm-ada-0042", "email_hash": privacy.email_hash("Ada@Example.com"),
+       "session_uuid": "sess-uuid-ada-7f3e", "reveal": {"company": "Acme", "domain": "acme.example"},
+       "page_url": "https://site.example/pricing?u=crm-ada-0042"}
+
+
+async def identified(bus, site, session, ip, visitor, email=None):
+    """A conversation of a visitor the site knows (`visitor`: the widget's identity), with
+    every copy of it the nodes make: the profile, the search, a prompt naming them, the lead
+    (`email`) and its analytics, a handoff and an operator's message."""
+    digest = KEYS.ip_hash(ip)
+    ids = [v for v in (visitor.get("person_id"), visitor.get("session_uuid")) if v]
+    req = ev.TurnRequested(event_id=ev.new_id(), site=site, session_id=session, turn=1, ts=ev.now(),
+                           producer="gateway", message=f"Pricing? I'm {email or 'anonymous'}",
+                           visitor=visitor, ip_hash=digest)
+    events = [
+        req,
+        ev.follow(req, ev.EnrichmentCompleted, "enrichment",
+                  profile=VisitorProfile(company_name="Acme", company_domain="acme.example", ip=digest,
+                                         email=email or ev.UNKNOWN, status="completed", source="reveal")),
+        ev.follow(req, ev.RetrievalCompleted, "retrieval", query=f"pricing for {email or ''} {' '.join(ids)}",
+                  keywords={"low_level": ids}),
+        ev.follow(req, ev.LLMCallRecorded, "answer_writer", node="answer_writer",
+                  call=LLMCall(role="answer", model="m", base_url="u",
+                               messages=[{"role": "system", "content": f"Visitor {' '.join(ids)} from {digest}"}])),
+        ev.follow(req, ev.HandoffRequested, "handoff_handler", reason="visitor_asked",
+                  detail=f"asked for a person, {' '.join(ids)}"),
+        ev.follow(req, ev.OperatorMessage, "gateway", operator="sam", text=f"I will write to {email or 'you'}"),
+    ]
+    if email:
+        events += [ev.follow(req, ev.LeadCaptured, "booking_handler", email=email),
+                   ev.follow(req, ev.AnalyticsRecorded, "lead_notifier", event_name="lead_captured",
+                             properties={"company_domain": "acme.example"}, sent=True, ok=True)]
+    for e in events:
+        await bus.publish(e)
+    return events
+
+
+def redis_copies(site, session, digest):
+    """Every Redis key holding something of the visitor of `session` (from `digest`)."""
+    return [privacy.raw_ip_key(site, session), privacy.seen_key(site, session),
+            privacy.cache_key(site, f"session-{session}"), privacy.cache_key(site, digest),
+            privacy.returning_key(site, digest)]
+
+
+async def copies_elsewhere(bus, redis, site, session, digest):
+    """The visitor's copies outside the log: Redis, the state snapshot, token chunks, dead
+    letters (of the conversation and of its work items)."""
+    for key in redis_copies(site, session, digest):
+        await redis.set(key, b'{"company_name": "Acme", "email": "ada@example.com"}')
+    await bus.bucket(subjects.SNAPSHOT_BUCKET).put(subjects.kv_key(site, session), b"state: crm-ada-0042")
+    chunk = ev.TokenChunk(event_id=ev.new_id(), site=site, session_id=session, turn=1, ts=ev.now(),
+                          producer="answer_writer", index=0, content="Hello ada@example.com")
+    await bus.js.publish(subjects.tokens(site, session, 1), ev.encode(chunk), stream=subjects.TOKENS_STREAM)
+    for subject in (subjects.conv(site, session, "turn_requested"), subjects.work(site, session, "brief_requested")):
+        await bus.js.publish(subjects.dlq("some_node"), b"crm-ada-0042", stream=subjects.DLQ_STREAM,
+                             headers={"Concierge-Subject": subject})
+
+
+async def still_there(bus, redis, site, session, digest) -> dict:
+    """Which of `copies_elsewhere` are still there."""
+    info = await bus.js.stream_info(subjects.DLQ_STREAM)
+    dead = 0
+    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        try:
+            msg = await bus.js.get_msg(subjects.DLQ_STREAM, seq)
+        except NotFoundError:
+            continue
+        subject = (msg.headers or {}).get("Concierge-Subject", "")
+        dead += subject.startswith((f"conv.{site}.{session}.", f"briefs.{site}.{session}."))
+    try:
+        snapshot = (await bus.bucket(subjects.SNAPSHOT_BUCKET).get(subjects.kv_key(site, session))).value is not None
+    except NotFoundError:  # never there, or purged
+        snapshot = False
+    chunks = [m async for m in bus.read_raw(subjects.session_tokens(site, session), stream=subjects.TOKENS_STREAM)]
+    return {"redis": [k for k in redis_copies(site, session, digest) if await redis.exists(k)],
+            "snapshot": snapshot, "token_chunks": len(chunks), "dead_letters": dead}
+
+
+def blob(records) -> bytes:
+    return b"".join(ev.encode(r.event) for r in records)
+
+
+async def test_erase_by_the_sites_person_id_covers_every_copy_and_leaves_other_visitors_and_tenants(
+        bus, nats_url, redis_url, site):
+    """The site asks to erase the person it knows as crm-ada-0042: their sessions are found by
+    that id (another IP), by the e-mail hash the site passed for the address they left (a
+    third IP), and every copy of their identity is gone: the widget's identity, IP hashes,
+    e-mail and its hash, ids quoted in searches, prompts, handoffs and operators' messages,
+    the fold's person_id, the enricher's Redis entries, snapshot, token chunks, dead letters
+    and insight record. Another visitor of the site, and the same person on another tenant's
+    site, keep all of theirs."""
+    other_site = f"{site}o"
+    ips = {"a1": "192.0.2.10", "a2": "192.0.2.20", "a3": "192.0.2.30", "b1": "198.51.100.5"}
+    digests = {s: KEYS.ip_hash(ip) for s, ip in ips.items()}
+    # The page of a1 passed no e-mail hash: a3 is Ada's by the address she left in a1.
+    await identified(bus, site, "a1", ips["a1"], {k: v for k, v in ADA.items() if k != "email_hash"},
+                     email="ada@example.com")
+    await identified(bus, site, "a2", ips["a2"], {"person_id": ADA["person_id"]})
+    await identified(bus, site, "a3", ips["a3"], {"email_hash": ADA["email_hash"]})
+    bob = await identified(bus, site, "b1", ips["b1"], {"person_id": "crm-bob-0007", "session_uuid": "sess-uuid-bob-1"},
+                           email="bob@example.org")
+    # Behind a1's office IP: a colleague the site knows as someone else (theirs), and a
+    # visitor who said nobody (the IP's, so Ada's, as for an erase by IP).
+    cyd = await identified(bus, site, "c1", ips["a1"], {"person_id": "crm-cyd-0009"})
+    await identified(bus, site, "x1", ips["a1"], {})
+    theirs = await identified(bus, other_site, "a1", ips["a1"], ADA, email="ada@example.com")
+    redis = redis_client.connect(redis_url)
+    try:
+        for s in ips:
+            await copies_elsewhere(bus, redis, site, s, digests[s])
+        await copies_elsewhere(bus, redis, other_site, "a1", digests["a1"])
+        for s in ("a1", "b1"):
+            await insight.project_session(bus, site, s)
+        store = CachedStore(bus)
+        assert (await store.state(site, "a1")).person_id == ADA["person_id"]
+
+        report = await erase.erase(BusConfig(url=nats_url), redis_url, site, [], None,
+                                   person_ids=[ADA["person_id"]])
+
+        assert set(report["sessions"]) == {"a1", "a2", "a3", "x1"}
+        assert [r.event for r in await bus.read(subjects.conversation(site, "c1"))] == cyd
+        for s in ("a1", "a2", "a3"):
+            records = await bus.read(subjects.conversation(site, s))
+            data = blob(records)
+            for copy in (ADA["person_id"], ADA["email_hash"], ADA["session_uuid"], "ada@example.com",
+                         "site.example/pricing", *digests.values()):
+                assert copy.encode() not in data, (s, copy)
+            assert all(r.event.visitor is None for r in records if isinstance(r.event, ev.TurnRequested))
+            assert await still_there(bus, redis, site, s, digests[s]) == \
+                {"redis": [], "snapshot": False, "token_chunks": 0, "dead_letters": 0}, s
+        state = await store.state(site, "a1")
+        assert state.person_id == "" and state.visitor_profile.email == privacy.REDACTED
+        [record] = [r for r in await insight.Projections(bus).records(site) if r.session_id == "a1"]
+        assert "ada@example.com" not in str(record)
+
+        # Another visitor of the site, and the same person on another tenant's site: untouched.
+        kept = await bus.read(subjects.conversation(site, "b1"))
+        assert [r.event for r in kept] == bob
+        assert [r.event for r in await bus.read(subjects.conversation(other_site, "a1"))] == theirs
+        full = {"redis": None, "snapshot": True, "token_chunks": 1, "dead_letters": 2}
+        for where, s in ((site, "b1"), (other_site, "a1")):
+            found = await still_there(bus, redis, where, s, digests[s])
+            assert {**found, "redis": None} == full and len(found["redis"]) == 5, (where, s)
+        [record] = [r for r in await insight.Projections(bus).records(site) if r.session_id == "b1"]
+        assert "bob@example.org" in str(record)
+
+        # Run again: nothing is found by the person's id any more, nothing changes.
+        before = {s: blob(await bus.read(subjects.conversation(site, s))) for s in ("a1", "a2", "a3", "b1")}
+        again = await erase.erase(BusConfig(url=nats_url), redis_url, site, [], None, person_ids=[ADA["person_id"]])
+        assert again["sessions"] == {}
+        again = await erase.erase(BusConfig(url=nats_url), redis_url, site, ["a1"], None)
+        assert set(again["sessions"]) == {"a1"} and again["sessions"]["a1"]["fields_redacted"] == 0
+        assert {s: blob(await bus.read(subjects.conversation(site, s))) for s in before} == before
+    finally:
+        await redis.aclose()
+
+
+async def test_erase_by_email_finds_the_sessions_that_gave_it_or_its_hash(bus, nats_url, redis_url, site):
+    await identified(bus, site, "lead", "192.0.2.40", {}, email="Ada@Example.com")  # the address, left in a booking
+    await identified(bus, site, "known", "192.0.2.41", {"email_hash": ADA["email_hash"]})  # the site's hash of it
+    await identified(bus, site, "other", "192.0.2.42", {"email_hash": privacy.email_hash("bob@example.org")})
+    report = await erase.erase(BusConfig(url=nats_url), redis_url, site, [], None, emails=["ada@example.com"])
+    assert set(report["sessions"]) == {"lead", "known"}
+
+
+async def test_an_erased_leads_copy_sends_no_webhook_and_no_analytics(bus, nats_url, redis_url, site):
+    """The erase stores the log again, so lead_notifier gets the lead once more: nothing of the
+    erased visitor may go out again (PostHog would get a second `lead_captured`)."""
+    from services.responder import lead_notifier
+    from services.responder.settings import LeadSettings
+    from tests.helpers import ClaimsInMemory, decide
+    from tests.servers import WebhookReceiver
+
+    await identified(bus, site, "a1", "192.0.2.50", ADA, email="ada@example.com")
+    await erase.erase(BusConfig(url=nats_url), redis_url, site, ["a1"], None)
+    log_ = [r.event for r in await bus.read(subjects.conversation(site, "a1"))]
+    [copy] = [e for e in log_ if isinstance(e, ev.LeadCaptured)]
+    receiver = WebhookReceiver()
+    try:
+        settings = LeadSettings(webhook_url=receiver.url, backoff_s=0.01,
+                                posthog_host=receiver.url.rsplit("/", 1)[0], posthog_api_key="phc_test")
+        decided = await decide(lead_notifier.make_node(ClaimsInMemory(), settings), copy,
+                               *[e for e in log_ if e is not copy])
+        assert decided.events == [] and receiver.requests == []
+    finally:
+        receiver.close()
+
+
+async def test_no_node_handles_the_erased_visitors_copies_and_another_leads_rewritten_log_only_where_pending(
+        work_bus, redis_url, site):
+    """The erase stores the visitor's log again: no node is handed their copies (an answer
+    written again, a model called, a webhook or analytics event sent, for someone erased).
+    Another lead's log, rewritten because its brief mentions the visitor, is handed to the
+    nodes again only when one of them had not handled the original yet: nothing is done twice
+    for nothing, and nothing is lost. (A server of its own: other tests' stopped durables
+    would hold every original as pending.)"""
+    from shared.consumer import ConsumerRunner
+    from shared.node import Node
+    from tests.helpers import fast, isolated, start, unique, wait_for
+
+    bus, config = work_bus, BusConfig(url=work_bus.config.url)
+    seen: dict[str, list[tuple[str, str]]] = {"early": [], "pending": []}
+
+    def watcher(name):
+        async def handle(event, inputs, ctx):
+            seen[name].append((event.session_id, ev.event_type(event)))
+            return []
+        return isolated(Node(name=unique(name), consumes=("turn_requested", "brief_gathered"), handle=handle), site)
+
+    async def settled(runner):
+        info = await bus.js.consumer_info(subjects.CONV_STREAM, runner.durable)
+        return info.num_pending == 0 and info.num_ack_pending == 0
+
+    def lead(session):
+        return [(session, "turn_requested"), (session, "brief_gathered")]
+
+    early = await start(bus, watcher("early"))
+    pending = None
+    try:
+        # Every node had handled bob's events: his rewritten log goes to none of them.
+        await lead_with_brief(bus, site, "ada", "ada@example.com")
+        await lead_with_brief(bus, site, "bob", "bob@example.org", similar=[("ada", "Ada of Acme")])
+        await wait_for(lambda: len(seen["early"]) == 4, what="the originals handled")
+        await wait_for(lambda: settled(early), what="their acks stored")
+        report = await erase.erase(config, redis_url, site, ["ada"], None)
+        assert set(report["mentions"]) == {"bob"}
+        await asyncio.sleep(0.5)
+        assert sorted(seen["early"]) == sorted(lead("ada") + lead("bob"))
+
+        # A node had not handled dan's events yet (its durable stopped): his rewritten log goes
+        # to every node again, so that node gets them; carl's, erased, to none.
+        pending = ConsumerRunner(bus, watcher("pending"), fast(), start_lookback_s=5)
+        await bus.js.add_consumer(subjects.CONV_STREAM, pending.consumer_config())
+        await lead_with_brief(bus, site, "carl", "carl@example.com")
+        await lead_with_brief(bus, site, "dan", "dan@example.org", similar=[("carl", "Carl of Acme")])
+        await wait_for(lambda: len(seen["early"]) == 8, what="the originals handled")
+        report = await erase.erase(config, redis_url, site, ["carl"], None)
+        assert set(report["mentions"]) == {"dan"}
+        await pending.start()
+        await wait_for(lambda: len(seen["pending"]) >= 2, what="dan's events handled from the copies")
+        await wait_for(lambda: len(seen["early"]) >= 10, what="dan's copies handled again")
+        await asyncio.sleep(0.5)
+        assert sorted(seen["pending"]) == sorted(lead("dan"))
+        assert sorted(seen["early"][8:]) == sorted(lead("dan"))
+    finally:
+        await early.stop()
+        if pending is not None:
+            await pending.stop()

@@ -5,7 +5,8 @@
   and retried as webhooks.py says; the outcome is stored as `WebhookRecorded` whatever it is.
 - One lead, one delivery: the first `LeadCaptured` of a conversation claims its lead
   (webhook_claims.py); a copy with another event id records `WebhookRecorded(skipped,
-  duplicate_of=<owner>)` and sends nothing, neither webhook nor analytics.
+  duplicate_of=<owner>)` and sends nothing, neither webhook nor analytics. An erased
+  lead's copy (its e-mail redacted) sends nothing and records nothing.
 - Analytics: a `lead_captured` event to a PostHog-compatible capture API (POSTHOG_HOST,
   POSTHOG_API_KEY) when configured; stored as `AnalyticsRecorded` either way.
 
@@ -24,6 +25,7 @@ from services.responder.settings import LeadSettings
 from services.responder.webhook_claims import Outcome, WebhookClaims, deliver_once, lead_id
 from shared import events as ev
 from shared.node import Context, Inputs, Needs, Node
+from shared.privacy import REDACTED
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,11 @@ def make_node(claims: WebhookClaims, settings: LeadSettings = LeadSettings(),
                                    event.site, config.lead, lead_id(event.site, event.session_id), payload)
 
     async def handle(event: ev.LeadCaptured, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
+        if event.email == REDACTED:
+            # An erased lead's copy (`concierge erase-visitor` stores the log again): its
+            # webhook went out when it was captured, or never will; nothing more is said
+            # about the visitor to anyone, not even an analytics event.
+            return []
         # The outcome: sent now, or stored by this very event before (redelivered: its ack was lost).
         claim = await deliver_once(claims, event.site, event.session_id, event.event_id,
                                    lambda: deliver(event, inputs))
