@@ -60,6 +60,13 @@ class VisitorProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
     feature_list: str = UNKNOWN
     intent: str = UNKNOWN
     sector_confidence_level: str = UNKNOWN
+    # What a provider says beside the name (services/enricher/sources.py): the company's
+    # employee range as the vendor words it ("51-200"), its country (a name or an ISO code,
+    # as the vendor gives it), and how sure the source is that this company is the visitor's
+    # (high | medium | low).
+    company_size: str = UNKNOWN
+    country: str = UNKNOWN
+    match_confidence: str = UNKNOWN
 
 
 class TurnRequested(Envelope, tag="turn_requested"):

@@ -192,10 +192,12 @@ def test_the_ip_apis_format_picks_its_adapter_and_an_unknown_one_stops_the_servi
     from shared.config import ConfigError
 
     monkeypatch.setenv("ENRICH_IP_API_URL", "https://ipinfo.io")
+    monkeypatch.setenv("ENRICH_IP_API_KEY", "k")
     monkeypatch.setenv("ENRICH_IP_API_FORMAT", "ipinfo")
     settings = EnricherSettings.from_env()
     enricher = build_enricher(None, None, settings)
-    assert [type(getattr(s, "source", s)).__name__ for s in enricher.sources] == ["RevealSource", "IpinfoSource"]
+    assert [type(getattr(s, "source", s)).__name__ for s in enricher.chain(fresh=True)] == [
+        "RevealSource", "IpinfoSource"]
     monkeypatch.setenv("ENRICH_IP_API_FORMAT", "clearbit")
     with pytest.raises(ConfigError, match="ENRICH_IP_API_FORMAT"):
         EnricherSettings.from_env()
