@@ -119,18 +119,6 @@ async def test_snitchers_limits_and_a_refused_key_are_failures_not_retried(redis
     assert calls("session_provider", q.site, outcome) == 1
 
 
-async def test_a_refused_key_opens_the_breaker_of_that_key_only(redis, providers, client):
-    wrong = snitcher(providers, client, key="wrong", retries=0, breaker=CircuitBreaker(threshold=2, reset_after_s=60))
-    right = snitcher(providers, client, retries=0, breaker=CircuitBreaker(threshold=2, reset_after_s=60))
-    for _ in range(2):
-        await run(make(redis, wrong), lookup(session_uuid="sess-business"))
-    before = providers.hits["snitcher"]
-    _, statuses = await run(make(redis, wrong), lookup(session_uuid="sess-business"))
-    assert statuses["session_provider"] == "circuit open" and providers.hits["snitcher"] == before
-    profile, statuses = await run(make(redis, right), lookup(session_uuid="sess-business"))
-    assert statuses["session_provider"] == "hit" and profile.company_name == "Initech"
-
-
 def test_snitchers_malformed_answer_is_a_failure():
     with pytest.raises(Exception, match="malformed"):
         snitcher_profile(["not", "an", "object"], "session_provider")
@@ -252,6 +240,20 @@ async def test_a_site_naming_its_own_key_uses_it_and_never_the_deployments(redis
     assert statuses["session_provider"] == "skipped: no key (ENRICH_KEY_ACME_SNITCHER is not set)"
     assert statuses["person_api"] == "hit" and providers.seen[-1]["auth"] == "site-secret"
     assert profile.company_name == "Hooli" and providers.hits["snitcher"] == before.get("snitcher", 0)
+
+
+async def test_a_sites_refused_key_opens_its_own_breaker_not_the_other_sites(redis, providers, client):
+    base = settings(providers, site_keys={"ENRICH_KEY_BAD": "revoked"})
+    enricher = build_enricher(redis, client, msgspec.structs.replace(base, session_provider=msgspec.structs.replace(
+        base.session_provider, breaker_threshold=1, breaker_reset_s=60)))
+    bad = Enrichment(sources=["session_provider"], session_provider_key_env="ENRICH_KEY_BAD")
+    _, statuses = await run(enricher, everyone(), bad)
+    assert statuses["session_provider"] == "failed: HTTP 401: the key was refused"
+    before = providers.hits["snitcher"]
+    _, statuses = await run(enricher, everyone(), bad)  # its breaker is open: not asked again
+    assert statuses["session_provider"] == "circuit open" and providers.hits["snitcher"] == before
+    profile, statuses = await run(enricher, everyone(), Enrichment(sources=["session_provider"]))
+    assert statuses["session_provider"] == "hit" and profile.company_name == "Initech"  # the deployment's key
 
 
 async def test_snitcher_without_a_tracking_script_is_not_called_and_a_site_can_name_its_own(redis, providers,
