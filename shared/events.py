@@ -60,12 +60,12 @@ class VisitorProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
     feature_list: str = UNKNOWN
     intent: str = UNKNOWN
     sector_confidence_level: str = UNKNOWN
-    # What a provider says beside the name (services/enricher/sources.py): the company's
-    # employee range as the vendor words it ("51-200"), its country (a name or an ISO code,
-    # as the vendor gives it), and how sure the source is that this company is the visitor's
-    # (high | medium | low).
+    # How many people the company employs, as a range ("51-200", "1000+": shared/segments.py
+    # reads it) and where it is (ISO 3166 alpha-2 when a provider says so, else its name).
     company_size: str = UNKNOWN
     country: str = UNKNOWN
+    # How sure the source is that this company is the visitor's (high | medium | low), when
+    # a provider says (services/enricher/sources.py: Snitcher's `fuzzy`, PDL's `likelihood`).
     match_confidence: str = UNKNOWN
 
 
@@ -387,6 +387,9 @@ class ResponseCompleted(Envelope, tag="response_completed"):
     # When its first token went out to the visitor (the responder's clock; 0: none sent, or
     # stored before it was recorded): the time to first token is this less the turn's request.
     first_token_ts: float = 0.0
+    # The site's audience segments the visitor's profile matched (shared/segments.py): their
+    # example, offer and call to action shaped the answer.
+    segments: list[str] = []
 
 
 class TurnCompleted(Envelope, tag="turn_completed"):

@@ -62,6 +62,13 @@ class Wait:
 
     kinds: tuple[str, ...]
     deadline_s: float
+    # The site's own deadline (e.g. its `enrichment.budget_ms`), None where it sets none
+    # (then `deadline_s`); a node with such a wait needs the site's config.
+    per_site: Callable[[SiteConfig], float | None] | None = None
+
+    def deadline(self, config: SiteConfig) -> float:
+        own = self.per_site(config) if self.per_site is not None else None
+        return self.deadline_s if own is None else own
 
 
 @dataclass(frozen=True)
@@ -207,15 +214,24 @@ async def gather(needs: Needs, event: ev.Envelope, store: ConversationStore, con
     site, session = event.site, event.session_id
     state = ConversationState()
     late: list[str] = []
+    config: SiteConfig | None = None
+
+    async def site_config() -> SiteConfig:
+        nonlocal config
+        if config is None:
+            config = (await configs.get(site) if configs is not None else SiteConfig()) if needs.config else SiteConfig()
+        return config
+
     if needs.waits:
         loaded = False
         for wait in needs.waits:
-            remaining = wait.deadline_s - (time.monotonic() - started)
+            deadline = wait.deadline(await site_config()) if wait.per_site is not None else wait.deadline_s
+            remaining = deadline - (time.monotonic() - started)
             record = state.turns.get(event.turn)
             missing = set(wait.kinds) - set(record.seen if record else ())
             # Past this wait's deadline (an earlier wait used it up), the log is still read
             # once more for what it may have stored meanwhile; a wait of 0 s reads nothing more.
-            if remaining > 0 or not loaded or (missing and wait.deadline_s > 0):
+            if remaining > 0 or not loaded or (missing and deadline > 0):
                 state = await store.turn_state(event, set(wait.kinds), max(0.0, remaining), at)
                 loaded = True
         record = state.turns.get(event.turn)
@@ -225,7 +241,7 @@ async def gather(needs: Needs, event: ev.Envelope, store: ConversationStore, con
         state = await store.state(site, session, at, event.turn)
     if needs.join and not joined(needs.join, event, state):
         return None
-    config = (await configs.get(site) if configs is not None else SiteConfig()) if needs.config else SiteConfig()
+    config = await site_config()
     # A node reading several types reads them at once: one round trip, not one per type.
     logs = await asyncio.gather(*(store.events(site, session, kind, at) for kind in needs.log))
     return Inputs(

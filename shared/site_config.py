@@ -112,23 +112,6 @@ class Lead(Strict):
     webhook_secret_env: str = ""
 
 
-class Enrichment(Strict):
-    """Which of the deployment's enrichment providers (ENRICH_<SOURCE>_URL) this site's
-    visitors are looked up with, in which order, and with whose keys: no key, no call."""
-
-    # The remote sources in the order asked (names: ENRICHMENT_SOURCES); None: that default
-    # order; [] none (the browser's reveal and the offline IP data only).
-    sources: list[str] | None = None
-    # The environment variables holding this site's own keys (never a key itself: these files
-    # live in git), each named ENRICH_KEY_…; empty: the deployment's ENRICH_<SOURCE>_KEY.
-    session_provider_key_env: str = ""
-    person_api_key_env: str = ""
-    ip_api_key_env: str = ""
-    # The site's account id where the vendor wants one (Snitcher: the Radar tracking script of
-    # the site's pages); empty: the deployment's ENRICH_SESSION_PROVIDER_ACCOUNT.
-    session_provider_account: str = ""
-
-
 class Classifier(Strict):
     backend: str = ""  # local | llm | cascade; empty: the deployment's default
     cascade_threshold: float = 0.0  # 0: the deployment's default
@@ -153,6 +136,9 @@ WIDGET_POSITIONS = ("left", "right")
 MAX_STARTER_QUESTIONS = 6
 MAX_WAIT_S = 86_400  # a handoff's longest wait for an operator: a day
 MAX_STARTER_CHARS = 120
+MAX_BUDGET_MS = 5_000  # the longest an answer may wait for the visitor's profile
+MAX_SEGMENT_TEXT = 500
+SEGMENT_NAME_RE = re.compile(r"^[\w.-]{1,64}\Z")
 WIDGET_TEXT_LIMITS = {"title": 80, "greeting": 500, "launcher_text": 40}
 
 
@@ -191,6 +177,42 @@ class Handoff(Strict):
     max_wait_s: int = 300
 
 
+class Segment(Strict):
+    """An audience of the site (shared/segments.py): visitors whose profile names one of
+    `sectors` and/or whose company has `employees` in range get its words in their answers."""
+
+    name: str
+    sectors: list[str] = []  # e.g. ["HVAC", "Construction"]; matched with the profile's sector or sub-sector
+    employees: str = ""  # a range: "1-50", "51-200", "1000+"; matched with the profile's company size
+    example: str = ""  # a sentence of the site's about this audience, said once in the conversation
+    offer: str = ""  # the plan for this audience, in the site's words, said once
+    cta_label: str = ""  # the call to action for this audience (its booking link, its plan's page)
+    cta_url: str = ""
+    tone: str = ""  # the persona's tone for this audience (a model's answers)
+
+
+class Enrichment(Strict):
+    """Who the visitor is, before the answer (services/enricher): which of the deployment's
+    providers (ENRICH_<SOURCE>_URL) look the site's visitors up, in which order, with whose
+    keys (no key, no call), and how long the answer waits for what they find."""
+
+    # How long an answer may wait, after its route, for the visitor's profile (the company and
+    # what the conversation says): within it the answer uses the profile, past it the answer
+    # goes without and says so (`late_inputs`). None: the deployment's ANSWER_WAIT_S.
+    budget_ms: int | None = None
+    # The remote sources in the order asked (names: ENRICHMENT_SOURCES); None: that default
+    # order; [] none (the browser's reveal and the offline IP data only).
+    sources: list[str] | None = None
+    # The environment variables holding this site's own keys (never a key itself: these files
+    # live in git), each named ENRICH_KEY_…; empty: the deployment's ENRICH_<SOURCE>_KEY.
+    session_provider_key_env: str = ""
+    person_api_key_env: str = ""
+    ip_api_key_env: str = ""
+    # The site's account id where the vendor wants one (Snitcher: the Radar tracking script of
+    # the site's pages); empty: the deployment's ENRICH_SESSION_PROVIDER_ACCOUNT.
+    session_provider_account: str = ""
+
+
 class OperatorAccount(Strict):
     """A named person of the site's team: their own key (its SHA-256 here), so what they do in
     a conversation is theirs (services/gateway/operators.py). `concierge sites key --operator`."""
@@ -220,11 +242,12 @@ class SiteConfig(Strict):
     redirects: Redirects = msgspec.field(default_factory=Redirects)
     classifier: Classifier = msgspec.field(default_factory=Classifier)
     lead: Lead = msgspec.field(default_factory=Lead)
-    enrichment: Enrichment = msgspec.field(default_factory=Enrichment)
     persona: Persona = msgspec.field(default_factory=Persona)
     retrieval: Retrieval = msgspec.field(default_factory=Retrieval)
     widget: Widget = msgspec.field(default_factory=Widget)
     handoff: Handoff = msgspec.field(default_factory=Handoff)
+    enrichment: Enrichment = msgspec.field(default_factory=Enrichment)
+    segments: list[Segment] = []
     # Set when stored: a file's content hash (the sync), or the config's (`content_version`:
     # the API and the CLI). What a turn records as its `config_version`.
     version: str = ""
@@ -351,6 +374,9 @@ def problems(config: SiteConfig) -> list[FieldError]:
     for i, f in enumerate(config.booking.fields):
         if f.kind not in ("text", "email", "phone", "choice"):
             bad(f"booking.fields[{i}].kind", "must be text, email, phone or choice")
+    if config.enrichment.budget_ms is not None and not 0 <= config.enrichment.budget_ms <= MAX_BUDGET_MS:
+        bad("enrichment.budget_ms", f"must be between 0 and {MAX_BUDGET_MS} ms: every answer may wait that long")
+    out.extend(_segment_problems(config.segments))
     out.extend(_widget_problems(config.widget))
     return out
 
@@ -371,6 +397,34 @@ def _enrichment_problems(e: Enrichment) -> list[FieldError]:
     if e.session_provider_account and not _ACCOUNT_RE.match(e.session_provider_account):
         out.append(FieldError("enrichment.session_provider_account",
                               "1-128 letters, digits, '_' or '-' (it goes into the vendor's URL)"))
+    return out
+
+
+def _segment_problems(segments: list[Segment]) -> list[FieldError]:
+    from shared.segments import employees  # reads a Segment: imported here, not at the top
+
+    out: list[FieldError] = []
+    names: set[str] = set()
+    for i, segment in enumerate(segments):
+        where = f"segments[{i}]"
+        if not SEGMENT_NAME_RE.match(segment.name):
+            out.append(FieldError(f"{where}.name", "1-64 letters, digits, '.', '_' or '-'"))
+        elif segment.name in names:
+            out.append(FieldError(f"{where}.name", f"{segment.name!r} is named twice"))
+        names.add(segment.name)
+        if not segment.sectors and not segment.employees:
+            out.append(FieldError(where, "name `sectors` or `employees` (or both): a segment naming neither "
+                                         "matches no visitor"))
+        if segment.employees and employees(segment.employees) is None:
+            out.append(FieldError(f"{where}.employees", "a range of employees such as \"1-50\", \"51-200\" or "
+                                                        "\"1000+\""))
+        for key in ("example", "offer", "cta_label", "tone"):
+            if len(getattr(segment, key)) > MAX_SEGMENT_TEXT:
+                out.append(FieldError(f"{where}.{key}", f"at most {MAX_SEGMENT_TEXT} characters"))
+        if segment.cta_url and not _url(segment.cta_url, ("https", "http")):
+            out.append(FieldError(f"{where}.cta_url", "must be an http(s) URL"))
+        if segment.cta_label and not segment.cta_url:
+            out.append(FieldError(f"{where}.cta_label", "goes with a `cta_url` (the site's own CTA has its label)"))
     return out
 
 

@@ -169,6 +169,9 @@ class ConversationState(msgspec.Struct, kw_only=True):
     # The site's own id of the visitor, when its page passed one (TurnRequested.visitor's
     # `person_id`; the latest given): what analytics and the lead webhook tie the lead to.
     person_id: str = ""
+    # Enrichment named the company's sector: what the conversation suggests (ProfileInferred)
+    # no longer overrides it, whichever of the two is stored first.
+    sector_enriched: bool = False
 
 
 class Record(msgspec.Struct, kw_only=True):
@@ -314,8 +317,19 @@ def apply(state: ConversationState, record: Record) -> ConversationState:
                 booking.lead_turn = event.turn
             if state.handoff.follow_up:
                 state.handoff = msgspec.structs.replace(state.handoff, follow_up=False)
-        case ev.EnrichmentCompleted() | ev.ProfileInferred():
-            state.visitor_profile = merge_visitor_profiles(state.visitor_profile, event.profile)
+        case ev.EnrichmentCompleted():
+            profile = merge_visitor_profiles(state.visitor_profile, event.profile)
+            if not _unknown(event.profile.sector):  # the company's sector, with its own sub-sector
+                state.sector_enriched = True
+                profile = msgspec.structs.replace(profile, sub_sector=event.profile.sub_sector,
+                                                  sector_confidence_level=event.profile.sector_confidence_level)
+            state.visitor_profile = profile
+        case ev.ProfileInferred():
+            inferred = event.profile
+            if state.sector_enriched:  # the profiler ran beside enrichment: its guess of the sector is not used
+                inferred = msgspec.structs.replace(inferred, sector=ev.UNKNOWN, sub_sector=ev.UNKNOWN,
+                                                   sector_confidence_level=ev.UNKNOWN)
+            state.visitor_profile = merge_visitor_profiles(state.visitor_profile, inferred)
         case ev.RetrievalCompleted():
             rec = _turn(state, event.turn)
             if rec.sources is None:  # a redelivered retrieval: the first stored one counts

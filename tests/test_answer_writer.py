@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 
+import msgspec
 import pytest
 
 from shared import events as ev
@@ -17,10 +18,11 @@ from shared.config import LLMRoleConfig
 from shared.consumer import ConsumerRunner
 from shared.events import VisitorProfile
 from shared.llm import LLMClient
-from shared.site_config import CTA, SiteConfig
+from shared.site_config import CTA, Enrichment, Persona, Segment, SiteConfig
+from shared.state import fold
 from services.responder import answer_writer
 from services.responder.settings import AnswerSettings
-from tests.helpers import FixedConfigs, decide, fast, isolated, turn, wait_for
+from tests.helpers import FixedConfigs, decide, fast, isolated, records_of, turn, wait_for
 
 
 async def run_turn(bus, site, llm, background=(), config=None, earlier=(), history_tokens=8000,
@@ -82,7 +84,6 @@ async def test_profile_reaches_the_prompt_when_ready(bus, site, llm):
 
 
 async def test_site_persona_shapes_the_prompt_and_temperature(bus, site, llm):
-    from shared.site_config import Persona
     llm.clear()
     config = SiteConfig(name="Tidewise", instructions="Mention the free trial when relevant.",
                         persona=Persona(weight=0.85, name="Captain Ada", tone="warm", vocabulary=["crew"]))
@@ -309,3 +310,80 @@ def test_it_waits_for_retrieval_then_for_the_visitors_profile_each_on_its_deadli
     waits = answer_writer.make_node(client, settings).needs.waits
     assert [(w.kinds, w.deadline_s) for w in waits] == [(("retrieval_completed", "skills_applied"), 1.5),
                                                         (("enrichment_completed", "profile_inferred"), 0.3)]
+    per_site = waits[1]
+    assert per_site.deadline(SiteConfig()) == 0.3  # a site without a budget: the deployment's
+    assert per_site.deadline(SiteConfig(enrichment=Enrichment(budget_ms=80))) == 0.08
+    assert per_site.deadline(SiteConfig(enrichment=Enrichment(budget_ms=0))) == 0.0
+
+
+# --- who is asking: the site's segments -----------------------------------------------------
+
+SEGMENTED = msgspec.structs.replace(TIDEWISE, segments=[
+    Segment(name="logistics", sectors=["Logistics"],
+            example="Logistics companies use Tidewise to plan their depot technicians' rounds."),
+    Segment(name="growing", employees="51-1000", offer="For a company of your size, the Growth plan fits.",
+            cta_label="Start a Growth trial", cta_url="https://tidewise.example/signup?plan=growth"),
+    Segment(name="enterprise", employees="1001+", offer="For your size, the Enterprise plan fits.",
+            cta_label="Talk to us", cta_url="https://tidewise.example/enterprise"),
+])
+NORTHWIND = VisitorProfile(company_name="Northwind", sector="Logistics", company_size="51-200")
+
+
+async def test_the_visitors_industry_gives_the_example_and_its_size_the_offer_once(extractive):
+    routed, given = asked("g1", "How much is the Growth plan?")
+    enriched = ev.follow(given[0], ev.EnrichmentCompleted, "enrichment", profile=NORTHWIND)
+    (completed,) = (await decide(extractive, routed, *given, enriched, config=SEGMENTED)).events
+    answer, personal = completed.text.split("\n\n")[:2]
+    assert answer.startswith("The Growth plan costs $59") and "[2]" in answer
+    assert personal == ("Logistics companies use Tidewise to plan their depot technicians' rounds. "
+                        "For a company of your size, the Growth plan fits.")
+    assert completed.segments == ["logistics", "growing"] and completed.unsupported_numbers == []
+    # Said once: the next answer in the conversation does not repeat them.
+    later = turn("s", "g1", 2, "And the Starter plan?")
+    said = ev.follow(given[0], ev.ResponseCompleted, "answer_writer", node="answer_writer", text=completed.text,
+                     token_count=1)
+    again = ev.follow(later, ev.RouteDecided, "intent_router", route="ANSWER", intent="LEARN", reason="t")
+    (second,) = (await decide(extractive, again, *given, enriched, said, later,
+                              ev.follow(later, ev.RetrievalCompleted, "retrieval", documents=DEMO_DOCS),
+                              config=SEGMENTED)).events
+    assert "Logistics companies" not in second.text and "Growth plan fits" not in second.text
+    assert second.segments == ["logistics", "growing"]
+    # Another size, another plan; no profile, none of it.
+    big = ev.follow(given[0], ev.EnrichmentCompleted, "enrichment",
+                    profile=VisitorProfile(company_name="Globex", sector="Manufacturing", company_size="1001-5000"))
+    (enterprise,) = (await decide(extractive, routed, *given, big, config=SEGMENTED)).events
+    assert "For your size, the Enterprise plan fits." in enterprise.text and "Logistics" not in enterprise.text
+    (plain,) = (await decide(extractive, routed, *given, config=SEGMENTED)).events
+    assert plain.segments == [] and len(plain.text.split("\n\n")) == 1
+
+
+def test_the_call_to_action_and_the_booking_link_follow_the_visitors_segment():
+    from services.responder import finalize
+    request = turn("s", "g2", 1, "Pricing?")
+    records = records_of(request, ev.follow(request, ev.EnrichmentCompleted, "enrichment", profile=NORTHWIND),
+                         ev.follow(request, ev.FormFieldsExtracted, "form_field_extractor",
+                                   values={"email": "ada@northwind.example"}))
+    state = fold(records)
+    suggestions = ev.follow(request, ev.SuggestionsGenerated, "follow_up_suggester", suggestions=[], kind="follow_up")
+    meta = finalize.metadata(state, 1, suggestions, SEGMENTED)
+    assert meta["cta"] == {"label": "Start a Growth trial", "url": "https://tidewise.example/signup?plan=growth"}
+    assert meta["cta_url_overrides"]["booking_url"].startswith("https://tidewise.example/signup?plan=growth&email=")
+    unknown = finalize.metadata(fold(records_of(request)), 1, suggestions, SEGMENTED)
+    assert unknown["cta"] == {"label": "Book a demo", "url": "https://tidewise.example/demo"}
+
+
+async def test_a_models_answer_is_told_the_segments_words_and_tone(bus, site, llm):
+    llm.clear()
+    config = msgspec.structs.replace(SEGMENTED, persona=Persona(weight=0.3, name="Ada", tone="warm"),
+                                     segments=[msgspec.structs.replace(SEGMENTED.segments[0], tone="plain and exact"),
+                                               *SEGMENTED.segments[1:]])
+    completed, _ = await run_turn(bus, site, llm, config=config, background=[
+        (ev.RetrievalCompleted, "retrieval", {"documents": []}), (ev.SkillsApplied, "intent_router", {"skills": []}),
+        (ev.EnrichmentCompleted, "enrichment", {"profile": NORTHWIND}),
+        (ev.ProfileInferred, "visitor_profiler", {"profile": VisitorProfile(job_to_be_done="Plan rounds")})])
+    system = llm.requests()[-1]["messages"][0]["content"]
+    assert "give this example from the site, in these words: Logistics companies use Tidewise" in system
+    assert "Recommend this, in these words: For a company of your size, the Growth plan fits." in system
+    assert '"Start a Growth trial": https://tidewise.example/signup?plan=growth' in system
+    assert "Tone: plain and exact." in system and "Tone: warm." not in system
+    assert completed.segments == ["logistics", "growing"]

@@ -201,3 +201,99 @@ def test_the_ip_apis_format_picks_its_adapter_and_an_unknown_one_stops_the_servi
     monkeypatch.setenv("ENRICH_IP_API_FORMAT", "clearbit")
     with pytest.raises(ConfigError, match="ENRICH_IP_API_FORMAT"):
         EnricherSettings.from_env()
+
+
+# --- the keyless IP source: the owner of the address's network (ip_owners.py) ---------------
+
+@pytest.fixture(scope="module")
+def owners():
+    from services.enricher.ip_owners import IpOwnerSource
+    return IpOwnerSource()
+
+
+@pytest.mark.parametrize("ip, company, domain, sector", [
+    ("128.30.2.36", "Massachusetts Institute of Technology", "mit.edu", "Education"),  # AS3, MIT
+    ("2603:400a::1", "Massachusetts Institute of Technology", "mit.edu", "Education"),
+    ("::ffff:128.30.2.36", "Massachusetts Institute of Technology", "mit.edu", "Education"),  # IPv4-mapped
+    ("131.107.0.1", "Microsoft Corporation", "unknown", "unknown"),  # AS3598, Microsoft's own (no website in the data)
+    ("2001:4898::1", "Microsoft Corporation", "unknown", "unknown"),
+    ("56.0.0.1", "United States Postal Service", "unknown", "unknown"),  # AS5774
+])
+async def test_an_address_of_an_organisations_own_network_names_its_owner(owners, ip, company, domain, sector):
+    profile = await owners.lookup(lookup(ip=ip))
+    assert profile is not None, ip
+    assert (profile.company_name, profile.company_domain, profile.sector) == (company, domain, sector)
+    assert (profile.status, profile.source) == ("partial", "ip_owner")  # the network's owner, maybe not the visitor's
+
+
+@pytest.mark.parametrize("ip, why", [
+    ("73.15.1.1", "Comcast: an ISP"),
+    ("87.128.1.1", "Deutsche Telekom: transit"),
+    ("165.225.0.1", "Zscaler: hosting"),
+    ("8.8.8.8", "Google: a content network (resolvers, crawlers, its cloud's older ranges)"),
+    ("1.1.1.1", "Cloudflare: a content network (WARP and proxied traffic)"),
+    ("2606:4700:4700::1111", "Cloudflare over IPv6"),
+    ("52.94.236.248", "AWS, filed as an enterprise: CLOUD_ASNS"),
+    ("10.0.0.1", "private"), ("127.0.0.1", "loopback"), ("100.64.0.1", "carrier-grade NAT"),
+    ("192.0.2.1", "documentation"), ("::1", "IPv6 loopback"), ("fe80::1", "link-local"), ("fd00::1", "unique local"),
+])
+async def test_carriers_clouds_content_networks_and_private_addresses_are_misses(owners, ip, why):
+    assert await owners.lookup(lookup(ip=ip)) is None, why
+
+
+async def test_the_owner_follows_the_demo_dataset_and_a_bad_address_is_a_failure(redis, owners):
+    """The chain as a keyless `make run` has it: the demo CSV first (its fictional companies are
+    completed profiles), the owner after it; an address the CSV does not know gets its owner."""
+    e = make(redis, [RevealSource(), IpDatasetSource(DATASET), owners])
+    profile, statuses = await run(e, lookup(f"s{uuid.uuid4().hex[:8]}", ip="127.0.0.1"))
+    assert profile.company_name.startswith("Northwind") and statuses["ip_owner"] == "skipped: an earlier source hit"
+    profile, statuses = await run(e, lookup(f"s{uuid.uuid4().hex[:8]}", ip="128.30.2.36"))
+    assert statuses["ip_dataset"] == "miss" and statuses["ip_owner"] == "partial"
+    assert profile.company_name == "Massachusetts Institute of Technology" and profile.status == "partial"
+    _, statuses = await run(e, lookup(f"s{uuid.uuid4().hex[:8]}", ip="not-an-ip"))
+    assert statuses["ip_owner"] == "failed: not an IP address"
+
+
+def test_the_owner_rule_on_a_networks_facts():
+    """owner_profile over the data's own fields: which categories name an owner, a carrier's or
+    a host's name under an organisation's category, and the domain from the website only."""
+    from services.enricher.ip_owners import owner_profile, website_domain
+    from whereip_network import Facts
+
+    def facts(category="enterprise", company="Initech Inc.", website="https://www.initech.co.uk/about", asn=64500):
+        return Facts(asn, "INITECH", company, "", "", category, 3, "", "", "ripe", 2001, website, "", "", "", "",
+                     "abuse@isp.example", "GB")
+
+    named = owner_profile(facts(), "ip_owner")
+    assert (named.company_name, named.company_domain, named.sector) == ("Initech Inc.", "initech.co.uk", "unknown")
+    assert owner_profile(facts("government"), "ip_owner").sector == "Government"
+    assert owner_profile(facts("non-profit"), "ip_owner").sector == "Non-profit"
+    for category in ("isp", "mobile", "hosting", "transit", "exchange", "content", ""):
+        assert owner_profile(facts(category), "ip_owner") is None, category
+    for company in ("Initech Hosting Ltd", "Initech Telecom", "Initech Cloud", "Initech Internet Services", "Initech Fibre"):
+        assert owner_profile(facts(company=company), "ip_owner") is None, company
+    assert owner_profile(facts(company="Palo Alto Networks, Inc"), "ip_owner").company_name == "Palo Alto Networks, Inc"
+    assert owner_profile(facts(asn=0), "ip_owner") is None and owner_profile(facts(asn=16509), "ip_owner") is None
+    # No website: no domain (the abuse mailbox's host is often the ISP's).
+    assert owner_profile(facts(website=""), "ip_owner").company_domain == "unknown"
+    assert [website_domain(w) for w in ("http://mit.edu", "https://blink.ucsd.edu/help", "www.bbc.co.uk",
+                                        "https://10.0.0.1/", "localhost")] == [
+        "mit.edu", "ucsd.edu", "bbc.co.uk", None, None]
+
+
+def test_a_keyless_deployment_asks_the_networks_owner_and_reads_the_csv_only_when_configured(monkeypatch):
+    from services.enricher.main import build_enricher
+    from services.enricher.settings import EnricherSettings
+
+    def kinds():
+        enricher = build_enricher(None, None, EnricherSettings.from_env())
+        return [type(getattr(s, "source", s)).__name__ for s in enricher.chain(fresh=True)]
+
+    for name in ("ENRICH_IP_API_URL", "ENRICH_IP_DATASET", "ENRICH_IP_OWNERS", "ENRICH_SESSION_PROVIDER_URL",
+                 "ENRICH_PERSON_API_URL"):
+        monkeypatch.delenv(name, raising=False)
+    assert kinds() == ["RevealSource", "IpOwnerSource"]
+    monkeypatch.setenv("ENRICH_IP_DATASET", str(DATASET))
+    assert kinds() == ["RevealSource", "IpDatasetSource", "IpOwnerSource"]
+    monkeypatch.setenv("ENRICH_IP_OWNERS", "off")
+    assert kinds() == ["RevealSource", "IpDatasetSource"]

@@ -189,7 +189,8 @@ def settings(providers, *, key="secret", **extra) -> EnricherSettings:
         return RemoteSource(url=f"{providers.url}/{path}", key=key, format=fmt, timeout_s=1.0, retries=0, **more)
     return EnricherSettings(
         session_provider=remote("snitcher", "snitcher", account=SNITCHER_SCRIPT),
-        person_api=remote("pdl", "pdl"), ip_api=remote("ipinfo", "ipinfo"), ip_dataset=str(DATASET), **extra)
+        person_api=remote("pdl", "pdl"), ip_api=remote("ipinfo", "ipinfo"), ip_dataset=str(DATASET),
+        ip_owners=False, **extra)
 
 
 def everyone() -> Lookup:
@@ -270,7 +271,7 @@ async def test_snitcher_without_a_tracking_script_is_not_called_and_a_site_can_n
 
 
 async def test_a_provider_the_site_names_but_the_deployment_lacks_says_so(redis, client):
-    enricher = build_enricher(redis, client, EnricherSettings(ip_dataset=str(DATASET)))
+    enricher = build_enricher(redis, client, EnricherSettings(ip_dataset=str(DATASET), ip_owners=False))
     _, statuses = await run(enricher, everyone(), Enrichment(sources=["session_provider"]))
     assert statuses["session_provider"] == "skipped: not configured"
     _, statuses = await run(enricher, everyone())  # the site says nothing: only what is configured

@@ -80,7 +80,7 @@ def test_the_defaults_are_the_documented_ones():
         "local", 0.5, 0.8, 0.6)
     answer = AnswerSettings()
     assert (answer.wait_s, answer.retrieval_wait_s, answer.max_sources, answer.extractive_threshold) == (
-        0.0, 2.0, 10, 0.35)
+        0.15, 2.0, 10, 0.35)
     assert ResponderSettings().finalize_wait_s == 0.5 and LeadSettings().attempts == 4
     enricher = EnricherSettings()
     assert (enricher.deadline_s, enricher.cache_ttl_s, enricher.profiler_route_wait_s) == (1.5, 600.0, 2.0)

@@ -30,6 +30,7 @@ booking_url = "https://acme.example/book"
 def test_the_shipped_demo_config_is_valid():
     config = parse(ROOT / "sites" / "demo.toml")
     assert config.name == "Tidewise" and config.redirects.support and config.qualification.questions
+    assert config.enrichment.budget_ms == 150 and {s.name for s in config.segments} >= {"logistics", "growing-teams"}
 
 
 @pytest.mark.parametrize("text,field", [
@@ -41,6 +42,13 @@ def test_the_shipped_demo_config_is_valid():
     ('[[booking.fields]]\nlabel = "no name"', "name"),
     ('name = "unterminated', "demo.toml"),
     ('[lead]\nwebhook_secret_env = "whsec_c2VjcmV0"', "lead.webhook_secret_env"),  # the secret, not its variable
+    ('[enrichment]\nbudget_ms = 60000', "enrichment.budget_ms"),
+    ('[[segments]]\nname = "all"\noffer = "Hi"', "segments[0]"),  # names neither sectors nor employees
+    ('[[segments]]\nname = "big"\nemployees = "lots"', "segments[0].employees"),
+    ('[[segments]]\nname = "big"\nemployees = "200-50"', "segments[0].employees"),
+    ('[[segments]]\nname = "x"\nsectors = ["Retail"]\ncta_url = "javascript:alert(1)"', "segments[0].cta_url"),
+    ('[[segments]]\nname = "x"\nsectors = ["Retail"]\ncta_label = "Go"', "segments[0].cta_label"),
+    ('[[segments]]\nname = "x"\nsectors = ["A"]\n[[segments]]\nname = "x"\nsectors = ["B"]', "segments[1].name"),
     ('[enrichment]\nsources = ["ip_api", "clearbit"]', "enrichment.sources[1]"),
     ('[enrichment]\nsources = ["ip_api", "ip_api"]', "enrichment.sources[1]"),
     ('[enrichment]\nsources = "ip_api"', "$.enrichment.sources"),

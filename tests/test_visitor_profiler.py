@@ -13,6 +13,7 @@ from shared.config import LLMRoleConfig
 from shared.events import VisitorProfile
 from shared.llm import LLMClient
 from shared.site_config import SiteConfig
+from shared.state import Record, fold
 from services.enricher import visitor_profiler
 from tests.helpers import FixedConfigs, decide, isolated, start, turn, wait_for
 
@@ -97,9 +98,33 @@ async def run_profiler(bus, site, llm_client, routed=True, route_wait_s=2.0):
 
 
 async def test_node_local(bus, site):
+    """The local rules read the visitor's messages only: they run on the turn's request,
+    beside enrichment, not after it."""
     result, calls = await run_profiler(bus, site, None)
     assert result.method == "local" and calls == []
-    assert result.profile.feature_list == "Automation" and result.profile.sector == "unknown"
+    assert result.profile.feature_list == "Automation"
+    (request,) = [r.event for r in await bus.read(subjects.conv(site, "p1", "turn_requested"))]
+    assert result.causation_id == request.event_id
+
+
+def test_the_sector_enrichment_found_wins_whichever_is_stored_first(site):
+    """The profiler's guess of the sector (from the conversation) counts only where enrichment
+    named none; the two run side by side, so either may be stored first."""
+    req = turn(site, "p1", 1, "We need to automate our clinic's patient FAQ")
+    enriched = ev.follow(req, ev.EnrichmentCompleted, "enrichment",
+                         profile=VisitorProfile(company_name="Initech", sector="Software", company_size="201-500"))
+    guessed = ev.follow(req, ev.ProfileInferred, visitor_profiler.NAME, method="local",
+                        profile=VisitorProfile(sector="Healthcare", sub_sector="Clinics", feature_list="Automation",
+                                               sector_confidence_level="low"))
+    for order in ((req, enriched, guessed), (req, guessed, enriched)):
+        profile = fold(Record(seq=i, subject="s", event=e) for i, e in enumerate(order, start=1)).visitor_profile
+        assert (profile.sector, profile.sub_sector, profile.sector_confidence_level) == ("Software", "unknown", "unknown")
+        assert profile.feature_list == "Automation" and profile.company_size == "201-500"
+    # Enrichment naming no sector: the conversation's guess stands.
+    unnamed = ev.follow(req, ev.EnrichmentCompleted, "enrichment", profile=VisitorProfile(company_name="Initech"))
+    for order in ((req, unnamed, guessed), (req, guessed, unnamed)):
+        profile = fold(Record(seq=i, subject="s", event=e) for i, e in enumerate(order, start=1)).visitor_profile
+        assert (profile.sector, profile.sub_sector, profile.company_name) == ("Healthcare", "Clinics", "Initech")
 
 
 async def test_node_llm_with_one_repair(bus, site, llm):

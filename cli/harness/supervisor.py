@@ -404,6 +404,9 @@ def make_system(data_dir: Path, nats_port: int, gateway_port: int, extra_env: di
         "GATEWAY_PORT": str(gateway_port),
         "SITES_DIR": os.environ.get("SITES_DIR", str(ROOT / "sites")),
         "KB_DIR": os.environ.get("KB_DIR", str(data_dir / "kb")),
+        # The demo's fictional companies (127.0.0.1 is Northwind's visitor), before the owner of
+        # a real address's network; a deployment leaves it unset (docs/operations.md).
+        "ENRICH_IP_DATASET": os.environ.get("ENRICH_IP_DATASET", str(ROOT / "services/enricher/data/ip_companies.csv")),
         # One machine's defaults; a deployment sets its own (docs/security.md).
         "SESSION_TOKEN_SECRET": os.environ.get("SESSION_TOKEN_SECRET") or secret_file(data_dir / "session-token-secret"),
         "ADMIN_TOKEN": os.environ.get("ADMIN_TOKEN") or secret_file(data_dir / "admin-token"),

@@ -24,6 +24,7 @@ from services.enricher import (brief_gatherer, brief_requester, enrichment, insi
                                lead_triager, visitor_profiler)
 from services.enricher.breaker import CircuitBreaker
 from services.enricher.chain import Enricher, Provider
+from services.enricher.ip_owners import IpOwnerSource
 from services.enricher.settings import EnricherSettings, RemoteSource
 from services.enricher.sources import (
     CacheSource, Guarded, IpApiSource, IpDatasetSource, IpinfoSource, PdlSource, PersonApiSource,
@@ -58,16 +59,21 @@ def provider(name: str, remote: RemoteSource, client: httpx.AsyncClient) -> Prov
 
 def build_enricher(redis, client: httpx.AsyncClient, settings: EnricherSettings) -> Enricher:
     """The browser's reveal, then the configured providers (each site's chain in its order,
-    with its keys: chain.py), and the offline IP dataset whenever no IP API is asked."""
+    with its keys: chain.py), and whenever no IP API is asked the offline IP sources: the CSV
+    dataset when one is configured (the demo's), then the owner of the address's network
+    unless ENRICH_IP_OWNERS=off."""
     remotes = {"session_provider": settings.session_provider, "person_api": settings.person_api,
                "ip_api": settings.ip_api}
+    offline: list = [IpDatasetSource(Path(settings.ip_dataset))] if settings.ip_dataset else []
+    if settings.ip_owners:
+        offline.append(IpOwnerSource())
     return Enricher(
         redis=redis,
         cache=CacheSource(redis, ttl_s=settings.cache_ttl_s),
         returning=ReturningVisitorSource(redis, ttl_s=settings.returning_ttl_s),
         sources=[RevealSource()],
         providers={name: provider(name, remote, client) for name, remote in remotes.items() if remote is not None},
-        ip_fallback=[IpDatasetSource(Path(settings.ip_dataset))],
+        ip_fallback=offline,
         site_keys=settings.site_keys,
         deadline_s=settings.deadline_s,
     )

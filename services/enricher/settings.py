@@ -6,9 +6,11 @@ import os
 from pathlib import Path
 
 from shared import redis_client
-from shared.config import ConfigError, LLMRoleConfig, Settings, env_choice, env_float, env_int, env_str
+from shared.config import ConfigError, LLMRoleConfig, Settings, env_bool, env_choice, env_float, env_int, env_str
 from shared.site_config import ENRICH_KEY_PREFIX, ENV_NAME_RE
 
+# The demo's fictional IP ranges → companies (127.0.0.0/8 is Northwind): read only when
+# ENRICH_IP_DATASET names it, as `make run` and the test harness do (cli/harness/supervisor.py).
 DATASET = Path(__file__).parent / "data" / "ip_companies.csv"
 
 
@@ -63,12 +65,13 @@ class EnricherSettings(Settings):
     redis_url: str = redis_client.DEFAULT_URL
     session_provider: RemoteSource | None = None
     person_api: RemoteSource | None = None
-    ip_api: RemoteSource | None = None  # None: the offline dataset
+    ip_api: RemoteSource | None = None  # None (or not asked for a site): the offline sources below
     # The sites' own provider keys: every variable named ENRICH_KEY_… as the process started
     # with it (a site's `[enrichment]` names its variables, and site configs change while the
     # process runs; other variables are not kept, so no config can have them sent anywhere).
     site_keys: dict[str, str] = {}
-    ip_dataset: str = str(DATASET)
+    ip_dataset: str = ""  # a CSV of IP ranges → companies (DATASET: the demo's); empty: none
+    ip_owners: bool = True  # the owner of the address's network (ip_owners.py), when there is no IP API
     cache_ttl_s: float = 600.0
     returning_ttl_s: float = 30 * 24 * 3600.0
     deadline_s: float = 1.5  # all sources of one enrichment together
@@ -104,6 +107,7 @@ class EnricherSettings(Settings):
             site_keys={name: value for name, value in os.environ.items()
                        if name.startswith(ENRICH_KEY_PREFIX) and ENV_NAME_RE.match(name)},
             ip_dataset=env_str("ENRICH_IP_DATASET", d.ip_dataset),
+            ip_owners=env_bool("ENRICH_IP_OWNERS", d.ip_owners),
             cache_ttl_s=env_float("ENRICH_CACHE_TTL_S", d.cache_ttl_s),
             returning_ttl_s=env_float("ENRICH_RETURNING_TTL_S", d.returning_ttl_s),
             deadline_s=env_float("ENRICH_DEADLINE_S", d.deadline_s),

@@ -1,10 +1,13 @@
 """visitor_profiler: what the visitor is trying to do, from the conversation so far.
 
-Runs after this turn's enrichment. Infers `job_to_be_done` and `feature_list`, and
-`sector` / `sub_sector` only when enrichment left them unknown. The local method
-matches the keyword rules in `data/profiler_rules.toml` (inference.py: no network, no
-model); `PROFILER_BACKEND=llm` asks the `profiler` LLM role for structured JSON
-instead, with one repair retry, and falls back to the local method if that fails.
+Infers `job_to_be_done` and `feature_list`, and `sector` / `sub_sector`, which count only
+where enrichment says nothing of the company's (the fold decides, whichever is stored
+first). The local method matches the keyword rules in `data/profiler_rules.toml`
+(inference.py: no network, no model) and reads only the visitor's messages, so it runs on
+the turn's request, beside enrichment: the answer's profile budget is not spent waiting for
+one after the other. `PROFILER_BACKEND=llm` asks the `profiler` LLM role for structured
+JSON instead, with one repair retry, and falls back to the local method if that fails; its
+prompt holds the known profile, so it runs after this turn's enrichment.
 
 The LLM gets the site's guardrails (the meta-template) and the conversation within the
 role's budget, HACK turns' text withheld. This node runs beside the router, so it first
@@ -57,7 +60,8 @@ def make_node(llm: LLMClient | None = None, rules: dict | None = None, route_wai
     the state only."""
     rules = rules or load_rules()
 
-    async def profile(event: ev.EnrichmentCompleted, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
+    async def profile(event: ev.TurnRequested | ev.EnrichmentCompleted, inputs: Inputs,
+                      ctx: Context) -> list[ev.Envelope]:
         state = inputs.state
         method = "local"
         inferred = None
@@ -77,4 +81,5 @@ def make_node(llm: LLMClient | None = None, rules: dict | None = None, route_wai
 
     needs = (Needs(state=True) if llm is None
              else Needs(config=True, waits=(Wait(("route_decided",), route_wait_s),)))
-    return Node(name=NAME, consumes=("enrichment_completed",), handle=profile, needs=needs)
+    consumes = ("turn_requested",) if llm is None else ("enrichment_completed",)
+    return Node(name=NAME, consumes=consumes, handle=profile, needs=needs)

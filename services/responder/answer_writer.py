@@ -27,7 +27,7 @@ import numpy as np
 
 from services.responder import answer_audit, extractive, kb_vectors
 from services.responder.streaming import TOKEN_BATCH_S, publish_sources, stream_llm, stream_text
-from shared import citations, history, language, persona, prompts
+from shared import citations, history, language, persona, prompts, segments
 from shared import events as ev
 from services.responder.settings import ANSWER_BACKENDS, ROLES, AnswerSettings
 from shared.config import ConfigError
@@ -59,6 +59,28 @@ def visitor_context(state: ConversationState) -> str:
         return ""
     lines = "\n".join(f"- {k.replace('_', ' ')}: {v}" for k, v in known.items())
     return f"\nWhat we know about the visitor (use it to make the answer relevant; do not recite it):\n{lines}\n"
+
+
+def audience_context(audience: segments.ForVisitor, said: list[str], config: SiteConfig) -> str:
+    """The site's words for the visitor's audience (shared/segments.py), for the system
+    prompt: an example and an offer not said yet in the conversation; empty when none."""
+    lines = []
+    if audience.example and not segments.said_before(audience.example, said):
+        lines.append(f"- Where it fits, give this example from the site, in these words: {audience.example}")
+    if audience.offer and not segments.said_before(audience.offer, said):
+        lines.append(f"- Recommend this, in these words: {audience.offer}")
+    if audience.cta_url:
+        label, url = audience.cta(config)
+        lines.append(f"- If you offer a next step, it is \"{label}\": {url}")
+    if not lines:
+        return ""
+    return "\nFor this visitor's kind of company (the site's own words):\n" + "\n".join(lines) + "\n"
+
+
+def audience_lines(audience: segments.ForVisitor, said: list[str]) -> list[str]:
+    """What an extractive answer adds for the visitor's audience: the site's example and
+    offer, each once per conversation."""
+    return [text for text in (audience.example, audience.offer) if text and not segments.said_before(text, said)]
 
 
 def skills_context(skills: list[str], question: str | None) -> str:
@@ -104,11 +126,13 @@ def backend(llm: LLMClient, chosen: str = "") -> str:
 async def extractive_answer(ctx: Context, knowledge: kb_vectors.KnowledgeVectors, kb_bucket,
                             settings: AnswerSettings, event: ev.RouteDecided,
                             state: ConversationState, documents: list[ev.RetrievedDocument], config: SiteConfig,
-                            skills: list[str], question: str | None, late: list[str]) -> ev.ResponseCompleted:
+                            skills: list[str], question: str | None, late: list[str],
+                            audience: list[str] = ()) -> ev.ResponseCompleted:
     """The answer from the sources' sentences (extractive.py), streamed a sentence at a time
     after the sources, as an LLM answer would be. The question is embedded here; the
     sources' sentences and titles mostly come ready from the `kb_vectors` bucket
-    (kb_vectors.py), both at once."""
+    (kb_vectors.py), both at once. `audience`: the site's sentences for the visitor's
+    segment, said after the sources' when the answer found something."""
     message, previous = history.message_of(state, event.turn), history.previous_message(state, event.turn)
     record = state.turns.get(event.turn)
     lang = language.guess(message, {"language": record.language} if record and record.language else None)
@@ -125,7 +149,7 @@ async def extractive_answer(ctx: Context, knowledge: kb_vectors.KnowledgeVectors
         picked = extractive.choose_from(vectors, asked, titles, pool, threshold=settings.extractive_threshold,
                                         max_sentences=settings.extractive_max_sentences)
     text = extractive.reply(picked, documents, skills=skills, question=question, lang=lang, config=config,
-                            site=event.site)
+                            site=event.site, audience=list(audience))
     await publish_sources(ctx, documents)
     completed = await stream_text(ctx, NAME, text)
     return msgspec.structs.replace(completed, backend="extractive", late_inputs=late,
@@ -140,6 +164,12 @@ def audited(completed: ev.ResponseCompleted, state: ConversationState, documents
     completed = msgspec.structs.replace(completed, uncited=uncited, unsupported_numbers=unsupported)
     answer_audit.count(completed)
     return completed
+
+
+def profile_budget(config: SiteConfig) -> float | None:
+    """The site's budget for the visitor's profile, in seconds (None: the deployment's)."""
+    budget = config.enrichment.budget_ms
+    return None if budget is None else budget / 1000
 
 
 def make_node(llm: LLMClient, settings: AnswerSettings = AnswerSettings(),
@@ -160,27 +190,35 @@ def make_node(llm: LLMClient, settings: AnswerSettings = AnswerSettings(),
         documents = (record.sources or [])[:settings.max_sources] if record else []
         # The router's SkillsApplied, stored before its route (awaited all the same); late, no skills.
         skills, question = (record.skills or [], record.qualification_question) if record else ([], None)
-        site_words = answer_audit.site_words(config, question)
+        audience = segments.for_visitor(config, state.visitor_profile)
+        said = [m.content for m in state.messages if m.role == "assistant" and m.turn < event.turn]
+        label, _ = audience.cta(config)
+        site_words = [*answer_audit.site_words(config, question), audience.example, audience.offer, label]
         if mode == "extractive":
             completed = await extractive_answer(ctx, knowledge, inputs.kb_vectors, settings, event, state, documents, config, skills,
-                                                question, late)
-            completed = msgspec.structs.replace(completed, llm_roles=roles)
+                                                question, late, audience_lines(audience, said))
+            completed = msgspec.structs.replace(completed, llm_roles=roles, segments=list(audience.segments))
             return [audited(completed, state, documents, site_words,
                             declined=not citations.cited(completed.text))]
+        voice = msgspec.structs.replace(config.persona, tone=audience.tone) if audience.tone else config.persona
         system = prompts.compose(PROMPT, event.site, config, visitor=visitor_context(state),
-                                 skills=skills_context(skills, question), persona=persona.block(config.persona),
+                                 audience=audience_context(audience, said, config),
+                                 skills=skills_context(skills, question), persona=persona.block(voice),
                                  sources=sources_context(documents))
         messages = build_messages(state, event.turn, system, llm.history_tokens("answer"))
         completed = await stream_llm(ctx, llm, "answer", NAME, messages, late_inputs=late, sources=documents,
                                      batch_s=token_batch_s, llm_roles=roles,
-                                     temperature=persona.temperature(config.persona))
+                                     temperature=persona.temperature(voice))
+        completed = msgspec.structs.replace(completed, segments=list(audience.segments))
         return [audited(completed, state, documents, site_words, declined=False)]
 
     # Retrieval and the skills to apply first, on the retrieval's deadline (the router stores
     # the skills before the route, so they are there); then the visitor's enrichment
-    # and profile, on theirs (counted from the same start). Whatever is missing then is
-    # `late`, named in the answer, never waited for longer.
-    waits = (Wait(("retrieval_completed", "skills_applied"), settings.retrieval_wait_s), Wait(AWAITED, settings.wait_s))
+    # and profile, on the site's budget (`enrichment.budget_ms`, else ANSWER_WAIT_S; counted
+    # from the same start). Whatever is missing then is `late`, named in the answer, never
+    # waited for longer.
+    waits = (Wait(("retrieval_completed", "skills_applied"), settings.retrieval_wait_s),
+             Wait(AWAITED, settings.wait_s, per_site=profile_budget))
     return Node(name=NAME, consumes=("route_decided",), handle=handle,
                 needs=Needs(config=True, waits=waits, kb_vectors=mode == "extractive",
                             when=lambda event: event.route == "ANSWER"))

@@ -15,10 +15,10 @@ PHONE_RE = re.compile(r"^\+?[\d ().-]{7,20}$")
 MAX_VALUE = 120
 
 
-def booking_url(config: SiteConfig, values: dict[str, str]) -> str:
-    """The site's booking URL with the collected values as query parameters (existing
-    parameters kept)."""
-    base = config.cta.booking_url or config.cta.url
+def booking_url(config: SiteConfig, values: dict[str, str], base: str = "") -> str:
+    """The booking URL (`base`, else the site's) with the collected values as query
+    parameters (existing parameters kept)."""
+    base = base or config.cta.booking_url or config.cta.url
     if not base:
         return ""
     parts = urlsplit(base)

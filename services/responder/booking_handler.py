@@ -23,7 +23,7 @@ from services.responder.booking import booking_url, next_field, parse_answer
 from services.responder.settings import ROLES
 from services.responder.streaming import TOKEN_BATCH_S, stream_llm, stream_text
 from shared import events as ev
-from shared import history, prompts
+from shared import history, prompts, segments
 from shared.llm import LLMClient, role_records
 from shared.node import Context, Inputs, Needs, Node
 from shared.privacy import EMAIL_RE
@@ -68,7 +68,8 @@ def plan(state: ConversationState, turn: int, branch: str,
             new[pending.name] = value
     collected.update(new)
     upcoming = next_field(config, collected)
-    link = booking_url(config, collected)
+    # The visitor's segment's booking page when it has one (shared/segments.py), else the site's.
+    link = booking_url(config, collected, segments.for_visitor(config, state.visitor_profile).cta(config)[1])
     thanks = bool(new)
     if problem in ("not_an_email", "not_a_phone") and pending is not None:
         step = Step("invalid", pending, answer=message.strip()[:80])

@@ -382,12 +382,14 @@ def endings(skills: list[str], question: str | None, lang: str, resource_url: st
 
 
 def reply(picked: list[Picked], documents: list[ev.RetrievedDocument], *, skills: list[str], question: str | None,
-          lang: str, config: SiteConfig, site: str) -> str:
-    """The answer's text: the sentences, each cited, then the skills' endings; or the "not
-    found" reply (with a qualifying question still asked when one is due)."""
+          lang: str, config: SiteConfig, site: str, audience: list[str] = ()) -> str:
+    """The answer's text: the sentences, each cited, then the site's words for the visitor's
+    audience (`audience`: its example and offer, shared/segments.py), then the skills'
+    endings; or the "not found" reply (with a qualifying question still asked when one is due)."""
     if not picked:
         rest = endings([s for s in skills if s == "ask_qualifying_question"], question, lang)
         return "\n\n".join([not_found(config, site, lang), *rest])
     urls = {d.n: d.source for d in documents}
     answer = " ".join(cite(p.text, p.n) for p in picked)
-    return "\n\n".join([answer, *endings(skills, question, lang, urls.get(picked[0].n, ""))])
+    return "\n\n".join([answer, *([" ".join(audience)] if audience else []),
+                         *endings(skills, question, lang, urls.get(picked[0].n, ""))])

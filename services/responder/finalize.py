@@ -11,7 +11,7 @@ from __future__ import annotations
 import msgspec
 
 from services.responder.booking import booking_url
-from shared import citations
+from shared import citations, segments
 from shared import events as ev
 from shared.node import Context, Inputs, Needs, Node, Wait
 from shared.site_config import SiteConfig
@@ -21,20 +21,29 @@ NAME = "finalize"
 GATHERED = ("dialog_state_extracted", "form_fields_extracted", "enrichment_completed")
 
 
-def cta_overrides(state: ConversationState, config: SiteConfig) -> dict[str, str]:
-    """The booking link with what the visitor gave us (form fields and booking answers)
-    as query parameters, for the widget's CTA button; empty when there is nothing to add."""
+def cta_overrides(state: ConversationState, config: SiteConfig, base: str = "") -> dict[str, str]:
+    """The booking link (`base`: the visitor's segment's, else the site's) with what the
+    visitor gave us (form fields and booking answers) as query parameters, for the widget's
+    CTA button; empty when there is nothing to add."""
     values = {k: v for k, v in {**state.form.values, **state.booking.collected}.items()
               if k in {f.name for f in config.booking.fields} | {"email", "name", "company", "phone"}}
-    if not values or not (config.cta.booking_url or config.cta.url):
+    if not values or not (base or config.cta.booking_url or config.cta.url):
         return {}
-    return {"booking_url": booking_url(config, values)}
+    return {"booking_url": booking_url(config, values, base)}
+
+
+def cta(state: ConversationState, config: SiteConfig) -> dict | None:
+    """The call to action the widget shows: the visitor's segment's (shared/segments.py) when
+    it has one, else the site's; None without a link."""
+    label, url = segments.for_visitor(config, state.visitor_profile).cta(config)
+    return {"label": label, "url": url} if url else None
 
 
 def metadata(state: ConversationState, turn: int, suggestions: ev.SuggestionsGenerated,
              config: SiteConfig | None = None) -> dict:
     record = state.turns.get(turn)
     config = config or SiteConfig()
+    action = cta(state, config)
     return {
         "route": record.route if record else None,
         "branch": record.branch if record else None,
@@ -44,9 +53,8 @@ def metadata(state: ConversationState, turn: int, suggestions: ev.SuggestionsGen
         "suggested_follow_ups": suggestions.suggestions if suggestions.kind == "follow_up" else [],
         "suggested_answers": suggestions.suggestions if suggestions.kind == "answers" else [],
         "form_values": dict(state.form.values),
-        "cta_url_overrides": cta_overrides(state, config),
-        "cta": {"label": config.cta.label, "url": config.cta.booking_url or config.cta.url} if (
-            config.cta.booking_url or config.cta.url) else None,
+        "cta_url_overrides": cta_overrides(state, config, action["url"] if action else ""),
+        "cta": action,
         "skill_selection_state": {
             "selected": (record.skills_selected if record else None) or [],
             "applied": (record.skills if record else None) or [],

@@ -15,10 +15,11 @@ ANSWER_BACKENDS = ("llm", "extractive")
 class AnswerSettings(Settings):
     """answer_writer's (ANSWER_*)."""
 
-    # Off by default: waiting for the profile (two hops after the turn starts) delays every
-    # answer's first token; a deployment that wants the profile in every first answer sets
-    # it (e.g. 0.3). Late inputs are named in ResponseCompleted either way.
-    wait_s: float = 0.0
+    # How long an answer waits, after its route, for the visitor's enrichment and profile,
+    # for sites that set no `enrichment.budget_ms`: enrichment and the local profiler start
+    # with the turn, so a cached or quick profile is usually in before retrieval is. Late
+    # inputs are named in ResponseCompleted either way.
+    wait_s: float = 0.15
     # Retrieval has its own deadline: an answer without the knowledge base is a poor answer,
     # so it is worth waiting for (a search is quick next to an answer), but never for ever.
     retrieval_wait_s: float = 2.0

@@ -6,7 +6,11 @@ timestamps and the client's own clock (one machine: one clock).
     analyses → RouteDecided                               route     (the router's join; with the
                                                                      LLM skill selector, its wait too)
     TurnRequested → RetrievalCompleted (ANSWER, parallel) retrieval
-    max(RouteDecided, RetrievalCompleted) → LLM request   answer_start   (a reply from an LLM)
+    TurnRequested → the visitor's profile (ANSWER, par.)  profile   (the later of EnrichmentCompleted
+                                                                     and ProfileInferred)
+    max(RouteDecided, RetrievalCompleted) → the profile   profile_wait   (what the answer waited for it,
+                                                                          within the site's budget)
+    max(RouteDecided, RetrievalCompleted, profile) → LLM request   answer_start   (a reply from an LLM)
     LLM request → first token published                   model          (the LLM's time to first
                                                                           token, and its way out)
     RouteDecided / retrieval → first token published      reply          (no LLM: extractive, templates)
@@ -24,7 +28,9 @@ from cli.measure.stats import percentile
 from shared import events as ev
 
 ANALYSES = ("intent_classified", "interest_signals_detected")
-SEGMENTS = ("gateway_in", "analyses", "route", "retrieval", "answer_start", "model", "reply", "relay")
+SEGMENTS = ("gateway_in", "analyses", "route", "retrieval", "profile", "profile_wait", "answer_start", "model", "reply",
+            "relay")
+PROFILE = ("enrichment_completed", "profile_inferred")
 REPLY_NODES = {"ANSWER": "answer_writer", "REDIRECT": "redirect_handler", "BOOKING": "booking_handler"}
 
 
@@ -56,6 +62,14 @@ def turn_segments(records: list, first_token_ts: float | None, sent_at: float | 
     if route == "ANSWER" and "retrieval_completed" in at:
         ms["retrieval"] = at["retrieval_completed"] - start
         ready = max(ready, at["retrieval_completed"])
+    started = (llm_call.ts - llm_call.call.latency_ms / 1000) if llm_call is not None else first_token_ts
+    if route == "ANSWER" and all(k in at for k in PROFILE):
+        profiled = max(at[k] for k in PROFILE)
+        ms["profile"] = profiled - start
+        if started is not None:  # the answer waited for it until it came or its budget ran out
+            waited_until = min(profiled, started)
+            ms["profile_wait"] = max(0.0, waited_until - ready)
+            ready = max(ready, waited_until)
     if first_token_ts is not None:
         if llm_call is not None:
             requested = llm_call.ts - llm_call.call.latency_ms / 1000
