@@ -293,3 +293,20 @@ async def test_the_enrichment_node_builds_its_chain_from_the_sites_config(redis,
     assert done.profile.company_size == "51-200" and done.sources["person_api"] == "skipped: an earlier source hit"
     (done,) = (await decide(node, msgspec.structs.replace(event, session_id="n2", event_id=ev.new_id()))).events
     assert done.sources["person_api"] == "hit" and done.profile.company_name == "Hooli"  # the default order
+
+
+async def test_a_providers_profile_picks_the_sites_segment_for_its_industry_and_size(providers, client):
+    """What the adapters map is what the answer's segments read (shared/segments.py): the
+    vendor's industry as the sector, its employee range as the company's size."""
+    from shared import segments
+    from shared.site_config import Segment
+
+    config = SiteConfig(segments=[
+        Segment(name="software", sectors=["computer software"], example="Software teams ship with us."),
+        Segment(name="it", sectors=["Information Technology and Services"], example="IT firms resell us."),
+        Segment(name="large", employees="1000+", offer="The Enterprise plan fits."),
+        Segment(name="mid", employees="51-200", offer="The Growth plan fits.")])
+    person = await pdl(providers, client).lookup(lookup(email_hash=sha256(PDL_EMAIL)))
+    session = await snitcher(providers, client).lookup(lookup(session_uuid="sess-business"))
+    assert segments.for_visitor(config, person).segments == ("software", "large")
+    assert segments.for_visitor(config, session).segments == ("it", "mid")
