@@ -18,7 +18,8 @@ from services.enricher.chain import Enricher
 from services.enricher.main import build_enricher
 from services.enricher.settings import DATASET, EnricherSettings, RemoteSource
 from services.enricher.sources import (
-    CacheSource, Guarded, Lookup, PdlSource, ReturningVisitorSource, SnitcherSource, pdl_profile, snitcher_profile,
+    CacheSource, Guarded, IpApiSource, Lookup, PdlSource, ReturningVisitorSource, SnitcherSource, pdl_profile,
+    snitcher_profile,
 )
 from shared import events as ev
 from shared import privacy
@@ -180,6 +181,22 @@ async def test_pdls_errors_are_failures_the_breaker_counts(redis, providers, cli
 def test_pdls_answer_without_data_is_malformed():
     with pytest.raises(Exception, match="malformed"):
         pdl_profile({"status": 200, "likelihood": 9}, "person_api")
+
+
+# --- the cost counter ------------------------------------------------------------------------------
+
+async def test_every_request_sent_is_counted_even_one_without_an_answer(redis, providers, client):
+    """Two timed-out attempts are two requests; one the enrichment's deadline cut short is
+    counted as cancelled: the provider saw it all the same."""
+    q = lookup(ip="203.0.113.9")
+    slow = Guarded(IpApiSource(f"{providers.url}/slow", "secret", client), timeout_s=0.2, retries=1, backoff_s=0)
+    _, statuses = await run(make(redis, slow), q)
+    assert statuses["ip_api"] == "timeout" and calls("ip_api", q.site, "timeout") == 2
+    q = lookup(ip="203.0.113.9")
+    enricher = make(redis, Guarded(IpApiSource(f"{providers.url}/slow", "secret", client), timeout_s=5, retries=0))
+    enricher.deadline_s = 0.2
+    _, statuses = await run(enricher, q)
+    assert statuses["ip_api"] == "timeout" and calls("ip_api", q.site, "cancelled") == 1
 
 
 # --- a site's providers: order, keys, no key no call ---------------------------------------------
