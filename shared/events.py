@@ -61,9 +61,12 @@ class VisitorProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
     intent: str = UNKNOWN
     sector_confidence_level: str = UNKNOWN
     # How many people the company employs, as a range ("51-200", "1000+": shared/segments.py
-    # reads it) and where it is (ISO 3166 alpha-2 when a provider says so).
+    # reads it) and where it is (ISO 3166 alpha-2 when a provider says so, else its name).
     company_size: str = UNKNOWN
     country: str = UNKNOWN
+    # How sure the source is that this company is the visitor's (high | medium | low), when
+    # a provider says (services/enricher/sources.py: Snitcher's `fuzzy`, PDL's `likelihood`).
+    match_confidence: str = UNKNOWN
 
 
 class TurnRequested(Envelope, tag="turn_requested"):

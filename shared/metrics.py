@@ -121,3 +121,17 @@ handoff_actions = Counter("concierge_handoff_operator_actions", "Operators' hand
 handoff_first_reply_seconds = Histogram("concierge_handoff_first_reply_seconds",
                                         "A handoff's request to its first operator message",
                                         buckets=(5, 15, 30, 60, 120, 300, 600, 1800, 3600))
+
+# Enrichment providers (services/enricher/sources.py `Guarded`): every request sent to a
+# provider, retries included, by source (session_provider, person_api, ip_api), site and
+# outcome: what each provider costs each site. Outcomes:
+#   hit, partial, miss   answered (a completed profile, a partial one, none)
+#   rate_limited         its 429: the plan's request rate
+#   quota                the plan's credits used up (PDL's 402, Snitcher's 403 "quota")
+#   refused              the key refused (401/403)
+#   failed, timeout      any other error, no answer in the source's timeout
+#   cancelled            the chain's deadline or the turn's route ended it mid-request
+ENRICHMENT_OUTCOMES = ("hit", "partial", "miss", "rate_limited", "quota", "refused", "failed", "timeout", "cancelled")
+enrichment_calls = Counter("concierge_enrichment_provider_calls",
+                           "Requests sent to enrichment providers, by source, site and outcome",
+                           ["source", "site", "outcome"])

@@ -36,6 +36,13 @@ RETRIEVAL_MODES = ("global", "local", "hybrid", "mix", "naive")
 RERANK_PROVIDERS = ("cohere", "jina")
 ENV_NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 SKILLS = ("propose_demo", "collect_email", "ask_qualifying_question", "suggest_follow_up", "share_resource")
+# The enricher's remote sources (services/enricher), in their default order: a person the site
+# knows names their employer; a session provider resolves the browser; an IP, only its network.
+ENRICHMENT_SOURCES = ("person_api", "session_provider", "ip_api")
+# A site's provider keys live in variables named so (the enricher keeps only those): a site's
+# config cannot have another of the deployment's secrets sent to a provider.
+ENRICH_KEY_PREFIX = "ENRICH_KEY_"
+_ACCOUNT_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}\Z")
 
 
 class Strict(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -185,12 +192,25 @@ class Segment(Strict):
 
 
 class Enrichment(Strict):
-    """Who the visitor is, before the answer (services/enricher)."""
+    """Who the visitor is, before the answer (services/enricher): which of the deployment's
+    providers (ENRICH_<SOURCE>_URL) look the site's visitors up, in which order, with whose
+    keys (no key, no call), and how long the answer waits for what they find."""
 
     # How long an answer may wait, after its route, for the visitor's profile (the company and
     # what the conversation says): within it the answer uses the profile, past it the answer
     # goes without and says so (`late_inputs`). None: the deployment's ANSWER_WAIT_S.
     budget_ms: int | None = None
+    # The remote sources in the order asked (names: ENRICHMENT_SOURCES); None: that default
+    # order; [] none (the browser's reveal and the offline IP data only).
+    sources: list[str] | None = None
+    # The environment variables holding this site's own keys (never a key itself: these files
+    # live in git), each named ENRICH_KEY_…; empty: the deployment's ENRICH_<SOURCE>_KEY.
+    session_provider_key_env: str = ""
+    person_api_key_env: str = ""
+    ip_api_key_env: str = ""
+    # The site's account id where the vendor wants one (Snitcher: the Radar tracking script of
+    # the site's pages); empty: the deployment's ENRICH_SESSION_PROVIDER_ACCOUNT.
+    session_provider_account: str = ""
 
 
 class OperatorAccount(Strict):
@@ -347,6 +367,7 @@ def problems(config: SiteConfig) -> list[FieldError]:
             bad(field, "must be an http(s) URL")
     if config.lead.webhook_secret_env and not ENV_NAME_RE.match(config.lead.webhook_secret_env):
         bad("lead.webhook_secret_env", "must name an environment variable (A-Z, 0-9, _), not hold the secret")
+    out.extend(_enrichment_problems(config.enrichment))
     names = [f.name for f in config.booking.fields]
     if len(set(names)) != len(names):
         bad("booking.fields", "two fields share a name")
@@ -357,6 +378,25 @@ def problems(config: SiteConfig) -> list[FieldError]:
         bad("enrichment.budget_ms", f"must be between 0 and {MAX_BUDGET_MS} ms: every answer may wait that long")
     out.extend(_segment_problems(config.segments))
     out.extend(_widget_problems(config.widget))
+    return out
+
+
+def _enrichment_problems(e: Enrichment) -> list[FieldError]:
+    out = []
+    for i, name in enumerate(e.sources or ()):
+        if name not in ENRICHMENT_SOURCES:
+            out.append(FieldError(f"enrichment.sources[{i}]", f"unknown source {name!r} (known: "
+                                                              f"{', '.join(ENRICHMENT_SOURCES)})"))
+        elif e.sources.index(name) != i:
+            out.append(FieldError(f"enrichment.sources[{i}]", f"{name!r} is named twice"))
+    for source in ENRICHMENT_SOURCES:
+        value = getattr(e, f"{source}_key_env")
+        if value and not (ENV_NAME_RE.match(value) and value.startswith(ENRICH_KEY_PREFIX)):
+            out.append(FieldError(f"enrichment.{source}_key_env", f"must name an environment variable "
+                                  f"{ENRICH_KEY_PREFIX}… (A-Z, 0-9, _), not hold the key"))
+    if e.session_provider_account and not _ACCOUNT_RE.match(e.session_provider_account):
+        out.append(FieldError("enrichment.session_provider_account",
+                              "1-128 letters, digits, '_' or '-' (it goes into the vendor's URL)"))
     return out
 
 

@@ -192,10 +192,12 @@ def test_the_ip_apis_format_picks_its_adapter_and_an_unknown_one_stops_the_servi
     from shared.config import ConfigError
 
     monkeypatch.setenv("ENRICH_IP_API_URL", "https://ipinfo.io")
+    monkeypatch.setenv("ENRICH_IP_API_KEY", "k")
     monkeypatch.setenv("ENRICH_IP_API_FORMAT", "ipinfo")
     settings = EnricherSettings.from_env()
     enricher = build_enricher(None, None, settings)
-    assert [type(getattr(s, "source", s)).__name__ for s in enricher.sources] == ["RevealSource", "IpinfoSource"]
+    assert [type(getattr(s, "source", s)).__name__ for s in enricher.chain(fresh=True)] == [
+        "RevealSource", "IpinfoSource"]
     monkeypatch.setenv("ENRICH_IP_API_FORMAT", "clearbit")
     with pytest.raises(ConfigError, match="ENRICH_IP_API_FORMAT"):
         EnricherSettings.from_env()
@@ -285,9 +287,10 @@ def test_a_keyless_deployment_asks_the_networks_owner_and_reads_the_csv_only_whe
 
     def kinds():
         enricher = build_enricher(None, None, EnricherSettings.from_env())
-        return [type(getattr(s, "source", s)).__name__ for s in enricher.sources]
+        return [type(getattr(s, "source", s)).__name__ for s in enricher.chain(fresh=True)]
 
-    for name in ("ENRICH_IP_API_URL", "ENRICH_IP_DATASET", "ENRICH_IP_OWNERS"):
+    for name in ("ENRICH_IP_API_URL", "ENRICH_IP_DATASET", "ENRICH_IP_OWNERS", "ENRICH_SESSION_PROVIDER_URL",
+                 "ENRICH_PERSON_API_URL"):
         monkeypatch.delenv(name, raising=False)
     assert kinds() == ["RevealSource", "IpOwnerSource"]
     monkeypatch.setenv("ENRICH_IP_DATASET", str(DATASET))

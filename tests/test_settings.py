@@ -155,6 +155,25 @@ def test_enricher_overrides(env):
     assert enricher.llm["profiler"].base_url == "http://llm"
 
 
+def test_the_enrichment_vendors_and_the_sites_own_keys(env):
+    """Snitcher and PDL by their formats; the sites' key variables (ENRICH_KEY_…) kept as
+    the process started, hidden in the repr, and no other variable a site config could name."""
+    env.set(ENRICH_SESSION_PROVIDER_URL="https://api.snitcher.com", ENRICH_SESSION_PROVIDER_FORMAT="snitcher",
+            ENRICH_SESSION_PROVIDER_ACCOUNT="script-1", ENRICH_PERSON_API_URL="https://api.peopledatalabs.com",
+            ENRICH_PERSON_API_FORMAT="pdl", ENRICH_PERSON_API_KEY="pdl-key", ENRICH_KEY_ACME_PDL="acme-key",
+            ENRICH_KEY_lower="no", IP_HASH_SECRET="ip-secret")
+    enricher = EnricherSettings.from_env()
+    assert enricher.session_provider == RemoteSource(url="https://api.snitcher.com", format="snitcher",
+                                                     account="script-1")
+    assert enricher.person_api == RemoteSource(url="https://api.peopledatalabs.com", format="pdl", key="pdl-key")
+    assert enricher.site_keys["ENRICH_KEY_ACME_PDL"] == "acme-key"
+    assert "ENRICH_KEY_lower" not in enricher.site_keys and "IP_HASH_SECRET" not in enricher.site_keys
+    assert "acme-key" not in repr(enricher) and "pdl-key" not in repr(enricher)
+    env.set(ENRICH_PERSON_API_FORMAT="clearbit")
+    with pytest.raises(ConfigError, match="ENRICH_PERSON_API_FORMAT"):
+        EnricherSettings.from_env()
+
+
 def test_optional_parts_are_read_only_when_switched_on(env):
     """As before settings were read at start: a source's or a backend's variables are read
     when it is configured, so a stray value elsewhere stops nothing."""

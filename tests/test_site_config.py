@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -50,6 +49,13 @@ def test_the_shipped_demo_config_is_valid():
     ('[[segments]]\nname = "x"\nsectors = ["Retail"]\ncta_url = "javascript:alert(1)"', "segments[0].cta_url"),
     ('[[segments]]\nname = "x"\nsectors = ["Retail"]\ncta_label = "Go"', "segments[0].cta_label"),
     ('[[segments]]\nname = "x"\nsectors = ["A"]\n[[segments]]\nname = "x"\nsectors = ["B"]', "segments[1].name"),
+    ('[enrichment]\nsources = ["ip_api", "clearbit"]', "enrichment.sources[1]"),
+    ('[enrichment]\nsources = ["ip_api", "ip_api"]', "enrichment.sources[1]"),
+    ('[enrichment]\nsources = "ip_api"', "$.enrichment.sources"),
+    ('[enrichment]\nperson_api_key_env = "pdl_live_0123456789"', "enrichment.person_api_key_env"),  # the key itself
+    ('[enrichment]\nip_api_key_env = "IP_HASH_SECRET"', "enrichment.ip_api_key_env"),  # another secret of ours
+    ('[enrichment]\nsession_provider_account = "../../admin"', "enrichment.session_provider_account"),
+    ('[enrichment]\nsnitcher_key = "x"', "snitcher_key"),
 ])
 def test_invalid_files_are_refused_naming_file_and_field(tmp_path, text, field):
     path = tmp_path / "demo.toml"
@@ -57,6 +63,16 @@ def test_invalid_files_are_refused_naming_file_and_field(tmp_path, text, field):
     with pytest.raises(SiteConfigError) as info:
         parse(path)
     assert str(path) in str(info.value) and field in str(info.value)
+
+
+def test_a_sites_enrichment_names_its_providers_order_and_key_variables(tmp_path):
+    path = tmp_path / "acme.toml"
+    path.write_text('[enrichment]\nsources = ["session_provider", "ip_api"]\n'
+                    'session_provider_key_env = "ENRICH_KEY_ACME_SNITCHER"\nsession_provider_account = "a1B2-c3"\n')
+    e = parse(path).enrichment
+    assert (e.sources, e.session_provider_key_env, e.session_provider_account, e.ip_api_key_env) == (
+        ["session_provider", "ip_api"], "ENRICH_KEY_ACME_SNITCHER", "a1B2-c3", "")
+    assert SiteConfig().enrichment.sources is None  # a site that says nothing: the deployment's order
 
 
 async def test_sync_loads_keeps_last_good_and_follows_changes(bus, tmp_path):

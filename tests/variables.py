@@ -20,6 +20,7 @@ CONSUMER_SERVICES = ("router", "retriever", "enricher", "responder")
 # Values that make the constructors read their optional parts too.
 SWITCHED_ON = {
     "ENRICH_SESSION_PROVIDER_URL": "http://provider.invalid", "ENRICH_IP_API_URL": "http://ip-api.invalid",
+    "ENRICH_PERSON_API_URL": "http://person-api.invalid",
     "PROFILER_BACKEND": "llm", "RETRIEVAL_KEYWORDS": "llm", "RETRIEVAL_EXTRACTION": "llm",
     "QDRANT_URL": "http://qdrant.invalid:6333", "KB_SNAPSHOTS": "bus",
 }

@@ -1,23 +1,70 @@
 """The enrichment source chain: which company is this visitor from, asked of the sources in
 priority order until one returns a completed profile, all within one deadline; completed
 profiles are remembered in the cache and the returning-visitor store. Run by the
-`enrichment` node (enrichment.py)."""
+`enrichment` node (enrichment.py).
+
+The chain of a lookup is made from the site's config (`[enrichment]`): cache → returning
+visitor → the local sources (the browser's reveal) → the site's remote providers in its
+order → the offline IP data when no IP API is asked. A provider is asked with the site's
+own key (a variable its config names) or else the deployment's; with neither it is not
+called at all, and its status says so (`skipped: no key`).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import msgspec
 
 from shared import events as ev
+from shared.site_config import ENRICHMENT_SOURCES, Enrichment
 from shared.state import merge_visitor_profiles
-from services.enricher.sources import CacheSource, Lookup, ReturningVisitorSource, SourceError
+from services.enricher.sources import CacheSource, Guarded, HttpSource, Lookup, ReturningVisitorSource, SourceError
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A provider of the site's chain that is not called; `why` is its status."""
+
+    name: str
+    why: str
+
+
+@dataclass
+class Provider:
+    """A remote source as the deployment configured it (ENRICH_<SOURCE>_*): its adapter made
+    for a key and an account (`make`), wrapped in its guard (`guard`: timeout, retries, a
+    breaker), one per key and account, so each site's key has its own breaker."""
+
+    name: str  # session_provider | person_api | ip_api
+    make: Callable[[str, str], HttpSource]
+    guard: Callable[[HttpSource], Guarded]
+    key: str = ""  # the deployment's
+    account: str = ""  # the deployment's
+    needs_account: bool = False  # the vendor wants an account id in its path (Snitcher)
+    _guarded: dict[tuple[str, str], Guarded] = field(default_factory=dict)
+
+    def for_site(self, config: Enrichment, site_keys: dict[str, str]) -> Guarded | Skipped:
+        """The guarded adapter with the site's key, or why it is not called."""
+        variable = getattr(config, f"{self.name}_key_env", "")
+        if variable:  # the site's own account: never billed to the deployment's
+            key = site_keys.get(variable, "").strip()
+            if not key:
+                return Skipped(self.name, f"skipped: no key ({variable} is not set)")
+        elif not (key := self.key):
+            return Skipped(self.name, "skipped: no key")
+        account = getattr(config, f"{self.name}_account", "") or self.account
+        if self.needs_account and not account:
+            return Skipped(self.name, "skipped: no account")
+        if (key, account) not in self._guarded:
+            self._guarded[key, account] = self.guard(self.make(key, account))
+        return self._guarded[key, account]
 
 
 @dataclass
@@ -25,19 +72,34 @@ class Enricher:
     redis: Any
     cache: CacheSource
     returning: ReturningVisitorSource
-    sources: list  # the rest, in priority order, after cache and returning visitor
+    sources: list  # the local ones, in priority order, after cache and returning visitor
+    providers: dict[str, Provider] = field(default_factory=dict)  # by source name: those configured
+    ip_fallback: list = field(default_factory=list)  # last, when no IP API is asked: the offline data
+    site_keys: dict[str, str] = field(default_factory=dict)  # the ENRICH_KEY_… variables
     deadline_s: float = 1.5
 
-    def chain(self, fresh: bool) -> list:
+    def chain(self, fresh: bool, config: Enrichment | None = None) -> list:
         """`fresh`: the visitor sent new identifying data, so what was stored about them is
-        not asked first."""
-        return ([] if fresh else [self.cache, self.returning]) + self.sources
+        not asked first. `config`: the site's `[enrichment]` (its providers' order and keys)."""
+        config = config or Enrichment()
+        remote: list = []
+        for name in ENRICHMENT_SOURCES if config.sources is None else config.sources:
+            if name in self.providers:
+                remote.append(self.providers[name].for_site(config, self.site_keys))
+            elif config.sources is not None:  # named by the site, not offered by the deployment
+                remote.append(Skipped(name, "skipped: not configured"))
+        ip_asked = any(s.name == "ip_api" and not isinstance(s, Skipped) for s in remote)
+        return (([] if fresh else [self.cache, self.returning]) + self.sources + remote
+                + ([] if ip_asked else self.ip_fallback))
 
     async def run(self, q: Lookup, chain: list, statuses: dict[str, str]) -> ev.VisitorProfile:
         """Try `chain` in order; record each source's outcome in `statuses` as it goes."""
         profile = ev.VisitorProfile()
         started = time.monotonic()
         for source in chain:
+            if isinstance(source, Skipped):
+                statuses[source.name] = source.why
+                continue
             if profile.status == "completed":
                 statuses[source.name] = "skipped: an earlier source hit"
                 continue

@@ -7,8 +7,9 @@ an `EnrichmentCompleted` (with `ran=False` when nothing needed doing) so that wh
 for it never waits in vain. A REDIRECT or BOOKING route for the turn cancels unfinished
 work, and the event says so.
 
-The node asks the runner for the session's last `EnrichmentCompleted` (one direct get)
-and the turn's route, not the conversation's state.
+The node asks the runner for the session's last `EnrichmentCompleted` (one direct get),
+the turn's route and the site's config (its `[enrichment]`: which providers, in which order,
+with whose keys), not the conversation's state.
 """
 
 from __future__ import annotations
@@ -67,9 +68,11 @@ def make_node(enricher: Enricher) -> Node:
             ip=raw_ip.decode() if raw_ip else None, reveal=reveal,
             session_uuid=str(visitor["session_uuid"]) if visitor.get("session_uuid") else None,
             email=str(visitor["email"]) if visitor.get("email") else None,
+            email_hash=str(visitor["email_hash"]) if visitor.get("email_hash") else None,
+            person_id=str(visitor["person_id"]) if visitor.get("person_id") else None,
         )
         statuses: dict[str, str] = {}
-        chain = enricher.chain(fresh=event.turn != 1)
+        chain = enricher.chain(fresh=event.turn != 1, config=inputs.config.enrichment)
         work = asyncio.create_task(enricher.run(q, chain, statuses))
         cancelled = await inputs.route.race(work)
         if cancelled:
@@ -95,7 +98,7 @@ def make_node(enricher: Enricher) -> Node:
         return [ctx.follow(ev.EnrichmentCompleted, profile=profile, sources=statuses, trouble=trouble)]
 
     return Node(name=NAME, consumes=("turn_requested",), handle=enrich,
-                needs=Needs(latest=("enrichment_completed",), route=True))
+                needs=Needs(latest=("enrichment_completed",), route=True, config=True))
 
 
 def fell_short(last: ev.Envelope | None) -> bool:

@@ -1,6 +1,7 @@
 """Enricher service: the `enrichment` node (which company? from cache, returning visitors,
-browser reveal data, a session-identification provider and an IP source: the chain in
-chain.py), then the `visitor_profiler` node (what are they trying to do?).
+browser reveal data, then the site's providers: a session-identification API, a person
+API, an IP API, and the offline IP data: the chain in chain.py), then the `visitor_profiler`
+node (what are they trying to do?).
 
 And the lead briefs (briefs/): `brief_requester` (a captured lead → a work item on the BRIEFS
 work queue), `brief_gatherer` (the lead's data, gathered once), `lead_briefer` (the brief,
@@ -22,16 +23,22 @@ from shared.node import Node
 from services.enricher import (brief_gatherer, brief_requester, enrichment, insight_projector, lead_briefer,
                                lead_triager, visitor_profiler)
 from services.enricher.breaker import CircuitBreaker
-from services.enricher.chain import Enricher
+from services.enricher.chain import Enricher, Provider
 from services.enricher.ip_owners import IpOwnerSource
 from services.enricher.settings import EnricherSettings, RemoteSource
 from services.enricher.sources import (
-    CacheSource, Guarded, IpApiSource, IpDatasetSource, IpinfoSource, ReturningVisitorSource, RevealSource,
-    SessionProviderSource,
+    CacheSource, Guarded, IpApiSource, IpDatasetSource, IpinfoSource, PdlSource, PersonApiSource,
+    ReturningVisitorSource, RevealSource, SessionProviderSource, SnitcherSource,
 )
 
-# ENRICH_IP_API_FORMAT (settings.IP_API_FORMATS): how the IP API answers, Concierge's profile JSON or a vendor's.
-IP_API_SOURCES = {"concierge": IpApiSource, "ipinfo": IpinfoSource}
+# Each remote source's adapter by ENRICH_<SOURCE>_FORMAT (settings.*_FORMATS): Concierge's
+# profile JSON, or a vendor's API and answer.
+ADAPTERS = {
+    "session_provider": {"concierge": SessionProviderSource, "snitcher": SnitcherSource},
+    "person_api": {"concierge": PersonApiSource, "pdl": PdlSource},
+    "ip_api": {"concierge": IpApiSource, "ipinfo": IpinfoSource},
+}
+NEEDS_ACCOUNT = {SnitcherSource}  # the vendor's URL names the site's account (its tracking script)
 
 
 def guarded(source, remote: RemoteSource) -> Guarded:
@@ -43,25 +50,31 @@ def guarded(source, remote: RemoteSource) -> Guarded:
     )
 
 
+def provider(name: str, remote: RemoteSource, client: httpx.AsyncClient) -> Provider:
+    adapter = ADAPTERS[name][remote.format]
+    return Provider(name=name, make=lambda key, account: adapter(remote.url, key, client, account),
+                    guard=lambda source: guarded(source, remote), key=remote.key, account=remote.account,
+                    needs_account=adapter in NEEDS_ACCOUNT)
+
+
 def build_enricher(redis, client: httpx.AsyncClient, settings: EnricherSettings) -> Enricher:
-    """Sources in priority order; remote providers only when configured. Without an IP API:
-    the CSV dataset when one is configured (the demo's), then the owner of the address's
-    network unless ENRICH_IP_OWNERS=off."""
-    sources: list = [RevealSource()]
-    if (provider := settings.session_provider) is not None:
-        sources.append(guarded(SessionProviderSource(provider.url, provider.key, client), provider))
-    if (api := settings.ip_api) is not None:
-        sources.append(guarded(IP_API_SOURCES[api.format](api.url, api.key, client), api))
-    else:
-        if settings.ip_dataset:
-            sources.append(IpDatasetSource(Path(settings.ip_dataset)))
-        if settings.ip_owners:
-            sources.append(IpOwnerSource())
+    """The browser's reveal, then the configured providers (each site's chain in its order,
+    with its keys: chain.py), and whenever no IP API is asked the offline IP sources: the CSV
+    dataset when one is configured (the demo's), then the owner of the address's network
+    unless ENRICH_IP_OWNERS=off."""
+    remotes = {"session_provider": settings.session_provider, "person_api": settings.person_api,
+               "ip_api": settings.ip_api}
+    offline: list = [IpDatasetSource(Path(settings.ip_dataset))] if settings.ip_dataset else []
+    if settings.ip_owners:
+        offline.append(IpOwnerSource())
     return Enricher(
         redis=redis,
         cache=CacheSource(redis, ttl_s=settings.cache_ttl_s),
         returning=ReturningVisitorSource(redis, ttl_s=settings.returning_ttl_s),
-        sources=sources,
+        sources=[RevealSource()],
+        providers={name: provider(name, remote, client) for name, remote in remotes.items() if remote is not None},
+        ip_fallback=offline,
+        site_keys=settings.site_keys,
         deadline_s=settings.deadline_s,
     )
 

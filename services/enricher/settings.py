@@ -2,30 +2,39 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from shared import redis_client
 from shared.config import ConfigError, LLMRoleConfig, Settings, env_bool, env_choice, env_float, env_int, env_str
+from shared.site_config import ENRICH_KEY_PREFIX, ENV_NAME_RE
 
 # The demo's fictional IP ranges → companies (127.0.0.0/8 is Northwind): read only when
 # ENRICH_IP_DATASET names it, as `make run` and the test harness do (cli/harness/supervisor.py).
 DATASET = Path(__file__).parent / "data" / "ip_companies.csv"
 
 
-IP_API_FORMATS = ("concierge", "ipinfo")  # how the IP API answers: sources.py IpApiSource, IpinfoSource
+# How each remote source's provider answers (ENRICH_<SOURCE>_FORMAT): Concierge's own
+# profile JSON, or a vendor's API and answer (main.py ADAPTERS, sources.py).
+SESSION_PROVIDER_FORMATS = ("concierge", "snitcher")
+PERSON_API_FORMATS = ("concierge", "pdl")
+IP_API_FORMATS = ("concierge", "ipinfo")
 
 
 class RemoteSource(Settings):
     """A remote company-lookup API, with its timeout, retries and circuit breaker
-    (ENRICH_<SOURCE>_*: SESSION_PROVIDER or IP_API)."""
+    (ENRICH_<SOURCE>_*: SESSION_PROVIDER, PERSON_API or IP_API)."""
 
     SECRETS = ("key",)
 
     url: str
-    key: str = ""
+    key: str = ""  # the deployment's key: a site without its own (`[enrichment]`) uses it
     # How the provider answers (`<prefix>_FORMAT`): `concierge`, Concierge's own profile JSON,
-    # or a vendor's response mapped onto the profile (sources.py: `ipinfo` for IP_API).
+    # or a vendor's response mapped onto the profile (sources.py: `snitcher`, `pdl`, `ipinfo`).
     format: str = "concierge"
+    # The deployment's account id where the vendor wants one in its path (Snitcher: the Radar
+    # tracking script); a site may name its own.
+    account: str = ""
     timeout_s: float = 0.8
     retries: int = 1
     breaker_threshold: int = 3
@@ -42,6 +51,7 @@ class RemoteSource(Settings):
             url=url,
             key=env_str(f"{prefix}_KEY", d.key),
             format=env_choice(f"{prefix}_FORMAT", d.format, formats),
+            account=env_str(f"{prefix}_ACCOUNT", d.account),
             timeout_s=env_float(f"{prefix}_TIMEOUT_S", d.timeout_s),
             retries=env_int(f"{prefix}_RETRIES", d.retries),
             breaker_threshold=env_int(f"{prefix}_BREAKER_THRESHOLD", d.breaker_threshold),
@@ -50,9 +60,16 @@ class RemoteSource(Settings):
 
 
 class EnricherSettings(Settings):
+    SECRETS = ("site_keys",)
+
     redis_url: str = redis_client.DEFAULT_URL
     session_provider: RemoteSource | None = None
-    ip_api: RemoteSource | None = None  # None: the offline sources below
+    person_api: RemoteSource | None = None
+    ip_api: RemoteSource | None = None  # None (or not asked for a site): the offline sources below
+    # The sites' own provider keys: every variable named ENRICH_KEY_… as the process started
+    # with it (a site's `[enrichment]` names its variables, and site configs change while the
+    # process runs; other variables are not kept, so no config can have them sent anywhere).
+    site_keys: dict[str, str] = {}
     ip_dataset: str = ""  # a CSV of IP ranges → companies (DATASET: the demo's); empty: none
     ip_owners: bool = True  # the owner of the address's network (ip_owners.py), when there is no IP API
     cache_ttl_s: float = 600.0
@@ -84,8 +101,11 @@ class EnricherSettings(Settings):
             roles["profiler"] = LLMRoleConfig.from_env("profiler")
         return cls(
             redis_url=env_str("REDIS_URL", d.redis_url),
-            session_provider=RemoteSource.from_env("ENRICH_SESSION_PROVIDER"),
+            session_provider=RemoteSource.from_env("ENRICH_SESSION_PROVIDER", SESSION_PROVIDER_FORMATS),
+            person_api=RemoteSource.from_env("ENRICH_PERSON_API", PERSON_API_FORMATS),
             ip_api=RemoteSource.from_env("ENRICH_IP_API", IP_API_FORMATS),
+            site_keys={name: value for name, value in os.environ.items()
+                       if name.startswith(ENRICH_KEY_PREFIX) and ENV_NAME_RE.match(name)},
             ip_dataset=env_str("ENRICH_IP_DATASET", d.ip_dataset),
             ip_owners=env_bool("ENRICH_IP_OWNERS", d.ip_owners),
             cache_ttl_s=env_float("ENRICH_CACHE_TTL_S", d.cache_ttl_s),

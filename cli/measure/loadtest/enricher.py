@@ -97,7 +97,8 @@ def run(args: argparse.Namespace) -> dict:
     env = {}
     if slow:
         url, provider = start_provider(args.provider_delay_ms / 1000)
-        env = {"ENRICH_IP_API_URL": url, "ENRICH_IP_API_TIMEOUT_S": "1.0", "ENRICH_DEADLINE_S": "1.5"}
+        env = {"ENRICH_IP_API_URL": url, "ENRICH_IP_API_KEY": "load", "ENRICH_IP_API_TIMEOUT_S": "1.0",
+               "ENRICH_DEADLINE_S": "1.5"}
     try:
         with tempfile.TemporaryDirectory(prefix=f"concierge-load-enricher-{args.scenario}-") as data:
             system = make_system(Path(data), free_port(), free_port(), {"LOG_LEVEL": "WARNING", **env})
