@@ -155,10 +155,20 @@ def e2e_shared_webhook():
 
 
 @pytest.fixture(scope="session")
-def e2e_shared_system(llm, fallback_llm, suggestions_llm, e2e_shared_webhook):
+def e2e_shared_providers():
+    """The enrichment vendors' stand-ins (tests/providers.py) the shared system's sites may use."""
+    from tests.providers import provider_server
+
+    with provider_server() as providers:
+        yield providers
+
+
+@pytest.fixture(scope="session")
+def e2e_shared_system(llm, fallback_llm, suggestions_llm, e2e_shared_webhook, e2e_shared_providers):
     from tests.e2e import running_system
 
-    with running_system(llm, fallback_llm, suggestions_llm, e2e_shared_webhook) as system:
+    with running_system(llm, fallback_llm, suggestions_llm, e2e_shared_webhook,
+                        providers=e2e_shared_providers) as system:
         yield system
 
 

@@ -34,10 +34,26 @@ needs_chromium = pytest.mark.skipif(CHROMIUM is None,
                                     reason="Chromium not installed (Debian package `chromium`): browser test skipped")
 
 
+# The variable holding a site's own key for the session provider (Snitcher's stand-in), in the
+# shared system's environment; the deployment itself has no key, so a site naming none is not
+# looked up there ("no key, no call").
+SITE_SNITCHER_KEY_ENV = "ENRICH_KEY_E2E_SNITCHER"
+
+
+def provider_env(providers) -> dict[str, str]:
+    """Snitcher's stand-in as the deployment's session provider, with no deployment key."""
+    if providers is None:
+        return {}
+    from tests.providers import KEYS, SNITCHER_SCRIPT
+    return {"ENRICH_SESSION_PROVIDER_URL": f"{providers.url}/snitcher", "ENRICH_SESSION_PROVIDER_FORMAT": "snitcher",
+            "ENRICH_SESSION_PROVIDER_ACCOUNT": SNITCHER_SCRIPT, SITE_SNITCHER_KEY_ENV: KEYS[1]}
+
+
 @contextmanager
-def running_system(llm, fallback_llm, suggestions_llm, webhook) -> Iterator:
+def running_system(llm, fallback_llm, suggestions_llm, webhook, providers=None) -> Iterator:
     with tempfile.TemporaryDirectory(prefix="concierge-e2e-") as data:
         sys_ = make_system(Path(data), free_port(), free_port(), {
+            **provider_env(providers),
             "LLM_BASE_URL": llm.base_url,
             "LLM_FALLBACK_BASE_URL": fallback_llm.base_url,
             "LLM_SUGGESTIONS_BASE_URL": suggestions_llm.base_url,
@@ -79,6 +95,12 @@ def shared_system(e2e_shared_system):
     """The system the worker's SHARED_SYSTEM modules share (tests/conftest.py): a module takes
     it as its `system`, with `shared_webhook` as its `webhook`."""
     return e2e_shared_system
+
+
+@pytest.fixture(scope="module")
+def shared_providers(e2e_shared_providers):
+    """The enrichment vendors' stand-ins `shared_system` may call (tests/providers.py)."""
+    return e2e_shared_providers
 
 
 @pytest.fixture(scope="module")

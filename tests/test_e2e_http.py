@@ -22,6 +22,7 @@ from tests.servers import ROOT, configure_site
 
 # The fixtures (tests/e2e.py); the system is the one this worker's SHARED_SYSTEM modules share.
 system, webhook, http, site = e2e.shared_system, e2e.shared_webhook, e2e.http, e2e.site
+shared_providers = e2e.shared_providers
 
 
 async def test_two_turns_stream_and_remember(system, llm, http, site):
@@ -575,3 +576,59 @@ async def test_nobody_available_the_visitor_leaves_an_email_for_the_team_and_is_
                                                         alone.session_id, "--nats-url", system.nats_url],
                                        capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+
+
+async def test_a_visitor_a_provider_names_gets_their_industrys_example_their_sizes_plan_and_a_lead_with_domain(
+        system, llm, http, webhook, shared_providers):
+    """Issue 43's "done when", as a visitor of a site whose page runs Snitcher's script (its
+    stand-in answers in Snitcher's format) with the site's own key: the first answer is
+    written for the visitor's industry and size, its call to action is their plan's, and the
+    lead webhook names the company's domain. A site with no key: Snitcher is never asked."""
+    from shared.site_config import CTA, Enrichment, Segment
+
+    keyed, keyless = f"t{uuid.uuid4().hex[:10]}", f"t{uuid.uuid4().hex[:10]}"
+    segments = [
+        Segment(name="it", sectors=["Information Technology and Services"],
+                example="IT service companies use Tidewise to dispatch their on-site engineers."),
+        Segment(name="mid", employees="51-500", offer="For a company of your size, the Growth plan fits.",
+                cta_label="Book a Growth plan demo", cta_url="https://tidewise.example/book?plan=growth")]
+    cta = CTA(label="Book a demo", booking_url="https://tidewise.example/book")
+    await configure_site(system.nats_url, keyed, cta=cta, segments=segments, enrichment=Enrichment(
+        sources=["session_provider"], session_provider_key_env=e2e.SITE_SNITCHER_KEY_ENV))
+    await configure_site(system.nats_url, keyless, cta=cta, segments=segments)
+    webhook.reset()
+    llm.clear()
+    asked = shared_providers.hits["snitcher"]
+    visitor = Conversation(http, system.gateway_url, keyed)
+    first, booking, email = [await visitor.say(m, visitor={"session_uuid": "sess-business"})
+                             for m in ("How does scheduling work?", "I'd like to book a demo", "grace@initech.example")]
+    assert shared_providers.hits["snitcher"] > asked  # the site's key: Snitcher asked
+    meta = first.final["metadata"]
+    assert meta["route"] == "ANSWER"
+    assert meta["cta"] == {"label": "Book a Growth plan demo", "url": "https://tidewise.example/book?plan=growth"}
+    (prompt,) = [r["messages"][0]["content"] for r in llm.requests()
+                 if "For this visitor's kind of company" in r["messages"][0]["content"]]
+    assert "IT service companies use Tidewise" in prompt and "the Growth plan fits" in prompt
+    events = await events_of(http, system, keyed, visitor.session_id)
+    (answer,) = [e["event"] for e in events if e["type"] == "response_completed" and e["event"]["turn"] == 1]
+    assert answer["segments"] == ["it", "mid"] and "enrichment_completed" not in answer["late_inputs"]
+    (found, *_) = [e["event"] for e in events if e["type"] == "enrichment_completed"]
+    assert found["profile"]["company_name"] == "Initech" and found["sources"]["session_provider"] == "hit"
+    assert booking.final["metadata"]["route"] == "BOOKING"
+    assert email.final["metadata"]["booking"]["lead_captured"]
+
+    async def delivered():
+        return [r for r in webhook.requests if json.loads(r["body"]).get("session_id") == visitor.session_id] or None
+
+    (lead,) = await wait_for(delivered, timeout=10, what="the lead webhook")
+    assert json.loads(lead["body"])["company_domain"] == "initech.example"
+
+    # The same visitor on a site with no key: nothing is asked of Snitcher, nothing breaks.
+    asked = shared_providers.hits["snitcher"]
+    other = Conversation(http, system.gateway_url, keyless)
+    reply = await other.say("How does scheduling work?", visitor={"session_uuid": "sess-business"})
+    assert reply.final["type"] == "complete" and reply.final["metadata"]["route"] == "ANSWER"
+    events = await events_of(http, system, keyless, other.session_id)
+    (enriched,) = [e["event"] for e in events if e["type"] == "enrichment_completed"]
+    assert enriched["sources"]["session_provider"] == "skipped: no key"
+    assert shared_providers.hits["snitcher"] == asked
