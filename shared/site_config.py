@@ -138,6 +138,8 @@ MAX_WAIT_S = 86_400  # a handoff's longest wait for an operator: a day
 MAX_STARTER_CHARS = 120
 MAX_BUDGET_MS = 5_000  # the longest an answer may wait for the visitor's profile
 MAX_SEGMENT_TEXT = 500
+MAX_SEGMENTS = 50
+MAX_SEGMENT_SECTORS = 20
 SEGMENT_NAME_RE = re.compile(r"^[\w.-]{1,64}\Z")
 WIDGET_TEXT_LIMITS = {"title": 80, "greeting": 500, "launcher_text": 40}
 
@@ -186,8 +188,8 @@ class Segment(Strict):
     employees: str = ""  # a range: "1-50", "51-200", "1000+"; matched with the profile's company size
     example: str = ""  # a sentence of the site's about this audience, said once in the conversation
     offer: str = ""  # the plan for this audience, in the site's words, said once
-    cta_label: str = ""  # the call to action for this audience (its booking link, its plan's page)
-    cta_url: str = ""
+    cta_label: str = ""  # the call to action for this audience, with its booking link
+    cta_url: str = ""  # that audience's booking page: the booking flow adds the visitor's answers to it
     tone: str = ""  # the persona's tone for this audience (a model's answers)
 
 
@@ -404,9 +406,13 @@ def _segment_problems(segments: list[Segment]) -> list[FieldError]:
     from shared.segments import employees  # reads a Segment: imported here, not at the top
 
     out: list[FieldError] = []
+    if len(segments) > MAX_SEGMENTS:
+        return [FieldError("segments", f"at most {MAX_SEGMENTS} segments")]
     names: set[str] = set()
     for i, segment in enumerate(segments):
         where = f"segments[{i}]"
+        if len(segment.sectors) > MAX_SEGMENT_SECTORS or any(len(s) > 100 for s in segment.sectors):
+            out.append(FieldError(f"{where}.sectors", f"at most {MAX_SEGMENT_SECTORS} sectors of 100 characters"))
         if not SEGMENT_NAME_RE.match(segment.name):
             out.append(FieldError(f"{where}.name", "1-64 letters, digits, '.', '_' or '-'"))
         elif segment.name in names:

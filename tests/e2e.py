@@ -38,6 +38,7 @@ needs_chromium = pytest.mark.skipif(CHROMIUM is None,
 # shared system's environment; the deployment itself has no key, so a site naming none is not
 # looked up there ("no key, no call").
 SITE_SNITCHER_KEY_ENV = "ENRICH_KEY_E2E_SNITCHER"
+KEYED_SITE = "e2e-snitcher"  # the site that key is bound to (its value: `<site>:<source>:<key>`)
 
 
 def provider_env(providers) -> dict[str, str]:
@@ -46,7 +47,8 @@ def provider_env(providers) -> dict[str, str]:
         return {}
     from tests.providers import KEYS, SNITCHER_SCRIPT
     return {"ENRICH_SESSION_PROVIDER_URL": f"{providers.url}/snitcher", "ENRICH_SESSION_PROVIDER_FORMAT": "snitcher",
-            "ENRICH_SESSION_PROVIDER_ACCOUNT": SNITCHER_SCRIPT, SITE_SNITCHER_KEY_ENV: KEYS[1]}
+            "ENRICH_SESSION_PROVIDER_ACCOUNT": SNITCHER_SCRIPT,
+            SITE_SNITCHER_KEY_ENV: f"{KEYED_SITE}:session_provider:{KEYS[1]}"}
 
 
 @contextmanager

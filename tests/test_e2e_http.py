@@ -586,7 +586,7 @@ async def test_a_visitor_a_provider_names_gets_their_industrys_example_their_siz
     lead webhook names the company's domain. A site with no key: Snitcher is never asked."""
     from shared.site_config import CTA, Enrichment, Segment
 
-    keyed, keyless = f"t{uuid.uuid4().hex[:10]}", f"t{uuid.uuid4().hex[:10]}"
+    keyed, keyless = e2e.KEYED_SITE, f"t{uuid.uuid4().hex[:10]}"
     segments = [
         Segment(name="it", sectors=["Information Technology and Services"],
                 example="IT service companies use Tidewise to dispatch their on-site engineers."),

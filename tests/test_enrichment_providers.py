@@ -63,7 +63,7 @@ def calls(source: str, site: str, outcome: str) -> float:
 
 async def run(enricher: Enricher, q: Lookup, config: Enrichment | None = None):
     statuses: dict[str, str] = {}
-    profile = await enricher.run(q, enricher.chain(fresh=True, config=config), statuses)
+    profile = await enricher.run(q, enricher.chain(fresh=True, config=config, site=q.site), statuses)
     return profile, statuses
 
 
@@ -215,13 +215,18 @@ def everyone() -> Lookup:
     return lookup(ip="203.0.113.10", session_uuid="sess-business", email_hash=sha256(PDL_EMAIL))
 
 
-async def test_the_default_order_asks_the_person_first_and_stops_at_the_first_hit(redis, providers, client):
+async def test_the_default_order_asks_the_session_then_the_ip_never_the_person(redis, providers, client):
+    """A site naming no order: the providers that need nothing personal, stopping at the first
+    hit; the person API (it is sent a hash of the visitor's e-mail) only for a site listing it."""
     before = dict(providers.hits)
     profile, statuses = await run(build_enricher(redis, client, settings(providers)), everyone())
-    assert list(statuses) == ["reveal", "person_api", "session_provider", "ip_api"]
+    assert list(statuses) == ["reveal", "session_provider", "ip_api"]
+    assert statuses["session_provider"] == "hit" and profile.company_name == "Initech"
+    assert statuses["ip_api"] == "skipped: an earlier source hit"
+    assert providers.hits["pdl"] == before.get("pdl", 0) and providers.hits["ipinfo"] == before.get("ipinfo", 0)
+    profile, statuses = await run(build_enricher(redis, client, settings(providers)), everyone(),
+                                  Enrichment(sources=["person_api", "session_provider", "ip_api"]))
     assert statuses["person_api"] == "hit" and profile.company_name == "Hooli" and profile.source == "person_api"
-    assert statuses["session_provider"] == statuses["ip_api"] == "skipped: an earlier source hit"
-    assert providers.hits["snitcher"] == before.get("snitcher", 0) and providers.hits["ipinfo"] == before.get("ipinfo", 0)
 
 
 async def test_a_site_asks_its_providers_in_its_own_order(redis, providers, client):
@@ -240,7 +245,8 @@ async def test_no_key_no_call(redis, providers, client):
     before = dict(providers.hits)
     enricher = build_enricher(redis, client, settings(providers, key=""))
     profile, statuses = await run(enricher, lookup(ip="127.0.0.1", session_uuid="sess-business",
-                                                   email_hash=sha256(PDL_EMAIL)))
+                                                   email_hash=sha256(PDL_EMAIL)),
+                                  Enrichment(sources=["person_api", "session_provider", "ip_api"]))
     assert {name: statuses[name] for name in ("person_api", "session_provider", "ip_api")} == {
         "person_api": "skipped: no key", "session_provider": "skipped: no key", "ip_api": "skipped: no key"}
     assert statuses["ip_dataset"] == "hit" and profile.company_name.startswith("Northwind")
@@ -251,24 +257,52 @@ async def test_a_site_naming_its_own_key_uses_it_and_never_the_deployments(redis
     """Its PDL variable is set: PDL is asked with it. Its Snitcher variable is not: Snitcher
     is not called, though the deployment has a key (the site's account is not billed to it)."""
     before = dict(providers.hits)
-    enricher = build_enricher(redis, client, settings(providers, site_keys={"ENRICH_KEY_ACME_PDL": "site-secret"}))
+    q = everyone()
+    enricher = build_enricher(redis, client, settings(providers, site_keys={
+        "ENRICH_KEY_ACME_PDL": f"{q.site}:person_api:site-secret"}))
     own = Enrichment(sources=["session_provider", "person_api"], person_api_key_env="ENRICH_KEY_ACME_PDL",
                      session_provider_key_env="ENRICH_KEY_ACME_SNITCHER")
-    profile, statuses = await run(enricher, everyone(), own)
-    assert statuses["session_provider"] == "skipped: no key (ENRICH_KEY_ACME_SNITCHER is not set)"
+    profile, statuses = await run(enricher, q, own)
+    assert statuses["session_provider"] == "skipped: no key"  # which variables exist is not said
     assert statuses["person_api"] == "hit" and providers.seen[-1]["auth"] == "site-secret"
     assert profile.company_name == "Hooli" and providers.hits["snitcher"] == before.get("snitcher", 0)
 
 
+async def test_a_sites_key_serves_only_that_site_and_that_provider(redis, providers, client):
+    """A key's value names its site and its provider: another site naming the variable, or a
+    config naming it for another vendor, gets no key, and nothing is sent."""
+    before = dict(providers.hits)
+    enricher = build_enricher(redis, client, settings(providers, key="", site_keys={
+        "ENRICH_KEY_ACME_PDL": "acme:person_api:site-secret", "ENRICH_KEY_ACME_SNITCHER": "acme:session_provider:x"}))
+    thief = Enrichment(sources=["person_api", "ip_api"], person_api_key_env="ENRICH_KEY_ACME_PDL",
+                       ip_api_key_env="ENRICH_KEY_ACME_SNITCHER")
+    _, statuses = await run(enricher, lookup(site="globex", ip="203.0.113.10", email_hash=sha256(PDL_EMAIL)), thief)
+    assert statuses["person_api"] == statuses["ip_api"] == "skipped: no key"
+    _, statuses = await run(enricher, lookup(site="acme", ip="203.0.113.10", email_hash=sha256(PDL_EMAIL)), thief)
+    assert statuses["person_api"] == "hit" and statuses["ip_api"] == "skipped: no key"  # Snitcher's key, not IPinfo's
+    assert providers.hits["ipinfo"] == before.get("ipinfo", 0) and providers.hits["pdl"] == before.get("pdl", 0) + 1
+
+
+async def test_a_concierge_format_service_without_a_key_is_called(redis, providers, client):
+    """No key, no call holds for vendors; a service answering in Concierge's own format (a
+    stand-in, the site's own inside the deployment) may be open, and is asked without one."""
+    before = providers.hits["fast"]
+    enricher = build_enricher(redis, client, EnricherSettings(
+        ip_api=RemoteSource(url=f"{providers.url}/fast", format="concierge", retries=0), ip_owners=False))
+    profile, statuses = await run(enricher, lookup(ip="203.0.113.10"))
+    assert statuses["ip_api"] == "hit" and profile.company_name == "Hooli" and providers.hits["fast"] == before + 1
+
+
 async def test_a_sites_refused_key_opens_its_own_breaker_not_the_other_sites(redis, providers, client):
-    base = settings(providers, site_keys={"ENRICH_KEY_BAD": "revoked"})
+    q = everyone()
+    base = settings(providers, site_keys={"ENRICH_KEY_BAD": f"{q.site}:session_provider:revoked"})
     enricher = build_enricher(redis, client, msgspec.structs.replace(base, session_provider=msgspec.structs.replace(
         base.session_provider, breaker_threshold=1, breaker_reset_s=60)))
     bad = Enrichment(sources=["session_provider"], session_provider_key_env="ENRICH_KEY_BAD")
-    _, statuses = await run(enricher, everyone(), bad)
+    _, statuses = await run(enricher, q, bad)
     assert statuses["session_provider"] == "failed: HTTP 401: the key was refused"
     before = providers.hits["snitcher"]
-    _, statuses = await run(enricher, everyone(), bad)  # its breaker is open: not asked again
+    _, statuses = await run(enricher, q, bad)  # its breaker is open: not asked again
     assert statuses["session_provider"] == "circuit open" and providers.hits["snitcher"] == before
     profile, statuses = await run(enricher, everyone(), Enrichment(sources=["session_provider"]))
     assert statuses["session_provider"] == "hit" and profile.company_name == "Initech"  # the deployment's key
@@ -282,8 +316,15 @@ async def test_snitcher_without_a_tracking_script_is_not_called_and_a_site_can_n
                                                            format="snitcher", retries=0)))
     _, statuses = await run(enricher, everyone(), Enrichment(sources=["session_provider"]))
     assert statuses["session_provider"] == "skipped: no account" and providers.hits["snitcher"] == before
-    profile, statuses = await run(enricher, everyone(), Enrichment(sources=["session_provider"],
-                                                                   session_provider_account=SNITCHER_SCRIPT))
+    # A site's own account goes with its own key: never with the deployment's.
+    _, statuses = await run(enricher, everyone(), Enrichment(sources=["session_provider"],
+                                                             session_provider_account=SNITCHER_SCRIPT))
+    assert statuses["session_provider"] == "skipped: no account" and providers.hits["snitcher"] == before
+    q = everyone()
+    enricher.site_keys = {"ENRICH_KEY_ACME_SNITCHER": f"{q.site}:session_provider:site-secret"}
+    profile, statuses = await run(enricher, q, Enrichment(sources=["session_provider"],
+                                                          session_provider_key_env="ENRICH_KEY_ACME_SNITCHER",
+                                                          session_provider_account=SNITCHER_SCRIPT))
     assert statuses["session_provider"] == "hit" and profile.company_name == "Initech"
 
 
@@ -309,7 +350,7 @@ async def test_the_enrichment_node_builds_its_chain_from_the_sites_config(redis,
     assert done.sources["session_provider"] == "hit" and done.profile.company_name == "Initech"
     assert done.profile.company_size == "51-200" and done.sources["person_api"] == "skipped: an earlier source hit"
     (done,) = (await decide(node, msgspec.structs.replace(event, session_id="n2", event_id=ev.new_id()))).events
-    assert done.sources["person_api"] == "hit" and done.profile.company_name == "Hooli"  # the default order
+    assert "person_api" not in done.sources and done.profile.company_name == "Initech"  # the default order
 
 
 async def test_a_providers_profile_picks_the_sites_segment_for_its_industry_and_size(providers, client):

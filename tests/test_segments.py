@@ -14,6 +14,8 @@ from shared.site_config import CTA, Segment, SiteConfig
     ("51-200", (51, 200)), ("1,001-5,000", (1001, 5000)), ("1000+", (1000, 10**9)), ("10001+", (10001, 10**9)),
     ("42", (42, 42)), ("11 – 50 employees", (11, 50)), ("11 to 50", (11, 50)),
     ("unknown", None), ("", None), ("lots", None), ("200-50", None),
+    # What a browser or a provider may send: refused at once, whatever its length.
+    ("1" + " " * 254 + "x", None), ("9" * 5000, None), ("1,2,3,4,5,6,7,8,9,10-20", None),
 ])
 def test_employee_ranges_are_read_as_providers_write_them(text, expected):
     assert segments.employees(text) == expected

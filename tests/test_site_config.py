@@ -46,6 +46,7 @@ def test_the_shipped_demo_config_is_valid():
     ('[[segments]]\nname = "all"\noffer = "Hi"', "segments[0]"),  # names neither sectors nor employees
     ('[[segments]]\nname = "big"\nemployees = "lots"', "segments[0].employees"),
     ('[[segments]]\nname = "big"\nemployees = "200-50"', "segments[0].employees"),
+    ('[[segments]]\nname = "big"\nemployees = "' + "9" * 5000 + '"', "segments[0].employees"),  # not int()'s 500
     ('[[segments]]\nname = "x"\nsectors = ["Retail"]\ncta_url = "javascript:alert(1)"', "segments[0].cta_url"),
     ('[[segments]]\nname = "x"\nsectors = ["Retail"]\ncta_label = "Go"', "segments[0].cta_label"),
     ('[[segments]]\nname = "x"\nsectors = ["A"]\n[[segments]]\nname = "x"\nsectors = ["B"]', "segments[1].name"),

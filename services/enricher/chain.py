@@ -6,8 +6,9 @@ profiles are remembered in the cache and the returning-visitor store. Run by the
 The chain of a lookup is made from the site's config (`[enrichment]`): cache → returning
 visitor → the local sources (the browser's reveal) → the site's remote providers in its
 order → the offline IP data when no IP API is asked. A provider is asked with the site's
-own key (a variable its config names) or else the deployment's; with neither it is not
-called at all, and its status says so (`skipped: no key`).
+own key (a variable its config names, whose value is bound to the site and the provider) or
+else the deployment's; with neither a vendor is not called at all, and its status says so
+(`skipped: no key`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ from shared.state import merge_visitor_profiles
 from services.enricher.sources import CacheSource, Guarded, HttpSource, Lookup, ReturningVisitorSource, SourceError
 
 log = logging.getLogger(__name__)
+
+# A site that names no order: the providers that need nothing of the visitor's person. The
+# person API receives a hash of the visitor's e-mail, personal data a site's privacy notice
+# must cover: only a site that lists it asks it.
+DEFAULT_ORDER = tuple(name for name in ENRICHMENT_SOURCES if name != "person_api")
 
 
 @dataclass(frozen=True)
@@ -48,18 +54,30 @@ class Provider:
     key: str = ""  # the deployment's
     account: str = ""  # the deployment's
     needs_account: bool = False  # the vendor wants an account id in its path (Snitcher)
+    # A vendor's API takes no request without a key; a `concierge`-format service (a stand-in,
+    # the site's own) may be open inside the deployment, so it is called without one.
+    keyed: bool = True
     _guarded: dict[tuple[str, str], Guarded] = field(default_factory=dict)
 
-    def for_site(self, config: Enrichment, site_keys: dict[str, str]) -> Guarded | Skipped:
-        """The guarded adapter with the site's key, or why it is not called."""
+    def for_site(self, site: str, config: Enrichment, site_keys: dict[str, str]) -> Guarded | Skipped:
+        """The guarded adapter with the site's key, or why it is not called.
+
+        A site's own key is the value of the variable its config names, written
+        `<site id>:<source>:<key>`: bound to that site and that provider, so a config naming
+        another site's variable, or one made for another vendor, gets no key (and the status
+        does not say which variables exist). With its own key the site may name its own
+        account; with the deployment's key, the deployment's account is used."""
         variable = getattr(config, f"{self.name}_key_env", "")
+        account = self.account
         if variable:  # the site's own account: never billed to the deployment's
-            key = site_keys.get(variable, "").strip()
-            if not key:
-                return Skipped(self.name, f"skipped: no key ({variable} is not set)")
-        elif not (key := self.key):
+            bound_site, _, rest = site_keys.get(variable, "").partition(":")
+            source, _, key = rest.partition(":")
+            if bound_site != site or source != self.name or not key.strip():
+                return Skipped(self.name, "skipped: no key")
+            key = key.strip()
+            account = getattr(config, f"{self.name}_account", "") or self.account
+        elif not (key := self.key) and self.keyed:
             return Skipped(self.name, "skipped: no key")
-        account = getattr(config, f"{self.name}_account", "") or self.account
         if self.needs_account and not account:
             return Skipped(self.name, "skipped: no account")
         if (key, account) not in self._guarded:
@@ -78,14 +96,14 @@ class Enricher:
     site_keys: dict[str, str] = field(default_factory=dict)  # the ENRICH_KEY_… variables
     deadline_s: float = 1.5
 
-    def chain(self, fresh: bool, config: Enrichment | None = None) -> list:
+    def chain(self, fresh: bool, config: Enrichment | None = None, site: str = "") -> list:
         """`fresh`: the visitor sent new identifying data, so what was stored about them is
-        not asked first. `config`: the site's `[enrichment]` (its providers' order and keys)."""
+        not asked first. `config`: the site `site`'s `[enrichment]` (its providers' order and keys)."""
         config = config or Enrichment()
         remote: list = []
-        for name in ENRICHMENT_SOURCES if config.sources is None else config.sources:
+        for name in DEFAULT_ORDER if config.sources is None else config.sources:
             if name in self.providers:
-                remote.append(self.providers[name].for_site(config, self.site_keys))
+                remote.append(self.providers[name].for_site(site, config, self.site_keys))
             elif config.sources is not None:  # named by the site, not offered by the deployment
                 remote.append(Skipped(name, "skipped: not configured"))
         ip_asked = any(s.name == "ip_api" and not isinstance(s, Skipped) for s in remote)

@@ -72,7 +72,7 @@ def make_node(enricher: Enricher) -> Node:
             person_id=str(visitor["person_id"]) if visitor.get("person_id") else None,
         )
         statuses: dict[str, str] = {}
-        chain = enricher.chain(fresh=event.turn != 1, config=inputs.config.enrichment)
+        chain = enricher.chain(fresh=event.turn != 1, config=inputs.config.enrichment, site=event.site)
         work = asyncio.create_task(enricher.run(q, chain, statuses))
         cancelled = await inputs.route.race(work)
         if cancelled:

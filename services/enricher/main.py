@@ -54,7 +54,7 @@ def provider(name: str, remote: RemoteSource, client: httpx.AsyncClient) -> Prov
     adapter = ADAPTERS[name][remote.format]
     return Provider(name=name, make=lambda key, account: adapter(remote.url, key, client, account),
                     guard=lambda source: guarded(source, remote), key=remote.key, account=remote.account,
-                    needs_account=adapter in NEEDS_ACCOUNT)
+                    needs_account=adapter in NEEDS_ACCOUNT, keyed=remote.format != "concierge")
 
 
 def build_enricher(redis, client: httpx.AsyncClient, settings: EnricherSettings) -> Enricher:
