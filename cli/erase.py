@@ -134,9 +134,10 @@ async def _rewrite(bus: Bus, site: str, session_id: str,
     """The conversation's log again with `fix` applied to its events (each fixed one with
     the fields it changed): read, purged, and the fixed events appended in their original
     order with their original ids. `erased`: the log is the erased visitor's, its copies
-    marked so that no node handles them again (`privacy.ERASED_COPY`); otherwise a copy is
-    marked so (`privacy.SETTLED_COPY`) only when every node consuming it had acked the
-    original, and the others go to every node again (not lost: handled twice at worst).
+    marked so that no node handles them again (`privacy.ERASED_COPY`); otherwise a copy
+    names the nodes that had acked its original (`privacy.SETTLED_COPY`), which skip it, and
+    every other node handles it (not lost: one that had not acked it, or did not exist yet,
+    handles it; handled twice at worst).
     Returns the events as they were, and how many fields `fix` changed."""
     records = await bus.read(subjects.conversation(site, session_id))
     results = fix([r.event for r in records])
@@ -155,20 +156,20 @@ async def _rewrite(bus: Bus, site: str, session_id: str,
             headers = {"Nats-Msg-Id": f"{event.event_id}:erased:{rewrite}"}
             if erased:
                 headers[privacy.ERASED_COPY] = rewrite
-            elif all(floor >= record.seq for filters, floor in floors
-                     if any(subjects.matches(f, record.subject) for f in filters)):
-                headers[privacy.SETTLED_COPY] = rewrite
+            elif settled := sorted(name for name, filters, floor in floors if floor >= record.seq
+                                   and any(subjects.matches(f, record.subject) for f in filters)):
+                headers[privacy.SETTLED_COPY] = ",".join(settled)
             await bus.js.publish(subject, ev.encode(event), stream=subjects.CONV_STREAM, headers=headers)
     return [r.event for r in records], fields
 
 
-async def _ack_floors(bus: Bus) -> list[tuple[list[str], int]]:
-    """Each node's durable on the log: what it consumes (its filters) and its ack floor (the
-    stream sequence up to which it has acked everything)."""
+async def _ack_floors(bus: Bus) -> list[tuple[str, list[str], int]]:
+    """Each node's durable on the log: its name, what it consumes (its filters) and its ack
+    floor (the stream sequence up to which it has acked everything)."""
     floors = []
     for info in await bus.js.consumers_info(subjects.CONV_STREAM):
         filters = info.config.filter_subjects or [info.config.filter_subject or ">"]
-        floors.append((filters, info.ack_floor.stream_seq))
+        floors.append((info.name, filters, info.ack_floor.stream_seq))
     return floors
 
 

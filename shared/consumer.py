@@ -296,11 +296,12 @@ class ConsumerRunner:
         self._metrics[2][outcome].inc()
 
     async def process(self, msg: Msg) -> None:
-        if msg.headers and (privacy.ERASED_COPY in msg.headers or privacy.SETTLED_COPY in msg.headers):
+        if msg.headers and (privacy.ERASED_COPY in msg.headers
+                            or self.durable in msg.headers.get(privacy.SETTLED_COPY, "").split(",")):
             # A copy `concierge erase-visitor` stored: an erased visitor's (what it caused is
             # in the log already, and nothing more is done for them: no answer again, no model
             # call, no webhook, no analytics), or one of another conversation's rewritten log
-            # whose original every node had handled.
+            # whose original this node had handled (the header names the nodes that had).
             await self._handled(msg)
             return
         at = delivery(msg.reply)

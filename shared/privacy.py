@@ -64,8 +64,8 @@ REDACTED = "[redacted]"
 # call, webhook or analytics event again.
 ERASED_COPY = "Concierge-Erased"
 # The header on an event of another conversation the erase rewrites (one that mentions the
-# visitor) when every node consuming it had acked the original: nodes ack the copy
-# unhandled too. Without it (an original still pending somewhere) every node gets the copy.
+# visitor): the durables that had acked the original, comma-separated; they ack the copy
+# unhandled, and every other node (one the original was pending for, or made since) handles it.
 SETTLED_COPY = "Concierge-Settled"
 # An e-mail address in free text, wherever one is looked for (redaction, the router's
 # booking rule, the booking flow, the form-field extractor): the domain is dot-separated
@@ -137,8 +137,14 @@ def _everywhere(event: ev.Envelope, known: re.Pattern | None) -> dict:
             continue
         value = msgspec.to_builtins(getattr(event, field.name))
         scrubbed = _scrub_all(value, known)
-        if scrubbed != value:
+        if scrubbed == value:
+            continue
+        try:
             changes[field.name] = msgspec.convert(scrubbed, field.type)
+        except msgspec.ValidationError:
+            # An identifier the visitor chose can equal a value of the field's type (a
+            # `person_id` "ANSWER" and a route): such a field holds no free text, it stays.
+            continue
     return changes
 
 

@@ -400,9 +400,9 @@ async def test_no_node_handles_the_erased_visitors_copies_and_another_leads_rewr
         work_bus, redis_url, site):
     """The erase stores the visitor's log again: no node is handed their copies (an answer
     written again, a model called, a webhook or analytics event sent, for someone erased).
-    Another lead's log, rewritten because its brief mentions the visitor, is handed to the
-    nodes again only when one of them had not handled the original yet: nothing is done twice
-    for nothing, and nothing is lost. (A server of its own: other tests' stopped durables
+    Another lead's log, rewritten because its brief mentions the visitor, is handed again only
+    to the nodes that had not handled the original yet: nothing is done twice, and nothing is
+    lost. (A server of its own: other tests' stopped durables
     would hold every original as pending.)"""
     from shared.consumer import ConsumerRunner
     from shared.node import Node
@@ -438,7 +438,7 @@ async def test_no_node_handles_the_erased_visitors_copies_and_another_leads_rewr
         assert sorted(seen["early"]) == sorted(lead("ada") + lead("bob"))
 
         # A node had not handled dan's events yet (its durable stopped): his rewritten log goes
-        # to every node again, so that node gets them; carl's, erased, to none.
+        # to that node, not to the one that had; carl's, erased, to none.
         pending = ConsumerRunner(bus, watcher("pending"), fast(), start_lookback_s=5)
         await bus.js.add_consumer(subjects.CONV_STREAM, pending.consumer_config())
         await lead_with_brief(bus, site, "carl", "carl@example.com")
@@ -447,12 +447,26 @@ async def test_no_node_handles_the_erased_visitors_copies_and_another_leads_rewr
         report = await erase.erase(config, redis_url, site, ["carl"], None)
         assert set(report["mentions"]) == {"dan"}
         await pending.start()
-        await wait_for(lambda: len(seen["pending"]) >= 2, what="dan's events handled from the copies")
-        await wait_for(lambda: len(seen["early"]) >= 10, what="dan's copies handled again")
+        await wait_for(lambda: len(seen["pending"]) >= 4, what="dan's events handled from the copies")
         await asyncio.sleep(0.5)
-        assert sorted(seen["pending"]) == sorted(lead("dan"))
-        assert sorted(seen["early"][8:]) == sorted(lead("dan"))
+        # Bob's copies too: the node was made after his erase, within its start lookback, so
+        # his events are as new to it as his originals would have been (their headers name
+        # only the nodes that had handled them).
+        assert sorted(seen["pending"]) == sorted(lead("bob") + lead("dan"))
+        assert len(seen["early"]) == 8  # it had handled dan's originals: the copies name it
     finally:
         await early.stop()
         if pending is not None:
             await pending.stop()
+
+
+def test_an_identifier_equal_to_a_fields_value_leaves_that_field_and_the_erase_goes_on():
+    """A visitor's `person_id` "ANSWER" is also a route: the route stays (it holds no free
+    text), the identifier is scrubbed from the messages, and nothing raises."""
+    from shared import privacy
+
+    asked = ev.TurnRequested(event_id=ev.new_id(), site="s", session_id="c1", turn=1, ts=1.0, producer="gateway",
+                             message="My id is ANSWER, call me", visitor={"person_id": "ANSWER"})
+    routed = ev.follow(asked, ev.RouteDecided, "intent_router", route="ANSWER", reason="t")
+    (message, _), (route, _) = privacy.redact_log([asked, routed])
+    assert route.route == "ANSWER" and "ANSWER" not in message.message and message.visitor is None

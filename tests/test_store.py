@@ -15,7 +15,7 @@ from shared.bus import Position, connect
 from shared.config import BusConfig
 from shared.state import Record, apply, encode_state, fold
 from shared.store import CachedStore, JetStreamStore
-from shared.store.jetstream import Snapshot, read_snapshot, write_snapshot
+from shared.store.jetstream import STATE_VERSION, Snapshot, read_snapshot, write_snapshot
 
 
 async def publish_turns(bus, site, session, turns, first=1):
@@ -106,10 +106,21 @@ async def test_a_snapshot_of_another_conversation_is_ignored(bus, site):
     other = await logged(bus, site, "other")
     # Another conversation's state filed under the victim's key (a misfiled or forged write).
     await bus.bucket(subjects.SNAPSHOT_BUCKET).put(
-        subjects.kv_key(site, "victim"), msgspec.json.encode(Snapshot(schema_version=ev.SCHEMA_VERSION, state=other)))
+        subjects.kv_key(site, "victim"), msgspec.json.encode(Snapshot(schema_version=ev.SCHEMA_VERSION, state=other, state_version=STATE_VERSION)))
     for store in stores(bus):
         state = await store.state(site, "victim")
         assert state == await logged(bus, site, "victim") and state.turn == 1
+
+
+async def test_a_snapshot_an_earlier_fold_wrote_is_not_extended(bus, site):
+    """The fold changed (STATE_VERSION): a snapshot written before is folded again from the
+    log, not taken as it is (here: one claiming a turn the log does not have)."""
+    await publish_turns(bus, site, "old", 1)
+    stale = msgspec.structs.replace(await logged(bus, site, "old"), turn=7)
+    await bus.bucket(subjects.SNAPSHOT_BUCKET).put(subjects.kv_key(site, "old"), msgspec.json.encode(
+        Snapshot(schema_version=ev.SCHEMA_VERSION, state=stale, state_version=STATE_VERSION - 1)))
+    for store in stores(bus):
+        assert (await store.state(site, "old")).turn == 1
 
 
 async def test_events_whose_envelope_disagrees_with_their_subject_are_not_folded(bus, site):
@@ -249,7 +260,7 @@ async def test_a_writer_that_lost_a_race_learns_the_new_revision_and_writes_agai
         # Another process (another gateway replica) writes a snapshot meanwhile.
         other = await logged(bus, site, "r")
         await kv.put(subjects.kv_key(site, "r"), msgspec.json.encode(
-            Snapshot(schema_version=ev.SCHEMA_VERSION, state=other)))
+            Snapshot(schema_version=ev.SCHEMA_VERSION, state=other, state_version=STATE_VERSION)))
         await publish_turns(bus, site, "r", 1, first=3)
         await store.state(site, "r", write_snapshot=True)  # its revision is stale: loses
         await store.snapshots_written()

@@ -37,9 +37,16 @@ RECHECK_S = (0.05, 0.1, 0.2, 0.4)
 STORED_RECHECK_S = (0.0, 0.002, 0.005, 0.01, 0.02)  # pauses before looking for a heard event in the log
 
 
+# What the fold makes of a log (shared/state.py): raised when it changes, so a snapshot the
+# earlier fold wrote is not extended by the new one (the conversation is folded again from
+# its log). 1: `sector_enriched`, enrichment's sector kept over the conversation's guess.
+STATE_VERSION = 1
+
+
 class Snapshot(msgspec.Struct, kw_only=True):
     schema_version: int
     state: ConversationState
+    state_version: int = 0
 
 
 _encoder = msgspec.json.Encoder()
@@ -59,7 +66,7 @@ async def read_snapshot(bus: Bus, site: str, session_id: str) -> tuple[Conversat
     except msgspec.MsgspecError as exc:
         log.warning("unreadable snapshot ignored", extra={"site": site, "session_id": session_id, "error": str(exc)})
         return None, entry.revision
-    if snap.schema_version != SCHEMA_VERSION:
+    if snap.schema_version != SCHEMA_VERSION or snap.state_version != STATE_VERSION:
         return None, entry.revision
     if snap.state.event_count and (snap.state.site, snap.state.session_id) != (site, session_id):
         # Filed under another conversation's key: never fold someone else's state into this one.
@@ -77,7 +84,7 @@ async def write_snapshot(bus: Bus, state: ConversationState, revision: int | Non
 
 
 def encoded(bus: Bus, state: ConversationState) -> bytes | None:
-    data = _encoder.encode(Snapshot(schema_version=SCHEMA_VERSION, state=state))
+    data = _encoder.encode(Snapshot(schema_version=SCHEMA_VERSION, state=state, state_version=STATE_VERSION))
     if len(data) > bus.max_event_bytes:
         log.warning("state too big to snapshot", extra={"site": state.site, "session_id": state.session_id,
                                                         "bytes": len(data)})
