@@ -465,7 +465,7 @@ async def test_sources_under_the_production_permissions(secured_nats, site):
     import msgspec
 
     from services.retriever.sources import fetcher, planner
-    from services.retriever.sources.web import WebClient
+    from shared.web import WebClient
     from shared import sources
 
     gateway, retriever = [await as_service(secured_nats, n) for n in ("gateway", "retriever")]
