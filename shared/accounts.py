@@ -34,7 +34,8 @@ import io
 import json
 import re
 import time
-from typing import Any, Iterable, Literal
+from typing import Any, Iterable, Literal, NoReturn
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -47,6 +48,7 @@ MAX_METRICS = 50  # an account's usage metrics at most
 MAX_TEXT = 200  # a name, domain, tier, owner, industry, metric or unit
 MAX_NOTES = 4000  # an account's notes, a deal's summary and its lessons
 MAX_IMPORT_BYTES = 8 * 1024 * 1024
+USER_AGENT = "ConciergeAccounts/1.0 (account pull connector)"
 ACCOUNTS_SESSION = "_accounts"  # the site's log of imports (a name no widget session has)
 OUTCOMES = ("won", "lost", "churned", "expanded")
 SOURCES = ("cli", "api", "pull", "sample")
@@ -529,3 +531,69 @@ def due(last: Pulled | None, url: str, ttl_s: float, now: float | None = None) -
     older than its TTL."""
     now = time.time() if now is None else now
     return last is None or last.url != url or now - last.at >= ttl_s
+
+
+class PullError(Exception):
+    """The site's pull connector could not bring its accounts: refused address, no answer,
+    a status other than 200, or data that does not validate (`errors`, as an import's)."""
+
+    def __init__(self, message: str, errors: list[dict[str, str]] | None = None):
+        super().__init__(message)
+        self.errors = errors or []
+
+
+class PullResult(msgspec.Struct, kw_only=True):
+    """What `pull` did: fetched now (`fetched`) or served from the cache (the last fetch,
+    `at`, younger than the TTL), and the import's counts when it fetched."""
+
+    fetched: bool
+    at: float
+    url: str
+    error: str = ""
+    counts: dict[str, dict[str, int]] | None = None
+
+
+async def pull(bus: Bus, site: str, config, client, keys: dict[str, str], force: bool = False,
+               now: float | None = None) -> PullResult | None:
+    """Bring the site's accounts from its pull connector (`config`: its `[accounts]`) unless
+    the last fetch is younger than `pull_ttl_s` (`force`: fetch all the same). `client` is a
+    shared/web.py WebClient: an address the deployment may not fetch from is refused there
+    (CRAWL_ALLOW_PRIVATE_NETWORKS). `keys`: the ACCOUNTS_KEY_* variables the process keeps.
+    None when the site has no connector. A failed fetch is noted too (so replicas do not ask
+    again and again within the TTL) and raised as PullError; what was stored stays."""
+    from shared.web import FetchError, RefusedAddress
+
+    if not config.pull_url:
+        return None
+    now = time.time() if now is None else now
+    last = await last_pull(bus, site)
+    if not force and not due(last, config.pull_url, config.pull_ttl_s, now):
+        return PullResult(fetched=False, at=last.at, url=last.url, error=last.error)
+    headers = {"Accept": "application/json"}
+    if config.pull_key_env:
+        key_ = keys.get(config.pull_key_env)
+        if not key_:
+            return await _pull_failed(bus, site, config.pull_url, now,
+                                      f"the variable {config.pull_key_env} (accounts.pull_key_env) is not set")
+        headers["Authorization"] = f"Bearer {key_}"
+    try:
+        response = await client.get(config.pull_url, headers=headers)
+    except (RefusedAddress, FetchError) as exc:
+        return await _pull_failed(bus, site, config.pull_url, now, str(exc))
+    if response.status != 200:
+        return await _pull_failed(bus, site, config.pull_url, now, f"{config.pull_url} answered {response.status}")
+    if response.truncated:
+        return await _pull_failed(bus, site, config.pull_url, now, f"{config.pull_url}: larger than {MAX_IMPORT_BYTES} bytes")
+    try:
+        portfolio = parse(response.body, "json")
+    except AccountsError as exc:
+        await note_pull(bus, site, Pulled(at=now, url=config.pull_url, error=f"invalid data: {exc}"[:1000]))
+        raise PullError(f"{config.pull_url} answered data that does not validate", exc.errors) from None
+    event = await store(bus, site, portfolio, f"pull:{urlsplit(config.pull_url).hostname or ''}", "pull")
+    await note_pull(bus, site, Pulled(at=now, url=config.pull_url))
+    return PullResult(fetched=True, at=now, url=config.pull_url, counts=counts_of(portfolio, event))
+
+
+async def _pull_failed(bus: Bus, site: str, url: str, now: float, why: str) -> NoReturn:
+    await note_pull(bus, site, Pulled(at=now, url=url, error=why[:1000]))
+    raise PullError(why)
