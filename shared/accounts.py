@@ -51,7 +51,6 @@ MAX_IMPORT_BYTES = 8 * 1024 * 1024
 USER_AGENT = "ConciergeAccounts/1.0 (account pull connector)"
 ACCOUNTS_SESSION = "_accounts"  # the site's log of imports (a name no widget session has)
 OUTCOMES = ("won", "lost", "churned", "expanded")
-SOURCES = ("cli", "api", "pull", "sample")
 ACCOUNT_COLUMNS = ("id", "name", "domain", "tier", "arr", "currency", "renewal_date", "owner", "industry",
                    "employees", "notes")
 DEAL_COLUMNS = ("id", "account", "tier", "outcome", "value", "currency", "date", "summary", "lessons")
@@ -167,7 +166,27 @@ def from_data(data: Any) -> Portfolio:
     accounts = [a for i, raw in enumerate(rows["accounts"])
                 if (a := _record(Account, _account_data(raw), f"accounts[{i}]", errors)) is not None]
     deals = [d for i, raw in enumerate(rows["deals"]) if (d := _record(Deal, raw, f"deals[{i}]", errors)) is not None]
-    return _checked(Portfolio(accounts=accounts, deals=deals), errors)
+    try:
+        return _checked(Portfolio(accounts=accounts, deals=deals), errors)
+    except AccountsError as exc:
+        raise AccountsError([_by_metric_name(e, rows["accounts"]) for e in exc.errors]) from None
+
+
+_USAGE_AT = re.compile(r"^accounts\[(\d+)\]\.usage\[(\d+)\]")
+
+
+def _by_metric_name(error: dict[str, str], raw_accounts: list) -> dict[str, str]:
+    """A problem of a metric given in the mapping form, named as it was given:
+    `accounts[0].usage.seats.limit`, not the index it got in the list."""
+    match = _USAGE_AT.match(error["field"] or "")
+    if match is None:
+        return error
+    raw = raw_accounts[int(match.group(1))]
+    usage = raw.get("usage") if isinstance(raw, dict) else None
+    if not isinstance(usage, dict) or int(match.group(2)) >= len(usage):
+        return error
+    name = list(usage)[int(match.group(2))]
+    return {**error, "field": f"accounts[{match.group(1)}].usage.{name}" + error["field"][match.end():]}
 
 
 def _account_data(raw: Any) -> Any:
