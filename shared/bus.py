@@ -520,9 +520,10 @@ async def ensure_topology(bus: Bus) -> None:
         (subjects.HANDOFF_DELIVERY_BUCKET, None, 1),  # as lead_claims: kept as long as the log
         (subjects.KB_VECTORS_BUCKET, cfg.kb_vectors_ttl_s or None, 1),
         (subjects.INSIGHT_BUCKET, None, 1),  # made again from the log: `concierge insight rebuild`
+        (subjects.ACCOUNTS_BUCKET, None, 1),  # what operators imported: kept until imported again
     ):
         bus.kv[bucket] = await _ensure_bucket(bus.js, bucket, ttl, cfg.replicas, history,
-                                              direct=bucket == subjects.INSIGHT_BUCKET)
+                                              direct=bucket in (subjects.INSIGHT_BUCKET, subjects.ACCOUNTS_BUCKET))
 
 
 async def _ensure_stream(js: JetStreamContext, config: api.StreamConfig) -> None:

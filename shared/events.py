@@ -708,6 +708,22 @@ class SiteChanged(Envelope, tag="site_changed", kw_only=True):
     actor: str
 
 
+# --- account data (shared/accounts.py) ------------------------------------------------------
+
+
+class AccountsImported(Envelope, tag="accounts_imported", kw_only=True):
+    """Accounts and deals were imported into the site's `accounts` bucket (session
+    `_accounts`, turn 0): by whom (`actor`, as in SiteChanged), from where (`source`: cli,
+    api, pull, sample) and how many records were added, changed or left as they were, by
+    kind (`accounts`, `deals`). Counts only: the records are in the bucket."""
+
+    actor: str
+    source: str
+    added: dict[str, int]
+    changed: dict[str, int]
+    unchanged: dict[str, int]
+
+
 # --- visitor feedback (services/gateway/routes/feedback.py) ---------------------------------
 FEEDBACK_REASON_CHARS = 500
 Rating = Literal["up", "down"]
@@ -782,7 +798,8 @@ class ProjectionFailed(Envelope, tag="projection_failed", kw_only=True):
 
 # Stored in a log, but no step of a turn: written after it or beside it by what a replay does
 # not run (cli/replay/diff.py leaves them out of a turn's outcome).
-OUTSIDE_TURNS = (*LEAD_BRIEF_EVENTS, "site_changed", "feedback_given", "projection_failed", *HANDOFF_EVENTS)
+OUTSIDE_TURNS = (*LEAD_BRIEF_EVENTS, "site_changed", "feedback_given", "projection_failed", *HANDOFF_EVENTS,
+                 "accounts_imported")
 
 
 Event = Union[
@@ -827,6 +844,7 @@ Event = Union[
     SyncCompleted,
     SyncFailed,
     SiteChanged,
+    AccountsImported,
     FeedbackGiven,
     ProjectionFailed,
     HandoffRequested,

@@ -43,6 +43,11 @@ ENRICHMENT_SOURCES = ("person_api", "session_provider", "ip_api")
 # config cannot have another of the deployment's secrets sent to a provider.
 ENRICH_KEY_PREFIX = "ENRICH_KEY_"
 _ACCOUNT_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}\Z")
+# A site's account pull connector's key lives in a variable named so (the gateway keeps only
+# those), for the same reason.
+ACCOUNTS_KEY_PREFIX = "ACCOUNTS_KEY_"
+MIN_PULL_TTL_S = 60.0
+MAX_PULL_TTL_S = 7 * 86_400.0
 
 
 class Strict(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -215,6 +220,18 @@ class Enrichment(Strict):
     session_provider_account: str = ""
 
 
+class Accounts(Strict):
+    """Where the site's accounts come from besides imports (shared/accounts.py): an HTTP
+    endpoint of its CRM or data warehouse answering the import's JSON, fetched when the
+    operator API reads the accounts and the last fetch is older than `pull_ttl_s`."""
+
+    pull_url: str = ""  # empty: imports only
+    # The environment variable holding the endpoint's bearer key, ACCOUNTS_KEY_… (never the
+    # key itself: these files live in git); empty: no Authorization header.
+    pull_key_env: str = ""
+    pull_ttl_s: float = 3600.0
+
+
 class OperatorAccount(Strict):
     """A named person of the site's team: their own key (its SHA-256 here), so what they do in
     a conversation is theirs (services/gateway/operators.py). `concierge sites key --operator`."""
@@ -249,6 +266,7 @@ class SiteConfig(Strict):
     widget: Widget = msgspec.field(default_factory=Widget)
     handoff: Handoff = msgspec.field(default_factory=Handoff)
     enrichment: Enrichment = msgspec.field(default_factory=Enrichment)
+    accounts: Accounts = msgspec.field(default_factory=Accounts)
     segments: list[Segment] = []
     # Set when stored: a file's content hash (the sync), or the config's (`content_version`:
     # the API and the CLI). What a turn records as its `config_version`.
@@ -370,6 +388,16 @@ def problems(config: SiteConfig) -> list[FieldError]:
     if config.lead.webhook_secret_env and not ENV_NAME_RE.match(config.lead.webhook_secret_env):
         bad("lead.webhook_secret_env", "must name an environment variable (A-Z, 0-9, _), not hold the secret")
     out.extend(_enrichment_problems(config.enrichment))
+    a = config.accounts
+    if a.pull_url and not _url(a.pull_url, ("https", "http")):
+        bad("accounts.pull_url", "must be an http(s) URL")
+    elif a.pull_url and (urlsplit(a.pull_url).username or urlsplit(a.pull_url).password):
+        bad("accounts.pull_url", "no user name or password in the URL: name a key variable in pull_key_env")
+    if a.pull_key_env and not (ENV_NAME_RE.match(a.pull_key_env) and a.pull_key_env.startswith(ACCOUNTS_KEY_PREFIX)):
+        bad("accounts.pull_key_env", f"must name an environment variable {ACCOUNTS_KEY_PREFIX}… (A-Z, 0-9, _), "
+                                     "not hold the key")
+    if not MIN_PULL_TTL_S <= a.pull_ttl_s <= MAX_PULL_TTL_S:
+        bad("accounts.pull_ttl_s", f"between {MIN_PULL_TTL_S:.0f} and {MAX_PULL_TTL_S:.0f} seconds")
     names = [f.name for f in config.booking.fields]
     if len(set(names)) != len(names):
         bad("booking.fields", "two fields share a name")

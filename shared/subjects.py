@@ -35,6 +35,7 @@ HANDOFF_DELIVERY_BUCKET = "handoff_deliveries"
 KB_SNAPSHOT_BUCKET = "kb_snapshots"  # object store: each site's knowledge-base snapshot
 KB_VECTORS_BUCKET = "kb_vectors"  # vectors of knowledge-base sentences (services/responder/kb_vectors.py)
 INSIGHT_BUCKET = "insight"  # each conversation's insight record (shared/insight.py)
+ACCOUNTS_BUCKET = "accounts"  # each site's accounts and historical deals (shared/accounts.py)
 
 # Site and session ids become subject tokens, so they may not contain '.', '*', '>' or spaces.
 # `\Z`, not `$`: `$` also matches before a trailing newline, and "demo\n" is not a site.

@@ -243,6 +243,28 @@ async def test_the_gateway_and_the_router_change_sites_and_audit_them_and_no_one
             await bus.close()
 
 
+async def test_the_gateway_imports_accounts_and_audits_them_and_no_node_does(secured_nats, site):
+    """Account data under deploy/nats-server.conf: the gateway (the operator API) stores a
+    site's accounts and audits the import in the site's log; the replay worker reads them; a
+    node's service may write neither."""
+    from shared import accounts
+
+    gateway, enricher, replay = [await as_service(secured_nats, n) for n in ("gateway", "enricher", "replay")]
+    try:
+        portfolio = accounts.parse(b'[{"name": "Acme", "arr": 1000}]')
+        assert (await accounts.store(gateway, site, portfolio, "admin", "api")).added["accounts"] == 1
+        assert [a.name for a in await accounts.accounts(replay, site)] == ["Acme"]
+        assert [e.actor for e in await accounts.imports(replay, site)] == ["admin"]
+        with pytest.raises(nats.errors.TimeoutError):
+            await enricher.js.publish(f"$KV.{subjects.ACCOUNTS_BUCKET}.{site}.account.acme", b"{}", timeout=0.5)
+        with pytest.raises(nats.errors.TimeoutError):
+            await enricher.js.publish(subjects.conv(site, accounts.ACCOUNTS_SESSION, "accounts_imported"), b"{}",
+                                      timeout=0.5)
+    finally:
+        for bus in (gateway, enricher, replay):
+            await bus.close()
+
+
 async def test_a_service_follows_the_log_through_the_servers_flow_control(secured_nats, site):
     """The log feed (shared/store/feed.py) is an ordered push consumer with flow control: the
     server stops delivering until the subscriber answers on `$JS.FC.>`, which each service
@@ -465,7 +487,7 @@ async def test_sources_under_the_production_permissions(secured_nats, site):
     import msgspec
 
     from services.retriever.sources import fetcher, planner
-    from services.retriever.sources.web import WebClient
+    from shared.web import WebClient
     from shared import sources
 
     gateway, retriever = [await as_service(secured_nats, n) for n in ("gateway", "retriever")]

@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 
 from services.retriever.sources import pages
-from services.retriever.sources.web import RefusedAddress, WebClient, refused
+from shared.web import RefusedAddress, WebClient, refused
 from shared import events as ev
 from shared import sources
 from shared.state import SyncProgress, apply_sync

@@ -15,7 +15,7 @@ import pytest
 
 from services.retriever.knowledge import KnowledgeBase
 from services.retriever.sources import collector, fetcher, planner
-from services.retriever.sources.web import WebClient
+from shared.web import WebClient
 from shared import events as ev
 from shared import sources, subjects
 from shared.embeddings import shared_embedder

@@ -24,6 +24,7 @@ from pathlib import Path
 SERVICES = ("router", "retriever", "enricher", "responder", "gateway")
 ROOT = Path(__file__).resolve().parents[2]  # the project: sites/, knowledge/, and what `-m services.X` imports
 DEMO_KB = ROOT / "knowledge" / "demo"
+DEMO_ACCOUNTS = ROOT / "sites" / "demo.accounts.json"  # the demo site's sample portfolio
 
 
 def _wheel_binary(name: str, wheel: str) -> str:
@@ -252,6 +253,15 @@ class System:
         if not self.cluster_ports:
             self.start_nats()
         return subprocess.run([sys.executable, "-m", "cli", "ingest", "--site", site, "--quiet", str(source)],
+                              env=self.env, cwd=ROOT, check=check)
+
+    def import_accounts(self, site: str, source: Path = DEMO_ACCOUNTS, check: bool = True
+                        ) -> subprocess.CompletedProcess:
+        """`concierge accounts import` into this system's bus (started here when no server is):
+        the same file again changes nothing."""
+        if not self.cluster_ports:
+            self.start_nats()
+        return subprocess.run([sys.executable, "-m", "cli", "accounts", "import", "--site", site, str(source)],
                               env=self.env, cwd=ROOT, check=check)
 
     def start_all(self, ready_timeout: float = 60) -> None:

@@ -16,11 +16,13 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from shared import redis_client
+from shared.accounts import MAX_IMPORT_BYTES, USER_AGENT
 from shared.bus import connect
 from shared.service import start_ops
 from shared.session_guard import SessionGuard
 from shared.site_config import SiteConfigs
 from shared.store import CachedStore
+from shared.web import WebClient
 from services.gateway import errors
 from services.gateway.cors import KnownOrigins, SiteCORS
 from services.gateway.handoffs import Claims
@@ -57,7 +59,8 @@ async def lifespan(app: FastAPI):
     `tokens`): the bus, the conversation store following the log (shared/store: turn-start
     loads read what its feed has not folded), Redis and the rate limiters on it (chat turns,
     and apart, votes: per address only), the handoffs' claims, the session guard, the site
-    registry, the operators' credentials, and `ready` (the ops port's /readyz)."""
+    registry, the operators' credentials, the account pull connectors' web client (`web`,
+    shared/web.py's address guard), and `ready` (the ops port's /readyz)."""
     settings: GatewaySettings = app.state.settings
     app.state.bus = await connect(settings.bus, name="gateway")
     app.state.store = CachedStore(app.state.bus)
@@ -69,6 +72,7 @@ async def lifespan(app: FastAPI):
     app.state.guard = SessionGuard(app.state.bus, ttl_s=settings.turn_deadline_s + 10)
     app.state.sites = SiteConfigs(app.state.bus, settings.site_config_ttl_s)
     app.state.operators = OperatorAuth(app.state.sites, settings.admin_token)
+    app.state.web = WebClient(USER_AGENT, settings.allow_private_networks, max_bytes=MAX_IMPORT_BYTES)
     app.state.ready = False  # kept by `watch_ready`
     ops = await start_ops(lambda: app.state.ready, settings.ops_port, settings.ops_host)
     watcher = asyncio.create_task(watch_ready(app, settings.ops_check_s), name="ops-watch")
@@ -80,5 +84,6 @@ async def lifespan(app: FastAPI):
         if ops is not None:
             await ops.stop()
         await app.state.store.close()
+        await app.state.web.close()
         await app.state.bus.close()
         await app.state.redis.aclose()

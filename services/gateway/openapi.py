@@ -17,6 +17,7 @@ from fastapi import Header, Path
 from fastapi.security import HTTPBearer
 
 from services.gateway.schemas import ChatRequest, ErrorBody, FeedbackRequest, FeedbackStored
+from shared.accounts import Portfolio
 from shared.site_config import SiteConfig, Widget
 
 # Python's `\Z` is not in JSON Schema's (ECMA-262) regex dialect; there `$` already means
@@ -40,7 +41,7 @@ TAGS = [
                                        "site's allowed origins."},
     {"name": "operator", "description": "Everything an operator reads or does, under `/v1/admin/sites/{site}`: "
                                         "the site's config, versions and keys, conversations, their events and "
-                                        "states, replay, lead briefs and triage, handoffs to a person. A bearer token "
+                                        "states, replay, lead briefs and triage, handoffs to a person, accounts and deals. A bearer token "
                                         "(ADMIN_TOKEN, or the "
                                         "site's API key); no CORS."},
     {"name": "health", "description": "Liveness and readiness (also on the ops port, with /metrics)."},
@@ -118,6 +119,11 @@ FEEDBACK_RESPONSES = {
               s429="rate limited (Retry-After)", s503="the event bus is not reachable"),
 }
 SITE_OPENAPI = {"requestBody": {"required": True, "content": {"application/json": {"schema": schema_of(SiteConfig)}}}}
+ACCOUNTS_IMPORT_OPENAPI = {"requestBody": {"required": True, "content": {
+    "application/json": {"schema": schema_of(Portfolio)},
+    "text/csv": {"schema": {"type": "string", "description": "a CSV file of accounts (columns name, arr, ..., "
+                                                             "usage:<metric>, usage:<metric>:limit, "
+                                                             "usage:<metric>:unit) or of deals (an outcome column)"}}}}}
 SITE_PATCH_OPENAPI = {"requestBody": {"required": True, "content": {"application/json": {"schema": {
     "type": "object", "description": "a JSON merge patch of the site's config (RFC 7396): tables merge, lists are "
                                      "replaced, null puts a key back to its default"}}}}}

@@ -7,12 +7,15 @@ import msgspec
 from services.gateway import frames
 from services.gateway.schemas import MAX_BODY_BYTES
 from shared import redis_client
-from shared.config import BusConfig, Settings, env_float, env_int, env_str, invalid
+import os
+
+from shared.config import BusConfig, Settings, env_bool, env_float, env_int, env_str, invalid
+from shared.site_config import ACCOUNTS_KEY_PREFIX, ENV_NAME_RE
 from shared.privacy import PrivacySettings
 
 
 class GatewaySettings(Settings):
-    SECRETS = ("session_token_secret", "session_token_previous", "admin_token")
+    SECRETS = ("session_token_secret", "session_token_previous", "admin_token", "account_keys")
 
     bus: BusConfig = msgspec.field(default_factory=BusConfig)
     host: str = "127.0.0.1"
@@ -41,6 +44,12 @@ class GatewaySettings(Settings):
     ops_port: int = 9000
     ops_host: str = "0.0.0.0"
     ops_check_s: float = 5.0
+    # The sites' account pull connectors (shared/accounts.py): every ACCOUNTS_KEY_* variable
+    # (a site names its own in `accounts.pull_key_env`; no other variable can be named), and
+    # whether they may fetch from loopback and private addresses (as the knowledge sources'
+    # runs: CRAWL_ALLOW_PRIVATE_NETWORKS).
+    account_keys: dict[str, str] = {}
+    allow_private_networks: bool = False
 
     @classmethod
     def from_env(cls) -> "GatewaySettings":
@@ -67,6 +76,9 @@ class GatewaySettings(Settings):
             ops_port=env_int("OPS_PORT", d.ops_port),
             ops_host=env_str("OPS_HOST", d.ops_host),
             ops_check_s=env_float("OPS_CHECK_S", d.ops_check_s),
+            account_keys={name: value for name, value in os.environ.items()
+                          if name.startswith(ACCOUNTS_KEY_PREFIX) and ENV_NAME_RE.match(name)},
+            allow_private_networks=env_bool("CRAWL_ALLOW_PRIVATE_NETWORKS", d.allow_private_networks),
         )
 
 

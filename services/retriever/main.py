@@ -12,7 +12,7 @@ from services.retriever.search import Retriever
 from services.retriever.settings import RetrieverSettings
 from services.retriever.sources import collector, fetcher, planner
 from services.retriever.sources.scheduler import Scheduler
-from services.retriever.sources.web import WebClient
+from shared.web import WebClient
 from shared import language, service
 from shared.embeddings import shared_embedder
 from shared.node import Node

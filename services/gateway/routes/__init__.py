@@ -6,7 +6,7 @@
 | visitor.py | `GET /v1/sites/{site}/widget` | anyone (the site's origins) |
 | visitor.py | `GET /v1/sites/{site}/conversations/{session_id}`, its `/live` channel and its turns' `/stream` | the conversation's token |
 | feedback.py | `POST /v1/sites/{site}/conversations/{session_id}/turns/{turn}/feedback` | the conversation's token |
-| operator.py | `/v1/admin/sites/{site}` and everything under it: sites.py, conversations.py, replay.py, briefs.py, sources.py, insight.py, handoffs.py | operators |
+| operator.py | `/v1/admin/sites/{site}` and everything under it: sites.py, conversations.py, replay.py, briefs.py, sources.py, insight.py, handoffs.py, accounts.py | operators |
 | health.py | `/healthz`, `/readyz` | anyone (probes) |
 | pages.py | `/`, `/widget.js`, `/admin` (files) | anyone |
 

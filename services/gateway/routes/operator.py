@@ -10,7 +10,8 @@ read this API from a browser. What is under the prefix:
 - the lead briefs and the triage (briefs.py);
 - the knowledge sources: websites, uploads, text snippets and their sync runs (sources.py);
 - the site's insight: figures, knowledge gaps, exports and curated answers (insight.py);
-- the handoffs to a person: waiting and held conversations, claims, messages (handoffs.py).
+- the handoffs to a person: waiting and held conversations, claims, messages (handoffs.py);
+- the site's existing customers: accounts and historical deals, imported or pulled (accounts.py).
 
 The operator UI (`/admin`, pages.py) is a static page over this API.
 """
@@ -19,9 +20,9 @@ from fastapi import APIRouter, Depends
 
 from services.gateway.access import operator_of_site
 from services.gateway.openapi import OPERATOR_PREFIX, OPERATOR_RESPONSES
-from services.gateway.routes import briefs, conversations, handoffs, insight, replay, sites, sources
+from services.gateway.routes import accounts, briefs, conversations, handoffs, insight, replay, sites, sources
 
 router = APIRouter(tags=["operator"], dependencies=[Depends(operator_of_site)], responses=OPERATOR_RESPONSES)
-for part in (sites, conversations, replay, briefs, sources, insight, handoffs):
+for part in (sites, conversations, replay, briefs, sources, insight, handoffs, accounts):
     # The prefix given here, not the router's own: the site itself is the prefix's path ("").
     router.include_router(part.router, prefix=OPERATOR_PREFIX)

@@ -24,7 +24,7 @@ import logging
 import msgspec
 
 from services.retriever.sources import pages as pg
-from services.retriever.sources.web import FetchError, RefusedAddress, WebClient
+from shared.web import FetchError, RefusedAddress, WebClient
 from shared import events as ev
 from shared import sources, subjects
 from shared.node import Context, Inputs, Needs, Node

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 
 from services.retriever.sources import pages as pg
-from services.retriever.sources.web import FetchError, RefusedAddress, WebClient
+from shared.web import FetchError, RefusedAddress, WebClient
 from shared import events as ev
 from shared import sources
 from shared.node import Context, Inputs, Needs, Node

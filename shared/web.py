@@ -1,5 +1,6 @@
-"""Fetching what an operator pointed a source at, without becoming a way into the network
-Concierge runs in.
+"""Fetching what an operator pointed Concierge at (a knowledge source's pages: the
+retriever's sources; a site's account pull connector: shared/accounts.py), without becoming
+a way into the network Concierge runs in.
 
 Every connection's address is checked where it is made: host names resolve through
 `GuardedResolver`, which refuses loopback, private, link-local, multicast, reserved and
