@@ -62,12 +62,13 @@ class Wait:
 
     kinds: tuple[str, ...]
     deadline_s: float
-    # The site's own deadline (e.g. its `enrichment.budget_ms`), None where it sets none
-    # (then `deadline_s`); a node with such a wait needs the site's config.
-    per_site: Callable[[SiteConfig], float | None] | None = None
+    # The conversation's own deadline, given the site's config and the state folded so far
+    # (e.g. the site's `enrichment.budget_ms`, or none once the profile is known), None for
+    # `deadline_s`; a node with such a wait needs the site's config.
+    per_site: Callable[[SiteConfig, ConversationState], float | None] | None = None
 
-    def deadline(self, config: SiteConfig) -> float:
-        own = self.per_site(config) if self.per_site is not None else None
+    def deadline(self, config: SiteConfig, state: ConversationState) -> float:
+        own = self.per_site(config, state) if self.per_site is not None else None
         return self.deadline_s if own is None else own
 
 
@@ -225,7 +226,7 @@ async def gather(needs: Needs, event: ev.Envelope, store: ConversationStore, con
     if needs.waits:
         loaded = False
         for wait in needs.waits:
-            deadline = wait.deadline(await site_config()) if wait.per_site is not None else wait.deadline_s
+            deadline = wait.deadline(await site_config(), state) if wait.per_site is not None else wait.deadline_s
             remaining = deadline - (time.monotonic() - started)
             record = state.turns.get(event.turn)
             missing = set(wait.kinds) - set(record.seen if record else ())

@@ -19,7 +19,7 @@ from shared.consumer import ConsumerRunner
 from shared.events import VisitorProfile
 from shared.llm import LLMClient
 from shared.site_config import CTA, Enrichment, Persona, Segment, SiteConfig
-from shared.state import fold
+from shared.state import ConversationState, fold
 from services.responder import answer_writer
 from services.responder.settings import AnswerSettings
 from tests.helpers import FixedConfigs, decide, fast, isolated, records_of, turn, wait_for
@@ -311,9 +311,14 @@ def test_it_waits_for_retrieval_then_for_the_visitors_profile_each_on_its_deadli
     assert [(w.kinds, w.deadline_s) for w in waits] == [(("retrieval_completed", "skills_applied"), 1.5),
                                                         (("enrichment_completed", "profile_inferred"), 0.3)]
     per_site = waits[1]
-    assert per_site.deadline(SiteConfig()) == 0.3  # a site without a budget: the deployment's
-    assert per_site.deadline(SiteConfig(enrichment=Enrichment(budget_ms=80))) == 0.08
-    assert per_site.deadline(SiteConfig(enrichment=Enrichment(budget_ms=0))) == 0.0
+    first, known = ConversationState(turn=1), ConversationState(turn=2, visitor_profile=NORTHWIND_KNOWN)
+    assert per_site.deadline(SiteConfig(), first) == 0.3  # a site without a budget: the deployment's
+    assert per_site.deadline(SiteConfig(enrichment=Enrichment(budget_ms=80)), first) == 0.08
+    assert per_site.deadline(SiteConfig(enrichment=Enrichment(budget_ms=0)), first) == 0.0
+    # A later turn of a visitor whose company an earlier turn named: that profile, no wait.
+    assert per_site.deadline(SiteConfig(enrichment=Enrichment(budget_ms=80)), known) == 0.0
+    unknown = ConversationState(turn=2)
+    assert per_site.deadline(SiteConfig(enrichment=Enrichment(budget_ms=80)), unknown) == 0.08
 
 
 # --- who is asking: the site's segments -----------------------------------------------------
@@ -327,6 +332,7 @@ SEGMENTED = msgspec.structs.replace(TIDEWISE, segments=[
             cta_label="Talk to us", cta_url="https://tidewise.example/enterprise"),
 ])
 NORTHWIND = VisitorProfile(company_name="Northwind", sector="Logistics", company_size="51-200")
+NORTHWIND_KNOWN = msgspec.structs.replace(NORTHWIND, status="completed")
 
 
 async def test_the_visitors_industry_gives_the_example_and_its_size_the_offer_once(extractive):

@@ -166,8 +166,12 @@ def audited(completed: ev.ResponseCompleted, state: ConversationState, documents
     return completed
 
 
-def profile_budget(config: SiteConfig) -> float | None:
-    """The site's budget for the visitor's profile, in seconds (None: the deployment's)."""
+def profile_budget(config: SiteConfig, state: ConversationState) -> float | None:
+    """How long the answer waits for this turn's enrichment and profile, in seconds: not at
+    all once an earlier turn named the company (its profile is in the state already; this
+    turn's would only refresh it), else the site's budget (None: the deployment's)."""
+    if state.turn > 1 and state.visitor_profile.status == "completed":
+        return 0.0
     budget = config.enrichment.budget_ms
     return None if budget is None else budget / 1000
 
@@ -215,8 +219,8 @@ def make_node(llm: LLMClient, settings: AnswerSettings = AnswerSettings(),
     # Retrieval and the skills to apply first, on the retrieval's deadline (the router stores
     # the skills before the route, so they are there); then the visitor's enrichment
     # and profile, on the site's budget (`enrichment.budget_ms`, else ANSWER_WAIT_S; counted
-    # from the same start). Whatever is missing then is `late`, named in the answer, never
-    # waited for longer.
+    # from the same start; not waited for once the company is known). Whatever is missing
+    # then is `late`, named in the answer, never waited for longer.
     waits = (Wait(("retrieval_completed", "skills_applied"), settings.retrieval_wait_s),
              Wait(AWAITED, settings.wait_s, per_site=profile_budget))
     return Node(name=NAME, consumes=("route_decided",), handle=handle,
