@@ -40,3 +40,11 @@ def test_the_answer_waits_for_the_profile_only_past_its_route_and_retrieval(prof
     assert route == "ANSWER"
     assert ms["retrieval"] == pytest.approx(30.0) and ms["profile"] == pytest.approx(profile)
     assert ms["profile_wait"] == pytest.approx(waited) and ms["reply"] == pytest.approx(reply)
+
+
+def test_the_profiles_wait_is_summed_up_over_answer_turns():
+    turns = [("ANSWER", {"profile_wait": 0.0}), ("ANSWER", {"profile_wait": 40.0}), ("ANSWER", {}),
+             ("BOOKING", {"profile_wait": 99.0}), ("ANSWER", {"profile_wait": 0.5})]
+    waited = critical_path.profile_wait(turns)
+    assert (waited["turns"], waited["waited"], waited["p50"]) == (3, 1, 0.5) and waited["p99"] > 39
+    assert critical_path.profile_wait([("REDIRECT", {})]) == {}

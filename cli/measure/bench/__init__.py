@@ -138,9 +138,10 @@ async def replay_rate(nats_url: str, site: str, sessions: list[str], rounds: int
     return events / elapsed, events
 
 
-async def critical_paths(nats_url: str, site: str, results: list[dict]) -> dict[str, dict[str, float]]:
+async def critical_paths(nats_url: str, site: str, results: list[dict]) -> tuple[dict[str, dict[str, float]], dict]:
     """Each route's critical path (cli/measure/bench/critical_path.py) over the measured turns:
-    their stored events, their first token events (TOKENS) and the client's clock."""
+    their stored events, their first token events (TOKENS) and the client's clock; and what
+    ANSWER turns waited for the visitor's profile (`critical_path.profile_wait`)."""
     bus = await connect(BusConfig(url=nats_url), name="bench-critical-path")
     turns = []
     try:
@@ -160,7 +161,7 @@ async def critical_paths(nats_url: str, site: str, results: list[dict]) -> dict[
                                                              r["sent_at"], r["first_read_at"]))
     finally:
         await bus.close()
-    return critical_path.summarize(turns)
+    return critical_path.summarize(turns), critical_path.profile_wait(turns)
 
 
 def verify(nats_url: str, site: str, env: dict[str, str]) -> dict:
@@ -379,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
             llm_cpu_s = process_usage.cpu_s(llm.pid) - llm_cpu_before
             print("CPU seconds per process during the measured turns: "
                   + ", ".join(f"{name} {seconds}" for name, seconds in cpu_s.items()), flush=True)
-            paths = asyncio.run(critical_paths(system.nats_url, site, results))
+            paths, waited = asyncio.run(critical_paths(system.nats_url, site, results))
             rate, replayed = asyncio.run(replay_rate(system.nats_url, site, sessions, args.replay_rounds))
             verified = verify(system.nats_url, site, {**llm_env, "SITES_DIR": str(sites)}) if args.verify else None
         finally:
@@ -420,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
         "turn_ms_p50": round(percentile(totals, 50), 1),
         "turns_per_s": round(len(ok) / wall, 1),
         "critical_path_ms_p50": paths,
+        # ANSWER turns' wait for the visitor's profile past route and retrieval: the budget's cost.
+        "profile_wait_ms": waited,
         "cpu_ms_per_turn": {name: round(seconds * 1000 / max(1, len(results)), 1) for name, seconds in cpu_s.items()},
         # On the same cores, outside the figure above: a real provider's is not on ours.
         "scripted_llm_cpu_ms_per_turn": round(llm_cpu_s * 1000 / max(1, len(results)), 1),
@@ -440,6 +443,9 @@ def main(argv: list[str] | None = None) -> int:
     print("critical path, p50 ms per segment (cli/measure/bench/critical_path.py):")
     for route, segments in paths.items():
         print(f"  {route:<8} " + ", ".join(f"{segment} {ms}" for segment, ms in segments.items()))
+    if waited:
+        print(f"  the profile's wait (ANSWER, past route and retrieval): p50 {waited['p50']} ms, p90 {waited['p90']} ms, "
+              f"p99 {waited['p99']} ms; {waited['waited']} of {waited['turns']} turns waited")
     print("CPU ms per turn: " + ", ".join(f"{name} {ms}" for name, ms in figures["cpu_ms_per_turn"].items())
           + f" (all: {round(sum(figures['cpu_ms_per_turn'].values()), 1)}; on the same cores, the scripted LLM "
           f"{figures['scripted_llm_cpu_ms_per_turn']} and the load generator {figures['driver_cpu_ms_per_turn']})")

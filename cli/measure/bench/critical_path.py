@@ -92,3 +92,13 @@ def summarize(turns: list[tuple[str | None, dict[str, float]]]) -> dict[str, dic
     return {route: {segment: round(percentile(values[route][segment], 50), 1)
                     for segment in SEGMENTS if values[route].get(segment)}
             for route in sorted(values)}
+
+
+def profile_wait(turns: list[tuple[str | None, dict[str, float]]]) -> dict[str, float]:
+    """What ANSWER turns waited for the visitor's profile past their route and retrieval (the
+    profile budget's cost): p50, p90, p99 in ms, and how many turns waited at all."""
+    waits = [segments["profile_wait"] for route, segments in turns if route == "ANSWER" and "profile_wait" in segments]
+    if not waits:
+        return {}
+    return {"p50": round(percentile(waits, 50), 1), "p90": round(percentile(waits, 90), 1),
+            "p99": round(percentile(waits, 99), 1), "turns": len(waits), "waited": sum(1 for w in waits if w > 1.0)}
