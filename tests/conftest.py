@@ -154,6 +154,15 @@ def e2e_shared_webhook():
     receiver.close()
 
 
+@pytest.fixture(scope="module")
+def providers():
+    """The enrichment vendors' stand-ins (tests/providers.py), a server per module."""
+    from tests.providers import provider_server
+
+    with provider_server() as p:
+        yield p
+
+
 @pytest.fixture(scope="session")
 def e2e_shared_providers():
     """The enrichment vendors' stand-ins (tests/providers.py) the shared system's sites may use."""

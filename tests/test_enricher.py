@@ -17,15 +17,9 @@ from services.enricher.sources import (
     CacheSource, Guarded, IpApiSource, IpDatasetSource, IpinfoSource, Lookup, ReturningVisitorSource, RevealSource,
     SessionProviderSource,
 )
-from tests.providers import provider_server
 
 KEYS = privacy.PrivacySettings()  # the development IP hash key
 
-
-@pytest.fixture(scope="module")
-def providers():
-    with provider_server() as p:
-        yield p
 
 
 @pytest.fixture

@@ -21,7 +21,6 @@ from services.enricher.sources import (
 from shared import events as ev
 from shared import privacy, subjects
 from tests.helpers import decide, fast, isolated, start, wait_for
-from tests.providers import provider_server
 
 KEYS = privacy.PrivacySettings()  # the development IP hash key
 
@@ -104,11 +103,6 @@ async def test_a_turn_already_routed_away_is_not_enriched(redis, site, route, ca
 
 # --- the node, through the bus --------------------------------------------------------------
 
-
-@pytest.fixture(scope="module")
-def providers():
-    with provider_server() as p:
-        yield p
 
 
 async def start_node(bus, enricher, site):

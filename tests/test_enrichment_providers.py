@@ -24,15 +24,10 @@ from services.enricher.sources import (
 from shared import events as ev
 from shared import privacy
 from shared.site_config import Enrichment, SiteConfig
-from tests.providers import PDL_EMAIL, SNITCHER_SCRIPT, provider_server, sha256
+from tests.providers import PDL_EMAIL, SNITCHER_SCRIPT, sha256
 
 KEYS = privacy.PrivacySettings()
 
-
-@pytest.fixture(scope="module")
-def providers():
-    with provider_server() as p:
-        yield p
 
 
 @pytest.fixture

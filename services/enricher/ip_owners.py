@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from shared.events import VisitorProfile
-from services.enricher.sources import Lookup, SourceError
+from services.enricher.sources import Lookup, ip_of
 
 # whereip-network's categories of a network that is an organisation's own, by the sector it says.
 OWN_NETWORKS = {"enterprise": None, "education": "Education", "government": "Government", "non-profit": "Non-profit"}
@@ -60,13 +60,8 @@ class IpOwnerSource:
             self.table = whereip_network.table()
 
     async def lookup(self, q: Lookup) -> VisitorProfile | None:
-        if not q.ip:
-            return None
-        try:
-            address = ipaddress.ip_address(q.ip)
-        except ValueError:
-            raise SourceError("not an IP address") from None
-        return self.owner(address)
+        address = ip_of(q)
+        return None if address is None else self.owner(address)
 
     def owner(self, address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> VisitorProfile | None:
         if address.version == 6 and address.ipv4_mapped:

@@ -420,6 +420,16 @@ def _http_profile(response: httpx.Response, name: str,
     return (mapped or profile_from)(data, name)
 
 
+def ip_of(q: Lookup) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The lookup's raw IP as an address (None: none known); a malformed one is a failure."""
+    if not q.ip:
+        return None
+    try:
+        return ipaddress.ip_address(q.ip)
+    except ValueError:
+        raise SourceError("not an IP address") from None
+
+
 @dataclass
 class IpDatasetSource:
     """The offline server-side source: a CSV of IP ranges → companies."""
@@ -437,12 +447,8 @@ class IpDatasetSource:
         self._ranges.sort(key=lambda item: item[0].prefixlen, reverse=True)
 
     async def lookup(self, q: Lookup) -> VisitorProfile | None:
-        if not q.ip:
+        if (address := ip_of(q)) is None:
             return None
-        try:
-            address = ipaddress.ip_address(q.ip)
-        except ValueError:
-            raise SourceError("not an IP address") from None
         for network, row in self._ranges:
             if address.version == network.version and address in network:
                 return profile_from(row, self.name)
