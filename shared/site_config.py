@@ -28,6 +28,7 @@ import nats.js.errors
 from nats.js.errors import KeyNotFoundError, NotFoundError
 
 from shared import business_hours, subjects
+from shared.company_size import employees
 from shared.bus import Bus
 
 log = logging.getLogger(__name__)
@@ -431,8 +432,6 @@ def _enrichment_problems(e: Enrichment) -> list[FieldError]:
 
 
 def _segment_problems(segments: list[Segment]) -> list[FieldError]:
-    from shared.segments import employees  # reads a Segment: imported here, not at the top
-
     out: list[FieldError] = []
     if len(segments) > MAX_SEGMENTS:
         return [FieldError("segments", f"at most {MAX_SEGMENTS} segments")]

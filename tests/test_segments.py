@@ -1,11 +1,11 @@
-"""shared/segments.py: employee ranges as providers write them, which of a site's segments a
+"""shared/company_size.py and shared/segments.py: employee ranges as providers write them, which of a site's segments a
 visitor's profile matches, and what each field of the answer takes from them."""
 
 from __future__ import annotations
 
 import pytest
 
-from shared import segments
+from shared import company_size, segments
 from shared.events import VisitorProfile
 from shared.site_config import CTA, Segment, SiteConfig
 
@@ -18,7 +18,7 @@ from shared.site_config import CTA, Segment, SiteConfig
     ("1" + " " * 254 + "x", None), ("9" * 5000, None), ("1,2,3,4,5,6,7,8,9,10-20", None),
 ])
 def test_employee_ranges_are_read_as_providers_write_them(text, expected):
-    assert segments.employees(text) == expected
+    assert company_size.employees(text) == expected
 
 
 CONFIG = SiteConfig(cta=CTA(label="Book a demo", booking_url="https://acme.example/book"), segments=[
