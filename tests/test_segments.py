@@ -1,5 +1,6 @@
-"""shared/company_size.py and shared/segments.py: employee ranges as providers write them, which of a site's segments a
-visitor's profile matches, and what each field of the answer takes from them."""
+"""shared/company_size.py and shared/segments.py: employee ranges as providers write them,
+which of a site's segments a visitor's profile matches, and what each field of the answer
+takes from them."""
 
 from __future__ import annotations
 
