@@ -212,6 +212,11 @@ async def forget_mentions(bus: Bus, site: str, erased: set[str], report: dict) -
             events, fields = await _rewrite(bus, site, session_id,
                                             lambda log: [privacy.forget_mentions(e, erased) for e in log],
                                             erased=False)
+            # Its snapshot held the mention and the log's old positions: folded again from the log.
+            try:
+                await bus.bucket(subjects.SNAPSHOT_BUCKET).purge(subjects.kv_key(site, session_id))
+            except Exception as exc:  # no snapshot is fine
+                report["notes"].append(f"snapshot {site}/{session_id}: {exc!r}")
         report["mentions"][session_id] = {"events_rewritten": len(events), "fields_redacted": fields}
 
 

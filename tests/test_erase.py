@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from nats.js.errors import NotFoundError
+from nats.js.errors import KeyNotFoundError, NotFoundError
 
 from shared import events as ev
 from shared import insight, privacy, redis_client, subjects
@@ -150,10 +150,14 @@ async def test_erase_covers_the_leads_brief_and_what_other_briefs_and_triages_sa
     second = triage(site, ("bob", "call_first", "Bob is ready now"))
     for e in (first, second):
         await bus.publish(e)
+    snapshots = bus.bucket(subjects.SNAPSHOT_BUCKET)
+    await snapshots.put(subjects.kv_key(site, "bob"), b"{}")  # bob's state, holding what his brief said of ada
 
     report = await erase.erase(BusConfig(url=nats_url), redis_url, site, ["ada"], None)
     assert set(report["sessions"]) == {"ada"}
     assert set(report["mentions"]) == {"bob", ev.TRIAGE_SESSION}
+    with pytest.raises(KeyNotFoundError):  # bob's snapshot is gone: folded again from his rewritten log
+        await snapshots.get(subjects.kv_key(site, "bob"))
     assert report["sessions"]["ada"]["fields_redacted"] == 9  # 2 of the turn, 7 of the lead and its brief
     ada = [r.event for r in await bus.read(subjects.conversation(site, "ada"))]
     assert len(ada) == 6 and b"ada@example.com" not in b"".join(ev.encode(e) for e in ada)
