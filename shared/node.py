@@ -63,13 +63,17 @@ class Wait:
     kinds: tuple[str, ...]
     deadline_s: float
     # The conversation's own deadline, given the site's config and the state folded so far
-    # (e.g. the site's `enrichment.budget_ms`, or none once the profile is known), None for
-    # `deadline_s`; a node with such a wait needs the site's config.
+    # (e.g. the site's `enrichment.budget_ms`), None for `deadline_s`, `NOT_WAITED` when the
+    # wait does not apply (e.g. the profile is known already: its kinds are then not `late`
+    # either); a node with such a wait needs the site's config.
     per_site: Callable[[SiteConfig, ConversationState], float | None] | None = None
 
     def deadline(self, config: SiteConfig, state: ConversationState) -> float:
         own = self.per_site(config, state) if self.per_site is not None else None
         return self.deadline_s if own is None else own
+
+
+NOT_WAITED = -1.0  # Wait.per_site's answer for a wait that does not apply to this event
 
 
 @dataclass(frozen=True)
@@ -225,8 +229,13 @@ async def gather(needs: Needs, event: ev.Envelope, store: ConversationStore, con
 
     if needs.waits:
         loaded = False
+        skipped: set[str] = set()
         for wait in needs.waits:
             deadline = wait.deadline(await site_config(), state) if wait.per_site is not None else wait.deadline_s
+            if deadline < 0 and loaded:  # NOT_WAITED: nothing to wait for, nothing late
+                skipped.update(wait.kinds)
+                continue
+            deadline = max(deadline, 0.0)
             remaining = deadline - (time.monotonic() - started)
             record = state.turns.get(event.turn)
             missing = set(wait.kinds) - set(record.seen if record else ())
@@ -237,7 +246,7 @@ async def gather(needs: Needs, event: ev.Envelope, store: ConversationStore, con
                 loaded = True
         record = state.turns.get(event.turn)
         seen = set(record.seen) if record else set()
-        late = [kind for wait in needs.waits for kind in wait.kinds if kind not in seen]
+        late = [kind for wait in needs.waits for kind in wait.kinds if kind not in seen and kind not in skipped]
     elif needs.state or needs.join:
         state = await store.state(site, session, at, event.turn)
     if needs.join and not joined(needs.join, event, state):

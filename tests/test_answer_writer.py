@@ -316,7 +316,7 @@ def test_it_waits_for_retrieval_then_for_the_visitors_profile_each_on_its_deadli
     assert per_site.deadline(SiteConfig(enrichment=Enrichment(budget_ms=80)), first) == 0.08
     assert per_site.deadline(SiteConfig(enrichment=Enrichment(budget_ms=0)), first) == 0.0
     # A later turn of a visitor whose company an earlier turn named: that profile, no wait.
-    assert per_site.deadline(SiteConfig(enrichment=Enrichment(budget_ms=80)), known) == 0.0
+    assert per_site.deadline(SiteConfig(enrichment=Enrichment(budget_ms=80)), known) == answer_writer.NOT_WAITED
     unknown = ConversationState(turn=2)
     assert per_site.deadline(SiteConfig(enrichment=Enrichment(budget_ms=80)), unknown) == 0.08
 

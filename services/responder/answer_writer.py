@@ -33,7 +33,7 @@ from services.responder.settings import ANSWER_BACKENDS, ROLES, AnswerSettings
 from shared.config import ConfigError
 from shared.embeddings import EmbeddingSettings, shared_embedder
 from shared.llm import LLMClient, role_records
-from shared.node import Context, Inputs, Needs, Node, Wait
+from shared.node import NOT_WAITED, Context, Inputs, Needs, Node, Wait
 from shared.site_config import SiteConfig
 from shared.state import ConversationState
 
@@ -171,7 +171,7 @@ def profile_budget(config: SiteConfig, state: ConversationState) -> float | None
     all once an earlier turn named the company (its profile is in the state already; this
     turn's would only refresh it), else the site's budget (None: the deployment's)."""
     if state.turn > 1 and state.visitor_profile.status == "completed":
-        return 0.0
+        return NOT_WAITED
     budget = config.enrichment.budget_ms
     return None if budget is None else budget / 1000
 
