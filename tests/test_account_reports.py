@@ -6,18 +6,22 @@ deployment-wide concurrency), and the operator API with tenant isolation."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import json
 
 import httpx
 import msgspec
 import pytest
 from prometheus_client import REGISTRY
 
+from cli import accounts as accounts_cli
 from services.enricher import account_reporter, report_gatherer
 from services.enricher.reports import deals, document, plain, rules, writer
 from shared import account_reports, accounts
 from shared import events as ev
 from shared import subjects
+from shared.bus import BusConfig, connect
 from shared.config import LLMRoleConfig
 from shared.llm import LLMClient
 from tests.helpers import briefs_queue_empty, decide, start, unique, wait_for
@@ -394,3 +398,37 @@ async def test_another_sites_key_can_neither_queue_nor_read_the_sites_reports(bu
     assert theirs.status_code == 404
     mine = await client.get(f"/v1/admin/sites/{other}/accounts/acme-heating/reports", headers=bearer(key_of(other)))
     assert mine.json()["reports"] == []
+
+
+# --- the command line --------------------------------------------------------------------------
+
+
+def test_the_cli_queues_reports_and_shows_the_latest(nats_url, tmp_path, capsys):
+    site = unique("cli")
+    path = tmp_path / "accounts.json"
+    path.write_text(json.dumps({"accounts": [msgspec.to_builtins(account())]}))
+    assert accounts_cli.main(["--nats-url", nats_url, "import", "--site", site, str(path)]) == 0
+    capsys.readouterr()
+    assert accounts_cli.main(["--nats-url", nats_url, "report", "--site", site, "--account", "nobody"]) == 2
+    assert "no account nobody" in capsys.readouterr().err
+    assert accounts_cli.main(["--nats-url", nats_url, "report", "show", "--site", site, "--account", "acme-heating"]) == 2
+    assert "no report for account acme-heating" in capsys.readouterr().err
+    assert accounts_cli.main(["--nats-url", nats_url, "report", "--site", site, "--account", "acme-heating"]) == 0
+    assert "queued 1 account reports" in capsys.readouterr().out
+
+    async def store_report():
+        bus = await connect(BusConfig(url=nats_url), name="test-cli-reports")
+        try:
+            data = inputs()
+            text, meta = plain.report(data)
+            await bus.publish(ev.AccountReportCompleted(
+                event_id=ev.new_id(), site=site, session_id=account_reports.session_of("acme-heating"), turn=0,
+                ts=ev.now(), request_id="r1", account_id="acme-heating", backend="data", report=text, metadata=meta,
+                sales_script=plain.sales_script(data, meta)))
+        finally:
+            await bus.close()
+
+    asyncio.run(store_report())
+    assert accounts_cli.main(["--nats-url", nats_url, "report", "show", "--site", site, "--account", "acme-heating"]) == 0
+    out = capsys.readouterr().out
+    assert "report 1 of 1, data, upsell" in out and "## Key Questions" in out and "## Closing" in out
