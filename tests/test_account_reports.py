@@ -432,3 +432,38 @@ def test_the_cli_queues_reports_and_shows_the_latest(nats_url, tmp_path, capsys)
     assert accounts_cli.main(["--nats-url", nats_url, "report", "show", "--site", site, "--account", "acme-heating"]) == 0
     out = capsys.readouterr().out
     assert "report 1 of 1, data, upsell" in out and "## Key Questions" in out and "## Closing" in out
+
+
+async def test_two_replicas_with_a_limit_of_one_write_one_report_at_a_time(work_bus, reports_llm):
+    """Two runners of the node (two replicas) share its durable: with REPORTS_CONCURRENCY 1,
+    the model calls of three accounts never overlap (each call's span: its record's time
+    back to its latency)."""
+    site = unique("s")
+    ids = ["a1", "a2", "a3"]
+    await accounts.store(work_bus, site, accounts.Portfolio(accounts=[account(id=i, name=i) for i in ids]),
+                         "test", "test")
+    for _ in ids:
+        reports_llm.fail_next({"reply": report_text(), "delay_s": 0.3}, *replies('{"verdict": "pass", "issues": []}',
+                                                                               SCRIPT))
+    node = account_reporter.make_node(client(reports_llm), concurrency=1)
+    runners = [await start(work_bus, report_gatherer.make_node()), await start(work_bus, node),
+               await start(work_bus, account_reporter.make_node(client(reports_llm), concurrency=1))]
+    try:
+        await account_reports.queue(work_bus, await account_reports.requests_for(work_bus, site, ids, "test"))
+        for i in ids:
+            [done] = await wait_for(lambda: account_reports.reports(work_bus, site, i), timeout=30, what=f"{i}'s report")
+            assert isinstance(done, ev.AccountReportCompleted) and done.verdict == "pass", done
+        spans = []
+        for i in ids:
+            for record in await work_bus.read(subjects.conv(site, account_reports.session_of(i), "llm_call_recorded")):
+                call = record.event.call
+                spans.append((record.event.ts - call.latency_ms / 1000, record.event.ts, i))
+        spans.sort()
+        assert len(spans) == 9
+        overlapping = [(a, b) for a, b in zip(spans, spans[1:]) if a[2] != b[2] and b[0] < a[1] - 0.01]
+        assert overlapping == [], "two accounts' model calls at once"
+        info = await work_bus.js.consumer_info(subjects.CONV_STREAM, account_reporter.NAME)
+        assert info.config.max_ack_pending == 1
+    finally:
+        for runner in runners:
+            await runner.stop()
