@@ -18,6 +18,7 @@ pending); each call retries with backoff on rate limits and timeouts (shared/llm
 
 from __future__ import annotations
 
+import logging
 import time
 
 from services.enricher.reports import plain, writer
@@ -27,6 +28,8 @@ from shared import events as ev
 from shared.briefs import has_step_in
 from shared.llm import LLMClient
 from shared.node import Context, Inputs, Needs, Node
+
+log = logging.getLogger(__name__)
 
 NAME = "account_reporter"
 
@@ -47,6 +50,9 @@ def make_node(llm: LLMClient | None, concurrency: int = 2) -> Node:
     async def write(number: int, data: ev.ReportInputs, ctx: Context, feedback: list[str] | None = None
                     ) -> tuple[writer.Draft, writer.Review | None]:
         draft = await writer.draft(llm, data, ctx.record_llm, feedback=feedback)
+        if draft.numbers_warning:
+            log.warning("the report leaves out more than half of the account's figures",
+                        extra={"site": ctx.cause.site, "account": data.account.id, "missing": draft.missing_numbers})
         await ctx.emit(drafted(ctx, number, draft))
         if draft.metadata is None:
             return draft, None
