@@ -11,8 +11,15 @@
         last fetch is older than `pull_ttl_s` (--force: now); it refuses loopback and private
         addresses unless CRAWL_ALLOW_PRIVATE_NETWORKS=1; its key from the ACCOUNTS_KEY_*
         variable the site names
+    accounts report --site SITE --account ID [--account ID ...]
+        queue a report for each account (one work item each on the BRIEFS work queue; the
+        enricher's report nodes write it: shared/account_reports.py) and print the request id
+    accounts report show --site SITE --account ID [--json]
+        the account's latest report in full (its sales script included), and how many
+        reports it has (every one is kept)
 
-Exit status: 0; 1 when a pull failed; 2 for bad input (a file that cannot be read, or a
+Exit status: 0; 1 when a pull failed, or the latest report failed; 2 for bad input (an
+unknown account, no report yet; for an import (a file that cannot be read, or a
 problem in it: every line and field named, nothing stored).
 """
 
@@ -27,7 +34,8 @@ import sys
 from pathlib import Path
 
 from cli import options
-from shared import accounts
+from shared import account_reports, accounts
+from shared import events as ev
 from shared.bus import Bus, connect
 from shared.config import env_bool
 from shared.site_config import ACCOUNTS_KEY_PREFIX, SiteConfigs
@@ -49,6 +57,11 @@ def parser() -> argparse.ArgumentParser:
     pull = commands.add_parser("pull", help="fetch from the site's pull connector")
     pull.add_argument("--site", required=True, type=options.site_id)
     pull.add_argument("--force", action="store_true", help="whatever the cache's age")
+    report = commands.add_parser("report", help="queue account reports, or show one (report show)")
+    report.add_argument("action", nargs="?", choices=("show",), help="show: the account's latest report")
+    report.add_argument("--site", required=True, type=options.site_id)
+    report.add_argument("--account", required=True, action="append", dest="accounts", metavar="ID")
+    report.add_argument("--json", action="store_true", help="show: the event as JSON")
     return p
 
 
@@ -76,7 +89,7 @@ def _format(path: Path) -> str:
 async def run(config, args: argparse.Namespace) -> int:
     bus = await connect(config, name="accounts-cli")
     try:
-        return await {"import": load, "list": listing, "pull": pull}[args.command](bus, args)
+        return await {"import": load, "list": listing, "pull": pull, "report": report}[args.command](bus, args)
     finally:
         await bus.close()
 
@@ -140,6 +153,49 @@ async def pull(bus: Bus, args) -> int:
               f"{config.pull_ttl_s:.0f} s; --force to fetch now)" + (f"; it failed: {result.error}" if result.error else ""))
         return 1 if result.error else 0
     print(f"site {args.site}: fetched {result.url}: {counts_line(result.counts)}")
+    return 0
+
+
+async def report(bus: Bus, args) -> int:
+    if args.action == "show":
+        return await show_report(bus, args)
+    try:
+        items = await account_reports.requests_for(bus, args.site, args.accounts, "cli")
+    except account_reports.UnknownAccount as exc:
+        print(f"refused  {exc}", file=sys.stderr)
+        return 2
+    await account_reports.queue(bus, items)
+    print(f"site {args.site}: queued {len(items)} account reports, request {items[0].request_id} "
+          f"({', '.join(i.account_id for i in items)})")
+    return 0
+
+
+async def show_report(bus: Bus, args) -> int:
+    if len(args.accounts) != 1:
+        print("refused  report show takes one --account", file=sys.stderr)
+        return 2
+    account_id = args.accounts[0]
+    found = await account_reports.reports(bus, args.site, account_id)
+    if not found:
+        print(f"no report for account {account_id} in site {args.site} "
+              f"(queue one: concierge accounts report --site {args.site} --account {account_id})", file=sys.stderr)
+        return 2
+    latest = found[-1]
+    if args.json:
+        print(json.dumps({"type": ev.event_type(latest), "event": ev.to_builtins(latest), "reports": len(found)}))
+        return 1 if isinstance(latest, ev.AccountReportFailed) else 0
+    if isinstance(latest, ev.AccountReportFailed):
+        print(f"account {account_id}: the latest report failed ({latest.node}): {latest.reason}")
+        return 1
+    meta = latest.metadata
+    print(f"account {account_id}: report {len(found)} of {len(found)}, {latest.backend}, {meta.proposition}, "
+          f"success {meta.success_percent}%, priority {meta.priority}"
+          + (f", verdict {latest.verdict}" if latest.verdict else "")
+          + (f"; input figures not stated: {', '.join(latest.missing_numbers)}" if latest.numbers_warning else ""))
+    print()
+    print(latest.report.strip())
+    print()
+    print(latest.sales_script.strip())
     return 0
 
 

@@ -46,7 +46,9 @@ COMMANDS = (
     Command("accounts", "cli.accounts", (
         ("accounts import --site SITE FILE", "accounts, usage metrics and deals from a JSON or CSV file"),
         ("accounts list --site SITE [--json]", "the site's accounts: ARR, renewal, metrics near their limit"),
-        ("accounts pull --site SITE [--force]", "fetch the accounts from the site's pull connector (its CRM)"))),
+        ("accounts pull --site SITE [--force]", "fetch the accounts from the site's pull connector (its CRM)"),
+        ("accounts report --site SITE --account ID [--account ID ...]", "queue a report per account"),
+        ("accounts report show --site SITE --account ID [--json]", "an account's latest report and sales script"))),
     Command("sites", "cli.sites", (
         ("sites add --site SITE --name NAME [--origin URL...]", "create a site in the bus"),
         ("sites set --site SITE KEY=VALUE... [--file PATCH.toml]", "change a site's settings (widget.title=Hi)"),

@@ -58,42 +58,9 @@ USAGE_COLUMN = re.compile(r"^usage:([^:]+?)(?::(limit|unit))?\Z")
 _SLUG = re.compile(r"[^a-z0-9]+")
 
 
-class Metric(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """One usage figure of an account: where it stands against its plan's limit (None: none)."""
-
-    metric: str
-    current: float
-    limit: float | None = None
-    unit: str = ""
-
-
-class Account(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    id: str
-    name: str
-    domain: str = ""
-    tier: str = ""
-    arr: float = 0.0
-    currency: str = "USD"
-    renewal_date: str = ""  # YYYY-MM-DD; "" unknown
-    owner: str = ""  # the account manager
-    industry: str = ""
-    employees: int | None = None
-    notes: str = ""
-    usage: list[Metric] = []
-
-
-class Deal(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """A past deal of the site's: what a report's evidence is matched from (tier, outcome)."""
-
-    id: str
-    account: str  # the customer's name
-    tier: str = ""
-    outcome: Literal["won", "lost", "churned", "expanded"]
-    value: float = 0.0
-    currency: str = "USD"
-    date: str = ""  # YYYY-MM-DD
-    summary: str = ""
-    lessons: str = ""
+# The records themselves are part of the event contract (a report's gathered inputs hold
+# them): shared/events.py.
+Metric, Account, Deal = ev.Metric, ev.Account, ev.Deal
 
 
 class Portfolio(msgspec.Struct, kw_only=True):

@@ -686,8 +686,6 @@ def is_conversation(session_id: str) -> bool:
     return not session_id.startswith("_")
 
 
-# What goes on the BRIEFS work queue, not in a log (the queue's name is older than its pages).
-WORK_ITEMS = (BriefRequested, TriageRequested, PageFetchRequested)
 
 # --- sites (shared/site_store.py) -----------------------------------------------------------
 # A site's own log: the changes to its config, in this session (a subject token no widget
@@ -711,6 +709,47 @@ class SiteChanged(Envelope, tag="site_changed", kw_only=True):
 # --- account data (shared/accounts.py) ------------------------------------------------------
 
 
+DealOutcome = Literal["won", "lost", "churned", "expanded"]
+
+
+class Metric(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One usage figure of an account: where it stands against its plan's limit (None: none)."""
+
+    metric: str
+    current: float
+    limit: float | None = None
+    unit: str = ""
+
+
+class Account(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    id: str
+    name: str
+    domain: str = ""
+    tier: str = ""
+    arr: float = 0.0
+    currency: str = "USD"
+    renewal_date: str = ""  # YYYY-MM-DD; "" unknown
+    owner: str = ""  # the account manager
+    industry: str = ""
+    employees: int | None = None
+    notes: str = ""
+    usage: list[Metric] = []
+
+
+class Deal(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A past deal of the site's: what a report's evidence is matched from (tier, outcome)."""
+
+    id: str
+    account: str  # the customer's name
+    tier: str = ""
+    outcome: DealOutcome
+    value: float = 0.0
+    currency: str = "USD"
+    date: str = ""  # YYYY-MM-DD
+    summary: str = ""
+    lessons: str = ""
+
+
 class AccountsImported(Envelope, tag="accounts_imported", kw_only=True):
     """Accounts and deals were imported into the site's `accounts` bucket (session
     `_accounts`, turn 0): by whom (`actor`, as in SiteChanged), from where (`source`: cli,
@@ -722,6 +761,109 @@ class AccountsImported(Envelope, tag="accounts_imported", kw_only=True):
     added: dict[str, int]
     changed: dict[str, int]
     unchanged: dict[str, int]
+
+
+# --- account reports (services/enricher/reports) --------------------------------------------
+# An operator asks for reports on accounts: one work item per account (AccountReportRequested,
+# on the BRIEFS work queue); its steps are stored in the account's own log, session
+# `ACCOUNT_PREFIX + <account id>` (shared/account_reports.py `session_of`), turn 0: no
+# visitor's conversation is touched, and every report is kept (the newest is the latest).
+ACCOUNT_PREFIX = "_acct-"
+Proposition = Literal["upsell", "negotiation", "churn", "healthy"]
+PROPOSITIONS: tuple[str, ...] = Proposition.__args__
+ACCOUNT_REPORT_EVENTS = ("account_report_gathered", "account_report_drafted", "account_report_evaluated",
+                         "account_report_completed", "account_report_failed")
+
+
+class ReportMetadata(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The report's machine-readable line; decoding it is its validation."""
+
+    proposition: Proposition
+    success_percent: Annotated[int, msgspec.Meta(ge=0, le=100)]
+    priority: Annotated[int, msgspec.Meta(ge=1, le=10)]
+
+
+class MatchedDeal(msgspec.Struct, kw_only=True):
+    """A historical deal picked as evidence for a report, with its score (reports/deals.py)."""
+
+    deal: Deal
+    score: int
+    why: list[str] = []
+
+
+class ReportInputs(msgspec.Struct, kw_only=True):
+    """Everything a report may say, gathered once (AccountReportGathered): the account as
+    stored when gathered, the deals matched for it, and the day the report is written for
+    (renewal distances are counted from it)."""
+
+    site_name: str = ""
+    account: Account
+    deals: list[MatchedDeal] = []
+    today: str = ""  # YYYY-MM-DD
+
+
+class AccountReportRequested(Envelope, tag="account_report_requested", kw_only=True):
+    """A work item: write this account's report. On `briefs.<site>.<session>.account_report_requested`."""
+
+    account_id: str
+    request_id: str = ""
+
+
+class AccountReportGathered(Envelope, tag="account_report_gathered", kw_only=True):
+    request_id: str = ""
+    inputs: ReportInputs
+
+
+class AccountReportDrafted(Envelope, tag="account_report_drafted", kw_only=True):
+    """One draft after its checks: sections still missing after the focused re-prompt (and
+    which it added), the metadata and how it was obtained, the input figures it leaves out
+    (`numbers_warning`: more than half of them)."""
+
+    attempt: int
+    text: str
+    repaired_sections: list[str] = []
+    missing_sections: list[str] = []
+    metadata: ReportMetadata | None = None
+    metadata_method: str = "line"  # line | structured | none
+    metadata_error: str = ""
+    missing_numbers: list[str] = []
+    numbers_warning: bool = False
+
+
+class AccountReportEvaluated(Envelope, tag="account_report_evaluated", kw_only=True):
+    attempt: int
+    verdict: Verdict
+    issues: list[str] = []
+
+
+class AccountReportCompleted(Envelope, tag="account_report_completed", kw_only=True):
+    request_id: str = ""
+    account_id: str
+    backend: str = "llm"  # llm | data (built from the figures only, no model)
+    report: str
+    metadata: ReportMetadata
+    sales_script: str
+    deals: list[str] = []  # the matched deals' ids, in the order the writer was given them
+    verdict: str = ""  # the evaluator's last verdict ("": not evaluated, the data backend)
+    issues: list[str] = []
+    missing_numbers: list[str] = []
+    numbers_warning: bool = False
+    missing_sections: list[str] = []
+    attempts: int = 1
+    duration_s: float = 0.0
+
+
+class AccountReportFailed(Envelope, tag="account_report_failed", kw_only=True):
+    node: str
+    reason: str
+    account_id: str = ""
+    attempts: int = 1
+    request_id: str = ""
+    failed_event_id: str | None = None
+
+
+# What goes on the BRIEFS work queue, not in a log (the queue's name is older than its pages).
+WORK_ITEMS = (BriefRequested, TriageRequested, PageFetchRequested, AccountReportRequested)
 
 
 # --- visitor feedback (services/gateway/routes/feedback.py) ---------------------------------
@@ -799,7 +941,7 @@ class ProjectionFailed(Envelope, tag="projection_failed", kw_only=True):
 # Stored in a log, but no step of a turn: written after it or beside it by what a replay does
 # not run (cli/replay/diff.py leaves them out of a turn's outcome).
 OUTSIDE_TURNS = (*LEAD_BRIEF_EVENTS, "site_changed", "feedback_given", "projection_failed", *HANDOFF_EVENTS,
-                 "accounts_imported")
+                 "accounts_imported", *ACCOUNT_REPORT_EVENTS)
 
 
 Event = Union[
@@ -845,6 +987,12 @@ Event = Union[
     SyncFailed,
     SiteChanged,
     AccountsImported,
+    AccountReportRequested,
+    AccountReportGathered,
+    AccountReportDrafted,
+    AccountReportEvaluated,
+    AccountReportCompleted,
+    AccountReportFailed,
     FeedbackGiven,
     ProjectionFailed,
     HandoffRequested,

@@ -96,6 +96,9 @@ BRIEF_OUTCOMES = ("generated", "failed", "retried")
 briefs = Counter("concierge_briefs", "Lead briefs by outcome and backend (llm | data)", ["outcome", "backend"])
 brief_seconds = Histogram("concierge_brief_seconds", "Time to write one brief, gathered data to BriefCompleted",
                           ["backend"], buckets=HANDLER_BUCKETS)
+# Account reports (services/enricher: report_gatherer, account_reporter), by the same outcomes.
+reports = Counter("concierge_account_reports", "Account reports by outcome and backend (llm | data)",
+                  ["outcome", "backend"])
 
 # Insight (services/enricher/insight_projector.py), per site, counted as the projector first
 # sees a turn end or a vote change (a rebuild counts nothing): a site's rates in PromQL, e.g.

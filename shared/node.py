@@ -84,6 +84,9 @@ class Needs:
     log: tuple[str, ...] = ()  # every stored event of these types in the conversation → Inputs.log[type]
     latest: tuple[str, ...] = ()  # the newest stored event of each of these types → Inputs.latest[type]
     open_briefs: bool = False  # the latest brief of each of the site's open leads → Inputs.open_briefs
+    # The account the event names (its `account_id`) and the site's historical deals →
+    # Inputs.account, Inputs.deals (shared/accounts.py)
+    portfolio: bool = False
     route: bool = False  # the turn's route as it is decided → Inputs.route, to cancel work routed away
     kb_vectors: bool = False  # the knowledge base's vectors bucket → Inputs.kb_vectors (None: none)
     # Implies state: a join of parallel analyses of one turn, the node consuming each of these
@@ -109,6 +112,8 @@ class Inputs:
     log: Mapping[str, tuple[ev.Envelope, ...]] = field(default_factory=lambda: _NOTHING)
     latest: Mapping[str, ev.Envelope | None] = field(default_factory=lambda: _NOTHING)
     open_briefs: tuple[ev.BriefCompleted, ...] = ()
+    account: ev.Account | None = None
+    deals: tuple[ev.Deal, ...] = ()
     route: Route | None = None
     kb_vectors: object | None = None
 
@@ -210,6 +215,11 @@ def joined(kinds: tuple[str, ...], event: ev.Envelope, state: ConversationState)
     return [kind for kind in record.seen if kind in kinds][-1] == ev.event_type(event)
 
 
+async def _portfolio(store: ConversationStore, event: ev.Envelope) -> dict:
+    account, deals = await store.portfolio(event.site, getattr(event, "account_id", ""))
+    return {"account": account, "deals": tuple(deals)}
+
+
 async def gather(needs: Needs, event: ev.Envelope, store: ConversationStore, configs: SiteConfigs | None,
                  at: Position | None = None) -> Inputs | None:
     """Read what `needs` asks from `store`, for `event`'s conversation and turn; `at`: where
@@ -260,5 +270,6 @@ async def gather(needs: Needs, event: ev.Envelope, store: ConversationStore, con
         latest=MappingProxyType({kind: await store.latest(site, session, kind, at) for kind in needs.latest})
         if needs.latest else _NOTHING,
         open_briefs=tuple(await store.open_briefs(site)) if needs.open_briefs else (),
+        **(await _portfolio(store, event) if needs.portfolio else {}),
         route=await store.route(event, at) if needs.route else None,
         kb_vectors=store.kb_vectors() if needs.kb_vectors else None)

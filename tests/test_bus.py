@@ -373,6 +373,37 @@ async def test_the_gateway_queues_brief_work_and_the_enricher_takes_it_and_answe
             await bus.close()
 
 
+async def test_the_gateway_queues_account_reports_and_the_enricher_writes_them(secured_nats, site):
+    """Account reports under deploy/nats-server.conf: the gateway stores the accounts and
+    queues a report; the enricher's real report nodes read the `accounts` bucket and store
+    each step in the account's log; the gateway may not write a report."""
+    from services.enricher import account_reporter, report_gatherer
+    from shared import account_reports, accounts
+
+    gateway, enricher = [await as_service(secured_nats, n) for n in ("gateway", "enricher")]
+    runners = [ConsumerRunner(enricher, node, fast(), start_lookback_s=5)
+               for node in (report_gatherer.make_node(), account_reporter.make_node(None))]
+    try:
+        await accounts.store(gateway, site, accounts.Portfolio(
+            accounts=[accounts.Account(id="acme", name="Acme", usage=[accounts.Metric(metric="seats", current=9,
+                                                                                        limit=10)])]),
+            "test", "test")
+        for runner in runners:
+            await runner.start()
+        await account_reports.queue(gateway, await account_reports.requests_for(gateway, site, ["acme"], "gateway"))
+        [done] = await wait_for(lambda: account_reports.reports(gateway, site, "acme"), timeout=20,
+                                what="the account's report")
+        assert isinstance(done, ev.AccountReportCompleted) and done.metadata.proposition == "upsell"
+        await wait_for(lambda: _emptied(gateway, site), what="the work queue emptied")
+        with pytest.raises(nats.errors.TimeoutError):  # the gateway writes no report
+            await gateway.js.publish(subjects.conv(site, "_acct-acme", "account_report_completed"), b"{}", timeout=0.5)
+    finally:
+        for runner in runners:
+            await runner.stop()
+        for bus in (gateway, enricher):
+            await bus.close()
+
+
 async def _emptied(bus, site: str) -> bool:
     info = await bus.js.stream_info(subjects.BRIEFS_STREAM, subjects_filter=f"briefs.{site}.>")
     return not info.state.subjects

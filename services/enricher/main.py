@@ -8,6 +8,11 @@ work queue), `brief_gatherer` (the lead's data, gathered once), `lead_briefer` (
 its checks and a call script, at most BRIEFS_CONCURRENCY at a time deployment-wide) and
 `lead_triager` (a site's open leads ranked).
 
+And the account reports (reports/): `report_gatherer` (an operator's work item for one
+account → the account, its usage and its most relevant historical deals, gathered once) and
+`account_reporter` (the nine-section report, its checks and a sales script, at most
+REPORTS_CONCURRENCY at a time deployment-wide).
+
 And `insight_projector`: each conversation's insight record (shared/insight.py) kept current
 in the `insight` bucket as its turns end and its visitor votes."""
 
@@ -20,8 +25,8 @@ import httpx
 from shared import insight, redis_client, service
 from shared.llm import LLMClient
 from shared.node import Node
-from services.enricher import (brief_gatherer, brief_requester, enrichment, insight_projector, lead_briefer,
-                               lead_triager, visitor_profiler)
+from services.enricher import (account_reporter, brief_gatherer, brief_requester, enrichment, insight_projector,
+                               lead_briefer, lead_triager, report_gatherer, visitor_profiler)
 from services.enricher.breaker import CircuitBreaker
 from services.enricher.chain import Enricher, Provider
 from services.enricher.ip_owners import IpOwnerSource
@@ -95,9 +100,11 @@ def enricher_nodes(enricher: Enricher | None, profiler_llm: LLMClient | None, se
 
 
 def brief_nodes(llm: LLMClient | None, settings: EnricherSettings) -> list[Node]:
-    """The lead-brief nodes (not in a replay: a brief is an operator's artefact, not part of a turn)."""
+    """The lead-brief and account-report nodes (not in a replay: a brief or a report is an
+    operator's artefact, not part of a turn)."""
     return [brief_requester.make_node(), brief_gatherer.make_node(),
-            lead_briefer.make_node(llm, concurrency=settings.briefs_concurrency), lead_triager.make_node(llm)]
+            lead_briefer.make_node(llm, concurrency=settings.briefs_concurrency), lead_triager.make_node(llm),
+            report_gatherer.make_node(), account_reporter.make_node(llm, concurrency=settings.reports_concurrency)]
 
 
 def main() -> None:

@@ -83,6 +83,9 @@ class EnricherSettings(Settings):
     briefs_backend: str = ""
     # How many leads' briefs are written at once, across all replicas (lead_briefer.py).
     briefs_concurrency: int = 2
+    # How many accounts' reports are written at once, across all replicas (account_reporter.py;
+    # reports use the briefs' backend and role).
+    reports_concurrency: int = 2
     llm: dict[str, LLMRoleConfig] = {}  # `briefs`; `profiler` when its backend is `llm`
 
     def briefs_with_llm(self) -> bool:
@@ -115,5 +118,6 @@ class EnricherSettings(Settings):
             profiler_route_wait_s=env_float("PROFILER_ROUTE_WAIT_S", d.profiler_route_wait_s),
             briefs_backend=env_choice("BRIEFS_BACKEND", d.briefs_backend, ("", "llm", "data"), "use llm or data"),
             briefs_concurrency=env_int("BRIEFS_CONCURRENCY", d.briefs_concurrency),
+            reports_concurrency=env_int("REPORTS_CONCURRENCY", d.reports_concurrency),
             llm=roles,
         )

@@ -7,6 +7,7 @@ declare, and nothing else reads the log for it:
     turn_state(event, kinds, timeout)   the state once the turn's `kinds` are in, or at the deadline
     events / latest(site, session, kind) a conversation's stored events of one type
     open_briefs(site)                   the latest brief of each of the site's open leads
+    portfolio(site, account)            an account of the site and the site's historical deals
     route(event)                        the turn's route as it is decided (cancel work routed away)
     kb_vectors()                        the knowledge base's vectors bucket
 
@@ -50,6 +51,8 @@ class ConversationStore(Protocol):
                      at: Position | None = None) -> ev.Envelope | None: ...
 
     async def open_briefs(self, site: str) -> list[ev.BriefCompleted]: ...
+
+    async def portfolio(self, site: str, account_id: str) -> tuple[ev.Account | None, list[ev.Deal]]: ...
 
     async def route(self, event: ev.Envelope, at: Position | None = None) -> Route: ...
 

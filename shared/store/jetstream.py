@@ -19,7 +19,7 @@ import time
 import msgspec
 from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError
 
-from shared import briefs
+from shared import accounts, briefs
 from shared import events as ev
 from shared import subjects
 from shared.bus import Bus, Position
@@ -231,6 +231,12 @@ class JetStreamStore:
     async def open_briefs(self, site: str) -> list[ev.BriefCompleted]:
         """The latest brief of each of the site's open leads (shared/briefs.py)."""
         return await briefs.open_briefs(self.bus, site)
+
+    async def portfolio(self, site: str, account_id: str) -> tuple[ev.Account | None, list[ev.Deal]]:
+        """The site's account `account_id` (None: no such account) and its historical deals,
+        newest first (shared/accounts.py)."""
+        found = await accounts.account(self.bus, site, account_id) if account_id else None
+        return found, await accounts.deals(self.bus, site)
 
     async def route(self, event: ev.Envelope, at: Position | None = None) -> Route:
         """`event`'s turn's route as it is decided, for racing work the route may cancel."""

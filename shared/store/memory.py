@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Callable
 
 from shared import briefs, subjects
+from shared.accounts import Portfolio
 from shared import events as ev
 from shared.bus import Position
 from shared.state import ConversationState, Record, fold
@@ -18,8 +19,10 @@ class MemoryStore:
     """`records()`: the log as it is now. `given`: the state a handler is handed, when it is not
     the fold of the whole log (a replay hands each node the state its original saw)."""
 
-    def __init__(self, records: Callable[[], list[Record]], given: ConversationState | None = None):
+    def __init__(self, records: Callable[[], list[Record]], given: ConversationState | None = None,
+                 portfolio: Portfolio | None = None):
         self._records, self._given = records, given
+        self._portfolio = portfolio or Portfolio()
 
     def _of(self, filter_subject: str) -> list[Record]:
         return [r for r in self._records() if subjects.matches(filter_subject, r.subject)]
@@ -48,6 +51,11 @@ class MemoryStore:
         outcomes = briefs.latest_outcomes([*self._of(subjects.conv(site, "*", "brief_completed")),
                                            *self._of(subjects.conv(site, "*", "brief_failed"))])
         return briefs.latest_open(captures, outcomes)
+
+    async def portfolio(self, site: str, account_id: str) -> tuple[ev.Account | None, list[ev.Deal]]:
+        """The portfolio given (a test's): accounts and deals of no site in particular."""
+        found = next((a for a in self._portfolio.accounts if a.id == account_id), None)
+        return found, list(self._portfolio.deals)
 
     async def route(self, event: ev.Envelope, at: Position | None = None) -> Route:
         return LoggedRoute(event, [r.event for r in self._of(subjects.conv(event.site, event.session_id,

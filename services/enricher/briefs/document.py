@@ -21,6 +21,7 @@ is its validation (priority 1-10, a known stage, seats >= 0, confidence 0-100, n
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import msgspec
 
@@ -38,15 +39,16 @@ METADATA = re.compile(r"^[`\s]*METADATA\s*:(.*)$", re.IGNORECASE)
 FENCE = re.compile(r"^(?:`{3,}|~{3,})[\w-]*$")
 
 
-def _section_name(heading: str) -> str | None:
-    return CANONICAL.get(HEADING_NUMBER.sub("", heading.strip(" *_:")).strip(" *_:").casefold())
+def _section_name(heading: str, required: tuple[str, ...] = REQUIRED_SECTIONS) -> str | None:
+    canonical = CANONICAL if required is REQUIRED_SECTIONS else {name.casefold(): name for name in required}
+    return canonical.get(HEADING_NUMBER.sub("", heading.strip(" *_:")).strip(" *_:").casefold())
 
 
-def _parse(markdown: str) -> tuple[str, dict[str, tuple[str, str]]]:
+def _parse(markdown: str, required: tuple[str, ...] = REQUIRED_SECTIONS) -> tuple[str, dict[str, tuple[str, str]]]:
     """(preamble, section name → (its heading line as written, its body))."""
     starts: list[tuple[str, re.Match[str]]] = []
     for match in HEADING.finditer(markdown):
-        name = _section_name(match.group(1))
+        name = _section_name(match.group(1), required)
         if name and name not in (started for started, _ in starts):
             starts.append((name, match))
     if not starts:
@@ -75,30 +77,31 @@ def _split(text: str) -> tuple[str, str, str | None]:
     return "\n".join(lines[:start]).rstrip(), "\n".join(lines[start:]).strip(), match.group(1).strip(" `")
 
 
-def sections(markdown: str) -> dict[str, str]:
+def sections(markdown: str, required: tuple[str, ...] = REQUIRED_SECTIONS) -> dict[str, str]:
     """Canonical section name → body, for the required sections the brief has (an empty
-    body included), the metadata line left out."""
-    _, blocks = _parse(_split(markdown)[0])
+    body included), the metadata line left out. `required`: another document's sections
+    (an account report's: services/enricher/reports/document.py)."""
+    _, blocks = _parse(_split(markdown)[0], required)
     return {name: body for name, (_, body) in blocks.items()}
 
 
-def missing_sections(markdown: str) -> list[str]:
+def missing_sections(markdown: str, required: tuple[str, ...] = REQUIRED_SECTIONS) -> list[str]:
     """The required sections the brief lacks or left empty, in canonical order."""
-    found = sections(markdown)
-    return [name for name in REQUIRED_SECTIONS if not found.get(name)]
+    found = sections(markdown, required)
+    return [name for name in required if not found.get(name)]
 
 
-def merge(brief: str, addition: str) -> str:
+def merge(brief: str, addition: str, required: tuple[str, ...] = REQUIRED_SECTIONS) -> str:
     """The brief with the sections it lacks (or left empty) taken from `addition` (a focused
     re-prompt's answer): its preamble, then every section either has in canonical order,
     the brief's as they were, then the brief's metadata line (the addition's if the brief
     has none). The addition's preamble is dropped ("Here are the missing sections:")."""
     body, line, _ = _split(brief)
     added_body, added_line, _ = _split(addition)
-    preamble, have = _parse(body)
-    _, added = _parse(added_body)
+    preamble, have = _parse(body, required)
+    _, added = _parse(added_body, required)
     parts = [preamble]
-    for name in REQUIRED_SECTIONS:
+    for name in required:
         heading, text = have.get(name, ("", ""))
         if not text and added.get(name, ("", ""))[1]:
             heading, text = f"## {name}", added[name][1]
@@ -107,9 +110,10 @@ def merge(brief: str, addition: str) -> str:
     return "\n\n".join(part for part in parts if part)
 
 
-def split_metadata(text: str) -> tuple[str, BriefMetadata | None, str]:
+def split_metadata(text: str, kind: type = BriefMetadata) -> tuple[str, Any, str]:
     """(the brief without its metadata line, the metadata, why there is none: "" when valid).
-    An invalid metadata line is still left out of the body."""
+    An invalid metadata line is still left out of the body. `kind`: the metadata's type
+    (an account report's: `ReportMetadata`)."""
     body, _, payload = _split(text)
     if payload is None:
         # With a JSON object: prose may well start with "Metadata:".
@@ -117,7 +121,7 @@ def split_metadata(text: str) -> tuple[str, BriefMetadata | None, str]:
             return text, None, "the METADATA line is not the brief's last non-empty line"
         return text, None, "no METADATA line at the end of the brief"
     try:
-        return body, msgspec.json.decode(payload, type=BriefMetadata), ""
+        return body, msgspec.json.decode(payload, type=kind), ""
     except msgspec.DecodeError as e:  # a ValidationError too: the value is out of its bounds
         return body, None, f"invalid METADATA line: {e}"
 

@@ -10,26 +10,44 @@ accounts and historical deals, imported or pulled (shared/accounts.py).
 - `GET  accounts/{account_id}`: one account in full, its usage metrics included;
 - `GET  deals` (`?outcome=won`, `?tier=Growth`): the historical deals, newest first;
 - `POST accounts/pull`: fetch from the site's connector now, whatever its cache (404: the
-  site has none; 502: the connector failed, with why).
+  site has none; 502: the connector failed, with why);
+- `POST accounts/reports` (`{"accounts": [id, ...], "request_id": optional}`): one work item
+  per account for its report (shared/account_reports.py), 202 with the request id; the same
+  `request_id` again queues nothing twice (404: an id is not one of the site's accounts);
+- `GET  accounts/{account_id}/reports`: every report of the account, oldest first, one line
+  each (a failed one with why); `GET accounts/{account_id}/reports/latest`: the newest in
+  full (404: none yet).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
+import msgspec
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
 
-from shared import accounts
+from shared import account_reports, accounts
+from shared import events as ev
+from shared import subjects
 from services.gateway.access import operator_of_site
 from services.gateway.errors import NotFound
 from services.gateway.openapi import ACCOUNTS_IMPORT_OPENAPI, ID_PATTERN, SiteId
 from services.gateway.operators import Operator
-from services.gateway.schemas import read_body
+from services.gateway.schemas import decode, read_body
 
 router = APIRouter()
 AccountId = Annotated[str, Path(pattern=ID_PATTERN, description="an account's id")]
 Who = Annotated[Operator, Depends(operator_of_site)]
+Token = Annotated[str, msgspec.Meta(pattern=subjects.TOKEN_RE.pattern)]
+
+
+class ReportsRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    accounts: Annotated[list[Token], msgspec.Meta(min_length=1, max_length=accounts.MAX_ACCOUNTS)]
+    request_id: Token | None = None  # the caller's: sent again, nothing is queued twice
+
+
+_reports_request = msgspec.json.Decoder(ReportsRequest)
 
 
 def _kind(request: Request) -> str:
@@ -82,6 +100,35 @@ async def pull_accounts(request: Request, site: SiteId):
     if result is None:
         raise NotFound(f"site {site} has no account pull connector (accounts.pull_url)")
     return {"site": site, "pull": _pulled(result)}
+
+
+@router.post("/accounts/reports", status_code=202)
+async def request_reports(request: Request, site: SiteId):
+    """Queue a report for each account named: one work item per account."""
+    body = decode(await request.body() or b"{}", _reports_request)
+    bus = request.app.state.bus
+    try:
+        items = await account_reports.requests_for(bus, site, body.accounts, "gateway", body.request_id)
+    except account_reports.UnknownAccount as exc:
+        raise NotFound(str(exc)) from None
+    await account_reports.queue(bus, items)
+    return {"site": site, "request_id": items[0].request_id, "accounts": [i.account_id for i in items]}
+
+
+@router.get("/accounts/{account_id}/reports")
+async def list_reports(request: Request, site: SiteId, account_id: AccountId):
+    """Every report of the account (and every give-up), oldest first; the last is the latest."""
+    found = await account_reports.reports(request.app.state.bus, site, account_id)
+    return {"site": site, "account_id": account_id, "reports": [account_reports.row(r) for r in found]}
+
+
+@router.get("/accounts/{account_id}/reports/latest")
+async def latest_report(request: Request, site: SiteId, account_id: AccountId):
+    """The account's newest report in full: an AccountReportCompleted, or its AccountReportFailed."""
+    latest = await account_reports.latest(request.app.state.bus, site, account_id)
+    if latest is None:
+        raise NotFound(f"no report for account {account_id} in site {site}")
+    return {"site": site, "account_id": account_id, "type": ev.event_type(latest), "event": ev.to_builtins(latest)}
 
 
 @router.get("/accounts/{account_id}")

@@ -1,0 +1,108 @@
+"""The LLM passes of an account report (the `briefs` role), each a function of the gathered
+inputs, the model and a recorder (every call is an `LLMCallRecorded` in the account's log):
+
+1. `draft`: the report in markdown with its nine sections and a metadata line; sections
+   missing → one focused re-prompt for those only (merged in canonical order); a metadata
+   line that does not validate → structured-output extraction from the report, and when
+   that fails too, no metadata (the caller fails the report: never silent defaults); the
+   numeric consistency check (input figures left out; a warning past half).
+2. `review`: the evaluator's rubric → pass / marginal / fail with its issues (a failed
+   draft is written once more with them as feedback: account_reporter.py).
+3. `sales_script`: the second pass, from the report: talk tracks, objection handlers, closing.
+
+Prompts are data files in services/enricher/prompts/ (`report_*.md`, `sales_script.md`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgspec
+
+from services.enricher.briefs.writer import ROLE, Review, system
+from services.enricher.reports.document import merge, missing_sections, number, numeric_check, split_metadata
+from shared import events as ev
+from shared.llm import LLMClient, Recorder
+
+
+@dataclass
+class Draft:
+    text: str  # the report without its metadata line
+    metadata: ev.ReportMetadata | None
+    metadata_method: str  # line | structured | none
+    metadata_error: str = ""
+    repaired_sections: list[str] = field(default_factory=list)
+    missing_sections: list[str] = field(default_factory=list)
+    missing_numbers: list[str] = field(default_factory=list)
+    numbers_warning: bool = False
+
+
+def render(inputs: ev.ReportInputs) -> str:
+    """The account and its matched deals as the model reads them."""
+    a = inputs.account
+    lines = [f"Account: {a.name}" + (f" ({a.domain})" if a.domain else ""),
+             f"Tier: {a.tier or 'unknown'}", f"ARR: {number(a.arr)} {a.currency}",
+             f"Renewal date: {a.renewal_date or 'unknown'}", f"Today: {inputs.today or 'unknown'}",
+             f"Industry: {a.industry or 'unknown'}"]
+    if a.employees is not None:
+        lines.append(f"Employees: {number(a.employees)}")
+    if a.owner:
+        lines.append(f"Account manager: {a.owner}")
+    if a.notes:
+        lines.append(f"Notes: {a.notes}")
+    lines.append("\nUsage metrics (metric: current / limit unit):")
+    lines += [f"- {m.metric}: {number(m.current)} / {number(m.limit) if m.limit is not None else 'no limit'}"
+              f"{(' ' + m.unit) if m.unit else ''}" for m in a.usage] or ["none"]
+    lines.append("\nHistorical deals (most relevant first):")
+    lines += [f"- {m.deal.account} ({m.deal.tier or 'tier unknown'}, {m.deal.date or 'date unknown'}): "
+              f"{m.deal.outcome}, {number(m.deal.value)} {m.deal.currency}. {m.deal.summary} {m.deal.lessons}".rstrip()
+              for m in inputs.deals] or ["none"]
+    return "\n".join(lines)
+
+
+async def draft(llm: LLMClient, inputs: ev.ReportInputs, record: Recorder, feedback: list[str] | None = None) -> Draft:
+    data = render(inputs)
+    user = data if not feedback else data + "\n\nReviewer feedback: the previous report was rejected for:\n" + \
+        "\n".join(f"- {issue}" for issue in feedback) + "\nWrite the report again without these problems."
+    text = await llm.complete(ROLE, [system("report_writer", inputs.site_name), {"role": "user", "content": user}],
+                              record, temperature=0.2)
+    body, metadata, error = split_metadata(text)
+    missing, repaired = missing_sections(body), []
+    if missing:
+        ask = f"{data}\n\nThe report so far:\n{body}\n\nWrite only these sections: " + ", ".join(missing) + "."
+        addition = await llm.complete(ROLE, [system("report_sections", inputs.site_name),
+                                             {"role": "user", "content": ask}], record, temperature=0)
+        body = merge(body, split_metadata(addition)[0])
+        still = missing_sections(body)
+        repaired, missing = [s for s in missing if s not in still], still
+    method = "line"
+    if metadata is None:
+        try:
+            metadata = await llm.structured(ROLE, [
+                system("report_metadata", inputs.site_name),
+                {"role": "user", "content": f"Account: {inputs.account.name}\n\nReport:\n{body}"}],
+                record, ev.ReportMetadata, temperature=0)
+            method = "structured"
+        except msgspec.MsgspecError as exc:
+            method, error = "none", f"{error}; structured extraction: {exc}"
+    absent, warning = numeric_check(body, inputs.account)
+    return Draft(text=body, metadata=metadata, metadata_method=method, metadata_error=error if method != "line" else "",
+                 repaired_sections=repaired, missing_sections=missing, missing_numbers=absent, numbers_warning=warning)
+
+
+async def review(llm: LLMClient, inputs: ev.ReportInputs, report: Draft, record: Recorder) -> Review:
+    """The evaluator. Its answer not validating is a failed review, not a pass."""
+    absent = ", ".join(report.missing_numbers) or "none"
+    user = (f"Account data:\n{render(inputs)}\n\nThe report:\n{report.text}\n\nMetadata: "
+            f"{msgspec.json.encode(report.metadata).decode()}\n\nInput figures the report does not state: {absent}")
+    try:
+        return await llm.structured(ROLE, [system("report_evaluator", inputs.site_name),
+                                           {"role": "user", "content": user}], record, Review, temperature=0)
+    except msgspec.MsgspecError as exc:
+        return Review(verdict="fail", issues=[f"the review did not validate: {exc}"])
+
+
+async def sales_script(llm: LLMClient, inputs: ev.ReportInputs, report: Draft, record: Recorder) -> str:
+    user = f"Account: {inputs.account.name}\n\nThe report:\n{report.text}"
+    return (await llm.complete(ROLE, [system("sales_script", inputs.site_name), {"role": "user", "content": user}],
+                               record, temperature=0.3)).strip()
