@@ -17,12 +17,14 @@ Prompts are data files in services/enricher/prompts/; the lead data is rendered 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 from string import Template
 
 import msgspec
 
-from services.enricher.briefs.document import merge, missing_sections, profile_facts, split_metadata, ungrounded_numbers
+from services.enricher.briefs import document
+from services.enricher.briefs.document import profile_facts, ungrounded_numbers
 from shared import events as ev
 from shared.llm import LLMClient, Recorder
 
@@ -71,34 +73,63 @@ def render(inputs: ev.BriefInputs) -> str:
     return "\n".join(lines)
 
 
-async def draft(llm: LLMClient, inputs: ev.BriefInputs, record: Recorder, feedback: list[str] | None = None) -> Draft:
-    data = render(inputs)
-    user = data if not feedback else data + "\n\nReviewer feedback: the previous brief was rejected for:\n" + \
-        "\n".join(f"- {issue}" for issue in feedback) + "\nWrite the brief again without these problems."
-    text = await llm.complete(ROLE, [system("brief_writer", inputs.site_name), {"role": "user", "content": user}],
+@dataclass
+class Written:
+    """A sectioned document as the model wrote it (`write`), its metadata found one way or
+    another, or not."""
+
+    text: str  # without its metadata line
+    metadata: Any
+    method: str  # line | structured | none
+    error: str  # why the metadata line did not validate ("" when it did)
+    repaired: list[str]  # sections the focused re-prompt supplied
+    missing: list[str]  # sections still missing after it
+
+
+async def write(llm: LLMClient, record: Recorder, site_name: str, data: str, feedback: list[str] | None, *,
+                noun: str, prompts: tuple[str, str, str], doc, kind: type, about: str) -> Written:
+    """A brief or an account report, the same way: the writer's pass on `data` (with a
+    reviewer's `feedback` when it is a second try); sections missing → one focused re-prompt
+    for those only, merged in canonical order; a metadata line that does not validate →
+    structured extraction from the text (`about` names the subject for it), and when that
+    fails too, no metadata. `prompts`: the writer's, the sections', the metadata's; `doc`:
+    the document module (its `split_metadata`, `missing_sections`, `merge`); `kind`: the
+    metadata's type."""
+    writer, sections_prompt, metadata_prompt = prompts
+    user = data if not feedback else data + f"\n\nReviewer feedback: the previous {noun} was rejected for:\n" + \
+        "\n".join(f"- {issue}" for issue in feedback) + f"\nWrite the {noun} again without these problems."
+    text = await llm.complete(ROLE, [system(writer, site_name), {"role": "user", "content": user}],
                               record, temperature=0.2)
-    body, metadata, error = split_metadata(text)
-    missing, repaired = missing_sections(body), []
+    body, metadata, error = doc.split_metadata(text)
+    missing, repaired = doc.missing_sections(body), []
     if missing:
-        ask = (f"{data}\n\nThe brief so far:\n{body}\n\nWrite only these sections: "
-               + ", ".join(missing) + ".")
-        addition = await llm.complete(ROLE, [system("brief_sections", inputs.site_name),
+        ask = f"{data}\n\nThe {noun} so far:\n{body}\n\nWrite only these sections: " + ", ".join(missing) + "."
+        addition = await llm.complete(ROLE, [system(sections_prompt, site_name),
                                              {"role": "user", "content": ask}], record, temperature=0)
-        body = merge(body, split_metadata(addition)[0])
-        still = missing_sections(body)
+        body = doc.merge(body, doc.split_metadata(addition)[0])
+        still = doc.missing_sections(body)
         repaired, missing = [s for s in missing if s not in still], still
     method = "line"
     if metadata is None:
         try:
             metadata = await llm.structured(ROLE, [
-                system("brief_metadata", inputs.site_name),
-                {"role": "user", "content": f"Lead e-mail: {inputs.email}\n\nBrief:\n{body}"}],
-                record, ev.BriefMetadata, temperature=0)
+                system(metadata_prompt, site_name),
+                {"role": "user", "content": f"{about}\n\n{noun.capitalize()}:\n{body}"}],
+                record, kind, temperature=0)
             method = "structured"
         except msgspec.MsgspecError as exc:
             method, error = "none", f"{error}; structured extraction: {exc}"
-    return Draft(text=body, metadata=metadata, metadata_method=method, metadata_error=error if method != "line" else "",
-                 repaired_sections=repaired, missing_sections=missing, ungrounded_numbers=ungrounded_numbers(body, inputs))
+    return Written(text=body, metadata=metadata, method=method, error=error if method != "line" else "",
+                   repaired=repaired, missing=missing)
+
+
+async def draft(llm: LLMClient, inputs: ev.BriefInputs, record: Recorder, feedback: list[str] | None = None) -> Draft:
+    written = await write(llm, record, inputs.site_name, render(inputs), feedback, noun="brief",
+                          prompts=("brief_writer", "brief_sections", "brief_metadata"), doc=document,
+                          kind=ev.BriefMetadata, about=f"Lead e-mail: {inputs.email}")
+    return Draft(text=written.text, metadata=written.metadata, metadata_method=written.method,
+                 metadata_error=written.error, repaired_sections=written.repaired, missing_sections=written.missing,
+                 ungrounded_numbers=ungrounded_numbers(written.text, inputs))
 
 
 async def review(llm: LLMClient, inputs: ev.BriefInputs, brief: Draft, record: Recorder) -> Review:

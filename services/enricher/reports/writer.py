@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from services.enricher.briefs.writer import ROLE, Review, system
-from services.enricher.reports.document import merge, missing_sections, number, numeric_check, split_metadata
+from services.enricher.briefs.writer import ROLE, Review, system, write
+from services.enricher.reports import document
+from services.enricher.reports.document import number, numeric_check
 from shared import events as ev
 from shared.llm import LLMClient, Recorder
 
@@ -61,33 +62,13 @@ def render(inputs: ev.ReportInputs) -> str:
 
 
 async def draft(llm: LLMClient, inputs: ev.ReportInputs, record: Recorder, feedback: list[str] | None = None) -> Draft:
-    data = render(inputs)
-    user = data if not feedback else data + "\n\nReviewer feedback: the previous report was rejected for:\n" + \
-        "\n".join(f"- {issue}" for issue in feedback) + "\nWrite the report again without these problems."
-    text = await llm.complete(ROLE, [system("report_writer", inputs.site_name), {"role": "user", "content": user}],
-                              record, temperature=0.2)
-    body, metadata, error = split_metadata(text)
-    missing, repaired = missing_sections(body), []
-    if missing:
-        ask = f"{data}\n\nThe report so far:\n{body}\n\nWrite only these sections: " + ", ".join(missing) + "."
-        addition = await llm.complete(ROLE, [system("report_sections", inputs.site_name),
-                                             {"role": "user", "content": ask}], record, temperature=0)
-        body = merge(body, split_metadata(addition)[0])
-        still = missing_sections(body)
-        repaired, missing = [s for s in missing if s not in still], still
-    method = "line"
-    if metadata is None:
-        try:
-            metadata = await llm.structured(ROLE, [
-                system("report_metadata", inputs.site_name),
-                {"role": "user", "content": f"Account: {inputs.account.name}\n\nReport:\n{body}"}],
-                record, ev.ReportMetadata, temperature=0)
-            method = "structured"
-        except msgspec.MsgspecError as exc:
-            method, error = "none", f"{error}; structured extraction: {exc}"
-    absent, warning = numeric_check(body, inputs.account)
-    return Draft(text=body, metadata=metadata, metadata_method=method, metadata_error=error if method != "line" else "",
-                 repaired_sections=repaired, missing_sections=missing, missing_numbers=absent, numbers_warning=warning)
+    written = await write(llm, record, inputs.site_name, render(inputs), feedback, noun="report",
+                          prompts=("report_writer", "report_sections", "report_metadata"), doc=document,
+                          kind=ev.ReportMetadata, about=f"Account: {inputs.account.name}")
+    absent, warning = numeric_check(written.text, inputs.account)
+    return Draft(text=written.text, metadata=written.metadata, metadata_method=written.method,
+                 metadata_error=written.error, repaired_sections=written.repaired, missing_sections=written.missing,
+                 missing_numbers=absent, numbers_warning=warning)
 
 
 async def review(llm: LLMClient, inputs: ev.ReportInputs, report: Draft, record: Recorder) -> Review:
