@@ -187,10 +187,7 @@ async def erase_session(bus: Bus, redis, site: str, session_id: str, report: dic
                  for key in (privacy.cache_key, privacy.returning_key)]
         deleted = await redis.delete(*keys)
         await bus.js.purge_stream(subjects.TOKENS_STREAM, subject=subjects.session_tokens(site, session_id))
-        try:
-            await bus.bucket(subjects.SNAPSHOT_BUCKET).purge(subjects.kv_key(site, session_id))
-        except Exception as exc:  # no snapshot is fine
-            report["notes"].append(f"snapshot {site}/{session_id}: {exc!r}")
+        await _purge_snapshot(bus, site, session_id, report)
         dead = await _delete_dead_letters(bus, site, session_id)
         # Its insight record (votes' reasons, questions) made again from the redacted log.
         await insight.project_session(bus, site, session_id)
@@ -213,11 +210,15 @@ async def forget_mentions(bus: Bus, site: str, erased: set[str], report: dict) -
                                             lambda log: [privacy.forget_mentions(e, erased) for e in log],
                                             erased=False)
             # Its snapshot held the mention and the log's old positions: folded again from the log.
-            try:
-                await bus.bucket(subjects.SNAPSHOT_BUCKET).purge(subjects.kv_key(site, session_id))
-            except Exception as exc:  # no snapshot is fine
-                report["notes"].append(f"snapshot {site}/{session_id}: {exc!r}")
+            await _purge_snapshot(bus, site, session_id, report)
         report["mentions"][session_id] = {"events_rewritten": len(events), "fields_redacted": fields}
+
+
+async def _purge_snapshot(bus: Bus, site: str, session_id: str, report: dict) -> None:
+    try:
+        await bus.bucket(subjects.SNAPSHOT_BUCKET).purge(subjects.kv_key(site, session_id))
+    except Exception as exc:  # no snapshot is fine
+        report["notes"].append(f"snapshot {site}/{session_id}: {exc!r}")
 
 
 async def _delete_dead_letters(bus: Bus, site: str, session_id: str) -> int:

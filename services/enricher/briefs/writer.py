@@ -138,9 +138,15 @@ async def review(llm: LLMClient, inputs: ev.BriefInputs, brief: Draft, record: R
     flagged = ", ".join(brief.ungrounded_numbers) or "none"
     user = (f"Lead data:\n{render(inputs)}\n\nThe brief:\n{brief.text}\n\nMetadata: "
             f"{msgspec.json.encode(brief.metadata).decode()}\n\nNumbers in the brief found in no input: {flagged}")
+    return await evaluate(llm, record, inputs.site_name, "brief_evaluator", user)
+
+
+async def evaluate(llm: LLMClient, record: Recorder, site_name: str, prompt: str, user: str) -> Review:
+    """The evaluator's rubric (`prompt`) on `user`, a brief's or a report's: an answer that does
+    not validate is a failed review, not a pass."""
     try:
-        return await llm.structured(ROLE, [system("brief_evaluator", inputs.site_name),
-                                           {"role": "user", "content": user}], record, Review, temperature=0)
+        return await llm.structured(ROLE, [system(prompt, site_name), {"role": "user", "content": user}],
+                                    record, Review, temperature=0)
     except msgspec.MsgspecError as exc:
         return Review(verdict="fail", issues=[f"the review did not validate: {exc}"])
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from services.enricher.briefs.writer import ROLE, Review, system, write
+from services.enricher.briefs.writer import ROLE, Review, evaluate, system, write
 from services.enricher.reports import document
 from services.enricher.reports.document import number, numeric_check
 from shared import events as ev
@@ -76,11 +76,7 @@ async def review(llm: LLMClient, inputs: ev.ReportInputs, report: Draft, record:
     absent = ", ".join(report.missing_numbers) or "none"
     user = (f"Account data:\n{render(inputs)}\n\nThe report:\n{report.text}\n\nMetadata: "
             f"{msgspec.json.encode(report.metadata).decode()}\n\nInput figures the report does not state: {absent}")
-    try:
-        return await llm.structured(ROLE, [system("report_evaluator", inputs.site_name),
-                                           {"role": "user", "content": user}], record, Review, temperature=0)
-    except msgspec.MsgspecError as exc:
-        return Review(verdict="fail", issues=[f"the review did not validate: {exc}"])
+    return await evaluate(llm, record, inputs.site_name, "report_evaluator", user)
 
 
 async def sales_script(llm: LLMClient, inputs: ev.ReportInputs, report: Draft, record: Recorder) -> str:
