@@ -35,21 +35,23 @@ def sections_of(text: str) -> dict[str, str]:
 
 
 def churn_risk(**fields) -> ev.Account:
-    return account(**{"id": "quietco", "name": "QuietCo", "arr": 20000, "renewal_date": "2027-01-10",
+    return account(**{"id": "quietco", "name": "QuietCo", "arr": 40000, "renewal_date": "2027-01-10",
                       "usage": [ev.Metric(metric="seats", current=5, limit=50, unit="seats")], **fields})
 
 
-def test_the_rule_ranks_churn_then_upsell_then_negotiation_then_healthy_with_the_figures_as_reasons():
-    batch = [account(id="calm", name="Calm", usage=[ev.Metric(metric="seats", current=20, limit=60)]),  # healthy
-             account(),  # upsell: seats 58 of 60
-             account(id="renewing", name="Renewing", renewal_date="2027-01-05",
-                     usage=[ev.Metric(metric="seats", current=40, limit=60)]),  # negotiation
-             churn_risk()]
+def test_the_rule_ranks_by_revenue_at_stake_weighted_by_urgency_healthy_last_with_the_figures_as_reasons():
+    batch = [account(id="calm", name="Calm", arr=900000,
+                     usage=[ev.Metric(metric="seats", current=20, limit=60)]),  # healthy: last, whatever its ARR
+             account(),  # upsell (7): seats 58 of 60, 48,000 × 7 = 336,000
+             account(id="renewing", name="Renewing", renewal_date="2027-01-05", arr=50000,
+                     usage=[ev.Metric(metric="seats", current=40, limit=60)]),  # negotiation: 50,000 × 6 = 300,000
+             churn_risk()]  # churn (9): 40,000 × 9 = 360,000
     ranked = opportunities.rank_by_rule(batch, TODAY)
     assert [(o.account_id, o.proposition) for o in ranked] == [
         ("quietco", "churn"), ("acme-heating", "upsell"), ("renewing", "negotiation"), ("calm", "healthy")]
     assert "technician_seats 58 of 60 seats (97 %)" in ranked[1].reason and "ARR 48,000 USD" in ranked[1].reason
     assert "renews 2027-01-10 (in 44 days)" in ranked[0].reason and "seats 5 of 50 seats (10 %)" in ranked[0].reason
+    assert "ARR 40,000 USD" in ranked[0].reason
     assert opportunities.selected(ranked, 3) == ["quietco", "acme-heating", "renewing"]
     assert opportunities.selected(ranked, 1) == ["quietco"]
 
@@ -89,7 +91,7 @@ async def test_the_models_ranking_is_used_when_it_covers_every_account_exactly_o
     assert done.backend == "llm" and done.model_error == "" and done.items == reply.items
     assert done.selected == ["acme-heating", "quietco"] and done.accounts == 2
     sent = llm.calls[0][-1]["content"]
-    assert "quietco: QuietCo, tier Growth, ARR 20,000 USD, renews 2027-01-10 (in 44 days)" in sent
+    assert "quietco: QuietCo, tier Growth, ARR 40,000 USD, renews 2027-01-10 (in 44 days)" in sent
 
 
 async def test_a_ranking_missing_an_account_is_repaired_once_then_the_rule_ranks():

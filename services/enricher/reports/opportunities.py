@@ -11,9 +11,10 @@ still not (or no answer): the rule ranks them, and the stored search says why
 model, the rule's best; the rest follow in the rule's order.
 
 The rule (no model, or its fallback): each account's proposition by reports/rules.py, its
-reason the figures behind it; ranked by the proposition's priority (churn, upsell,
-negotiation, healthy; one more for a metric over its limit or an overdue renewal, as in a
-report's metadata), then by ARR (more at stake first), then by name.
+reason the figures behind it; ranked by the revenue at stake weighted by urgency: the ARR
+times the proposition's priority as a report's metadata computes it (churn 9, upsell 7,
+negotiation 6; one more for a metric over its limit or an overdue renewal), highest first,
+then by name; the healthy accounts (nothing to propose) after all the others, by ARR.
 
 Pre-selected (`selected`): the first `select` accounts with something to propose (not
 healthy), in ranking order.
@@ -91,14 +92,14 @@ def by_rule(account: ev.Account, today: str) -> ev.Opportunity:
                           reason=f"{why}; ARR {number(account.arr)} {account.currency} (by rule)")
 
 
-def _urgency(account: ev.Account, today: str) -> tuple:
-    reading = rules.read(account, today)
-    meta = rules.metadata(reading, [])
-    return -meta.priority, -account.arr, account.name.casefold(), account.id
+def _at_stake(account: ev.Account, today: str) -> tuple:
+    meta = rules.metadata(rules.read(account, today), [])
+    healthy = meta.proposition == "healthy"
+    return healthy, -account.arr if healthy else -account.arr * meta.priority, account.name.casefold(), account.id
 
 
 def rank_by_rule(accounts: list[ev.Account], today: str) -> list[ev.Opportunity]:
-    return [by_rule(a, today) for a in sorted(accounts, key=lambda a: _urgency(a, today))]
+    return [by_rule(a, today) for a in sorted(accounts, key=lambda a: _at_stake(a, today))]
 
 
 def problems(reply: OpportunitiesReply, ids: list[str]) -> list[str]:
