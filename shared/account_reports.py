@@ -12,12 +12,27 @@ a session no widget conversation can have (a leading underscore), so an account'
 never touch a visitor's log, and erasing a visitor never touches them. An account id too
 long for a subject token next to the prefix is named by its hash (`session_of`); every
 event carries the account id itself.
+
+A report's versions: version 1 is its `AccountReportCompleted` (its sections stored split),
+each `AccountReportRevised` of the same `request_id` the next (the sections it changed, by
+hand or asked for in words, and which sections are hand edits from then on). Nothing is
+overwritten: `versions` rebuilds every version from the log, `view` shows one, `diff`
+compares two. Edits are work items too (`edit_request`), taken one at a time across the
+deployment by the enricher's `report_editor`, so two edits never write the same version.
+
+Opportunity searches across the site's accounts: `opportunities_request` queues one, the
+enricher's `opportunity_finder` stores its outcome in the site's `_opportunities` log,
+`latest_opportunities` reads the newest.
 """
 
 from __future__ import annotations
 
+import difflib
 import hashlib
+from dataclasses import dataclass, field
 from typing import Iterable
+
+import msgspec
 
 from shared import accounts as accounts_
 from shared import events as ev
@@ -54,6 +69,12 @@ def report_request(site: str, account_id: str, producer: str, request_id: str | 
     return ev.AccountReportRequested(event_id=ev.derived_id(request_id, "reports", account_id), site=site,
                                      session_id=session_of(account_id), turn=0, ts=ev.now(), producer=producer,
                                      account_id=account_id, request_id=request_id)
+
+
+def pasted_request(site: str, account: ev.Account, producer: str) -> ev.AccountReportRequested:
+    """The paste-your-data demo's work item: the pasted account travels with it (it is
+    stored in no portfolio); its id derives from what was pasted, its request is new."""
+    return msgspec.structs.replace(report_request(site, account.id, producer), account=account)
 
 
 async def requests_for(bus: Bus, site: str, ids: Iterable[str], producer: str, request_id: str | None = None
@@ -102,3 +123,182 @@ def row(outcome: Outcome) -> dict:
         case ev.AccountReportFailed():
             line.update(status="failed", reason=outcome.reason)
     return line
+
+
+# --- a report's versions and edits ------------------------------------------------------------
+
+SECTIONS = ev.REPORT_SECTIONS
+MAX_SECTION_CHARS = 20_000  # a section's text, as an operator may write it
+MAX_INSTRUCTION_CHARS = 1_000
+EDIT_OUTCOMES = ("account_report_revised", "account_report_edit_failed")
+
+
+@dataclass(frozen=True)
+class Version:
+    version: int
+    ts: float
+    how: str  # generated | hand | asked
+    actor: str
+    sections: dict[str, str]  # every section's text at this version, canonical order
+    changed: list[str] = field(default_factory=list)
+    hand_edited: list[str] = field(default_factory=list)
+    instruction: str = ""
+    backend: str = ""
+    ignored: list[str] = field(default_factory=list)
+    edit_id: str = ""
+
+    def line(self) -> dict:
+        return {"version": self.version, "ts": self.ts, "how": self.how, "actor": self.actor,
+                "instruction": self.instruction, "sections": self.changed, "hand_edited": self.hand_edited,
+                "backend": self.backend, "ignored": self.ignored}
+
+
+def canonical(name: str) -> str | None:
+    """A section's canonical name from any case ("risks" → "Risks"), None: not a section."""
+    return next((s for s in SECTIONS if s.casefold() == name.strip().casefold()), None)
+
+
+def versions(completed: ev.AccountReportCompleted, revisions: Iterable[ev.AccountReportRevised]) -> list[Version]:
+    """Every version of the report, oldest first: the completed report, then each revision
+    of it in version order (a version stored twice counts once)."""
+    sections = {s.name: s.text for s in completed.sections}
+    out = [Version(version=1, ts=completed.ts, how="generated", actor=completed.producer, sections=dict(sections),
+                   changed=list(sections), hand_edited=list(completed.hand_edited), backend=completed.backend)]
+    seen: set[int] = {1}
+    for revision in sorted((r for r in revisions if r.request_id == completed.request_id), key=lambda r: r.version):
+        if revision.version in seen:
+            continue
+        seen.add(revision.version)
+        for change in revision.changes:
+            sections[change.name] = change.text
+        out.append(Version(version=revision.version, ts=revision.ts, how=revision.how, actor=revision.actor,
+                           sections={name: sections[name] for name in SECTIONS if name in sections},
+                           changed=[c.name for c in revision.changes], hand_edited=list(revision.hand_edited),
+                           instruction=revision.instruction, backend=revision.backend, ignored=list(revision.ignored),
+                           edit_id=revision.edit_id))
+    return out
+
+
+def text_of(preamble: str, sections: dict[str, str]) -> str:
+    """A version as markdown: the report's preamble, then each section under its heading."""
+    parts = [preamble] + [f"## {name}\n\n{sections[name]}" for name in SECTIONS if name in sections]
+    return "\n\n".join(part for part in parts if part).strip() + "\n"
+
+
+def view(completed: ev.AccountReportCompleted, history: list[Version], version: int | None = None) -> dict:
+    """The report as of `version` (None: the latest), as the operator API shows it."""
+    shown = history[-1] if version is None else next((v for v in history if v.version == version), None)
+    if shown is None:
+        raise KeyError(version)
+    text = text_of(completed.preamble, shown.sections) if completed.sections else completed.report
+    return {"request_id": completed.request_id, "account_id": completed.account_id, "version": shown.version,
+            "versions": len(history), "ts": completed.ts, "edited_ts": shown.ts, "backend": completed.backend,
+            "text": text, "hand_edited": shown.hand_edited,
+            "sections": [{"name": name, "text": body, "hand_edited": name in shown.hand_edited}
+                         for name, body in shown.sections.items()],
+            "metadata": ev.to_builtins(completed.metadata), "sales_script": completed.sales_script,
+            "verdict": completed.verdict or None, "numbers_warning": completed.numbers_warning,
+            "missing_numbers": completed.missing_numbers, "deals": completed.deals,
+            "editable": bool(completed.sections)}
+
+
+def diff(completed: ev.AccountReportCompleted, history: list[Version], old: int, new: int) -> dict:
+    """What changed from version `old` to `new`: each section that differs, before and after,
+    and a unified diff of the two texts."""
+    by = {v.version: v for v in history}
+    if old not in by or new not in by:
+        raise KeyError(old if old not in by else new)
+    a, b = by[old].sections, by[new].sections
+    changed = [{"section": name, "before": a.get(name, ""), "after": b.get(name, "")}
+               for name in SECTIONS if a.get(name) != b.get(name)]
+    unified = "".join(difflib.unified_diff(text_of(completed.preamble, a).splitlines(keepends=True),
+                                           text_of(completed.preamble, b).splitlines(keepends=True),
+                                           fromfile=f"version {old}", tofile=f"version {new}"))
+    return {"from": old, "to": new, "sections": changed, "unified": unified}
+
+
+async def _of(bus: Bus, site: str, account_id: str, kind: str) -> list:
+    return [r.event for r in sorted(await bus.read(subjects.conv(site, session_of(account_id), kind)),
+                                    key=lambda r: r.seq)]
+
+
+async def report(bus: Bus, site: str, account_id: str, request_id: str
+                 ) -> tuple[ev.AccountReportCompleted, list[Version]] | None:
+    """The account's report `request_id` and its versions; None: no such completed report."""
+    completed = next((c for c in await _of(bus, site, account_id, "account_report_completed")
+                      if c.request_id == request_id), None)
+    if completed is None:
+        return None
+    return completed, versions(completed, await _of(bus, site, account_id, "account_report_revised"))
+
+
+def edit_request(site: str, account_id: str, request_id: str, how: str, actor: str, producer: str,
+                 edit_id: str | None = None, **fields) -> ev.AccountReportEditRequested:
+    """One edit of a report as a work item; its id derives from the edit's (the caller's,
+    sent again: nothing is queued twice)."""
+    edit_id = edit_id or ev.new_id()
+    return ev.AccountReportEditRequested(event_id=ev.derived_id(edit_id, "reports", "edit"), site=site,
+                                         session_id=session_of(account_id), turn=0, ts=ev.now(),
+                                         producer=producer, account_id=account_id, request_id=request_id,
+                                         edit_id=edit_id, how=how, actor=actor, **fields)
+
+
+async def edit_outcome(bus: Bus, site: str, account_id: str, edit_id: str
+                       ) -> ev.AccountReportRevised | ev.AccountReportEditFailed | None:
+    """How edit `edit_id` ended; None: not yet."""
+    for kind in EDIT_OUTCOMES:
+        found = next((e for e in await _of(bus, site, account_id, kind) if e.edit_id == edit_id), None)
+        if found is not None:
+            return found
+    return None
+
+
+async def last_report(bus: Bus, site: str, account_id: str) -> dict | None:
+    """The account's newest report as a line of the portfolio (None: none yet): its status,
+    metadata and latest version."""
+    session = session_of(account_id)
+    newest = [await bus.last(subjects.conv(site, session, kind)) for kind in OUTCOMES]
+    newest = [e for e in newest if e is not None]
+    if not newest:
+        return None
+    outcome = max(newest, key=lambda e: e.ts)
+    line = {"request_id": outcome.request_id, "ts": outcome.ts}
+    if isinstance(outcome, ev.AccountReportFailed):
+        return {**line, "status": "failed", "reason": outcome.reason}
+    revised = await bus.last(subjects.conv(site, session, "account_report_revised"))
+    version = revised.version if isinstance(revised, ev.AccountReportRevised) and \
+        revised.request_id == outcome.request_id else 1
+    return {**line, "status": "completed", "version": version, **ev.to_builtins(outcome.metadata)}
+
+
+# --- opportunities across the site's accounts ------------------------------------------------
+
+MAX_SELECT = 20
+
+
+def opportunities_request(site: str, producer: str, account_ids: Iterable[str] = (), select: int = 3,
+                          request_id: str | None = None) -> ev.OpportunitiesRequested:
+    request_id = request_id or ev.new_id()
+    return ev.OpportunitiesRequested(event_id=ev.derived_id(request_id, "reports", ev.OPPORTUNITIES_SESSION),
+                                     site=site, session_id=ev.OPPORTUNITIES_SESSION, turn=0, ts=ev.now(),
+                                     producer=producer, request_id=request_id, accounts=list(account_ids),
+                                     select=select)
+
+
+async def latest_opportunities(bus: Bus, site: str) -> ev.OpportunitiesCompleted | ev.OpportunitiesFailed | None:
+    """The site's newest opportunity search, or its newest give-up when that came later."""
+    found = [await bus.last(subjects.conv(site, ev.OPPORTUNITIES_SESSION, kind))
+             for kind in ("opportunities_completed", "opportunities_failed")]
+    return max((e for e in found if e is not None), key=lambda e: e.ts, default=None)
+
+
+def opportunities_view(outcome: ev.OpportunitiesCompleted | ev.OpportunitiesFailed, names: dict[str, str]) -> dict:
+    line = {"request_id": outcome.request_id, "ts": outcome.ts}
+    if isinstance(outcome, ev.OpportunitiesFailed):
+        return {**line, "status": "failed", "reason": outcome.reason, "items": [], "selected": []}
+    chosen = set(outcome.selected)
+    return {**line, "status": "completed", "backend": outcome.backend, "accounts": outcome.accounts,
+            "model_error": outcome.model_error or None, "selected": outcome.selected,
+            "items": [{"account_id": o.account_id, "name": names.get(o.account_id, o.account_id),
+                       "proposition": o.proposition, "reason": o.reason, "selected": o.account_id in chosen}
+                      for o in outcome.items]}

@@ -56,6 +56,9 @@ ACCOUNT_COLUMNS = ("id", "name", "domain", "tier", "arr", "currency", "renewal_d
 DEAL_COLUMNS = ("id", "account", "tier", "outcome", "value", "currency", "date", "summary", "lessons")
 USAGE_COLUMN = re.compile(r"^usage:([^:]+?)(?::(limit|unit))?\Z")
 _SLUG = re.compile(r"[^a-z0-9]+")
+# The ids of the paste-your-data demo's accounts (shared/account_paste.py): no import gives
+# one, so a pasted account never takes a real one's place.
+PASTED_PREFIX = "pasted-"
 
 
 # The records themselves are part of the event contract (a report's gathered inputs hold
@@ -331,6 +334,8 @@ def account_problems(account: Account, where: str) -> list[dict[str, str]]:
 
     if not subjects.TOKEN_RE.match(account.id):
         bad("id", "letters, digits, '-' or '_' (1-64)")
+    elif account.id.startswith(PASTED_PREFIX):
+        bad("id", f"ids starting with {PASTED_PREFIX!r} are reserved for the paste-your-data demo: give another")
     if not account.name.strip() or not _text(account.name):
         bad("name", f"1 to {MAX_TEXT} characters")
     for key in ("domain", "tier", "owner", "industry"):
@@ -387,8 +392,12 @@ def deal_problems(deal: Deal, where: str) -> list[dict[str, str]]:
 
 
 def account_id(name: str, domain: str = "") -> str:
-    """An account's id from its domain (else its name): `acme-com`, the same in every import."""
-    slug = _SLUG.sub("-", (domain or name).lower()).strip("-")[:64].strip("-")
+    """An account's id from its domain (else its name): `acme-com`, the same in every import;
+    never one with the paste demo's reserved prefix (`Pasted Media` → `a-pasted-media`)."""
+    slug = _SLUG.sub("-", (domain or name).lower()).strip("-")
+    if slug.startswith(PASTED_PREFIX):
+        slug = "a-" + slug
+    slug = slug[:64].strip("-")
     return slug or "a-" + hashlib.blake2b(name.encode(), digest_size=6).hexdigest()
 
 

@@ -772,7 +772,14 @@ ACCOUNT_PREFIX = "_acct-"
 Proposition = Literal["upsell", "negotiation", "churn", "healthy"]
 PROPOSITIONS: tuple[str, ...] = Proposition.__args__
 ACCOUNT_REPORT_EVENTS = ("account_report_gathered", "account_report_drafted", "account_report_evaluated",
-                         "account_report_completed", "account_report_failed")
+                         "account_report_completed", "account_report_failed", "account_report_edit_requested",
+                         "account_report_revised", "account_report_edit_failed", "opportunities_completed",
+                         "opportunities_failed")
+# The site's log of opportunity searches across its accounts (a name no widget session has).
+OPPORTUNITIES_SESSION = "_opportunities"
+# How a report's version came to be: written by the pipeline, a section edited by hand, or a
+# change asked for in words (an "update_report" instruction).
+Revision = Literal["generated", "hand", "asked"]
 
 
 class ReportMetadata(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -781,6 +788,17 @@ class ReportMetadata(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     proposition: Proposition
     success_percent: Annotated[int, msgspec.Meta(ge=0, le=100)]
     priority: Annotated[int, msgspec.Meta(ge=1, le=10)]
+
+
+REPORT_SECTIONS = ("Executive Summary", "Situation", "Complication", "Resolution", "Key Metrics", "Evidence",
+                   "Risks", "Next Steps", "Key Questions")
+
+
+class ReportSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One of a report's nine sections (its `## ` heading's name) and its text."""
+
+    name: str
+    text: str
 
 
 class MatchedDeal(msgspec.Struct, kw_only=True):
@@ -800,13 +818,19 @@ class ReportInputs(msgspec.Struct, kw_only=True):
     account: Account
     deals: list[MatchedDeal] = []
     today: str = ""  # YYYY-MM-DD
+    # The sections the account manager wrote by hand in the account's previous report: a new
+    # report keeps them as written (reports/edits.py `keep`).
+    kept_sections: list[ReportSection] = []
 
 
 class AccountReportRequested(Envelope, tag="account_report_requested", kw_only=True):
-    """A work item: write this account's report. On `briefs.<site>.<session>.account_report_requested`."""
+    """A work item: write this account's report. On `briefs.<site>.<session>.account_report_requested`.
+    `account`: the account itself, for one pasted into the demo (stored nowhere else); None:
+    the site's stored account `account_id`."""
 
     account_id: str
     request_id: str = ""
+    account: Account | None = None
 
 
 class AccountReportGathered(Envelope, tag="account_report_gathered", kw_only=True):
@@ -851,6 +875,95 @@ class AccountReportCompleted(Envelope, tag="account_report_completed", kw_only=T
     missing_sections: list[str] = []
     attempts: int = 1
     duration_s: float = 0.0
+    hand_edited: list[str] = []  # sections kept from the previous report's hand edits
+    # The report split: the text before its first section (a label, a title), and its
+    # sections in canonical order: what a version's edits apply to (shared/account_reports.py).
+    preamble: str = ""
+    sections: list[ReportSection] = []
+
+
+class AccountReportEditRequested(Envelope, tag="account_report_edit_requested", kw_only=True):
+    """A work item: change report `request_id` of account `account_id`. By hand (`section`,
+    `text`: that section's new text, written on `base_version`) or asked in words
+    (`instruction`: only what it asks for changes, hand edits are kept). On the BRIEFS work
+    queue, in the account's session; its outcome (a revision or a failure) names `edit_id`."""
+
+    account_id: str
+    request_id: str  # the report's (its AccountReportCompleted's request_id)
+    edit_id: str
+    how: Literal["hand", "asked"]
+    actor: str
+    section: str = ""
+    text: str = ""
+    base_version: int = 0  # hand: the version the text was written on (0: the latest)
+    instruction: str = ""
+
+
+class AccountReportRevised(Envelope, tag="account_report_revised", kw_only=True):
+    """A new version of a report (version 1 is the AccountReportCompleted): the sections
+    changed (`changes`: their text after), who and how, and which sections are hand edits
+    now. Every version is kept; the newest is the report's current text."""
+
+    account_id: str
+    request_id: str
+    edit_id: str
+    version: int
+    how: Literal["hand", "asked"]
+    actor: str
+    instruction: str = ""
+    backend: str = ""  # asked: llm | data (the rule editor)
+    changes: list[ReportSection]
+    hand_edited: list[str] = []
+    ignored: list[str] = []  # asked: hand-edited sections the change would have touched, kept
+
+
+class AccountReportEditFailed(Envelope, tag="account_report_edit_failed", kw_only=True):
+    """An edit that could not be made, and why (the report is unchanged)."""
+
+    account_id: str
+    request_id: str
+    edit_id: str
+    node: str
+    reason: str
+    attempts: int = 1
+    failed_event_id: str | None = None
+
+
+class Opportunity(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One account's call in an opportunity search: what to propose (healthy: nothing now) and why."""
+
+    account_id: str
+    proposition: Proposition
+    reason: str
+
+
+class OpportunitiesRequested(Envelope, tag="opportunities_requested", kw_only=True):
+    """A work item: rank these accounts (none named: all of the site's) by opportunity and
+    pre-select the best `select` for reports. Session `OPPORTUNITIES_SESSION`."""
+
+    request_id: str = ""
+    accounts: list[str] = []
+    select: int = 3
+
+
+class OpportunitiesCompleted(Envelope, tag="opportunities_completed", kw_only=True):
+    """The accounts ranked, best opportunity first (one validated model call over all of
+    them, or the rule: reports/opportunities.py), and the ones pre-selected for reports."""
+
+    request_id: str = ""
+    backend: str = "llm"  # llm | data (the rule over each account's figures)
+    items: list[Opportunity] = []
+    selected: list[str] = []
+    accounts: int = 0
+    model_error: str = ""  # why the model's ranking was not used (the rule ranked them)
+
+
+class OpportunitiesFailed(Envelope, tag="opportunities_failed", kw_only=True):
+    node: str
+    reason: str
+    request_id: str = ""
+    attempts: int = 1
+    failed_event_id: str | None = None
 
 
 class AccountReportFailed(Envelope, tag="account_report_failed", kw_only=True):
@@ -863,7 +976,8 @@ class AccountReportFailed(Envelope, tag="account_report_failed", kw_only=True):
 
 
 # What goes on the BRIEFS work queue, not in a log (the queue's name is older than its pages).
-WORK_ITEMS = (BriefRequested, TriageRequested, PageFetchRequested, AccountReportRequested)
+WORK_ITEMS = (BriefRequested, TriageRequested, PageFetchRequested, AccountReportRequested,
+              AccountReportEditRequested, OpportunitiesRequested)
 
 
 # --- visitor feedback (services/gateway/routes/feedback.py) ---------------------------------
@@ -993,6 +1107,12 @@ Event = Union[
     AccountReportEvaluated,
     AccountReportCompleted,
     AccountReportFailed,
+    AccountReportEditRequested,
+    AccountReportRevised,
+    AccountReportEditFailed,
+    OpportunitiesRequested,
+    OpportunitiesCompleted,
+    OpportunitiesFailed,
     FeedbackGiven,
     ProjectionFailed,
     HandoffRequested,

@@ -87,6 +87,7 @@ class Needs:
     # The account the event names (its `account_id`) and the site's historical deals →
     # Inputs.account, Inputs.deals (shared/accounts.py)
     portfolio: bool = False
+    accounts: bool = False  # every account of the site → Inputs.accounts
     route: bool = False  # the turn's route as it is decided → Inputs.route, to cancel work routed away
     kb_vectors: bool = False  # the knowledge base's vectors bucket → Inputs.kb_vectors (None: none)
     # Implies state: a join of parallel analyses of one turn, the node consuming each of these
@@ -114,6 +115,7 @@ class Inputs:
     open_briefs: tuple[ev.BriefCompleted, ...] = ()
     account: ev.Account | None = None
     deals: tuple[ev.Deal, ...] = ()
+    accounts: tuple[ev.Account, ...] = ()
     route: Route | None = None
     kb_vectors: object | None = None
 
@@ -271,5 +273,6 @@ async def gather(needs: Needs, event: ev.Envelope, store: ConversationStore, con
         if needs.latest else _NOTHING,
         open_briefs=tuple(await store.open_briefs(site)) if needs.open_briefs else (),
         **(await _portfolio(store, event) if needs.portfolio else {}),
+        accounts=tuple(await store.accounts(site)) if needs.accounts else (),
         route=await store.route(event, at) if needs.route else None,
         kb_vectors=store.kb_vectors() if needs.kb_vectors else None)

@@ -431,7 +431,7 @@ def test_the_cli_queues_reports_and_shows_the_latest(nats_url, tmp_path, capsys)
     asyncio.run(store_report())
     assert accounts_cli.main(["--nats-url", nats_url, "report", "show", "--site", site, "--account", "acme-heating"]) == 0
     out = capsys.readouterr().out
-    assert "report 1 of 1, data, upsell" in out and "## Key Questions" in out and "## Closing" in out
+    assert "report 1 of 1 (r1), version 1 of 1, data, upsell" in out and "## Key Questions" in out and "## Closing" in out
 
 
 async def test_two_replicas_with_a_limit_of_one_write_one_report_at_a_time(work_bus, reports_llm):

@@ -11,6 +11,10 @@ ends in `AccountReportFailed`: a report is never completed with made-up metadata
 Without one (`BRIEFS_BACKEND=data`, the default without a key): reports/plain.py, labelled
 as data-only, every number in it from the account data.
 
+Either way, the sections the account manager wrote by hand in the account's previous report
+(`ReportInputs.kept_sections`) replace the written ones, and the completed report stores its
+sections split (`preamble`, `sections`): what its edits apply to (report_editor.py).
+
 The model calls are limited deployment-wide: this node's durable hands out at most
 `REPORTS_CONCURRENCY` gathered accounts at a time across all replicas (its max ack
 pending); each call retries with backoff on rate limits and timeouts (shared/llm.py).
@@ -21,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 
-from services.enricher.reports import plain, writer
+from services.enricher.reports import document, plain, writer
 from services.enricher.reports.failure import report_failed
 from shared import account_reports, metrics
 from shared import events as ev
@@ -68,6 +72,7 @@ def make_node(llm: LLMClient | None, concurrency: int = 2) -> Node:
         deals = [m.deal.id for m in data.deals]
         if llm is None:
             text, meta = plain.report(data)
+            text = document.keep(text, data.kept_sections)
             return [completed(event, ctx, started, backend=backend, report=text, metadata=meta,
                               sales_script=plain.sales_script(data, meta), deals=deals)]
         attempts = 1
@@ -95,5 +100,7 @@ def completed(event: ev.AccountReportGathered, ctx: Context, started: float, bac
               ) -> ev.AccountReportCompleted:
     duration = time.monotonic() - started
     metrics.reports.labels("generated", backend).inc()
+    preamble, sections = document.split(fields["report"])
     return ctx.follow(ev.AccountReportCompleted, request_id=event.request_id, account_id=event.inputs.account.id,
-                      backend=backend, duration_s=round(duration, 3), **fields)
+                      backend=backend, duration_s=round(duration, 3), preamble=preamble, sections=sections,
+                      hand_edited=[kept.name for kept in event.inputs.kept_sections], **fields)

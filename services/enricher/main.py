@@ -11,7 +11,9 @@ its checks and a call script, at most BRIEFS_CONCURRENCY at a time deployment-wi
 And the account reports (reports/): `report_gatherer` (an operator's work item for one
 account → the account, its usage and its most relevant historical deals, gathered once) and
 `account_reporter` (the nine-section report, its checks and a sales script, at most
-REPORTS_CONCURRENCY at a time deployment-wide).
+REPORTS_CONCURRENCY at a time deployment-wide), `report_editor` (a report's edits, by hand or
+asked for in words, one at a time deployment-wide, each a new version) and
+`opportunity_finder` (a site's accounts ranked by opportunity, the best pre-selected).
 
 And `insight_projector`: each conversation's insight record (shared/insight.py) kept current
 in the `insight` bucket as its turns end and its visitor votes."""
@@ -26,7 +28,8 @@ from shared import insight, redis_client, service
 from shared.llm import LLMClient
 from shared.node import Node
 from services.enricher import (account_reporter, brief_gatherer, brief_requester, enrichment, insight_projector,
-                               lead_briefer, lead_triager, report_gatherer, visitor_profiler)
+                               lead_briefer, lead_triager, opportunity_finder, report_editor, report_gatherer,
+                               visitor_profiler)
 from services.enricher.breaker import CircuitBreaker
 from services.enricher.chain import Enricher, Provider
 from services.enricher.ip_owners import IpOwnerSource
@@ -104,7 +107,8 @@ def brief_nodes(llm: LLMClient | None, settings: EnricherSettings) -> list[Node]
     operator's artefact, not part of a turn)."""
     return [brief_requester.make_node(), brief_gatherer.make_node(),
             lead_briefer.make_node(llm, concurrency=settings.briefs_concurrency), lead_triager.make_node(llm),
-            report_gatherer.make_node(), account_reporter.make_node(llm, concurrency=settings.reports_concurrency)]
+            report_gatherer.make_node(), account_reporter.make_node(llm, concurrency=settings.reports_concurrency),
+            report_editor.make_node(llm), opportunity_finder.make_node(llm)]
 
 
 def main() -> None:

@@ -5,8 +5,11 @@ replica; gathering runs in parallel, unlike the model calls after it) and stores
 `AccountReportGathered` in the account's log (`_acct-<id>`): the account as stored now (its
 usage metrics, ARR, renewal, tier), the site's most relevant historical deals (at most 8,
 reports/deals.py, matched for the situation its figures show: reports/rules.py), and the
-day the report is written for (the request's, so a redelivered item gathers the same). An
-account that is not the site's (deleted since it was asked for) fails the item
+day the report is written for (the request's, so a redelivered item gathers the same), and
+the sections the account manager wrote by hand in the account's latest report (its latest
+version's hand edits: the new report keeps them as written). An account pasted into the
+demo comes with its item (`AccountReportRequested.account`) and is read from nowhere else.
+An account that is not the site's (deleted since it was asked for) fails the item
 (`AccountReportFailed`). A request already handled (its step stored) gathers nothing again.
 """
 
@@ -16,6 +19,7 @@ import datetime
 
 from services.enricher.reports import deals, rules
 from services.enricher.reports.failure import report_failed
+from shared import account_reports
 from shared import events as ev
 from shared import subjects
 from shared.briefs import has_step_in
@@ -24,24 +28,38 @@ from shared.node import Context, Inputs, Needs, Node, PermanentError
 NAME = "report_gatherer"
 
 
-def gathered(account: ev.Account, history: list[ev.Deal], site_name: str, today: str) -> ev.ReportInputs:
+def gathered(account: ev.Account, history: list[ev.Deal], site_name: str, today: str,
+             kept: list[ev.ReportSection] | None = None) -> ev.ReportInputs:
     situation = rules.proposition(rules.read(account, today))
     return ev.ReportInputs(site_name=site_name, account=account, deals=deals.match(account, situation, history),
-                           today=today)
+                           today=today, kept_sections=kept or [])
+
+
+def hand_edits(log) -> list[ev.ReportSection]:
+    """The hand-edited sections of the account's latest completed report, as its latest
+    version reads."""
+    done = log["account_report_completed"]
+    if not done or not done[-1].sections:
+        return []
+    latest = account_reports.versions(done[-1], log["account_report_revised"])[-1]
+    return [ev.ReportSection(name=name, text=latest.sections[name]) for name in latest.hand_edited
+            if name in latest.sections]
 
 
 async def gather(event: ev.AccountReportRequested, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
     if has_step_in(inputs.log, event.request_id):
         return []
-    if inputs.account is None:
+    account = event.account or inputs.account
+    if account is None:
         raise PermanentError(f"no account {event.account_id!r} on site {event.site!r}")
     today = datetime.datetime.fromtimestamp(event.ts, datetime.timezone.utc).date().isoformat()
-    data = gathered(inputs.account, list(inputs.deals), inputs.config.name or event.site, today)
+    data = gathered(account, list(inputs.deals), inputs.config.name or event.site, today, hand_edits(inputs.log))
     return [ctx.follow(ev.AccountReportGathered, request_id=event.request_id, inputs=data)]
 
 
 def make_node() -> Node:
     return Node(name=NAME, consumes=("account_report_requested",), handle=gather,
-                needs=Needs(config=True, portfolio=True, log=("account_report_gathered",)),
+                needs=Needs(config=True, portfolio=True, log=("account_report_gathered", "account_report_completed",
+                                                              "account_report_revised")),
                 stream=subjects.BRIEFS_STREAM, failure=report_failed)
 

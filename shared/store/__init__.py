@@ -8,6 +8,7 @@ declare, and nothing else reads the log for it:
     events / latest(site, session, kind) a conversation's stored events of one type
     open_briefs(site)                   the latest brief of each of the site's open leads
     portfolio(site, account)            an account of the site and the site's historical deals
+    accounts(site)                      every account of the site (an opportunity search's batch)
     route(event)                        the turn's route as it is decided (cancel work routed away)
     kb_vectors()                        the knowledge base's vectors bucket
 
@@ -53,6 +54,8 @@ class ConversationStore(Protocol):
     async def open_briefs(self, site: str) -> list[ev.BriefCompleted]: ...
 
     async def portfolio(self, site: str, account_id: str) -> tuple[ev.Account | None, list[ev.Deal]]: ...
+
+    async def accounts(self, site: str) -> list[ev.Account]: ...
 
     async def route(self, event: ev.Envelope, at: Position | None = None) -> Route: ...
 

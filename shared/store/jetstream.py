@@ -238,6 +238,10 @@ class JetStreamStore:
         found = await accounts.account(self.bus, site, account_id) if account_id else None
         return found, await accounts.deals(self.bus, site)
 
+    async def accounts(self, site: str) -> list[ev.Account]:
+        """Every account of the site, by name (shared/accounts.py)."""
+        return await accounts.accounts(self.bus, site)
+
     async def route(self, event: ev.Envelope, at: Position | None = None) -> Route:
         """`event`'s turn's route as it is decided, for racing work the route may cancel."""
         if self._route_watch is None:

@@ -57,6 +57,9 @@ class MemoryStore:
         found = next((a for a in self._portfolio.accounts if a.id == account_id), None)
         return found, list(self._portfolio.deals)
 
+    async def accounts(self, site: str) -> list[ev.Account]:
+        return list(self._portfolio.accounts)
+
     async def route(self, event: ev.Envelope, at: Position | None = None) -> Route:
         return LoggedRoute(event, [r.event for r in self._of(subjects.conv(event.site, event.session_id,
                                                                              "route_decided"))])

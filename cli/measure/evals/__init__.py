@@ -1,7 +1,8 @@
-"""`concierge eval intent|followups|skills|hack|retrieval|answers|briefs|all`: the router's evals (services/router/evaluation.py),
-the retriever's (services/retriever/evaluation.py), the answers' (cli/measure/evals/answer_eval.py: through a running
-system, the one `--base-url` names or one it starts) and the lead briefs' (cli/measure/evals/brief_eval.py: `--mock`
-for the recorded model replies)."""
+"""`concierge eval intent|followups|skills|hack|retrieval|answers|briefs|accounts|all`: the router's evals
+(services/router/evaluation.py), the retriever's (services/retriever/evaluation.py), the answers' (cli/measure/evals/
+answer_eval.py: through a running system, the one `--base-url` names or one it starts), the lead briefs'
+(cli/measure/evals/brief_eval.py) and the account reports' (cli/measure/evals/account_eval.py): `--mock` for the
+recorded model replies."""
 
 from __future__ import annotations
 
@@ -13,16 +14,16 @@ from pathlib import Path
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="concierge eval")
     parser.add_argument("which", choices=("intent", "followups", "skills", "hack", "retrieval", "answers", "briefs",
-                                          "all"))
+                                          "accounts", "all"))
     parser.add_argument("--dataset", type=Path, help="JSONL file (default: the shipped evaluation set)")
     parser.add_argument("--backend", choices=("local", "llm", "cascade"), default="local",
                         help="intent classifier backend (default: local, the embedded default)")
     parser.add_argument("--base-url", help="answers: a running gateway (default: start a system for the eval)")
     parser.add_argument("--site", default="demo", help="answers: the site asked (default: demo)")
     parser.add_argument("--concurrency", type=int, default=1,
-                        help="answers: conversations at once; briefs: briefs at once (default: 1)")
+                        help="answers: conversations at once; briefs, accounts: reports at once (default: 1)")
     parser.add_argument("--mock", action="store_true",
-                        help="briefs: the recorded model replies (deterministic) instead of LLM_BASE_URL")
+                        help="briefs, accounts: the recorded model replies (deterministic) instead of LLM_BASE_URL")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     from services.router import evaluation
@@ -44,6 +45,10 @@ def main(argv: list[str]) -> int:
         if args.which == "briefs":
             from cli.measure.evals import brief_eval
             return brief_eval.eval_briefs(args.dataset or brief_eval.DATASET, args.mock, concurrency=args.concurrency)
+        if args.which == "accounts":
+            from cli.measure.evals import account_eval
+            return account_eval.eval_accounts(args.dataset or account_eval.DATASET, args.mock,
+                                              concurrency=args.concurrency)
         if args.which == "answers":
             from cli.measure.evals import answer_eval
             return answer_eval.eval_answers(args.dataset or answer_eval.DATASET, args.base_url, args.site,

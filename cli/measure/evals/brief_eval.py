@@ -25,7 +25,6 @@ metadata, call script and kept figure, no audit miss, triage accuracy ≥ 0.8.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json

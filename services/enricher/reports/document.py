@@ -22,8 +22,7 @@ from services.enricher.briefs import document as brief_document
 from shared import citations
 from shared import events as ev
 
-REQUIRED_SECTIONS = ("Executive Summary", "Situation", "Complication", "Resolution", "Key Metrics", "Evidence",
-                     "Risks", "Next Steps", "Key Questions")
+REQUIRED_SECTIONS = ev.REPORT_SECTIONS
 metadata_line = brief_document.metadata_line
 
 
@@ -37,6 +36,34 @@ def missing_sections(markdown: str) -> list[str]:
 
 def merge(report: str, addition: str) -> str:
     return brief_document.merge(report, addition, REQUIRED_SECTIONS)
+
+
+def split(markdown: str) -> tuple[str, list[ev.ReportSection]]:
+    """(the text before the first section, the sections the report has in canonical order),
+    the metadata line left out: what a completed report stores for its edits."""
+    preamble, blocks = brief_document._parse(brief_document._split(markdown)[0], REQUIRED_SECTIONS)
+    return preamble, [ev.ReportSection(name=name, text=blocks[name][1]) for name in REQUIRED_SECTIONS if name in blocks]
+
+
+def replace(markdown: str, changes: dict[str, str]) -> str:
+    """The report with these sections' bodies replaced (a section it lacks added in its
+    place), everything else as written, its metadata line kept."""
+    body, line, _ = brief_document._split(markdown)
+    preamble, have = brief_document._parse(body, REQUIRED_SECTIONS)
+    parts = [preamble]
+    for name in REQUIRED_SECTIONS:
+        if name not in have and name not in changes:
+            continue
+        heading, text = have.get(name, (f"## {name}", ""))
+        text = changes.get(name, text)
+        parts.append(f"{heading}\n\n{text}" if text else heading)
+    parts.append(line)
+    return "\n\n".join(part for part in parts if part)
+
+
+def keep(markdown: str, kept: list[ev.ReportSection]) -> str:
+    """The report with the account manager's hand-edited sections as they wrote them."""
+    return replace(markdown, {section.name: section.text for section in kept}) if kept else markdown
 
 
 def split_metadata(text: str) -> tuple[str, ev.ReportMetadata | None, str]:

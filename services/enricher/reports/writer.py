@@ -54,6 +54,9 @@ def render(inputs: ev.ReportInputs) -> str:
     lines.append("\nUsage metrics (metric: current / limit unit):")
     lines += [f"- {m.metric}: {number(m.current)} / {number(m.limit) if m.limit is not None else 'no limit'}"
               f"{(' ' + m.unit) if m.unit else ''}" for m in a.usage] or ["none"]
+    if inputs.kept_sections:
+        lines.append("\nSections the account manager wrote by hand (kept as written; do not contradict them):")
+        lines += [f"### {kept.name}\n{kept.text}" for kept in inputs.kept_sections]
     lines.append("\nHistorical deals (most relevant first):")
     lines += [f"- {m.deal.account} ({m.deal.tier or 'tier unknown'}, {m.deal.date or 'date unknown'}): "
               f"{m.deal.outcome}, {number(m.deal.value)} {m.deal.currency}. {m.deal.summary} {m.deal.lessons}".rstrip()
@@ -65,8 +68,9 @@ async def draft(llm: LLMClient, inputs: ev.ReportInputs, record: Recorder, feedb
     written = await write(llm, record, inputs.site_name, render(inputs), feedback, noun="report",
                           prompts=("report_writer", "report_sections", "report_metadata"), doc=document,
                           kind=ev.ReportMetadata, about=f"Account: {inputs.account.name}")
-    absent, warning = numeric_check(written.text, inputs.account)
-    return Draft(text=written.text, metadata=written.metadata, metadata_method=written.method,
+    text = document.keep(written.text, inputs.kept_sections)
+    absent, warning = numeric_check(text, inputs.account)
+    return Draft(text=text, metadata=written.metadata, metadata_method=written.method,
                  metadata_error=written.error, repaired_sections=written.repaired, missing_sections=written.missing,
                  missing_numbers=absent, numbers_warning=warning)
 

@@ -16,25 +16,42 @@ accounts and historical deals, imported or pulled (shared/accounts.py).
   `request_id` again queues nothing twice (404: an id is not one of the site's accounts);
 - `GET  accounts/{account_id}/reports`: every report of the account, oldest first, one line
   each (a failed one with why); `GET accounts/{account_id}/reports/latest`: the newest in
-  full (404: none yet).
+  full, `report` its current version as the operator reads it (404: none yet);
+- `GET  accounts/{account_id}/reports/{request_id}` (`?version=N`, default the latest): one
+  report as of a version; `…/versions`: every version, how it came (generated, hand, asked),
+  by whom, which sections changed; `…/diff?from=1&to=3`: each section that differs, before
+  and after, and a unified diff;
+- `POST accounts/{account_id}/reports/{request_id}/edits`: a hand edit (`{"section", "text",
+  "base_version"}`) or a change asked for in words (`{"instruction"}`), queued for the
+  enricher's `report_editor`, 202 with its `edit_id`; `GET …/edits/{edit_id}`: pending,
+  done (the version it made) or failed (why);
+- `POST accounts/opportunities` (`{"accounts": [...] (default all), "select": 3}`): a search
+  for opportunities across the accounts, 202 with its request id; `GET accounts/opportunities`:
+  the newest, ranked best first, each with its proposition and reason, the pre-selected
+  flagged (404: none yet);
+- `POST accounts/paste`: the paste-your-data demo: one account as JSON (either usage format)
+  or free text (`Content-Type: text/plain`; shared/account_paste.py), parsed and queued for a
+  report at once, 202 with the account as read (422 naming what is missing); the report
+  then at `GET accounts/{account_id}/reports/latest`. Nothing is stored in the portfolio.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Literal
 
 import msgspec
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
 
-from shared import account_reports, accounts
+from shared import account_paste, account_reports, accounts
 from shared import events as ev
 from shared import subjects
 from services.gateway.access import operator_of_site
 from services.gateway.errors import NotFound
-from services.gateway.openapi import ACCOUNTS_IMPORT_OPENAPI, ID_PATTERN, SiteId
+from services.gateway.openapi import ACCOUNTS_IMPORT_OPENAPI, ID_PATTERN, SiteId, schema_of
 from services.gateway.operators import Operator
-from services.gateway.schemas import decode, read_body
+from services.gateway.schemas import RequestError, decode, read_body
 
 router = APIRouter()
 AccountId = Annotated[str, Path(pattern=ID_PATTERN, description="an account's id")]
@@ -48,6 +65,43 @@ class ReportsRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 _reports_request = msgspec.json.Decoder(ReportsRequest)
+
+
+class OpportunitiesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    accounts: Annotated[list[Token], msgspec.Meta(max_length=accounts.MAX_ACCOUNTS)] = []
+    select: Annotated[int, msgspec.Meta(ge=0, le=account_reports.MAX_SELECT)] = 3
+    request_id: Token | None = None
+
+
+_opportunities_request = msgspec.json.Decoder(OpportunitiesRequest)
+SectionName = Annotated[str, msgspec.Meta(max_length=100)]
+
+
+class EditRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A hand edit (`section`, `text`, the `base_version` it was written on) or a change asked
+    for (`instruction`), never both."""
+
+    section: SectionName | None = None
+    text: Annotated[str, msgspec.Meta(max_length=account_reports.MAX_SECTION_CHARS)] | None = None
+    base_version: Annotated[int, msgspec.Meta(ge=0)] = 0
+    instruction: Annotated[str, msgspec.Meta(max_length=account_reports.MAX_INSTRUCTION_CHARS)] | None = None
+    edit_id: Token | None = None  # the caller's: sent again, nothing is queued twice
+
+
+_edit_request = msgspec.json.Decoder(EditRequest)
+RequestId = Annotated[str, Path(pattern=ID_PATTERN, description="a report's request id")]
+
+
+def _body(struct: type) -> dict:
+    return {"requestBody": {"required": False, "content": {"application/json": {"schema": schema_of(struct)}}}}
+
+
+PASTE_OPENAPI = {"requestBody": {"required": True, "content": {
+    "application/json": {"schema": {"type": "object", "description": "one account (its usage a list of {metric, "
+                                                                      "current, limit, unit} or a mapping)"}},
+    "text/plain": {"schema": {"type": "string", "description": "an account described in free text: labelled lines "
+                                                               "(Tier: Growth, ARR: $48,000, Renewal: 2027-02-15) "
+                                                               "or prose (45 of 50 technician seats)"}}}}}
 
 
 def _kind(request: Request) -> str:
@@ -86,8 +140,11 @@ async def list_accounts(request: Request, site: SiteId):
         pulled = _pulled(await _pull(request, site, force=False))
     except accounts.PullError as exc:  # what is stored still answers; the failure is shown
         pulled = {"fetched": True, "error": str(exc), "errors": exc.errors}
-    found = await accounts.accounts(request.app.state.bus, site)
-    return {"site": site, "accounts": [accounts.row(a) for a in found], "pull": pulled}
+    bus = request.app.state.bus
+    found = await accounts.accounts(bus, site)
+    last = await asyncio.gather(*(account_reports.last_report(bus, site, a.id) for a in found))
+    return {"site": site, "accounts": [{**accounts.row(a), "last_report": r} for a, r in zip(found, last)],
+            "pull": pulled}
 
 
 @router.post("/accounts/pull")
@@ -102,7 +159,7 @@ async def pull_accounts(request: Request, site: SiteId):
     return {"site": site, "pull": _pulled(result)}
 
 
-@router.post("/accounts/reports", status_code=202)
+@router.post("/accounts/reports", status_code=202, openapi_extra=_body(ReportsRequest))
 async def request_reports(request: Request, site: SiteId):
     """Queue a report for each account named: one work item per account."""
     body = decode(await request.body() or b"{}", _reports_request)
@@ -113,6 +170,45 @@ async def request_reports(request: Request, site: SiteId):
         raise NotFound(str(exc)) from None
     await account_reports.queue(bus, items)
     return {"site": site, "request_id": items[0].request_id, "accounts": [i.account_id for i in items]}
+
+
+@router.post("/accounts/opportunities", status_code=202, openapi_extra=_body(OpportunitiesRequest))
+async def request_opportunities(request: Request, site: SiteId):
+    """Queue a search for opportunities across the site's accounts (those named, or all)."""
+    body = decode(await request.body() or b"{}", _opportunities_request)
+    bus = request.app.state.bus
+    wanted = list(dict.fromkeys(body.accounts))
+    if wanted:
+        known = {a.id for a in await accounts.accounts(bus, site)}
+        if missing := [i for i in wanted if i not in known]:
+            raise NotFound(str(account_reports.UnknownAccount(site, missing)))
+    item = account_reports.opportunities_request(site, "gateway", wanted, body.select, body.request_id)
+    await bus.publish_work(item)
+    return {"site": site, "request_id": item.request_id}
+
+
+@router.get("/accounts/opportunities")
+async def show_opportunities(request: Request, site: SiteId):
+    """The site's newest opportunity search: the accounts ranked, best first, with reasons."""
+    bus = request.app.state.bus
+    latest = await account_reports.latest_opportunities(bus, site)
+    if latest is None:
+        raise NotFound(f"no opportunity search in site {site} yet")
+    names = {a.id: a.name for a in await accounts.accounts(bus, site)}
+    return {"site": site, **account_reports.opportunities_view(latest, names)}
+
+
+@router.post("/accounts/paste", status_code=202, openapi_extra=PASTE_OPENAPI)
+async def paste_account(request: Request, site: SiteId, who: Who):
+    """The paste-your-data demo: one account (JSON, or free text) → its report, queued now."""
+    data = await read_body(request, 4 * account_paste.MAX_CHARS)  # UTF-8: at most 4 bytes a character
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    kind = "text" if media.startswith("text/") else "json" if media.endswith("json") else ""
+    account = account_paste.parse(data, kind)  # AccountsError: a 422 naming what is missing
+    item = account_reports.pasted_request(site, account, "gateway")
+    await request.app.state.bus.publish_work(item)
+    return {"site": site, "account_id": account.id, "request_id": item.request_id,
+            "account": accounts.as_data([account])[0]}
 
 
 @router.get("/accounts/{account_id}/reports")
@@ -128,7 +224,91 @@ async def latest_report(request: Request, site: SiteId, account_id: AccountId):
     latest = await account_reports.latest(request.app.state.bus, site, account_id)
     if latest is None:
         raise NotFound(f"no report for account {account_id} in site {site}")
-    return {"site": site, "account_id": account_id, "type": ev.event_type(latest), "event": ev.to_builtins(latest)}
+    current = None
+    if isinstance(latest, ev.AccountReportCompleted):
+        found = await account_reports.report(request.app.state.bus, site, account_id, latest.request_id)
+        current = account_reports.view(*found) if found else None
+    return {"site": site, "account_id": account_id, "type": ev.event_type(latest), "event": ev.to_builtins(latest),
+            "report": current}
+
+
+async def _report(request: Request, site: str, account_id: str, request_id: str):
+    found = await account_reports.report(request.app.state.bus, site, account_id, request_id)
+    if found is None:
+        raise NotFound(f"no completed report {request_id} for account {account_id} in site {site}")
+    return found
+
+
+@router.get("/accounts/{account_id}/reports/{request_id}")
+async def show_report(request: Request, site: SiteId, account_id: AccountId, request_id: RequestId,
+                      version: Annotated[int | None, Query(ge=1)] = None):
+    """One report as of `version` (default: its latest)."""
+    completed, history = await _report(request, site, account_id, request_id)
+    try:
+        return {"site": site, **account_reports.view(completed, history, version)}
+    except KeyError:
+        raise NotFound(f"report {request_id} has no version {version} (it has {len(history)})") from None
+
+
+@router.get("/accounts/{account_id}/reports/{request_id}/versions")
+async def report_versions(request: Request, site: SiteId, account_id: AccountId, request_id: RequestId):
+    """Every version of the report, oldest first: how it came, by whom, what it changed."""
+    _, history = await _report(request, site, account_id, request_id)
+    return {"site": site, "account_id": account_id, "request_id": request_id,
+            "versions": [v.line() for v in history]}
+
+
+@router.get("/accounts/{account_id}/reports/{request_id}/diff")
+async def report_diff(request: Request, site: SiteId, account_id: AccountId, request_id: RequestId,
+                      old: Annotated[int, Query(alias="from", ge=1)] = 1,
+                      new: Annotated[int | None, Query(alias="to", ge=1)] = None):
+    """What changed between two versions (default: the first and the latest)."""
+    completed, history = await _report(request, site, account_id, request_id)
+    try:
+        return {"site": site, **account_reports.diff(completed, history, old, new or history[-1].version)}
+    except KeyError as exc:
+        raise NotFound(f"report {request_id} has no version {exc.args[0]} (it has {len(history)})") from None
+
+
+@router.post("/accounts/{account_id}/reports/{request_id}/edits", status_code=202, openapi_extra=_body(EditRequest))
+async def edit_report(request: Request, site: SiteId, account_id: AccountId, request_id: RequestId, who: Who):
+    """Queue an edit of the report: a section by hand, or a change asked for in words."""
+    body = decode(await request.body() or b"{}", _edit_request)
+    hand = body.section is not None or body.text is not None
+    if hand == (body.instruction is not None):
+        raise RequestError(None, "give either section and text (a hand edit) or instruction (a change asked for)")
+    if hand:
+        section = account_reports.canonical(body.section or "")
+        if section is None:
+            raise RequestError("section", f"not a section of the report: one of {', '.join(account_reports.SECTIONS)}")
+        if not (body.text or "").strip():
+            raise RequestError("text", "the section's text is empty")
+        fields = {"section": section, "text": body.text.strip(), "base_version": body.base_version}
+    else:
+        if not body.instruction.strip():
+            raise RequestError("instruction", "the instruction is empty")
+        fields = {"instruction": body.instruction.strip()}
+    await _report(request, site, account_id, request_id)
+    item = account_reports.edit_request(site, account_id, request_id, "hand" if hand else "asked", who.actor,
+                                        "gateway", body.edit_id, **fields)
+    await request.app.state.bus.publish_work(item)
+    return {"site": site, "account_id": account_id, "request_id": request_id, "edit_id": item.edit_id}
+
+
+@router.get("/accounts/{account_id}/reports/{request_id}/edits/{edit_id}")
+async def edit_status(request: Request, site: SiteId, account_id: AccountId, request_id: RequestId,
+                      edit_id: Annotated[str, Path(pattern=ID_PATTERN)]):
+    """How an edit went: pending, done (the version it made) or failed (why)."""
+    outcome = await account_reports.edit_outcome(request.app.state.bus, site, account_id, edit_id)
+    line = {"site": site, "account_id": account_id, "request_id": request_id, "edit_id": edit_id}
+    match outcome:
+        case ev.AccountReportRevised() if outcome.request_id == request_id:
+            return {**line, "status": "done", "version": outcome.version, "how": outcome.how,
+                    "changed": [c.name for c in outcome.changes], "ignored": outcome.ignored,
+                    "backend": outcome.backend}
+        case ev.AccountReportEditFailed() if outcome.request_id == request_id:
+            return {**line, "status": "failed", "reason": outcome.reason}
+    return {**line, "status": "pending"}
 
 
 @router.get("/accounts/{account_id}")

@@ -1,0 +1,264 @@
+"""`concierge eval accounts [--mock] [--dataset FILE]`: the account-report contract, case by case.
+
+Each case of services/enricher/data/accounts_eval.json has a `kind`, and each kind is run and
+scored by its own function (`EVALS`). A "report" case is one account's gathered data (an
+`ev.ReportInputs`: usage metrics, ARR, renewal, tier, matched deals): the eval hands it to the
+enricher's `account_reporter` node exactly as the service runs it (writer pass, section
+re-prompt, metadata fallback, numeric check, evaluator and its retry, sales script). Its
+`expect` is what a good report of that account has, whoever writes it: the proposition and
+the figures it must state. Its `recorded` is the path the recorded replies take through the
+node (the sections the re-prompt supplies, metadata by the structured fallback, a second
+attempt, the numeric warning, a report that fails because its metadata validates neither
+way); that is checked with `--mock` only: a live model takes whichever path its answers lead to.
+Scored over the reports that should complete:
+
+- `sections_complete_rate`: every required section (after the re-prompt);
+- `metadata_valid_rate`: completed with validated metadata (the line or the fallback);
+- `proposition_accuracy`: the metadata's proposition is the case's;
+- `numbers_kept_rate`: the figures the case says a report must state, stated;
+- `numbers_warning_accuracy`: the numeric check warns as recorded (live: never, the writer
+  is told to state every figure);
+- `sales_scripts_complete_rate`: a sales script with every heading sales_script.md asks for;
+- `fallback_cases_ok`, `sections_repaired`, `retried`: completed reports whose metadata came
+  from the fallback, whose sections the re-prompt supplied, that took a second attempt;
+- `failures_as_expected`: the cases recorded to fail that ended in `AccountReportFailed`
+  (each counts as passed); `path_misses`: cases whose path is not the recorded one (live: null).
+
+`--mock` serves the recorded replies (accounts_recorded.json) from the scripted
+OpenAI-compatible server, so the eval is deterministic (make test runs it); without it, the
+`briefs` LLM role's endpoint (LLM_BASE_URL / LLM_BRIEFS_BASE_URL) writes the reports. Each
+miss is printed; the last line is one JSON object. Exit 1 when it did not pass: every
+section, metadata, sales script, figure to keep and warning as expected, proposition
+accuracy ≥ 0.8, and with `--mock` no path miss.
+
+A new kind of case: a Struct for its cases tagged with the kind's name (its inputs and
+expectations), added to `Case`, and one async function from its cases to a `Scored` in
+`EVALS`; its figures join the JSON line, its misses the list, its verdict `passed`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Awaitable, Callable, Literal
+
+import msgspec
+
+from cli.measure.evals.brief_eval import DATA, recorded_llm, run
+from services.enricher import account_reporter
+from services.enricher.briefs import document as sectioned
+from services.enricher.briefs.writer import PROMPTS, ROLE
+from services.enricher.reports import document
+from shared import account_reports, citations
+from shared import events as ev
+from shared.config import LLMRoleConfig
+from shared.llm import LLMClient
+
+DATASET = DATA / "accounts_eval.json"
+RECORDED = DATA / "accounts_recorded.json"
+SITE = "eval"
+MIN_PROPOSITION_ACCURACY = 0.8
+# The headings the sales-script prompt asks for, read from it: the check follows the prompt.
+SCRIPT_SECTIONS = tuple(line[3:].strip() for line in (PROMPTS / "sales_script.md").read_text(encoding="utf-8")
+                        .splitlines() if line.startswith("## "))
+
+
+class ReportExpect(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    proposition: ev.Proposition
+    numbers: list[str] = []  # figures the report must state
+
+
+class RecordedPath(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The recorded replies' way through the node (the defaults: the straight way)."""
+
+    repaired: list[str] = []  # sections the focused re-prompt supplies
+    metadata: Literal["line", "structured"] = "line"  # structured: the line does not validate, the fallback does
+    attempts: int = 1  # 2: the evaluator fails the first draft and the rewrite passes
+    numbers_warning: bool = False  # more than half of the input figures left out
+    fails: bool = False  # the metadata validates neither way: AccountReportFailed
+
+
+class ReportCase(msgspec.Struct, tag="report", tag_field="kind", kw_only=True, forbid_unknown_fields=True):
+    id: str
+    description: str
+    inputs: ev.ReportInputs
+    expect: ReportExpect
+    recorded: RecordedPath = msgspec.field(default_factory=RecordedPath)
+
+
+Case = ReportCase  # every kind's cases, a union tagged by `kind`
+
+
+class Dataset(msgspec.Struct, kw_only=True):
+    cases: list[Case]
+
+
+@dataclass
+class Scored:
+    """One kind's cases, run and scored: its figures (for the JSON line), its misses, its verdict."""
+
+    figures: dict
+    misses: list[str]
+    passed: bool
+
+
+def load(path: Path) -> list[Case]:
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=Dataset, strict=True).cases
+    except msgspec.MsgspecError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+def kept(report: str, figure: str) -> bool:
+    return citations.value(figure) in citations.values(report)
+
+
+def script_complete(script: str) -> bool:
+    return not sectioned.missing_sections(script, SCRIPT_SECTIONS)
+
+
+def rate(hits: int, total: int) -> float:
+    return round(hits / total, 3) if total else 1.0
+
+
+async def reports(cases: list[ReportCase], llm: LLMClient, concurrency: int, mock: bool) -> Scored:
+    """The "report" kind: each account's inputs through `account_reporter`, as the service runs it."""
+    node = account_reporter.make_node(llm, concurrency)
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(case: ReportCase) -> tuple[ev.Envelope, list[ev.AccountReportDrafted]]:
+        gathered = ev.AccountReportGathered(
+            event_id=ev.derived_id(case.id, "eval", "gathered"), site=SITE, turn=0, ts=ev.now(), request_id=case.id,
+            session_id=account_reports.session_of(case.inputs.account.id), inputs=case.inputs)
+        async with gate:
+            returned, emitted = await run(node, gathered)
+        return returned[0], [e for e in emitted if isinstance(e, ev.AccountReportDrafted)]
+
+    outcomes = await asyncio.gather(*(one(case) for case in cases), return_exceptions=True)
+    misses: list[str] = []
+    path_misses, failed_as_expected = 0, 0
+    # What should complete: every case but those recorded to fail (with the recorded replies).
+    should = [c for c in cases if not (mock and c.recorded.fails)]
+    done: dict[str, tuple[ev.AccountReportCompleted, ev.AccountReportDrafted]] = {}
+    for case, outcome in zip(cases, outcomes):
+        fails = mock and case.recorded.fails
+        if isinstance(outcome, BaseException):  # the model failed (the service would store an AccountReportFailed)
+            misses.append(f"{case.id}: no report: {type(outcome).__name__}: {outcome}")
+            path_misses += fails
+            continue
+        report, drafts = outcome
+        if isinstance(report, ev.AccountReportFailed):
+            if fails:
+                failed_as_expected += 1
+            else:
+                misses.append(f"{case.id}: no report: {report.reason}")
+            continue
+        if fails:
+            misses.append(f"{case.id}: completed, but its recorded metadata is valid neither way: expected "
+                          "AccountReportFailed")
+            path_misses += 1
+            continue
+        done[case.id] = report, drafts[-1]
+        misses += [f"{case.id}: {miss}" for miss in contract_misses(case, report, mock)]
+        if mock and (off := path_off(case.recorded, report, drafts[-1])):
+            misses.append(f"{case.id}: path: {off}")
+            path_misses += 1
+    by_id = {c.id: c for c in should}
+    kept_figures = [kept(r.report, f) for i, (r, _) in done.items() for f in by_id[i].expect.numbers]
+    n = len(should)
+    figures = {
+        "sections_complete_rate": rate(sum(not document.missing_sections(r.report) for r, _ in done.values()), n),
+        "metadata_valid_rate": rate(len(done), n),
+        "proposition_accuracy": rate(sum(r.metadata.proposition == by_id[i].expect.proposition
+                                         for i, (r, _) in done.items()), n),
+        "numbers_kept_rate": rate(sum(kept_figures), sum(len(c.expect.numbers) for c in should)),
+        "numbers_warning_accuracy": rate(sum(r.numbers_warning == warns(by_id[i], mock)
+                                             for i, (r, _) in done.items()), n),
+        "sales_scripts_complete_rate": rate(sum(script_complete(r.sales_script) for r, _ in done.values()), n),
+        "fallback_cases_ok": sum(d.metadata_method == "structured" for _, d in done.values()),
+        "sections_repaired": sum(bool(d.repaired_sections) for _, d in done.values()),
+        "retried": sum(r.attempts > 1 for r, _ in done.values()),
+        "failures_as_expected": failed_as_expected,
+        "path_misses": path_misses if mock else None,
+        "verdicts": {v: sum(r.verdict == v for r, _ in done.values()) for v in ("pass", "marginal", "fail")},
+    }
+    passed = (all(figures[k] == 1.0 for k in ("sections_complete_rate", "metadata_valid_rate", "numbers_kept_rate",
+                                              "numbers_warning_accuracy", "sales_scripts_complete_rate"))
+              and figures["proposition_accuracy"] >= MIN_PROPOSITION_ACCURACY and not path_misses)
+    return Scored(figures, misses, passed)
+
+
+def warns(case: ReportCase, mock: bool) -> bool:
+    """Whether the numeric check should warn: as recorded; a live model is told to state every figure."""
+    return mock and case.recorded.numbers_warning
+
+
+def contract_misses(case: ReportCase, report: ev.AccountReportCompleted, mock: bool) -> list[str]:
+    out = []
+    if missing := document.missing_sections(report.report):
+        out.append(f"sections missing: {', '.join(missing)}")
+    if report.metadata.proposition != case.expect.proposition:
+        out.append(f"proposition {report.metadata.proposition}, expected {case.expect.proposition}")
+    if lost := [f for f in case.expect.numbers if not kept(report.report, f)]:
+        out.append(f"figures not kept: {', '.join(lost)}")
+    if report.numbers_warning != warns(case, mock):
+        out.append(f"numbers warning {report.numbers_warning}, expected {warns(case, mock)} "
+                   f"(input figures left out: {', '.join(report.missing_numbers) or 'none'})")
+    if missing := sectioned.missing_sections(report.sales_script, SCRIPT_SECTIONS):
+        out.append(f"sales script lacks {', '.join(missing)}")
+    return out
+
+
+def path_off(path: RecordedPath, report: ev.AccountReportCompleted, last: ev.AccountReportDrafted) -> str:
+    """How the report's way through the node differs from the recorded one ("" when it does not)."""
+    went = {"repaired": (last.repaired_sections, path.repaired), "metadata": (last.metadata_method, path.metadata),
+            "attempts": (report.attempts, path.attempts)}
+    return "; ".join(f"{name} {got}, recorded {want}" for name, (got, want) in went.items() if got != want)
+
+
+# Each kind of case: the function that runs its cases and scores them.
+EVALS: dict[type, Callable[[list, LLMClient, int, bool], Awaitable[Scored]]] = {ReportCase: reports}
+
+
+async def evaluate(cases: list[Case], llm: LLMClient, concurrency: int, mock: bool) -> dict:
+    started = time.monotonic()
+    kinds: dict[type, list] = {}
+    for case in cases:
+        kinds.setdefault(type(case), []).append(case)
+    result: dict = {"cases": len(cases), "kinds": {kind.__struct_config__.tag: len(of) for kind, of in kinds.items()}}
+    misses: list[str] = []
+    passed = True
+    try:
+        for kind, of in kinds.items():
+            scored = await EVALS[kind](of, llm, concurrency, mock)
+            result.update(scored.figures)
+            misses += scored.misses
+            passed = passed and scored.passed
+    finally:  # its connections closed in its own loop (aiohttp warns about a session left open)
+        for endpoint in llm.endpoints(ROLE):
+            await endpoint.client.close()
+    result["seconds"] = round(time.monotonic() - started, 2)
+    result["passed"] = passed
+    for miss in misses:
+        print(f"miss: {miss}")
+    return result
+
+
+def eval_accounts(dataset: Path = DATASET, mock: bool = False, recording: Path = RECORDED, concurrency: int = 2) -> int:
+    cases = load(dataset)
+    role = LLMRoleConfig.from_env(ROLE)
+    with (recorded_llm(recording) if mock else contextlib.nullcontext(role.base_url)) as base_url:
+        if not base_url:
+            print("concierge eval accounts: no model to eval: set LLM_BASE_URL (or LLM_BRIEFS_BASE_URL), "
+                  "or use --mock for the recorded replies", file=sys.stderr)
+            return 2
+        if mock:
+            role = LLMRoleConfig(role=ROLE, base_url=base_url, api_key="not-needed", model="recorded", max_retries=0)
+        result = asyncio.run(evaluate(cases, LLMClient({ROLE: role}), concurrency, mock))
+    print(json.dumps(result))
+    return 0 if result["passed"] else 1

@@ -1,0 +1,241 @@
+"""A report edited as the account manager asks ("make the risks section shorter and mention
+the renewal"): only what the instruction asks changes, sections written by hand stay.
+
+With a model (`update_report`, the `briefs` role): one structured call given the account's
+data, the report's sections, the hand-edited ones and the instruction; its answer lists the
+sections it changed, each in full. Validated: known section names, each once, text not
+empty; one repair round naming the problems. A changed hand-edited section the instruction
+does not name is not applied (the revision lists it as `ignored`). A model that fails (or
+whose answer is still invalid) hands the instruction to the rule editor below.
+
+Without one (the rule editor): the instruction must name the sections it changes (`## `
+names, or "summary", "metrics", "questions", "risk", "next step"), and ask for one or more
+of these, applied in this order to each named section:
+
+| asked | done |
+|---|---|
+| shorter, shorten, condense, concise, trim, cut | keep the first half of its bullets (or sentences; a table's rows), at least one |
+| remove / drop / delete … about WORDS | drop the bullets or sentences containing WORDS |
+| mention / add / include / note WHAT | add one sentence from the account data: the renewal (date and days left), ARR, tier, owner, industry, employees, or a usage metric named by its words (current, limit, share) |
+
+Anything else is refused with what the rule editor understands (`EditRefused`): nothing is
+guessed. Every figure it adds is from the account data.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import msgspec
+
+from services.enricher.briefs.writer import ROLE, system
+from services.enricher.reports import rules
+from services.enricher.reports.document import number
+from shared import account_reports
+from shared import events as ev
+from shared.llm import LLMClient, Recorder
+
+ALIASES = {"summary": "Executive Summary", "executive summary": "Executive Summary", "metrics": "Key Metrics",
+           "key metrics": "Key Metrics", "questions": "Key Questions", "key questions": "Key Questions",
+           "risk": "Risks", "risks": "Risks", "next step": "Next Steps", "next steps": "Next Steps",
+           "situation": "Situation", "complication": "Complication", "resolution": "Resolution",
+           "evidence": "Evidence"}
+NAMES = re.compile(r"\b(" + "|".join(sorted(map(re.escape, ALIASES), key=len, reverse=True)) + r")\b", re.IGNORECASE)
+SHORTER = re.compile(r"\b(shorter|shorten|condense|concise|trim|cut|tighten)\b", re.IGNORECASE)
+CLAUSE_END = r"(?=\s+(?:and|then|but)\s+|[,.;!]|\Z)"
+MENTION = re.compile(r"\b(?:mention|add|include|note|state)\s+(?:the\s+|its\s+|their\s+|a\s+|an\s+)?(.{1,80}?)" + CLAUSE_END,
+                     re.IGNORECASE)
+REMOVE = re.compile(r"\b(?:remove|drop|delete|omit)\s+(?:the\s+|any\s+|every\s+)?(?:sentences?|lines?|bullets?|"
+                    r"parts?|mentions?|points?)?\s*(?:about|on|of|mentioning|that\s+mention)\s+(?:the\s+)?(.{1,80}?)"
+                    + CLAUSE_END, re.IGNORECASE)
+WHERE = re.compile(r"\s+(?:from|in|of|to|into)\s+(?:the\s+)?(?:" + NAMES.pattern[3:-3] + r")(?:\s+sections?)?\s*\Z",
+                   re.IGNORECASE)
+FILLER = re.compile(r"\b(?:sections?|to|in|into|the|of|a|an)\b", re.IGNORECASE)
+SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
+BULLET = re.compile(r"^\s*(?:[-*+]|\d{1,2}[.)])\s+")
+UNDERSTOOD = ("without a model the rule editor understands: name the section (e.g. \"the risks section\") "
+              "and ask to make it shorter, to remove the sentences about some words, or to mention the renewal, "
+              "the ARR, the tier, the owner, the industry, the employees or a usage metric by name")
+
+
+class EditRefused(Exception):
+    """The instruction asks for what this editor cannot do (the reason says what it can)."""
+
+
+class SectionText(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    name: str
+    text: str
+
+
+class UpdateReport(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    sections: list[SectionText]
+
+
+def named(instruction: str) -> list[str]:
+    """The sections the instruction names, in the order it names them, each once."""
+    return list(dict.fromkeys(ALIASES[m.group(1).casefold()] for m in NAMES.finditer(instruction)))
+
+
+# --- the rule editor ----------------------------------------------------------------------------
+
+
+def _units(text: str) -> tuple[list[str], str]:
+    """The section as units to keep or drop: its bullet lines (or table rows), else its
+    sentences; and how to join them again."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if any(BULLET.match(line) or line.lstrip().startswith("|") for line in lines):
+        return lines, "\n"
+    return [s for s in SENTENCE.split(text.strip()) if s], " "
+
+
+def shorter(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    if lines and all(line.lstrip().startswith("|") for line in lines):  # a table: its header, half its rows
+        head, rows = lines[:2], lines[2:]
+        if len(rows) < 2:
+            raise EditRefused("the table has one row: nothing to shorten")
+        return "\n".join(head + rows[:math.ceil(len(rows) / 2)])
+    units, joiner = _units(text)
+    if len(units) < 2:
+        raise EditRefused("the section is one sentence: nothing to shorten without a model")
+    return joiner.join(units[:math.ceil(len(units) / 2)])
+
+
+def remove(text: str, words: str) -> str:
+    units, joiner = _units(text)
+    kept = [u for u in units if words.casefold() not in u.casefold()]
+    if len(kept) == len(units):
+        raise EditRefused(f"no sentence of the section mentions {words!r}")
+    return joiner.join(kept)
+
+
+def _metric(account: ev.Account, what: str) -> ev.Metric | None:
+    words = set(re.findall(r"[a-z]{3,}", what.casefold()))
+    scored = [(len(words & set(re.findall(r"[a-z]{3,}", f"{m.metric} {m.unit}".casefold()))), m) for m in account.usage]
+    best = max(scored, key=lambda pair: pair[0], default=(0, None))
+    return best[1] if best[0] else None
+
+
+def fact(inputs: ev.ReportInputs, what: str) -> str:
+    """One sentence of the account data about `what`, or EditRefused."""
+    account, key = inputs.account, what.casefold()
+    if "renew" in key or "contract end" in key:
+        if not account.renewal_date:
+            raise EditRefused("the account has no renewal date on record")
+        days = rules.read(account, inputs.today).days_to_renewal
+        when = "" if days is None else (f" ({days} days from {inputs.today})" if days >= 0
+                                        else f" ({-days} days ago)")
+        return f"The renewal is on {account.renewal_date}{when}."
+    if "arr" in key.split() or "revenue" in key or "contract value" in key:
+        return f"ARR is {number(account.arr)} {account.currency}."
+    if "tier" in key or "plan" in key:
+        if not account.tier:
+            raise EditRefused("the account has no tier on record")
+        return f"The account is on the {account.tier} tier."
+    if "owner" in key or "account manager" in key:
+        if not account.owner:
+            raise EditRefused("the account has no owner on record")
+        return f"The account manager is {account.owner}."
+    if "industry" in key or "sector" in key:
+        if not account.industry:
+            raise EditRefused("the account has no industry on record")
+        return f"The customer works in {account.industry}."
+    if "employee" in key or "headcount" in key or "size" in key:
+        if account.employees is None:
+            raise EditRefused("the account has no employee count on record")
+        return f"The customer has {number(account.employees)} employees."
+    if (metric := _metric(account, what)) is not None:
+        unit = f" {metric.unit}" if metric.unit else ""
+        if metric.limit:
+            return (f"{metric.metric}: {number(metric.current)} of {number(metric.limit)}{unit} "
+                    f"({round(100 * metric.current / metric.limit)} % of the limit).")
+        return f"{metric.metric}: {number(metric.current)}{unit}."
+    raise EditRefused(f"nothing in the account data matches {what!r}")
+
+
+def mention(text: str, sentence: str) -> str:
+    if sentence in text:
+        return text
+    lines = [line for line in text.splitlines() if line.strip()]
+    if lines and lines[-1].lstrip().startswith("|"):  # after a table: a paragraph of its own
+        return f"{text.rstrip()}\n\n{sentence}"
+    if any(BULLET.match(line) for line in lines):
+        return text.rstrip() + f"\n- {sentence}"
+    return f"{text.rstrip()} {sentence}".strip()
+
+
+def _without_place(words: str) -> str:
+    """"comparable from the risks section" → "comparable": the clause's words, not where."""
+    return WHERE.sub("", words).strip()
+
+
+def by_rule(sections: dict[str, str], instruction: str, inputs: ev.ReportInputs) -> dict[str, str]:
+    """The sections the instruction names, changed as it asks (EditRefused: it cannot be done)."""
+    targets = named(instruction)
+    if not targets:
+        raise EditRefused(f"the instruction names no section; {UNDERSTOOD}")
+    wants_shorter = bool(SHORTER.search(instruction))
+    removals = [_without_place(m.group(1)) for m in REMOVE.finditer(instruction)]
+    # "mention" clauses that name a section only ("add to the risks section") are no fact.
+    mentions = [w for m in MENTION.finditer(instruction)
+                if FILLER.sub("", NAMES.sub("", w := m.group(1).strip())).strip()]
+    if not (wants_shorter or removals or mentions):
+        raise EditRefused(UNDERSTOOD)
+    changes: dict[str, str] = {}
+    for name in targets:
+        if name not in sections:
+            raise EditRefused(f"the report has no {name} section")
+        text = sections[name]
+        if wants_shorter:
+            text = shorter(text)
+        for words in removals:
+            text = remove(text, words)
+        for what in mentions:
+            text = mention(text, fact(inputs, what))
+        if text != sections[name]:
+            changes[name] = text
+    if not changes:
+        raise EditRefused("the instruction changes nothing in the sections it names")
+    return changes
+
+
+# --- with a model -------------------------------------------------------------------------------
+
+
+def problems(reply: UpdateReport) -> list[str]:
+    names = [s.name for s in reply.sections]
+    found = [f"{n!r} is not a section of the report" for n in names if account_reports.canonical(n) is None]
+    found += [f"{n} is given more than once" for n in dict.fromkeys(names) if names.count(n) > 1]
+    found += [f"{s.name} has no text" for s in reply.sections if not s.text.strip()]
+    if not reply.sections:
+        found.append("no section changed")
+    return found
+
+
+async def with_llm(llm: LLMClient, site_name: str, data: str, sections: dict[str, str], hand_edited: list[str],
+                   instruction: str, record: Recorder) -> dict[str, str]:
+    """The sections the model changed (validated), or msgspec / LLM errors, EditRefused."""
+    report = "\n\n".join(f"## {name}\n\n{text}" for name, text in sections.items())
+    hand = ", ".join(hand_edited) or "none"
+    messages = [system("report_editor", site_name),
+                {"role": "user", "content": f"Account data:\n{data}\n\nThe report:\n{report}\n\n"
+                                            f"Sections written by hand: {hand}\n\nInstruction: {instruction}"}]
+    reply = await llm.structured(ROLE, messages, record, UpdateReport, temperature=0)
+    if wrong := problems(reply):
+        messages += [{"role": "assistant", "content": msgspec.json.encode(reply).decode()},
+                     {"role": "user", "content": "That edit is not valid: " + "; ".join(wrong)
+                                                 + ". Give each changed section once, by its exact name, in full."}]
+        reply = await llm.structured(ROLE, messages, record, UpdateReport, temperature=0)
+        if wrong := problems(reply):
+            raise EditRefused("the model's edit is not valid: " + "; ".join(wrong))
+    return {account_reports.canonical(s.name): s.text.strip() for s in reply.sections}
+
+
+def keep_hand_edits(changes: dict[str, str], hand_edited: list[str], instruction: str
+                    ) -> tuple[dict[str, str], list[str]]:
+    """(the changes to apply, the hand-edited sections left as they are): a hand edit changes
+    only when the instruction names its section."""
+    asked_for = set(named(instruction))
+    ignored = [name for name in changes if name in hand_edited and name not in asked_for]
+    return {n: t for n, t in changes.items() if n not in ignored}, ignored

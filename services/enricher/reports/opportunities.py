@@ -1,0 +1,133 @@
+"""Opportunities across a batch of accounts: which to propose an upsell to, which contract
+to renegotiate, which customer may churn, each with a reason, best first; the best few
+pre-selected for reports.
+
+With a model (the `briefs` role): one call over every account's one-line summary
+(`summary_line`: tier, ARR, renewal and its days left, each metric's current / limit and
+share), validated: every account exactly once and no other, a proposition of the four, a
+reason that is not empty. A reply that is not gets one repair round naming the problems;
+still not (or no answer): the rule ranks them, and the stored search says why
+(`OpportunitiesCompleted.model_error`). At most `MAX_MODEL_ACCOUNTS` accounts go to the
+model, the rule's best; the rest follow in the rule's order.
+
+The rule (no model, or its fallback): each account's proposition by reports/rules.py, its
+reason the figures behind it; ranked by the proposition's priority (churn, upsell,
+negotiation, healthy; one more for a metric over its limit or an overdue renewal, as in a
+report's metadata), then by ARR (more at stake first), then by name.
+
+Pre-selected (`selected`): the first `select` accounts with something to propose (not
+healthy), in ranking order.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from services.enricher.briefs.writer import ROLE, system
+from services.enricher.reports import rules
+from services.enricher.reports.document import number
+from shared import events as ev
+from shared.llm import LLMClient, Recorder
+
+MAX_MODEL_ACCOUNTS = 100
+REASON_METRICS = 2  # the metrics a rule's reason names at most
+
+
+class OpportunitiesReply(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    items: list[ev.Opportunity]
+
+
+class InvalidOpportunities(Exception):
+    """The model's ranking did not cover the accounts exactly, even after a repair round."""
+
+
+def _share(metric: ev.Metric) -> str:
+    return f"{round(100 * metric.current / metric.limit)} %" if metric.limit else "no limit"
+
+
+def _usage(metric: ev.Metric) -> str:
+    limit = number(metric.limit) if metric.limit is not None else "no limit"
+    unit = f" {metric.unit}" if metric.unit else ""
+    share = f" ({_share(metric)})" if metric.limit else ""
+    return f"{metric.metric} {number(metric.current)} of {limit}{unit}{share}"
+
+
+def _renewal(account: ev.Account, reading: rules.Reading) -> str:
+    days = reading.days_to_renewal
+    if days is None:
+        return f"renews {account.renewal_date}" if account.renewal_date else "renewal unknown"
+    if days < 0:
+        return f"renewal overdue since {account.renewal_date} ({-days} days)"
+    return f"renews {account.renewal_date} (in {days} days)"
+
+
+def summary_line(account: ev.Account, today: str) -> str:
+    """The account as the model reads it in a batch."""
+    reading = rules.read(account, today)
+    usage = "; ".join(_usage(m) for m in account.usage) or "no usage figures"
+    return (f"{account.id}: {account.name}, tier {account.tier or 'unknown'}, ARR {number(account.arr)} "
+            f"{account.currency}, {_renewal(account, reading)}, usage: {usage}")
+
+
+def by_rule(account: ev.Account, today: str) -> ev.Opportunity:
+    reading = rules.read(account, today)
+    kind = rules.proposition(reading)
+    by_name = {m.metric: m for m in account.usage}
+    limited = sorted((m for m in account.usage if m.limit), key=lambda m: m.current / m.limit)
+    match kind:
+        case "upsell":
+            near = sorted((by_name[n] for n in reading.near_limit), key=lambda m: -m.current / m.limit)
+            why = "outgrowing the plan: " + ", ".join(_usage(m) for m in near[:REASON_METRICS])
+        case "churn":
+            why = (f"{_renewal(account, reading)} and uses under half of the plan: "
+                   + ", ".join(_usage(m) for m in limited[:REASON_METRICS]))
+        case "negotiation":
+            why = f"{_renewal(account, reading)}; usage in between: " + (
+                ", ".join(_usage(m) for m in limited[-REASON_METRICS:]) or "no limits to compare")
+        case _:
+            why = "nothing to propose now: no metric near its limit, no renewal within " \
+                  f"{rules.RENEWAL_SOON_DAYS} days"
+    return ev.Opportunity(account_id=account.id, proposition=kind,
+                          reason=f"{why}; ARR {number(account.arr)} {account.currency} (by rule)")
+
+
+def _urgency(account: ev.Account, today: str) -> tuple:
+    reading = rules.read(account, today)
+    meta = rules.metadata(reading, [])
+    return -meta.priority, -account.arr, account.name.casefold(), account.id
+
+
+def rank_by_rule(accounts: list[ev.Account], today: str) -> list[ev.Opportunity]:
+    return [by_rule(a, today) for a in sorted(accounts, key=lambda a: _urgency(a, today))]
+
+
+def problems(reply: OpportunitiesReply, ids: list[str]) -> list[str]:
+    """What keeps a ranking from being accepted: accounts missing, unknown or repeated, reasons empty."""
+    named = [item.account_id for item in reply.items]
+    found = [f"account {i} is not ranked" for i in ids if i not in named]
+    found += [f"{i} is not one of the accounts" for i in dict.fromkeys(named) if i not in ids]
+    found += [f"account {i} is ranked more than once" for i in dict.fromkeys(named) if named.count(i) > 1]
+    found += [f"account {item.account_id} has no reason" for item in reply.items if not item.reason.strip()]
+    return found
+
+
+async def with_llm(llm: LLMClient, site_name: str, accounts: list[ev.Account], today: str,
+                   record: Recorder) -> list[ev.Opportunity]:
+    """The model's ranking of `accounts` (all of them, validated), or InvalidOpportunities."""
+    ids = [a.id for a in accounts]
+    messages = [system("opportunities", site_name),
+                {"role": "user", "content": f"Today: {today}\nAccounts:\n"
+                                            + "\n".join(summary_line(a, today) for a in accounts)}]
+    reply = await llm.structured(ROLE, messages, record, OpportunitiesReply, temperature=0)
+    if wrong := problems(reply, ids):
+        messages += [{"role": "assistant", "content": msgspec.json.encode(reply).decode()},
+                     {"role": "user", "content": "That ranking is not valid: " + "; ".join(wrong)
+                                                 + ". Rank every account above exactly once."}]
+        reply = await llm.structured(ROLE, messages, record, OpportunitiesReply, temperature=0)
+        if wrong := problems(reply, ids):
+            raise InvalidOpportunities("; ".join(wrong))
+    return reply.items
+
+
+def selected(items: list[ev.Opportunity], count: int) -> list[str]:
+    return [item.account_id for item in items if item.proposition != "healthy"][:max(0, count)]
