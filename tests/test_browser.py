@@ -4,7 +4,8 @@ sources and follow-ups, markdown rendered and HTML never, an answer resumed afte
 or a dropped connection, a message sent again after a try that failed in transit, a handoff to
 an operator and back; and a site owner onboarding in /admin (a site, its website synced, its
 widget embedded); an operator reading the Insight view and answering a knowledge gap from it;
-an operator answering a visitor who asked for a person from the Inbox view."""
+an operator answering a visitor who asked for a person from the Inbox view; an account manager
+ranking accounts, writing their reports and editing one from the Accounts view."""
 
 from __future__ import annotations
 
@@ -725,3 +726,155 @@ async def test_an_operator_answers_a_handoff_from_the_inbox(system, llm, http):
                                                                          ("operator", "gateway")]
         finally:
             await browser.close()
+
+
+REPORT_SECTIONS = ["Executive Summary", "Situation", "Complication", "Resolution", "Key Metrics", "Evidence", "Risks",
+                   "Next Steps", "Key Questions"]
+
+
+@needs_chromium
+async def test_an_account_manager_ranks_accounts_writes_reports_and_edits_one_from_the_accounts_view(system, http):
+    """Issue 44's "done when", in /admin's Accounts view on the data-only backend
+    (BRIEFS_BACKEND=data: the rules rank, the figures write, the rule editor edits): six
+    accounts of the demo portfolio imported with its deals; "Find opportunities" ranks every
+    one with a reason and checks the best three; "Generate reports" writes theirs, each with
+    the nine sections, a data-only metadata line and a sales script, and the table shows each
+    one's last report; the Risks section edited by hand is marked so, asking "make the
+    executive summary shorter" makes a third version that keeps it, and two versions of the
+    history show what changed; in "Paste your data" a JSON account is refused naming its
+    field, then read, and its report shown."""
+    from playwright.async_api import async_playwright
+
+    from shared import events as ev
+    from tests.servers import configure_site
+
+    site = f"acct{uuid.uuid4().hex[:6]}"
+    await configure_site(system.nats_url, site, name="Tidewise")
+    demo = json.loads((ROOT / "sites" / "demo.accounts.json").read_text(encoding="utf-8"))
+    portfolio = demo["accounts"][:6]
+    imported = await http.post(operator_url(system, site, "accounts/import"), headers=ops(system),
+                               json={"accounts": portfolio, "deals": demo["deals"]})
+    assert imported.status_code == 200, imported.text
+    names = {a["id"]: a["name"] for a in portfolio}
+    hand = "The renewal owner changed in March: **confirm the budget** with the new COO before proposing seats."
+    row = "#accountRows tr[data-account='{}']"
+    async with async_playwright() as pw:
+        browser = await launch_chromium(pw)
+        try:
+            admin = await open_admin(browser, system, site, "accounts")
+            rows = admin.locator("#accountRows [data-testid=account-row]")
+            await rows.nth(5).wait_for()
+            assert await rows.count() == 6
+            assert await admin.locator("[data-testid=last-report]:text-is('—')").count() == 6
+
+            # Find opportunities (none checked: every account): ranked with reasons, the best checked.
+            await admin.click("#accountsFind")
+            items = admin.locator("#opportunities [data-testid=opportunity]")
+            await items.nth(5).wait_for(timeout=60000)
+            ranked = (await http.get(operator_url(system, site, "accounts/opportunities"), headers=ops(system))).json()
+            assert [await i.get_attribute("data-account") for i in await items.all()] == \
+                [i["account_id"] for i in ranked["items"]]
+            for item in await items.all():
+                assert (await item.locator("[data-testid=opportunity-reason]").text_content()).strip()
+                assert await item.locator("[data-testid=proposition]").text_content() in ev.PROPOSITIONS
+            selected = ranked["selected"]
+            assert len(selected) == 3, ranked
+            assert "pre-selected: 3 best candidates" in await admin.text_content("[data-testid=opportunities-selected]")
+            checked = await admin.locator("#accountRows tr:has([data-testid=account-check]:checked)").evaluate_all(
+                "rows => rows.map(r => r.dataset.account)")
+            assert sorted(checked) == sorted(selected)
+
+            # Generate their reports: each one's progress, then its last report in the table.
+            await admin.click("#accountsGenerate")
+            for account_id in selected:
+                progress = admin.locator(f"#reportProgress [data-testid=report-progress][data-account='{account_id}']")
+                await progress.locator(".tag:text-is('done')").wait_for(timeout=120000)
+                assert await admin.locator(f"{row.format(account_id)} [data-testid=last-report] [data-testid=proposition]"
+                                           ).count() == 1
+            unreported = next(a for a in names if a not in selected)
+            assert await admin.text_content(f"{row.format(unreported)} [data-testid=last-report]") == "—"
+
+            # Each report: its nine sections, a data-only metadata line, a sales script, one version.
+            sections = admin.locator("#reportSections [data-testid=report-section]")
+            for account_id in selected:
+                await admin.click(f"{row.format(account_id)} [data-testid=account-name]")
+                assert await admin.text_content("#reportWhich") == names[account_id]
+                await sections.nth(8).wait_for(timeout=15000)
+                assert [await s.get_attribute("data-section") for s in await sections.all()] == REPORT_SECTIONS
+                assert await admin.locator("#reportMeta [data-testid=data-only]").count() == 1
+                assert await admin.locator("#reportSections [data-section='Key Metrics'] table td").count() >= 4
+                assert len((await admin.text_content("#salesScript")).strip()) > 100
+                await admin.wait_for_selector("#reportHistory [data-testid=report-version]")
+                assert await admin.locator("#reportHistory [data-testid=report-version]").count() == 1
+
+            # One of them: the Risks section edited by hand, then a change asked for elsewhere.
+            focus = selected[0]
+            await admin.click(f"{row.format(focus)} [data-testid=account-name]")
+            risks = admin.locator("#reportSections [data-section='Risks']")
+            summary = admin.locator("#reportSections [data-section='Executive Summary'] [data-testid=section-text]")
+            await risks.wait_for(timeout=15000)
+            summary_before = await summary.text_content()
+            await risks.locator("[data-testid=section-edit]").click()
+            await risks.locator("[data-testid=section-textarea]").fill(hand)
+            await risks.locator("[data-testid=section-save]").click()
+            await risks.locator("[data-testid=hand-edited]").wait_for(timeout=60000)
+            assert await risks.locator("[data-testid=section-text] strong").text_content() == "confirm the budget"
+            await admin.wait_for_selector("#reportHistory [data-version='2']")
+
+            await admin.fill("#reportInstruction", "make the executive summary shorter")
+            await admin.click("#reportAskSend")
+            asked = admin.locator("#reportHistory [data-testid=report-version][data-version='3']")
+            await asked.wait_for(timeout=60000)
+            assert "make the executive summary shorter” (the rule editor)" in await asked.text_content()
+            assert "Executive Summary" in await asked.text_content()
+            assert "confirm the budget" in await risks.locator("[data-testid=section-text]").text_content()
+            assert await risks.locator("[data-testid=hand-edited]").count() == 1
+            assert len(await summary.text_content()) < len(summary_before)
+            assert await admin.locator("#reportHistory [data-testid=report-version]").count() == 3
+
+            # Versions 1 and 3 side by side: the two sections changed, before and after.
+            await admin.check("#reportHistory [data-version='1'] input")
+            await admin.check("#reportHistory [data-version='3'] input")
+            diff = admin.locator("#reportDiff [data-testid=diff-section]")
+            await diff.first.wait_for()
+            assert sorted(await diff.evaluate_all("boxes => boxes.map(b => b.dataset.section)")) == \
+                ["Executive Summary", "Risks"]
+            assert "confirm the budget" in await admin.text_content("#reportDiff [data-section='Risks'] .diff-new")
+
+            # Paste your data: free text with no figure and a JSON account with a wrong one are
+            # refused naming the field; then the JSON account is read and reported on.
+            refused = admin.locator("#pasteErrors [data-testid=paste-error]")
+            await admin.check("#pasteText")
+            await admin.fill("#pasteBody", "Hi Sam, can we talk about Acme next week?")
+            await admin.click("#pasteSend")
+            await admin.wait_for_selector("#pasteErrors [data-testid=paste-error][data-field=figures]")
+            await admin.check("#pasteJson")
+            pasted = {k: v for k, v in demo["accounts"][7].items() if k != "id"}
+            await admin.fill("#pasteBody", json.dumps({**pasted, "arr": "a lot"}))
+            await admin.click("#pasteSend")
+            await admin.wait_for_selector("#pasteErrors [data-testid=paste-error][data-field=arr]")
+            assert await refused.count() == 1, await refused.all_text_contents()
+            await admin.fill("#pasteBody", json.dumps(pasted))
+            await admin.click("#pasteSend")
+            await admin.wait_for_selector(f"[data-testid=pasted-account]:has-text('{pasted['name']}')")
+            assert await admin.locator("#pasteErrors li").count() == 0
+            report = admin.locator("#pasteReport [data-testid=pasted-report]")
+            await report.wait_for(timeout=120000)
+            assert [await s.get_attribute("data-section") for s in await report.locator(
+                "[data-testid=report-section]").all()] == REPORT_SECTIONS
+            assert await report.locator("[data-testid=data-only]").count() == 1
+            assert await report.locator("[data-testid=section-edit]").count() == 0
+            (ROOT / "artifacts").mkdir(exist_ok=True)
+            await risks.scroll_into_view_if_needed()
+            await report.scroll_into_view_if_needed()
+            await admin.evaluate("window.scrollTo(0, 0)")
+            await admin.screenshot(path=str(ROOT / "artifacts" / "browser-accounts.png"))
+        finally:
+            await browser.close()
+    # What the view did is what the API holds: the hand edit is the operator's, kept by the asked change.
+    request_id = (await http.get(operator_url(system, site, f"accounts/{focus}/reports/latest"),
+                                 headers=ops(system))).json()["report"]["request_id"]
+    versions = (await http.get(operator_url(system, site, f"accounts/{focus}/reports/{request_id}/versions"),
+                               headers=ops(system))).json()["versions"]
+    assert [(v["how"], v["sections"]) for v in versions[1:]] == [("hand", ["Risks"]), ("asked", ["Executive Summary"])]
+    assert versions[2]["hand_edited"] == ["Risks"]
