@@ -74,23 +74,25 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("action", nargs="?", choices=("show", "edit", "history"),
                         help="show: a report; edit: change it; history: its versions")
     report.add_argument("--site", required=True, type=options.site_id)
-    report.add_argument("--account", required=True, action="append", dest="accounts", metavar="ID")
-    report.add_argument("--report", dest="request_id", metavar="REQUEST", help="a report's request id (default: the latest)")
+    report.add_argument("--account", required=True, action="append", dest="accounts", metavar="ID",
+                        type=options.record_id)
+    report.add_argument("--report", dest="request_id", metavar="REQUEST", type=options.record_id,
+                        help="a report's request id (default: the latest)")
     report.add_argument("--version", type=int, help="show: this version (default: the latest)")
     report.add_argument("--json", action="store_true", help="show: the report as JSON")
-    report.add_argument("--section", help="edit: the section rewritten by hand")
+    report.add_argument("--section", type=options.text, help="edit: the section rewritten by hand")
     given = report.add_mutually_exclusive_group()
-    given.add_argument("--text", help="edit: the section's new text")
+    given.add_argument("--text", type=options.text, help="edit: the section's new text")
     given.add_argument("--file", type=Path, help="edit: the section's new text, from a file")
-    given.add_argument("--ask", metavar="INSTRUCTION", help="edit: a change asked for in words")
+    given.add_argument("--ask", metavar="INSTRUCTION", type=options.text, help="edit: a change asked for in words")
     report.add_argument("--base-version", type=int, default=0, help="edit: the version the text was written on")
     report.add_argument("--diff", type=int, nargs=2, metavar=("A", "B"), help="history: what changed from A to B")
-    report.add_argument("--wait", type=float, default=60.0, help="edit: seconds to wait for the new version")
+    report.add_argument("--wait", type=options.seconds, default=60.0, help="edit: seconds to wait for the new version")
     found = commands.add_parser("opportunities", help="rank the accounts by opportunity")
     found.add_argument("--site", required=True, type=options.site_id)
-    found.add_argument("--account", action="append", dest="accounts", default=[], metavar="ID")
+    found.add_argument("--account", action="append", dest="accounts", default=[], metavar="ID", type=options.record_id)
     found.add_argument("--select", type=int, default=3, help="how many to pre-select for reports (0-20)")
-    found.add_argument("--wait", type=float, default=60.0)
+    found.add_argument("--wait", type=options.seconds, default=60.0)
     return p
 
 
@@ -302,7 +304,8 @@ async def edit_report(bus: Bus, args) -> int:
                                         "asked" if args.ask is not None else "hand", actor(), "cli", **fields)
     await bus.publish_work(item)
     deadline = time.monotonic() + args.wait
-    while (outcome := await account_reports.edit_outcome(bus, args.site, account_id, item.edit_id)) is None:
+    while (outcome := await account_reports.edit_outcome(bus, args.site, account_id, completed.request_id,
+                                                          item.edit_id)) is None:
         if time.monotonic() > deadline:
             print(f"edit {item.edit_id} queued; no answer within {args.wait:.0f} s (is the enricher running?)",
                   file=sys.stderr)

@@ -75,6 +75,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import math
 import re
 from contextlib import contextmanager
 from decimal import Decimal
@@ -87,6 +88,7 @@ from shared import events as ev
 
 PASTED_PREFIX = accounts.PASTED_PREFIX
 MAX_CHARS = 20_000
+MAX_FIGURE = 1e15  # larger is no account's figure (and past float's range, no number at all)
 EXAMPLE = "Acme Field Services / ARR: $48,000 / Technician seats: 45 of 50"
 
 # The labels of a "label: value" line, casefolded, and the field each one gives.
@@ -356,13 +358,15 @@ def _read_prose(body: str, raw: dict[str, Any], usage: list[dict[str, Any]], err
 def _name(lines: list[str]) -> str:
     """The account's name when no label gives it: the first line when it reads as a name,
     else the subject of the first sentence of the first line that is no label line."""
-    first = lines[0]
+    # A name is a few words: the sentence rule reads the start of a line only (a long line
+    # of spaces would otherwise cost the pattern quadratic time).
+    first = lines[0][:accounts.MAX_TEXT]
     if (not LABEL_LINE.match(first) and not SENTENCE_NAME.match(first) and len(first.split()) <= 8
             and not first.endswith(",") and not any(p.search(first) for p in FIGURES)):
         return first
     greeting = first.endswith(",")
     line = next((line for line in lines[greeting:] if not LABEL_LINE.match(line)), "")
-    sentence = SENTENCE_NAME.match(re.split(r"(?<=[.!?])\s", line, maxsplit=1)[0])
+    sentence = SENTENCE_NAME.match(re.split(r"(?<=[.!?])\s", line[:accounts.MAX_TEXT], maxsplit=1)[0])
     return sentence["name"].strip() if sentence and len(sentence["name"].split()) <= 8 else ""
 
 
@@ -390,7 +394,10 @@ def _value(found: re.Match, group: str, field: str) -> float:
         raise _Unreadable(field, f"{written!r} is ambiguous (a thousands dot or decimals?): write "
                                  f"{written.replace('.', ',')} or {written.rstrip('0').rstrip('.')}")
     suffix = (found[f"{group}_k"] or "").lower()
-    return float(Decimal(written.replace(",", "")) * {"": 1, "k": 1000, "m": 1_000_000}[suffix])
+    value = float(Decimal(written.replace(",", "")) * {"": 1, "k": 1000, "m": 1_000_000}[suffix])
+    if not math.isfinite(value) or value > MAX_FIGURE:
+        raise _Unreadable(field, f"{written[:20]}… is not a figure an account has (at most {MAX_FIGURE:.0e})")
+    return value
 
 
 def _whole(found: re.Match, group: str, field: str) -> int:

@@ -66,7 +66,8 @@ def report_request(site: str, account_id: str, producer: str, request_id: str | 
     """One work item: this account's report. Its id derives from the request and the account,
     so the same request queued twice (a retried API call with the same id) is one item."""
     request_id = request_id or ev.new_id()
-    return ev.AccountReportRequested(event_id=ev.derived_id(request_id, "reports", account_id), site=site,
+    # The site in the id too: two sites' callers choosing the same request id queue two items.
+    return ev.AccountReportRequested(event_id=ev.derived_id(f"{site}/{request_id}", "reports", account_id), site=site,
                                      session_id=session_of(account_id), turn=0, ts=ev.now(), producer=producer,
                                      account_id=account_id, request_id=request_id)
 
@@ -179,6 +180,26 @@ def versions(completed: ev.AccountReportCompleted, revisions: Iterable[ev.Accoun
     return out
 
 
+def hand_edits(completed: Iterable[ev.AccountReportCompleted], revisions: Iterable[ev.AccountReportRevised]
+               ) -> list[ev.ReportSection]:
+    """The account manager's hand edits a new report keeps: for each section hand-edited in
+    any of the account's reports (as its latest version reads), the newest such text."""
+    revisions = list(revisions)
+    newest: dict[str, tuple[float, str]] = {}
+    for report in completed:
+        if not report.sections:
+            continue
+        history = versions(report, revisions)
+        latest = history[-1]
+        for name in latest.hand_edited:
+            if name not in latest.sections:
+                continue
+            when = max((v.ts for v in history if name in v.changed), default=report.ts)
+            if name not in newest or when >= newest[name][0]:
+                newest[name] = (when, latest.sections[name])
+    return [ev.ReportSection(name=name, text=newest[name][1]) for name in SECTIONS if name in newest]
+
+
 def text_of(preamble: str, sections: dict[str, str]) -> str:
     """A version as markdown: the report's preamble, then each section under its heading."""
     parts = [preamble] + [f"## {name}\n\n{sections[name]}" for name in SECTIONS if name in sections]
@@ -237,17 +258,19 @@ def edit_request(site: str, account_id: str, request_id: str, how: str, actor: s
     """One edit of a report as a work item; its id derives from the edit's (the caller's,
     sent again: nothing is queued twice)."""
     edit_id = edit_id or ev.new_id()
-    return ev.AccountReportEditRequested(event_id=ev.derived_id(edit_id, "reports", "edit"), site=site,
+    return ev.AccountReportEditRequested(event_id=ev.derived_id(f"{site}/{account_id}/{request_id}/{edit_id}",
+                                                                "reports", "edit"), site=site,
                                          session_id=session_of(account_id), turn=0, ts=ev.now(),
                                          producer=producer, account_id=account_id, request_id=request_id,
                                          edit_id=edit_id, how=how, actor=actor, **fields)
 
 
-async def edit_outcome(bus: Bus, site: str, account_id: str, edit_id: str
+async def edit_outcome(bus: Bus, site: str, account_id: str, request_id: str, edit_id: str
                        ) -> ev.AccountReportRevised | ev.AccountReportEditFailed | None:
-    """How edit `edit_id` ended; None: not yet."""
+    """How edit `edit_id` of report `request_id` ended; None: not yet (or no such edit)."""
     for kind in EDIT_OUTCOMES:
-        found = next((e for e in await _of(bus, site, account_id, kind) if e.edit_id == edit_id), None)
+        found = next((e for e in await _of(bus, site, account_id, kind)
+                      if e.edit_id == edit_id and e.request_id == request_id), None)
         if found is not None:
             return found
     return None
@@ -279,7 +302,8 @@ MAX_SELECT = 20
 def opportunities_request(site: str, producer: str, account_ids: Iterable[str] = (), select: int = 3,
                           request_id: str | None = None) -> ev.OpportunitiesRequested:
     request_id = request_id or ev.new_id()
-    return ev.OpportunitiesRequested(event_id=ev.derived_id(request_id, "reports", ev.OPPORTUNITIES_SESSION),
+    return ev.OpportunitiesRequested(event_id=ev.derived_id(f"{site}/{request_id}", "reports",
+                                                            ev.OPPORTUNITIES_SESSION),
                                      site=site, session_id=ev.OPPORTUNITIES_SESSION, turn=0, ts=ev.now(),
                                      producer=producer, request_id=request_id, accounts=list(account_ids),
                                      select=select)

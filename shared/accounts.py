@@ -54,6 +54,7 @@ OUTCOMES = ("won", "lost", "churned", "expanded")
 ACCOUNT_COLUMNS = ("id", "name", "domain", "tier", "arr", "currency", "renewal_date", "owner", "industry",
                    "employees", "notes")
 DEAL_COLUMNS = ("id", "account", "tier", "outcome", "value", "currency", "date", "summary", "lessons")
+RESERVED_IDS = frozenset({"opportunities", "paste", "import", "pull", "reports"})  # accounts/<these> are paths
 USAGE_COLUMN = re.compile(r"^usage:([^:]+?)(?::(limit|unit))?\Z")
 _SLUG = re.compile(r"[^a-z0-9]+")
 # The ids of the paste-your-data demo's accounts (shared/account_paste.py): no import gives
@@ -106,11 +107,17 @@ def parse(data: bytes, kind: str = "") -> Portfolio:
 
 def _json(text: str) -> Any:
     try:
-        return json.loads(text)
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise AccountsError([{"field": f"line {exc.lineno}", "message": f"not valid JSON: {exc.msg}"}]) from None
     except RecursionError:
         raise AccountsError([{"field": "file", "message": "nested too deeply"}]) from None
+    try:  # a "\ud800" escape decodes to a lone surrogate: no text an event can carry
+        json.dumps(data, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        raise AccountsError([{"field": "file", "message": "a string holds a lone surrogate (\\ud800-\\udfff): "
+                                                          "not valid Unicode text"}]) from None
+    return data
 
 
 def from_data(data: Any) -> Portfolio:
@@ -336,6 +343,8 @@ def account_problems(account: Account, where: str) -> list[dict[str, str]]:
         bad("id", "letters, digits, '-' or '_' (1-64)")
     elif account.id.startswith(PASTED_PREFIX):
         bad("id", f"ids starting with {PASTED_PREFIX!r} are reserved for the paste-your-data demo: give another")
+    elif account.id in RESERVED_IDS:
+        bad("id", f"{account.id!r} names an operator API path (accounts/{account.id}): give another")
     if not account.name.strip() or not _text(account.name):
         bad("name", f"1 to {MAX_TEXT} characters")
     for key in ("domain", "tier", "owner", "industry"):
@@ -395,7 +404,7 @@ def account_id(name: str, domain: str = "") -> str:
     """An account's id from its domain (else its name): `acme-com`, the same in every import;
     never one with the paste demo's reserved prefix (`Pasted Media` → `a-pasted-media`)."""
     slug = _SLUG.sub("-", (domain or name).lower()).strip("-")
-    if slug.startswith(PASTED_PREFIX):
+    if slug.startswith(PASTED_PREFIX) or slug in RESERVED_IDS:
         slug = "a-" + slug
     slug = slug[:64].strip("-")
     return slug or "a-" + hashlib.blake2b(name.encode(), digest_size=6).hexdigest()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import json
+
 import msgspec
 import pytest
 
@@ -164,7 +166,7 @@ def test_an_asked_change_to_a_hand_edit_is_kept_out_unless_the_instruction_names
 async def edited(bus, site, account_id, request_id, how, edit_id=None, **fields):
     item = account_reports.edit_request(site, account_id, request_id, how, "dana@example", "test", edit_id, **fields)
     await bus.publish_work(item)
-    return await wait_for(lambda: account_reports.edit_outcome(bus, site, account_id, item.edit_id), timeout=20,
+    return await wait_for(lambda: account_reports.edit_outcome(bus, site, account_id, request_id, item.edit_id), timeout=20,
                           what=f"edit {item.edit_id}")
 
 
@@ -435,3 +437,108 @@ async def test_the_cli_finds_opportunities_edits_by_hand_and_by_asking_and_shows
     assert "version 3 of 3" in out and "edited by hand: Risks" in out and "- The CFO is new." in out
     assert await cli(bus, "report", "show", "--site", site, "--account", "acme-heating", "--version", "1") == 0
     assert "- The CFO is new." not in capsys.readouterr().out
+
+
+# --- what a review of the first version found ----------------------------------------------------
+
+
+@pytest.mark.parametrize("instruction, sections", [
+    ("Shorten the summary but leave the risks as I wrote them", ["Executive Summary"]),
+    ("given the situation, shorten the summary", ["Executive Summary"]),
+    ("don't touch the risks section; mention the renewal in the summary", ["Executive Summary"]),
+    ("make the risks section shorter and mention the renewal", ["Risks"]),
+])
+def test_only_a_clause_asking_for_a_change_names_its_sections(instruction, sections):
+    assert edits.named(instruction) == sections
+    changes = {"Risks": "theirs", "Executive Summary": "shorter", "Situation": "other"}
+    kept, ignored = edits.keep_hand_edits(changes, ["Risks"], instruction)
+    assert ("Risks" in kept) == ("Risks" in sections) and ("Risks" in ignored) != ("Risks" in sections)
+
+
+def test_the_rule_editor_neither_empties_a_section_nor_states_an_arr_nobody_gave():
+    with pytest.raises(edits.EditRefused, match="left empty"):
+        edits.by_rule({"Risks": "- Seats.\n- Seats again."}, "remove the sentences about seats from the risks",
+                      inputs())
+    with pytest.raises(edits.EditRefused, match="no ARR on record"):
+        edits.by_rule(SECTIONS, "mention the ARR in the summary", inputs(account(arr=0)))
+
+
+def test_a_new_report_keeps_each_sections_newest_hand_edit_across_the_accounts_reports():
+    data = inputs()
+    text, meta = plain.report(data)
+    preamble, sections = document.split(text)
+
+    def report(request_id, ts):
+        return ev.AccountReportCompleted(event_id=request_id, site="acme", session_id="_acct-acme-heating", turn=0,
+                                         ts=ts, request_id=request_id, account_id="acme-heating", report=text,
+                                         metadata=meta, sales_script="s", preamble=preamble, sections=sections)
+
+    def hand(request_id, version, ts, name, body, edited):
+        return ev.AccountReportRevised(event_id=f"{request_id}-{version}", site="acme",
+                                       session_id="_acct-acme-heating", turn=0, ts=ts, account_id="acme-heating",
+                                       request_id=request_id, edit_id=f"e{version}{request_id}", version=version,
+                                       how="hand", actor="dana", changes=[ev.ReportSection(name=name, text=body)],
+                                       hand_edited=edited)
+
+    # Risks edited on the old report after the new one was written; Next Steps on the new one.
+    old, new = report("r1", 1.0), report("r2", 2.0)
+    revisions = [hand("r2", 2, 3.0, "Next Steps", "- Call Dana.", ["Next Steps"]),
+                 hand("r1", 2, 4.0, "Risks", "- The CFO is new.", ["Risks"])]
+    assert account_reports.hand_edits([old, new], revisions) == [
+        ev.ReportSection(name="Risks", text="- The CFO is new."), ev.ReportSection(name="Next Steps", text="- Call Dana.")]
+
+
+def test_two_sites_choosing_the_same_ids_queue_two_items():
+    assert (account_reports.edit_request("a", "acct", "r1", "asked", "x", "t", "weekly-1", instruction="i").event_id
+            != account_reports.edit_request("b", "acct", "r1", "asked", "x", "t", "weekly-1", instruction="i").event_id)
+    assert (account_reports.opportunities_request("a", "t", request_id="weekly-1").event_id
+            != account_reports.opportunities_request("b", "t", request_id="weekly-1").event_id)
+    assert (account_reports.report_request("a", "acct", "t", "weekly-1").event_id
+            != account_reports.report_request("b", "acct", "t", "weekly-1").event_id)
+
+
+def test_a_search_stores_at_most_its_first_accounts_each_reason_cut():
+    many = [ev.Opportunity(account_id=f"a{i}", proposition="upsell", reason="x" * 1000) for i in range(600)]
+    kept = opportunities.stored(many)
+    assert len(kept) == opportunities.MAX_STORED and {len(o.reason) for o in kept} == {opportunities.MAX_REASON}
+
+
+def test_ids_that_are_operator_api_paths_are_refused_on_import_and_never_derived():
+    with pytest.raises(accounts.AccountsError, match="names an operator API path"):
+        accounts.parse(json.dumps({"accounts": [{"id": "opportunities", "name": "Opportunities Ltd"}]}).encode())
+    assert accounts.account_id("Paste") == "a-paste"
+
+
+@pytest.mark.parametrize("body, kind, field", [
+    (b'{"name": "A\\ud800", "arr": 10, "currency": "USD"}', "json", "file"),
+    (b"Acme\nEmployees: " + b"9" * 400, "text", "employees"),
+    (b"A" + b" " * 19990 + b"B is on the Growth plan, 45 of 50 seats", "text", None),
+])
+def test_a_paste_that_no_event_could_carry_is_a_named_refusal(body, kind, field):
+    from shared import account_paste
+
+    try:
+        account_paste.parse(body, kind)
+    except accounts.AccountsError as exc:
+        assert field is None or any(e["field"] == field for e in exc.errors), exc.errors
+    else:
+        assert field is None  # the long line: read (or refused) at once, and never a crash
+
+
+async def test_an_edit_on_a_version_the_report_does_not_have_is_refused(report_nodes):
+    bus, site = report_nodes, unique("s")
+    await accounts.store(bus, site, accounts.Portfolio(accounts=[account()], deals=HISTORY), "test", "test")
+    done = await first_report(bus, site)
+    future = await edited(bus, site, "acme-heating", done.request_id, "hand", section="Risks", text="- One.",
+                          base_version=7)
+    assert isinstance(future, ev.AccountReportEditFailed) and "no version 7 (its latest is 1)" in future.reason
+
+
+def test_the_cli_refuses_ids_text_and_waits_it_cannot_use(capsys):
+    for argv in (["report", "edit", "--site", "s", "--account", "a\udcff", "--ask", "x"],
+                 ["report", "edit", "--site", "s", "--account", "a", "--ask", "shorten \udcff"],
+                 ["opportunities", "--site", "s", "--wait", "nan"]):
+        with pytest.raises(SystemExit) as stopped:
+            accounts_cli.parser().parse_args(argv)
+        assert stopped.value.code == 2
+    assert "not" in capsys.readouterr().err

@@ -51,7 +51,8 @@ def make_node(llm: LLMClient | None) -> Node:
             except (opportunities.InvalidOpportunities, msgspec.MsgspecError, LLMError) as exc:
                 used, error = "data", f"the model's ranking is not valid: {exc}"
                 log.warning("model ranking not valid; ranked by rule", extra={"site": event.site, "error": error})
-        return [ctx.follow(ev.OpportunitiesCompleted, request_id=event.request_id, backend=used, items=ranked,
+        return [ctx.follow(ev.OpportunitiesCompleted, request_id=event.request_id, backend=used,
+                           items=opportunities.stored(ranked),
                            selected=opportunities.selected(ranked, event.select), accounts=len(batch),
                            model_error=error[:2000])]
 

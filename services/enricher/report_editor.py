@@ -53,6 +53,8 @@ def by_hand(event: ev.AccountReportEditRequested, history: list[account_reports.
     text = event.text.strip()
     if text == latest.sections.get(event.section, "").strip():
         raise Refused(f"the {event.section} section already reads so: nothing to change")
+    if event.base_version > latest.version:
+        raise Refused(f"the report has no version {event.base_version} (its latest is {latest.version})")
     if event.base_version and event.base_version < latest.version:
         since = [v for v in history if v.version > event.base_version and event.section in v.changed]
         if since:
@@ -88,7 +90,8 @@ def make_node(llm: LLMClient | None) -> Node:
             return [failed(event, NAME, ctx.attempt, str(exc))]
 
     async def revise(event: ev.AccountReportEditRequested, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
-        if any(e.edit_id == event.edit_id for kind in account_reports.EDIT_OUTCOMES for e in inputs.log[kind]):
+        if any(e.edit_id == event.edit_id and e.request_id == event.request_id
+               for kind in account_reports.EDIT_OUTCOMES for e in inputs.log[kind]):
             return []  # made (or refused) already: redelivered
         completed = next((c for c in inputs.log["account_report_completed"] if c.request_id == event.request_id), None)
         if completed is None:

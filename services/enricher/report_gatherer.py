@@ -6,8 +6,8 @@ replica; gathering runs in parallel, unlike the model calls after it) and stores
 usage metrics, ARR, renewal, tier), the site's most relevant historical deals (at most 8,
 reports/deals.py, matched for the situation its figures show: reports/rules.py), and the
 day the report is written for (the request's, so a redelivered item gathers the same), and
-the sections the account manager wrote by hand in the account's latest report (its latest
-version's hand edits: the new report keeps them as written). An account pasted into the
+the sections the account manager wrote by hand (each section's newest hand edit across the
+account's reports, as each report's latest version reads: the new report keeps them). An account pasted into the
 demo comes with its item (`AccountReportRequested.account`) and is read from nowhere else.
 An account that is not the site's (deleted since it was asked for) fails the item
 (`AccountReportFailed`). A request already handled (its step stored) gathers nothing again.
@@ -35,17 +35,6 @@ def gathered(account: ev.Account, history: list[ev.Deal], site_name: str, today:
                            today=today, kept_sections=kept or [])
 
 
-def hand_edits(log) -> list[ev.ReportSection]:
-    """The hand-edited sections of the account's latest completed report, as its latest
-    version reads."""
-    done = log["account_report_completed"]
-    if not done or not done[-1].sections:
-        return []
-    latest = account_reports.versions(done[-1], log["account_report_revised"])[-1]
-    return [ev.ReportSection(name=name, text=latest.sections[name]) for name in latest.hand_edited
-            if name in latest.sections]
-
-
 async def gather(event: ev.AccountReportRequested, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
     if has_step_in(inputs.log, event.request_id):
         return []
@@ -53,7 +42,9 @@ async def gather(event: ev.AccountReportRequested, inputs: Inputs, ctx: Context)
     if account is None:
         raise PermanentError(f"no account {event.account_id!r} on site {event.site!r}")
     today = datetime.datetime.fromtimestamp(event.ts, datetime.timezone.utc).date().isoformat()
-    data = gathered(account, list(inputs.deals), inputs.config.name or event.site, today, hand_edits(inputs.log))
+    data = gathered(account, list(inputs.deals), inputs.config.name or event.site, today,
+                    account_reports.hand_edits(inputs.log["account_report_completed"],
+                                               inputs.log["account_report_revised"]))
     return [ctx.follow(ev.AccountReportGathered, request_id=event.request_id, inputs=data)]
 
 

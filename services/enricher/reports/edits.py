@@ -9,8 +9,9 @@ does not name is not applied (the revision lists it as `ignored`). A model that 
 whose answer is still invalid) hands the instruction to the rule editor below.
 
 Without one (the rule editor): the instruction must name the sections it changes (`## `
-names, or "summary", "metrics", "questions", "risk", "next step"), and ask for one or more
-of these, applied in this order to each named section:
+names, or "summary", "metrics", "questions", "risk", "next step") in a clause that asks for a
+change (a clause that keeps a section, "leave the risks as I wrote them", names none), and
+ask for one or more of these, applied in this order to each named section:
 
 | asked | done |
 |---|---|
@@ -42,6 +43,13 @@ ALIASES = {"summary": "Executive Summary", "executive summary": "Executive Summa
            "situation": "Situation", "complication": "Complication", "resolution": "Resolution",
            "evidence": "Evidence"}
 NAMES = re.compile(r"\b(" + "|".join(sorted(map(re.escape, ALIASES), key=len, reverse=True)) + r")\b", re.IGNORECASE)
+# An instruction's clauses: what each asks of the sections it names.
+CLAUSES = re.compile(r"[,;:.!?]+|\s+(?:but|while|although|though|except)\s+", re.IGNORECASE)
+KEEP = re.compile(r"\b(?:leave|keep|don'?t|do\s+not|never|not|without|unchanged|untouched|alone|as\s+(?:I|we)\s+wrote)\b",
+                  re.IGNORECASE)
+VERBS = re.compile(r"\b(?:make|shorten|shorter|condense|concise|trim|cut|tighten|remove|drop|delete|omit|mention|add|"
+                   r"include|note|state|rewrite|rephrase|reword|expand|update|change|replace|simplify|fix|edit|"
+                   r"clarify|improve|summari[sz]e)\b", re.IGNORECASE)
 SHORTER = re.compile(r"\b(shorter|shorten|condense|concise|trim|cut|tighten)\b", re.IGNORECASE)
 CLAUSE_END = r"(?=\s+(?:and|then|but)\s+|[,.;!]|\Z)"
 MENTION = re.compile(r"\b(?:mention|add|include|note|state)\s+(?:the\s+|its\s+|their\s+|a\s+|an\s+)?(.{1,80}?)" + CLAUSE_END,
@@ -73,8 +81,16 @@ class UpdateReport(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 def named(instruction: str) -> list[str]:
-    """The sections the instruction names, in the order it names them, each once."""
-    return list(dict.fromkeys(ALIASES[m.group(1).casefold()] for m in NAMES.finditer(instruction)))
+    """The sections the instruction asks to change, in the order it names them, each once:
+    those named in a clause that asks for a change (an editing verb), not in one that keeps
+    a section ("leave the risks as I wrote them", "don't touch the summary") or only
+    mentions a word ("given the situation, shorten the summary")."""
+    found: list[str] = []
+    for clause in CLAUSES.split(instruction):
+        if KEEP.search(clause) or not VERBS.search(clause):
+            continue
+        found += [ALIASES[m.group(1).casefold()] for m in NAMES.finditer(clause)]
+    return list(dict.fromkeys(found))
 
 
 # --- the rule editor ----------------------------------------------------------------------------
@@ -107,6 +123,8 @@ def remove(text: str, words: str) -> str:
     kept = [u for u in units if words.casefold() not in u.casefold()]
     if len(kept) == len(units):
         raise EditRefused(f"no sentence of the section mentions {words!r}")
+    if not kept or all(u.lstrip().startswith("|") for u in kept) and len(kept) <= 2:
+        raise EditRefused(f"every sentence of the section mentions {words!r}: it would be left empty")
     return joiner.join(kept)
 
 
@@ -128,6 +146,8 @@ def fact(inputs: ev.ReportInputs, what: str) -> str:
                                         else f" ({-days} days ago)")
         return f"The renewal is on {account.renewal_date}{when}."
     if "arr" in key.split() or "revenue" in key or "contract value" in key:
+        if not account.arr:  # 0: none given (a pasted text without one), not a real ARR
+            raise EditRefused("the account has no ARR on record")
         return f"ARR is {number(account.arr)} {account.currency}."
     if "tier" in key or "plan" in key:
         if not account.tier:
@@ -204,8 +224,9 @@ def by_rule(sections: dict[str, str], instruction: str, inputs: ev.ReportInputs)
 
 
 def problems(reply: UpdateReport) -> list[str]:
-    names = [s.name for s in reply.sections]
-    found = [f"{n!r} is not a section of the report" for n in names if account_reports.canonical(n) is None]
+    names = [account_reports.canonical(s.name) or s.name for s in reply.sections]
+    found = [f"{s.name!r} is not a section of the report" for s in reply.sections
+             if account_reports.canonical(s.name) is None]
     found += [f"{n} is given more than once" for n in dict.fromkeys(names) if names.count(n) > 1]
     found += [f"{s.name} has no text" for s in reply.sections if not s.text.strip()]
     if not reply.sections:

@@ -17,7 +17,10 @@ negotiation 6; one more for a metric over its limit or an overdue renewal), high
 then by name; the healthy accounts (nothing to propose) after all the others, by ARR.
 
 Pre-selected (`selected`): the first `select` accounts with something to propose (not
-healthy), in ranking order.
+healthy), in ranking order. ARR is compared as a number whatever its currency: a portfolio
+in several currencies is ranked as if they were one. A search stores its first
+`MAX_STORED` accounts (the count of all it ranked beside them), each reason cut at
+`MAX_REASON` characters.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from shared import events as ev
 from shared.llm import LLMClient, Recorder
 
 MAX_MODEL_ACCOUNTS = 100
+MAX_STORED = 500  # the ranking's first accounts stored (an event stays far below the bus's 1 MiB)
+MAX_REASON = 300  # a reason's characters, as stored
 REASON_METRICS = 2  # the metrics a rule's reason names at most
 
 
@@ -128,6 +133,10 @@ async def with_llm(llm: LLMClient, site_name: str, accounts: list[ev.Account], t
         if wrong := problems(reply, ids):
             raise InvalidOpportunities("; ".join(wrong))
     return reply.items
+
+
+def stored(items: list[ev.Opportunity]) -> list[ev.Opportunity]:
+    return [msgspec.structs.replace(o, reason=o.reason[:MAX_REASON]) for o in items[:MAX_STORED]]
 
 
 def selected(items: list[ev.Opportunity], count: int) -> list[str]:

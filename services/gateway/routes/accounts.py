@@ -204,7 +204,9 @@ async def paste_account(request: Request, site: SiteId, who: Who):
     data = await read_body(request, 4 * account_paste.MAX_CHARS)  # UTF-8: at most 4 bytes a character
     media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     kind = "text" if media.startswith("text/") else "json" if media.endswith("json") else ""
-    account = account_paste.parse(data, kind)  # AccountsError: a 422 naming what is missing
+    # AccountsError: a 422 naming what is missing. In a thread: a 20,000-character paste is
+    # read by many patterns, and the event loop serves every other request meanwhile.
+    account = await asyncio.to_thread(account_paste.parse, data, kind)
     item = account_reports.pasted_request(site, account, "gateway")
     await request.app.state.bus.publish_work(item)
     return {"site": site, "account_id": account.id, "request_id": item.request_id,
@@ -299,14 +301,14 @@ async def edit_report(request: Request, site: SiteId, account_id: AccountId, req
 async def edit_status(request: Request, site: SiteId, account_id: AccountId, request_id: RequestId,
                       edit_id: Annotated[str, Path(pattern=ID_PATTERN)]):
     """How an edit went: pending, done (the version it made) or failed (why)."""
-    outcome = await account_reports.edit_outcome(request.app.state.bus, site, account_id, edit_id)
+    outcome = await account_reports.edit_outcome(request.app.state.bus, site, account_id, request_id, edit_id)
     line = {"site": site, "account_id": account_id, "request_id": request_id, "edit_id": edit_id}
     match outcome:
-        case ev.AccountReportRevised() if outcome.request_id == request_id:
+        case ev.AccountReportRevised():
             return {**line, "status": "done", "version": outcome.version, "how": outcome.how,
                     "changed": [c.name for c in outcome.changes], "ignored": outcome.ignored,
                     "backend": outcome.backend}
-        case ev.AccountReportEditFailed() if outcome.request_id == request_id:
+        case ev.AccountReportEditFailed():
             return {**line, "status": "failed", "reason": outcome.reason}
     return {**line, "status": "pending"}
 
