@@ -1,6 +1,6 @@
 """`concierge eval accounts --mock`: the account-report contract cases through the enricher's
-own nodes (`account_reporter`, `opportunity_finder`), the recorded model replies served by the
-scripted OpenAI-compatible server."""
+own nodes (`account_reporter`, `opportunity_finder`, `report_editor`), the recorded model
+replies served by the scripted OpenAI-compatible server."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cli.measure.evals import account_eval
-from services.enricher.reports import opportunities, rules
+from services.enricher.reports import edits, opportunities, rules
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,8 +32,8 @@ def test_the_mock_eval_passes_and_ends_with_its_figures():
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     kinds = result["kinds"]
-    assert kinds["report"] >= 13 and kinds["opportunities"] >= 3
-    assert result["cases"] == sum(kinds.values()) >= 16 and result["passed"] is True
+    assert kinds["report"] >= 13 and kinds["opportunities"] >= 3 and kinds["edit"] >= 3
+    assert result["cases"] == sum(kinds.values()) >= 21 and result["passed"] is True
     for rate in ("sections_complete_rate", "metadata_valid_rate", "proposition_accuracy", "numbers_kept_rate",
                  "numbers_warning_accuracy", "sales_scripts_complete_rate"):
         assert result[rate] == 1.0, rate
@@ -45,6 +45,10 @@ def test_the_mock_eval_passes_and_ends_with_its_figures():
         assert result[rate] == 1.0, rate
     assert result["opportunities_repaired"] == 1 and result["opportunities_by_rule"] == 1
     assert result["opportunities_path_misses"] == 0
+    assert result["edits_ok"] == kinds["edit"] and result["hand_edits_kept_rate"] == 1.0
+    assert result["edit_ungrounded_numbers"] == 0 and result["edits_path_misses"] == 0
+    assert result["edits_repaired"] == 1 and result["edits_by_rule"] == 1
+    assert result["edits_ignored"] == 1, "the hand-edited Risks the model rewrote unasked, kept"
     assert "miss:" not in done.stdout
 
 
@@ -74,10 +78,25 @@ def test_the_opportunities_cases_expect_what_the_rule_reads_and_cover_every_path
     assert sorted(c.recorded.path for c in cases) == ["model", "model", "repaired", "rule"]
 
 
+def test_the_edit_cases_keep_every_unnamed_hand_edit_and_cover_every_path():
+    cases = of_kind(account_eval.EditCase)
+    for case in cases:  # a hand-edited section changes only when the instruction names it
+        named = edits.named(case.instruction)
+        assert all(s.name in named for s in case.hand if s.name in case.expect.changed), case.id
+        assert set(case.expect.shorter) <= set(case.expect.changed) and set(case.recorded.ignored) <= {
+            s.name for s in case.hand}, case.id
+    survives = next(c for c in cases if c.id == "edit-hand-risks-survive-shorter-summary")
+    assert [s.name for s in survives.hand] == ["Risks"] and survives.instruction == "make the executive summary shorter"
+    assert survives.expect.changed == ["Executive Summary"] and survives.recorded.ignored == ["Risks"]
+    assert sorted(c.recorded.path for c in cases) == ["model", "model", "model", "repaired", "rule"]
+
+
 @pytest.mark.parametrize("kind, repair, miss", [
     ("opportunities", ["That ranking is not valid", "brackenridge-mechanical"],
      "miss: opportunities-missing-account-repaired: path rule, recorded repaired (the model's ranking is not valid: "
      "account lantern-solar is not ranked)"),
+    ("edit", ["That edit is not valid", "Account: Seabright Facility Care"],
+     "miss: edit-invalid-reply-repaired: path rule, recorded repaired"),
 ])
 def test_the_eval_fails_when_a_new_kinds_repair_round_breaks(tmp_path, capsys, kind, repair, miss):
     """Without the recorded answer to the repair round, the model's first answer comes again,
