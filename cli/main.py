@@ -71,7 +71,7 @@ COMMANDS = (
         ("eval intent|followups|skills|hack|retrieval|all", "the router's and retriever's evals on labeled JSONL (make eval)"),
         ("eval answers [--base-url URL]", "ask the dataset's questions through a running system (or one it starts)"),
         ("eval briefs [--mock]", "lead briefs and a triage on the contract cases (--mock: recorded model replies)"),
-        ("eval accounts [--mock]", "account reports and sales scripts on the contract cases (--mock: recorded model replies)"))),
+        ("eval accounts [--mock]", "account reports, sales scripts, opportunities and edits on the contract cases (--mock: recorded model replies)"))),
     Command("cluster-rehearsal", "cli.measure.rehearsal.cluster_rehearsal", (
         ("cluster-rehearsal [--sessions N] [--bounded]",
          "3 clustered nats-servers, 2 replicas of each service, load; kill one of each in turn"),)),

@@ -1,6 +1,6 @@
 """`concierge eval accounts --mock`: the account-report contract cases through the enricher's
-own `account_reporter` node, the recorded model replies served by the scripted
-OpenAI-compatible server."""
+own nodes (`account_reporter`, `opportunity_finder`, `report_editor`), the recorded model
+replies served by the scripted OpenAI-compatible server."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from cli.measure.evals import account_eval
-from services.enricher.reports import rules
+from services.enricher.reports import edits, opportunities, rules
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,11 +23,17 @@ def concierge(*args: str) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONPATH": str(ROOT), "LLM_BASE_URL": ""})
 
 
+def of_kind(kind: type) -> list:
+    return [c for c in account_eval.load(account_eval.DATASET) if isinstance(c, kind)]
+
+
 def test_the_mock_eval_passes_and_ends_with_its_figures():
     done = concierge("eval", "accounts", "--mock")
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["cases"] >= 13 and result["kinds"]["report"] >= 13 and result["passed"] is True
+    kinds = result["kinds"]
+    assert kinds["report"] >= 13 and kinds["opportunities"] >= 3 and kinds["edit"] >= 3
+    assert result["cases"] == sum(kinds.values()) >= 21 and result["passed"] is True
     for rate in ("sections_complete_rate", "metadata_valid_rate", "proposition_accuracy", "numbers_kept_rate",
                  "numbers_warning_accuracy", "sales_scripts_complete_rate"):
         assert result[rate] == 1.0, rate
@@ -33,11 +41,19 @@ def test_the_mock_eval_passes_and_ends_with_its_figures():
     assert result["failures_as_expected"] == 1, "the report whose metadata validates neither way fails, as it should"
     assert result["path_misses"] == 0
     assert result["verdicts"]["marginal"] == 1, "the report that leaves out most figures"
+    for rate in ("opportunities_accuracy", "opportunities_top_accuracy", "opportunities_selected_accuracy"):
+        assert result[rate] == 1.0, rate
+    assert result["opportunities_repaired"] == 1 and result["opportunities_by_rule"] == 1
+    assert result["opportunities_path_misses"] == 0
+    assert result["edits_ok"] == kinds["edit"] and result["hand_edits_kept_rate"] == 1.0
+    assert result["edit_ungrounded_numbers"] == 0 and result["edits_path_misses"] == 0
+    assert result["edits_repaired"] == 1 and result["edits_by_rule"] == 1
+    assert result["edits_ignored"] == 1, "the hand-edited Risks the model rewrote unasked, kept"
     assert "miss:" not in done.stdout
 
 
 def test_the_shipped_cases_cover_every_proposition_and_repair_path():
-    cases = [c for c in account_eval.load(account_eval.DATASET) if isinstance(c, account_eval.ReportCase)]
+    cases = of_kind(account_eval.ReportCase)
     assert {c.expect.proposition for c in cases} == {"upsell", "negotiation", "churn", "healthy"}
     for case in cases:  # the proposition expected is the one the documented rules read from the figures
         assert rules.proposition(rules.read(case.inputs.account, case.inputs.today)) == case.expect.proposition, case.id
@@ -46,6 +62,55 @@ def test_the_shipped_cases_cover_every_proposition_and_repair_path():
     assert sum(p.attempts == 2 for p in paths) == 1 and sum(p.fails for p in paths) == 1
     assert sum(p.numbers_warning for p in paths) == 1
     assert account_eval.SCRIPT_SECTIONS == ("Talk tracks", "Objection handlers", "Closing")
+
+
+def test_the_opportunities_cases_expect_what_the_rule_reads_and_cover_every_path():
+    """The fallback case expects the rule's ranking, so every case's expectations are the
+    rule's: each account's proposition, how its ranking begins, its pre-selection."""
+    cases = of_kind(account_eval.OpportunitiesCase)
+    for case in cases:
+        assert 3 <= len(case.accounts) <= 8, case.id
+        ranked = opportunities.rank_by_rule(case.accounts, case.today)
+        assert case.expect.propositions == {o.account_id: o.proposition for o in ranked}, case.id
+        assert [o.account_id for o in ranked][:len(case.expect.first)] == case.expect.first and case.expect.first
+        assert set(case.expect.selected) == set(opportunities.selected(ranked, case.select)), case.id
+    assert {p for c in cases for p in c.expect.propositions.values()} == {"upsell", "negotiation", "churn", "healthy"}
+    assert sorted(c.recorded.path for c in cases) == ["model", "model", "repaired", "rule"]
+
+
+def test_the_edit_cases_keep_every_unnamed_hand_edit_and_cover_every_path():
+    cases = of_kind(account_eval.EditCase)
+    for case in cases:  # a hand-edited section changes only when the instruction names it
+        named = edits.named(case.instruction)
+        assert all(s.name in named for s in case.hand if s.name in case.expect.changed), case.id
+        assert set(case.expect.shorter) <= set(case.expect.changed) and set(case.recorded.ignored) <= {
+            s.name for s in case.hand}, case.id
+    survives = next(c for c in cases if c.id == "edit-hand-risks-survive-shorter-summary")
+    assert [s.name for s in survives.hand] == ["Risks"] and survives.instruction == "make the executive summary shorter"
+    assert survives.expect.changed == ["Executive Summary"] and survives.recorded.ignored == ["Risks"]
+    assert sorted(c.recorded.path for c in cases) == ["model", "model", "model", "repaired", "rule"]
+
+
+@pytest.mark.parametrize("kind, repair, miss", [
+    ("opportunities", ["That ranking is not valid", "brackenridge-mechanical"],
+     "miss: opportunities-missing-account-repaired: path rule, recorded repaired (the model's ranking is not valid: "
+     "account lantern-solar is not ranked)"),
+    ("edit", ["That edit is not valid", "Account: Seabright Facility Care"],
+     "miss: edit-invalid-reply-repaired: path rule, recorded repaired"),
+])
+def test_the_eval_fails_when_a_new_kinds_repair_round_breaks(tmp_path, capsys, kind, repair, miss):
+    """Without the recorded answer to the repair round, the model's first answer comes again,
+    still not valid: the rule ranks (or edits) instead, off the recorded path, and the eval fails."""
+    dataset = json.loads(account_eval.DATASET.read_text())
+    dataset["cases"] = [c for c in dataset["cases"] if c["kind"] == kind]
+    recording = json.loads(account_eval.RECORDED.read_text())
+    recording["replies"] = [r for r in recording["replies"] if not set(repair) <= set(r["when"])]
+    (tmp_path / "cases.json").write_text(json.dumps(dataset))
+    (tmp_path / "recorded.json").write_text(json.dumps(recording))
+    assert account_eval.eval_accounts(tmp_path / "cases.json", mock=True, recording=tmp_path / "recorded.json") == 1
+    out = capsys.readouterr().out
+    assert miss in out
+    assert json.loads(out.strip().splitlines()[-1])["passed"] is False
 
 
 def test_the_eval_fails_when_a_repair_path_breaks(tmp_path, capsys):

@@ -21,7 +21,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--base-url", help="answers: a running gateway (default: start a system for the eval)")
     parser.add_argument("--site", default="demo", help="answers: the site asked (default: demo)")
     parser.add_argument("--concurrency", type=int, default=1,
-                        help="answers: conversations at once; briefs, accounts: reports at once (default: 1)")
+                        help="answers: conversations at once; briefs: reports at once; accounts: cases at once "
+                             "(default: 1)")
     parser.add_argument("--mock", action="store_true",
                         help="briefs, accounts: the recorded model replies (deterministic) instead of LLM_BASE_URL")
     args = parser.parse_args(argv)

@@ -1,16 +1,17 @@
 """`concierge eval accounts [--mock] [--dataset FILE]`: the account-report contract, case by case.
 
 Each case of services/enricher/data/accounts_eval.json has a `kind`, and each kind is run and
-scored by its own function (`EVALS`). A "report" case is one account's gathered data (an
-`ev.ReportInputs`: usage metrics, ARR, renewal, tier, matched deals): the eval hands it to the
-enricher's `account_reporter` node exactly as the service runs it (writer pass, section
-re-prompt, metadata fallback, numeric check, evaluator and its retry, sales script). Its
-`expect` is what a good report of that account has, whoever writes it: the proposition and
-the figures it must state. Its `recorded` is the path the recorded replies take through the
-node (the sections the re-prompt supplies, metadata by the structured fallback, a second
-attempt, the numeric warning, a report that fails because its metadata validates neither
-way); that is checked with `--mock` only: a live model takes whichever path its answers lead to.
-Scored over the reports that should complete:
+scored by its own function (`EVALS`), through the enricher's own node exactly as the service
+runs it. A case's `expect` is what a good answer has, whoever gives it; its `recorded` is the
+path the recorded replies take through the node, checked with `--mock` only: a live model
+takes whichever path its answers lead to.
+
+"report": one account's gathered data (an `ev.ReportInputs`: usage metrics, ARR, renewal,
+tier, matched deals) through `account_reporter` (writer pass, section re-prompt, metadata
+fallback, numeric check, evaluator and its retry, sales script). `expect`: the proposition
+and the figures the report must state. `recorded`: the sections the re-prompt supplies,
+metadata by the structured fallback, a second attempt, the numeric warning, a report that
+fails because its metadata validates neither way. Scored over the reports that should complete:
 
 - `sections_complete_rate`: every required section (after the re-prompt);
 - `metadata_valid_rate`: completed with validated metadata (the line or the fallback);
@@ -24,22 +25,57 @@ Scored over the reports that should complete:
 - `failures_as_expected`: the cases recorded to fail that ended in `AccountReportFailed`
   (each counts as passed); `path_misses`: cases whose path is not the recorded one (live: null).
 
+"opportunities": a batch of accounts (the site's portfolio) and the request's day through
+`opportunity_finder` (the model's validated ranking, its repair round, the rule when it is
+still not valid). `expect`: each account's proposition, how the ranking begins where that is
+clear, the accounts pre-selected for reports. `recorded.path`: the model's first answer used
+(`model`), its answer after the repair round (`repaired`), or the rule's ranking (`rule`:
+still not valid, `backend` data, `model_error` said). Scored:
+
+- `opportunities_accuracy`: the accounts whose proposition is the case's, of all the cases';
+- `opportunities_top_accuracy`, `opportunities_selected_accuracy`: the cases whose ranking
+  begins as expected, whose pre-selection is the expected accounts;
+- `opportunities_repaired`, `opportunities_by_rule`: the cases that took each path;
+- `opportunities_path_misses`: with `--mock`, the cases whose path is not the recorded one;
+  live, those the rule ranked (the model's ranking is what is measured, and the expected
+  propositions are the rule's).
+
+"edit": a report (the data-only report of the case's account, its sections split, as the
+log holds it after `account_reporter`), the sections the account manager rewrote by hand
+before (a version 2), and an instruction, through `report_editor` (`update_report`: the
+model's sections validated, its repair round, the rule editor when still not valid, hand
+edits kept unless named). `expect`: the sections changed, those to come out shorter, what
+the changed text mentions. `recorded`: the path (`model`, `repaired`, `rule`) and the
+hand-edited sections the model changed without being asked, kept out (`ignored`). Scored:
+
+- `edits_ok`: the edits that meet every expectation: the sections changed and no other, a
+  hand-edited section the instruction does not ask to change left as written, shorter where
+  asked, the mentions, and no figure in the changed text that the account data does not hold;
+- `hand_edits_kept_rate`: the hand-edited sections not to change, unchanged;
+- `edit_ungrounded_numbers`: figures of the changed sections no input holds;
+- `edits_repaired`, `edits_by_rule`, `edits_ignored`: the edits that took the repair round,
+  that the rule editor made, that kept a hand edit the model touched;
+- `edits_path_misses`: as for opportunities (live: the edits the rule editor made).
+
 `--mock` serves the recorded replies (accounts_recorded.json) from the scripted
 OpenAI-compatible server, so the eval is deterministic (make test runs it); without it, the
-`briefs` LLM role's endpoint (LLM_BASE_URL / LLM_BRIEFS_BASE_URL) writes the reports. Each
-miss is printed; the last line is one JSON object. Exit 1 when it did not pass: every
-section, metadata, sales script, figure to keep and warning as expected, proposition
-accuracy ≥ 0.8, and with `--mock` no path miss.
+`briefs` LLM role's endpoint (LLM_BASE_URL / LLM_BRIEFS_BASE_URL) answers. Each miss is
+printed; the last line is one JSON object. Exit 1 when it did not pass: every section,
+metadata, sales script, figure to keep and warning as expected, proposition and
+opportunities accuracy ≥ 0.8, every ranking's beginning and pre-selection and every edit as
+expected, and no path miss.
 
 A new kind of case: a Struct for its cases tagged with the kind's name (its inputs and
 expectations), added to `Case`, and one async function from its cases to a `Scored` in
-`EVALS`; its figures join the JSON line, its misses the list, its verdict `passed`.
+`EVALS`; its figures join the JSON line (under names of its own), its misses the list, its
+verdict `passed`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import json
 import sys
 import time
@@ -50,19 +86,26 @@ from typing import Awaitable, Callable, Literal
 import msgspec
 
 from cli.measure.evals.brief_eval import DATA, recorded_llm, run
-from services.enricher import account_reporter
+from services.enricher import account_reporter, opportunity_finder, report_editor
 from services.enricher.briefs import document as sectioned
 from services.enricher.briefs.writer import PROMPTS, ROLE
-from services.enricher.reports import document
-from shared import account_reports, citations
+from services.enricher.reports import document, plain
+from shared import account_reports, accounts, citations, subjects
 from shared import events as ev
 from shared.config import LLMRoleConfig
 from shared.llm import LLMClient
+from shared.site_config import SiteConfig
+from shared.state import Record
 
 DATASET = DATA / "accounts_eval.json"
 RECORDED = DATA / "accounts_recorded.json"
 SITE = "eval"
 MIN_PROPOSITION_ACCURACY = 0.8
+MIN_OPPORTUNITIES_ACCURACY = 0.8
+# The first words of the nodes' repair rounds (reports/opportunities.py, reports/edits.py): a
+# model call that carries them is the repair round's.
+RANKING_REPAIR = "That ranking is not valid"
+EDIT_REPAIR = "That edit is not valid"
 # The headings the sales-script prompt asks for, read from it: the check follows the prompt.
 SCRIPT_SECTIONS = tuple(line[3:].strip() for line in (PROMPTS / "sales_script.md").read_text(encoding="utf-8")
                         .splitlines() if line.startswith("## "))
@@ -91,7 +134,50 @@ class ReportCase(msgspec.Struct, tag="report", tag_field="kind", kw_only=True, f
     recorded: RecordedPath = msgspec.field(default_factory=RecordedPath)
 
 
-Case = ReportCase  # every kind's cases, a union tagged by `kind`
+class RankingExpect(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    propositions: dict[str, ev.Proposition]  # every account's, by id
+    first: list[str]  # how the ranking begins, as far as that is clear
+    selected: list[str]  # the accounts pre-selected for reports (in any order)
+
+
+class RankingPath(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    path: Literal["model", "repaired", "rule"] = "model"
+
+
+class OpportunitiesCase(msgspec.Struct, tag="opportunities", tag_field="kind", kw_only=True,
+                        forbid_unknown_fields=True):
+    id: str
+    description: str
+    site_name: str = "Tidewise"
+    today: str  # YYYY-MM-DD: the request's day, the one renewals are counted from
+    select: int = 3
+    accounts: list[ev.Account]
+    expect: RankingExpect
+    recorded: RankingPath = msgspec.field(default_factory=RankingPath)
+
+
+class EditExpect(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    changed: list[str]  # the sections the edit changes, and no other
+    shorter: list[str] = []  # of those, the ones to come out shorter
+    mentions: list[str] = []  # what the changed sections say between them (a date, a metric's name)
+
+
+class EditPath(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    path: Literal["model", "repaired", "rule"] = "model"
+    ignored: list[str] = []  # hand-edited sections the model changed unasked, kept as written
+
+
+class EditCase(msgspec.Struct, tag="edit", tag_field="kind", kw_only=True, forbid_unknown_fields=True):
+    id: str
+    description: str
+    inputs: ev.ReportInputs  # the account the report is of (its data-only report is the one edited)
+    hand: list[ev.ReportSection] = []  # sections the account manager rewrote by hand first (version 2)
+    instruction: str
+    expect: EditExpect
+    recorded: EditPath = msgspec.field(default_factory=EditPath)
+
+
+Case = ReportCase | OpportunitiesCase | EditCase  # every kind's cases, a union tagged by `kind`
 
 
 class Dataset(msgspec.Struct, kw_only=True):
@@ -221,8 +307,186 @@ def path_off(path: RecordedPath, report: ev.AccountReportCompleted, last: ev.Acc
     return "; ".join(f"{name} {got}, recorded {want}" for name, (got, want) in went.items() if got != want)
 
 
+def took(emitted: list[ev.Envelope], phrase: str) -> bool:
+    """Whether one of the node's model calls carried `phrase` (a repair round's)."""
+    return any(phrase in str(message.get("content", "")) for e in emitted if isinstance(e, ev.LLMCallRecorded)
+               for message in e.call.messages)
+
+
+def path_miss(recorded: str, path: str, mock: bool, what: str) -> str:
+    """How a case's path is wrong ("" when it is not): with the recorded replies, not the
+    recorded one; live, the rule's (the model's answer is what is measured)."""
+    if mock:
+        return f"path {path}, recorded {recorded}" if path != recorded else ""
+    return f"the model's {what} was not used: the rule's was" if path == "rule" else ""
+
+
+def noon(day: str) -> float:
+    """A request's time on `day` (UTC): the day the node counts renewals from."""
+    return datetime.datetime.fromisoformat(day).replace(hour=12, tzinfo=datetime.timezone.utc).timestamp()
+
+
+async def opportunities(cases: list[OpportunitiesCase], llm: LLMClient, concurrency: int, mock: bool) -> Scored:
+    """The "opportunities" kind: each batch through `opportunity_finder`, as the service runs it."""
+    node = opportunity_finder.make_node(llm)
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(case: OpportunitiesCase) -> tuple[ev.OpportunitiesCompleted, str]:
+        request = msgspec.structs.replace(
+            account_reports.opportunities_request(SITE, "eval", select=case.select, request_id=case.id),
+            ts=noon(case.today))
+        async with gate:
+            returned, emitted = await run(node, request, portfolio=accounts.Portfolio(accounts=case.accounts),
+                                          config=SiteConfig(name=case.site_name))
+        done = returned[0]
+        return done, "rule" if done.model_error else "repaired" if took(emitted, RANKING_REPAIR) else "model"
+
+    outcomes = await asyncio.gather(*(one(case) for case in cases), return_exceptions=True)
+    misses: list[str] = []
+    right, tops, selections, path_misses = 0, 0, 0, 0
+    paths: list[str] = []
+    for case, outcome in zip(cases, outcomes):
+        # No ranking (the service would store an OpportunitiesFailed): every expectation missed.
+        if isinstance(outcome, BaseException):
+            misses.append(f"{case.id}: no ranking: {type(outcome).__name__}: {outcome}")
+            continue
+        done, path = outcome
+        paths.append(path)
+        got = {item.account_id: item.proposition for item in done.items}
+        for account_id, want in case.expect.propositions.items():
+            right += got.get(account_id) == want
+            if got.get(account_id) != want:
+                misses.append(f"{case.id}: {account_id} {got.get(account_id)}, expected {want}")
+        begins = [item.account_id for item in done.items][:len(case.expect.first)]
+        tops += begins == case.expect.first
+        if begins != case.expect.first:
+            misses.append(f"{case.id}: the ranking begins {', '.join(begins)}, expected {', '.join(case.expect.first)}")
+        selections += set(done.selected) == set(case.expect.selected)
+        if set(done.selected) != set(case.expect.selected):
+            misses.append(f"{case.id}: selected {', '.join(done.selected) or 'none'}, expected "
+                          f"{', '.join(case.expect.selected) or 'none'}")
+        if off := path_miss(case.recorded.path, path, mock, "ranking"):
+            misses.append(f"{case.id}: {off}" + (f" ({done.model_error})" if done.model_error else ""))
+            path_misses += 1
+    figures = {
+        "opportunities_accuracy": rate(right, sum(len(c.expect.propositions) for c in cases)),
+        "opportunities_top_accuracy": rate(tops, len(cases)),
+        "opportunities_selected_accuracy": rate(selections, len(cases)),
+        "opportunities_repaired": paths.count("repaired"),
+        "opportunities_by_rule": paths.count("rule"),
+        "opportunities_path_misses": path_misses,
+    }
+    passed = (figures["opportunities_accuracy"] >= MIN_OPPORTUNITIES_ACCURACY and not path_misses
+              and figures["opportunities_top_accuracy"] == figures["opportunities_selected_accuracy"] == 1.0)
+    return Scored(figures, misses, passed)
+
+
+def logged(*events: ev.Envelope) -> list[Record]:
+    """`events` as the account's log holds them, in this order."""
+    return [Record(seq=i, subject=subjects.conv(e.site, e.session_id, ev.event_type(e)), event=e)
+            for i, e in enumerate(events, start=1)]
+
+
+def edit_log(case: EditCase) -> tuple[ev.AccountReportEditRequested, list[Record], account_reports.Version]:
+    """The case's edit request, the log it reads (the report as gathered and completed, the
+    hand edit), and the version it edits."""
+    account_id = case.inputs.account.id
+    about = {"site": SITE, "session_id": account_reports.session_of(account_id), "turn": 0,
+             "ts": noon(case.inputs.today), "request_id": case.id}
+    text, metadata = plain.report(case.inputs)
+    preamble, sections = document.split(text)
+    gathered = ev.AccountReportGathered(event_id=ev.derived_id(case.id, "eval", "gathered"), inputs=case.inputs,
+                                        **about)
+    completed = ev.AccountReportCompleted(event_id=ev.derived_id(case.id, "eval", "completed"), account_id=account_id,
+                                          backend="data", report=text, metadata=metadata, sales_script="",
+                                          preamble=preamble, sections=sections, **about)
+    hand = [ev.AccountReportRevised(event_id=ev.derived_id(case.id, "eval", "hand"), account_id=account_id,
+                                    edit_id=f"{case.id}-hand", version=2, how="hand", actor="eval", changes=case.hand,
+                                    hand_edited=[s.name for s in case.hand], **about)] if case.hand else []
+    request = account_reports.edit_request(SITE, account_id, case.id, "asked", "eval", "eval", f"{case.id}-asked",
+                                           instruction=case.instruction)
+    return request, logged(gathered, completed, *hand), account_reports.versions(completed, hand)[-1]
+
+
+def edit_misses(case: EditCase, revised: ev.AccountReportRevised, before: account_reports.Version) -> list[str]:
+    changes = {c.name: c.text for c in revised.changes}
+    out = []
+    if sorted(changes) != sorted(case.expect.changed):
+        out.append(f"changed {', '.join(changes) or 'nothing'}, expected {', '.join(case.expect.changed)}")
+    if touched := [s.name for s in case.hand if s.name not in case.expect.changed and s.name in changes]:
+        out.append(f"hand-edited and not to change, changed: {', '.join(touched)}")
+    if longer := [n for n in case.expect.shorter if n in changes and len(changes[n]) >= len(before.sections[n])]:
+        out.append(f"not shorter: {', '.join(longer)}")
+    said = "\n".join(changes.values()).casefold()
+    if unsaid := [m for m in case.expect.mentions if m.casefold() not in said]:
+        out.append(f"does not mention {', '.join(unsaid)}")
+    if invented := ungrounded(revised, case.inputs):
+        out.append(f"figures the account data does not hold: {', '.join(invented)}")
+    return out
+
+
+def ungrounded(revised: ev.AccountReportRevised, inputs: ev.ReportInputs) -> list[str]:
+    return [f for change in revised.changes for f in document.ungrounded_numbers(change.text, inputs)]
+
+
+async def report_edits(cases: list[EditCase], llm: LLMClient, concurrency: int, mock: bool) -> Scored:
+    """The "edit" kind: each asked-for change through `report_editor`, as the service runs it."""
+    node = report_editor.make_node(llm)
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(case: EditCase) -> tuple[ev.Envelope, str, account_reports.Version]:
+        request, log, before = edit_log(case)
+        async with gate:
+            returned, emitted = await run(node, request, log, config=SiteConfig(name=case.inputs.site_name))
+        outcome = returned[0]
+        path = ("rule" if getattr(outcome, "backend", "") == "data" else
+                "repaired" if took(emitted, EDIT_REPAIR) else "model")
+        return outcome, path, before
+
+    outcomes = await asyncio.gather(*(one(case) for case in cases), return_exceptions=True)
+    misses: list[str] = []
+    ok, path_misses, invented, kept_out = 0, 0, 0, 0
+    keep, kept = 0, 0  # hand-edited sections not to change, and of those unchanged
+    paths: list[str] = []
+    for case, outcome in zip(cases, outcomes):
+        # No revision (the service would store an AccountReportEditFailed): not ok, whatever it expects.
+        if isinstance(outcome, BaseException):
+            misses.append(f"{case.id}: no revision: {type(outcome).__name__}: {outcome}")
+            continue
+        revised, path, before = outcome
+        if not isinstance(revised, ev.AccountReportRevised):
+            misses.append(f"{case.id}: no revision: {getattr(revised, 'reason', revised)}")
+            continue
+        paths.append(path)
+        kept_out += bool(revised.ignored)
+        stay = [s.name for s in case.hand if s.name not in case.expect.changed]
+        keep += len(stay)
+        kept += sum(name not in {c.name for c in revised.changes} for name in stay)
+        invented += len(ungrounded(revised, case.inputs))
+        found = edit_misses(case, revised, before)
+        ok += not found
+        misses += [f"{case.id}: {miss}" for miss in found]
+        off = path_miss(case.recorded.path, path, mock, "edit")
+        if mock and revised.ignored != case.recorded.ignored:
+            off = "; ".join(filter(None, [off, f"ignored {revised.ignored}, recorded {case.recorded.ignored}"]))
+        if off:
+            misses.append(f"{case.id}: {off}")
+            path_misses += 1
+    figures = {
+        "edits_ok": ok,
+        "hand_edits_kept_rate": rate(kept, keep),
+        "edit_ungrounded_numbers": invented,
+        "edits_repaired": paths.count("repaired"),
+        "edits_by_rule": paths.count("rule"),
+        "edits_ignored": kept_out,
+        "edits_path_misses": path_misses,
+    }
+    return Scored(figures, misses, ok == len(cases) and not path_misses)
+
+
 # Each kind of case: the function that runs its cases and scores them.
-EVALS: dict[type, Callable[[list, LLMClient, int, bool], Awaitable[Scored]]] = {ReportCase: reports}
+EVALS: dict[type, Callable[[list, LLMClient, int, bool], Awaitable[Scored]]] = {
+    ReportCase: reports, OpportunitiesCase: opportunities, EditCase: report_edits}
 
 
 async def evaluate(cases: list[Case], llm: LLMClient, concurrency: int, mock: bool) -> dict:
@@ -236,6 +500,8 @@ async def evaluate(cases: list[Case], llm: LLMClient, concurrency: int, mock: bo
     try:
         for kind, of in kinds.items():
             scored = await EVALS[kind](of, llm, concurrency, mock)
+            if shared := result.keys() & scored.figures.keys():  # one kind's figure would hide another's
+                raise ValueError(f"{kind.__name__}'s figures {sorted(shared)} are named already")
             result.update(scored.figures)
             misses += scored.misses
             passed = passed and scored.passed

@@ -37,14 +37,16 @@ from pathlib import Path
 import msgspec
 
 from cli.harness.supervisor import ROOT, free_port, wait_http
-from cli.replay.sandbox import LogBus
+from cli.replay.sandbox import FixedConfig, LogBus
 from services.enricher import lead_briefer, lead_triager
 from services.enricher.briefs.document import missing_sections
 from shared import citations, subjects
 from shared import events as ev
+from shared.accounts import Portfolio
 from shared.config import LLMRoleConfig
 from shared.llm import LLMClient
 from shared.node import Context, gather
+from shared.site_config import SiteConfig
 from shared.store import MemoryStore
 from shared.state import Record
 
@@ -82,12 +84,14 @@ def load(path: Path) -> list[Case]:
         raise ValueError(f"{path}: {exc}") from None
 
 
-async def run(node, event: ev.Envelope, log: list[Record] | None = None) -> tuple[list[ev.Envelope], list[ev.Envelope]]:
-    """One node's handler on one event, as the runner would call it, its inputs read from `log`:
-    (returned, emitted)."""
+async def run(node, event: ev.Envelope, log: list[Record] | None = None, portfolio: Portfolio | None = None,
+              config: SiteConfig | None = None) -> tuple[list[ev.Envelope], list[ev.Envelope]]:
+    """One node's handler on one event, as the runner would call it, its inputs read from `log`
+    (and the site's `portfolio` and `config`, for a node that needs them): (returned, emitted)."""
     emitted: list[ev.Envelope] = []
-    inputs = await gather(node.needs, event, MemoryStore(lambda: log or []), None)
-    assert inputs is not None, "the brief nodes join nothing"
+    store = MemoryStore(lambda: log or [], portfolio=portfolio)
+    inputs = await gather(node.needs, event, store, FixedConfig(config) if config is not None else None)
+    assert inputs is not None, "the enricher's nodes join nothing"
     ctx = Context(out=LogBus(emitted.append, lambda _: None), node=node.name, cause=event, attempt=1)
     return list(await node.handle(event, inputs, ctx)), emitted
 
