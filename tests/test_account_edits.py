@@ -129,11 +129,11 @@ SECTIONS = {"Executive Summary": "Acme pays 48,000 USD a year. It is growing. Se
 @pytest.mark.parametrize("instruction, changed", [
     ("make the risks section shorter and mention the renewal",
      {"Risks": "- Seats past the limit soon.\n- A comparable account churned: Polar Air.\n"
-               "- The renewal is on 2027-06-30 (215 days from 2026-11-27)."}),
+               "- The renewal is on 2027-06-30."}),
     ("Make the executive summary shorter", {"Executive Summary": "Acme pays 48,000 USD a year. It is growing."}),
     ("remove the sentences about Polar Air from the risks", {"Risks": "- Seats past the limit soon.\n- Price."}),
     ("mention the storage in the key metrics",
-     {"Key Metrics": SECTIONS["Key Metrics"] + "\n\nstorage: 12.5 of 40 GB (31 % of the limit)."}),
+     {"Key Metrics": SECTIONS["Key Metrics"] + "\n\nstorage: 12.5 of 40 GB."}),
     ("add the tier to the summary", {"Executive Summary": SECTIONS["Executive Summary"]
                                      + " The account is on the Growth tier."}),
 ])

@@ -17,10 +17,11 @@ ask for one or more of these, applied in this order to each named section:
 |---|---|
 | shorter, shorten, condense, concise, trim, cut | keep the first half of its bullets (or sentences; a table's rows), at least one |
 | remove / drop / delete … about WORDS | drop the bullets or sentences containing WORDS |
-| mention / add / include / note WHAT | add one sentence from the account data: the renewal (date and days left), ARR, tier, owner, industry, employees, or a usage metric named by its words (current, limit, share) |
+| mention / add / include / note WHAT | add one sentence from the account data: the renewal date, ARR, tier, owner, industry, employees, or a usage metric named by its words (current and limit) |
 
 Anything else is refused with what the rule editor understands (`EditRefused`): nothing is
-guessed. Every figure it adds is from the account data.
+guessed. Every figure it adds is one of the account data's, as written there (no day
+count, no share of a limit: as in the data-only report, nothing derived).
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import re
 import msgspec
 
 from services.enricher.briefs.writer import ROLE, system
-from services.enricher.reports import rules
 from services.enricher.reports.document import number
 from shared import account_reports
 from shared import events as ev
@@ -141,10 +141,7 @@ def fact(inputs: ev.ReportInputs, what: str) -> str:
     if "renew" in key or "contract end" in key:
         if not account.renewal_date:
             raise EditRefused("the account has no renewal date on record")
-        days = rules.read(account, inputs.today).days_to_renewal
-        when = "" if days is None else (f" ({days} days from {inputs.today})" if days >= 0
-                                        else f" ({-days} days ago)")
-        return f"The renewal is on {account.renewal_date}{when}."
+        return f"The renewal is on {account.renewal_date}."
     if "arr" in key.split() or "revenue" in key or "contract value" in key:
         if not account.arr:  # 0: none given (a pasted text without one), not a real ARR
             raise EditRefused("the account has no ARR on record")
@@ -167,9 +164,8 @@ def fact(inputs: ev.ReportInputs, what: str) -> str:
         return f"The customer has {number(account.employees)} employees."
     if (metric := _metric(account, what)) is not None:
         unit = f" {metric.unit}" if metric.unit else ""
-        if metric.limit:
-            return (f"{metric.metric}: {number(metric.current)} of {number(metric.limit)}{unit} "
-                    f"({round(100 * metric.current / metric.limit)} % of the limit).")
+        if metric.limit is not None:
+            return f"{metric.metric}: {number(metric.current)} of {number(metric.limit)}{unit}."
         return f"{metric.metric}: {number(metric.current)}{unit}."
     raise EditRefused(f"nothing in the account data matches {what!r}")
 

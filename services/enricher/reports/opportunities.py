@@ -52,10 +52,11 @@ def _share(metric: ev.Metric) -> str:
 
 
 def _usage(metric: ev.Metric) -> str:
-    limit = number(metric.limit) if metric.limit is not None else "no limit"
     unit = f" {metric.unit}" if metric.unit else ""
+    if metric.limit is None:
+        return f"{metric.metric} {number(metric.current)}{unit} (no limit)"
     share = f" ({_share(metric)})" if metric.limit else ""
-    return f"{metric.metric} {number(metric.current)} of {limit}{unit}{share}"
+    return f"{metric.metric} {number(metric.current)} of {number(metric.limit)}{unit}{share}"
 
 
 def _renewal(account: ev.Account, reading: rules.Reading) -> str:
