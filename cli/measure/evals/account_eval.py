@@ -74,10 +74,8 @@ verdict `passed`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 import json
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,14 +83,13 @@ from typing import Awaitable, Callable, Literal
 
 import msgspec
 
-from cli.measure.evals.brief_eval import DATA, recorded_llm, run
+from cli.measure.evals.brief_eval import DATA, eval_llm, run
 from services.enricher import account_reporter, opportunity_finder, report_editor
 from services.enricher.briefs import document as sectioned
 from services.enricher.briefs.writer import PROMPTS, ROLE
 from services.enricher.reports import document, plain
 from shared import account_reports, accounts, citations, subjects
 from shared import events as ev
-from shared.config import LLMRoleConfig
 from shared.llm import LLMClient
 from shared.site_config import SiteConfig
 from shared.state import Record
@@ -517,14 +514,9 @@ async def evaluate(cases: list[Case], llm: LLMClient, concurrency: int, mock: bo
 
 def eval_accounts(dataset: Path = DATASET, mock: bool = False, recording: Path = RECORDED, concurrency: int = 2) -> int:
     cases = load(dataset)
-    role = LLMRoleConfig.from_env(ROLE)
-    with (recorded_llm(recording) if mock else contextlib.nullcontext(role.base_url)) as base_url:
-        if not base_url:
-            print("concierge eval accounts: no model to eval: set LLM_BASE_URL (or LLM_BRIEFS_BASE_URL), "
-                  "or use --mock for the recorded replies", file=sys.stderr)
+    with eval_llm("accounts", mock, recording, ROLE) as llm:
+        if llm is None:
             return 2
-        if mock:
-            role = LLMRoleConfig(role=ROLE, base_url=base_url, api_key="not-needed", model="recorded", max_retries=0)
-        result = asyncio.run(evaluate(cases, LLMClient({ROLE: role}), concurrency, mock))
+        result = asyncio.run(evaluate(cases, llm, concurrency, mock))
     print(json.dumps(result))
     return 0 if result["passed"] else 1

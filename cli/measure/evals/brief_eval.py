@@ -197,16 +197,28 @@ def recorded_llm(recording: Path):
         proc.wait(10)
 
 
-def eval_briefs(dataset: Path = DATASET, mock: bool = False, recording: Path = RECORDED, concurrency: int = 2) -> int:
-    cases = load(dataset)
-    role = LLMRoleConfig.from_env("briefs")
+@contextlib.contextmanager
+def eval_llm(command: str, mock: bool, recording: Path, role_name: str = "briefs"):
+    """The model an eval runs against: the recorded replies served by the scripted server
+    (`mock`), else the role's endpoint; None (said on stderr) when there is neither."""
+    role = LLMRoleConfig.from_env(role_name)
     with (recorded_llm(recording) if mock else contextlib.nullcontext(role.base_url)) as base_url:
         if not base_url:
-            print("concierge eval briefs: no model to eval: set LLM_BASE_URL (or LLM_BRIEFS_BASE_URL), "
+            print(f"concierge eval {command}: no model to eval: set LLM_BASE_URL (or LLM_BRIEFS_BASE_URL), "
                   "or use --mock for the recorded replies", file=sys.stderr)
-            return 2
+            yield None
+            return
         if mock:
-            role = LLMRoleConfig(role="briefs", base_url=base_url, api_key="not-needed", model="recorded", max_retries=0)
-        result = asyncio.run(evaluate(cases, LLMClient({"briefs": role}), concurrency))
+            role = LLMRoleConfig(role=role_name, base_url=base_url, api_key="not-needed", model="recorded",
+                                 max_retries=0)
+        yield LLMClient({role_name: role})
+
+
+def eval_briefs(dataset: Path = DATASET, mock: bool = False, recording: Path = RECORDED, concurrency: int = 2) -> int:
+    cases = load(dataset)
+    with eval_llm("briefs", mock, recording) as llm:
+        if llm is None:
+            return 2
+        result = asyncio.run(evaluate(cases, llm, concurrency))
     print(json.dumps(result))
     return 0 if result["passed"] else 1

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import msgspec
 
-from services.enricher.briefs.writer import ROLE, system
+from services.enricher.briefs.writer import coverage, system, validated
 from shared import events as ev
 from shared.llm import LLMClient, Recorder
 
@@ -43,24 +43,14 @@ def by_rule(brief: ev.BriefCompleted) -> ev.TriageItem:
 
 def problems(reply: TriageReply, sessions: list[str]) -> list[str]:
     """What keeps a triage from being accepted: leads missing, unknown or repeated, reasons empty."""
-    named = [item.session_id for item in reply.items]
-    found = [f"lead {s} is not classified" for s in sessions if s not in named]
-    found += [f"{s} is not one of the leads" for s in dict.fromkeys(named) if s not in sessions]
-    found += [f"lead {s} is classified more than once" for s in dict.fromkeys(named) if named.count(s) > 1]
-    found += [f"lead {item.session_id} has no reason" for item in reply.items if not item.reason.strip()]
-    return found
+    return coverage([i.session_id for i in reply.items], [i.reason for i in reply.items], sessions, "lead",
+                    "classified")
 
 
 async def with_llm(llm: LLMClient, site_name: str, briefs: list[ev.BriefCompleted], record: Recorder) -> list[ev.TriageItem]:
     sessions = [b.session_id for b in briefs]
     messages = [system("triage", site_name),
                 {"role": "user", "content": "Open leads:\n" + "\n".join(summary_line(b) for b in briefs)}]
-    reply = await llm.structured(ROLE, messages, record, TriageReply, temperature=0)
-    if wrong := problems(reply, sessions):
-        messages += [{"role": "assistant", "content": msgspec.json.encode(reply).decode()},
-                     {"role": "user", "content": "That triage is not valid: " + "; ".join(wrong)
-                                                 + ". Classify every lead above exactly once."}]
-        reply = await llm.structured(ROLE, messages, record, TriageReply, temperature=0)
-        if wrong := problems(reply, sessions):
-            raise InvalidTriage("; ".join(wrong))
+    reply = await validated(llm, record, messages, TriageReply, lambda r: problems(r, sessions), "triage",
+                            "Classify every lead above exactly once.", InvalidTriage)
     return reply.items

@@ -17,7 +17,7 @@ Prompts are data files in services/enricher/prompts/; the lead data is rendered 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 from pathlib import Path
 from string import Template
 
@@ -149,6 +149,32 @@ async def evaluate(llm: LLMClient, record: Recorder, site_name: str, prompt: str
                                     record, Review, temperature=0)
     except msgspec.MsgspecError as exc:
         return Review(verdict="fail", issues=[f"the review did not validate: {exc}"])
+
+
+def coverage(named: list[str], reasons: list[str], wanted: list[str], noun: str, done: str) -> list[str]:
+    """What keeps a model's judgement of a batch from being accepted: each of `wanted` judged
+    exactly once (`named`, in the reply's order, with its `reasons`), none other, each with a
+    reason ("lead x is not classified", "account y is ranked more than once", ...)."""
+    found = [f"{noun} {i} is not {done}" for i in wanted if i not in named]
+    found += [f"{i} is not one of the {noun}s" for i in dict.fromkeys(named) if i not in wanted]
+    found += [f"{noun} {i} is {done} more than once" for i in dict.fromkeys(named) if named.count(i) > 1]
+    found += [f"{noun} {i} has no reason" for i, why in zip(named, reasons) if not why.strip()]
+    return found
+
+
+async def validated(llm: LLMClient, record: Recorder, messages: list[dict], cls: type,
+                    problems: Callable[[Any], list[str]], what: str, ask: str, invalid: type[Exception]) -> Any:
+    """A structured answer (`cls`) that `problems` finds nothing wrong with: one repair round
+    naming the problems ("That <what> is not valid: …. <ask>"), then `invalid` raised with
+    them. A triage, an opportunity search and a report's edit are checked so."""
+    reply = await llm.structured(ROLE, messages, record, cls, temperature=0)
+    if wrong := problems(reply):
+        messages = [*messages, {"role": "assistant", "content": msgspec.json.encode(reply).decode()},
+                    {"role": "user", "content": f"That {what} is not valid: " + "; ".join(wrong) + f". {ask}"}]
+        reply = await llm.structured(ROLE, messages, record, cls, temperature=0)
+        if wrong := problems(reply):
+            raise invalid("; ".join(wrong))
+    return reply
 
 
 async def call_script(llm: LLMClient, inputs: ev.BriefInputs, brief: Draft, record: Recorder) -> str:

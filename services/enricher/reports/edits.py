@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any, Callable
 
 import msgspec
 
-from services.enricher.briefs.writer import ROLE, system
+from services.enricher.briefs.writer import system, validated
 from services.enricher.reports.document import number
 from shared import account_reports
 from shared import events as ev
@@ -69,6 +70,13 @@ UNDERSTOOD = ("without a model the rule editor understands: name the section (e.
 
 class EditRefused(Exception):
     """The instruction asks for what this editor cannot do (the reason says what it can)."""
+
+
+class InvalidEdit(EditRefused):
+    """The model's edit did not validate, even after a repair round."""
+
+    def __init__(self, problems: str):
+        super().__init__(f"the model's edit is not valid: {problems}")
 
 
 class SectionText(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -135,33 +143,34 @@ def _metric(account: ev.Account, what: str) -> ev.Metric | None:
     return best[1] if best[0] else None
 
 
+# What "mention WHAT" may add: the words that ask for it, what the account holds of it (None
+# or empty: nothing on record), and the sentence that states it, as the data has it.
+FACTS: tuple[tuple[tuple[str, ...], str, Callable[[ev.Account], Any], Callable[[ev.Account], str]], ...] = (
+    (("renew", "contract end"), "renewal date", lambda a: a.renewal_date,
+     lambda a: f"The renewal is on {a.renewal_date}."),
+    # ARR 0 is none given (a pasted text without one), not a real ARR.
+    (("arr", "revenue", "contract value"), "ARR", lambda a: a.arr, lambda a: f"ARR is {number(a.arr)} {a.currency}."),
+    (("tier", "plan"), "tier", lambda a: a.tier, lambda a: f"The account is on the {a.tier} tier."),
+    (("owner", "account manager"), "owner", lambda a: a.owner, lambda a: f"The account manager is {a.owner}."),
+    (("industry", "sector"), "industry", lambda a: a.industry, lambda a: f"The customer works in {a.industry}."),
+    (("employee", "headcount", "size"), "employee count", lambda a: a.employees,
+     lambda a: f"The customer has {number(a.employees)} employees."),
+)
+
+
+def _asks_for(key: str, words: tuple[str, ...]) -> bool:
+    # "arr" as a word only ("carrier" is no ARR); the others as parts of words ("renewal").
+    return any(w in key.split() if w == "arr" else w in key for w in words)
+
+
 def fact(inputs: ev.ReportInputs, what: str) -> str:
     """One sentence of the account data about `what`, or EditRefused."""
     account, key = inputs.account, what.casefold()
-    if "renew" in key or "contract end" in key:
-        if not account.renewal_date:
-            raise EditRefused("the account has no renewal date on record")
-        return f"The renewal is on {account.renewal_date}."
-    if "arr" in key.split() or "revenue" in key or "contract value" in key:
-        if not account.arr:  # 0: none given (a pasted text without one), not a real ARR
-            raise EditRefused("the account has no ARR on record")
-        return f"ARR is {number(account.arr)} {account.currency}."
-    if "tier" in key or "plan" in key:
-        if not account.tier:
-            raise EditRefused("the account has no tier on record")
-        return f"The account is on the {account.tier} tier."
-    if "owner" in key or "account manager" in key:
-        if not account.owner:
-            raise EditRefused("the account has no owner on record")
-        return f"The account manager is {account.owner}."
-    if "industry" in key or "sector" in key:
-        if not account.industry:
-            raise EditRefused("the account has no industry on record")
-        return f"The customer works in {account.industry}."
-    if "employee" in key or "headcount" in key or "size" in key:
-        if account.employees is None:
-            raise EditRefused("the account has no employee count on record")
-        return f"The customer has {number(account.employees)} employees."
+    for words, name, held, sentence in FACTS:
+        if _asks_for(key, words):
+            if held(account) in (None, "", 0):
+                raise EditRefused(f"the account has no {name} on record")
+            return sentence(account)
     if (metric := _metric(account, what)) is not None:
         unit = f" {metric.unit}" if metric.unit else ""
         if metric.limit is not None:
@@ -238,14 +247,8 @@ async def with_llm(llm: LLMClient, site_name: str, data: str, sections: dict[str
     messages = [system("report_editor", site_name),
                 {"role": "user", "content": f"Account data:\n{data}\n\nThe report:\n{report}\n\n"
                                             f"Sections written by hand: {hand}\n\nInstruction: {instruction}"}]
-    reply = await llm.structured(ROLE, messages, record, UpdateReport, temperature=0)
-    if wrong := problems(reply):
-        messages += [{"role": "assistant", "content": msgspec.json.encode(reply).decode()},
-                     {"role": "user", "content": "That edit is not valid: " + "; ".join(wrong)
-                                                 + ". Give each changed section once, by its exact name, in full."}]
-        reply = await llm.structured(ROLE, messages, record, UpdateReport, temperature=0)
-        if wrong := problems(reply):
-            raise EditRefused("the model's edit is not valid: " + "; ".join(wrong))
+    reply = await validated(llm, record, messages, UpdateReport, problems, "edit",
+                            "Give each changed section once, by its exact name, in full.", InvalidEdit)
     return {account_reports.canonical(s.name): s.text.strip() for s in reply.sections}
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import msgspec
 
-from services.enricher.briefs.writer import ROLE, system
+from services.enricher.briefs.writer import coverage, system, validated
 from services.enricher.reports import rules
 from services.enricher.reports.document import number
 from shared import events as ev
@@ -110,12 +110,7 @@ def rank_by_rule(accounts: list[ev.Account], today: str) -> list[ev.Opportunity]
 
 def problems(reply: OpportunitiesReply, ids: list[str]) -> list[str]:
     """What keeps a ranking from being accepted: accounts missing, unknown or repeated, reasons empty."""
-    named = [item.account_id for item in reply.items]
-    found = [f"account {i} is not ranked" for i in ids if i not in named]
-    found += [f"{i} is not one of the accounts" for i in dict.fromkeys(named) if i not in ids]
-    found += [f"account {i} is ranked more than once" for i in dict.fromkeys(named) if named.count(i) > 1]
-    found += [f"account {item.account_id} has no reason" for item in reply.items if not item.reason.strip()]
-    return found
+    return coverage([i.account_id for i in reply.items], [i.reason for i in reply.items], ids, "account", "ranked")
 
 
 async def with_llm(llm: LLMClient, site_name: str, accounts: list[ev.Account], today: str,
@@ -125,14 +120,8 @@ async def with_llm(llm: LLMClient, site_name: str, accounts: list[ev.Account], t
     messages = [system("opportunities", site_name),
                 {"role": "user", "content": f"Today: {today}\nAccounts:\n"
                                             + "\n".join(summary_line(a, today) for a in accounts)}]
-    reply = await llm.structured(ROLE, messages, record, OpportunitiesReply, temperature=0)
-    if wrong := problems(reply, ids):
-        messages += [{"role": "assistant", "content": msgspec.json.encode(reply).decode()},
-                     {"role": "user", "content": "That ranking is not valid: " + "; ".join(wrong)
-                                                 + ". Rank every account above exactly once."}]
-        reply = await llm.structured(ROLE, messages, record, OpportunitiesReply, temperature=0)
-        if wrong := problems(reply, ids):
-            raise InvalidOpportunities("; ".join(wrong))
+    reply = await validated(llm, record, messages, OpportunitiesReply, lambda r: problems(r, ids), "ranking",
+                            "Rank every account above exactly once.", InvalidOpportunities)
     return reply.items
 
 
