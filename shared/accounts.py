@@ -57,7 +57,7 @@ DEAL_COLUMNS = ("id", "account", "tier", "outcome", "value", "currency", "date",
 RESERVED_IDS = frozenset({"opportunities", "paste", "import", "pull", "reports"})  # accounts/<these> are paths
 USAGE_COLUMN = re.compile(r"^usage:([^:]+?)(?::(limit|unit))?\Z")
 _SLUG = re.compile(r"[^a-z0-9]+")
-# The ids of the paste-your-data demo's accounts (shared/account_paste.py): no import gives
+# The ids of the paste-your-data demo's accounts (services/gateway/account_paste.py): no import gives
 # one, so a pasted account never takes a real one's place.
 PASTED_PREFIX = "pasted-"
 

@@ -515,7 +515,7 @@ def test_ids_that_are_operator_api_paths_are_refused_on_import_and_never_derived
     (b"A" + b" " * 19990 + b"B is on the Growth plan, 45 of 50 seats", "text", None),
 ])
 def test_a_paste_that_no_event_could_carry_is_a_named_refusal(body, kind, field):
-    from shared import account_paste
+    from services.gateway import account_paste
 
     try:
         account_paste.parse(body, kind)

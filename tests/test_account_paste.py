@@ -1,4 +1,4 @@
-"""The paste-your-data demo's parser (shared/account_paste.py): an account as JSON (both usage
+"""The paste-your-data demo's parser (services/gateway/account_paste.py): an account as JSON (both usage
 forms, or `{"accounts": [one]}`) or as free text read by regex rules (the issue's two examples,
 every field checked), its numbers and dates, its id (the same paste, the same id), the problems
 it names, and the `pasted-` prefix an import may not use (shared/accounts.py). Pure functions."""
@@ -11,7 +11,8 @@ import json
 import msgspec
 import pytest
 
-from shared import account_paste, accounts
+from services.gateway import account_paste
+from shared import accounts
 
 LABELLED = ("Acme Field Services\nTier: Growth\nARR: $48,000\nRenewal: 2027-02-15\nTechnician seats: 45 of 50\n"
             "Work orders: 8,200 / 10,000 per month\nIndustry: HVAC")

@@ -30,7 +30,7 @@ accounts and historical deals, imported or pulled (shared/accounts.py).
   the newest, ranked best first, each with its proposition and reason, the pre-selected
   flagged (404: none yet);
 - `POST accounts/paste`: the paste-your-data demo: one account as JSON (either usage format)
-  or free text (`Content-Type: text/plain`; shared/account_paste.py), parsed and queued for a
+  or free text (`Content-Type: text/plain`; services/gateway/account_paste.py), parsed and queued for a
   report at once, 202 with the account as read (422 naming what is missing); the report
   then at `GET accounts/{account_id}/reports/latest`. Nothing is stored in the portfolio.
 """
@@ -44,7 +44,8 @@ import msgspec
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
 
-from shared import account_paste, account_reports, accounts
+from services.gateway import account_paste
+from shared import account_reports, accounts
 from shared import events as ev
 from shared import subjects
 from services.gateway.access import operator_of_site
