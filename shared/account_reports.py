@@ -182,22 +182,21 @@ def versions(completed: ev.AccountReportCompleted, revisions: Iterable[ev.Accoun
 
 def hand_edits(completed: Iterable[ev.AccountReportCompleted], revisions: Iterable[ev.AccountReportRevised]
                ) -> list[ev.ReportSection]:
-    """The account manager's hand edits a new report keeps: for each section hand-edited in
-    any of the account's reports (as its latest version reads), the newest such text."""
-    revisions = list(revisions)
-    newest: dict[str, tuple[float, str]] = {}
-    for report in completed:
-        if not report.sections:
+    """The account manager's hand edits a new report keeps: for each section, the newest
+    change made to it in any of the account's reports, when that change was a hand edit.
+    A section a later asked-for change rewrote (its instruction named it) is the writer's
+    again; a copy carried into a newer report is no change (its hand edit keeps its time)."""
+    editable = {report.request_id for report in completed if report.sections}
+    newest: dict[str, tuple[float, int, str, str]] = {}
+    for revision in revisions:
+        if revision.request_id not in editable:
             continue
-        history = versions(report, revisions)
-        latest = history[-1]
-        for name in latest.hand_edited:
-            if name not in latest.sections:
-                continue
-            when = max((v.ts for v in history if name in v.changed), default=report.ts)
-            if name not in newest or when >= newest[name][0]:
-                newest[name] = (when, latest.sections[name])
-    return [ev.ReportSection(name=name, text=newest[name][1]) for name in SECTIONS if name in newest]
+        for change in revision.changes:
+            mark = (revision.ts, revision.version)
+            if change.name not in newest or mark >= newest[change.name][:2]:
+                newest[change.name] = (*mark, revision.how, change.text)
+    return [ev.ReportSection(name=name, text=newest[name][3]) for name in SECTIONS
+            if name in newest and newest[name][2] == "hand"]
 
 
 def text_of(preamble: str, sections: dict[str, str]) -> str:

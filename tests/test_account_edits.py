@@ -447,12 +447,30 @@ async def test_the_cli_finds_opportunities_edits_by_hand_and_by_asking_and_shows
     ("given the situation, shorten the summary", ["Executive Summary"]),
     ("don't touch the risks section; mention the renewal in the summary", ["Executive Summary"]),
     ("make the risks section shorter and mention the renewal", ["Risks"]),
+    ("shorten the risks; don\u2019t change the summary", ["Risks"]),  # a phone's apostrophe
+    ("Risks: shorter", ["Risks"]),
+    ("shorten the risks and keep the summary", ["Risks"]),
+    ("shorten the risks without losing the summary's renewal date", ["Risks"]),
+    ("shorten the risks, and the summary too", ["Risks", "Executive Summary"]),
+    ("the summary is too long; cut it", ["Executive Summary"]),
+    ("shorten the summary given the situation", ["Executive Summary"]),
 ])
 def test_only_a_clause_asking_for_a_change_names_its_sections(instruction, sections):
     assert edits.named(instruction) == sections
     changes = {"Risks": "theirs", "Executive Summary": "shorter", "Situation": "other"}
     kept, ignored = edits.keep_hand_edits(changes, ["Risks"], instruction)
     assert ("Risks" in kept) == ("Risks" in sections) and ("Risks" in ignored) != ("Risks" in sections)
+
+
+def test_every_fact_a_mention_lists_is_stated_and_a_metric_is_read_by_its_own_words():
+    data = inputs()
+    both = edits.by_rule(SECTIONS, "mention the ARR and the renewal in the summary", data)["Executive Summary"]
+    assert both.endswith("ARR is 48,000 USD. The renewal is on 2027-06-30.")
+    assert edits.fact(data, "storage size") == "storage: 12.5 of 40 GB."  # not the employee count
+    assert edits.fact(data, "technician seats on the plan") == "technician_seats: 58 of 60 seats."
+    assert edits.fact(data, "the plan") == "The account is on the Growth tier."
+    with pytest.raises(edits.EditRefused, match="nothing in the account data matches 'carrier'"):
+        edits.fact(data, "carrier")
 
 
 def test_the_rule_editor_neither_empties_a_section_nor_states_an_arr_nobody_gave():
@@ -486,6 +504,13 @@ def test_a_new_report_keeps_each_sections_newest_hand_edit_across_the_accounts_r
                  hand("r1", 2, 4.0, "Risks", "- The CFO is new.", ["Risks"])]
     assert account_reports.hand_edits([old, new], revisions) == [
         ev.ReportSection(name="Risks", text="- The CFO is new."), ev.ReportSection(name="Next Steps", text="- Call Dana.")]
+    # A hand edit carried into a newer report does not outlive its correction on the older one,
+    # and a section an asked change rewrote (it named it) is no hand edit any more.
+    carried = report("r3", 5.0)
+    later = [*revisions, hand("r1", 3, 6.0, "Risks", "- The CFO left.", ["Risks"]),
+             msgspec.structs.replace(hand("r2", 3, 7.0, "Next Steps", "- Rewritten.", []), how="asked")]
+    assert account_reports.hand_edits([old, new, carried], later) == [
+        ev.ReportSection(name="Risks", text="- The CFO left.")]
 
 
 def test_two_sites_choosing_the_same_ids_queue_two_items():

@@ -44,17 +44,23 @@ ALIASES = {"summary": "Executive Summary", "executive summary": "Executive Summa
            "situation": "Situation", "complication": "Complication", "resolution": "Resolution",
            "evidence": "Evidence"}
 NAMES = re.compile(r"\b(" + "|".join(sorted(map(re.escape, ALIASES), key=len, reverse=True)) + r")\b", re.IGNORECASE)
-# An instruction's clauses: what each asks of the sections it names.
-CLAUSES = re.compile(r"[,;:.!?]+|\s+(?:but|while|although|though|except)\s+", re.IGNORECASE)
-KEEP = re.compile(r"\b(?:leave|keep|don'?t|do\s+not|never|not|without|unchanged|untouched|alone|as\s+(?:I|we)\s+wrote)\b",
+# An instruction's clauses: what each asks of the sections it names. A colon does not end a
+# clause ("Risks: shorter" names Risks).
+CLAUSES = re.compile(r"[,;.!?]+|\s+(?:and|then|but|while|although|though|except|so)\s+", re.IGNORECASE)
+# From a keep word on, the clause names what is to stay ("shorten the risks without losing the
+# renewal"); from a word of context on, what it only refers to ("… given the situation").
+KEEP = re.compile(r"\b(?:leave|keep|don't|do\s+not|never|not|without|unchanged|untouched|alone|as\s+(?:I|we)\s+wrote)\b",
                   re.IGNORECASE)
+CONTEXT = re.compile(r"\b(?:given|considering|in\s+light\s+of|based\s+on|because\s+of|due\s+to)\b", re.IGNORECASE)
 VERBS = re.compile(r"\b(?:make|shorten|shorter|condense|concise|trim|cut|tighten|remove|drop|delete|omit|mention|add|"
                    r"include|note|state|rewrite|rephrase|reword|expand|update|change|replace|simplify|fix|edit|"
                    r"clarify|improve|summari[sz]e)\b", re.IGNORECASE)
 SHORTER = re.compile(r"\b(shorter|shorten|condense|concise|trim|cut|tighten)\b", re.IGNORECASE)
 CLAUSE_END = r"(?=\s+(?:and|then|but)\s+|[,.;!]|\Z)"
-MENTION = re.compile(r"\b(?:mention|add|include|note|state)\s+(?:the\s+|its\s+|their\s+|a\s+|an\s+)?(.{1,80}?)" + CLAUSE_END,
-                     re.IGNORECASE)
+# What to mention runs to the end of the sentence: "the ARR, the tier and the renewal"
+# (split into its facts by `_facts`, up to a clause asking for something else).
+MENTION = re.compile(r"\b(?:mention|add|include|note|state)\s+(.{1,200}?)(?=[.;!?]|\Z)", re.IGNORECASE)
+ARTICLE = re.compile(r"^(?:the|its|their|a|an|also)\s+", re.IGNORECASE)
 REMOVE = re.compile(r"\b(?:remove|drop|delete|omit)\s+(?:the\s+|any\s+|every\s+)?(?:sentences?|lines?|bullets?|"
                     r"parts?|mentions?|points?)?\s*(?:about|on|of|mentioning|that\s+mention)\s+(?:the\s+)?(.{1,80}?)"
                     + CLAUSE_END, re.IGNORECASE)
@@ -88,16 +94,35 @@ class UpdateReport(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     sections: list[SectionText]
 
 
+def _plain(instruction: str) -> str:
+    """Typographic apostrophes as typed on phones and Macs ("don’t") read as plain ones."""
+    return instruction.replace("\u2019", "'").replace("\u2018", "'")
+
+
 def named(instruction: str) -> list[str]:
-    """The sections the instruction asks to change, in the order it names them, each once:
-    those named in a clause that asks for a change (an editing verb), not in one that keeps
-    a section ("leave the risks as I wrote them", "don't touch the summary") or only
-    mentions a word ("given the situation, shorten the summary")."""
+    """The sections the instruction asks to change, in the order it names them, each once.
+    A section counts when its clause asks for a change (an editing verb) before any keep
+    word ("leave the risks as I wrote them", "don't touch the summary") or word of context
+    ("… given the situation"); a clause that names sections without a verb lends them to the
+    next clause that has a verb and names none ("the summary is too long; cut it") or, after
+    one, takes its verb ("shorten the risks, and the summary too")."""
     found: list[str] = []
-    for clause in CLAUSES.split(instruction):
-        if KEEP.search(clause) or not VERBS.search(clause):
-            continue
-        found += [ALIASES[m.group(1).casefold()] for m in NAMES.finditer(clause)]
+    pending: list[str] = []
+    asked = False
+    for clause in CLAUSES.split(_plain(instruction)):
+        active = clause
+        for stop in (KEEP.search(active), CONTEXT.search(active)):
+            if stop is not None:
+                active = active[:stop.start()] if stop.start() <= len(active) else active
+        names = [ALIASES[m.group(1).casefold()] for m in NAMES.finditer(active)]
+        if VERBS.search(active):
+            found += names or pending
+            pending, asked = [], True
+        elif names:
+            if asked and active == clause:
+                found += names
+            else:
+                pending = names
     return list(dict.fromkeys(found))
 
 
@@ -136,8 +161,14 @@ def remove(text: str, words: str) -> str:
     return joiner.join(kept)
 
 
+# Words that name no metric in particular ("the account's usage per month").
+GENERIC = frozenset({"the", "and", "account", "accounts", "usage", "used", "use", "per", "month", "monthly",
+                     "total", "number", "count", "plan", "limit", "limits", "current"})
+
+
 def _metric(account: ev.Account, what: str) -> ev.Metric | None:
-    words = set(re.findall(r"[a-z]{3,}", what.casefold()))
+    """The usage metric `what` names by its distinctive words ("storage size" → storage)."""
+    words = set(re.findall(r"[a-z]{3,}", what.casefold())) - GENERIC
     scored = [(len(words & set(re.findall(r"[a-z]{3,}", f"{m.metric} {m.unit}".casefold()))), m) for m in account.usage]
     best = max(scored, key=lambda pair: pair[0], default=(0, None))
     return best[1] if best[0] else None
@@ -159,24 +190,28 @@ FACTS: tuple[tuple[tuple[str, ...], str, Callable[[ev.Account], Any], Callable[[
 
 
 def _asks_for(key: str, words: tuple[str, ...]) -> bool:
-    # "arr" as a word only ("carrier" is no ARR); the others as parts of words ("renewal").
-    return any(w in key.split() if w == "arr" else w in key for w in words)
+    # At a word's start: "renew" in "renewal", never "arr" in "carrier" nor "size" in "batch_size".
+    return any(re.search(rf"(?<![a-z0-9_]){re.escape(w)}", key) for w in words)
 
 
 def fact(inputs: ev.ReportInputs, what: str) -> str:
     """One sentence of the account data about `what`, or EditRefused."""
     account, key = inputs.account, what.casefold()
+    if (metric := _metric(account, what)) is not None:
+        return _metric_sentence(metric)
     for words, name, held, sentence in FACTS:
         if _asks_for(key, words):
             if held(account) in (None, "", 0):
                 raise EditRefused(f"the account has no {name} on record")
             return sentence(account)
-    if (metric := _metric(account, what)) is not None:
-        unit = f" {metric.unit}" if metric.unit else ""
-        if metric.limit is not None:
-            return f"{metric.metric}: {number(metric.current)} of {number(metric.limit)}{unit}."
-        return f"{metric.metric}: {number(metric.current)}{unit}."
     raise EditRefused(f"nothing in the account data matches {what!r}")
+
+
+def _metric_sentence(metric: ev.Metric) -> str:
+    unit = f" {metric.unit}" if metric.unit else ""
+    if metric.limit is not None:
+        return f"{metric.metric}: {number(metric.current)} of {number(metric.limit)}{unit}."
+    return f"{metric.metric}: {number(metric.current)}{unit}."
 
 
 def mention(text: str, sentence: str) -> str:
@@ -195,16 +230,29 @@ def _without_place(words: str) -> str:
     return WHERE.sub("", words).strip()
 
 
+def _facts(phrase: str) -> list[str]:
+    """The facts a "mention …" phrase lists ("the ARR and the renewal in the summary" → ARR,
+    renewal), up to a part asking for something else ("… then shorten the risks"); a part
+    naming a section only ("add to the risks section") is no fact."""
+    out = []
+    for part in re.split(r"\s*,\s*(?:and\s+)?|\s+(?:and|&|then)\s+", phrase.strip()):
+        if VERBS.search(part) or KEEP.search(part):
+            break
+        part = ARTICLE.sub("", _without_place(part).strip())
+        if FILLER.sub("", NAMES.sub("", part)).strip():
+            out.append(part)
+    return out
+
+
 def by_rule(sections: dict[str, str], instruction: str, inputs: ev.ReportInputs) -> dict[str, str]:
     """The sections the instruction names, changed as it asks (EditRefused: it cannot be done)."""
+    instruction = _plain(instruction)
     targets = named(instruction)
     if not targets:
         raise EditRefused(f"the instruction names no section; {UNDERSTOOD}")
     wants_shorter = bool(SHORTER.search(instruction))
     removals = [_without_place(m.group(1)) for m in REMOVE.finditer(instruction)]
-    # "mention" clauses that name a section only ("add to the risks section") are no fact.
-    mentions = [w for m in MENTION.finditer(instruction)
-                if FILLER.sub("", NAMES.sub("", w := m.group(1).strip())).strip()]
+    mentions = [what for m in MENTION.finditer(instruction) for what in _facts(m.group(1))]
     if not (wants_shorter or removals or mentions):
         raise EditRefused(UNDERSTOOD)
     changes: dict[str, str] = {}
