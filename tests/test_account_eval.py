@@ -129,3 +129,11 @@ def test_the_eval_fails_when_a_repair_path_breaks(tmp_path, capsys):
 def test_without_a_model_or_mock_it_says_what_to_set():
     done = concierge("eval", "accounts")
     assert done.returncode == 2 and "--mock" in done.stderr
+
+
+def test_a_figure_only_inside_an_iso_date_is_not_kept():
+    """A renewal on 2027-02-10 states neither 2027, 2 nor 10: a report must state the figure itself."""
+    assert not account_eval.kept("It renews on 2027-02-10.", "10")
+    assert not account_eval.kept("It renews on 2027-02-10.", "2")
+    assert account_eval.kept("Storage: 3.9 of 10 GB; it renews on 2027-02-10.", "10")
+    assert account_eval.kept("Renewal in 75 days, on 2027-02-10.", "75")

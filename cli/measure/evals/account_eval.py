@@ -16,7 +16,8 @@ fails because its metadata validates neither way. Scored over the reports that s
 - `sections_complete_rate`: every required section (after the re-prompt);
 - `metadata_valid_rate`: completed with validated metadata (the line or the fallback);
 - `proposition_accuracy`: the metadata's proposition is the case's;
-- `numbers_kept_rate`: the figures the case says a report must state, stated;
+- `numbers_kept_rate`: the figures the case says a report must state, stated (not only as
+  part of an ISO date: a renewal on 2027-02-10 states no 10);
 - `numbers_warning_accuracy`: the numeric check warns as recorded (live: never, the writer
   is told to state every figure);
 - `sales_scripts_complete_rate`: a sales script with every heading sales_script.md asks for;
@@ -76,6 +77,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +99,7 @@ from shared.state import Record
 DATASET = DATA / "accounts_eval.json"
 RECORDED = DATA / "accounts_recorded.json"
 SITE = "eval"
+ISO_DATE = re.compile(r"(?<!\d)\d{4}-\d{2}-\d{2}(?!\d)")
 MIN_PROPOSITION_ACCURACY = 0.8
 MIN_OPPORTUNITIES_ACCURACY = 0.8
 # The first words of the nodes' repair rounds (reports/opportunities.py, reports/edits.py): a
@@ -198,7 +201,9 @@ def load(path: Path) -> list[Case]:
 
 
 def kept(report: str, figure: str) -> bool:
-    return citations.value(figure) in citations.values(report)
+    """Whether `report` states `figure`. An ISO date's parts are the date's, not figures: a
+    renewal on 2027-02-10 does not state a limit of 10."""
+    return citations.value(figure) in citations.values(ISO_DATE.sub(" ", report))
 
 
 def script_complete(script: str) -> bool:
