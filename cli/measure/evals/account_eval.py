@@ -50,9 +50,14 @@ the changed text mentions. `recorded`: the path (`model`, `repaired`, `rule`) an
 hand-edited sections the model changed without being asked, kept out (`ignored`). Scored:
 
 - `edits_ok`: the edits that meet every expectation: the sections changed and no other, a
-  hand-edited section the instruction does not ask to change left as written, shorter where
-  asked, the mentions, and no figure in the changed text that the account data does not hold;
-- `hand_edits_kept_rate`: the hand-edited sections not to change, unchanged;
+  hand-edited section the instruction does not ask to change left as written (the node's
+  guarantee: `keep_hand_edits` takes out what the model rewrote unasked), shorter where
+  asked, the mentions, no figure in the changed text that the account data does not hold,
+  and, live, no hand-edited section the model rewrote unasked (`ignored`; with `--mock`
+  what the recording has, checked with the path);
+- `hand_edits_kept_rate`: the model's behaviour, not the node's filter: of the edits the
+  model made (not the rule editor) of a report with hand edits the instruction does not
+  name, the share whose reply left them alone (nothing `ignored`);
 - `edit_ungrounded_numbers`: figures of the changed sections no input holds;
 - `edits_repaired`, `edits_by_rule`, `edits_ignored`: the edits that took the repair round,
   that the rule editor made, that kept a hand edit the model touched;
@@ -410,13 +415,26 @@ def edit_log(case: EditCase) -> tuple[ev.AccountReportEditRequested, list[Record
     return request, logged(gathered, completed, *hand), account_reports.versions(completed, hand)[-1]
 
 
-def edit_misses(case: EditCase, revised: ev.AccountReportRevised, before: account_reports.Version) -> list[str]:
+def unnamed_hand_edits(case: EditCase) -> list[str]:
+    """The case's hand-edited sections its instruction does not ask to change."""
+    return [s.name for s in case.hand if s.name not in case.expect.changed]
+
+
+def edit_misses(case: EditCase, revised: ev.AccountReportRevised, before: account_reports.Version,
+                mock: bool) -> list[str]:
+    """How the revision misses the case's expectations. The revision's `changes` are what the
+    node applied, after `keep_hand_edits` took out the hand-edited sections the model rewrote
+    unasked; those are its `ignored`, the model's own behaviour: live, any is a miss (with the
+    recorded replies the path check compares them to the recording)."""
     changes = {c.name: c.text for c in revised.changes}
     out = []
     if sorted(changes) != sorted(case.expect.changed):
         out.append(f"changed {', '.join(changes) or 'nothing'}, expected {', '.join(case.expect.changed)}")
-    if touched := [s.name for s in case.hand if s.name not in case.expect.changed and s.name in changes]:
-        out.append(f"hand-edited and not to change, changed: {', '.join(touched)}")
+    if not mock and revised.ignored:
+        out.append("the model rewrote hand-edited sections the instruction does not name: "
+                   f"{', '.join(revised.ignored)} (the node kept them as written)")
+    if overwritten := [name for name in unnamed_hand_edits(case) if name in changes]:  # the node's guarantee
+        out.append(f"hand-edited and not to change, overwritten: {', '.join(overwritten)}")
     if longer := [n for n in case.expect.shorter if n in changes and len(changes[n]) >= len(before.sections[n])]:
         out.append(f"not shorter: {', '.join(longer)}")
     said = "\n".join(changes.values()).casefold()
@@ -448,7 +466,7 @@ async def report_edits(cases: list[EditCase], llm: LLMClient, concurrency: int, 
     outcomes = await asyncio.gather(*(one(case) for case in cases), return_exceptions=True)
     misses: list[str] = []
     ok, path_misses, invented, kept_out = 0, 0, 0, 0
-    keep, kept = 0, 0  # hand-edited sections not to change, and of those unchanged
+    asked, left_alone = 0, 0  # the model's edits of a report with unnamed hand edits; those that left them alone
     paths: list[str] = []
     for case, outcome in zip(cases, outcomes):
         # No revision (the service would store an AccountReportEditFailed): not ok, whatever it expects.
@@ -461,11 +479,11 @@ async def report_edits(cases: list[EditCase], llm: LLMClient, concurrency: int, 
             continue
         paths.append(path)
         kept_out += bool(revised.ignored)
-        stay = [s.name for s in case.hand if s.name not in case.expect.changed]
-        keep += len(stay)
-        kept += sum(name not in {c.name for c in revised.changes} for name in stay)
+        if unnamed_hand_edits(case) and path != "rule":  # the rule editor's edit says nothing of the model
+            asked += 1
+            left_alone += not revised.ignored
         invented += len(ungrounded(revised, case.inputs))
-        found = edit_misses(case, revised, before)
+        found = edit_misses(case, revised, before, mock)
         ok += not found
         misses += [f"{case.id}: {miss}" for miss in found]
         off = path_miss(case.recorded.path, path, mock, "edit")
@@ -476,7 +494,7 @@ async def report_edits(cases: list[EditCase], llm: LLMClient, concurrency: int, 
             path_misses += 1
     figures = {
         "edits_ok": ok,
-        "hand_edits_kept_rate": rate(kept, keep),
+        "hand_edits_kept_rate": rate(left_alone, asked),
         "edit_ungrounded_numbers": invented,
         "edits_repaired": paths.count("repaired"),
         "edits_by_rule": paths.count("rule"),
