@@ -14,6 +14,7 @@ import pytest
 
 from cli.measure.evals import account_eval
 from services.enricher.reports import edits, opportunities, rules
+from shared import events as ev
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,7 +46,10 @@ def test_the_mock_eval_passes_and_ends_with_its_figures():
         assert result[rate] == 1.0, rate
     assert result["opportunities_repaired"] == 1 and result["opportunities_by_rule"] == 1
     assert result["opportunities_path_misses"] == 0
-    assert result["edits_ok"] == kinds["edit"] and result["hand_edits_kept_rate"] == 1.0
+    assert result["edits_ok"] == kinds["edit"]
+    # Of the model's two edits of a report with a hand edit it was not asked to change, one
+    # rewrote it (the recorded Risks, kept by the node): the model's behaviour, not the node's.
+    assert result["hand_edits_kept_rate"] == 0.5
     assert result["edit_ungrounded_numbers"] == 0 and result["edits_path_misses"] == 0
     assert result["edits_repaired"] == 1 and result["edits_by_rule"] == 1
     assert result["edits_ignored"] == 1, "the hand-edited Risks the model rewrote unasked, kept"
@@ -129,3 +133,48 @@ def test_the_eval_fails_when_a_repair_path_breaks(tmp_path, capsys):
 def test_without_a_model_or_mock_it_says_what_to_set():
     done = concierge("eval", "accounts")
     assert done.returncode == 2 and "--mock" in done.stderr
+
+
+def test_a_figure_only_inside_an_iso_date_is_not_kept():
+    """A renewal on 2027-02-10 states neither 2027, 2 nor 10: a report must state the figure itself."""
+    assert not account_eval.kept("It renews on 2027-02-10.", "10")
+    assert not account_eval.kept("It renews on 2027-02-10.", "2")
+    assert account_eval.kept("Storage: 3.9 of 10 GB; it renews on 2027-02-10.", "10")
+    assert account_eval.kept("Renewal in 75 days, on 2027-02-10.", "75")
+
+
+def revision(case: account_eval.EditCase, changes: dict[str, str], ignored: list[str]) -> ev.AccountReportRevised:
+    return ev.AccountReportRevised(event_id="e", site="eval", session_id="s", turn=0, ts=0.0, account_id="a",
+                                   request_id=case.id, edit_id="x", version=3, how="asked", actor="eval",
+                                   changes=[ev.ReportSection(name=n, text=t) for n, t in changes.items()],
+                                   ignored=ignored)
+
+
+def test_live_a_hand_edit_the_model_rewrote_unasked_is_a_miss_although_the_node_kept_it():
+    case = next(c for c in of_kind(account_eval.EditCase) if c.id == "edit-hand-risks-survive-shorter-summary")
+    _, _, before = account_eval.edit_log(case)
+    shorter = {"Executive Summary": "Renewal on track."}
+    rewrote = revision(case, shorter, ignored=["Risks"])
+    assert account_eval.edit_misses(case, revision(case, shorter, ignored=[]), before, mock=False) == []
+    assert account_eval.edit_misses(case, rewrote, before, mock=False) == [
+        "the model rewrote hand-edited sections the instruction does not name: Risks (the node kept them as written)"]
+    assert account_eval.edit_misses(case, rewrote, before, mock=True) == []  # compared to the recording instead
+    # The node's own guarantee, checked apart: an unnamed hand edit in the changes applied.
+    overwritten = revision(case, {**shorter, "Risks": "None."}, ignored=[])
+    assert "hand-edited and not to change, overwritten: Risks" in account_eval.edit_misses(
+        case, overwritten, before, mock=True)
+
+
+def test_a_recorded_model_that_rewrites_an_unnamed_hand_edit_passes_only_when_the_case_expects_it(tmp_path, capsys):
+    """The recorded model rewrites the hand-edited Risks asked only to shorten the summary;
+    a case that does not record it as `ignored` fails."""
+    dataset = json.loads(account_eval.DATASET.read_text())
+    dataset["cases"] = [c for c in dataset["cases"] if c["kind"] == "edit"]
+    survives = next(c for c in dataset["cases"] if c["id"] == "edit-hand-risks-survive-shorter-summary")
+    survives["recorded"]["ignored"] = []
+    (tmp_path / "cases.json").write_text(json.dumps(dataset))
+    assert account_eval.eval_accounts(tmp_path / "cases.json", mock=True) == 1
+    out = capsys.readouterr().out
+    assert "miss: edit-hand-risks-survive-shorter-summary: ignored ['Risks'], recorded []" in out
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["passed"] is False and result["hand_edits_kept_rate"] == 0.5

@@ -13,6 +13,7 @@ import asyncio
 import datetime
 import hashlib
 import json
+import re
 import uuid
 
 from tests import e2e
@@ -742,9 +743,13 @@ async def test_an_account_manager_ranks_accounts_writes_reports_and_edits_one_fr
     one's last report; the Risks section edited by hand is marked so, asking "make the
     executive summary shorter" makes a third version that keeps it, and two versions of the
     history show what changed; in "Paste your data" a JSON account is refused naming its
-    field, then read, and its report shown."""
+    field, then read, and its report shown. The waits: a double click asks for one search;
+    another operator's search written first is shown instead of a timeout, and a report of
+    theirs written after the view's does not hide the view's; a site switched mid-wait is
+    asked nothing of it."""
     from playwright.async_api import async_playwright
 
+    from shared import account_reports
     from shared import events as ev
     from tests.servers import configure_site
 
@@ -767,10 +772,39 @@ async def test_an_account_manager_ranks_accounts_writes_reports_and_edits_one_fr
             assert await rows.count() == 6
             assert await admin.locator("[data-testid=last-report]:text-is('—')").count() == 6
 
-            # Find opportunities (none checked: every account): ranked with reasons, the best checked.
-            await admin.click("#accountsFind")
+            # Find opportunities (none checked: every account), double-clicked: one search, the
+            # button waiting with it. Another operator's search of every account is written after
+            # it before the view reads it (the view's reads held): only the newest is kept, so the
+            # view shows that newer one and stops waiting.
+            released = asyncio.Event()
+
+            async def held(route):
+                if route.request.method == "GET":
+                    await released.wait()
+                await route.continue_()
+
+            async def newest_search(request_id):
+                answer = await http.get(operator_url(system, site, "accounts/opportunities"), headers=ops(system))
+                return answer.status_code == 200 and answer.json()["request_id"] == request_id
+
+            searches = []
+            admin.on("request", lambda r: searches.append(r.url) if r.method == "POST" and r.url.endswith(
+                "/accounts/opportunities") else None)
+            await admin.route("**/accounts/opportunities", held)
+            async with admin.expect_response(lambda r: r.request.method == "POST") as answered:
+                await admin.dblclick("#accountsFind")
+            ours = (await (await answered.value).json())["request_id"]
+            await wait_for(lambda: newest_search(ours), timeout=60, what="the view's search written")
+            theirs = (await http.post(operator_url(system, site, "accounts/opportunities"), headers=ops(system),
+                                      json={})).json()["request_id"]
+            await wait_for(lambda: newest_search(theirs), timeout=60, what="the other operator's search written")
+            released.set()
             items = admin.locator("#opportunities [data-testid=opportunity]")
-            await items.nth(5).wait_for(timeout=60000)
+            await items.nth(5).wait_for(timeout=15000)
+            await admin.locator("[data-testid=opportunities-newer]").wait_for()
+            assert len(searches) == 1, searches
+            await admin.unroute("**/accounts/opportunities", held)
+            assert not await admin.is_disabled("#accountsFind")
             ranked = (await http.get(operator_url(system, site, "accounts/opportunities"), headers=ops(system))).json()
             assert [await i.get_attribute("data-account") for i in await items.all()] == \
                 [i["account_id"] for i in ranked["items"]]
@@ -784,13 +818,34 @@ async def test_an_account_manager_ranks_accounts_writes_reports_and_edits_one_fr
                 "rows => rows.map(r => r.dataset.account)")
             assert sorted(checked) == sorted(selected)
 
-            # Generate their reports: each one's progress, then its last report in the table.
-            await admin.click("#accountsGenerate")
+            # Generate their reports: each one's progress, then its last report in the table. One
+            # account's report asked for again (another operator) is written after the view's before
+            # the view reads it: the view finds its own in the account's list all the same.
+            async def newest_report(account_id, request_id):
+                answer = await http.get(operator_url(system, site, f"accounts/{account_id}/reports/latest"),
+                                        headers=ops(system))
+                return answer.status_code == 200 and answer.json()["event"]["request_id"] == request_id
+
+            report_reads = re.compile(r"/accounts/[^/]+/reports(/latest)?$")  # a list, or the latest
+            released.clear()
+            await admin.route(report_reads, held)
+            async with admin.expect_response(lambda r: r.request.method == "POST") as answered:
+                await admin.click("#accountsGenerate")
+            ours = (await (await answered.value).json())["request_id"]
+            for account_id in selected:
+                await wait_for(lambda account_id=account_id: newest_report(account_id, ours), timeout=120,
+                               what="the view's report written")
+            again = await http.post(operator_url(system, site, "accounts/reports"), headers=ops(system),
+                                    json={"accounts": selected[:1]})
+            await wait_for(lambda: newest_report(selected[0], again.json()["request_id"]), timeout=120,
+                           what="the other operator's report written")
+            released.set()
             for account_id in selected:
                 progress = admin.locator(f"#reportProgress [data-testid=report-progress][data-account='{account_id}']")
-                await progress.locator(".tag:text-is('done')").wait_for(timeout=120000)
+                await progress.locator(".tag:text-is('done')").wait_for(timeout=15000)
                 assert await admin.locator(f"{row.format(account_id)} [data-testid=last-report] [data-testid=proposition]"
                                            ).count() == 1
+            await admin.unroute(report_reads, held)
             unreported = next(a for a in names if a not in selected)
             assert await admin.text_content(f"{row.format(unreported)} [data-testid=last-report]") == "—"
 
@@ -821,6 +876,8 @@ async def test_an_account_manager_ranks_accounts_writes_reports_and_edits_one_fr
             assert await risks.locator("[data-testid=section-text] strong").text_content() == "confirm the budget"
             await admin.wait_for_selector("#reportHistory [data-version='2']")
 
+            assert await admin.get_attribute("#reportInstruction", "maxlength") == str(
+                account_reports.MAX_INSTRUCTION_CHARS)
             await admin.fill("#reportInstruction", "make the executive summary shorter")
             await admin.click("#reportAskSend")
             asked = admin.locator("#reportHistory [data-testid=report-version][data-version='3']")
@@ -869,6 +926,28 @@ async def test_an_account_manager_ranks_accounts_writes_reports_and_edits_one_fr
             await report.scroll_into_view_if_needed()
             await admin.evaluate("window.scrollTo(0, 0)")
             await admin.screenshot(path=str(ROOT / "artifacts" / "browser-accounts.png"))
+
+            # The site switched while a search is asked for: its wait ends quietly, and nothing of
+            # it is asked of the other site (its polls would 404, then time out blaming the enricher).
+            switched, elsewhere = asyncio.Event(), []
+
+            async def held_post(route):
+                if route.request.method == "POST":
+                    await switched.wait()
+                await route.continue_()
+
+            admin.on("request", lambda r: elsewhere.append(r.url) if f"/sites/{site}x/accounts/opportunities" in r.url
+                     else None)
+            await admin.route("**/accounts/opportunities", held_post)
+            async with admin.expect_response(lambda r: r.request.method == "POST") as answered:
+                await admin.click("#accountsFind")
+                await admin.fill("#site", f"{site}x")
+                await admin.dispatch_event("#site", "change")
+                switched.set()
+            assert (await answered.value).status == 202
+            await admin.wait_for_function("!document.getElementById('accountsFind').disabled", timeout=5000)
+            await asyncio.sleep(1.5)  # a poll a second after the search was queued would have gone by now
+            assert elsewhere == [] and await admin.text_content("#accountsErrors") == ""
         finally:
             await browser.close()
     # What the view did is what the API holds: the hand edit is the operator's, kept by the asked change.

@@ -16,7 +16,8 @@ fails because its metadata validates neither way. Scored over the reports that s
 - `sections_complete_rate`: every required section (after the re-prompt);
 - `metadata_valid_rate`: completed with validated metadata (the line or the fallback);
 - `proposition_accuracy`: the metadata's proposition is the case's;
-- `numbers_kept_rate`: the figures the case says a report must state, stated;
+- `numbers_kept_rate`: the figures the case says a report must state, stated (not only as
+  part of an ISO date: a renewal on 2027-02-10 states no 10);
 - `numbers_warning_accuracy`: the numeric check warns as recorded (live: never, the writer
   is told to state every figure);
 - `sales_scripts_complete_rate`: a sales script with every heading sales_script.md asks for;
@@ -49,9 +50,14 @@ the changed text mentions. `recorded`: the path (`model`, `repaired`, `rule`) an
 hand-edited sections the model changed without being asked, kept out (`ignored`). Scored:
 
 - `edits_ok`: the edits that meet every expectation: the sections changed and no other, a
-  hand-edited section the instruction does not ask to change left as written, shorter where
-  asked, the mentions, and no figure in the changed text that the account data does not hold;
-- `hand_edits_kept_rate`: the hand-edited sections not to change, unchanged;
+  hand-edited section the instruction does not ask to change left as written (the node's
+  guarantee: `keep_hand_edits` takes out what the model rewrote unasked), shorter where
+  asked, the mentions, no figure in the changed text that the account data does not hold,
+  and, live, no hand-edited section the model rewrote unasked (`ignored`; with `--mock`
+  what the recording has, checked with the path);
+- `hand_edits_kept_rate`: the model's behaviour, not the node's filter: of the edits the
+  model made (not the rule editor) of a report with hand edits the instruction does not
+  name, the share whose reply left them alone (nothing `ignored`);
 - `edit_ungrounded_numbers`: figures of the changed sections no input holds;
 - `edits_repaired`, `edits_by_rule`, `edits_ignored`: the edits that took the repair round,
   that the rule editor made, that kept a hand edit the model touched;
@@ -76,6 +82,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +104,7 @@ from shared.state import Record
 DATASET = DATA / "accounts_eval.json"
 RECORDED = DATA / "accounts_recorded.json"
 SITE = "eval"
+ISO_DATE = re.compile(r"(?<!\d)\d{4}-\d{2}-\d{2}(?!\d)")
 MIN_PROPOSITION_ACCURACY = 0.8
 MIN_OPPORTUNITIES_ACCURACY = 0.8
 # The first words of the nodes' repair rounds (reports/opportunities.py, reports/edits.py): a
@@ -198,7 +206,9 @@ def load(path: Path) -> list[Case]:
 
 
 def kept(report: str, figure: str) -> bool:
-    return citations.value(figure) in citations.values(report)
+    """Whether `report` states `figure`. An ISO date's parts are the date's, not figures: a
+    renewal on 2027-02-10 does not state a limit of 10."""
+    return citations.value(figure) in citations.values(ISO_DATE.sub(" ", report))
 
 
 def script_complete(script: str) -> bool:
@@ -405,13 +415,26 @@ def edit_log(case: EditCase) -> tuple[ev.AccountReportEditRequested, list[Record
     return request, logged(gathered, completed, *hand), account_reports.versions(completed, hand)[-1]
 
 
-def edit_misses(case: EditCase, revised: ev.AccountReportRevised, before: account_reports.Version) -> list[str]:
+def unnamed_hand_edits(case: EditCase) -> list[str]:
+    """The case's hand-edited sections its instruction does not ask to change."""
+    return [s.name for s in case.hand if s.name not in case.expect.changed]
+
+
+def edit_misses(case: EditCase, revised: ev.AccountReportRevised, before: account_reports.Version,
+                mock: bool) -> list[str]:
+    """How the revision misses the case's expectations. The revision's `changes` are what the
+    node applied, after `keep_hand_edits` took out the hand-edited sections the model rewrote
+    unasked; those are its `ignored`, the model's own behaviour: live, any is a miss (with the
+    recorded replies the path check compares them to the recording)."""
     changes = {c.name: c.text for c in revised.changes}
     out = []
     if sorted(changes) != sorted(case.expect.changed):
         out.append(f"changed {', '.join(changes) or 'nothing'}, expected {', '.join(case.expect.changed)}")
-    if touched := [s.name for s in case.hand if s.name not in case.expect.changed and s.name in changes]:
-        out.append(f"hand-edited and not to change, changed: {', '.join(touched)}")
+    if not mock and revised.ignored:
+        out.append("the model rewrote hand-edited sections the instruction does not name: "
+                   f"{', '.join(revised.ignored)} (the node kept them as written)")
+    if overwritten := [name for name in unnamed_hand_edits(case) if name in changes]:  # the node's guarantee
+        out.append(f"hand-edited and not to change, overwritten: {', '.join(overwritten)}")
     if longer := [n for n in case.expect.shorter if n in changes and len(changes[n]) >= len(before.sections[n])]:
         out.append(f"not shorter: {', '.join(longer)}")
     said = "\n".join(changes.values()).casefold()
@@ -443,7 +466,7 @@ async def report_edits(cases: list[EditCase], llm: LLMClient, concurrency: int, 
     outcomes = await asyncio.gather(*(one(case) for case in cases), return_exceptions=True)
     misses: list[str] = []
     ok, path_misses, invented, kept_out = 0, 0, 0, 0
-    keep, kept = 0, 0  # hand-edited sections not to change, and of those unchanged
+    asked, left_alone = 0, 0  # the model's edits of a report with unnamed hand edits; those that left them alone
     paths: list[str] = []
     for case, outcome in zip(cases, outcomes):
         # No revision (the service would store an AccountReportEditFailed): not ok, whatever it expects.
@@ -456,11 +479,11 @@ async def report_edits(cases: list[EditCase], llm: LLMClient, concurrency: int, 
             continue
         paths.append(path)
         kept_out += bool(revised.ignored)
-        stay = [s.name for s in case.hand if s.name not in case.expect.changed]
-        keep += len(stay)
-        kept += sum(name not in {c.name for c in revised.changes} for name in stay)
+        if unnamed_hand_edits(case) and path != "rule":  # the rule editor's edit says nothing of the model
+            asked += 1
+            left_alone += not revised.ignored
         invented += len(ungrounded(revised, case.inputs))
-        found = edit_misses(case, revised, before)
+        found = edit_misses(case, revised, before, mock)
         ok += not found
         misses += [f"{case.id}: {miss}" for miss in found]
         off = path_miss(case.recorded.path, path, mock, "edit")
@@ -471,7 +494,7 @@ async def report_edits(cases: list[EditCase], llm: LLMClient, concurrency: int, 
             path_misses += 1
     figures = {
         "edits_ok": ok,
-        "hand_edits_kept_rate": rate(kept, keep),
+        "hand_edits_kept_rate": rate(left_alone, asked),
         "edit_ungrounded_numbers": invented,
         "edits_repaired": paths.count("repaired"),
         "edits_by_rule": paths.count("rule"),
