@@ -289,6 +289,11 @@ async def test_with_a_model_an_asked_change_applies_what_it_returns_but_never_an
     assert revised.backend == "llm" and revised.version == 3
     assert revised.changes == [ev.ReportSection(name="Executive Summary", text="Acme is outgrowing Growth.")]
     assert revised.ignored == ["Risks"] and revised.hand_edited == ["Risks"]
+    # The hand edit given back word for word is no change the model made to it.
+    same = edits.UpdateReport(sections=[edits.SectionText(name="Executive Summary", text="Shorter."),
+                                        edits.SectionText(name="Risks", text="- Mine.")])
+    [unchanged] = (await decide(report_editor.make_node(StructuredLLM(same)), ask, gathered, completed, hand)).events
+    assert unchanged.ignored == [] and [c.name for c in unchanged.changes] == ["Executive Summary"]
     sent = llm.calls[0][-1]["content"]
     assert "Sections written by hand: Risks" in sent and "Instruction: make the summary punchier" in sent
     # A model that fails: the rule editor takes the instruction ("punchier" it cannot do: refused, saying both).

@@ -111,8 +111,9 @@ def make_node(llm: LLMClient | None) -> Node:
             hand = [*dict.fromkeys([*latest.hand_edited, event.section])]
         else:
             changes, used = await asked(event, latest, gathered, inputs.config.name or event.site, ctx)
-            changes, ignored = edits.keep_hand_edits(changes, latest.hand_edited, event.instruction)
+            # A section given back as it was is no change (nor a hand edit the model touched).
             changes = {name: text for name, text in changes.items() if text != latest.sections.get(name)}
+            changes, ignored = edits.keep_hand_edits(changes, latest.hand_edited, event.instruction)
             if not changes:
                 kept = f" (hand-edited, kept: {', '.join(ignored)})" if ignored else ""
                 raise Refused(f"the change asked for leaves the report as it is{kept}")
