@@ -279,11 +279,9 @@ async def last_report(bus: Bus, site: str, account_id: str) -> dict | None:
     """The account's newest report as a line of the portfolio (None: none yet): its status,
     metadata and latest version."""
     session = session_of(account_id)
-    newest = [await bus.last(subjects.conv(site, session, kind)) for kind in OUTCOMES]
-    newest = [e for e in newest if e is not None]
-    if not newest:
+    outcome = await bus.newest(*(subjects.conv(site, session, kind) for kind in OUTCOMES))
+    if outcome is None:
         return None
-    outcome = max(newest, key=lambda e: e.ts)
     line = {"request_id": outcome.request_id, "ts": outcome.ts}
     if isinstance(outcome, ev.AccountReportFailed):
         return {**line, "status": "failed", "reason": outcome.reason}
@@ -310,9 +308,8 @@ def opportunities_request(site: str, producer: str, account_ids: Iterable[str] =
 
 async def latest_opportunities(bus: Bus, site: str) -> ev.OpportunitiesCompleted | ev.OpportunitiesFailed | None:
     """The site's newest opportunity search, or its newest give-up when that came later."""
-    found = [await bus.last(subjects.conv(site, ev.OPPORTUNITIES_SESSION, kind))
-             for kind in ("opportunities_completed", "opportunities_failed")]
-    return max((e for e in found if e is not None), key=lambda e: e.ts, default=None)
+    return await bus.newest(*(subjects.conv(site, ev.OPPORTUNITIES_SESSION, kind)
+                              for kind in ("opportunities_completed", "opportunities_failed")))
 
 
 def opportunities_view(outcome: ev.OpportunitiesCompleted | ev.OpportunitiesFailed, names: dict[str, str]) -> dict:

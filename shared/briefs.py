@@ -137,9 +137,8 @@ async def open_briefs(bus: Bus, site: str) -> list[ev.BriefCompleted]:
 async def latest_triage(bus: Bus, site: str) -> ev.TriageCompleted | ev.BriefFailed | None:
     """The site's newest triage, or its newest give-up when that came later (the triager
     could not store one): what an operator waiting for a triage must see."""
-    found = [await bus.last(subjects.conv(site, ev.TRIAGE_SESSION, kind)) for kind in ("triage_completed", "brief_failed")]
-    found = [e for e in found if isinstance(e, (ev.TriageCompleted, ev.BriefFailed))]
-    return max(found, key=lambda e: e.ts, default=None)
+    return await bus.newest(*(subjects.conv(site, ev.TRIAGE_SESSION, kind)
+                               for kind in ("triage_completed", "brief_failed")))
 
 
 async def requests_for(bus: Bus, site: str, sessions: Iterable[str] | None, producer: str) -> list[ev.BriefRequested]:

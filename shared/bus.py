@@ -191,6 +191,12 @@ class Bus:
                 records.append(Record(seq=seq, subject=subject, event=event))
         return records
 
+    async def newest(self, *subjects_: str) -> ev.Event | None:
+        """The newest (by its time) of the last events stored on these subjects, or None: a
+        log's latest outcome when it has several kinds (a completion or a give-up)."""
+        found = [await self.last(subject) for subject in subjects_]
+        return max((e for e in found if e is not None), key=lambda e: e.ts, default=None)
+
     async def last(self, subject: str, at: Position | None = None) -> ev.Event | None:
         """The newest stored event on one subject (a direct get), or None (also when that
         event's envelope disagrees with the subject: it is logged, not trusted). `at`: from a

@@ -59,7 +59,7 @@ def by_hand(event: ev.AccountReportEditRequested, history: list[account_reports.
         since = [v for v in history if v.version > event.base_version and event.section in v.changed]
         if since:
             raise Refused(f"the {event.section} section was changed after version {event.base_version} "
-                                 f"(version {since[-1].version}, by {since[-1].actor}): reload it and edit again")
+                          f"(version {since[-1].version}, by {since[-1].actor}): reload it and edit again")
     return {event.section: text}
 
 
@@ -98,7 +98,7 @@ def make_node(llm: LLMClient | None) -> Node:
             raise Refused(f"no completed report {event.request_id!r} for account {event.account_id!r}")
         if not completed.sections:
             raise Refused("this report was written before reports stored their sections: "
-                                 "generate a new one to edit it")
+                          "generate a new one to edit it")
         history = account_reports.versions(completed, inputs.log["account_report_revised"])
         latest = history[-1]
         gathered = next((g.inputs for g in inputs.log["account_report_gathered"]

@@ -110,10 +110,8 @@ def named(instruction: str) -> list[str]:
     pending: list[str] = []
     asked = False
     for clause in CLAUSES.split(_plain(instruction)):
-        active = clause
-        for stop in (KEEP.search(active), CONTEXT.search(active)):
-            if stop is not None:
-                active = active[:stop.start()] if stop.start() <= len(active) else active
+        stops = [found.start() for found in (KEEP.search(clause), CONTEXT.search(clause)) if found]
+        active = clause[:min(stops)] if stops else clause
         names = [ALIASES[m.group(1).casefold()] for m in NAMES.finditer(active)]
         if VERBS.search(active):
             found += names or pending

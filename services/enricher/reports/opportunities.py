@@ -47,15 +47,11 @@ class InvalidOpportunities(Exception):
     """The model's ranking did not cover the accounts exactly, even after a repair round."""
 
 
-def _share(metric: ev.Metric) -> str:
-    return f"{round(100 * metric.current / metric.limit)} %" if metric.limit else "no limit"
-
-
 def _usage(metric: ev.Metric) -> str:
     unit = f" {metric.unit}" if metric.unit else ""
     if metric.limit is None:
         return f"{metric.metric} {number(metric.current)}{unit} (no limit)"
-    share = f" ({_share(metric)})" if metric.limit else ""
+    share = f" ({round(100 * metric.current / metric.limit)} %)" if metric.limit else ""  # a limit of 0: no share
     return f"{metric.metric} {number(metric.current)} of {number(metric.limit)}{unit}{share}"
 
 

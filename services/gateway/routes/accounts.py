@@ -105,9 +105,14 @@ PASTE_OPENAPI = {"requestBody": {"required": True, "content": {
                                                                "or prose (45 of 50 technician seats)"}}}}}
 
 
+def _media(request: Request) -> str:
+    """The body's media type, without its parameters ("text/plain; charset=utf-8" → "text/plain")."""
+    return request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+
+
 def _kind(request: Request) -> str:
-    """The body's format from its Content-Type (none or another: sniffed from the text)."""
-    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    """An import's format from its Content-Type (none or another: sniffed from the text)."""
+    media = _media(request)
     return "csv" if media in ("text/csv", "application/csv") else "json" if media.endswith("json") else ""
 
 
@@ -200,10 +205,10 @@ async def show_opportunities(request: Request, site: SiteId):
 
 
 @router.post("/accounts/paste", status_code=202, openapi_extra=PASTE_OPENAPI)
-async def paste_account(request: Request, site: SiteId, who: Who):
+async def paste_account(request: Request, site: SiteId):
     """The paste-your-data demo: one account (JSON, or free text) → its report, queued now."""
     data = await read_body(request, 4 * account_paste.MAX_CHARS)  # UTF-8: at most 4 bytes a character
-    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    media = _media(request)
     kind = "text" if media.startswith("text/") else "json" if media.endswith("json") else ""
     # AccountsError: a 422 naming what is missing. In a thread: a 20,000-character paste is
     # read by many patterns, and the event loop serves every other request meanwhile.
