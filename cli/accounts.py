@@ -40,10 +40,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import getpass
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from cli import options
@@ -268,8 +270,6 @@ async def show_report(bus: Bus, args) -> int:
 
 
 async def edit_report(bus: Bus, args) -> int:
-    import time
-
     account_id = args.accounts[0]
     if (args.ask is None) == (args.section is None):
         print("refused  report edit takes --section with --text or --file (a hand edit), or --ask", file=sys.stderr)
@@ -303,14 +303,10 @@ async def edit_report(bus: Bus, args) -> int:
     item = account_reports.edit_request(args.site, account_id, completed.request_id,
                                         "asked" if args.ask is not None else "hand", actor(), "cli", **fields)
     await bus.publish_work(item)
-    deadline = time.monotonic() + args.wait
-    while (outcome := await account_reports.edit_outcome(bus, args.site, account_id, completed.request_id,
-                                                          item.edit_id)) is None:
-        if time.monotonic() > deadline:
-            print(f"edit {item.edit_id} queued; no answer within {args.wait:.0f} s (is the enricher running?)",
-                  file=sys.stderr)
-            return 1
-        await asyncio.sleep(0.2)
+    outcome = await _answer(lambda: account_reports.edit_outcome(bus, args.site, account_id, completed.request_id,
+                                                                 item.edit_id), args.wait, f"edit {item.edit_id}")
+    if outcome is None:
+        return 1
     if isinstance(outcome, ev.AccountReportEditFailed):
         print(f"edit refused: {outcome.reason}", file=sys.stderr)
         return 1
@@ -336,8 +332,6 @@ async def history(bus: Bus, args) -> int:
             return 2
         print(changed["unified"] or f"versions {args.diff[0]} and {args.diff[1]} read the same")
         return 0
-    import datetime
-
     print(f"account {args.accounts[0]}: report {completed.request_id}, {len(versions)} versions")
     for v in versions:
         when = datetime.datetime.fromtimestamp(v.ts, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
@@ -348,8 +342,6 @@ async def history(bus: Bus, args) -> int:
 
 
 async def opportunities(bus: Bus, args) -> int:
-    import time
-
     if not 0 <= args.select <= account_reports.MAX_SELECT:
         print(f"refused  --select: 0 to {account_reports.MAX_SELECT}", file=sys.stderr)
         return 2
@@ -359,16 +351,14 @@ async def opportunities(bus: Bus, args) -> int:
         return 2
     item = account_reports.opportunities_request(args.site, "cli", dict.fromkeys(args.accounts), args.select)
     await bus.publish_work(item)
-    deadline = time.monotonic() + args.wait
-    while True:
+
+    async def ours():
         latest = await account_reports.latest_opportunities(bus, args.site)
-        if latest is not None and latest.request_id == item.request_id:
-            break
-        if time.monotonic() > deadline:
-            print(f"search {item.request_id} queued; no answer within {args.wait:.0f} s (is the enricher running?)",
-                  file=sys.stderr)
-            return 1
-        await asyncio.sleep(0.2)
+        return latest if latest is not None and latest.request_id == item.request_id else None
+
+    latest = await _answer(ours, args.wait, f"search {item.request_id}")
+    if latest is None:
+        return 1
     shown = account_reports.opportunities_view(latest, known)
     if shown["status"] == "failed":
         print(f"the search failed: {shown['reason']}", file=sys.stderr)
@@ -383,7 +373,17 @@ async def opportunities(bus: Bus, args) -> int:
     return 0
 
 
-def _age(at: float) -> str:
-    import time
+async def _answer(check, wait_s: float, what: str):
+    """`check()`'s answer once it has one (not None), polled until `wait_s` has passed; None
+    then, said on stderr: the work item is queued, nothing took it."""
+    deadline = time.monotonic() + wait_s
+    while (found := await check()) is None:
+        if time.monotonic() > deadline:
+            print(f"{what} queued; no answer within {wait_s:.0f} s (is the enricher running?)", file=sys.stderr)
+            return None
+        await asyncio.sleep(0.2)
+    return found
 
+
+def _age(at: float) -> str:
     return f"{max(0.0, time.time() - at):.0f} s"
