@@ -249,7 +249,12 @@ async def report(bus: Bus, site: str, account_id: str, request_id: str
                       if c.request_id == request_id), None)
     if completed is None:
         return None
-    return completed, versions(completed, await _of(bus, site, account_id, "account_report_revised"))
+    return completed, await history_of(bus, site, completed)
+
+
+async def history_of(bus: Bus, site: str, completed: ev.AccountReportCompleted) -> list[Version]:
+    """The versions of a completed report already read."""
+    return versions(completed, await _of(bus, site, completed.account_id, "account_report_revised"))
 
 
 def edit_request(site: str, account_id: str, request_id: str, how: str, actor: str, producer: str,

@@ -234,8 +234,7 @@ async def latest_report(request: Request, site: SiteId, account_id: AccountId):
         raise NotFound(f"no report for account {account_id} in site {site}")
     current = None
     if isinstance(latest, ev.AccountReportCompleted):
-        found = await account_reports.report(request.app.state.bus, site, account_id, latest.request_id)
-        current = account_reports.view(*found) if found else None
+        current = account_reports.view(latest, await account_reports.history_of(request.app.state.bus, site, latest))
     return {"site": site, "account_id": account_id, "type": ev.event_type(latest), "event": ev.to_builtins(latest),
             "report": current}
 
