@@ -9,7 +9,7 @@
     accounts pull --site SITE [--force]
         fetch from the site's pull connector (`[accounts] pull_url` in its config) when its
         last fetch is older than `pull_ttl_s` (--force: now); it refuses loopback and private
-        addresses unless CRAWL_ALLOW_PRIVATE_NETWORKS=1; its key from the ACCOUNTS_KEY_*
+        addresses unless OUTBOUND_ALLOW_PRIVATE_NETWORKS=1; its key from the ACCOUNTS_KEY_*
         variable the site names
     accounts report --site SITE --account ID [--account ID ...]
         queue a report for each account (one work item each on the BRIEFS work queue; the
@@ -52,7 +52,6 @@ from cli import options
 from shared import account_reports, accounts
 from shared import events as ev
 from shared.bus import Bus, connect
-from shared.config import env_bool
 from shared.site_config import ACCOUNTS_KEY_PREFIX, SiteConfigs
 
 
@@ -164,12 +163,11 @@ async def listing(bus: Bus, args) -> int:
 
 
 async def pull(bus: Bus, args) -> int:
-    from shared.web import WebClient
+    from shared.web import Outbound, WebClient
 
     config = (await SiteConfigs(bus).get(args.site)).accounts
     keys = {name: value for name, value in os.environ.items() if name.startswith(ACCOUNTS_KEY_PREFIX)}
-    client = WebClient(accounts.USER_AGENT, env_bool("CRAWL_ALLOW_PRIVATE_NETWORKS", False),
-                       max_bytes=accounts.MAX_IMPORT_BYTES)
+    client = WebClient(accounts.USER_AGENT, Outbound.from_env(), max_bytes=accounts.MAX_IMPORT_BYTES)
     try:
         result = await accounts.pull(bus, args.site, config, client, keys, force=args.force)
     except accounts.PullError as exc:

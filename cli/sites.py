@@ -1,7 +1,7 @@
 """`concierge sites check [DIR]`: validate site config files the way the router does.
 `concierge sites webhook-secret --site SITE [--dir DIR]`: print the secret that site's lead
 webhooks are signed with, for the operator to give to that customer (`--new`: a fresh
-random one, for a site's own `lead.webhook_secret_env` variable).
+random one bound to the site, `<site>:whsec_…`, for the variable its `lead.webhook_secret_env` names).
 `concierge sites key --site SITE [--operator NAME]`: make an operator API key for one site
 (with --operator, a named operator's own key).
 `concierge sites add|set|show|export|delete`: a site's config in the bus (cli/site_data.py).
@@ -19,7 +19,7 @@ from shared import subjects, webhook_secret
 from shared.site_config import OPERATOR_NAME_RE, SiteConfig, SiteConfigError, parse, site_of
 from shared.site_store import key_sha256, new_key
 
-USAGE = ("usage: concierge sites check [DIR] | webhook-secret (--site SITE [--dir DIR] | --new) | "
+USAGE = ("usage: concierge sites check [DIR] | webhook-secret --site SITE [--dir DIR | --new] | "
          "key --site SITE [--operator NAME]\n"
          "       | add --site SITE --name NAME [--origin URL ...] | set --site SITE KEY=VALUE ... [--file PATCH.toml]\n"
          "       | show --site SITE [--versions] | export --site SITE | delete --site SITE")
@@ -64,15 +64,17 @@ def secret(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="concierge sites webhook-secret")
     parser.add_argument("--site", help="the site id")
     parser.add_argument("--dir", default=os.environ.get("SITES_DIR", "sites"), help="site config files (SITES_DIR)")
-    parser.add_argument("--new", action="store_true", help="print a fresh random secret instead")
+    parser.add_argument("--new", action="store_true",
+                        help="print a fresh random secret bound to --site: the value of the variable the "
+                             "site's lead.webhook_secret_env names (`<site>:whsec_…`)")
     args = parser.parse_args(argv)
-    if args.new:
-        print(webhook_secret.new())
-        return 0
     if not args.site:
-        parser.error("--site or --new is required")
+        parser.error("--site is required")
     if not subjects.TOKEN_RE.match(args.site):
         parser.error(f"--site {args.site!r}: not a site id ([A-Za-z0-9_-], ≤ 64 chars)")
+    if args.new:
+        print(webhook_secret.bound(args.site, webhook_secret.new()))
+        return 0
     path = Path(args.dir) / f"{args.site}.toml"
     try:
         config = parse(path) if path.exists() else SiteConfig()  # no file: the defaults, as the services do

@@ -44,6 +44,9 @@ from shared import subjects
 from shared.bus import Bus
 
 MAX_ACCOUNTS = 5000  # an import's accounts at most (and deals)
+# A site's accounts (and deals) stored at most, all imports and pulls together: an import that
+# would take it past is refused whole (422 naming the cap), nothing stored.
+MAX_SITE_RECORDS = 10_000
 MAX_METRICS = 50  # an account's usage metrics at most
 MAX_TEXT = 200  # a name, domain, tier, owner, industry, metric or unit
 MAX_NOTES = 4000  # an account's notes, a deal's summary and its lessons
@@ -436,6 +439,7 @@ async def store(bus: Bus, site: str, portfolio: Portfolio, actor: str, source: s
     """Store the portfolio's records that are new or differ, and audit the import in the
     site's log; None when nothing changed (no event either: the same file again is a no-op)."""
     kv = bus.bucket(subjects.ACCOUNTS_BUCKET)
+    await _room_for(bus, kv, site, portfolio)
     counts = {name: {"account": 0, "deal": 0} for name in ("added", "changed", "unchanged")}
     written = hashlib.blake2b(digest_size=16)
     for kind, records in (("account", portfolio.accounts), ("deal", portfolio.deals)):
@@ -456,6 +460,29 @@ async def store(bus: Bus, site: str, portfolio: Portfolio, actor: str, source: s
                                 source=source, **plural)
     await bus.publish(event)
     return event
+
+
+async def stored_count(bus: Bus, site: str, kind: Literal["account", "deal"]) -> int:
+    """How many records of `kind` the site has (its keys, counted by the stream: nothing read)."""
+    info = await bus.js.stream_info(f"KV_{subjects.ACCOUNTS_BUCKET}",
+                                    subjects_filter=f"$KV.{subjects.ACCOUNTS_BUCKET}.{key(site, kind, '>')}")
+    return len(info.state.subjects or {})
+
+
+async def _room_for(bus: Bus, kv, site: str, portfolio: Portfolio) -> None:
+    errors = []
+    for kind, records in (("account", portfolio.accounts), ("deal", portfolio.deals)):
+        if not records:
+            continue
+        have = await stored_count(bus, site, kind)
+        if have + len(records) <= MAX_SITE_RECORDS:
+            continue
+        new = sum([await _get(kv, key(site, kind, r.id)) is None for r in records])
+        if have + new > MAX_SITE_RECORDS:
+            errors.append({"field": f"{kind}s", "message": f"the site has {have} {kind}s; {new} more would pass "
+                                                            f"its {MAX_SITE_RECORDS}"})
+    if errors:
+        raise AccountsError(errors)
 
 
 def counts_of(portfolio: Portfolio, event: ev.AccountsImported | None) -> dict[str, dict[str, int]]:
@@ -562,7 +589,7 @@ async def pull(bus: Bus, site: str, config, client, keys: dict[str, str], force:
     """Bring the site's accounts from its pull connector (`config`: its `[accounts]`) unless
     the last fetch is younger than `pull_ttl_s` (`force`: fetch all the same). `client` is a
     shared/web.py WebClient: an address the deployment may not fetch from is refused there
-    (CRAWL_ALLOW_PRIVATE_NETWORKS). `keys`: the ACCOUNTS_KEY_* variables the process keeps.
+    (OUTBOUND_ALLOW_PRIVATE_NETWORKS). `keys`: the ACCOUNTS_KEY_* variables the process keeps.
     None when the site has no connector. A failed fetch is noted too (so replicas do not ask
     again and again within the TTL) and raised as PullError; what was stored stays."""
     from shared.web import FetchError, RefusedAddress

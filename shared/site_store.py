@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 STREAM = f"KV_{subjects.SITE_CONFIG_BUCKET}"
 FILE_RECORD = "file."  # + site: the version of the file last imported for the site
 WRITE_ATTEMPTS = 8  # compare-and-set rounds before a write gives up (SiteConflict)
+# A config is one message of the bus (its limit: 1 MiB) and every replica caches it: a site's
+# own settings and texts, not a document store. Bigger: refused (422) naming the limit.
+MAX_CONFIG_BYTES = 256 * 1024
 KEY_PREFIX = "ck_"  # a site's operator key: ck_<site>_<secret> (services/gateway/operators.py)
 
 _encoder = msgspec.json.Encoder()
@@ -217,6 +220,8 @@ class SiteStore:
             wanted = edit(current)
             if wanted is not None and not keep_version:
                 wanted = msgspec.structs.replace(wanted, version=content_version(wanted))
+            if wanted is not None and (size := len(_encoder.encode(wanted))) > MAX_CONFIG_BYTES:
+                raise SiteConfigError(f"the config would be {size} bytes: at most {MAX_CONFIG_BYTES}")
             if wanted is None and current is None:
                 return Change(None)
             if wanted is not None and current is not None and content_version(wanted) == content_version(current):

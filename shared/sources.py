@@ -32,6 +32,10 @@ MAX_PAGES_LIMIT = 5000  # a run's page limit at most (its progress is folded fro
 MIN_EVERY_S = 3600.0  # the shortest schedule: once an hour
 MAX_TEXT_CHARS = 200_000
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
+# One site's share of a deployment: its sources (websites, files, texts, curated answers) and
+# the pages its websites may hold, their page limits summed. Past them: a 422 naming the cap.
+MAX_SOURCES = 500
+MAX_SITE_PAGES = 20_000
 UPLOAD_SUFFIXES = (".pdf", ".docx", ".pptx", ".html", ".htm", ".md", ".markdown", ".txt")
 EVERY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 
@@ -156,8 +160,8 @@ def file_spec(name: str, size: int) -> ev.SourceSpec:
     """The source of an uploaded file (SourceError when its name or size is refused)."""
     base = posixpath.basename(name.replace("\\", "/")).strip()
     errors = []
-    if not base or len(base) > 200 or base.startswith("."):
-        errors.append({"field": "name", "message": "a file name (at most 200 characters)"})
+    if not base or len(base) > 200 or base.startswith(".") or any(ord(c) < 32 or ord(c) == 127 for c in base):
+        errors.append({"field": "name", "message": "a file name (at most 200 characters, no control characters)"})
     elif posixpath.splitext(base.lower())[1] not in UPLOAD_SUFFIXES:
         errors.append({"field": "name", "message": f"unsupported file type: use {', '.join(UPLOAD_SUFFIXES)}"})
     if size <= 0 or size > MAX_UPLOAD_BYTES:
@@ -204,8 +208,24 @@ class StagedPage(msgspec.Struct, kw_only=True):
 # --- commands ---------------------------------------------------------------------------
 
 
+async def room_for(bus: Bus, site: str, spec: ev.SourceSpec) -> None:
+    """SourceError when defining `spec` would take the site past MAX_SOURCES sources or
+    MAX_SITE_PAGES pages (a source defined again replaces itself: it takes no more room)."""
+    others = {source: s for source, s in (await definitions(bus, site)).items() if source != spec.id}
+    if len(others) >= MAX_SOURCES:
+        raise SourceError([{"field": "source", "message": f"the site has {len(others)} sources, at most "
+                                                           f"{MAX_SOURCES}: remove one first"}])
+    pages = sum(s.max_pages if s.kind == "website" else 1 for s in others.values())
+    wanted = spec.max_pages if spec.kind == "website" else 1
+    if pages + wanted > MAX_SITE_PAGES:
+        raise SourceError([{"field": "max_pages", "message": f"the site's sources may hold {pages} pages already; "
+                                                              f"with {wanted} more, past its {MAX_SITE_PAGES}"}])
+
+
 async def define(bus: Bus, site: str, spec: ev.SourceSpec, actor: str) -> ev.SourceAdded:
-    """Store the source's definition (an unchanged one again is the same event)."""
+    """Store the source's definition (an unchanged one again is the same event); SourceError
+    when the site has no room for it (`room_for`)."""
+    await room_for(bus, site, spec)
     digest = hashlib.blake2b(msgspec.json.encode(spec), digest_size=8).hexdigest()
     added = ev.SourceAdded(event_id=ev.derived_id(f"{site}/{spec.id}", "sources", f"added-{digest}"), site=site,
                            session_id=session_of(spec.id), turn=0, ts=ev.now(), producer="sources", source=spec,

@@ -1,16 +1,23 @@
-"""Fetching what an operator pointed Concierge at (a knowledge source's pages: the
-retriever's sources; a site's account pull connector: shared/accounts.py), without becoming
-a way into the network Concierge runs in.
+"""Every request Concierge makes to an address an operator's input chose (a knowledge
+source's pages and robots.txt: the retriever's sources; a site's account pull connector:
+shared/accounts.py; a site's lead and handoff webhooks: services/responder/webhooks.py),
+without becoming a way into the network Concierge runs in.
 
-Every connection's address is checked where it is made: host names resolve through
-`GuardedResolver`, which refuses loopback, private, link-local, multicast, reserved and
-unspecified addresses (so a name that resolves, or re-resolves, to 10.0.0.5 or 169.254.169.254
-is refused at connect time, not only when first looked at); literal IP hosts are checked
-before the request. Redirects are followed here, one hop at a time, each hop checked the
-same way (and at most MAX_REDIRECTS). `allow_private` (CRAWL_ALLOW_PRIVATE_NETWORKS=1) turns
-the refusal off, for tests and for sites on an internal network.
+One guard, `Outbound`: loopback, private, link-local, shared (CGNAT), multicast, reserved and
+unspecified addresses are refused unless OUTBOUND_ALLOW_PRIVATE_NETWORKS=1 (tests, sites on an
+internal network) or the address (and port) is listed in OUTBOUND_ALLOWED
+(`10.1.2.3:8080,192.168.0.0/24`: an internal webhook relay, say). It is applied where the
+connection is made, to the address the socket connects to, so however the host was spelled
+(Unicode digits `①②⑦.0.0.1`, full-width dots `127。0。0。1`, `0x7f.1`, a name that resolves,
+or re-resolves, to 10.0.0.5) the check sees what the HTTP client saw: names through
+`GuardedResolver`, and every socket, IP literals included (aiohttp never resolves those),
+through the connector's socket factory. A URL is also looked at before the request, its host
+normalised as the client (yarl: IDNA/UTS-46) will, for an early, clear refusal. Redirects are
+followed here, one hop at a time, each hop through the same connector (at most MAX_REDIRECTS).
 
-A response's body is read up to `max_bytes`; a bigger one is cut there and said so.
+A refusal names the address and the rule, never a body. A response's body is streamed up to
+`max_bytes` (after Content-Encoding is undone, so a gzip bomb stops there too); a bigger one is
+cut there and marked `truncated`.
 """
 
 from __future__ import annotations
@@ -19,17 +26,24 @@ import asyncio
 import ipaddress
 import socket
 from dataclasses import dataclass, field
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urljoin
 
 import aiohttp
+import yarl
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import ThreadedResolver
 
+from shared.config import Settings, env_bool, env_str
+
 MAX_REDIRECTS = 5
+HOW_TO_ALLOW = "OUTBOUND_ALLOW_PRIVATE_NETWORKS=1 or OUTBOUND_ALLOWED allows it"
+# Not globally routable, though Python's is_private/is_global miss some spellings of them.
+SHARED = ipaddress.ip_network("100.64.0.0/10")  # carrier-grade NAT (RFC 6598)
 
 
-class RefusedAddress(Exception):
-    """The URL leads to an address this deployment may not fetch from."""
+class RefusedAddress(OSError):
+    """The URL leads to an address this deployment may not fetch from. An OSError, as the
+    connect it stops: aiohttp reports it as the connection's failure."""
 
 
 class FetchError(Exception):
@@ -37,35 +51,109 @@ class FetchError(Exception):
 
 
 def refused(address: str) -> str | None:
-    """Why `address` may not be fetched from (None: it may)."""
+    """Why `address` (an IP literal) may not be fetched from (None: it may)."""
     ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
-        ip = ip.ipv4_mapped
-    for what, bad in (("loopback", ip.is_loopback), ("link-local", ip.is_link_local), ("private", ip.is_private),
+    if isinstance(ip, ipaddress.IPv6Address):
+        embedded = ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
+        if embedded is not None:
+            ip = embedded
+        elif ip in ipaddress.ip_network("64:ff9b::/96"):  # NAT64: the IPv4 address in its last 32 bits
+            ip = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    for what, bad in (("loopback", ip.is_loopback), ("link-local", ip.is_link_local),
+                      ("shared (CGNAT)", ip.version == 4 and ip in SHARED), ("private", ip.is_private),
                       ("multicast", ip.is_multicast), ("reserved", ip.is_reserved),
-                      ("unspecified", ip.is_unspecified), ("not globally routable", not ip.is_global)):
+                      ("unspecified", ip.is_unspecified)):
         if bad:
-            return f"{address} is a {what} address" if what != "not globally routable" else f"{address} is {what}"
+            return f"{address} is a {what} address"
+    if not ip.is_global:
+        return f"{address} is not globally routable"
     return None
+
+
+class Outbound(Settings):
+    """Which addresses outbound requests may reach besides public ones: all of them
+    (`allow_private`), or those listed in `allowed` (an address, `address:port`, `[v6]:port`
+    or a network in CIDR form)."""
+
+    allow_private: bool = False
+    allowed: tuple[str, ...] = ()
+
+    @classmethod
+    def from_env(cls) -> "Outbound":
+        listed = tuple(p.strip() for p in env_str("OUTBOUND_ALLOWED", "").split(",") if p.strip())
+        outbound = cls(allow_private=env_bool("OUTBOUND_ALLOW_PRIVATE_NETWORKS", False), allowed=listed)
+        outbound._rules()  # a wrong entry stops the process at start, naming it
+        return outbound
+
+    def _rules(self) -> list[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, int | None]]:
+        rules = []
+        for entry in self.allowed:
+            host, port = entry, None
+            if entry.startswith("["):
+                host, _, rest = entry[1:].partition("]")
+                port = int(rest[1:]) if rest.startswith(":") else None
+            elif entry.count(":") == 1:
+                host, _, given = entry.partition(":")
+                port = int(given)
+            try:
+                rules.append((ipaddress.ip_network(host, strict=False), port))
+            except ValueError:
+                raise ValueError(f"OUTBOUND_ALLOWED: {entry!r} is not an address, address:port or network") from None
+        return rules
+
+    def why_refused(self, address: str, port: int | None = None) -> str | None:
+        """Why a connection to `address` (an IP literal) on `port` is refused (None: it may go)."""
+        if self.allow_private:
+            return None
+        reason = refused(address)
+        if reason is None:
+            return None
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+        for network, allowed_port in self._rules():
+            if ip.version == network.version and ip in network and allowed_port in (None, port):
+                return None
+        return f"{reason} ({HOW_TO_ALLOW})"
 
 
 class GuardedResolver(AbstractResolver):
     """The system resolver, keeping only addresses that may be fetched from."""
 
-    def __init__(self):
+    def __init__(self, outbound: Outbound):
         self._inner = ThreadedResolver()
+        self._outbound = outbound
 
     async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
                       ) -> list[ResolveResult]:
         found = await self._inner.resolve(host, port, family)
-        allowed = [r for r in found if refused(r["host"]) is None]
+        allowed = [r for r in found if self._outbound.why_refused(r["host"], port) is None]
         if not allowed:
-            reason = refused(found[0]["host"]) if found else "no address"
-            raise RefusedAddress(f"{host}: {reason} (set CRAWL_ALLOW_PRIVATE_NETWORKS=1 to allow)")
+            reason = self._outbound.why_refused(found[0]["host"], port) if found else "no address"
+            raise RefusedAddress(f"{host}: {reason}")
         return allowed
 
     async def close(self) -> None:
         await self._inner.close()
+
+
+def guarded_socket(outbound: Outbound):
+    """The connector's socket factory: the last word on every connection, IP literals too."""
+
+    def make(addr_info) -> socket.socket:
+        family, type_, proto, _, address = addr_info
+        if reason := outbound.why_refused(address[0], address[1]):
+            raise RefusedAddress(reason)
+        return socket.socket(family=family, type=type_, proto=proto)
+
+    return make
+
+
+def host_of(url: str) -> str:
+    """The host a request to `url` goes to, as the HTTP client reads it (yarl: IDNA/UTS-46
+    mapping, so `①②⑦.0.0.1` and `127。0。0。1` are 127.0.0.1)."""
+    try:
+        return yarl.URL(url).host or ""
+    except (ValueError, UnicodeError):
+        return ""
 
 
 @dataclass
@@ -95,14 +183,16 @@ class Response:
 @dataclass
 class WebClient:
     user_agent: str
-    allow_private: bool = False
+    outbound: Outbound = field(default_factory=Outbound)
     timeout_s: float = 15.0
     max_bytes: int = 5 * 1024 * 1024
     _session: aiohttp.ClientSession | None = field(default=None, repr=False)
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(resolver=None if self.allow_private else GuardedResolver(),
+            guarded = not self.outbound.allow_private
+            connector = aiohttp.TCPConnector(resolver=GuardedResolver(self.outbound) if guarded else None,
+                                             socket_factory=guarded_socket(self.outbound) if guarded else None,
                                              limit=32, ttl_dns_cache=60)
             self._session = aiohttp.ClientSession(connector=connector, headers={"User-Agent": self.user_agent},
                                                   timeout=aiohttp.ClientTimeout(total=self.timeout_s),
@@ -110,42 +200,65 @@ class WebClient:
         return self._session
 
     def check(self, url: str) -> None:
-        """Refuse what no request may go to: not http(s), or a literal address not allowed."""
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise RefusedAddress(f"{url}: only http and https URLs are fetched")
-        if self.allow_private:
-            return
+        """Refuse what no request may go to: not http(s), credentials in it, or a host that
+        is (once normalised as the client will) a literal address not allowed."""
         try:
-            reason = refused(parts.hostname)
+            parsed = yarl.URL(url)
+            host = parsed.host
+        except (ValueError, UnicodeError):
+            raise RefusedAddress(f"{url[:200]}: not a valid URL") from None
+        if parsed.scheme not in ("http", "https") or not host:
+            raise RefusedAddress(f"{url[:200]}: only http and https URLs are fetched")
+        if parsed.user or parsed.password:
+            raise RefusedAddress(f"{url[:200]}: no user name or password in the URL")
+        try:
+            reason = self.outbound.why_refused(host.strip("[]"), parsed.port)
         except ValueError:
-            return  # a name: checked where it resolves (GuardedResolver)
+            return  # a name: checked where it resolves (GuardedResolver) and where it connects
         if reason:
-            raise RefusedAddress(f"{url}: {reason} (set CRAWL_ALLOW_PRIVATE_NETWORKS=1 to allow)")
+            raise RefusedAddress(f"{url[:200]}: {reason}")
 
-    async def get(self, url: str, headers: dict[str, str] | None = None) -> Response:
-        session = self._open()
+    async def get(self, url: str, headers: dict[str, str] | None = None, max_bytes: int | None = None) -> Response:
+        """GET `url`, following redirects one checked hop at a time; the body read up to
+        `max_bytes` (default the client's)."""
+        return await self.request("GET", url, headers=headers, max_bytes=max_bytes)
+
+    async def request(self, method: str, url: str, headers: dict[str, str] | None = None, body: bytes | None = None,
+                      max_bytes: int | None = None, follow: bool = True) -> Response:
+        session, limit = self._open(), self.max_bytes if max_bytes is None else max_bytes
         for _ in range(MAX_REDIRECTS + 1):
             self.check(url)
             try:
-                async with session.get(url, headers=headers or {}, allow_redirects=False) as resp:
-                    if resp.status in (301, 302, 303, 307, 308) and "location" in resp.headers:
+                async with session.request(method, yarl.URL(url), headers=headers or {}, data=body,
+                                           allow_redirects=False) as resp:
+                    if follow and resp.status in (301, 302, 303, 307, 308) and "location" in resp.headers:
                         url = urljoin(url, resp.headers["location"])
                         continue
-                    body = await resp.content.read(self.max_bytes + 1)
+                    data, truncated = await _read(resp, limit)
                     return Response(url=str(resp.url), status=resp.status,
                                     headers={k.lower(): v for k, v in resp.headers.items()},
-                                    body=body[:self.max_bytes], truncated=len(body) > self.max_bytes)
+                                    body=data, truncated=truncated)
             except RefusedAddress:
                 raise
             except aiohttp.ClientConnectorError as exc:
                 if isinstance(exc.os_error, RefusedAddress):
-                    raise exc.os_error from None
-                raise FetchError(f"{url}: {exc}") from None
+                    raise RefusedAddress(f"{url[:200]}: {exc.os_error}") from None
+                raise FetchError(f"{url[:200]}: {type(exc).__name__}: cannot connect") from None
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                raise FetchError(f"{url}: {type(exc).__name__}: {exc}".rstrip(": ")) from None
-        raise FetchError(f"{url}: more than {MAX_REDIRECTS} redirects")
+                raise FetchError(f"{url[:200]}: {type(exc).__name__}: {exc}".rstrip(": ")[:500]) from None
+        raise FetchError(f"{url[:200]}: more than {MAX_REDIRECTS} redirects")
 
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+async def _read(resp: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
+    """The body, streamed whole up to `limit` bytes (decoded: a Content-Encoding undone);
+    (the first `limit` bytes, True) when there is more."""
+    body = bytearray()
+    async for chunk in resp.content.iter_chunked(64 * 1024):
+        body += chunk
+        if len(body) > limit:
+            return bytes(body[:limit]), True
+    return bytes(body), False

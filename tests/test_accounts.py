@@ -21,7 +21,7 @@ from cli.harness.supervisor import DEMO_ACCOUNTS
 from shared import accounts
 from shared.site_config import Accounts as PullSettings
 from shared.site_config import SiteConfigError, validate
-from shared.web import WebClient
+from shared.web import Outbound, WebClient
 from tests.helpers import unique
 from tests.servers import configure_site
 from tests.test_turn_end import running_gateway
@@ -251,8 +251,8 @@ async def api(nats_url, redis_url, site, monkeypatch, crm, request):
             if name == pulled else {}
         await configure_site(nats_url, name, operator_key_sha256=[hashlib.sha256(key_of(name).encode()).hexdigest()],
                              **extra)
-    allow = getattr(request, "param", False)  # parametrized indirectly: CRAWL_ALLOW_PRIVATE_NETWORKS
-    async with running_gateway(nats_url, redis_url, monkeypatch, admin_token=ADMIN, allow_private_networks=allow,
+    allow = getattr(request, "param", False)  # parametrized indirectly: OUTBOUND_ALLOW_PRIVATE_NETWORKS
+    async with running_gateway(nats_url, redis_url, monkeypatch, admin_token=ADMIN, outbound=Outbound(allow_private=allow),
                                account_keys={"ACCOUNTS_KEY_CRM": f"{pulled}:{CRM.KEY}"}) as url:
         async with httpx.AsyncClient(base_url=url, timeout=10) as client:
             yield client, other, pulled
@@ -334,13 +334,13 @@ async def test_the_pull_connector_refuses_a_loopback_address_by_default(api, crm
     listed = (await client.get(f"{base}/accounts", headers=bearer(ADMIN))).json()
     assert "loopback" in listed["pull"]["error"] and listed["accounts"] == [] and crm.hits == 0
     forced = await client.post(f"{base}/accounts/pull", headers=bearer(ADMIN))
-    assert forced.status_code == 502 and "CRAWL_ALLOW_PRIVATE_NETWORKS" in forced.json()["detail"] and crm.hits == 0
+    assert forced.status_code == 502 and "OUTBOUND_ALLOW_PRIVATE_NETWORKS" in forced.json()["detail"] and crm.hits == 0
 
 
 async def test_the_cache_honours_the_ttl_and_a_failed_fetch_keeps_what_was_stored(bus, site, crm):
     settings = PullSettings(pull_url=crm.url, pull_key_env="ACCOUNTS_KEY_CRM", pull_ttl_s=60)
     keys = {"ACCOUNTS_KEY_CRM": f"{site}:{CRM.KEY}"}
-    client = WebClient(accounts.USER_AGENT, allow_private=True)
+    client = WebClient(accounts.USER_AGENT, Outbound(allow_private=True))
     try:
         t0 = 1_900_000_000.0
         assert (await accounts.pull(bus, site, settings, client, keys, now=t0)).fetched and crm.hits == 1

@@ -6,6 +6,8 @@ and one delivery per handoff request however often the bus delivers its event.""
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 import dataclasses
 import json
 
@@ -21,6 +23,7 @@ from shared import webhook_secret
 from shared.node import Context, gather
 from shared.site_config import Handoff, Lead, SiteConfig, SiteConfigError, SiteConfigs, validate
 from shared.store import JetStreamStore
+from shared.web import Outbound
 from shared.webhook_secret import WebhookSecrets
 from tests.helpers import ClaimsInMemory, decide, events_of, fast, isolated, start, turn, wait_for
 
@@ -36,7 +39,8 @@ def receiver(webhook):
 
 def to(url: str) -> LeadSettings:
     """Webhooks to `url` when the site names none, signed, retried without waiting long."""
-    return LeadSettings(webhook_url=url, backoff_s=0.01, secrets=WebhookSecrets(deployment=DEPLOYMENT_SECRET))
+    return LeadSettings(webhook_url=url, backoff_s=0.01, secrets=WebhookSecrets(deployment=DEPLOYMENT_SECRET),
+                        outbound=Outbound(allowed=(urlsplit(url).netloc,) if url else ()))
 
 
 def handoff(request: ev.TurnRequested, reason="visitor_asked", detail="asked for a person") -> ev.HandoffRequested:

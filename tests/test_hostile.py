@@ -30,7 +30,7 @@ def site_key(site: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def system(llm, suggestions_llm):
+def system(llm, suggestions_llm, webhook):
     with tempfile.TemporaryDirectory(prefix="concierge-hostile-") as data:
         sys_ = make_system(Path(data), free_port(), free_port(), {
             "LLM_BASE_URL": llm.base_url,
@@ -41,6 +41,7 @@ def system(llm, suggestions_llm):
             "TURN_DEADLINE_S": "15",
             "RATE_LIMIT_PER_IP_PER_MIN": "100000",
             "RATE_LIMIT_PER_SITE_PER_MIN": "100000",
+            "OUTBOUND_ALLOWED": webhook.address,  # the suite's webhook; every other private address refused
         })
         try:
             sys_.start_all()

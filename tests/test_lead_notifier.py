@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from urllib.parse import urlsplit
 import time
 
 import msgspec
@@ -22,6 +23,7 @@ from shared import subjects, webhook_secret
 from shared.node import Context, gather
 from shared.site_config import Lead, SiteConfig, SiteConfigs
 from shared.store import JetStreamStore
+from shared.web import Outbound
 from shared.webhook_secret import WebhookSecrets
 from tests.servers import WebhookReceiver
 from tests.helpers import ClaimsInMemory, decide, events_of, fast, isolated, start, turn, wait_for
@@ -38,7 +40,8 @@ def receiver():
 
 def to(receiver, secrets=WebhookSecrets(deployment=DEPLOYMENT_SECRET)) -> LeadSettings:
     """Leads POSTed to `receiver`, signed with `secrets`, retried without waiting long."""
-    return LeadSettings(webhook_url=receiver.url, backoff_s=0.01, secrets=secrets)
+    return LeadSettings(webhook_url=receiver.url, backoff_s=0.01, secrets=secrets,
+                        outbound=Outbound(allowed=(urlsplit(receiver.url).netloc,)))
 
 
 def lead(site, session="s1", turn=2, email="ada@example.com"):
@@ -148,22 +151,35 @@ def test_each_site_has_its_own_secret():
 
     own_key = webhook_secret.new()
     own = Lead(webhook_secret_env="LEAD_WEBHOOK_SECRET_DEMO")
-    assert WebhookSecrets(variables={"LEAD_WEBHOOK_SECRET_DEMO": own_key}).for_site("demo", own) == own_key
-    with pytest.raises(webhook_secret.WebhookSecretError, match="LEAD_WEBHOOK_SECRET_DEMO") as info:
-        WebhookSecrets(variables={"LEAD_WEBHOOK_SECRET_DEMO": "hunter2"}).for_site("demo", own)
-    assert "hunter2" not in str(info.value)
-    with pytest.raises(webhook_secret.WebhookSecretError, match="LEAD_WEBHOOK_SECRET_DEMO is not set"):
-        secrets.for_site("demo", own)
+    mine = {"LEAD_WEBHOOK_SECRET_DEMO": webhook_secret.bound("demo", own_key)}
+    assert WebhookSecrets(variables=mine).for_site("demo", own) == own_key
+    # Bound to its site: another site naming the same variable gets nothing, and the message
+    # is the same whether the variable is another site's, malformed or unset (no oracle).
+    refusals = set()
+    for site, variables in (("evil", mine), ("demo", {"LEAD_WEBHOOK_SECRET_DEMO": "demo:hunter2"}),
+                            ("demo", {"LEAD_WEBHOOK_SECRET_DEMO": own_key}), ("demo", {})):
+        with pytest.raises(webhook_secret.WebhookSecretError) as info:
+            WebhookSecrets(deployment=DEPLOYMENT_SECRET, variables=variables).for_site(site, own)
+        assert "hunter2" not in str(info.value) and own_key not in str(info.value)
+        refusals.add(str(info.value).replace(site, "S"))
+    assert len(refusals) == 1 and "S:whsec_" in refusals.pop()
     with pytest.raises(webhook_secret.WebhookSecretError, match="LEAD_WEBHOOK_SECRET is not set"):
         WebhookSecrets().for_site("demo", Lead())
+
+
+def test_only_variables_written_as_a_sites_secret_are_held(monkeypatch):
+    monkeypatch.setenv("ADMIN_TOKEN", "admin-token-" + "x" * 30)
+    monkeypatch.setenv("DEMO_WEBHOOK_SECRET", webhook_secret.bound("demo", webhook_secret.new()))
+    held = webhook_secret.WebhookSecrets.from_env().variables
+    assert "DEMO_WEBHOOK_SECRET" in held and "ADMIN_TOKEN" not in held and "PATH" not in held
 
 
 def test_the_secrets_are_the_environment_at_start(monkeypatch):
     own_key = webhook_secret.new()
     monkeypatch.setenv("LEAD_WEBHOOK_SECRET", DEPLOYMENT_SECRET)
-    monkeypatch.setenv("LEAD_WEBHOOK_SECRET_DEMO", own_key)
+    monkeypatch.setenv("LEAD_WEBHOOK_SECRET_DEMO", webhook_secret.bound("demo", own_key))
     secrets = webhook_secret.WebhookSecrets.from_env()
-    monkeypatch.setenv("LEAD_WEBHOOK_SECRET_DEMO", "changed later")
+    monkeypatch.setenv("LEAD_WEBHOOK_SECRET_DEMO", webhook_secret.bound("demo", webhook_secret.new()))
     assert secrets.for_site("demo", Lead(webhook_secret_env="LEAD_WEBHOOK_SECRET_DEMO")) == own_key
     assert secrets.for_site("demo", Lead()) == webhook_secret.derive(DEPLOYMENT_SECRET, "demo")
     assert own_key not in repr(secrets) and DEPLOYMENT_SECRET not in repr(secrets)
@@ -171,7 +187,8 @@ def test_the_secrets_are_the_environment_at_start(monkeypatch):
 
 async def test_a_site_naming_its_own_secret_is_signed_with_it(bus, site, receiver):
     own_key = webhook_secret.new()
-    secrets = WebhookSecrets(deployment=DEPLOYMENT_SECRET, variables={"LEAD_WEBHOOK_SECRET_T": own_key})
+    secrets = WebhookSecrets(deployment=DEPLOYMENT_SECRET,
+                             variables={"LEAD_WEBHOOK_SECRET_T": webhook_secret.bound(site, own_key)})
     kv = await bus.js.key_value(subjects.SITE_CONFIG_BUCKET)
     await kv.put(site, msgspec.json.encode(SiteConfig(lead=Lead(webhook_secret_env="LEAD_WEBHOOK_SECRET_T"))))
     runner = await running(bus, site, to(receiver, secrets))
@@ -266,3 +283,19 @@ async def test_an_outcome_is_stored_when_the_claims_bucket_answers_again(bus, si
     finally:
         await returning
         await bus.js.delete_stream(f"KV_{bucket}")
+
+
+async def test_a_webhook_to_a_loopback_or_private_address_is_refused_and_nothing_reaches_it(receiver):
+    """The outbound guard (shared/web.py) on a site's webhook URL: the receiver is on 127.0.0.1,
+    not allowed here, however the address is spelled; the outcome says why and holds no body,
+    and a refusal is not retried."""
+    port = urlsplit(receiver.url).port
+    request = turn("s", "l9", 1, "I'm ada@example.com")
+    captured = ev.follow(request, ev.LeadCaptured, "booking_handler", email="ada@example.com")
+    for host in ("127.0.0.1", "①②⑦.0.0.1", "127。0。0。1", "0x7f.1", "localhost", "[::ffff:127.0.0.1]"):
+        settings = LeadSettings(webhook_url=f"http://{host}:{port}/hook", backoff_s=0.01,
+                                secrets=WebhookSecrets(deployment=DEPLOYMENT_SECRET))
+        recorded, _ = (await decide(lead_notifier.make_node(ClaimsInMemory(), settings), captured, request)).events
+        assert not recorded.ok and recorded.status is None and recorded.attempts == 1, host
+        assert recorded.error.startswith("refused: ") and "loopback" in recorded.error, (host, recorded.error)
+    assert receiver.requests == []

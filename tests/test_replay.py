@@ -46,6 +46,7 @@ def system(llm, suggestions_llm, webhook):
             "ANSWER_RETRIEVAL_WAIT_S": "5",
             "RATE_LIMIT_PER_IP_PER_MIN": "10000",
             "LEAD_WEBHOOK_URL": webhook.url,
+            "OUTBOUND_ALLOWED": webhook.address,
             "LEAD_WEBHOOK_BACKOFF_S": "0.05",
         })
         try:

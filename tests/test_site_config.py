@@ -137,7 +137,8 @@ def test_webhook_secret_command_prints_the_site_secret(tmp_path):
 
     (tmp_path / "own.toml").write_text('[lead]\nwebhook_secret_env = "LEAD_WEBHOOK_SECRET_OWN"\n')
     own_key = webhook_secret.new()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "LEAD_WEBHOOK_SECRET": "deployment", "LEAD_WEBHOOK_SECRET_OWN": own_key}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LEAD_WEBHOOK_SECRET": "deployment",
+           "LEAD_WEBHOOK_SECRET_OWN": webhook_secret.bound("own", own_key)}
 
     def run(*args):
         return subprocess.run([sys.executable, "-m", "cli", "sites", "webhook-secret", "--dir", str(tmp_path), *args],
@@ -148,8 +149,11 @@ def test_webhook_secret_command_prints_the_site_secret(tmp_path):
     assert run("--site", "own").stdout.strip() == own_key
     del env["LEAD_WEBHOOK_SECRET_OWN"]
     missing = run("--site", "own")
-    assert missing.returncode == 1 and "LEAD_WEBHOOK_SECRET_OWN is not set" in missing.stderr
+    assert missing.returncode == 1 and "no webhook secret for site own" in missing.stderr
     assert run("--site", "../own").returncode == 2
+    fresh = run("--new", "--site", "own").stdout.strip()
+    site, _, secret = fresh.partition(":")
+    assert site == "own" and webhook_secret.valid(secret)
 
 
 async def _sleep(s):

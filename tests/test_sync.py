@@ -15,7 +15,7 @@ import pytest
 
 from services.retriever.knowledge import KnowledgeBase
 from services.retriever.sources import collector, fetcher, planner
-from shared.web import WebClient
+from shared.web import Outbound, WebClient
 from shared import events as ev
 from shared import sources, subjects
 from shared.embeddings import shared_embedder
@@ -42,7 +42,7 @@ CLIENTS: list[WebClient] = []
 
 
 def web_client() -> WebClient:
-    client = WebClient("ConciergeTest/1.0", allow_private=True, timeout_s=5.0)
+    client = WebClient("ConciergeTest/1.0", Outbound(allow_private=True), timeout_s=5.0)
     CLIENTS.append(client)
     return client
 
@@ -151,13 +151,13 @@ async def test_a_fetcher_killed_mid_run_loses_and_duplicates_nothing(work_bus, k
     started = asyncio.Event()
 
     class Stuck(WebClient):
-        async def get(self, url, headers=None):
+        async def get(self, url, headers=None, max_bytes=None):
             if url.endswith("/slow"):
                 started.set()
                 await asyncio.sleep(3600)  # dies here, holding the page
-            return await super().get(url, headers)
+            return await super().get(url, headers, max_bytes)
 
-    stuck = Stuck("ConciergeTest/1.0", allow_private=True, timeout_s=5.0)
+    stuck = Stuck("ConciergeTest/1.0", Outbound(allow_private=True), timeout_s=5.0)
     CLIENTS.append(stuck)
     node = fetcher.make_node(stuck, staging)
     doomed = await start(bus, node, fast(concurrency=4, ack_wait_s=2.0))

@@ -29,7 +29,10 @@ class WebhookReceiver:
                 pass
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/leads"
+        # What the outbound guard must allow for webhooks to reach it (OUTBOUND_ALLOWED): this
+        # address and port only, so every other loopback port stays refused.
+        self.address = f"127.0.0.1:{self.server.server_address[1]}"
+        self.url = f"http://{self.address}/leads"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 

@@ -1,3 +1,4 @@
 from services.gateway.main import main
 
-main()
+if __name__ == "__main__":  # not when a worker process (spawn) imports this module as __mp_main__
+    main()

@@ -72,7 +72,7 @@ async def lifespan(app: FastAPI):
     app.state.guard = SessionGuard(app.state.bus, ttl_s=settings.turn_deadline_s + 10)
     app.state.sites = SiteConfigs(app.state.bus, settings.site_config_ttl_s)
     app.state.operators = OperatorAuth(app.state.sites, settings.admin_token)
-    app.state.web = WebClient(USER_AGENT, settings.allow_private_networks, max_bytes=MAX_IMPORT_BYTES)
+    app.state.web = WebClient(USER_AGENT, settings.outbound, max_bytes=MAX_IMPORT_BYTES)
     app.state.ready = False  # kept by `watch_ready`
     ops = await start_ops(lambda: app.state.ready, settings.ops_port, settings.ops_host)
     watcher = asyncio.create_task(watch_ready(app, settings.ops_check_s), name="ops-watch")

@@ -100,6 +100,12 @@ async def _conflict(_: Request, exc: Conflict) -> JSONResponse:
     return _answer("conflict", str(exc), 409)
 
 
+async def _too_large_for_the_bus(_: Request, exc: Exception) -> JSONResponse:
+    # What a request would write is bigger than one message of the bus: the caller's to shrink.
+    return _answer("too_large", "what this request would store is larger than the event bus's message limit (1 MiB)",
+                   413)
+
+
 async def _bus_unavailable(_: Request, exc: Exception) -> JSONResponse:
     # The bus is down or slow: the client may retry; this is not its mistake, nor a bug.
     log.error("bus unavailable", extra={"error": repr(exc)})
@@ -119,6 +125,7 @@ HANDLERS = {
     RateLimited: _rate_limited,
     TurnInProgress: _turn_in_progress,
     Conflict: _conflict,
+    nats.errors.MaxPayloadError: _too_large_for_the_bus,
     nats.errors.Error: _bus_unavailable,
     asyncio.TimeoutError: _bus_unavailable,
 }

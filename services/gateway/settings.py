@@ -12,6 +12,7 @@ import os
 from shared.config import BusConfig, Settings, env_bool, env_float, env_int, env_str, invalid
 from shared.site_config import ACCOUNTS_KEY_PREFIX, ENV_NAME_RE
 from shared.privacy import PrivacySettings
+from shared.web import Outbound
 
 
 class GatewaySettings(Settings):
@@ -46,10 +47,10 @@ class GatewaySettings(Settings):
     ops_check_s: float = 5.0
     # The sites' account pull connectors (shared/accounts.py): every ACCOUNTS_KEY_* variable
     # (a site names its own in `accounts.pull_key_env`; no other variable can be named), and
-    # whether they may fetch from loopback and private addresses (as the knowledge sources'
-    # runs: CRAWL_ALLOW_PRIVATE_NETWORKS).
+    # which addresses they may fetch from besides public ones (the outbound guard,
+    # shared/web.py: OUTBOUND_ALLOW_PRIVATE_NETWORKS, OUTBOUND_ALLOWED).
     account_keys: dict[str, str] = {}
-    allow_private_networks: bool = False
+    outbound: Outbound = msgspec.field(default_factory=Outbound)
 
     @classmethod
     def from_env(cls) -> "GatewaySettings":
@@ -78,7 +79,7 @@ class GatewaySettings(Settings):
             ops_check_s=env_float("OPS_CHECK_S", d.ops_check_s),
             account_keys={name: value for name, value in os.environ.items()
                           if name.startswith(ACCOUNTS_KEY_PREFIX) and ENV_NAME_RE.match(name)},
-            allow_private_networks=env_bool("CRAWL_ALLOW_PRIVATE_NETWORKS", d.allow_private_networks),
+            outbound=Outbound.from_env(),
         )
 
 

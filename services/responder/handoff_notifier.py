@@ -15,7 +15,6 @@ It runs apart from the reply, so a slow receiver never delays the visitor's wait
 
 from __future__ import annotations
 
-import httpx
 import msgspec
 
 from services.responder import webhooks
@@ -23,6 +22,7 @@ from services.responder.settings import LeadSettings
 from services.responder.webhook_claims import Outcome, WebhookClaims, deliver_once, handoff_id
 from shared import events as ev
 from shared.node import Context, Inputs, Needs, Node
+from shared.web import WebClient
 
 NAME = "handoff_notifier"
 
@@ -42,8 +42,8 @@ def payload(event: ev.HandoffRequested, inputs: Inputs) -> dict:
 
 
 def make_node(claims: WebhookClaims, settings: LeadSettings = LeadSettings(),
-              client: httpx.AsyncClient | None = None) -> Node:
-    http = client or httpx.AsyncClient(timeout=settings.timeout_s)
+              client: WebClient | None = None) -> Node:
+    http = client or webhooks.client(settings)
 
     async def deliver(event: ev.HandoffRequested, inputs: Inputs) -> Outcome:
         config = inputs.config

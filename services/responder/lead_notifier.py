@@ -26,6 +26,7 @@ from services.responder.webhook_claims import Outcome, WebhookClaims, deliver_on
 from shared import events as ev
 from shared.node import Context, Inputs, Needs, Node
 from shared.privacy import REDACTED
+from shared.web import WebClient
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +34,9 @@ NAME = "lead_notifier"
 
 
 def make_node(claims: WebhookClaims, settings: LeadSettings = LeadSettings(),
-              client: httpx.AsyncClient | None = None) -> Node:
-    http = client or httpx.AsyncClient(timeout=settings.timeout_s)
+              client: WebClient | None = None) -> Node:
+    http = client or webhooks.client(settings)
+    analytics = httpx.AsyncClient(timeout=settings.timeout_s)  # the deployment's own PostHog: not a site's input
 
     async def deliver(event: ev.LeadCaptured, inputs: Inputs) -> Outcome:
         state, config = inputs.state, inputs.config
@@ -78,7 +80,7 @@ def make_node(claims: WebhookClaims, settings: LeadSettings = LeadSettings(),
         if host and key:
             sent = True
             try:
-                response = await http.post(host.rstrip("/") + "/capture/", json={
+                response = await analytics.post(host.rstrip("/") + "/capture/", json={
                     "api_key": key, "event": "lead_captured", "distinct_id": distinct_id,
                     "properties": properties, "timestamp": event.ts})
                 ok = 200 <= response.status_code < 300

@@ -6,6 +6,7 @@ import msgspec
 
 from shared.config import LLMRoleConfig, Settings, env_choice, env_float, env_int, env_str
 from shared.embeddings import EmbeddingSettings
+from shared.web import Outbound
 from shared.webhook_secret import WebhookSecrets
 
 ROLES = ("answer", "redirect", "suggestions")
@@ -64,6 +65,7 @@ class LeadSettings(Settings):
     backoff_s: float = 0.5
     timeout_s: float = 5.0
     secrets: WebhookSecrets = msgspec.field(default_factory=WebhookSecrets)
+    outbound: Outbound = msgspec.field(default_factory=Outbound)  # which non-public addresses (shared/web.py)
     posthog_host: str = ""
     posthog_api_key: str = ""
 
@@ -76,6 +78,7 @@ class LeadSettings(Settings):
             backoff_s=env_float("LEAD_WEBHOOK_BACKOFF_S", d.backoff_s),
             timeout_s=env_float("LEAD_WEBHOOK_TIMEOUT_S", d.timeout_s),
             secrets=WebhookSecrets.from_env(),
+            outbound=Outbound.from_env(),
             posthog_host=env_str("POSTHOG_HOST", d.posthog_host),
             posthog_api_key=env_str("POSTHOG_API_KEY", d.posthog_api_key),
         )

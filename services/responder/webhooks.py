@@ -7,6 +7,11 @@ HMAC-SHA256 of `id.timestamp.body` under the site's secret, see shared/webhook_s
 receiver verifies it, rejects stale timestamps (replays) and drops repeated ids. No secret,
 no POST: an unsigned webhook is never sent. Retried with exponential backoff on connection
 errors, timeouts, 429 and 5xx (LEAD_WEBHOOK_ATTEMPTS, LEAD_WEBHOOK_BACKOFF_S).
+
+Sent through the outbound guard (shared/web.py), as the crawler fetches: a site's webhook URL
+is the site's input, so a loopback, private or link-local address is refused (at connect
+time, whatever the spelling) unless the deployment allows it, and redirects are not followed.
+What the outcome records is the status and a failure's kind, never a response's body.
 """
 
 from __future__ import annotations
@@ -18,7 +23,6 @@ import random
 import time
 from datetime import datetime, timezone
 
-import httpx
 from standardwebhooks.webhooks import Webhook
 
 from services.responder.settings import LeadSettings
@@ -26,6 +30,7 @@ from services.responder.webhook_claims import Outcome
 from shared import webhook_secret
 from shared.site_config import Lead
 from shared.state import ConversationState
+from shared.web import FetchError, RefusedAddress, WebClient
 
 log = logging.getLogger(__name__)
 
@@ -46,28 +51,42 @@ def signed_headers(signer: Webhook, msg_id: str, body: bytes, now: float) -> dic
             "webhook-signature": signature}
 
 
-async def post_webhook(client: httpx.AsyncClient, url: str, body: bytes, signer: Webhook, msg_id: str,
+RESPONSE_BYTES = 4096  # of a receiver's answer: only its status is used
+
+
+def client(settings: LeadSettings) -> WebClient:
+    """The webhooks' HTTP client: the deployment's outbound guard, the webhooks' timeout."""
+    return WebClient(USER_AGENT, settings.outbound, settings.timeout_s, RESPONSE_BYTES)
+
+
+USER_AGENT = "Concierge-Webhooks/1.0"
+
+
+async def post_webhook(client: WebClient, url: str, body: bytes, signer: Webhook, msg_id: str,
                        attempts: int, backoff_s: float) -> tuple[bool, int | None, int, str | None]:
     status, error = None, None
     for attempt in range(1, attempts + 1):
         try:
             # Signed per attempt: a retry carries a fresh timestamp, so it passes a receiver's
             # replay window however long the backoff was.
-            response = await client.post(url, content=body, headers=signed_headers(signer, msg_id, body, time.time()))
-            status = response.status_code
+            response = await client.request("POST", url, headers=signed_headers(signer, msg_id, body, time.time()),
+                                            body=body, follow=False)
+            status = response.status
             if 200 <= status < 300:
                 return True, status, attempt, None
             error = f"HTTP {status}"
             if status < 500 and status != 429:
                 return False, status, attempt, error  # the receiver refused it: retrying cannot help
-        except httpx.HTTPError as exc:
-            error = f"{type(exc).__name__}: {exc}"[:300]
+        except RefusedAddress as exc:
+            return False, None, attempt, f"refused: {exc}"[:300]  # the same address again: refused again
+        except FetchError as exc:
+            error = str(exc)[:300]
         if attempt < attempts:
             await asyncio.sleep(backoff_s * 2 ** (attempt - 1) * (0.8 + 0.4 * random.random()))
     return False, status, attempts, error
 
 
-async def send(client: httpx.AsyncClient, settings: LeadSettings, hook: str, url: str, site: str, lead: Lead,
+async def send(client: WebClient, settings: LeadSettings, hook: str, url: str, site: str, lead: Lead,
                msg_id: str, payload: dict) -> Outcome:
     """POST `payload` to `url`, signed with the site's secret (its `[lead]` table names it);
     `hook` (lead, handoff) names the webhook in the logs. No URL: skipped, nothing sent."""

@@ -11,6 +11,7 @@ from services.retriever.knowledge import KnowledgeBase
 from services.retriever.search import Retriever
 from services.retriever.settings import RetrieverSettings
 from services.retriever.sources import collector, fetcher, planner
+from services.retriever.sources.converter import ConvertLimits, Converter
 from services.retriever.sources.scheduler import Scheduler
 from shared.web import WebClient
 from shared import language, service
@@ -33,11 +34,13 @@ async def nodes(bus, settings: RetrieverSettings):
         published = follower.publish
     language.load()  # a message's language decides its cross-language expansion (search.py)
     crawl = settings.crawl
-    web = WebClient(crawl.user_agent, crawl.allow_private_networks, crawl.timeout_s, crawl.max_page_bytes)
+    web = WebClient(crawl.user_agent, crawl.outbound, crawl.timeout_s, crawl.max_page_bytes)
     if crawl.schedule_poll_s > 0:
         _scheduler = Scheduler(bus, crawl.schedule_poll_s)
         _scheduler.start()
-    return [*retriever_nodes(search.configured(kb, settings)), *sync_nodes(kb, web, Staging(bus), published, crawl.concurrency)]
+    converter = Converter(ConvertLimits.from_env())
+    return [*retriever_nodes(search.configured(kb, settings)),
+            *sync_nodes(kb, web, Staging(bus), published, crawl.concurrency, converter)]
 
 
 def retriever_nodes(retriever: Retriever | None) -> list[Node]:
@@ -46,9 +49,9 @@ def retriever_nodes(retriever: Retriever | None) -> list[Node]:
 
 
 def sync_nodes(kb: KnowledgeBase, web: WebClient, staging: Staging, published=None,
-               fetching: int | None = None) -> list[Node]:
+               fetching: int | None = None, converter: Converter | None = None) -> list[Node]:
     """The knowledge sources' nodes (a replay leaves them out: they fetch and write)."""
-    return [planner.make_node(web, kb), fetcher.make_node(web, staging, fetching),
+    return [planner.make_node(web, kb), fetcher.make_node(web, staging, fetching, converter),
             collector.make_node(kb, staging, published)]
 
 

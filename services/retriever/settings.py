@@ -10,6 +10,7 @@ import msgspec
 from shared.config import (LLMRoleConfig, Settings, env_bool, env_choice, env_float, env_int, env_str,
                            invalid)
 from shared.embeddings import EmbeddingSettings
+from shared.web import Outbound
 from shared.site_config import RERANK_PROVIDERS, RETRIEVAL_MODES, SiteConfig
 
 
@@ -124,7 +125,7 @@ class RerankerSettings(Settings):
 class CrawlSettings(Settings):
     """How the knowledge sources' runs fetch (services/retriever/sources): CRAWL_*, SYNC_*."""
 
-    allow_private_networks: bool = False  # CRAWL_ALLOW_PRIVATE_NETWORKS=1: fetch loopback/private/link-local too
+    outbound: Outbound = msgspec.field(default_factory=Outbound)  # which non-public addresses (shared/web.py)
     user_agent: str = "ConciergeBot/1.0 (+https://github.com/concierge; knowledge sync)"
     timeout_s: float = 15.0
     max_page_bytes: int = 5 * 1024 * 1024
@@ -136,7 +137,7 @@ class CrawlSettings(Settings):
     @classmethod
     def from_env(cls) -> "CrawlSettings":
         d = cls()
-        return cls(allow_private_networks=env_bool("CRAWL_ALLOW_PRIVATE_NETWORKS", d.allow_private_networks),
+        return cls(outbound=Outbound.from_env(),
                    user_agent=env_str("CRAWL_USER_AGENT", d.user_agent),
                    timeout_s=env_float("CRAWL_TIMEOUT_S", d.timeout_s),
                    max_page_bytes=env_int("CRAWL_MAX_PAGE_BYTES", d.max_page_bytes),

@@ -157,6 +157,7 @@ def started(args, name: str, replicas: int, log, nats_servers: int = 1) -> Itera
                 "ANSWER_WAIT_S": "5",
                 "ANSWER_RETRIEVAL_WAIT_S": "5",
                 "LEAD_WEBHOOK_BACKOFF_S": "0.2",
+                "OUTBOUND_ALLOWED": receiver.address,  # the webhook on 127.0.0.1
                 # Every simulated visitor comes from 127.0.0.1.
                 "RATE_LIMIT_PER_IP_PER_MIN": "0",
                 "RATE_LIMIT_PER_SITE_PER_MIN": "100000",

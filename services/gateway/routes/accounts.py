@@ -5,10 +5,13 @@ accounts and historical deals, imported or pulled (shared/accounts.py).
   accounts) or a CSV file's text (`Content-Type: text/csv`), at most 8 MiB; stores what is
   new or changed and answers the counts (`added`, `changed`, `unchanged`); a problem is a
   422 naming every field (`accounts[3].arr`, `line 4: renewal_date`), nothing stored;
-- `GET  accounts`: the site's accounts, one line each (pulled first from the site's
-  connector when it has one and its last fetch is older than `accounts.pull_ttl_s`);
+- `GET  accounts` (`?limit=200&offset=0`): the site's accounts, one line each, a page at a
+  time (`total`, `next_offset`; pulled first from the site's connector when it has one and its
+  last fetch is older than `accounts.pull_ttl_s`); a site holds at most 10,000 accounts and
+  10,000 deals (an import past that is a 422 naming the cap);
 - `GET  accounts/{account_id}`: one account in full, its usage metrics included;
-- `GET  deals` (`?outcome=won`, `?tier=Growth`): the historical deals, newest first;
+- `GET  deals` (`?outcome=won`, `?tier=Growth`, `?limit`, `?offset`): the historical deals,
+  newest first, a page at a time;
 - `POST accounts/pull`: fetch from the site's connector now, whatever its cache (404: the
   site has none; 502: the connector failed, with why);
 - `POST accounts/reports` (`{"accounts": [id, ...], "request_id": optional}`): one work item
@@ -138,19 +141,32 @@ async def import_accounts(request: Request, site: SiteId, who: Who):
     return {"site": site, **accounts.counts_of(portfolio, event)}
 
 
+PAGE_LIMIT = 500  # rows of a listing at most (each account's row reads its last report)
+Limit = Annotated[int, Query(ge=1, le=PAGE_LIMIT, description=f"rows in this page (at most {PAGE_LIMIT})")]
+Offset = Annotated[int, Query(ge=0, description="rows skipped: the previous page's `next_offset`")]
+
+
+def _page(rows: list, offset: int, limit: int) -> tuple[list, dict]:
+    """One page of `rows` and where it stands (`total`, `next_offset`: None at the end)."""
+    end = offset + limit
+    return rows[offset:end], {"total": len(rows), "offset": offset, "limit": limit,
+                              "next_offset": end if end < len(rows) else None}
+
+
 @router.get("/accounts")
-async def list_accounts(request: Request, site: SiteId):
-    """The site's accounts by name, each with its ARR, renewal and the metrics near their limit."""
+async def list_accounts(request: Request, site: SiteId, limit: Limit = 200, offset: Offset = 0):
+    """The site's accounts by name, a page at a time (`limit`, `offset`), each with its ARR,
+    renewal, the metrics near their limit and its last report."""
     pulled = None
     try:
         pulled = _pulled(await _pull(request, site, force=False))
     except accounts.PullError as exc:  # what is stored still answers; the failure is shown
         pulled = {"fetched": True, "error": str(exc), "errors": exc.errors}
     bus = request.app.state.bus
-    found = await accounts.accounts(bus, site)
+    found, page = _page(await accounts.accounts(bus, site), offset, limit)
     last = await asyncio.gather(*(account_reports.last_report(bus, site, a.id) for a in found))
     return {"site": site, "accounts": [{**accounts.row(a), "last_report": r} for a, r in zip(found, last)],
-            "pull": pulled}
+            **page, "pull": pulled}
 
 
 @router.post("/accounts/pull")
@@ -330,8 +346,10 @@ async def show_account(request: Request, site: SiteId, account_id: AccountId):
 @router.get("/deals")
 async def list_deals(request: Request, site: SiteId,
                      outcome: Annotated[Literal["won", "lost", "churned", "expanded"] | None, Query()] = None,
-                     tier: Annotated[str | None, Query(max_length=accounts.MAX_TEXT)] = None):
-    """The site's historical deals, newest first (only those of an outcome, a tier)."""
+                     tier: Annotated[str | None, Query(max_length=accounts.MAX_TEXT)] = None,
+                     limit: Limit = 200, offset: Offset = 0):
+    """The site's historical deals, newest first (only those of an outcome, a tier), a page at a time."""
     found = [d for d in await accounts.deals(request.app.state.bus, site)
              if (outcome is None or d.outcome == outcome) and (tier is None or d.tier.casefold() == tier.casefold())]
-    return {"site": site, "deals": accounts.as_data(found)}
+    found, page = _page(found, offset, limit)
+    return {"site": site, "deals": accounts.as_data(found), **page}

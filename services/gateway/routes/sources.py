@@ -77,6 +77,7 @@ async def upload(request: Request, site: SiteId, who: Annotated[Operator, Depend
     spec = sources.file_spec(name, len(data))
     spec = msgspec.structs.replace(spec, upload=sources.upload_key(site, spec.id, spec.name))
     bus = request.app.state.bus
+    await sources.room_for(bus, site, spec)  # before the bytes are stored
     await sources.Staging(bus).upload(spec.upload, data)
     await sources.define(bus, site, spec, _actor(who))
     run, _ = await sources.request_sync(bus, site, spec.id, "added", _actor(who))

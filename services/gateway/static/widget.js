@@ -265,9 +265,12 @@
           parent.appendChild(document.createTextNode(m[3]));
         }
       } else if (byN[m[5]]) {
-        var a = el("a", "cw-cite", "[" + m[5] + "]");
-        a.href = byN[m[5]].url; a.target = "_blank"; a.rel = "noopener";
-        a.title = byN[m[5]].title;
+        // A source's URL is the site's data (a PDF's /Title, a text source's title): only an
+        // http(s) one becomes a link, as in the sources box; any other cites as plain text.
+        var cite = safeUrl(byN[m[5]].url);
+        var a = el(cite ? "a" : "span", "cw-cite", "[" + m[5] + "]");
+        if (cite) { a.href = cite; a.target = "_blank"; a.rel = "noopener"; }
+        a.title = byN[m[5]].title || "";
         parent.appendChild(a);
       } else {
         parent.appendChild(document.createTextNode(m[0]));

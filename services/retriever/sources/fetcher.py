@@ -6,7 +6,8 @@ most MAX_CRAWL_DELAY_S: a site sees at most CRAWL_CONCURRENCY requests per delay
 conditional GET (the ETag and
 Last-Modified the knowledge base holds); 304 → `unchanged`; 404/410 → `gone`; another
 error status, a timeout or a refused address → `failed` (what the knowledge base holds of
-it stays); not HTML → `skipped`. Its main content is extracted (pages.py); the same text as
+it stays); not HTML → `skipped`. Its main content is extracted (pages.py, in the converter's
+worker processes: converter.py; a page or file past its limits → `failed`, saying which); the same text as
 before (its hash) → `unchanged`; otherwise the text is staged (shared/sources.py `Staging`)
 and the page is `changed`. The links found in scope and allowed go with it (the collector
 follows them when the run discovers). A file or text snippet is read from its upload or its
@@ -24,6 +25,7 @@ import logging
 import msgspec
 
 from services.retriever.sources import pages as pg
+from services.retriever.sources.converter import ConversionFailed, Converter
 from shared.web import FetchError, RefusedAddress, WebClient
 from shared import events as ev
 from shared import sources, subjects
@@ -35,7 +37,10 @@ NAME = "page_fetcher"
 MAX_CRAWL_DELAY_S = 10.0  # a robots.txt Crawl-delay is waited before each page, up to this
 
 
-def make_node(web: WebClient, staging: sources.Staging, max_in_flight: int | None = None) -> Node:
+def make_node(web: WebClient, staging: sources.Staging, max_in_flight: int | None = None,
+              converter: Converter | None = None) -> Node:
+    convert = converter or Converter()
+
     async def fetch(item: ev.PageFetchRequested, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
         started = inputs.latest["sync_started"]
         if started is None or started.turn != item.turn:
@@ -75,7 +80,10 @@ def make_node(web: WebClient, staging: sources.Staging, max_in_flight: int | Non
                 return [fetched("skipped", status=200, reason=f"redirected out of scope to {final}")]
             if response.content_type not in pg.HTML_TYPES:
                 return [fetched("skipped", status=200, reason=f"not a page ({response.content_type or 'no type'})")]
-            title, text, links = pg.html_page(response.text(), final)
+            try:
+                title, text, links = await convert.html_page(response.text(), final)
+            except ConversionFailed as exc:
+                return [fetched("failed", status=200, reason=str(exc)[:500])]
             links = [u for u in links if u != target.url and pg.in_scope(spec, u) and rules.can_fetch(u, agent)]
         else:
             validators, links = {}, []
@@ -86,8 +94,8 @@ def make_node(web: WebClient, staging: sources.Staging, max_in_flight: int | Non
                 if data is None:
                     return [fetched("failed", reason="the uploaded file is no longer stored")]
                 try:
-                    title, text = pg.file_text(spec.name, data)
-                except pg.UnreadableFile as exc:
+                    title, text = await convert.file_text(spec.name, data)
+                except ConversionFailed as exc:
                     return [fetched("failed", reason=str(exc)[:500])]
         if not text.strip():
             return [fetched("skipped", reason="no text in it", links=links, **validators)]

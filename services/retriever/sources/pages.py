@@ -16,10 +16,10 @@ pages a sitemap lists, and the text of a page or file (pure functions over fetch
 from __future__ import annotations
 
 import fnmatch
-import gzip
 import hashlib
 import io
 import posixpath
+import zlib
 from urllib.parse import urljoin, urlsplit, urlunsplit
 
 from shared import events as ev
@@ -30,6 +30,7 @@ HTML_TYPES = ("text/html", "application/xhtml+xml")
 ASSET_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".svg", ".webp", ".ico", ".css", ".js", ".zip", ".gz", ".mp4",
                   ".mp3", ".woff", ".woff2", ".ttf", ".xml", ".json", ".rss", ".atom")
 MAX_SITEMAPS = 50
+MAX_SITEMAP_BYTES = 50 * 1024 * 1024  # the sitemaps protocol's own limit, uncompressed
 
 
 def normalized(url: str) -> str:
@@ -77,11 +78,15 @@ def is_sitemap(url: str, content_type: str = "") -> bool:
 
 
 def sitemap_entries(body: bytes) -> tuple[list[str], list[str]]:
-    """(page URLs, nested sitemap URLs) a sitemap lists."""
+    """(page URLs, nested sitemap URLs) a sitemap lists. A gzipped one is inflated up to
+    MAX_SITEMAP_BYTES, no further (ValueError: a bigger one, or a bomb)."""
     from defusedxml import ElementTree
 
     if body[:2] == b"\x1f\x8b":
-        body = gzip.decompress(body)
+        inflate = zlib.decompressobj(wbits=31)
+        body = inflate.decompress(body, MAX_SITEMAP_BYTES)
+        if inflate.unconsumed_tail:
+            raise ValueError(f"larger than {MAX_SITEMAP_BYTES} bytes uncompressed")
     root = ElementTree.fromstring(body)
     tag = root.tag.rsplit("}", 1)[-1]
     locs = [el.text.strip() for el in root.iter() if el.tag.rsplit("}", 1)[-1] == "loc" and el.text]

@@ -50,11 +50,15 @@ async def sitemap_pages(web: WebClient, url: str) -> list[str]:
         if current in seen:
             continue
         seen.add(current)
-        response = await web.get(current)
+        response = await web.get(current, max_bytes=pg.MAX_SITEMAP_BYTES)
         if response.status != 200:
             raise FetchError(f"{current}: HTTP {response.status}")
+        if response.truncated:
+            raise FetchError(f"{current}: larger than {pg.MAX_SITEMAP_BYTES} bytes")
         try:
             listed, nested = pg.sitemap_entries(response.body)
+        except ValueError as exc:
+            raise FetchError(f"{current}: not a sitemap ({type(exc).__name__}: {str(exc)[:100]})") from None
         except Exception as exc:  # noqa: BLE001 - not XML: said in the run's failure
             raise FetchError(f"{current}: not a sitemap ({type(exc).__name__})") from None
         found.extend(pg.normalized(u) for u in listed)

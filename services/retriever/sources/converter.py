@@ -1,0 +1,159 @@
+"""Turning a fetched page or an uploaded file into text (pages.py) in worker processes, so a
+hostile file costs its own site a failed page and nobody else anything.
+
+The converters (trafilatura, markitdown, pypdf) are CPU-bound and trust their input: run on
+the retriever's event loop, one 388 KB DOCX that inflates to 114 MB of XML, or a small PDF
+that reuses one compressed stream on every page, stops retrieval for every site and the work
+queue's heartbeats with it. Here each conversion runs in a pool of worker processes (pebble,
+spawned: nothing of the service's threads or models is inherited) that are:
+
+- bounded in time (CONVERT_TIMEOUT_S: past it the worker is killed and the page fails with why),
+- bounded in memory (CONVERT_MEMORY_MB: the worker's address space; past it MemoryError or
+  death, the page fails),
+- bounded in what they are given: an HTML body over CONVERT_MAX_HTML_BYTES, a DOCX/PPTX whose
+  entries inflate past CONVERT_MAX_UNZIPPED_BYTES (or that holds too many entries) is refused
+  before any converter sees it; a text longer than MAX_TEXT_CHARS is cut,
+- niced, so the answers the same machine serves come first,
+- recycled after MAX_TASKS conversions (a converter's leaks end with its process).
+
+A failure is a `ConversionFailed` naming the file and the limit: the page fetcher records it
+as the page's `failed` outcome, once; the work item is not redelivered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import io
+import multiprocessing
+import os
+import posixpath
+import resource
+import zipfile
+
+import pebble
+
+from services.retriever.sources import pages as pg
+from shared.config import Settings, env_float, env_int
+
+MAX_TASKS = 100  # conversions per worker process before it is replaced
+MAX_ZIP_ENTRIES = 10_000
+MAX_TEXT_CHARS = 2_000_000  # a page's text kept at most (a knowledge base is not a book store)
+
+
+class ConversionFailed(Exception):
+    """The page or file was not converted; the message says which limit or error."""
+
+
+class ConvertLimits(Settings):
+    """CONVERT_*: what one conversion may take."""
+
+    workers: int = 1
+    timeout_s: float = 60.0
+    memory_mb: int = 1536  # the worker's address space: its imports take about 450 MB of it
+    max_html_bytes: int = 5 * 1024 * 1024
+    max_unzipped_bytes: int = 100 * 1024 * 1024
+
+    @classmethod
+    def from_env(cls) -> "ConvertLimits":
+        d = cls()
+        return cls(workers=max(1, env_int("CONVERT_WORKERS", d.workers)),
+                   timeout_s=env_float("CONVERT_TIMEOUT_S", d.timeout_s),
+                   memory_mb=env_int("CONVERT_MEMORY_MB", d.memory_mb),
+                   max_html_bytes=env_int("CONVERT_MAX_HTML_BYTES", d.max_html_bytes),
+                   max_unzipped_bytes=env_int("CONVERT_MAX_UNZIPPED_BYTES", d.max_unzipped_bytes))
+
+
+def _worker_started(memory_bytes: int) -> None:
+    os.nice(10)
+    if memory_bytes > 0:
+        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+
+
+def _unzipped_size(name: str, data: bytes, limit: int) -> None:
+    """Refuse an Office file whose entries would inflate past `limit` bytes (sizes as its
+    central directory declares them; zipfile also stops an entry at its declared size)."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            entries = archive.infolist()
+    except (zipfile.BadZipFile, ValueError, OSError) as exc:
+        raise pg.UnreadableFile(f"{name}: not a valid Office file ({type(exc).__name__})") from None
+    if len(entries) > MAX_ZIP_ENTRIES:
+        raise pg.UnreadableFile(f"{name}: holds {len(entries)} entries (at most {MAX_ZIP_ENTRIES})")
+    total = sum(entry.file_size for entry in entries)
+    if total > limit:
+        raise pg.UnreadableFile(f"{name}: inflates to {total} bytes (at most {limit}: CONVERT_MAX_UNZIPPED_BYTES)")
+
+
+def _cut(text: str) -> str:
+    return text[:MAX_TEXT_CHARS]
+
+
+def file_text(name: str, data: bytes, limits: ConvertLimits) -> tuple[str, str]:
+    """In a worker: pages.file_text within the limits on what it is given."""
+    suffix = posixpath.splitext(name.lower())[1]
+    if suffix in (".docx", ".pptx"):
+        _unzipped_size(name, data, limits.max_unzipped_bytes)
+    elif suffix in (".html", ".htm") and len(data) > limits.max_html_bytes:
+        raise pg.UnreadableFile(f"{name}: {len(data)} bytes of HTML (at most {limits.max_html_bytes}: "
+                                "CONVERT_MAX_HTML_BYTES)")
+    title, text = pg.file_text(name, data)
+    return title, _cut(text)
+
+
+def html_page(html: str, url: str, limits: ConvertLimits) -> tuple[str, str, list[str]]:
+    """In a worker: pages.html_page of a fetched page within the limits."""
+    if len(html) > limits.max_html_bytes:
+        raise pg.UnreadableFile(f"{url}: {len(html)} characters of HTML (at most {limits.max_html_bytes}: "
+                                "CONVERT_MAX_HTML_BYTES)")
+    title, text, links = pg.html_page(html, url)
+    return title, _cut(text), links
+
+
+class Converter:
+    """The pool of converter processes of one retriever (started at the first conversion)."""
+
+    def __init__(self, limits: ConvertLimits | None = None):
+        self.limits = limits or ConvertLimits()
+        self._pool: pebble.ProcessPool | None = None
+
+    def _open(self) -> pebble.ProcessPool:
+        if self._pool is None or not self._pool.active:
+            self._pool = pebble.ProcessPool(max_workers=self.limits.workers, max_tasks=MAX_TASKS,
+                                            initializer=_worker_started,
+                                            initargs=(self.limits.memory_mb * 1024 * 1024,),
+                                            context=multiprocessing.get_context("spawn"))
+        return self._pool
+
+    async def _run(self, what: str, function, *args):
+        future = self._open().schedule(function, args=(*args, self.limits), timeout=self.limits.timeout_s)
+        try:
+            return await asyncio.wrap_future(future)
+        except concurrent.futures.TimeoutError:
+            raise ConversionFailed(f"{what}: not converted within {self.limits.timeout_s:g} s "
+                                   "(CONVERT_TIMEOUT_S)") from None
+        except MemoryError:
+            raise ConversionFailed(f"{what}: needs more than {self.limits.memory_mb} MiB to convert "
+                                   "(CONVERT_MEMORY_MB)") from None
+        except pebble.ProcessExpired as exc:
+            raise ConversionFailed(f"{what}: the converter process died (exit {exc.exitcode}): "
+                                   "too big or malformed") from None
+        except pg.UnreadableFile as exc:
+            raise ConversionFailed(str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - a converter's own failure names the file; the run goes on
+            raise ConversionFailed(f"{what}: {type(exc).__name__}: {str(exc)[:300]}") from None
+
+    async def file_text(self, name: str, data: bytes) -> tuple[str, str]:
+        """(title, text as Markdown) of an uploaded file."""
+        return await self._run(name, file_text, name, data)
+
+    async def html_page(self, html: str, url: str) -> tuple[str, str, list[str]]:
+        """(title, main content as Markdown, links) of a fetched page."""
+        return await self._run(url, html_page, html, url)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.stop()
+            self._pool.join(timeout=5)
+            self._pool = None
+
