@@ -213,3 +213,18 @@ async def test_votes_are_rate_limited_per_address(bus, site, nats_url, redis_url
             another = f"203.0.113.{uuid.uuid4().int % 250 + 1}"
             elsewhere = await vote(client, site, session, 1, {"rating": "down"}, **{"X-Forwarded-For": another})
             assert elsewhere.status_code == 201
+
+
+async def test_a_client_cannot_rotate_its_address_without_a_trusted_proxy(bus, site, nats_url, redis_url, monkeypatch):
+    """TRUSTED_PROXY_HOPS=0 (no proxy in front): X-Forwarded-For is the client's own writing and
+    is not read, not even from a 127.0.0.1 peer (uvicorn's proxy headers are off), so a new
+    address in it each time does not escape the per-address limit."""
+    await configure_site(nats_url, site)
+    session = new_session()
+    await answered(bus, site, session, 1)
+    async with running_gateway(nats_url, redis_url, monkeypatch, session_token_secret=SECRET, rate_per_ip_per_min=3,
+                               trusted_proxy_hops=0) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+            statuses = [(await vote(client, site, session, 1, {"rating": ("up", "down")[i % 2]},
+                                    **{"X-Forwarded-For": f"198.51.100.{i + 1}"})).status_code for i in range(5)]
+    assert statuses[:3] == [201, 201, 201] and statuses[3:] == [429, 429], statuses

@@ -21,6 +21,7 @@ from cli.harness.sse import chat, resume
 from cli.harness.supervisor import free_port
 from services.gateway import app as gateway
 from services.gateway import turns
+from services.gateway.main import proxy_headers
 from services.gateway.settings import GatewaySettings
 from shared import events as ev
 from shared.config import BusConfig
@@ -39,8 +40,8 @@ async def running_gateway(nats_url: str, redis_url: str, monkeypatch, **over):
     settings = GatewaySettings(**{"bus": BusConfig(url=nats_url), "redis_url": redis_url, "turn_deadline_s": DEADLINE_S,
                                   "rate_per_ip_per_min": 0, "session_token_secret": "turn-end-test-secret-0123456789",
                                   **over})
-    server = uvicorn.Server(uvicorn.Config(gateway.create_app(settings),
-                                           host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(gateway.create_app(settings), host="127.0.0.1", port=port,
+                                           log_level="warning", proxy_headers=proxy_headers(settings)))
     task = asyncio.create_task(server.serve())
     await wait_for(lambda: server.started, 20, "gateway started")
     try:

@@ -29,12 +29,17 @@ def main() -> None:
         access_log=False,
         loop="uvloop",  # as every service (shared/service.main); "auto" would pick it only when installed
         timeout_graceful_shutdown=30,
-        # X-Forwarded-For is read only behind TRUSTED_PROXY_HOPS proxies, by access.client_ip
-        # counting from the right: uvicorn's own proxy headers (on by default, trusting a
-        # 127.0.0.1 peer) would hand the client's left-most, self-written entry to every
-        # per-address limit. Behind an ingress they also give the scheme (https in the snippet).
-        proxy_headers=settings.trusted_proxy_hops > 0,
+        proxy_headers=proxy_headers(settings),
     )
+
+
+def proxy_headers(settings: GatewaySettings) -> bool:
+    """Whether uvicorn reads the proxy headers. X-Forwarded-For is read only behind
+    TRUSTED_PROXY_HOPS proxies, by access.client_ip counting from the right: uvicorn's own
+    (on by default, trusting a 127.0.0.1 peer) would hand the client's left-most, self-written
+    entry to every per-address limit. Behind an ingress they give the scheme too (https in
+    the embed snippet; FORWARDED_ALLOW_IPS names the ingress's addresses)."""
+    return settings.trusted_proxy_hops > 0
 
 
 if __name__ == "__main__":
