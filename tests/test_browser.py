@@ -126,6 +126,43 @@ async def test_browser_renders_the_answers_markdown_and_never_its_html(system, l
 
 
 @needs_chromium
+async def test_browser_links_a_citation_only_to_an_http_source(system):
+    """A source's URL is the site's data (a text source's title, a PDF's /Title): a
+    `javascript:` one cites as plain text, never as a link; an https one links. The turn's
+    stream is the server's frames, served by the browser's own route (no model involved)."""
+    from playwright.async_api import async_playwright
+
+    sources = [{"n": 1, "url": "javascript:alert(document.domain)//", "title": "javascript:alert(1)//",
+                "document_type": "chunk"},
+               {"n": 2, "url": "https://tidewise.example/guide", "title": "Guide", "document_type": "chunk"}]
+    frames = [{"type": "start", "session_id": "s-cite", "turn": 1, "session_token": "t"},
+              {"type": "sources", "sources": sources},
+              {"type": "token", "content": "Read this [1] and that [2]."},
+              {"type": "complete", "session_id": "s-cite", "turn": 1, "session_token": "t",
+               "metadata": {"route": "ANSWER", "sources": sources}}]
+    stream = "".join(f"id: 1:{i}\ndata: {json.dumps(f)}\n\n" for i, f in enumerate(frames))
+    async with async_playwright() as pw:
+        browser = await launch_chromium(pw)
+        try:
+            page = await browser.new_page(viewport={"width": 1200, "height": 800})
+            dialogs = []
+            page.on("dialog", lambda d: (dialogs.append(d.message), asyncio.ensure_future(d.dismiss())))
+            await page.route("**/v1/chat", lambda route: route.fulfill(
+                status=200, headers={"Content-Type": "text/event-stream"}, body=stream))
+            await ask_in_a_fresh_widget(page, system.gateway_url, "Where is the guide?")
+            bot = page.locator("[data-testid=cw-bot]").last
+            await page.wait_for_selector("[data-testid=cw-bot] .cw-cite >> nth=1", timeout=30000)
+            cites = await bot.locator(".cw-cite").evaluate_all(
+                "cs => cs.map(c => [c.tagName, c.getAttribute('href'), c.textContent])")
+            assert cites == [["SPAN", None, "[1]"], ["A", "https://tidewise.example/guide", "[2]"]], cites
+            hrefs = await page.locator("[data-testid=cw-log] a").evaluate_all("as => as.map(a => a.href)")
+            assert not [h for h in hrefs if not h.startswith("https://")], hrefs
+            assert dialogs == []
+        finally:
+            await browser.close()
+
+
+@needs_chromium
 async def test_browser_resumes_the_answer_after_a_reload_and_a_dropped_connection(system, llm, suggestions_llm):
     """Reload the page in the middle of a long answer and read the rest of it, once; then lose
     the network mid-answer and still read one whole answer."""
