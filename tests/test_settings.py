@@ -120,7 +120,7 @@ def test_router_overrides(env):
 
 
 def test_responder_overrides(env):
-    own = "whsec_" + "A" * 40
+    own = "acme:whsec_" + "A" * 40
     env.set(ANSWER_BACKEND="extractive", ANSWER_MAX_SOURCES="5", ANSWER_WAIT_S="0.3", FINALIZE_WAIT_S="0.1",
             LEAD_WEBHOOK_URL="http://crm", LEAD_WEBHOOK_ATTEMPTS="2", LEAD_WEBHOOK_SECRET="deployment",
             LEAD_WEBHOOK_SECRET_ACME=own, POSTHOG_HOST="http://ph", LLM_ANSWER_MODEL="big")
@@ -370,9 +370,10 @@ def test_docs_operations_lists_every_variable_the_code_reads():
 
 
 def test_webhook_secrets_keep_the_variables_a_site_may_name(env):
-    env.set(LEAD_WEBHOOK_SECRET_ACME="whsec_x", lowercase_name="y")
+    env.set(LEAD_WEBHOOK_SECRET_ACME="acme:whsec_x", lowercase_name="acme:whsec_y", LEAD_WEBHOOK_SECRET_BARE="whsec_z")
     secrets = WebhookSecrets.from_env()
-    assert secrets.variables["LEAD_WEBHOOK_SECRET_ACME"] == "whsec_x" and "lowercase_name" not in secrets.variables
+    assert secrets.variables["LEAD_WEBHOOK_SECRET_ACME"] == "acme:whsec_x" and "lowercase_name" not in secrets.variables
+    assert "LEAD_WEBHOOK_SECRET_BARE" not in secrets.variables  # not bound to a site: never a site's secret
 
 
 def test_settings_are_frozen_once_read(env):
