@@ -609,6 +609,13 @@ class SiteConfigs:
         self._refreshing: dict[str, asyncio.Task] = {}
         self._loaded = False
 
+    def forget(self, site: str) -> None:
+        """Drop this process's copy of `site`'s config (and of the site list): a change this
+        process wrote is read at its next use, not a TTL later (a key just made, a pull URL
+        just set); other processes' copies expire as usual."""
+        self._cache.pop(site, None)
+        self._sites = None
+
     async def get(self, site: str) -> SiteConfig:
         """The site's config, or the defaults when it has none."""
         return await self.find(site) or SiteConfig()

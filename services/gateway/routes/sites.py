@@ -55,6 +55,11 @@ def _store(request: Request) -> SiteStore:
     return SiteStore(request.app.state.bus)
 
 
+def _changed(request: Request, site: str) -> None:
+    """This gateway reads its own change at once (its cached copy dropped)."""
+    request.app.state.sites.forget(site)
+
+
 async def _body(request: Request) -> dict[str, Any]:
     return decode(await read_body(request, request.app.state.settings.max_body_bytes), _object)
 
@@ -87,6 +92,7 @@ async def put_site(request: Request, site: SiteId, who: Who):
     data = await _body(request)
     try:
         change = await _store(request).put(site, data, who.actor, may_create=who.site is None)
+        _changed(request, site)
     except SiteNotFound:  # a site key's site, deleted since the key was checked
         raise RequestError(None, "creating a site needs the deployment's ADMIN_TOKEN, not a site key",
                            status=403) from None
@@ -103,6 +109,7 @@ async def patch_site(request: Request, site: SiteId, who: Who):
     patch = await _body(request)
     try:
         change = await _store(request).patch(site, patch, who.actor)
+        _changed(request, site)
     except SiteNotFound:
         raise NotFound(f"no site {site}") from None
     except SiteConflict as exc:
@@ -117,6 +124,7 @@ async def delete_site(request: Request, site: SiteId, who: Who):
     _admin_only(who, "deleting a site")
     try:
         change = await _store(request).delete(site, who.actor)
+        _changed(request, site)
     except SiteNotFound:
         raise NotFound(f"no site {site}") from None
     except SiteConflict as exc:
@@ -147,12 +155,14 @@ async def make_key(request: Request, site: SiteId, who: Who):
     `operator_key_sha256`; remove an entry with PATCH to retire a key). With a body
     `{"operator": NAME}`, a named operator's key instead (their account in `operators`,
     replacing an older key of the same name): what they do in a handoff is theirs. A key
-    works on every replica once their copies of the config expire (SITE_CONFIG_TTL_S)."""
+    works at once on the gateway that made it, on the other replicas once their copies of the
+    config expire (SITE_CONFIG_TTL_S)."""
     _not_named(who, "making a key")
     raw = await read_body(request, 1024)
     body = decode(raw, _key_for) if raw.strip() else KeyFor()
     try:
         key, change = await _store(request).add_key(site, who.actor, body.operator)
+        _changed(request, site)
     except SiteNotFound:
         raise NotFound(f"no site {site}") from None
     except SiteConflict as exc:
