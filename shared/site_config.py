@@ -24,7 +24,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import msgspec
-import nats.js.errors
 from nats.js.errors import KeyNotFoundError, NotFoundError
 
 from shared import business_hours, subjects
@@ -657,14 +656,17 @@ class SiteConfigs:
         return config
 
     async def configured(self) -> list[str]:
-        """Every configured site, cached like the configs."""
+        """Every site the bucket has a key for (a deleted one too: `find` says None), cached
+        like the configs. Read from the stream's own count of its subjects: nats-py's
+        `KeyValue.keys()` (a watcher) may end before its first key arrives when the server has
+        sent them all and none is handled yet, and then lists no site at all."""
         now = time.monotonic()
         if self._sites is not None and now - self._sites[0] < self.ttl_s:
             return self._sites[1]
-        try:
-            names = await (await self._bucket()).keys()
-        except nats.js.errors.NoKeysError:
-            names = []
+        await self._bucket()
+        prefix = f"$KV.{subjects.SITE_CONFIG_BUCKET}."
+        info = await self.bus.js.stream_info(f"KV_{subjects.SITE_CONFIG_BUCKET}", subjects_filter=prefix + ">")
+        names = [subject[len(prefix):] for subject in (info.state.subjects or {})]
         # A site id has no '.': the registry's record and the sync's file records have one.
         self._sites = (now, sorted(name for name in names if "." not in name))
         return self._sites[1]

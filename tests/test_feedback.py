@@ -228,3 +228,25 @@ async def test_a_client_cannot_rotate_its_address_without_a_trusted_proxy(bus, s
             statuses = [(await vote(client, site, session, 1, {"rating": ("up", "down")[i % 2]},
                                     **{"X-Forwarded-For": f"198.51.100.{i + 1}"})).status_code for i in range(5)]
     assert statuses[:3] == [201, 201, 201] and statuses[3:] == [429, 429], statuses
+
+
+async def test_the_origins_union_lists_every_site_even_when_a_key_watch_ends_early(bus, site, nats_url, monkeypatch):
+    """The flaky CORS header (issue 54): the union of the sites' origins listed the sites with
+    nats-py's `KeyValue.keys()`, a watcher that ends with no key at all when the server has
+    sent every key before the client handled the first (its consumer reports nothing
+    pending, nothing handled yet). Here that watcher always ends so: the union still holds
+    the site's origin, read from the stream's own count of its subjects."""
+    from nats.js.errors import NoKeysError
+    from nats.js.kv import KeyValue
+
+    from services.gateway.cors import KnownOrigins
+    from shared.site_config import SiteConfigs
+
+    async def ended_early(self, filters=None, **kwargs):
+        raise NoKeysError
+
+    monkeypatch.setattr(KeyValue, "keys", ended_early)
+    await configure_site(nats_url, site, allowed_origins=[ORIGIN])
+    configs = SiteConfigs(bus, ttl_s=0)
+    assert site in await configs.configured()
+    assert ORIGIN in await KnownOrigins(lambda: configs)()
