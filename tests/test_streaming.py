@@ -94,3 +94,29 @@ async def test_a_stream_that_fails_sends_what_the_model_said_and_leaves_no_timer
     assert [t.content for t in bus.tokens] == ["a", "b c"]  # what waited for the timer, sent with the failure
     await asyncio.sleep(0.1)
     assert [t.index for t in bus.tokens] == [0, 1]  # and nothing after it
+
+
+async def test_a_chunk_the_timer_is_sending_when_the_model_fails_goes_out_before_the_failure():
+    """The flaky test_resilience (issue 54): the timer had taken the waiting text and was
+    publishing it when the model broke; the failure went out before that chunk (and the
+    gateway's stream ended without its text). The timer's publish is held here until well
+    after the failure: stream_llm raises only once it is out."""
+
+    class SlowSecondChunk(RecordingBus):
+        async def publish_token(self, chunk):
+            if getattr(chunk, "index", None) == 1:
+                await asyncio.sleep(0.2)  # the timer's publish, still on its way
+            await super().publish_token(chunk)
+
+    class BreaksAfterAPause:
+        async def stream(self, role, messages, record, **params):
+            yield "a"
+            yield "b"  # left for the timer (batch_s)
+            await asyncio.sleep(0.05)  # the timer fires and starts publishing "b"
+            raise RuntimeError("model went away")
+
+    bus, cause = SlowSecondChunk(), turn("s", "x", 1, "Hello?")
+    ctx = Context(out=bus, node="answer_writer", cause=cause, attempt=1)
+    with pytest.raises(RuntimeError):
+        await stream_llm(ctx, BreaksAfterAPause(), "answer", "answer_writer", [], batch_s=0.01)
+    assert [(t.index, t.content) for t in bus.tokens] == [(0, "a"), (1, "b")]

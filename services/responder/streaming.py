@@ -39,7 +39,8 @@ class TokenBatcher:
         self.sent = 0  # chunks sent: the next one's index
         self._pending: list[str] = []
         self._sent_at = float("-inf")
-        self._timer: asyncio.Task | None = None
+        self._timer: asyncio.Task | None = None  # waiting to send: may be cancelled
+        self._sending: asyncio.Task | None = None  # the timer once it sends: waited for, never cut
 
     async def add(self, delta: str) -> None:
         self._pending.append(delta)
@@ -49,11 +50,11 @@ class TokenBatcher:
         if wait <= 0:
             await self._send()
         else:
-            self._timer = asyncio.create_task(self._send_after(wait))
+            self._timer = self._sending = asyncio.create_task(self._send_after(wait))
 
     async def _send_after(self, wait: float) -> None:
         await asyncio.sleep(wait)
-        self._timer = None
+        self._timer = None  # from here it publishes: `cancel` waits for it rather than cut it
         await self._send()
 
     async def _send(self) -> None:
@@ -67,16 +68,23 @@ class TokenBatcher:
         await self.ctx.token(index, content)
 
     async def close(self) -> None:
-        """Send what is waiting (the stream ended)."""
+        """Send what is waiting (the stream ended), after what the timer is sending."""
         await self.cancel()
         await self._send()
 
     async def cancel(self) -> None:
+        """Stop a timer still waiting, and let one already sending finish: whatever comes
+        after (the rest, the turn's end, its failure) goes out after that chunk, never
+        before it nor without it."""
         if self._timer is not None:
             timer, self._timer = self._timer, None
             timer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await timer
+        if self._sending is not None:
+            sending, self._sending = self._sending, None
+            with contextlib.suppress(asyncio.CancelledError):
+                await sending
 
 
 async def stream_llm(ctx: Context, llm: LLMClient, role: str, node: str, messages: list[dict], *,
