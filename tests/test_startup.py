@@ -104,6 +104,33 @@ def test_waiting_for_the_services_stops_at_the_first_that_exits_with_its_reason(
         system.stop(timeout=2)
 
 
+def test_a_start_waits_for_what_it_builds_and_giving_up_says_what_each_was_doing(tmp_path):
+    """Issue 54: the wait is derived from what the start has to do (each artifact the cache
+    lacks adds its build time, cli/prepare.py), and a timeout names each service still
+    waited for with its log's last line and its age, the cache and the machine's load."""
+    from cli.harness.supervisor import BUILD_S, READY_S
+
+    cold = make_system(tmp_path / "cold", free_port(), free_port(), {"CONCIERGE_CACHE_DIR": str(tmp_path / "empty")})
+    assert cold.to_build() == ["the embedding model's ONNX export", "the router's intent model"]
+    assert cold.start_wait(cold.to_build()) == READY_S + 2 * BUILD_S
+    assert make_system(tmp_path / "remote", free_port(), free_port(), {
+        "EMBEDDINGS_BASE_URL": "http://embeddings.example/v1"}).to_build() == []
+
+    system = make_system(tmp_path / "slow", free_port(), free_port(), {})
+    for name in ("router", "retriever", "enricher", "responder", "gateway"):
+        code = ("import json, time; print(json.dumps({'level': 'info', 'msg': 'training the intent model'}), "
+                "flush=True); time.sleep(30)") if name == "router" else "import time; time.sleep(30)"
+        system.spawn(name, [sys.executable, "-c", code])
+    try:
+        with pytest.raises(TimeoutError) as caught:
+            system.wait_services(2, ["the router's intent model"])
+    finally:
+        system.stop(timeout=2)
+    why = str(caught.value)
+    assert "not ready after 2s (the cache lacked the router's intent model; load average" in why
+    assert "router: 'training the intent model', " in why and "gateway: nothing logged" in why
+
+
 # --- ready means "can serve" -------------------------------------------------------------------
 
 def test_the_gateway_is_not_ready_and_answers_503_until_the_site_registry_is_loaded(tmp_path):

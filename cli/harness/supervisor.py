@@ -25,6 +25,12 @@ SERVICES = ("router", "retriever", "enricher", "responder", "gateway")
 ROOT = Path(__file__).resolve().parents[2]  # the project: sites/, knowledge/, and what `-m services.X` imports
 DEMO_KB = ROOT / "knowledge" / "demo"
 DEMO_ACCOUNTS = ROOT / "sites" / "demo.accounts.json"  # the demo site's sample portfolio
+# A system's start wait, from what it waits for: the services on a prepared cache (seconds
+# each on a quiet machine; this allows three test workers starting systems at once), and for
+# each artifact the cache lacks, the time a process takes to build it under that load
+# (cli/prepare.py: about 9 s each on a quiet machine).
+READY_S = 60.0
+BUILD_S = 90.0
 
 
 def _wheel_binary(name: str, wheel: str) -> str:
@@ -264,17 +270,32 @@ class System:
         return subprocess.run([sys.executable, "-m", "cli", "accounts", "import", "--site", site, str(source)],
                               env=self.env, cwd=ROOT, check=check)
 
-    def start_all(self, ready_timeout: float = 60) -> None:
+    def start_all(self, ready_timeout: float | None = None) -> None:
+        """Every service, waited for `ready_timeout` or else what the start has to do (the
+        artifacts the cache lacks: `start_wait`)."""
+        building = self.to_build()
         self.start_nats()
         self.start_redis()
         for name in SERVICES:
             self.start_service(name)
-        self.wait_services(ready_timeout)
+        self.wait_services(self.start_wait(building) if ready_timeout is None else ready_timeout, building)
 
-    def wait_services(self, timeout: float) -> None:
+    def to_build(self) -> list[str]:
+        """What this system's processes would build before they are ready (cli/prepare.py)."""
+        from cli import prepare
+
+        return prepare.missing(self.env)
+
+    @staticmethod
+    def start_wait(building: list[str]) -> float:
+        return READY_S + BUILD_S * len(building)
+
+    def wait_services(self, timeout: float, building: list[str] | None = None) -> None:
         """Until the gateway answers /readyz and every consumer process has logged 'service
         ready'. Any of them exiting first stops the wait with the reason it gave, not a
-        timeout: the gateway never becomes ready without the router's site registry."""
+        timeout: the gateway never becomes ready without the router's site registry. Giving
+        up says what each was doing (its log's last line, and how long ago), what the wait
+        allowed for (`building`) and how loaded the machine was."""
         deadline = time.monotonic() + timeout
         waiting = set(SERVICES)
         while waiting:
@@ -286,7 +307,11 @@ class System:
                 if self._answered_ready(name):
                     waiting.discard(name)
             if waiting and time.monotonic() > deadline:
-                raise TimeoutError(f"not ready after {timeout:.0f}s: {', '.join(sorted(waiting))}; "
+                doing = "; ".join(f"{name}: {self.last_logged(name)}" for name in sorted(waiting))
+                allowed = (f"the cache lacked {', '.join(building)}" if building
+                           else "the cache was prepared" if building is not None else "a fixed wait")
+                raise TimeoutError(f"not ready after {timeout:.0f}s ({allowed}; load average "
+                                   f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores): {doing}; "
                                    f"see {self.log_dir}/<service>.log")
             time.sleep(0.1)
 
@@ -298,6 +323,26 @@ class System:
                 return resp.status == 200
         except Exception:  # noqa: BLE001 - not up yet, or not ready (503)
             return False
+
+    def last_logged(self, name: str) -> str:
+        """Process `name`'s last log line (its message, when JSON) and how long ago it was written."""
+        path = self.log_dir / f"{name}.log"
+        try:
+            with open(path, "rb") as log:
+                log.seek(max(self.log_starts.get(name, 0), path.stat().st_size - 8192))
+                lines = [line for line in log.read().decode("utf-8", "replace").splitlines() if line.strip()]
+            age = time.time() - path.stat().st_mtime
+        except OSError:
+            return "nothing logged"
+        if not lines:
+            return "nothing logged"
+        line = lines[-1].strip()
+        try:
+            record = json.loads(line)
+            line = str(record.get("msg") or line) if isinstance(record, dict) else line
+        except ValueError:
+            pass
+        return f"{line[:200]!r}, {age:.0f} s ago"
 
     def exit_reason(self, name: str) -> str:
         """Why process `name` stopped, in one line from the end of its log: the line a service

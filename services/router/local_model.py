@@ -107,10 +107,16 @@ class LocalIntentModel:
         self._coef_t = np.ascontiguousarray(classifier.coef_.T)
         self._intercept = classifier.intercept_.copy()
 
+    @staticmethod
+    def cache_path(embedder: Embedder, train: Path = TRAIN) -> Path:
+        """Where the model trained from `train` with `embedder` is kept (keyed by both)."""
+        digest = hashlib.sha256(train.read_bytes() + f"|{MODEL_VERSION}|{embedder.name}".encode()).hexdigest()[:16]
+        return Path(embedder.settings.cache_dir) / "router" / f"intent-{digest}.pkl"
+
     @classmethod
     def load_or_train(cls, embedder: Embedder, train: Path = TRAIN) -> "LocalIntentModel":
-        digest = hashlib.sha256(train.read_bytes() + f"|{MODEL_VERSION}|{embedder.name}".encode()).hexdigest()[:16]
-        cached = embedder.settings.cache() / "router" / f"intent-{digest}.pkl"
+        cached = cls.cache_path(embedder, train)
+        digest = cached.stem.removeprefix("intent-")
         cached.parent.mkdir(parents=True, exist_ok=True)
         # Under a file lock: routers starting together on a cold cache train once, and none
         # reads a file another is still writing.
