@@ -439,7 +439,7 @@ async def store(bus: Bus, site: str, portfolio: Portfolio, actor: str, source: s
     """Store the portfolio's records that are new or differ, and audit the import in the
     site's log; None when nothing changed (no event either: the same file again is a no-op)."""
     kv = bus.bucket(subjects.ACCOUNTS_BUCKET)
-    await _room_for(bus, kv, site, portfolio)
+    await _room_for(bus, site, portfolio)
     counts = {name: {"account": 0, "deal": 0} for name in ("added", "changed", "unchanged")}
     written = hashlib.blake2b(digest_size=16)
     for kind, records in (("account", portfolio.accounts), ("deal", portfolio.deals)):
@@ -462,22 +462,20 @@ async def store(bus: Bus, site: str, portfolio: Portfolio, actor: str, source: s
     return event
 
 
-async def stored_count(bus: Bus, site: str, kind: Literal["account", "deal"]) -> int:
-    """How many records of `kind` the site has (its keys, counted by the stream: nothing read)."""
-    info = await bus.js.stream_info(f"KV_{subjects.ACCOUNTS_BUCKET}",
-                                    subjects_filter=f"$KV.{subjects.ACCOUNTS_BUCKET}.{key(site, kind, '>')}")
-    return len(info.state.subjects or {})
+async def stored_keys(bus: Bus, site: str, kind: Literal["account", "deal"]) -> set[str]:
+    """The keys of the site's records of `kind`, as the stream counts its subjects: nothing read."""
+    prefix = f"$KV.{subjects.ACCOUNTS_BUCKET}."
+    info = await bus.js.stream_info(f"KV_{subjects.ACCOUNTS_BUCKET}", subjects_filter=prefix + key(site, kind, ">"))
+    return {subject[len(prefix):] for subject in info.state.subjects or {}}
 
 
-async def _room_for(bus: Bus, kv, site: str, portfolio: Portfolio) -> None:
+async def _room_for(bus: Bus, site: str, portfolio: Portfolio) -> None:
     errors = []
     for kind, records in (("account", portfolio.accounts), ("deal", portfolio.deals)):
         if not records:
             continue
-        have = await stored_count(bus, site, kind)
-        if have + len(records) <= MAX_SITE_RECORDS:
-            continue
-        new = sum([await _get(kv, key(site, kind, r.id)) is None for r in records])
+        stored = await stored_keys(bus, site, kind)
+        have, new = len(stored), len({key(site, kind, r.id) for r in records} - stored)
         if have + new > MAX_SITE_RECORDS:
             errors.append({"field": f"{kind}s", "message": f"the site has {have} {kind}s; {new} more would pass "
                                                             f"its {MAX_SITE_RECORDS}"})
@@ -623,7 +621,11 @@ async def pull(bus: Bus, site: str, config, client, keys: dict[str, str], force:
     except AccountsError as exc:
         await note_pull(bus, site, Pulled(at=now, url=config.pull_url, error=f"invalid data: {exc}"[:1000]))
         raise PullError(f"{config.pull_url} answered data that does not validate", exc.errors) from None
-    event = await store(bus, site, portfolio, f"pull:{urlsplit(config.pull_url).hostname or ''}", "pull")
+    try:
+        event = await store(bus, site, portfolio, f"pull:{urlsplit(config.pull_url).hostname or ''}", "pull")
+    except AccountsError as exc:  # past the site's cap: noted like any failed pull, not asked again within the TTL
+        await note_pull(bus, site, Pulled(at=now, url=config.pull_url, error=str(exc)[:1000]))
+        raise PullError(f"{config.pull_url} answered more records than the site may hold", exc.errors) from None
     await note_pull(bus, site, Pulled(at=now, url=config.pull_url))
     return PullResult(fetched=True, at=now, url=config.pull_url, counts=counts_of(portfolio, event))
 

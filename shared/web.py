@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import os
 import socket
 from dataclasses import dataclass, field
 from urllib.parse import urljoin
@@ -33,12 +34,18 @@ import yarl
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import ThreadedResolver
 
-from shared.config import Settings, env_bool, env_str
+from shared.config import Settings, env_bool, env_str, invalid
 
 MAX_REDIRECTS = 5
+NO_PUBLIC_ADDRESS = ("no public address (the name does not resolve, or only to addresses this deployment does not "
+                     "fetch from: OUTBOUND_ALLOWED)")
 HOW_TO_ALLOW = "OUTBOUND_ALLOW_PRIVATE_NETWORKS=1 or OUTBOUND_ALLOWED allows it"
-# Not globally routable, though Python's is_private/is_global miss some spellings of them.
-SHARED = ipaddress.ip_network("100.64.0.0/10")  # carrier-grade NAT (RFC 6598)
+# Not globally routable, though this Python's is_private/is_global miss them: shared (CGNAT,
+# RFC 6598), IETF protocol assignments (192.0.0.0/24), IPv6 site-local and documentation.
+NOT_PUBLIC = {"shared (CGNAT)": ipaddress.ip_network("100.64.0.0/10"),
+              "reserved": ipaddress.ip_network("192.0.0.0/24"),
+              "site-local": ipaddress.ip_network("fec0::/10"),
+              "documentation": ipaddress.ip_network("3fff::/20")}
 
 
 class RefusedAddress(OSError):
@@ -59,10 +66,10 @@ def refused(address: str) -> str | None:
             ip = embedded
         elif ip in ipaddress.ip_network("64:ff9b::/96"):  # NAT64: the IPv4 address in its last 32 bits
             ip = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-    for what, bad in (("loopback", ip.is_loopback), ("link-local", ip.is_link_local),
-                      ("shared (CGNAT)", ip.version == 4 and ip in SHARED), ("private", ip.is_private),
+    for what, bad in (("loopback", ip.is_loopback), ("link-local", ip.is_link_local), ("private", ip.is_private),
                       ("multicast", ip.is_multicast), ("reserved", ip.is_reserved),
-                      ("unspecified", ip.is_unspecified)):
+                      ("unspecified", ip.is_unspecified),
+                      *((name, ip.version == net.version and ip in net) for name, net in NOT_PUBLIC.items())):
         if bad:
             return f"{address} is a {what} address"
     if not ip.is_global:
@@ -80,9 +87,15 @@ class Outbound(Settings):
 
     @classmethod
     def from_env(cls) -> "Outbound":
+        if os.environ.get("CRAWL_ALLOW_PRIVATE_NETWORKS"):  # its name until every fetch shared the guard
+            invalid("CRAWL_ALLOW_PRIVATE_NETWORKS is now OUTBOUND_ALLOW_PRIVATE_NETWORKS (crawler, account pulls "
+                    "and webhooks alike), or name the addresses in OUTBOUND_ALLOWED", None)
         listed = tuple(p.strip() for p in env_str("OUTBOUND_ALLOWED", "").split(",") if p.strip())
         outbound = cls(allow_private=env_bool("OUTBOUND_ALLOW_PRIVATE_NETWORKS", False), allowed=listed)
-        outbound._rules()  # a wrong entry stops the process at start, naming it
+        try:
+            outbound._rules()  # a wrong entry stops the process at start, naming it
+        except ValueError as exc:
+            return invalid(f"OUTBOUND_ALLOWED: {exc}", cls(allow_private=outbound.allow_private))
         return outbound
 
     def _rules(self) -> list[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, int | None]]:
@@ -91,14 +104,17 @@ class Outbound(Settings):
             host, port = entry, None
             if entry.startswith("["):
                 host, _, rest = entry[1:].partition("]")
-                port = int(rest[1:]) if rest.startswith(":") else None
+                if rest and not rest.startswith(":"):
+                    raise ValueError(f"{entry!r}: only `:port` may follow `[address]`")
+                port = rest[1:] or None
             elif entry.count(":") == 1:
-                host, _, given = entry.partition(":")
-                port = int(given)
+                host, _, port = entry.partition(":")
+            if port is not None and not (port.isdigit() and 1 <= int(port) <= 65535):
+                raise ValueError(f"{entry!r}: the port must be 1 to 65535")
             try:
-                rules.append((ipaddress.ip_network(host, strict=False), port))
+                rules.append((ipaddress.ip_network(host, strict=False), None if port is None else int(port)))
             except ValueError:
-                raise ValueError(f"OUTBOUND_ALLOWED: {entry!r} is not an address, address:port or network") from None
+                raise ValueError(f"{entry!r} is not an address, address:port, [v6]:port or network") from None
         return rules
 
     def why_refused(self, address: str, port: int | None = None) -> str | None:
@@ -124,11 +140,15 @@ class GuardedResolver(AbstractResolver):
 
     async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
                       ) -> list[ResolveResult]:
-        found = await self._inner.resolve(host, port, family)
+        try:
+            found = await self._inner.resolve(host, port, family)
+        except OSError:
+            found = []
         allowed = [r for r in found if self._outbound.why_refused(r["host"], port) is None]
         if not allowed:
-            reason = self._outbound.why_refused(found[0]["host"], port) if found else "no address"
-            raise RefusedAddress(f"{host}: {reason}")
+            # One answer whether the name does not resolve or resolves inside: a tenant learns
+            # neither which internal names exist nor the addresses behind them.
+            raise RefusedAddress(f"{host}: {NO_PUBLIC_ADDRESS}")
         return allowed
 
     async def close(self) -> None:
@@ -140,20 +160,11 @@ def guarded_socket(outbound: Outbound):
 
     def make(addr_info) -> socket.socket:
         family, type_, proto, _, address = addr_info
-        if reason := outbound.why_refused(address[0], address[1]):
-            raise RefusedAddress(reason)
+        if outbound.why_refused(address[0], address[1]):
+            raise RefusedAddress(NO_PUBLIC_ADDRESS)
         return socket.socket(family=family, type=type_, proto=proto)
 
     return make
-
-
-def host_of(url: str) -> str:
-    """The host a request to `url` goes to, as the HTTP client reads it (yarl: IDNA/UTS-46
-    mapping, so `①②⑦.0.0.1` and `127。0。0。1` are 127.0.0.1)."""
-    try:
-        return yarl.URL(url).host or ""
-    except (ValueError, UnicodeError):
-        return ""
 
 
 @dataclass
@@ -226,13 +237,18 @@ class WebClient:
     async def request(self, method: str, url: str, headers: dict[str, str] | None = None, body: bytes | None = None,
                       max_bytes: int | None = None, follow: bool = True) -> Response:
         session, limit = self._open(), self.max_bytes if max_bytes is None else max_bytes
+        headers = dict(headers or {})
         for _ in range(MAX_REDIRECTS + 1):
             self.check(url)
             try:
-                async with session.request(method, yarl.URL(url), headers=headers or {}, data=body,
+                async with session.request(method, yarl.URL(url), headers=headers, data=body,
                                            allow_redirects=False) as resp:
                     if follow and resp.status in (301, 302, 303, 307, 308) and "location" in resp.headers:
-                        url = urljoin(url, resp.headers["location"])
+                        location = urljoin(url, resp.headers["location"])
+                        if yarl.URL(location).origin() != yarl.URL(url).origin():
+                            # A key given for one host never goes to another.
+                            headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
+                        url = location
                         continue
                     data, truncated = await _read(resp, limit)
                     return Response(url=str(resp.url), status=resp.status,
@@ -243,9 +259,11 @@ class WebClient:
             except aiohttp.ClientConnectorError as exc:
                 if isinstance(exc.os_error, RefusedAddress):
                     raise RefusedAddress(f"{url[:200]}: {exc.os_error}") from None
-                raise FetchError(f"{url[:200]}: {type(exc).__name__}: cannot connect") from None
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                raise FetchError(f"{url[:200]}: {type(exc).__name__}: {exc}".rstrip(": ")[:500]) from None
+                raise FetchError(f"{url[:200]}: cannot connect") from None
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, UnicodeError) as exc:
+                # The kind only: an exception's text may quote what the other side sent (a
+                # service's banner in a "bad status line").
+                raise FetchError(f"{url[:200]}: {type(exc).__name__}") from None
         raise FetchError(f"{url[:200]}: more than {MAX_REDIRECTS} redirects")
 
     async def close(self) -> None:

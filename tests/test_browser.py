@@ -540,8 +540,13 @@ async def test_a_site_owner_onboards_from_the_operator_ui(system, llm, suggestio
     conversations = (await http.get(f"{system.gateway_url}/v1/admin/sites/{site}/conversations",
                                     headers=ops(system))).json()["conversations"]
     (conversation,) = conversations
-    events = await events_of(http, system, site, conversation["session_id"])
-    retrieved = [e for e in events if e["type"] == "retrieval_completed"][-1]["event"]["documents"]
+
+    async def second_retrieval():  # the second bubble shows as the turn starts, before its retrieval is logged
+        events = await events_of(http, system, site, conversation["session_id"])
+        done = [e for e in events if e["type"] == "retrieval_completed"]
+        return done[1]["event"]["documents"] if len(done) >= 2 else None
+
+    retrieved = await wait_for(second_retrieval, timeout=30, what="the second question's retrieval")
     assert any("12 dispatchers" in d["content"] and d["source"] == f"{website.url}/changing" for d in retrieved), retrieved
 
 

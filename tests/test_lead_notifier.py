@@ -285,17 +285,23 @@ async def test_an_outcome_is_stored_when_the_claims_bucket_answers_again(bus, si
         await bus.js.delete_stream(f"KV_{bucket}")
 
 
-async def test_a_webhook_to_a_loopback_or_private_address_is_refused_and_nothing_reaches_it(receiver):
+async def test_a_sites_webhook_to_a_loopback_or_private_address_is_refused_and_nothing_reaches_it(receiver):
     """The outbound guard (shared/web.py) on a site's webhook URL: the receiver is on 127.0.0.1,
     not allowed here, however the address is spelled; the outcome says why and holds no body,
-    and a refusal is not retried."""
+    and a refusal is not retried. The deployment's own LEAD_WEBHOOK_URL is its operator's,
+    not a tenant's: the same receiver there is reached."""
     port = urlsplit(receiver.url).port
     request = turn("s", "l9", 1, "I'm ada@example.com")
     captured = ev.follow(request, ev.LeadCaptured, "booking_handler", email="ada@example.com")
+    settings = LeadSettings(backoff_s=0.01, secrets=WebhookSecrets(deployment=DEPLOYMENT_SECRET))
     for host in ("127.0.0.1", "①②⑦.0.0.1", "127。0。0。1", "0x7f.1", "localhost", "[::ffff:127.0.0.1]"):
-        settings = LeadSettings(webhook_url=f"http://{host}:{port}/hook", backoff_s=0.01,
-                                secrets=WebhookSecrets(deployment=DEPLOYMENT_SECRET))
-        recorded, _ = (await decide(lead_notifier.make_node(ClaimsInMemory(), settings), captured, request)).events
+        site_config = SiteConfig(lead=Lead(webhook_url=f"http://{host}:{port}/hook"))
+        node = lead_notifier.make_node(ClaimsInMemory(), settings)  # each spelling sent anew, not the first's outcome
+        recorded, _ = (await decide(node, captured, request, config=site_config)).events
         assert not recorded.ok and recorded.status is None and recorded.attempts == 1, host
-        assert recorded.error.startswith("refused: ") and "loopback" in recorded.error, (host, recorded.error)
+        assert recorded.error.startswith("refused: "), (host, recorded.error)
+        assert "loopback" in recorded.error or "no public address" in recorded.error, (host, recorded.error)
     assert receiver.requests == []
+    deployments = msgspec.structs.replace(settings, webhook_url=receiver.url)  # no OUTBOUND_ALLOWED needed
+    recorded, _ = (await decide(lead_notifier.make_node(ClaimsInMemory(), deployments), captured, request)).events
+    assert recorded.ok and len(receiver.requests) == 1

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from services.retriever.sources import pages
 from services.retriever.sources.planner import sitemap_pages
-from shared.web import FetchError, Outbound, RefusedAddress, WebClient, host_of
+from shared.web import NO_PUBLIC_ADDRESS, FetchError, Outbound, RefusedAddress, WebClient
 
 
 class CountingServer:
@@ -109,9 +109,26 @@ class Unchecked(WebClient):
 
 
 def test_unicode_hosts_are_read_as_the_client_reads_them():
-    assert host_of("http://①②⑦.0.0.1:9302/internal") == "127.0.0.1"
-    assert host_of("http://127。0。0。1/") == "127.0.0.1"
-    assert host_of("http://①⑥⑨.②⑤④.①⑥⑨.②⑤④/latest/meta-data/") == "169.254.169.254"
+    client = WebClient("Test")
+    for url, address in (("http://①②⑦.0.0.1:9302/internal", "127.0.0.1 is a loopback"),
+                         ("http://127。0。0。1/", "127.0.0.1 is a loopback"),
+                         ("http://①⑥⑨.②⑤④.①⑥⑨.②⑤④/latest/meta-data/", "169.254.169.254 is a link-local")):
+        with pytest.raises(RefusedAddress, match=address):
+            client.check(url)
+
+
+async def test_a_name_inside_and_a_name_nowhere_are_refused_alike():
+    """A tenant learns neither which internal names exist nor their addresses."""
+    client = WebClient("Test", timeout_s=3)
+    try:
+        answers = []
+        for host in ("localhost", "no-such-host.invalid"):
+            with pytest.raises(RefusedAddress) as caught:
+                await client.get(f"http://{host}:9/")
+            answers.append(str(caught.value).replace(host, "HOST"))
+        assert answers[0] == answers[1] == f"http://HOST:9/: HOST: {NO_PUBLIC_ADDRESS}" and "127.0.0.1" not in answers[0]
+    finally:
+        await client.close()
 
 
 async def test_the_metadata_address_and_private_ranges_are_refused_before_any_connection():
@@ -144,9 +161,17 @@ async def test_an_allowed_address_is_reached_by_its_port_and_no_other(inside):
 
 
 def test_a_wrong_allowed_entry_stops_the_process_at_start(monkeypatch):
-    monkeypatch.setenv("OUTBOUND_ALLOWED", "10.0.0.0/8,not-an-address")
-    with pytest.raises(ValueError, match="not-an-address"):
+    from shared.config import ConfigError
+
+    for wrong in ("10.0.0.0/8,not-an-address", "[::1]x", "127.0.0.1:99999", "127.0.0.1:http"):
+        monkeypatch.setenv("OUTBOUND_ALLOWED", wrong)
+        with pytest.raises(ConfigError, match="OUTBOUND_ALLOWED"):
+            Outbound.from_env()
+    monkeypatch.delenv("OUTBOUND_ALLOWED")
+    monkeypatch.setenv("CRAWL_ALLOW_PRIVATE_NETWORKS", "1")  # the old name: said, not ignored
+    with pytest.raises(ConfigError, match="now OUTBOUND_ALLOW_PRIVATE_NETWORKS"):
         Outbound.from_env()
+    monkeypatch.delenv("CRAWL_ALLOW_PRIVATE_NETWORKS")
     monkeypatch.setenv("OUTBOUND_ALLOWED", "10.0.0.0/8, 127.0.0.1:8080 ,[::1]:80")
     outbound = Outbound.from_env()
     assert outbound.why_refused("10.1.2.3", 443) is None and outbound.why_refused("127.0.0.1", 8080) is None
@@ -191,3 +216,32 @@ def test_a_gzipped_sitemap_inflates_only_so_far():
     assert len(bomb) < 200_000
     with pytest.raises(ValueError, match="larger than"):
         pages.sitemap_entries(bomb)
+
+
+async def test_a_key_given_for_one_host_never_follows_a_redirect_to_another():
+    """A pull connector's bearer key goes to the host the site named, not to where it redirects."""
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's naming
+            seen.append((self.headers.get("Host").split(":")[0], self.headers.get("Authorization")))
+            if self.path == "/start":
+                self.send_response(302)
+                self.send_header("Location", f"http://localhost:{port}/elsewhere")  # the same server, another host
+            else:
+                self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    client = WebClient("Test", Outbound(allow_private=True), timeout_s=3)
+    try:
+        await client.get(f"http://127.0.0.1:{port}/start", headers={"Authorization": "Bearer k"})
+    finally:
+        await client.close()
+        server.shutdown()
+    assert seen == [("127.0.0.1", "Bearer k"), ("localhost", None)]

@@ -22,7 +22,6 @@ from services.responder.settings import LeadSettings
 from services.responder.webhook_claims import Outcome, WebhookClaims, deliver_once, handoff_id
 from shared import events as ev
 from shared.node import Context, Inputs, Needs, Node
-from shared.web import WebClient
 
 NAME = "handoff_notifier"
 
@@ -42,8 +41,8 @@ def payload(event: ev.HandoffRequested, inputs: Inputs) -> dict:
 
 
 def make_node(claims: WebhookClaims, settings: LeadSettings = LeadSettings(),
-              client: WebClient | None = None) -> Node:
-    http = client or webhooks.client(settings)
+              senders: webhooks.Senders | None = None) -> Node:
+    http = senders or webhooks.Senders.of(settings)
 
     async def deliver(event: ev.HandoffRequested, inputs: Inputs) -> Outcome:
         config = inputs.config

@@ -26,7 +26,6 @@ from services.responder.webhook_claims import Outcome, WebhookClaims, deliver_on
 from shared import events as ev
 from shared.node import Context, Inputs, Needs, Node
 from shared.privacy import REDACTED
-from shared.web import WebClient
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +33,8 @@ NAME = "lead_notifier"
 
 
 def make_node(claims: WebhookClaims, settings: LeadSettings = LeadSettings(),
-              client: WebClient | None = None) -> Node:
-    http = client or webhooks.client(settings)
+              senders: webhooks.Senders | None = None) -> Node:
+    http = senders or webhooks.Senders.of(settings)
     analytics = httpx.AsyncClient(timeout=settings.timeout_s)  # the deployment's own PostHog: not a site's input
 
     async def deliver(event: ev.LeadCaptured, inputs: Inputs) -> Outcome:

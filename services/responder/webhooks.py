@@ -8,10 +8,12 @@ receiver verifies it, rejects stale timestamps (replays) and drops repeated ids.
 no POST: an unsigned webhook is never sent. Retried with exponential backoff on connection
 errors, timeouts, 429 and 5xx (LEAD_WEBHOOK_ATTEMPTS, LEAD_WEBHOOK_BACKOFF_S).
 
-Sent through the outbound guard (shared/web.py), as the crawler fetches: a site's webhook URL
-is the site's input, so a loopback, private or link-local address is refused (at connect
-time, whatever the spelling) unless the deployment allows it, and redirects are not followed.
-What the outcome records is the status and a failure's kind, never a response's body.
+A site's webhook URL is the site's input: it is sent through the outbound guard (shared/web.py),
+as the crawler fetches, so a loopback, private or link-local address is refused (at connect
+time, whatever the spelling) unless the deployment allows it. The deployment's own
+LEAD_WEBHOOK_URL (its operator's, an internal relay maybe) is not a tenant's: it goes out
+unguarded. No redirect is followed. What the outcome records is the status and a failure's
+kind, never a response's body.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import json
 import logging
 import random
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from standardwebhooks.webhooks import Webhook
@@ -30,7 +33,7 @@ from services.responder.webhook_claims import Outcome
 from shared import webhook_secret
 from shared.site_config import Lead
 from shared.state import ConversationState
-from shared.web import FetchError, RefusedAddress, WebClient
+from shared.web import FetchError, Outbound, RefusedAddress, WebClient
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +57,24 @@ def signed_headers(signer: Webhook, msg_id: str, body: bytes, now: float) -> dic
 RESPONSE_BYTES = 4096  # of a receiver's answer: only its status is used
 
 
-def client(settings: LeadSettings) -> WebClient:
-    """The webhooks' HTTP client: the deployment's outbound guard, the webhooks' timeout."""
-    return WebClient(USER_AGENT, settings.outbound, settings.timeout_s, RESPONSE_BYTES)
-
-
 USER_AGENT = "Concierge-Webhooks/1.0"
+
+
+@dataclass(frozen=True)
+class Senders:
+    """The webhooks' HTTP clients: through the outbound guard for the sites' URLs, without it
+    for the deployment's own (LEAD_WEBHOOK_URL)."""
+
+    sites: WebClient
+    deployment: WebClient
+
+    @classmethod
+    def of(cls, settings: LeadSettings) -> "Senders":
+        return cls(WebClient(USER_AGENT, settings.outbound, settings.timeout_s, RESPONSE_BYTES),
+                   WebClient(USER_AGENT, Outbound(allow_private=True), settings.timeout_s, RESPONSE_BYTES))
+
+    def to(self, url: str, settings: LeadSettings) -> WebClient:
+        return self.deployment if url == settings.webhook_url else self.sites
 
 
 async def post_webhook(client: WebClient, url: str, body: bytes, signer: Webhook, msg_id: str,
@@ -86,7 +101,7 @@ async def post_webhook(client: WebClient, url: str, body: bytes, signer: Webhook
     return False, status, attempts, error
 
 
-async def send(client: WebClient, settings: LeadSettings, hook: str, url: str, site: str, lead: Lead,
+async def send(senders: Senders, settings: LeadSettings, hook: str, url: str, site: str, lead: Lead,
                msg_id: str, payload: dict) -> Outcome:
     """POST `payload` to `url`, signed with the site's secret (its `[lead]` table names it);
     `hook` (lead, handoff) names the webhook in the logs. No URL: skipped, nothing sent."""
@@ -98,8 +113,8 @@ async def send(client: WebClient, settings: LeadSettings, hook: str, url: str, s
         log.error("webhook not sent: no secret", extra={"hook": hook, "target": url, "error": str(exc)})
         return Outcome(target=url, ok=False, error=str(exc))
     body = json.dumps(payload, separators=(",", ":")).encode()
-    ok, status, attempts, error = await post_webhook(client, url, body, signer, msg_id, max(1, settings.attempts),
-                                                     settings.backoff_s)
+    ok, status, attempts, error = await post_webhook(senders.to(url, settings), url, body, signer, msg_id,
+                                                     max(1, settings.attempts), settings.backoff_s)
     if not ok:
         log.error("webhook failed", extra={"hook": hook, "target": url, "status": status, "error": error})
     return Outcome(target=url, ok=ok, status=status, attempts=attempts, error=error)

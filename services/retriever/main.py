@@ -11,7 +11,7 @@ from services.retriever.knowledge import KnowledgeBase
 from services.retriever.search import Retriever
 from services.retriever.settings import RetrieverSettings
 from services.retriever.sources import collector, fetcher, planner
-from services.retriever.sources.converter import ConvertLimits, Converter
+from services.retriever.sources.converter import Converter
 from services.retriever.sources.scheduler import Scheduler
 from shared.web import WebClient
 from shared import language, service
@@ -38,7 +38,7 @@ async def nodes(bus, settings: RetrieverSettings):
     if crawl.schedule_poll_s > 0:
         _scheduler = Scheduler(bus, crawl.schedule_poll_s)
         _scheduler.start()
-    converter = Converter(ConvertLimits.from_env())
+    converter = Converter(settings.convert)
     return [*retriever_nodes(search.configured(kb, settings)),
             *sync_nodes(kb, web, Staging(bus), published, crawl.concurrency, converter)]
 

@@ -122,6 +122,38 @@ class RerankerSettings(Settings):
                    jina_api_key=env_str("JINA_API_KEY", ""), jina_url=env_str("JINA_RERANK_URL", ""))
 
 
+MIN_CONVERT_MEMORY_MB = 768
+
+
+class ConvertLimits(Settings):
+    """CONVERT_*: what one conversion of a page or file to text may take
+    (services/retriever/sources/converter.py)."""
+
+    workers: int = 1
+    timeout_s: float = 60.0
+    memory_mb: int = 1536  # the worker's address space: its imports take about 450 MB of it
+    max_html_bytes: int = 5 * 1024 * 1024
+    max_unzipped_bytes: int = 100 * 1024 * 1024
+
+    @classmethod
+    def from_env(cls) -> "ConvertLimits":
+        d = cls()
+        limits = cls(workers=max(1, env_int("CONVERT_WORKERS", d.workers)),
+                     timeout_s=env_float("CONVERT_TIMEOUT_S", d.timeout_s),
+                     memory_mb=env_int("CONVERT_MEMORY_MB", d.memory_mb),
+                     max_html_bytes=env_int("CONVERT_MAX_HTML_BYTES", d.max_html_bytes),
+                     max_unzipped_bytes=env_int("CONVERT_MAX_UNZIPPED_BYTES", d.max_unzipped_bytes))
+        # No setting turns a limit off: each is what keeps one tenant's file from the others.
+        if limits.timeout_s <= 0:
+            return invalid(f"CONVERT_TIMEOUT_S={limits.timeout_s:g}: a conversion's time limit, above 0", d)
+        if limits.memory_mb < MIN_CONVERT_MEMORY_MB:
+            return invalid(f"CONVERT_MEMORY_MB={limits.memory_mb}: at least {MIN_CONVERT_MEMORY_MB} (the converters' "
+                           "imports alone take about 450)", d)
+        if min(limits.max_html_bytes, limits.max_unzipped_bytes) <= 0:
+            return invalid("CONVERT_MAX_HTML_BYTES and CONVERT_MAX_UNZIPPED_BYTES: above 0", d)
+        return limits
+
+
 class CrawlSettings(Settings):
     """How the knowledge sources' runs fetch (services/retriever/sources): CRAWL_*, SYNC_*."""
 
@@ -154,6 +186,7 @@ class RetrieverSettings(Settings):
     llm: dict[str, LLMRoleConfig] = {}  # the `classifier` role, read when keywords is `llm`
     embeddings: EmbeddingSettings = msgspec.field(default_factory=EmbeddingSettings)
     crawl: CrawlSettings = msgspec.field(default_factory=CrawlSettings)
+    convert: ConvertLimits = msgspec.field(default_factory=ConvertLimits)
 
     @classmethod
     def from_env(cls) -> "RetrieverSettings":
@@ -168,4 +201,5 @@ class RetrieverSettings(Settings):
             llm={"classifier": LLMRoleConfig.from_env("classifier")} if keywords == "llm" else {},
             embeddings=EmbeddingSettings.from_env(),
             crawl=CrawlSettings.from_env(),
+            convert=ConvertLimits.from_env(),
         )

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import io
 import multiprocessing
 import os
@@ -34,7 +35,7 @@ import zipfile
 import pebble
 
 from services.retriever.sources import pages as pg
-from shared.config import Settings, env_float, env_int
+from services.retriever.settings import ConvertLimits
 
 MAX_TASKS = 100  # conversions per worker process before it is replaced
 MAX_ZIP_ENTRIES = 10_000
@@ -45,29 +46,17 @@ class ConversionFailed(Exception):
     """The page or file was not converted; the message says which limit or error."""
 
 
-class ConvertLimits(Settings):
-    """CONVERT_*: what one conversion may take."""
-
-    workers: int = 1
-    timeout_s: float = 60.0
-    memory_mb: int = 1536  # the worker's address space: its imports take about 450 MB of it
-    max_html_bytes: int = 5 * 1024 * 1024
-    max_unzipped_bytes: int = 100 * 1024 * 1024
-
-    @classmethod
-    def from_env(cls) -> "ConvertLimits":
-        d = cls()
-        return cls(workers=max(1, env_int("CONVERT_WORKERS", d.workers)),
-                   timeout_s=env_float("CONVERT_TIMEOUT_S", d.timeout_s),
-                   memory_mb=env_int("CONVERT_MEMORY_MB", d.memory_mb),
-                   max_html_bytes=env_int("CONVERT_MAX_HTML_BYTES", d.max_html_bytes),
-                   max_unzipped_bytes=env_int("CONVERT_MAX_UNZIPPED_BYTES", d.max_unzipped_bytes))
-
-
 def _worker_started(memory_bytes: int) -> None:
+    """A converter process's start: below the service in CPU priority, first in line for the
+    kernel's OOM killer (a bomb that passes every other check kills this process, not the
+    retriever), its address space bounded."""
     os.nice(10)
-    if memory_bytes > 0:
-        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    with contextlib.suppress(OSError):
+        with open("/proc/self/oom_score_adj", "w") as adj:
+            adj.write("1000")
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = memory_bytes if hard == resource.RLIM_INFINITY else min(memory_bytes, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
 
 
 def _unzipped_size(name: str, data: bytes, limit: int) -> None:
@@ -119,6 +108,7 @@ class Converter:
 
     def _open(self) -> pebble.ProcessPool:
         if self._pool is None or not self._pool.active:
+            self.close()  # a pool that stopped (a worker that could not start): its processes ended
             self._pool = pebble.ProcessPool(max_workers=self.limits.workers, max_tasks=MAX_TASKS,
                                             initializer=_worker_started,
                                             initargs=(self.limits.memory_mb * 1024 * 1024,),
