@@ -18,6 +18,7 @@ What a hostile tenant could already not do stays refused in tests/test_hostile.p
 from __future__ import annotations
 
 import asyncio
+import gzip
 import io
 import json
 import statistics
@@ -89,6 +90,41 @@ class PublicSite(CountingServer):
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
+class HeavySite(CountingServer):
+    """A tenant's website built to cost the crawler: 480 KiB of wildcard robots.txt rules (a
+    quarter of a second to parse, milliseconds a URL to check) and a gzipped sitemap of 60,000
+    pages."""
+
+    def __init__(self):
+        import http.server  # here: the module's `http` is the client fixture
+
+        super().__init__(b"")
+        robots = ("User-agent: *\n" + "".join(f"Disallow: /*a{i}*b*c$\n" for i in range(20_000))).encode()[:480 * 1024]
+        gz = gzip.compress(('<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">' + "".join(
+            f"<url><loc>http://127.0.0.1:{self.port}/p/{i}</loc></url>" for i in range(60_000)) + "</urlset>").encode())
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                body, kind = (robots, "text/plain") if self.path == "/robots.txt" else (gz, "application/gzip")
+                self.send_response(200)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server.RequestHandlerClass = Handler
+
+
+@pytest.fixture(scope="module")
+def heavy():
+    server = HeavySite()
+    yield server
+    server.close()
+
+
 @pytest.fixture(scope="module")
 def inside():
     server = CountingServer()
@@ -104,7 +140,7 @@ def public(inside):
 
 
 @pytest.fixture(scope="module")
-def system(public):
+def system(public, heavy):
     with tempfile.TemporaryDirectory(prefix="concierge-hostile-tenant-") as data:
         sys_ = make_system(Path(data), free_port(), free_port(), {
             "ADMIN_TOKEN": ADMIN,
@@ -112,7 +148,7 @@ def system(public):
             "RATE_LIMIT_PER_IP_PER_MIN": "100000",
             "RATE_LIMIT_PER_SITE_PER_MIN": "100000",
             # The tenant's "public" server is on 127.0.0.1 too: that port is let through, no other.
-            "OUTBOUND_ALLOWED": f"127.0.0.1:{public.port}",
+            "OUTBOUND_ALLOWED": f"127.0.0.1:{public.port},127.0.0.1:{heavy.port}",
             "CONVERT_TIMEOUT_S": str(CONVERT_TIMEOUT_S),
             # The demo tenant's own webhook secret, and one for the hostile tenant.
             "DEMO_WEBHOOK_SECRET": webhook_secret.bound(DEMO, DEMO_SECRET),
@@ -305,7 +341,7 @@ def p99(values: list[float]) -> float:
     return statistics.quantiles(values, n=100)[98] if len(values) > 1 else values[0]
 
 
-async def test_a_bomb_upload_fails_once_with_why_and_the_other_sites_keep_answering(system, evil_key, http):
+async def test_a_bomb_upload_fails_once_with_why_and_the_other_sites_keep_answering(system, evil_key, heavy, http):
     before = [await demo_answer(http, system, i) for i in range(10)]
     uploads = {"report.docx": docx_bomb(), "brochure.pdf": pdf_bomb(), "page.html": b"<p>x</p>" * 800_000}
     ids = {}
@@ -313,6 +349,8 @@ async def test_a_bomb_upload_fails_once_with_why_and_the_other_sites_keep_answer
         up = await http.post(admin(system, "uploads"), params={"name": name}, headers=bearer(evil_key), content=data)
         assert up.status_code == 202, up.text
         ids[name] = up.json()["source"]
+    # And a website whose robots.txt and sitemap cost more to read than a conversion may take.
+    ids["website"] = await add_source(http, system, evil_key, f"http://127.0.0.1:{heavy.port}/sitemap.xml.gz")
     started, during, converting = time.monotonic(), [], True
 
     async def ask_meanwhile():  # the demo site's visitors, all the while the files convert
@@ -324,6 +362,10 @@ async def test_a_bomb_upload_fails_once_with_why_and_the_other_sites_keep_answer
     try:
         for name, source in ids.items():
             events = await run_outcome(http, system, evil_key, source, timeout=120)
+            if name == "website":
+                (failed,) = [e["event"] for e in events if e["type"] == "sync_failed"]
+                outcomes[name] = failed["reason"]
+                continue
             (page,) = [e["event"] for e in events if e["type"] == "page_fetched"]  # once: not redelivered
             assert page["outcome"] == "failed", page
             outcomes[name] = page["reason"]
@@ -333,6 +375,7 @@ async def test_a_bomb_upload_fails_once_with_why_and_the_other_sites_keep_answer
     assert "inflates to" in outcomes["report.docx"]
     assert f"not converted within {CONVERT_TIMEOUT_S} s" in outcomes["brochure.pdf"]
     assert "bytes of HTML" in outcomes["page.html"]
+    assert f"the pages to fetch: not converted within {CONVERT_TIMEOUT_S} s" in outcomes["website"]
     # Every demo answer asked while the files converted was made from its sources, as before.
     assert len(during) >= 10 and all(sources > 0 for _, sources in before + during), (before, during)
     print(json.dumps({"demo_answers_during_bombs": len(during),

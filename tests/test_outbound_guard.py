@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.retriever.sources import pages
+from services.retriever.sources.converter import Converter
 from services.retriever.sources.planner import sitemap_pages
 from shared.web import NO_PUBLIC_ADDRESS, FetchError, Outbound, RefusedAddress, WebClient
 
@@ -198,11 +199,13 @@ async def test_a_one_megabyte_sitemap_is_read_whole():
            + "".join(f"<url><loc>{u}</loc></url>" for u in urls) + "</urlset>").encode()
     server = CountingServer(xml, "application/xml")
     client = WebClient("Test", Outbound(allow_private=True), timeout_s=10, max_bytes=128_000)
+    convert = Converter()
     try:
         assert len(xml) > 1_000_000
-        found = await sitemap_pages(client, f"http://127.0.0.1:{server.port}/sitemap.xml")
+        found = await sitemap_pages(client, f"http://127.0.0.1:{server.port}/sitemap.xml", convert)
         assert found == urls
     finally:
+        convert.close()
         await client.close()
         server.close()
 

@@ -15,6 +15,7 @@ import pytest
 
 from services.retriever.knowledge import KnowledgeBase
 from services.retriever.sources import collector, fetcher, planner
+from services.retriever.sources.converter import Converter
 from shared.web import Outbound, WebClient
 from shared import events as ev
 from shared import sources, subjects
@@ -47,11 +48,15 @@ def web_client() -> WebClient:
     return client
 
 
+CONVERTER = Converter()  # one pool of converter processes for the module's nodes, as a retriever has
+
+
 async def run_nodes(bus, kb, fetchers: int = 1, fetch_config=None):
     staging, web = sources.Staging(bus), web_client()
-    runners = [await start(bus, planner.make_node(web, kb)), await start(bus, collector.make_node(kb, staging))]
+    runners = [await start(bus, planner.make_node(web, kb, CONVERTER)), await start(bus, collector.make_node(kb, staging))]
     for _ in range(fetchers):
-        runners.append(await start(bus, fetcher.make_node(web, staging), fetch_config or fast(concurrency=8)))
+        runners.append(await start(bus, fetcher.make_node(web, staging, converter=CONVERTER),
+                                   fetch_config or fast(concurrency=8)))
     return runners
 
 

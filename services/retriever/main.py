@@ -51,7 +51,7 @@ def retriever_nodes(retriever: Retriever | None) -> list[Node]:
 def sync_nodes(kb: KnowledgeBase, web: WebClient, staging: Staging, published=None,
                fetching: int | None = None, converter: Converter | None = None) -> list[Node]:
     """The knowledge sources' nodes (a replay leaves them out: they fetch and write)."""
-    return [planner.make_node(web, kb), fetcher.make_node(web, staging, fetching, converter),
+    return [planner.make_node(web, kb, converter), fetcher.make_node(web, staging, fetching, converter),
             collector.make_node(kb, staging, published)]
 
 

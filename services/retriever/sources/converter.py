@@ -1,5 +1,7 @@
 """Turning a fetched page or an uploaded file into text (pages.py) in worker processes, so a
-hostile file costs its own site a failed page and nobody else anything.
+hostile file costs its own site a failed page and nobody else anything; and, for the same
+reason, what a site's robots.txt and sitemaps say (parsing them, checking URLs against up to
+500 KiB of rules: seconds of CPU for a hostile site).
 
 The converters (trafilatura, markitdown, pypdf) are CPU-bound and trust their input: run on
 the retriever's event loop, one 388 KB DOCX that inflates to 114 MB of XML, or a small PDF
@@ -25,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import io
 import multiprocessing
 import os
@@ -35,6 +38,7 @@ import zipfile
 import pebble
 
 from services.retriever.sources import pages as pg
+from shared import events as ev
 from services.retriever.settings import ConvertLimits
 
 MAX_TASKS = 100  # conversions per worker process before it is replaced
@@ -90,13 +94,47 @@ def file_text(name: str, data: bytes, limits: ConvertLimits) -> tuple[str, str]:
     return title, _cut(text)
 
 
-def html_page(html: str, url: str, limits: ConvertLimits) -> tuple[str, str, list[str]]:
-    """In a worker: pages.html_page of a fetched page within the limits."""
+@functools.lru_cache(maxsize=8)
+def _rules(robots: str):
+    """A run's robots.txt, parsed once in this worker for all its pages (up to 500 KiB of rules
+    take a quarter of a second to parse, and each URL's check milliseconds)."""
+    return pg.robots(robots)
+
+
+def robots_rule(robots: str, agent: str, url: str, limits: ConvertLimits) -> tuple[bool, float | None]:
+    """In a worker: whether robots.txt lets `agent` fetch `url`, and its Crawl-delay."""
+    rules = _rules(robots)
+    delay = rules.crawl_delay(agent)
+    return rules.can_fetch(url, agent), None if delay is None else float(delay)
+
+
+def allowed(spec: ev.SourceSpec, robots: str, agent: str, urls: list[str], limit: int,
+            limits: ConvertLimits) -> list[str]:
+    """In a worker: the first `limit` of `urls` in the source's scope that robots.txt allows."""
+    rules, found = _rules(robots), []
+    for url in urls:
+        if len(found) >= limit:
+            break
+        if pg.in_scope(spec, url) and rules.can_fetch(url, agent):
+            found.append(url)
+    return found
+
+
+def html_page(html: str, url: str, spec: ev.SourceSpec, robots: str, agent: str,
+              limits: ConvertLimits) -> tuple[str, str, list[str]]:
+    """In a worker: pages.html_page of a fetched page within the limits, its links those of
+    the source's scope robots.txt allows."""
     if len(html) > limits.max_html_bytes:
         raise pg.UnreadableFile(f"{url}: {len(html)} characters of HTML (at most {limits.max_html_bytes}: "
                                 "CONVERT_MAX_HTML_BYTES)")
     title, text, links = pg.html_page(html, url)
-    return title, _cut(text), links
+    return title, _cut(text), allowed(spec, robots, agent, links, pg.MAX_SITEMAP_URLS, limits)
+
+
+def sitemap(body: bytes, budget: int, limits: ConvertLimits) -> tuple[list[str], list[str]]:
+    """In a worker: a sitemap's (page URLs, nested sitemaps), normalized, at most `budget` pages."""
+    listed, nested = pg.sitemap_entries(body)
+    return [pg.normalized(u) for u in listed[:budget]], nested[:pg.MAX_SITEMAPS]
 
 
 class Converter:
@@ -137,9 +175,23 @@ class Converter:
         """(title, text as Markdown) of an uploaded file."""
         return await self._run(name, file_text, name, data)
 
-    async def html_page(self, html: str, url: str) -> tuple[str, str, list[str]]:
-        """(title, main content as Markdown, links) of a fetched page."""
-        return await self._run(url, html_page, html, url)
+    async def html_page(self, html: str, url: str, spec: ev.SourceSpec, robots: str,
+                        agent: str) -> tuple[str, str, list[str]]:
+        """(title, main content as Markdown, the links in scope robots.txt allows) of a page."""
+        return await self._run(url, html_page, html, url, spec, robots, agent)
+
+    async def robots_rule(self, robots: str, agent: str, url: str) -> tuple[bool, float | None]:
+        """(whether robots.txt allows `url`, its Crawl-delay)."""
+        return await self._run(f"{url}: robots.txt", robots_rule, robots, agent, url)
+
+    async def allowed(self, spec: ev.SourceSpec, robots: str, agent: str, urls: list[str],
+                      limit: int) -> list[str]:
+        """The first `limit` of `urls` in the source's scope that robots.txt allows."""
+        return await self._run(f"{spec.url}: the pages to fetch", allowed, spec, robots, agent, urls, limit)
+
+    async def sitemap(self, url: str, body: bytes, budget: int) -> tuple[list[str], list[str]]:
+        """A sitemap's (page URLs, at most `budget`, nested sitemaps); ConversionFailed: not one."""
+        return await self._run(f"{url}: not a sitemap", sitemap, body, budget)
 
     def close(self) -> None:
         if self._pool is not None:

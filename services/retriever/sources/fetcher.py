@@ -52,11 +52,14 @@ def make_node(web: WebClient, staging: sources.Staging, max_in_flight: int | Non
 
         if spec.kind == "website":
             agent = started.user_agent or web.user_agent
-            rules = pg.robots(started.robots)
-            if not rules.can_fetch(target.url, agent):
+            try:
+                allowed, delay = await convert.robots_rule(started.robots, agent, target.url)
+            except ConversionFailed as exc:
+                return [fetched("failed", reason=str(exc)[:500])]
+            if not allowed:
                 return [fetched("skipped", reason="disallowed by robots.txt")]
-            if delay := rules.crawl_delay(agent):
-                await asyncio.sleep(min(float(delay), MAX_CRAWL_DELAY_S))
+            if delay:
+                await asyncio.sleep(min(delay, MAX_CRAWL_DELAY_S))
             headers = {}
             if target.etag:
                 headers["If-None-Match"] = target.etag
@@ -81,10 +84,10 @@ def make_node(web: WebClient, staging: sources.Staging, max_in_flight: int | Non
             if response.content_type not in pg.HTML_TYPES:
                 return [fetched("skipped", status=200, reason=f"not a page ({response.content_type or 'no type'})")]
             try:
-                title, text, links = await convert.html_page(response.text(), final)
+                title, text, links = await convert.html_page(response.text(), final, spec, started.robots, agent)
             except ConversionFailed as exc:
                 return [fetched("failed", status=200, reason=str(exc)[:500])]
-            links = [u for u in links if u != target.url and pg.in_scope(spec, u) and rules.can_fetch(u, agent)]
+            links = [u for u in links if u != target.url]
         else:
             validators, links = {}, []
             if spec.kind == "text":

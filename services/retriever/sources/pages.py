@@ -6,7 +6,9 @@ pages a sitemap lists, and the text of a page or file (pure functions over fetch
   no fragments; a URL is normalized (fragment dropped, default port dropped) before any
   comparison, so a page is one page however it was linked.
 - robots.txt: Protego (BSD-3), the rules for our User-Agent.
-- Sitemaps: `<urlset>` and `<sitemapindex>` (gzipped or not), parsed with defusedxml.
+- Sitemaps: `<urlset>` and `<sitemapindex>` (gzipped or not), parsed with defusedxml, up to
+  MAX_SITEMAP_BYTES (raw and inflated); the planner has them parsed in the converter's
+  processes (converter.py), as the robots.txt checks.
 - HTML: trafilatura (Apache-2.0) takes the main content as Markdown (headings kept, menus,
   footers and cookie banners left out) and the title; the links come from lxml.
 - Files: PDF, HTML, Markdown and text as `concierge ingest` reads them (documents.py);
@@ -30,7 +32,12 @@ HTML_TYPES = ("text/html", "application/xhtml+xml")
 ASSET_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".svg", ".webp", ".ico", ".css", ".js", ".zip", ".gz", ".mp4",
                   ".mp3", ".woff", ".woff2", ".ttf", ".xml", ".json", ".rss", ".atom")
 MAX_SITEMAPS = 50
-MAX_SITEMAP_BYTES = 50 * 1024 * 1024  # the sitemaps protocol's own limit, uncompressed
+# A sitemap read up to this, raw or inflated (the protocol allows 50 MB, but 50,000 URLs fit in
+# a fifth of that); a run's sitemaps list at most MAX_SITEMAP_URLS pages (the protocol's limit
+# for one), and a page at most that many links.
+MAX_SITEMAP_BYTES = 10 * 1024 * 1024
+MAX_SITEMAP_URLS = 50_000
+MAX_ROBOTS_BYTES = 500 * 1024  # robots.txt read this far, the rest ignored (as Google does)
 
 
 def normalized(url: str) -> str:

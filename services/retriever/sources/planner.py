@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 
 from services.retriever.sources import pages as pg
+from services.retriever.sources.converter import ConversionFailed, Converter
 from shared.web import FetchError, RefusedAddress, WebClient
 from shared import events as ev
 from shared import sources
@@ -41,11 +42,12 @@ def known_pages(kb, site: str, source: str) -> dict[str, dict]:
     return found
 
 
-async def sitemap_pages(web: WebClient, url: str) -> list[str]:
-    """Every page a sitemap (and the sitemaps it names, at most pg.MAX_SITEMAPS) lists."""
+async def sitemap_pages(web: WebClient, url: str, convert: Converter) -> list[str]:
+    """The pages a sitemap (and the sitemaps it names, at most pg.MAX_SITEMAPS) lists, at most
+    pg.MAX_SITEMAP_URLS, each sitemap parsed in the converter's processes."""
     found: list[str] = []
     queue, seen = [url], set()
-    while queue and len(seen) < pg.MAX_SITEMAPS:
+    while queue and len(seen) < pg.MAX_SITEMAPS and len(found) < pg.MAX_SITEMAP_URLS:
         current = queue.pop(0)
         if current in seen:
             continue
@@ -56,17 +58,17 @@ async def sitemap_pages(web: WebClient, url: str) -> list[str]:
         if response.truncated:
             raise FetchError(f"{current}: larger than {pg.MAX_SITEMAP_BYTES} bytes")
         try:
-            listed, nested = pg.sitemap_entries(response.body)
-        except ValueError as exc:
-            raise FetchError(f"{current}: not a sitemap ({type(exc).__name__}: {str(exc)[:100]})") from None
-        except Exception as exc:  # noqa: BLE001 - not XML: said in the run's failure
-            raise FetchError(f"{current}: not a sitemap ({type(exc).__name__})") from None
-        found.extend(pg.normalized(u) for u in listed)
+            listed, nested = await convert.sitemap(current, response.body, pg.MAX_SITEMAP_URLS - len(found))
+        except ConversionFailed as exc:  # not XML, past its size, ...: said in the run's failure
+            raise FetchError(str(exc)) from None
+        found.extend(listed)
         queue.extend(nested)
     return list(dict.fromkeys(found))
 
 
-def make_node(web: WebClient, kb) -> Node:
+def make_node(web: WebClient, kb, converter: Converter | None = None) -> Node:
+    convert = converter or Converter()
+
     async def plan(event: ev.SyncRequested, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
         added, removed = inputs.latest["source_added"], inputs.latest["source_removed"]
         if added is None or (removed is not None and removed.ts >= added.ts):
@@ -78,15 +80,13 @@ def make_node(web: WebClient, kb) -> Node:
         if spec.kind == "website":
             try:
                 robots_text = await _robots(web, spec.url)
-                rules = pg.robots(robots_text)
                 if pg.is_sitemap(spec.url):
-                    urls = await sitemap_pages(web, spec.url)
+                    urls = await sitemap_pages(web, spec.url, convert)
                 else:
                     urls, discover = [pg.normalized(spec.url)], True
-            except (FetchError, RefusedAddress) as exc:
+                urls = await convert.allowed(spec, robots_text, web.user_agent, urls, spec.max_pages)
+            except (FetchError, RefusedAddress, ConversionFailed) as exc:
                 return [ctx.follow(ev.SyncFailed, reason=str(exc), node=NAME)]
-            urls = [u for u in urls if pg.in_scope(spec, u) and rules.can_fetch(u, web.user_agent)]
-            urls = urls[:spec.max_pages]
         else:
             urls = [sources.page_url(spec)]
         targets = [ev.PageTarget(url=u, **{k: v for k, v in known.get(u, {}).items() if k != "doc_id"})
@@ -114,7 +114,7 @@ def fetch_item(ctx: Context, event: ev.Envelope, target: ev.PageTarget) -> ev.Pa
 async def _robots(web: WebClient, url: str) -> str:
     """robots.txt's text; "" when the site has none (4xx). A site that cannot be reached at
     all fails the run (FetchError): nothing would be fetched."""
-    response = await web.get(pg.robots_url(url))
+    response = await web.get(pg.robots_url(url), max_bytes=pg.MAX_ROBOTS_BYTES)
     if response.status >= 500:
         raise FetchError(f"{pg.robots_url(url)}: HTTP {response.status}")
     return response.text() if response.status == 200 else ""
