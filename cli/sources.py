@@ -105,6 +105,7 @@ async def upload(bus: Bus, args) -> int:
             return 2
         spec = sources.file_spec(path.name, len(data))
         spec = msgspec.structs.replace(spec, upload=sources.upload_key(args.site, spec.id, spec.name))
+        await sources.room_for(bus, args.site, spec)  # before the bytes are stored
         await sources.Staging(bus).upload(spec.upload, data)
         await sources.define(bus, args.site, spec, "cli")
         run_, _ = await sources.request_sync(bus, args.site, spec.id, "added", "cli")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import posixpath
 import re
+import unicodedata
 from urllib.parse import urlsplit
 
 import msgspec
@@ -160,8 +161,9 @@ def file_spec(name: str, size: int) -> ev.SourceSpec:
     """The source of an uploaded file (SourceError when its name or size is refused)."""
     base = posixpath.basename(name.replace("\\", "/")).strip()
     errors = []
-    if not base or len(base) > 200 or base.startswith(".") or any(ord(c) < 32 or ord(c) == 127 for c in base):
-        errors.append({"field": "name", "message": "a file name (at most 200 characters, no control characters)"})
+    if not base or len(base) > 200 or base.startswith(".") or any(unicodedata.category(c) in ("Cc", "Cf") for c in base):
+        errors.append({"field": "name", "message": "a file name (at most 200 characters, no control or format "
+                                                   "characters)"})
     elif posixpath.splitext(base.lower())[1] not in UPLOAD_SUFFIXES:
         errors.append({"field": "name", "message": f"unsupported file type: use {', '.join(UPLOAD_SUFFIXES)}"})
     if size <= 0 or size > MAX_UPLOAD_BYTES:

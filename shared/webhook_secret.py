@@ -19,6 +19,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import logging
 import os
 import re
 import secrets
@@ -28,6 +29,8 @@ from shared.site_config import ENV_NAME_RE, Lead
 
 PREFIX = "whsec_"
 LABEL = b"concierge lead webhook v1|"
+log = logging.getLogger(__name__)
+
 MIN_BYTES = 24  # Standard Webhooks: secrets of 24 to 64 bytes
 BOUND_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}:whsec_")  # a site's own variable: `<site id>:whsec_…`
 
@@ -58,6 +61,11 @@ class WebhookSecrets(Settings):
 
     @classmethod
     def from_env(cls) -> "WebhookSecrets":
+        for name, value in os.environ.items():
+            if ENV_NAME_RE.match(name) and value.strip().startswith(PREFIX) and name != "LEAD_WEBHOOK_SECRET":
+                # Written before secrets were bound to their site: such a site's webhooks stop.
+                log.warning("a webhook secret not bound to a site is ignored: give it as <site id>:whsec_…",
+                            extra={"variable": name})
         return cls(deployment=env_str("LEAD_WEBHOOK_SECRET", ""),
                    variables={name: value for name, value in os.environ.items()
                               if ENV_NAME_RE.match(name) and BOUND_RE.match(value.strip())})

@@ -33,6 +33,9 @@ def test_a_definition_is_checked_field_by_field():
     with pytest.raises(sources.SourceError):
         sources.file_spec("../../etc/passwd", 10)
     assert sources.file_spec("dir/Price List.pdf", 10).name == "Price List.pdf"
+    for hidden in ("a\x00.md", "report\u202etxt.pdf", "a\x85b.md", "zero\u200bwidth.md"):  # control, format
+        with pytest.raises(sources.SourceError, match="control or format"):
+            sources.file_spec(hidden, 10)
 
 
 def test_scope_keeps_the_site_and_its_paths():

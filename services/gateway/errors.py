@@ -102,7 +102,7 @@ async def _conflict(_: Request, exc: Conflict) -> JSONResponse:
 
 async def _too_large_for_the_bus(_: Request, exc: Exception) -> JSONResponse:
     # What a request would write is bigger than one message of the bus: the caller's to shrink.
-    return _answer("too_large", "what this request would store is larger than the event bus's message limit (1 MiB)",
+    return _answer("too_large", "what this request would store is larger than one message of the event bus may be",
                    413)
 
 
