@@ -86,6 +86,12 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_terminal_summary(terminalreporter):
+    from cli.measure import machine
+
+    # Beside the suite's time, how fast this machine is (higher is slower): another machine's
+    # times compare through it (docs/benchmarks.md).
+    terminalreporter.write_line(f"machine gauge: {machine.gauge_ms()} ms (cli/measure/machine.py), "
+                                f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
     for worker, units in sorted(_SPANS.items()):
         done = max(stop for _, stop in units.values()) - _SESSION_START
         longest = sorted(units.items(), key=lambda u: u[1][0] - u[1][1])[:4]

@@ -23,6 +23,7 @@ import urllib.request
 from pathlib import Path
 
 from cli.harness.supervisor import ROOT
+from cli.measure import machine
 
 QUESTION = "Do you integrate with QuickBooks?"
 
@@ -80,5 +81,6 @@ def main(argv: list[str] | None = None) -> int:
             os.killpg(proc.pid, signal.SIGINT)
             proc.wait(60)
     print(json.dumps({"ready_s": round(ready, 1), "first_token_s": round(first, 1) if first else None,
-                      "answer_s": round(done, 1), "sources": sources, "answer": text[:300]}))
+                      "answer_s": round(done, 1), "sources": sources, "answer": text[:300],
+                      "machine_gauge_ms": machine.gauge_ms()}))
     return 0 if first else 1
