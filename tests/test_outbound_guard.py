@@ -213,6 +213,9 @@ async def test_a_one_megabyte_sitemap_is_read_whole():
 def test_a_gzipped_sitemap_inflates_only_so_far():
     small = b'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"><url><loc>https://a.example/</loc></url></urlset>'
     assert pages.sitemap_entries(gzip.compress(small)) == (["https://a.example/"], [])
+    half = len(small) // 2
+    assert pages.sitemap_entries(gzip.compress(small[:half]) + gzip.compress(small[half:])) == (
+        ["https://a.example/"], [])  # two gzip members, one document
     deflate = zlib.compressobj(9, zlib.DEFLATED, 31)
     bomb = b"".join(deflate.compress(b"\0" * (1024 * 1024)) for _ in range(pages.MAX_SITEMAP_BYTES // (1024 * 1024) + 8))
     bomb += deflate.flush()

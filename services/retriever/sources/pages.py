@@ -90,10 +90,19 @@ def sitemap_entries(body: bytes) -> tuple[list[str], list[str]]:
     from defusedxml import ElementTree
 
     if body[:2] == b"\x1f\x8b":
-        inflate = zlib.decompressobj(wbits=31)
-        body = inflate.decompress(body, MAX_SITEMAP_BYTES)
-        if inflate.unconsumed_tail:
-            raise ValueError(f"larger than {MAX_SITEMAP_BYTES} bytes uncompressed")
+        out, rest = b"", body
+        while rest[:2] == b"\x1f\x8b":  # each gzip member in turn (a file may hold several)
+            room = MAX_SITEMAP_BYTES - len(out)  # never 0 here: to zlib, a max_length of 0 is no limit
+            inflate = zlib.decompressobj(wbits=31)
+            out += inflate.decompress(rest, room)
+            if inflate.unconsumed_tail:
+                raise ValueError(f"larger than {MAX_SITEMAP_BYTES} bytes uncompressed")
+            if not inflate.eof:
+                raise ValueError("a gzip stream cut short")
+            rest = inflate.unused_data
+            if rest[:2] == b"\x1f\x8b" and len(out) >= MAX_SITEMAP_BYTES:
+                raise ValueError(f"larger than {MAX_SITEMAP_BYTES} bytes uncompressed")
+        body = out
     root = ElementTree.fromstring(body)
     tag = root.tag.rsplit("}", 1)[-1]
     locs = [el.text.strip() for el in root.iter() if el.tag.rsplit("}", 1)[-1] == "loc" and el.text]
