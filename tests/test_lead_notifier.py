@@ -236,10 +236,12 @@ async def test_a_duplicate_lead_with_a_new_event_id_is_posted_once(bus, site, re
     assert len(analytics) == 1  # the lead is counted once too
 
 
-async def test_a_lead_claimed_but_not_sent_is_sent_once_on_redelivery(bus, site, receiver):
+async def test_a_lead_claimed_but_not_sent_is_sent_once_on_redelivery(bus, site, receiver, monkeypatch):
     """A process that died between claiming and POSTing leaves a claim without an outcome;
-    the redelivered event owns that claim and sends. A redelivery after the outcome was
-    stored (the ack was lost) reports it again and sends nothing."""
+    the redelivered event owns that claim and sends, once the dead attempt's lease is over. A
+    redelivery after the outcome was stored (the ack was lost) reports it again and sends
+    nothing."""
+    monkeypatch.setattr(webhook_claims, "LEASE_S", 1.0)
     claims = webhook_claims.for_leads(bus)
     captured = lead(site)
     assert (await claims.claim(site, "s1", captured.event_id)).outcome is None  # the dead process's claim
@@ -258,6 +260,23 @@ async def test_a_lead_claimed_but_not_sent_is_sent_once_on_redelivery(bus, site,
     assert len(receiver.requests) == 1
     # The same event (the same id: JetStream drops the copy), made from the state as it is now.
     assert again[0] == msgspec.structs.replace(outcome, ts=again[0].ts, input_seq=again[0].input_seq)
+
+
+async def test_a_second_attempt_waits_for_the_first_ones_outcome_rather_than_send_beside_it(bus, site):
+    """The first attempt's process frozen past its ack wait (the chaos run's SIGSTOP): the
+    event comes to another replica, which finds its own claim without an outcome and waits
+    for it (the lease) instead of sending the lead a second time; the first, resumed, stores
+    its outcome and the second reports it."""
+    claims = webhook_claims.for_leads(bus)
+    captured = lead(site)
+    assert (await claims.claim(site, "s1", captured.event_id)).outcome is None  # the first attempt, sending
+    second = asyncio.create_task(claims.claim(site, "s1", captured.event_id))
+    await asyncio.sleep(0.6)
+    assert not second.done()  # waiting, not sending
+    sent = Outcome(target="https://crm.example/hook", ok=True, status=200, attempts=1)
+    await claims.settle(site, "s1", captured.event_id, sent)
+    claim = await asyncio.wait_for(second, 5)
+    assert claim.owner == captured.event_id and claim.outcome == sent
 
 
 async def test_an_outcome_is_stored_when_the_claims_bucket_answers_again(bus, site):

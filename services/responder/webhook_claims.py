@@ -14,9 +14,12 @@ names its owner's event id, so a redelivery of the owner (its process died after
 still delivers, and, once the owner stored the outcome, a redelivery reports that outcome
 instead of sending again.
 
-The one window left is between the receiver's 2xx and storing the outcome: a crash there
-sends again on redelivery, with the same `webhook-id` (`lead_id`, `handoff_id`) for the
-receiver to drop.
+A claim also says when its owner's attempt began (`since`): a second attempt of the same
+event (the first one's process frozen past its ack wait, or its ack lost) waits for the
+first's outcome for up to LEASE_S rather than send beside it, and takes the delivery over
+only once the first is presumed dead. The one window left is between the receiver's 2xx and
+storing the outcome in a process that dies there: its redelivery sends again, with the same
+`webhook-id` (`lead_id`, `handoff_id`) for the receiver to drop.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ from shared.bus import BUS_UNAVAILABLE, Bus
 
 SETTLE_WAIT_S = 20.0
 SETTLE_RETRY_S = 0.5
+# How long an attempt's claim keeps another attempt of the same event from sending: longer
+# than one delivery takes (LEAD_WEBHOOK_ATTEMPTS × timeout and backoff, 25 s by default).
+LEASE_S = 30.0
 
 
 class Outcome(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -50,6 +56,7 @@ class Outcome(msgspec.Struct, kw_only=True, omit_defaults=True):
 class Claim(msgspec.Struct, kw_only=True, omit_defaults=True):
     owner: str  # the event_id that delivers this lead or handoff request
     outcome: Outcome | None = None  # None: claimed, not (yet) delivered
+    since: float = 0.0  # when the owner's latest attempt claimed it (wall clock)
 
 
 def lead_id(site: str, session_id: str) -> str:
@@ -82,14 +89,30 @@ class WebhookClaims:
         self.key = key
 
     async def claim(self, site: str, session_id: str, event_id: str) -> Claim:
-        """A new claim owned by `event_id`, or the claim already there (ours or another's)."""
+        """A new claim owned by `event_id`, or the claim already there: another's (a
+        duplicate), or ours with its outcome. Ours without one is another attempt of this
+        event still sending: its outcome is waited for while its lease lasts, then the
+        delivery is taken over (a claim with no outcome returned: send)."""
         key = self.key(site, session_id, event_id)
         try:
-            await self.kv.create(key, msgspec.json.encode(Claim(owner=event_id)))
+            await self.kv.create(key, msgspec.json.encode(Claim(owner=event_id, since=time.time())))
             return Claim(owner=event_id)
         except KeyWrongLastSequenceError:
+            pass
+        while True:
             entry = await self.kv.get(key)
-            return _decoder.decode(entry.value)
+            claim = _decoder.decode(entry.value)
+            if claim.owner != event_id or claim.outcome is not None:
+                return claim
+            wait = claim.since + LEASE_S - time.time()
+            if wait <= 0:
+                try:  # compare-and-set: of two late attempts, one takes it over
+                    await self.kv.update(key, msgspec.json.encode(Claim(owner=event_id, since=time.time())),
+                                         last=entry.revision)
+                    return Claim(owner=event_id)
+                except KeyWrongLastSequenceError:
+                    continue
+            await asyncio.sleep(min(SETTLE_RETRY_S, wait))
 
     async def settle(self, site: str, session_id: str, owner: str, outcome: Outcome) -> None:
         """Store the owner's outcome; only the owner writes here, so a plain put is safe.
