@@ -28,9 +28,13 @@ async def arun(capsys, nats_url: str, *argv: str) -> tuple[int, str, str]:
 async def enricher(bus, site: str, answers: dict[str, object]):
     """Answers each work item queued for `answers`' sessions with `answers[session](item)`."""
     taken: list[ev.Envelope] = []
+    stopping = asyncio.Event()
 
     async def loop():
-        while True:
+        # Ends on `stopping`, not on the cancellation alone: Python 3.11's asyncio.wait_for (in
+        # nats-py's request) can swallow a cancellation that arrives as its reply does, and the
+        # loop then went on for ever (a fresh clone's suite hung here until its timeout).
+        while not stopping.is_set():
             for session, answer in answers.items():
                 subject = subjects.work(site, session, "triage_requested" if session == ev.TRIAGE_SESSION
                                         else "brief_requested")
@@ -49,6 +53,7 @@ async def enricher(bus, site: str, answers: dict[str, object]):
     try:
         yield taken
     finally:
+        stopping.set()
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
