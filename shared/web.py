@@ -46,6 +46,7 @@ NOT_PUBLIC = {"shared (CGNAT)": ipaddress.ip_network("100.64.0.0/10"),
               "reserved": ipaddress.ip_network("192.0.0.0/24"),
               "site-local": ipaddress.ip_network("fec0::/10"),
               "documentation": ipaddress.ip_network("3fff::/20")}
+NAT64 = ipaddress.ip_network("64:ff9b::/96")  # an IPv4 address in its last 32 bits
 
 
 class RefusedAddress(OSError):
@@ -64,7 +65,7 @@ def refused(address: str) -> str | None:
         embedded = ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
         if embedded is not None:
             ip = embedded
-        elif ip in ipaddress.ip_network("64:ff9b::/96"):  # NAT64: the IPv4 address in its last 32 bits
+        elif ip in NAT64:
             ip = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
     for what, bad in (("loopback", ip.is_loopback), ("link-local", ip.is_link_local), ("private", ip.is_private),
                       ("multicast", ip.is_multicast), ("reserved", ip.is_reserved),

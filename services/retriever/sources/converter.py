@@ -82,14 +82,21 @@ def _cut(text: str) -> str:
     return text[:MAX_TEXT_CHARS]
 
 
+def _html_within(what: str, size: int, unit: str, limits: ConvertLimits) -> None:
+    """Refuse HTML past CONVERT_MAX_HTML_BYTES before trafilatura reads it (`size` in `unit`:
+    an upload's bytes, a fetched page's decoded characters)."""
+    if size > limits.max_html_bytes:
+        raise pg.UnreadableFile(f"{what}: {size} {unit} of HTML (at most {limits.max_html_bytes}: "
+                                "CONVERT_MAX_HTML_BYTES)")
+
+
 def file_text(name: str, data: bytes, limits: ConvertLimits) -> tuple[str, str]:
     """In a worker: pages.file_text within the limits on what it is given."""
     suffix = posixpath.splitext(name.lower())[1]
     if suffix in (".docx", ".pptx"):
         _unzipped_size(name, data, limits.max_unzipped_bytes)
-    elif suffix in (".html", ".htm") and len(data) > limits.max_html_bytes:
-        raise pg.UnreadableFile(f"{name}: {len(data)} bytes of HTML (at most {limits.max_html_bytes}: "
-                                "CONVERT_MAX_HTML_BYTES)")
+    elif suffix in (".html", ".htm"):
+        _html_within(name, len(data), "bytes", limits)
     title, text = pg.file_text(name, data)
     return title, _cut(text)
 
@@ -124,9 +131,7 @@ def html_page(html: str, url: str, spec: ev.SourceSpec, robots: str, agent: str,
               limits: ConvertLimits) -> tuple[str, str, list[str]]:
     """In a worker: pages.html_page of a fetched page within the limits, its links those of
     the source's scope robots.txt allows."""
-    if len(html) > limits.max_html_bytes:
-        raise pg.UnreadableFile(f"{url}: {len(html)} characters of HTML (at most {limits.max_html_bytes}: "
-                                "CONVERT_MAX_HTML_BYTES)")
+    _html_within(url, len(html), "characters", limits)
     title, text, links = pg.html_page(html, url)
     return title, _cut(text), allowed(spec, robots, agent, links, pg.MAX_SITEMAP_URLS, limits)
 
