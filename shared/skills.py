@@ -81,7 +81,8 @@ def apply(selected: list[str], *, intent: str, route: str, branch: str, turn: in
     rules: list[str] = []
     question: str | None = None
 
-    forced = intent == "BOOKING" or route == "BOOKING" and branch in ("DEMO_REQUESTED", "INTEREST_THRESHOLD", "STAY")
+    forced = (intent == "BOOKING" or branch == "INTEREST_THRESHOLD"
+              or route == "BOOKING" and branch in ("DEMO_REQUESTED", "STAY"))
     forced = forced or bool(signals.get("demo_interest"))
     if forced and "propose_demo" not in skills and not state.booking.lead_captured:
         skills.add("propose_demo")

@@ -254,14 +254,23 @@ async def _turns(http, system, visitor, *messages):
     return out
 
 
-async def test_redirect_points_to_the_site_target(system, llm, http):
+async def test_a_support_request_is_answered_with_the_support_page_and_an_offtopic_one_redirected(system, llm, http):
+    """A customer's own problem is answered from the site's knowledge, the model told where
+    the site's support is for what the sources do not answer; an off-topic message is
+    redirected (the `redirect` role's prompt)."""
     llm.clear()
     (reply,) = await _turns(http, system, Conversation(http, system.gateway_url, "demo"),
                             "I can't log in to my account, please help")
     meta = reply.final["metadata"]
-    assert meta["route"] == "REDIRECT" and meta["intent"] == "SUPPORT" and meta["branch"] == "REDIRECT_SUPPORT"
-    (request,) = [r for r in llm.requests() if "outside what this chat handles" in r["messages"][0]["content"]]
-    assert "https://help.tidewise.example" in request["messages"][0]["content"]
+    assert meta["route"] == "ANSWER" and meta["intent"] == "SUPPORT" and meta["branch"] == "ANSWER_SUPPORT"
+    (request,) = [r for r in llm.requests() if "## Sources" in r["messages"][0]["content"]]
+    assert "point the visitor to:\n- support: https://help.tidewise.example" in request["messages"][0]["content"]
+    llm.clear()
+    (reply,) = await _turns(http, system, Conversation(http, system.gateway_url, "demo"),
+                            "Who won the football match last night?")
+    meta = reply.final["metadata"]
+    assert meta["route"] == "REDIRECT" and meta["intent"] == "OFFTOPIC" and meta["branch"] == "REDIRECT_OFFTOPIC"
+    assert [r for r in llm.requests() if "outside what this chat handles" in r["messages"][0]["content"]]
 
 
 async def test_booking_captures_the_email_and_signs_the_webhook(system, llm, http, webhook):
@@ -361,7 +370,7 @@ async def test_insight_counts_a_known_mix_and_a_curated_answer_closes_its_gap(sy
     assert reply.final["metadata"]["route"] == "ANSWER"
     await vote(missing, 1, "down", "no answer to my question")
     redirected = Conversation(http, system.gateway_url, site)
-    await _turns(http, system, redirected, "I can't log in to my account, please help")
+    await _turns(http, system, redirected, "Who won the football match last night?")
     booked = Conversation(http, system.gateway_url, site)
     await _turns(http, system, booked, "I'd like to book a demo", "grace@example.com")
     blocked = Conversation(http, system.gateway_url, site)

@@ -144,7 +144,7 @@ def test_an_unsure_hack_is_suspicious_without_a_strike_and_routed_as_its_runner_
     assert "suspicious" in learn.reason
     support = _decide(0.55, runner_up="SUPPORT")
     assert (support.route, support.branch, support.hack_increment, support.suspicious) == \
-        ("REDIRECT", "REDIRECT_SUPPORT", 0, True)
+        ("ANSWER", "ANSWER_SUPPORT", 0, True)
     unknown = _decide(0.55)  # an LLM's HACK has no local scores: answered as LEARN
     assert (unknown.route, unknown.intent, unknown.hack_increment) == ("ANSWER", "LEARN", 0)
 

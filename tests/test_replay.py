@@ -148,7 +148,7 @@ async def test_a_changed_routing_rule_shows_exactly_the_turn_it_changes(
     recordings, config, _ = await _recordings(system)
     original = routing.decide
 
-    def offtopic_answered(**kwargs):  # the one-line change: rule 11 sends OFFTOPIC to ANSWER
+    def offtopic_answered(**kwargs):  # the one-line change: rule 12 sends OFFTOPIC to ANSWER
         decision = original(**kwargs)
         if decision.branch == "REDIRECT_OFFTOPIC":
             return routing.Decision(route="ANSWER", branch="DEFAULT", reason="changed", intent=decision.intent)

@@ -25,7 +25,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from services.responder import answer_audit, extractive, kb_vectors
+from services.responder import answer_audit, extractive, kb_vectors, replies
 from services.responder.streaming import TOKEN_BATCH_S, publish_sources, stream_llm, stream_text
 from shared import citations, history, language, persona, prompts, segments
 from shared import events as ev
@@ -93,13 +93,19 @@ def skills_context(skills: list[str], question: str | None) -> str:
     return "\n".join(f"- {line}" for line in lines) if lines else "- End plainly, with no call to action."
 
 
-def sources_context(documents: list[ev.RetrievedDocument]) -> str:
+def sources_context(documents: list[ev.RetrievedDocument], contacts: list[tuple[str, str]] = ()) -> str:
+    """`contacts`: the site's (kind, address) for what the visitor may need its team for
+    (a support request: its support page), named when the sources do not answer."""
+    targets = "".join(f"\n- {kind}: {url}" for kind, url in contacts)
     if not documents:
         return ("\n## Sources\nNo knowledge-base documents were found for this question. Do not guess facts about "
-                "the company; say you are not sure and offer to connect the visitor with the team.\n")
+                "the company; say you are not sure and "
+                + (f"point the visitor to:{targets}" if targets else "offer to connect the visitor with the team.")
+                + "\n")
     lines = [f"[{d.n}] {d.title}: {' '.join(d.content.split())[:SOURCE_CHARS]}" for d in documents]
+    where = f"\nIf they do not answer it, say so and point the visitor to:{targets}" if targets else ""
     return ("\n## Sources\nAnswer from these sources only, and cite the ones you use as [n] right after the "
-            "sentence they support:\n" + "\n".join(lines) + "\n")
+            "sentence they support:\n" + "\n".join(lines) + where + "\n")
 
 
 def build_messages(state: ConversationState, turn: int, system_prompt: str, budget_tokens: int) -> list[dict]:
@@ -149,7 +155,8 @@ async def extractive_answer(ctx: Context, knowledge: kb_vectors.KnowledgeVectors
         picked = extractive.choose_from(vectors, asked, titles, pool, threshold=settings.extractive_threshold,
                                         max_sentences=settings.extractive_max_sentences)
     text = extractive.reply(picked, documents, skills=skills, question=question, lang=lang, config=config,
-                            site=event.site, audience=list(audience), cta=cta)
+                            site=event.site, audience=list(audience), cta=cta,
+                            contacts=replies.contacts(event.intent, message, config, lang))
     await publish_sources(ctx, documents)
     completed = await stream_text(ctx, NAME, text)
     return msgspec.structs.replace(completed, backend="extractive", late_inputs=late,
@@ -208,7 +215,8 @@ def make_node(llm: LLMClient, settings: AnswerSettings = AnswerSettings(),
         system = prompts.compose(PROMPT, event.site, config, visitor=visitor_context(state),
                                  audience=audience_context(audience, said, config),
                                  skills=skills_context(skills, question), persona=persona.block(voice),
-                                 sources=sources_context(documents))
+                                 sources=sources_context(documents, replies.chosen_targets(
+                                     event.intent, history.message_of(state, event.turn), config)))
         messages = build_messages(state, event.turn, system, llm.history_tokens("answer"))
         completed = await stream_llm(ctx, llm, "answer", NAME, messages, late_inputs=late, sources=documents,
                                      batch_s=token_batch_s, llm_roles=roles,

@@ -351,12 +351,17 @@ def _templates(lang: str) -> dict[str, str]:
     return {**TEMPLATES["en"], **TEMPLATES.get(lang, {})}
 
 
-def not_found(config: SiteConfig, site: str, lang: str, cta: tuple[str, str] | None = None) -> str:
-    """Nothing relevant was retrieved: say so, and where to ask instead (`cta`: the visitor's
-    segment's (label, url), else the site's)."""
+def not_found(config: SiteConfig, site: str, lang: str, cta: tuple[str, str] | None = None,
+              contacts: list[str] = ()) -> str:
+    """Nothing relevant was retrieved: say so, and where to ask instead: `contacts`, the
+    site's contact for what the visitor needs the team for (its support page for a support
+    request), else the call to action (`cta`: the visitor's segment's (label, url), else the
+    site's) and the support page."""
     t = _templates(lang)
     name = config.name or site
     lines = [t["not_found"].format(site_name=name)]
+    if contacts:
+        return " ".join([*lines, *contacts])
     label, cta_url = cta if cta and cta[1] else (config.cta.label, config.cta.url or config.cta.booking_url)
     if cta_url:
         lines.append(t["contact_cta"].format(label=label, url=cta_url))
@@ -384,14 +389,15 @@ def endings(skills: list[str], question: str | None, lang: str, resource_url: st
 
 def reply(picked: list[Picked], documents: list[ev.RetrievedDocument], *, skills: list[str], question: str | None,
           lang: str, config: SiteConfig, site: str, audience: list[str] = (),
-          cta: tuple[str, str] | None = None) -> str:
+          cta: tuple[str, str] | None = None, contacts: list[str] = ()) -> str:
     """The answer's text: the sentences, each cited, then the site's words for the visitor's
     audience (`audience`: its example and offer, shared/segments.py), then the skills'
     endings; or the "not found" reply, with the visitor's call to action (`cta`), and a
-    qualifying question still asked when one is due."""
+    qualifying question still asked when one is due (`contacts`: where the site points a
+    visitor who needs its team, named instead when nothing was found)."""
     if not picked:
         rest = endings([s for s in skills if s == "ask_qualifying_question"], question, lang)
-        return "\n\n".join([not_found(config, site, lang, cta), *rest])
+        return "\n\n".join([not_found(config, site, lang, cta, contacts), *rest])
     urls = {d.n: d.source for d in documents}
     answer = " ".join(cite(p.text, p.n) for p in picked)
     return "\n\n".join([answer, *([" ".join(audience)] if audience else []),

@@ -11,7 +11,6 @@ leak through a model that never sees the request.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from services.responder import replies
@@ -25,12 +24,6 @@ from shared.site_config import SiteConfig
 
 NAME = "redirect_handler"
 PROMPT = Path(__file__).parent / "prompts" / "redirect.md"
-TARGETS = {
-    "SUPPORT": ("support",),
-    "OTHER": ("careers", "press", "partnerships", "investors"),
-    "OFFTOPIC": (),
-}
-WORD_RE = re.compile(r"[^\W\d_]+")
 REASONS = {
     "SUPPORT": "an existing customer's support request",
     "OTHER": "jobs, press, partnerships or investors",
@@ -39,7 +32,7 @@ REASONS = {
 
 
 def targets(intent: str, config: SiteConfig) -> str:
-    lines = [f"- {name}: {getattr(config.redirects, name)}" for name in TARGETS.get(intent, ())
+    lines = [f"- {name}: {getattr(config.redirects, name)}" for name in replies.TARGETS.get(intent, ())
              if getattr(config.redirects, name)]
     return "Where to point them:\n" + "\n".join(lines) if lines else "There is no page to point them to."
 
@@ -48,26 +41,10 @@ def hack_reply(lang: str, config: SiteConfig, site: str) -> str:
     return replies.text("hack", lang, site_name=config.name or site)
 
 
-def chosen_targets(intent: str, message: str, config: SiteConfig) -> list[tuple[str, str]]:
-    """(kind, address) of the configured targets for `intent`; of several, those the
-    message is about by its words (a job, the press...), else all of them."""
-    found = [(name, getattr(config.redirects, name)) for name in TARGETS.get(intent, ())
-             if getattr(config.redirects, name)]
-    if len(found) < 2:
-        return found
-    words = WORD_RE.findall(message.lower())
-    keywords = replies.TEXTS["redirect"]["keywords"]
-    about = [(name, url) for name, url in found
-             if any(word.startswith(key) for word in words for key in keywords.get(name, ()))]
-    return about or found
-
-
 def template_reply(intent: str, message: str, config: SiteConfig, site: str, lang: str) -> str:
     """The redirect reply without a model: where to go (or that this chat cannot help),
     then the offer to answer questions about the site."""
-    lines = [replies.text(f"redirect.{name}", lang, url=url.removeprefix("mailto:"))
-             for name, url in chosen_targets(intent, message, config)]
-    lines = lines or [replies.text("redirect.outside", lang)]
+    lines = replies.contacts(intent, message, config, lang) or [replies.text("redirect.outside", lang)]
     return "\n".join(lines + [replies.text("redirect.offer", lang, site_name=config.name or site)])
 
 

@@ -8,11 +8,19 @@ import tomllib
 from pathlib import Path
 
 from shared import language
+from shared.site_config import SiteConfig
 from shared.state import ConversationState
 
 GUESS_MESSAGES = 3
 NOT_WORDS = re.compile(r"\S+@\S+|\S+://\S+")  # e-mail addresses and links ("com" is Portuguese)
 TEXTS = tomllib.loads((Path(__file__).parent / "data" / "replies.toml").read_text(encoding="utf-8"))
+# The site's contacts (`[redirects]`) for what a visitor needs the team for, by intent.
+TARGETS = {
+    "SUPPORT": ("support",),
+    "OTHER": ("careers", "press", "partnerships", "investors"),
+    "OFFTOPIC": (),
+}
+WORD_RE = re.compile(r"[^\W\d_]+")
 
 
 def text(key: str, lang: str, **fields: str) -> str:
@@ -44,3 +52,24 @@ def visitor_language(state: ConversationState, turn: int) -> str:
     reported = {"language": record.language} if record is not None and record.language else None
     recent = [m.content for m in state.messages if m.role == "user" and m.turn <= turn][-GUESS_MESSAGES:]
     return language.guess(NOT_WORDS.sub(" ", " ".join(recent)), reported)
+
+
+def chosen_targets(intent: str, message: str, config: SiteConfig) -> list[tuple[str, str]]:
+    """(kind, address) of the configured targets for `intent`; of several, those the
+    message is about by its words (a job, the press...), else all of them."""
+    found = [(name, getattr(config.redirects, name)) for name in TARGETS.get(intent, ())
+             if getattr(config.redirects, name)]
+    if len(found) < 2:
+        return found
+    words = WORD_RE.findall(message.lower())
+    keywords = TEXTS["redirect"]["keywords"]
+    about = [(name, url) for name, url in found
+             if any(word.startswith(key) for word in words for key in keywords.get(name, ()))]
+    return about or found
+
+
+def contacts(intent: str, message: str, config: SiteConfig, lang: str) -> list[str]:
+    """Where the site points a visitor who needs its team for `intent` (a support request,
+    a job, the press...), one localized line per configured target; [] when it has none."""
+    return [text(f"redirect.{name}", lang, url=url.removeprefix("mailto:"))
+            for name, url in chosen_targets(intent, message, config)]

@@ -7,7 +7,7 @@ stands, where does the turn go? Pure and deterministic; the rules, in order:
 | H | the conversation waits for or is held by a person of the team (`HandoffState`): the AI does not answer | HANDOFF | HELD |
 | F | nobody could take the last handoff, the visitor was asked for an e-mail address and the message has one | HANDOFF | EMAIL_LEFT |
 | P | the site takes handoffs (`[handoff] enabled`) and the visitor asks for a person (handoff.py), mid-booking too | HANDOFF | VISITOR_ASKED |
-| 1 | any other HACK: suspicious, no strike; routed by rules 2-11 as its runner-up intent (LEARN when unknown) with the HACK's confidence (so "ada@example" while the e-mail is asked stays in the flow, rule 4) | by rules 2-11 | by rules 2-11 |
+| 1 | any other HACK: suspicious, no strike; routed by rules 2-12 as its runner-up intent (LEARN when unknown) with the HACK's confidence (so "ada@example" while the e-mail is asked stays in the flow, rule 4) | by rules 2-12 | by rules 2-12 |
 | 2 | STOP_BOOKING with a booking flow under way                  | BOOKING  | STOP (the flow ends politely) |
 | 3 | STOP_BOOKING with no flow                                   | ANSWER   | NOTHING_TO_STOP    |
 | 4 | flow under way and the message answers the field: an e-mail (even a malformed one when the e-mail was asked), BOOKING / CONTEXT, or a short statement the classifier is unsure of | BOOKING | STAY |
@@ -17,9 +17,10 @@ stands, where does the turn go? Pure and deterministic; the rules, in order:
 | N | no flow under way, LEARN / CONTEXT, the site takes handoffs with `not_found_turns` and that many answers in a row found nothing or were rated down (handoff.py `unanswered`) | HANDOFF | NOT_FOUND |
 | 7 | lead captured (flow over), LEARN / CONTEXT / BOOKING         | ANSWER   | POST_CONVERSION    |
 | 8 | intent BOOKING                                              | BOOKING  | DEMO_REQUESTED     |
-| 9 | LEARN / CONTEXT, cumulative score ≥ site threshold and the skills propose a demo | BOOKING | INTEREST_THRESHOLD |
+| 9 | LEARN / CONTEXT, cumulative score ≥ site threshold and the skills propose a demo: answered first, the demo offer ends it (the booking flow starts on a BOOKING intent or the offer accepted) | ANSWER | INTEREST_THRESHOLD |
 | 10| LEARN / CONTEXT                                             | ANSWER   | DEFAULT            |
-| 11| SUPPORT / OFFTOPIC / OTHER                                  | REDIRECT | REDIRECT_<INTENT>  |
+| 11| SUPPORT / OTHER: answered from the site's knowledge when it holds the answer (a vendor's help pages are its knowledge); with nothing found, the reply names the site's contact for it (support page, careers, press…) | ANSWER | ANSWER_<INTENT> |
+| 12| OFFTOPIC                                                    | REDIRECT | REDIRECT_OFFTOPIC  |
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ class Decision(msgspec.Struct, kw_only=True, frozen=True):
 SHORT_ANSWER_WORDS = 8
 UNSURE = 0.6
 STRIKE_CONFIDENCE = 0.8  # ROUTER_HACK_STRIKE_CONFIDENCE; see docs/benchmarks-history.md (HACK precision: the threshold swept)
+# A support request or a jobs / press / partners question may well be answered by the site's
+# own pages (billing, roles, careers): the answer says where to go when they hold nothing.
+ANSWERED_FROM_KNOWLEDGE = ("SUPPORT", "OTHER")
 ROUTABLE = ("LEARN", "CONTEXT", "SUPPORT", "OFFTOPIC", "OTHER", "BOOKING", "STOP_BOOKING")
 
 
@@ -100,7 +104,7 @@ def decide(*, intent: str, message: str, score: float, threshold: float, skills:
 
 def _route(intent: str, message: str, score: float, threshold: float, skills: list[str], booking: BookingState,
            confidence: float, handoff: HandoffRules) -> Decision:
-    """Rules 2-11 (Q and N among them), for every intent but a striking HACK."""
+    """Rules 2-12 (Q and N among them), for every intent but a striking HACK."""
     active = booking.active
     if intent == "STOP_BOOKING":
         if active:
@@ -128,7 +132,11 @@ def _route(intent: str, message: str, score: float, threshold: float, skills: li
         return Decision(route="BOOKING", branch="DEMO_REQUESTED", reason="the visitor asked for a demo or a call")
     if intent in ("LEARN", "CONTEXT"):
         if score >= threshold and "propose_demo" in skills:
-            return Decision(route="BOOKING", branch="INTEREST_THRESHOLD",
-                            reason=f"interest score {score:.2f} ≥ {threshold:.2f} and skills propose a demo")
+            return Decision(route="ANSWER", branch="INTEREST_THRESHOLD",
+                            reason=f"interest score {score:.2f} ≥ {threshold:.2f} and skills propose a demo: "
+                                   f"answered, the demo offered at its end")
         return Decision(route="ANSWER", branch="DEFAULT", reason=f"{intent}: answered from the knowledge base")
+    if intent in ANSWERED_FROM_KNOWLEDGE:
+        return Decision(route="ANSWER", branch=f"ANSWER_{intent}",
+                        reason=f"{intent}: answered from the site's knowledge, its contact named when nothing is found")
     return Decision(route="REDIRECT", branch=f"REDIRECT_{intent}", reason=f"{intent}: redirected")

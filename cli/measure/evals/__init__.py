@@ -1,6 +1,7 @@
-"""`concierge eval intent|followups|skills|hack|retrieval|answers|briefs|accounts|all`: the router's evals
+"""`concierge eval intent|followups|skills|hack|retrieval|answers|sites|briefs|accounts|all`: the router's evals
 (services/router/evaluation.py), the retriever's (services/retriever/evaluation.py), the answers' (cli/measure/evals/
-answer_eval.py: through a running system, the one `--base-url` names or one it starts), the lead briefs'
+answer_eval.py: through a running system, the one `--base-url` names or one it starts), the answers on real
+websites' (cli/measure/evals/site_eval.py: real products' docs taken in through the crawler), the lead briefs'
 (cli/measure/evals/brief_eval.py) and the account reports' (cli/measure/evals/account_eval.py): `--mock` for the
 recorded model replies."""
 
@@ -13,13 +14,21 @@ from pathlib import Path
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="concierge eval")
-    parser.add_argument("which", choices=("intent", "followups", "skills", "hack", "retrieval", "answers", "briefs",
-                                          "accounts", "all"))
+    parser.add_argument("which", choices=("intent", "followups", "skills", "hack", "retrieval", "answers", "sites",
+                                          "briefs", "accounts", "all"))
     parser.add_argument("--dataset", type=Path, help="JSONL file (default: the shipped evaluation set)")
     parser.add_argument("--backend", choices=("local", "llm", "cascade"), default="local",
                         help="intent classifier backend (default: local, the embedded default)")
     parser.add_argument("--base-url", help="answers: a running gateway (default: start a system for the eval)")
-    parser.add_argument("--site", default="demo", help="answers: the site asked (default: demo)")
+    parser.add_argument("--site", action="append",
+                        help="answers: the site asked (default: demo); sites: a real site to take in and ask, "
+                             "repeatable (default: every site at hand)")
+    parser.add_argument("--split", choices=("dev", "test", "all"), default="test",
+                        help="sites: the questions asked (default: test; tune on dev)")
+    parser.add_argument("--docs", type=Path,
+                        help="sites: a directory holding each git-kept site's pages as <site id>/ "
+                             "(default: REALSITES_DIR)")
+    parser.add_argument("--limit", type=int, help="sites: at most this many questions per site")
     parser.add_argument("--concurrency", type=int, default=1,
                         help="answers: conversations at once; briefs: reports at once; accounts: cases at once "
                              "(default: 1)")
@@ -52,8 +61,12 @@ def main(argv: list[str]) -> int:
                                               concurrency=args.concurrency)
         if args.which == "answers":
             from cli.measure.evals import answer_eval
-            return answer_eval.eval_answers(args.dataset or answer_eval.DATASET, args.base_url, args.site,
+            return answer_eval.eval_answers(args.dataset or answer_eval.DATASET, args.base_url, _one_site(args),
                                             args.concurrency)
+        if args.which == "sites":
+            from cli.measure.evals import site_eval
+            return site_eval.eval_sites(args.site, args.split, args.docs, args.base_url, max(args.concurrency, 1),
+                                        args.limit)
     except ValueError as exc:  # a malformed dataset: say where, no traceback
         import sys
         print(f"concierge eval: {exc}", file=sys.stderr)
@@ -70,6 +83,10 @@ def main(argv: list[str]) -> int:
     followups = evaluation.eval_followups(evaluation.FOLLOWUPS_EVAL, args.backend)
     # A system of its own unless --base-url names one; its answer backend is whatever the
     # LLM environment gives (no LLM_BASE_URL: the system's default).
-    answers = answer_eval.eval_answers(answer_eval.DATASET, args.base_url, args.site, args.concurrency)
+    answers = answer_eval.eval_answers(answer_eval.DATASET, args.base_url, _one_site(args), args.concurrency)
     hack = evaluation.eval_hack(evaluation.HACK_EVAL, args.backend)  # last: its JSON (the two HACK figures) ends the output
     return max(skills, retrieval, intent, followups, answers, hack)
+
+
+def _one_site(args) -> str:
+    return (args.site or ["demo"])[-1]
