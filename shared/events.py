@@ -232,6 +232,9 @@ class RetrievalCompleted(Envelope, tag="retrieval_completed"):
     error: str | None = None
     latency_ms: float = 0.0
     embedding_version: str = ""  # the embedding model the query was embedded with (name@version)
+    # Names an English message asks about ("Salesforce", "SLA") that the site's knowledge
+    # never mentions, anywhere: what it holds is about something else, however close.
+    unknown_names: list[str] = []
 
 
 class DialogStateExtracted(Envelope, tag="dialog_state_extracted"):

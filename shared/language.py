@@ -61,6 +61,20 @@ def words(text: str) -> list[str]:
     return out
 
 
+# A name in a message: a capitalised word or an acronym that does not open a sentence
+# ("Salesforce", "OneDrive", "SLA"), as English writes them (German capitalises every noun).
+NAME = re.compile(r"(?<![.?!:]\s)(?<!^)(?<![\w'’-])(?:[A-Z][a-z]*[A-Z0-9][A-Za-z0-9]*|[A-Z][a-z]{2,}|[A-Z]{2,}\d*)"
+                  r"(?![\w'’-])")
+NOT_NAMES = frozenset("I I'm I'd I've OK Ok Hi Hello Thanks Please Monday Tuesday Wednesday Thursday Friday Saturday "
+                      "Sunday January February March April May June July August September October November "
+                      "December".split())
+
+
+def names(text: str) -> list[str]:
+    """The names an English message mentions (`NAME`), each once, in order."""
+    return list(dict.fromkeys(m.group(0) for m in NAME.finditer(text) if m.group(0) not in NOT_NAMES))
+
+
 def evidence(text: str) -> tuple[dict[str, float], dict[str, int]]:
     """(the n-gram model's probability, the number of function words) per language."""
     probabilities = dict(load().rank(text))

@@ -18,7 +18,7 @@ from shared.config import LLMRoleConfig
 from shared.consumer import ConsumerRunner
 from shared.events import VisitorProfile
 from shared.llm import LLMClient
-from shared.site_config import CTA, Enrichment, Persona, Segment, SiteConfig
+from shared.site_config import CTA, Enrichment, Persona, Redirects, Segment, SiteConfig
 from shared.state import ConversationState, fold
 from services.responder import answer_writer
 from services.responder.settings import AnswerSettings
@@ -402,3 +402,28 @@ async def test_nothing_found_points_to_the_visitors_call_to_action(extractive):
     assert completed.text.endswith("The team can answer it: Start a Growth trial, "
                                    "https://tidewise.example/signup?plan=growth")
     assert "Logistics companies" not in completed.text  # no example or offer without an answer
+
+
+async def test_a_question_naming_what_the_site_never_mentions_is_declined_with_its_contact(extractive):
+    """Issue 51: the retriever found close sentences, but the visitor names something the
+    site's knowledge never mentions: "not found", nothing cited, never the closest sentence."""
+    routed, given = asked("e7", "How much is the Growth plan with a Salesforce sync?")
+    given[-1] = msgspec.structs.replace(given[-1], unknown_names=["Salesforce"])
+    (completed,) = (await decide(extractive, routed, *given, config=TIDEWISE)).events
+    assert completed.text.startswith("I couldn't find that in Tidewise's documentation") and "[" not in completed.text
+    routed, given = asked("e8", "How much is the Growth plan with a Salesforce sync?")
+    (answered_,) = (await decide(extractive, routed, *given, config=TIDEWISE)).events
+    assert answered_.text.startswith("The Growth plan costs $59")  # the test can fail
+
+
+async def test_a_support_request_the_sources_do_not_answer_names_the_sites_support_page(extractive):
+    """Issue 51: SUPPORT is answered from the site's knowledge (route ANSWER, branch
+    ANSWER_SUPPORT); with nothing relevant the reply names the site's support page, not
+    its sales call to action."""
+    config = msgspec.structs.replace(TIDEWISE, redirects=Redirects(support="https://help.tidewise.example"))
+    routed, given = asked("e9", "My password reset e-mail never arrives", documents=[])
+    routed = msgspec.structs.replace(routed, intent="SUPPORT", branch="ANSWER_SUPPORT")
+    (completed,) = (await decide(extractive, routed, *given, config=config)).events
+    assert completed.text == ("I couldn't find that in Tidewise's documentation, and I'd rather not guess. "
+                              "For help with your account or an issue with the product, please contact our support "
+                              "team: https://help.tidewise.example")

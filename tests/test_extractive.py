@@ -259,3 +259,67 @@ def test_an_unrelated_question_in_another_language_is_still_not_answered(questio
     assert lang != "en"
     assert extractive.compose(question, retrieved(glossary.expand(question, lang)), embed, name="Tidewise",
                               lang=lang) == []
+
+
+# --- issue 51: an answer to the question, whole, or a decline ---------------------------------
+
+def _doc(n: int, title: str, content: str, document_type: str = "chunk") -> ev.RetrievedDocument:
+    return ev.RetrievedDocument(n=n, document_type=document_type, title=title, source=f"https://docs.example/{n}",
+                                snippet="", content=content)
+
+
+SCROLL = _doc(1, "Scroll depth — Where to find it", (
+    "Scroll depth shows how far down a page visitors read.\n"
+    "You can find scroll depth data in:\n"
+    "- the Top Pages report, in its own column\n"
+    "- the page details view of each page\n"
+    "- the Stats API as a metric\n"
+    "Scroll depth is collected without cookies."))
+BILLING = _doc(2, "Billing — Payment", (
+    "We accept credit cards and PayPal for monthly plans.\n"
+    "Annual plans can also be paid by wire transfer against an invoice."))
+CANCEL = _doc(3, "Cancel your subscription — Access and data", (
+    "**What happens next**\n"
+    "You keep access to your dashboards until the end of your billing period.\n"
+    "Your data is not deleted when you cancel: it is kept for 60 days, then removed."))
+PLANS = _doc(4, "Plans — Limits", (
+    "| Plan | Sites | Team members |\n|---|---|---|\n| Starter | 1 | 3 |\n| Business | 50 | 10 |"))
+
+
+def test_a_sentence_introducing_a_list_is_said_with_the_list_and_an_item_with_its_introduction():
+    units = extractive.units(SCROLL)
+    assert [role for _, role in units] == ["", "intro", "item", "item", "item", ""]
+    picked = extractive.compose("Where can I find the scroll depth data?", [SCROLL, BILLING], embed)
+    texts = [p.text for p in picked]
+    assert "You can find scroll depth data in:" in texts
+    at = texts.index("You can find scroll depth data in:")
+    assert texts[at + 1:at + 4] == ["the Top Pages report, in its own column", "the page details view of each page",
+                                    "the Stats API as a metric"]
+    item = extractive.compose("Is scroll depth available as a metric in the Stats API?", [SCROLL, BILLING], embed)
+    assert "You can find scroll depth data in:" in [p.text for p in item]  # an item never said alone
+    assert all(p.n == 1 for p in item)  # nothing from the billing section padded on
+
+
+def test_an_introduction_whose_list_was_not_retrieved_is_not_said():
+    cut = _doc(1, "Support — Response times", "Response times depend on the support channel and plan:")
+    other = _doc(2, "Support — Channels", "Paid plans are answered by e-mail within one business day.")
+    picked = extractive.compose("How quickly does support answer on paid plans?", [cut, other], embed)
+    assert picked and all(not p.text.endswith(":") for p in picked)
+
+
+def test_each_part_of_a_two_part_question_is_answered():
+    asked = extractive.Question(text="If I cancel today, do we lose access straight away? And does our data get wiped?")
+    assert len(asked.parts) == 2
+    assert extractive.Question(text="Can I pay by PayPal and what about wire transfers?").parts == [
+        "Can I pay by PayPal", "what about wire transfers?"]
+    assert extractive.Question(text="How do I cancel?").parts == []
+    picked = extractive.compose(asked.text, [CANCEL, BILLING, SCROLL], embed)
+    text = " ".join(p.text for p in picked)
+    assert "until the end of your billing period" in text and "not deleted when you cancel" in text
+    assert "What happens next" not in text  # a line all bold is a heading, not a sentence
+
+
+def test_a_tables_rows_are_a_list():
+    assert [role for _, role in extractive.units(PLANS)] == ["item", "item", "item"]
+    picked = extractive.compose("How many sites does the Business plan allow?", [PLANS, BILLING], embed)
+    assert any("Business: 50: 10" == p.text for p in picked), picked

@@ -168,3 +168,33 @@ async def test_node_emits_numbered_documents_of_the_site(bus, node):
         assert follow_up.query == "How much does Acme Sync cost? and the hosting?"
     finally:
         await runner.stop()
+
+
+async def test_a_name_the_sites_knowledge_never_mentions_is_reported_with_the_documents(node, kb):
+    """Issue 51: "Do you integrate with Salesforce?" on a site without a word of Salesforce
+    finds close sentences all the same; RetrievalCompleted names what the site never mentions
+    (anywhere in its knowledge, not just in the documents found), so the answer can decline."""
+    (done,) = (await decide(node, turn(SITE, "n1", 1, "Is Acme Sync hosted in Frankfurt with an SLA from Salesforce?"))).events
+    assert done.documents and done.unknown_names == ["SLA", "Salesforce"]
+    (known,) = (await decide(node, turn(SITE, "n2", 1, "Is the data in Frankfurt encrypted at rest?"))).events
+    assert known.unknown_names == []  # a plural's singular and the site's own name count as known
+    (plural,) = (await decide(node, turn(SITE, "n3", 1, "How many free Trials does Acme Sync offer?"))).events
+    assert plural.unknown_names == []
+    (french,) = (await decide(node, turn(SITE, "n4", 1, "Est-ce que Acme Sync marche avec Salesforce ?"))).events
+    assert french.unknown_names == []  # only English capitalises names alone (German: every noun)
+    assert kb.vocabulary(SITE) >= {"frankfurt", "encrypts", "trial", "acme"}
+
+
+def test_a_chunk_is_read_with_the_rest_of_its_section():
+    from services.retriever.search import with_section_rest
+
+    record = {"chunks": {"d#0": "Plans — Limits\nEvery plan has limits:", "d#1": "Plans — Limits\n- 5 users\n- 2 sites",
+                         "d#2": "Plans — Billing\nInvoices come monthly."}}
+    assert with_section_rest(record, "Plans — Limits\nEvery plan has limits:", "Every plan has limits:") == \
+        "Every plan has limits:\n- 5 users\n- 2 sites"
+    # The next chunk is another section's, or there is none: the chunk as it is.
+    assert with_section_rest(record, "Plans — Limits\n- 5 users\n- 2 sites", "- 5 users\n- 2 sites") == \
+        "- 5 users\n- 2 sites"
+    assert with_section_rest(record, "Plans — Billing\nInvoices come monthly.", "Invoices come monthly.") == \
+        "Invoices come monthly."
+    assert with_section_rest({"chunks": {}}, "x\ny", "y") == "y"  # chunked by LightRAG: not in the registry

@@ -93,10 +93,14 @@ def skills_context(skills: list[str], question: str | None) -> str:
     return "\n".join(f"- {line}" for line in lines) if lines else "- End plainly, with no call to action."
 
 
-def sources_context(documents: list[ev.RetrievedDocument], contacts: list[tuple[str, str]] = ()) -> str:
+def sources_context(documents: list[ev.RetrievedDocument], contacts: list[tuple[str, str]] = (),
+                    unknown: list[str] = ()) -> str:
     """`contacts`: the site's (kind, address) for what the visitor may need its team for
-    (a support request: its support page), named when the sources do not answer."""
+    (a support request: its support page), named when the sources do not answer; `unknown`:
+    what the visitor names that the site's knowledge never mentions."""
     targets = "".join(f"\n- {kind}: {url}" for kind, url in contacts)
+    never = (f"\nThe site's knowledge never mentions {', '.join(unknown)}: do not say anything about "
+             f"{'it' if len(unknown) == 1 else 'them'} beyond that." if unknown else "")
     if not documents:
         return ("\n## Sources\nNo knowledge-base documents were found for this question. Do not guess facts about "
                 "the company; say you are not sure and "
@@ -105,7 +109,7 @@ def sources_context(documents: list[ev.RetrievedDocument], contacts: list[tuple[
     lines = [f"[{d.n}] {d.title}: {' '.join(d.content.split())[:SOURCE_CHARS]}" for d in documents]
     where = f"\nIf they do not answer it, say so and point the visitor to:{targets}" if targets else ""
     return ("\n## Sources\nAnswer from these sources only, and cite the ones you use as [n] right after the "
-            "sentence they support:\n" + "\n".join(lines) + where + "\n")
+            "sentence they support:\n" + "\n".join(lines) + where + never + "\n")
 
 
 def build_messages(state: ConversationState, turn: int, system_prompt: str, budget_tokens: int) -> list[dict]:
@@ -142,7 +146,10 @@ async def extractive_answer(ctx: Context, knowledge: kb_vectors.KnowledgeVectors
     message, previous = history.message_of(state, event.turn), history.previous_message(state, event.turn)
     record = state.turns.get(event.turn)
     lang = language.guess(message, {"language": record.language} if record and record.language else None)
-    pool = extractive.candidates(documents[:settings.extractive_documents])
+    # A question naming what the site never mentions ("Do you integrate with Salesforce?" on
+    # a site without a word of it) is declined, whatever sentences come close.
+    unknown = bool(record and record.unknown_names)
+    pool = [] if unknown else extractive.candidates(documents[:settings.extractive_documents])
     picked: list[extractive.Picked] = []
     if pool:
         asked = extractive.Question(text=message, previous=previous, name=config.name or event.site, lang=lang)
@@ -216,7 +223,8 @@ def make_node(llm: LLMClient, settings: AnswerSettings = AnswerSettings(),
                                  audience=audience_context(audience, said, config),
                                  skills=skills_context(skills, question), persona=persona.block(voice),
                                  sources=sources_context(documents, replies.chosen_targets(
-                                     event.intent, history.message_of(state, event.turn), config)))
+                                     event.intent, history.message_of(state, event.turn), config),
+                                     record.unknown_names if record else []))
         messages = build_messages(state, event.turn, system, llm.history_tokens("answer"))
         completed = await stream_llm(ctx, llm, "answer", NAME, messages, late_inputs=late, sources=documents,
                                      batch_s=token_batch_s, llm_roles=roles,

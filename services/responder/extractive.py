@@ -46,6 +46,7 @@ TEMPLATES = tomllib.loads((Path(__file__).parent / "data" / "extractive.toml").r
 
 SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]?\s+(?=[\"'(«¿¡]?[A-Z0-9À-Ý])")
 HEADING = re.compile(r"^\s{0,3}#{1,6}\s")
+BOLD_LINE = re.compile(r"^\s*(\*\*|__)[^*_]+\1\s*:?\s*$")  # a line all bold: a heading in all but name
 LIST_MARKER = re.compile(r"^\s*(?:[-*+•]|\d{1,3}[.)])\s+")
 TABLE_RULE = re.compile(r"^\s*\|?\s*:?-{3,}")
 LINK = re.compile(r"!?\[([^\]]*)\]\([^)]*\)")
@@ -56,6 +57,15 @@ NUMBER = re.compile(r"\d+(?:[.,:]\d+)*%?")
 STEM = 6  # letters two words share at the start to count as one stem ("integrez" / "integrate")
 MIN_WORDS = 4  # shorter sentences ("Yes.") are joined to the next one
 MAX_CHARS = 500  # longer "sentences" are tables or run-on lists, not answers
+# Where a message asking several things splits: after a question mark, or at "and" / "also"
+# (en, fr, de, es) before a question word.
+PART_SPLIT = re.compile(
+    r"(?<=\?)\s+|[,;]?\s+(?:and|also|plus|et|und|sowie|y|además)\s+(?=(?:what|how|is|are|do|does|can|could|will|"
+    r"would|where|which|who|when|why|should|que|quel|quelle|quels|comment|est-ce|peut|peut-on|combien|was|wie|"
+    r"welche|welcher|ist|sind|kann|können|gibt|wo|wann|qué|cómo|cuál|puedo|hay|dónde)\b)", re.IGNORECASE)
+MIN_PART_WORDS = 3
+MAX_ITEMS = 8  # a list said with its introducing sentence: its first items
+MAX_ANSWER_CHARS = 900
 # Sentences that lean on the one before them (en, fr, de, es).
 ANAPHOR = re.compile(r"^(?:it|its|they|their|them|this|these|that|those|he|she|il|elle|ils|elles|cela|ceci|ce|"
                      r"ces|es|sie|dies|diese|dieser|este|esta|esto|estos|estas|ello)\b", re.IGNORECASE)
@@ -67,6 +77,7 @@ class Candidate:
     n: int  # the source it is cited to
     position: int  # its place in that source
     title: str = ""  # the source's title ("Integrations — Accounting"): what the sentence is about
+    role: str = ""  # "intro" (it introduces a list), "item" (a list's item) or ""
 
 
 @dataclass(frozen=True)
@@ -98,17 +109,26 @@ def sentences(document: ev.RetrievedDocument) -> list[str]:
     short sentence joined to the next, and one that opens with a pronoun ("It adds…")
     kept with the sentence before it in a chunk (dropped elsewhere), so no sentence is
     quoted without what it refers to."""
+    return [text for text, _ in _sentences(document.content, document.document_type)]
+
+
+def units(document: ev.RetrievedDocument) -> list[tuple[str, str]]:
+    """`sentences`, each with its role: "intro" for one that introduces a list (it ends with
+    a colon), "item" for a list's item, "" otherwise: an intro is never said without its
+    items."""
     return list(_sentences(document.content, document.document_type))
 
 
 @lru_cache(maxsize=CACHED_TEXTS // 4)
-def _sentences(text: str, document_type: str) -> tuple[str, ...]:
+def _sentences(text: str, document_type: str) -> tuple[tuple[str, str], ...]:
     if document_type == "entity":
         text = ENTITY_PREFIX.sub("", text)
     out: list[str] = []
+    roles: list[str] = []
     for line in text.splitlines():
-        if HEADING.match(line):
+        if HEADING.match(line) or BOLD_LINE.match(line):
             continue
+        item = bool(LIST_MARKER.match(line)) or line.lstrip().startswith("|")
         line = _clean_line(line)
         pending = ""
         for piece in (p.strip() for p in SENTENCE_END.split(line) if p.strip()):
@@ -127,9 +147,12 @@ def _sentences(text: str, document_type: str) -> tuple[str, ...]:
                     out[-1] = f"{out[-1]} {piece}"
             else:
                 out.append(piece)
+                roles.append("item" if item else "")
         if pending and len(WORD.findall(pending)) >= 2:
             out.append(pending)
-    return tuple(s for s in out if len(s) <= MAX_CHARS)
+            roles.append("item" if item else "")
+    roles = ["intro" if role == "" and text.rstrip().endswith(":") else role for text, role in zip(out, roles)]
+    return tuple((s, role) for s, role in zip(out, roles) if len(s) <= MAX_CHARS)
 
 
 def _key(text: str) -> str:
@@ -143,11 +166,11 @@ def candidates(documents: list[ev.RetrievedDocument]) -> list[Candidate]:
     seen: set[str] = set()
     out: list[Candidate] = []
     for document in ordered:
-        for position, text in enumerate(sentences(document)):
+        for position, (text, role) in enumerate(units(document)):
             key = _key(text)
             if key and key not in seen:
                 seen.add(key)
-                out.append(Candidate(text=text, n=document.n, position=position, title=document.title))
+                out.append(Candidate(text=text, n=document.n, position=position, title=document.title, role=role))
     return out
 
 
@@ -172,6 +195,14 @@ class Question:
         if not (self.previous and follows_up(self.text)):
             return ""
         return f"{glossary.expand(self.previous, self.lang)} {self.compared}"
+
+    @property
+    def parts(self) -> list[str]:
+        """The questions a message asks, when it asks several ("Do we lose access, and what
+        happens to our data?"): each as it is compared; [] for one question."""
+        pieces = [p.strip(" ,;") for p in PART_SPLIT.split(self.text) if p and p.strip(" ,;")]
+        pieces = [p for p in pieces if len(WORD.findall(p)) >= MIN_PART_WORDS]
+        return [glossary.expand(p, self.lang) for p in pieces] if len(pieces) >= 2 else []
 
 
 @lru_cache(maxsize=CACHED_TEXTS)
@@ -249,49 +280,93 @@ def rank_prior(pool: list[Candidate]) -> np.ndarray:
 
 def choose(question_vec: np.ndarray, vectors: np.ndarray, title_vectors: np.ndarray, pool: list[Candidate], *,
            context_vec: np.ndarray | None = None, lexical_scores: np.ndarray | None = None,
-           prior: np.ndarray | None = None, max_sentences: int = 4, threshold: float = 0.35,
-           evidence_threshold: float = 0.45, margin: float = 0.12, duplicate: float = 0.9, diversity: float = 0.3,
-           title_weight: float = 0.3, lexical_weight: float = 0.5, prior_weight: float = 0.1) -> list[Picked]:
-    """The sentences that best answer the question, in reading order; [] when nothing
-    answers it. A sentence can answer when its similarity reaches `threshold`, or when it
-    shares words with the question and its relevance (similarity + `lexical_weight` × the
-    lexical score + `prior_weight` × the rank prior) reaches `evidence_threshold`: with
-    no word in common, the rank prior alone never makes an answer. `vectors` are the sentences', `title_vectors` their sources'
-    titles' (one row per candidate): a sentence is relevant as itself and by what its
-    section is about ("It usually takes three weeks." under "Careers — Hiring" does not
-    answer "How long does onboarding take?"). Unit rows: a dot product is the cosine
-    similarity. The ranking adds the lexical score and the retrieval rank prior to the
-    similarity."""
+           prior: np.ndarray | None = None, part_vecs: list[np.ndarray] = (),
+           part_lexical: list[np.ndarray] = (), max_sentences: int = 5, threshold: float = 0.35,
+           evidence_threshold: float = 0.45, margin: float = 0.2, duplicate: float = 0.9, diversity: float = 0.3,
+           title_weight: float = 0.3, lexical_weight: float = 0.5, prior_weight: float = 0.1,
+           decline_below: float = 0.0, other_source_margin: float = 0.12) -> list[Picked]:
+    """The sentences that answer the question, in reading order; [] when nothing answers it.
+
+    A sentence can answer when its similarity reaches `threshold`, or when it shares words
+    with the question and its relevance (similarity + `lexical_weight` × the lexical score
+    + `prior_weight` × the rank prior) reaches `evidence_threshold`: with no word in
+    common, the rank prior alone never makes an answer. `vectors` are the sentences',
+    `title_vectors` their sources' titles' (one row per candidate): a sentence is relevant
+    as itself and by what its section is about. Unit rows: a dot product is the cosine.
+
+    The answer is built around the best sentence (the anchor; below `decline_below` the
+    question is declined: the best the sources hold does not answer it): for a question
+    of several parts (`part_vecs`, `part_lexical`), the best sentence for each part too;
+    then sentences of the anchor's source within `margin` of it, and of other sources only
+    within `other_source_margin` (near-equal evidence, not padding), at most
+    `max_sentences` by maximal marginal relevance, near-duplicates (similarity ≥
+    `duplicate`) never both. A sentence introducing a list brings the list's first
+    items, a list's item the sentence introducing it."""
     if not pool:
         return []
     lexical_scores = np.zeros(len(pool)) if lexical_scores is None else lexical_scores
     prior = np.zeros(len(pool)) if prior is None else prior
 
-    def similarity(rows: np.ndarray) -> np.ndarray:
-        sim = rows @ question_vec
-        if context_vec is not None:
-            sim = np.maximum(sim, 0.6 * sim + 0.4 * (rows @ context_vec))
+    def similarity(rows: np.ndarray, asked: np.ndarray, context: np.ndarray | None) -> np.ndarray:
+        sim = rows @ asked
+        if context is not None:
+            sim = np.maximum(sim, 0.6 * sim + 0.4 * (rows @ context))
         return sim
 
-    semantic = (1 - title_weight) * similarity(vectors) + title_weight * similarity(title_vectors)
-    relevance = semantic + lexical_weight * lexical_scores + prior_weight * prior
-    answers = (semantic >= threshold) | ((lexical_scores > 0) & (relevance >= evidence_threshold))
+    def scored(asked: np.ndarray, lexical_part: np.ndarray, context: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        semantic = ((1 - title_weight) * similarity(vectors, asked, context)
+                    + title_weight * similarity(title_vectors, asked, context))
+        relevance = semantic + lexical_weight * lexical_part + prior_weight * prior
+        return relevance, (semantic >= threshold) | ((lexical_part > 0) & (relevance >= evidence_threshold))
+
+    relevance, answers = scored(question_vec, lexical_scores, context_vec)
     if not answers.any():
         return []
-    best = float(relevance[answers].max())
-    eligible = [i for i in range(len(pool)) if answers[i] and relevance[i] >= best - margin]
+    anchor = max(np.flatnonzero(answers), key=lambda i: relevance[i])
+    best = float(relevance[anchor])
+    if best < decline_below:
+        return []
     chosen: list[int] = []
-    while eligible and len(chosen) < max_sentences:
+    said = [0]  # characters
+
+    def duplicated(i: int) -> bool:
+        return any(float(vectors[i] @ vectors[j]) >= duplicate or _key(pool[i].text) in _key(pool[j].text)
+                   or _key(pool[j].text) in _key(pool[i].text) for j in chosen)
+
+    def add(i: int) -> None:
+        if i in chosen or duplicated(i) or said[0] + len(pool[i].text) > MAX_ANSWER_CHARS:
+            return
+        if pool[i].role == "item":
+            intro = _intro_of(i, pool)
+            if intro is not None and intro not in chosen:
+                return add(intro)
+        items = _items_of(i, pool) if pool[i].role == "intro" else []
+        if pool[i].role == "intro" and not items:
+            return  # its list is in a part of the page not retrieved: said alone, it says nothing
+        chosen.append(i)
+        said[0] += len(pool[i].text)
+        if items:
+            for j in items[:MAX_ITEMS]:
+                if j not in chosen and said[0] + len(pool[j].text) <= MAX_ANSWER_CHARS:
+                    chosen.append(j)
+                    said[0] += len(pool[j].text)
+
+    add(anchor)
+    for part_vec, lexical_part in zip(part_vecs, part_lexical):
+        part_relevance, part_answers = scored(part_vec, lexical_part, None)
+        if part_answers.any():
+            add(max(np.flatnonzero(part_answers), key=lambda i: part_relevance[i]))
+    anchor_source = pool[anchor].n
+    eligible = [i for i in np.flatnonzero(answers) if i not in chosen and (
+        relevance[i] >= best - (margin if pool[i].n == anchor_source else other_source_margin))]
+    while eligible and sum(1 for i in chosen if pool[i].role != "item") < max_sentences:
         def mmr(i: int) -> float:
             overlap = max((float(vectors[i] @ vectors[j]) for j in chosen), default=0.0)
             return (1 - diversity) * float(relevance[i]) - diversity * overlap
 
         pick = max(eligible, key=mmr)
         eligible.remove(pick)
-        if any(float(vectors[pick] @ vectors[j]) >= duplicate or _key(pool[pick].text) in _key(pool[j].text)
-               or _key(pool[j].text) in _key(pool[pick].text) for j in chosen):
-            continue
-        chosen.append(pick)
+        add(pick)
     source_rank: dict[int, int] = {}
     for i in chosen:
         source_rank.setdefault(pool[i].n, len(source_rank))
@@ -300,32 +375,60 @@ def choose(question_vec: np.ndarray, vectors: np.ndarray, title_vectors: np.ndar
             for i in chosen]
 
 
+def _items_of(intro: int, pool: list[Candidate]) -> list[int]:
+    """The candidates of the list `intro` introduces, in order."""
+    at = {(c.n, c.position): i for i, c in enumerate(pool)}
+    out, position = [], pool[intro].position + 1
+    while (found := at.get((pool[intro].n, position))) is not None and pool[found].role == "item":
+        out.append(found)
+        position += 1
+    return out
+
+
+def _intro_of(item: int, pool: list[Candidate]) -> int | None:
+    """The candidate introducing the list `item` belongs to, if the list has one."""
+    at = {(c.n, c.position): i for i, c in enumerate(pool)}
+    position = pool[item].position - 1
+    while (found := at.get((pool[item].n, position))) is not None:
+        if pool[found].role == "intro":
+            return found
+        if pool[found].role != "item":
+            return None
+        position -= 1
+    return None
+
+
 def texts_to_embed(question: Question, pool: list[Candidate]) -> tuple[list[str], bool, list[str]]:
     """What `choose` needs embedded, in order, the site's name masked: the question, the
     follow-up context (when the question follows up a previous message), the distinct
     titles, the sentences. Returns (texts, with_context, titles)."""
     context = question.context
     titles = list(dict.fromkeys(c.title for c in pool))
-    texts = [question.compared, *([context] if context else []), *titles, *(c.text for c in pool)]
+    texts = [question.compared, *([context] if context else []), *question.parts, *titles, *(c.text for c in pool)]
     return [masked(t, question.name) or t for t in texts], bool(context), titles
 
 
 def asked_rows(question: Question) -> int:
-    """How many of `texts_to_embed`'s texts come first as the visitor's (the question, and
-    the follow-up context when there is one); the rest are the knowledge base's."""
-    return 2 if question.context else 1
+    """How many of `texts_to_embed`'s texts come first as the visitor's (the question, the
+    follow-up context when there is one, each part of a question of several); the rest are
+    the knowledge base's."""
+    return (2 if question.context else 1) + len(question.parts)
 
 
 def choose_from(vectors: np.ndarray, question: Question, titles: list[str], pool: list[Candidate],
                 **params) -> list[Picked]:
     """`choose` over the rows of `texts_to_embed`'s texts, embedded."""
     with_context = bool(question.context)
+    parts = question.parts
+    first_part = 2 if with_context else 1
     start = asked_rows(question)
     title_row = {t: start + i for i, t in enumerate(titles)}
     sentences_at = start + len(titles)
+    part_lexical = [lexical(Question(text=part, name=question.name), pool) for part in parts]
     return choose(vectors[0], vectors[sentences_at:], vectors[[title_row[c.title] for c in pool]], pool,
                   context_vec=vectors[1] if with_context else None, lexical_scores=lexical(question, pool),
-                  prior=rank_prior(pool), **params)
+                  prior=rank_prior(pool), part_vecs=[vectors[first_part + k] for k in range(len(parts))],
+                  part_lexical=part_lexical, **params)
 
 
 def compose(question: str, documents: list[ev.RetrievedDocument], embed: Callable[[list[str]], np.ndarray], *,

@@ -31,7 +31,7 @@ class AnswerSettings(Settings):
     # Extractive answers: the similarity to the question under which a sentence does not
     # answer it (none above: "not found"), and how many sentences an answer holds at most.
     extractive_threshold: float = 0.35
-    extractive_max_sentences: int = 4
+    extractive_max_sentences: int = 5
     # Sentences are read from the first N sources only: the retriever ranks them and the
     # right section is near the top (an entity's description, after the chunks, often holds
     # the one sentence that answers); their vectors come ready from the `kb_vectors` bucket

@@ -51,7 +51,7 @@ from services.retriever.lightrag_functions import (UNBOUNDED_TOKENS, cosine_once
 from services.retriever.settings import KnowledgeBaseSettings
 from services.retriever.stage_clock import StageClock
 from services.retriever.word_tokenizer import WordTokenizer
-from shared import subjects
+from shared import language, subjects
 from shared.embeddings import Embedder, model_dir
 from shared.llm import LLMClient
 
@@ -111,6 +111,8 @@ class KnowledgeBase:
         self._places: dict[str, Path] = {}  # sites served from a directory other than root/<site>
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._registries: dict[str, dict] = {}
+        self._vocabularies: dict[str, tuple[int, int, frozenset[str] | None]] = {}  # site → (registry, saves, words)
+        self._saves: dict[str, int] = {}
         self._client = client
         self._own_client = client is None
         self._server = bool(qdrant_url) or client is not None
@@ -193,9 +195,32 @@ class KnowledgeBase:
         if site not in self._registries:
             path = self._registry_path(site)
             self._registries[site] = json.loads(path.read_text()) if path.exists() else {}
+            self._saves[site] = self._saves.get(site, 0) + 1  # another registry: its vocabulary is made again
         return self._registries[site]
 
+    def vocabulary(self, site: str) -> frozenset[str] | None:
+        """Every word of the site's knowledge (its chunks, titles and entity names),
+        lowercased; None when some document's text is not in the registry (chunked by
+        LightRAG, LLM extraction) and the words cannot all be known. Made once per change
+        of the registry."""
+        registry = self.registry(site)
+        key = (id(registry), self._saves.get(site, 0))
+        cached = self._vocabularies.get(site)
+        if cached is not None and cached[:2] == key:
+            return cached[2]
+        words: set[str] | None = set()
+        for record in registry.values():
+            if record.get("extraction") == "llm":
+                words = None
+                break
+            texts = [record.get("title", ""), *record.get("chunks", {}).values(), *record.get("entities", {})]
+            words.update(language.words(" ".join(texts)))
+        vocabulary = None if words is None else frozenset(words)
+        self._vocabularies[site] = (*key, vocabulary)
+        return vocabulary
+
     def _save_registry(self, site: str) -> None:
+        self._saves[site] = self._saves.get(site, 0) + 1
         path = self._registry_path(site)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self._registries[site], ensure_ascii=False))
@@ -243,6 +268,7 @@ class KnowledgeBase:
             old = self._open.get(site)
             self._places[site] = directory
             self._registries[site] = registry
+            self._saves[site] = self._saves.get(site, 0) + 1
             self._open[site] = _Open(rag, directory, registry_path.stat().st_mtime if registry else 0.0)
         if old is not None:
             await self._retire(old)

@@ -41,7 +41,8 @@ def make_node(retriever: Retriever) -> Node:
             return [done(error="empty message: nothing to search for")]
         query = search_text(event.previous or "", event.message)
         lang = language.guess(query, event.visitor)
-        work = asyncio.create_task(retriever.retrieve(event.site, query, inputs.config, ctx.record_llm, lang))
+        work = asyncio.create_task(retriever.retrieve(event.site, query, inputs.config, ctx.record_llm, lang,
+                                                      message=event.message))
         try:
             cancelled = await inputs.route.race(work)
         except KnowledgeBaseError as exc:
@@ -51,7 +52,7 @@ def make_node(retriever: Retriever) -> Node:
             return [done(query=query, cancelled=True)]
         result = work.result()
         return [done(query=query, documents=result.documents, keywords=result.keywords, found=result.found,
-                     selection=result.selection, fallback=result.fallback,
+                     selection=result.selection, fallback=result.fallback, unknown_names=result.unknown_names,
                      error="; ".join(result.errors) or None)]
 
     return Node(name=NAME, consumes=("turn_requested",), handle=retrieve, needs=Needs(config=True, route=True))

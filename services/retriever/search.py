@@ -65,6 +65,7 @@ class Retrieved:
     selection: str
     fallback: str | None = None
     errors: list[str] = field(default_factory=list)
+    unknown_names: list[str] = field(default_factory=list)
 
 
 def search_text(previous: str, message: str) -> str:
@@ -101,6 +102,8 @@ def candidates(kb: KnowledgeBase, site: str, found: dict[str, list[dict]]) -> di
                 head, _, body = item["content"].partition("\n")
                 section = f" — {head.split(' — ', 1)[1]}" if " — " in head else ""
                 title, content = (record["title"] if record else head) + section, body or head
+                if record and body:
+                    content = with_section_rest(record, item["content"], content)
             elif kind == "entity":
                 title, content = item["entity_name"], item.get("description", "")
             else:
@@ -108,6 +111,23 @@ def candidates(kb: KnowledgeBase, site: str, found: dict[str, list[dict]]) -> di
             out[kind].append(Candidate(kind, title, record["source"] if record else "", content,
                                        record["doc_id"] if record else ""))
     return out
+
+
+def with_section_rest(record: dict, chunk: str, body: str) -> str:
+    """A chunk's text with the next chunk of its section, when the section goes on: a
+    section longer than the embedding model reads is cut into chunks, and the one a query
+    finds often stops where the answer goes on (the sentence introducing a list, the list
+    in the next chunk). Searched small, read whole enough to answer."""
+    chunks = list(record.get("chunks", {}).values())  # in the document's order
+    try:
+        at = chunks.index(chunk)
+    except ValueError:
+        return body
+    if at + 1 < len(chunks):
+        head, _, rest = chunks[at + 1].partition("\n")
+        if head == chunk.partition("\n")[0] and rest:
+            return f"{body}\n{rest}"
+    return body
 
 
 async def select(settings: RetrievalSettings, rerankers: dict[str, Reranker], query: str,
@@ -177,10 +197,28 @@ class Retriever:
         high, low = extraction.query_keywords(query, self.kb.entity_names(site))
         return Keywords(high_level=high, low_level=low), "offline", error
 
-    async def retrieve(self, site: str, query: str, config: SiteConfig, record, lang: str | None = None) -> Retrieved:
+    def unknown_names(self, site: str, message: str, lang: str | None, config: SiteConfig) -> list[str]:
+        """The names an English message asks about that no word of the site's knowledge is
+        (a plural's singular counts: "IPs" is "IP"); [] in another language, or when the
+        site's words cannot all be known."""
+        if (lang or language.guess(message)) != "en":
+            return []
+        vocabulary = self.kb.vocabulary(site)
+        if not vocabulary:
+            return []
+        own = set(language.words(config.name))
+        return [name for name in language.names(message)
+                if language.words(name) and not (set(language.words(name)) & own)
+                and not all(any(form in vocabulary for form in _forms(word)) for word in language.words(name))]
+
+    async def retrieve(self, site: str, query: str, config: SiteConfig, record, lang: str | None = None,
+                       message: str = "") -> Retrieved:
         """`lang`: the query's language, guessed from it when not given; a query in another
         language than English is searched with the English of its glossary terms too (the
-        knowledge base and its embedding model are English)."""
+        knowledge base and its embedding model are English). `message`: the visitor's own
+        words, whose names are checked against the site's (`unknown_names`; default: the
+        query)."""
+        message = message or query
         settings = self.base.for_site(config)
         query = without_site_name(glossary.expand(query, lang or language.guess(query)), config.name)
         words, extractor, keyword_error = await self.keywords(site, query, config, record)
@@ -198,11 +236,16 @@ class Retriever:
                 await asyncio.sleep(RETRY_BACKOFF_S * attempt)
         by_type = candidates(self.kb, site, found)
         kept, selection, fallback = await select(settings, self.rerankers, query, by_type)
-        return Retrieved(documents=numbered(kept),
+        return Retrieved(documents=numbered(kept), unknown_names=self.unknown_names(site, message, lang, config),
                          keywords={"high_level": words.high_level, "low_level": words.low_level,
                                    "extractor": [extractor]},
                          found={t: len(v) for t, v in by_type.items()}, selection=selection, fallback=fallback,
                          errors=errors)
+
+
+def _forms(word: str) -> tuple[str, ...]:
+    """A word as the knowledge may hold it: itself, without a plural's "s", with one."""
+    return (word, word[:-1], f"{word}s") if word.endswith("s") and len(word) > 2 else (word, f"{word}s")
 
 
 class KnowledgeBaseError(Exception):

@@ -38,7 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -112,6 +112,8 @@ class Asked:
     cited_pages: list[str]  # page paths of the cited sources
     ttft_ms: float | None
     error: str | None = None
+    documents: list[dict] | None = None  # what retrieval gave the turn (from the log), with --save
+    unknown_names: list[str] = field(default_factory=list)  # what the retriever found the site never mentions
 
     @property
     def missing(self) -> list[list[str]]:
@@ -218,7 +220,9 @@ async def take_in(client: httpx.AsyncClient, base_url: str, token: str, site: st
 
 
 async def ask(client: httpx.AsyncClient, base_url: str, site: str, website: site_corpus.Website,
-              question: Question) -> Asked:
+              question: Question, token: str | None = None) -> Asked:
+    """One question asked as a visitor; with the operator's `token`, the documents retrieval
+    gave the answer are read from the conversation's log too."""
     visitor = Conversation(client, base_url, site)
     error = None
     for message in question.messages[:-1]:
@@ -236,12 +240,22 @@ async def ask(client: httpx.AsyncClient, base_url: str, site: str, website: site
     cited = set(citations.cited(result.text, [s.get("n") for s in sources]))
     pages = [website.page_of(s.get("url") or "") for s in sources if s.get("n") in cited]
     ttft = None if result.first_token_s is None else result.first_token_s * 1000
+    documents, unknown = None, []
+    if token and result.session_id and final.get("type") == "complete":
+        logged = await client.get(f"{base_url}/v1/admin/sites/{site}/conversations/{result.session_id}/events",
+                                  headers=_headers(token))
+        if logged.status_code == 200:
+            retrieved = [e["event"] for e in logged.json()["events"] if e["type"] == "retrieval_completed"
+                         and e["event"].get("turn") == final.get("turn")]
+            documents = [d for r in retrieved[:1] for d in r.get("documents", [])]
+            unknown = [n for r in retrieved[:1] for n in r.get("unknown_names", [])]
     return Asked(question=question, answer=result.text, route=metadata.get("route"),
-                 cited_pages=[p for p in dict.fromkeys(pages) if p], ttft_ms=ttft, error=error)
+                 cited_pages=[p for p in dict.fromkeys(pages) if p], ttft_ms=ttft, error=error, documents=documents,
+                 unknown_names=unknown)
 
 
 async def run_site(base_url: str, token: str, source: site_corpus.SiteSource, root: Path,
-                   questions: list[Question], concurrency: int, out) -> tuple[list[Asked], dict]:
+                   questions: list[Question], concurrency: int, out, save: bool = False) -> tuple[list[Asked], dict]:
     website = site_corpus.Website(source.name, site_corpus.pages(root, source.exclude)).start()
     try:
         async with httpx.AsyncClient(timeout=180) as client:
@@ -256,7 +270,7 @@ async def run_site(base_url: str, token: str, source: site_corpus.SiteSource, ro
 
             async def one(question: Question) -> Asked:
                 async with gate:
-                    return await ask(client, base_url, source.id, website, question)
+                    return await ask(client, base_url, source.id, website, question, token if save else None)
 
             asked = list(await asyncio.gather(*(one(q) for q in questions)))
             return asked, {"pages_served": len(website.pages), "sync_s": round(took, 1),
@@ -275,7 +289,10 @@ def _system(data: Path, extra: dict[str, str]):
 
 
 def eval_sites(only: list[str] | None = None, split: str = "test", docs: Path | None = None,
-               base_url: str | None = None, concurrency: int = 2, limit: int | None = None, out=sys.stdout) -> int:
+               base_url: str | None = None, concurrency: int = 2, limit: int | None = None,
+               save: Path | None = None, out=sys.stdout) -> int:
+    """`save`: a JSONL file of every turn (the question, the answer, its route and cited pages,
+    the documents retrieval gave it, as the log holds them)."""
     chosen = [s for s in site_corpus.sources() if not only or s.id in only]
     if only and (unknown := set(only) - {s.id for s in chosen}):
         print(f"concierge eval sites: no site {sorted(unknown)[0]} (known: "
@@ -301,7 +318,8 @@ def eval_sites(only: list[str] | None = None, split: str = "test", docs: Path | 
 
     async def all_sites(url: str, token: str) -> None:
         for source, root, questions in at_hand:
-            results[source.id], runs[source.id] = await run_site(url, token, source, root, questions, concurrency, out)
+            results[source.id], runs[source.id] = await run_site(url, token, source, root, questions, concurrency, out,
+                                                                 save is not None)
 
     if base_url:
         token = answer_eval._operator_token()
@@ -323,6 +341,14 @@ def eval_sites(only: list[str] | None = None, split: str = "test", docs: Path | 
                 asyncio.run(all_sites(system.gateway_url, system.env["ADMIN_TOKEN"]))
             finally:
                 system.stop()
+    if save is not None:
+        with save.open("w", encoding="utf-8") as file:
+            for site_id, asked in results.items():
+                for a in asked:
+                    file.write(json.dumps({"site": site_id, "id": a.question.id, "route": a.route, "answer": a.answer,
+                                           "cited_pages": a.cited_pages, "documents": a.documents,
+                                           "unknown_names": a.unknown_names},
+                                          ensure_ascii=False) + "\n")
     return report(results, runs, split, backend, skipped, out)
 
 
