@@ -306,6 +306,9 @@ class RecordingKnowledgeBase:
     def entity_names(self, site):
         return []
 
+    def vocabulary(self, site):
+        return None  # its words unknown: no name is reported as never mentioned
+
     async def query(self, site, text, **kw):
         self.asked.append({"text": text, **kw})
         return {"chunk": [], "entity": [], "relationship": []}

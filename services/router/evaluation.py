@@ -45,6 +45,10 @@ from shared.state import BookingState, ConversationState, InterestSignalsState, 
 SKILLS_EVAL = Path(__file__).parent / "data" / "skills_eval.jsonl"
 HACK_EVAL = Path(__file__).parent / "data" / "hack_eval.jsonl"
 FOLLOWUPS_EVAL = Path(__file__).parent / "data" / "followups_eval.jsonl"
+# Written fresh for issue 51 on other B2B products' sites (web analytics, e-signature, HR...),
+# by someone who had not read the training set's rows since; never tuned on: the classifier's
+# figure on messages it was not shaped for.
+HELDOUT = Path(__file__).parent / "data" / "intents_heldout.jsonl"
 MIN_MACRO_F1 = 0.80
 MIN_CLASS_F1 = 0.60
 MIN_FOLLOWUP_CONTEXT_F1 = 0.85  # issue 38: short context follow-ups had regressed to 0.51
@@ -60,8 +64,10 @@ def _classifier(backend: str) -> IntentClassifier:
     return IntentClassifier.configured(model, llm if llm.configured("classifier") else None, settings, backend)
 
 
-async def _classify_all(classifier: IntentClassifier, rows: list[dict]) -> tuple[list[str], list[float], int]:
-    predicted, latencies, llm_calls = [], [], 0
+async def _classify_all(classifier: IntentClassifier, rows: list[dict]) -> tuple[list[str], list[float], int, int]:
+    """Each row's predicted intent, the latencies, the LLM calls, and how many rows of
+    another intent than HACK would strike (routing rule 0: what blocks a visitor at two)."""
+    predicted, latencies, llm_calls, strikes = [], [], 0, 0
     config = SiteConfig()
     for row in rows:
         started = time.perf_counter()
@@ -70,7 +76,12 @@ async def _classify_all(classifier: IntentClassifier, rows: list[dict]) -> tuple
         latencies.append((time.perf_counter() - started) * 1000)
         predicted.append(result.intent)
         llm_calls += result.llm_calls
-    return predicted, latencies, llm_calls
+        if row.get("intent") != "HACK":
+            strikes += routing.decide(intent=result.intent, message=row["message"], score=0.0, threshold=1.0,
+                                      skills=[], booking=BookingState(), confidence=result.confidence,
+                                      runner_up=result.runner_up, markers=tuple(result.markers),
+                                      strike_confidence=classifier.strike_confidence).hack_increment
+    return predicted, latencies, llm_calls, strikes
 
 
 def intent_report(expected: list[str], predicted: list[str]) -> tuple[str, dict]:
@@ -102,8 +113,10 @@ def intent_report(expected: list[str], predicted: list[str]) -> tuple[str, dict]
 
 def eval_intent(dataset: Path = EVAL, backend: str = "local", out=sys.stdout) -> int:
     def targets(figures: dict) -> tuple[bool, str]:
-        passed = figures["macro_f1"] >= MIN_MACRO_F1 and figures["min_class_f1"] >= MIN_CLASS_F1
-        return passed, f"min class F1 {figures['min_class_f1']:.3f} (target ≥ {MIN_CLASS_F1})"
+        passed = (figures["macro_f1"] >= MIN_MACRO_F1 and figures["min_class_f1"] >= MIN_CLASS_F1
+                  and figures["legitimate_struck_as_hack"] == 0)
+        return passed, (f"min class F1 {figures['min_class_f1']:.3f} (target ≥ {MIN_CLASS_F1})  legitimate messages "
+                        f"struck as HACK {figures['legitimate_struck_as_hack']} (target 0)")
 
     return _report("intent eval", dataset, "", backend, targets, out)
 
@@ -143,13 +156,14 @@ def _measure_intents(dataset: Path, backend: str) -> tuple[str, dict] | None:
         print(f"{dataset}: line {bad[0]} has no known 'intent' (one of {', '.join(INTENTS)})", file=sys.stderr)
         return None
     classifier = _classifier(backend)
-    predicted, latencies, llm_calls = asyncio.run(_classify_all(classifier, rows))
+    predicted, latencies, llm_calls, strikes = asyncio.run(_classify_all(classifier, rows))
     expected = [r["intent"] for r in rows]
     text, figures = intent_report(expected, predicted)
     latencies.sort()
     figures.update({
         "dataset": str(dataset), "messages": len(rows), "backend": backend,
         "llm_calls_per_message": round(llm_calls / len(rows), 4),
+        "legitimate_struck_as_hack": strikes,
         "mean_latency_ms": round(sum(latencies) / len(latencies), 3),
         "p50_latency_ms": round(latencies[len(latencies) // 2], 3),
         "p99_latency_ms": round(latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))], 3),

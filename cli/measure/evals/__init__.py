@@ -79,15 +79,21 @@ def main(argv: list[str]) -> int:
     from cli.measure.evals import answer_eval
     from services.retriever import evaluation as retrieval_eval
 
+    from cli.measure.evals import site_eval
+
     skills = evaluation.eval_skills()
     retrieval = retrieval_eval.eval_retrieval()
     intent = evaluation.eval_intent(evaluation.EVAL, args.backend)
+    heldout = evaluation.eval_intent(evaluation.HELDOUT, args.backend)  # written fresh, never tuned on
+    # The real sites at hand (Directus's docs from the npm registry; the others with
+    # REALSITES_DIR), their test split.
+    sites = site_eval.eval_sites(None, "test", None, args.base_url, max(args.concurrency, 1))
     followups = evaluation.eval_followups(evaluation.FOLLOWUPS_EVAL, args.backend)
     # A system of its own unless --base-url names one; its answer backend is whatever the
     # LLM environment gives (no LLM_BASE_URL: the system's default).
     answers = answer_eval.eval_answers(answer_eval.DATASET, args.base_url, _one_site(args), args.concurrency)
     hack = evaluation.eval_hack(evaluation.HACK_EVAL, args.backend)  # last: its JSON (the two HACK figures) ends the output
-    return max(skills, retrieval, intent, followups, answers, hack)
+    return max(skills, retrieval, intent, heldout, followups, answers, sites, hack)
 
 
 def _one_site(args) -> str:
