@@ -111,7 +111,7 @@ class IntentClassified(Envelope, tag="intent_classified"):
     latency_ms: float = 0.0
     note: str = ""  # e.g. why an input was classified without a model (empty, emoji only)
     markers: list[str] = []  # injection markers (then HACK by rule, confidence 1.0) and corroborating cues found
-    runner_up: str = ""  # for a HACK: the most likely other intent, what routing sends an unsure HACK as
+    runner_up: str = ""  # for a HACK or OFFTOPIC: the most likely other intent, what routing sends an unsure one as
     # The local model the classifier had (its training data's hash) and the embedding model
     # under it (name@version); empty when it has none (the llm backend alone).
     classifier_version: str = ""

@@ -66,7 +66,9 @@ async def test_the_local_model_names_the_intent_of_a_clear_message(parts, messag
     classified, emitted = await classify(intent_classifier.make_node(parts), message)
     assert (classified.intent, classified.classifier) == (intent, "local")
     assert set(classified.scores) == set(INTENTS) and classified.confidence == classified.scores[intent]
-    assert classified.markers == [] and classified.runner_up == "" and emitted == []
+    assert classified.markers == [] and emitted == []
+    # Only a HACK or an OFFTOPIC names its runner-up: what routing sends an unsure one as (never HACK).
+    assert (classified.runner_up != "") == (intent == "OFFTOPIC") and classified.runner_up != "HACK"
 
 
 async def test_an_injection_marker_is_a_hack_by_rule(parts):

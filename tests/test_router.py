@@ -384,3 +384,17 @@ def test_applied_skills_are_the_same_before_and_after_skills_applied_is_folded()
     apply(state, Record(seq=3, subject="x", event=ev.follow(route, ev.SkillsApplied, "applier", skills=before[0],
                                                            rules=before[1], qualification_question=before[2])))
     assert sk.apply_for_turn(state, route, config) == before and before[2] == "Team size?"
+
+
+def test_an_unsure_offtopic_with_a_product_runner_up_is_answered_a_sure_one_redirected():
+    """Issue 51: "Y a-t-il un essai gratuit ?" read as OFFTOPIC at 0.49 with LEARN next is a
+    product question: answered (or "not found"), never refused."""
+    unsure = routing.decide(intent="OFFTOPIC", message="Y a-t-il un essai gratuit ?", score=0.0, threshold=0.6,
+                            skills=[], booking=BookingState(), confidence=0.49, runner_up="LEARN")
+    assert (unsure.route, unsure.branch, unsure.intent) == ("ANSWER", "DEFAULT", "LEARN") and "unsure" in unsure.reason
+    sure = routing.decide(intent="OFFTOPIC", message="Tell me a joke", score=0.0, threshold=0.6, skills=[],
+                          booking=BookingState(), confidence=0.9, runner_up="LEARN")
+    assert (sure.route, sure.branch) == ("REDIRECT", "REDIRECT_OFFTOPIC")
+    hack_next = routing.decide(intent="OFFTOPIC", message="lol", score=0.0, threshold=0.6, skills=[],
+                               booking=BookingState(), confidence=0.4, runner_up="HACK")
+    assert hack_next.route == "REDIRECT"

@@ -60,7 +60,7 @@ class IntentResult(msgspec.Struct, kw_only=True):
     latency_ms: float = 0.0
     llm_calls: int = 0
     markers: list[str] = []  # injection markers (then HACK by rule) and corroborating cues found
-    runner_up: str = ""  # for a HACK: the most likely other intent (local scores), what an unsure one is routed as
+    runner_up: str = ""  # for a HACK or OFFTOPIC: the most likely other intent (local scores), what an unsure one is routed as
 
 
 def normalize(message: str) -> str:
@@ -232,9 +232,10 @@ class IntentClassifier:
 
 
 def runner_up_intent(intent: str, scores: dict[str, float]) -> str:
-    """For a HACK, the most likely other intent: where routing sends a HACK too unsure to strike."""
-    others = {k: v for k, v in scores.items() if k != "HACK"}
-    return max(others, key=others.get) if intent == "HACK" and others else ""
+    """For a HACK or an OFFTOPIC, the most likely other intent (never HACK): where routing
+    sends one too unsure to strike or to refuse."""
+    others = {k: v for k, v in scores.items() if k not in ("HACK", intent)}
+    return max(others, key=others.get) if intent in ("HACK", "OFFTOPIC") and others else ""
 
 
 def known_intent(intent: str) -> bool:

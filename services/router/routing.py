@@ -20,7 +20,7 @@ stands, where does the turn go? Pure and deterministic; the rules, in order:
 | 9 | LEARN / CONTEXT, cumulative score ≥ site threshold and the skills propose a demo: answered first, the demo offer ends it (the booking flow starts on a BOOKING intent or the offer accepted) | ANSWER | INTEREST_THRESHOLD |
 | 10| LEARN / CONTEXT                                             | ANSWER   | DEFAULT            |
 | 11| SUPPORT / OTHER: answered from the site's knowledge when it holds the answer (a vendor's help pages are its knowledge); with nothing found, the reply names the site's contact for it (support page, careers, press…) | ANSWER | ANSWER_<INTENT> |
-| 12| OFFTOPIC                                                    | REDIRECT | REDIRECT_OFFTOPIC  |
+| 12| OFFTOPIC (one under 0.6 confidence whose runner-up is LEARN / CONTEXT / SUPPORT / OTHER: routed as that) | REDIRECT | REDIRECT_OFFTOPIC |
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ STRIKE_CONFIDENCE = 0.8  # ROUTER_HACK_STRIKE_CONFIDENCE; see docs/benchmarks-hi
 # A support request or a jobs / press / partners question may well be answered by the site's
 # own pages (billing, roles, careers): the answer says where to go when they hold nothing.
 ANSWERED_FROM_KNOWLEDGE = ("SUPPORT", "OTHER")
+ANSWERABLE_RUNNERS_UP = ("LEARN", "CONTEXT", "SUPPORT", "OTHER")  # what an unsure OFFTOPIC is routed as
 ROUTABLE = ("LEARN", "CONTEXT", "SUPPORT", "OFFTOPIC", "OTHER", "BOOKING", "STOP_BOOKING")
 
 
@@ -98,6 +99,13 @@ def decide(*, intent: str, message: str, score: float, threshold: float, skills:
             reason=f"suspicious: HACK {confidence:.2f} < strike confidence {strike_confidence:.2f} and no injection cue, "
                    f"no strike; "
                    f"routed as {routed}: {decision.reason}")
+    if intent == "OFFTOPIC" and confidence < UNSURE and runner_up in ANSWERABLE_RUNNERS_UP:
+        # "Y a-t-il un essai gratuit ?" read as off-topic at 0.49, a product question at 0.36:
+        # a product question refused costs more than an off-topic one answered "not found".
+        decision = _route(runner_up, message, score, threshold, skills, booking, confidence, handoff)
+        return msgspec.structs.replace(decision, intent=runner_up,
+                                       reason=f"unsure OFFTOPIC ({confidence:.2f} < {UNSURE}): routed as {runner_up}: "
+                                              f"{decision.reason}")
     return msgspec.structs.replace(_route(intent, message, score, threshold, skills, booking, confidence, handoff),
                                    intent=intent)
 
