@@ -235,6 +235,9 @@ class RetrievalCompleted(Envelope, tag="retrieval_completed"):
     # Names an English message asks about ("Salesforce", "SLA") that the site's knowledge
     # never mentions, anywhere: what it holds is about something else, however close.
     unknown_names: list[str] = []
+    # The site's contact page among its synced pages ('' when none): named by a reply that
+    # cannot help when the site's config gives no support page.
+    contact_page: str = ""
 
 
 class DialogStateExtracted(Envelope, tag="dialog_state_extracted"):

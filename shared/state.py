@@ -89,6 +89,7 @@ class TurnRecord(msgspec.Struct, kw_only=True):
     sources: list[ev.RetrievedDocument] | None = None  # None: no retrieval stored for the turn
     sources_cited: list[int] = []  # the documents the answer was given (ResponseCompleted.sources)
     unknown_names: list[str] = []  # RetrievalCompleted.unknown_names: named, never mentioned by the site
+    contact_page: str = ""  # RetrievalCompleted.contact_page: the site's contact page among its synced pages
     seen: list[str] = []  # event types stored for this turn, in arrival order
     language: str = ""  # TurnRequested.visitor["language"], when the widget sent one
     client_message_id: str | None = None  # the message's id from the client (a message sent again: the same)
@@ -336,6 +337,7 @@ def apply(state: ConversationState, record: Record) -> ConversationState:
             if rec.sources is None:  # a redelivered retrieval: the first stored one counts
                 rec.sources = list(event.documents)
                 rec.unknown_names = list(event.unknown_names)
+                rec.contact_page = event.contact_page
                 # Only the newest turn keeps the documents' text (its answer and finalize use
                 # it); earlier turns' sources stay in the log and, without text, in their
                 # TurnCompleted metadata, so snapshots do not grow with every turn.

@@ -427,3 +427,13 @@ async def test_a_support_request_the_sources_do_not_answer_names_the_sites_suppo
     assert completed.text == ("I couldn't find that in Tidewise's documentation, and I'd rather not guess. "
                               "For help with your account or an issue with the product, please contact our support "
                               "team: https://help.tidewise.example")
+
+
+async def test_a_site_without_a_support_page_in_its_config_names_its_own_contact_page(extractive):
+    """Issue 51: nothing found for a support request on a site whose config names no support
+    page: the contact page the retriever found among its pages is named instead."""
+    routed, given = asked("e10", "My password reset e-mail never arrives", documents=[])
+    given[-1] = msgspec.structs.replace(given[-1], contact_page="https://tidewise.example/contact")
+    routed = msgspec.structs.replace(routed, intent="SUPPORT", branch="ANSWER_SUPPORT")
+    (completed,) = (await decide(extractive, routed, *given, config=TIDEWISE)).events
+    assert completed.text.endswith("please contact our support team: https://tidewise.example/contact")

@@ -17,7 +17,7 @@ from services.retriever.settings import RetrievalSettings
 from shared import events as ev
 from shared import history
 from shared.embeddings import shared_embedder
-from shared.site_config import Retrieval, SiteConfig
+from shared.site_config import Redirects, Retrieval, SiteConfig
 from tests.helpers import FixedConfigs, decide, events_of, isolated, start, state_of, turn, unique, wait_for
 
 SITE = "retrieval_node"  # a knowledge-base workspace of this module's own
@@ -198,3 +198,22 @@ def test_a_chunk_is_read_with_the_rest_of_its_section():
     assert with_section_rest(record, "Plans — Billing\nInvoices come monthly.", "Invoices come monthly.") == \
         "Invoices come monthly."
     assert with_section_rest({"chunks": {}}, "x\ny", "y") == "y"  # chunked by LightRAG: not in the registry
+
+
+async def test_the_sites_contact_page_comes_with_the_documents_when_its_config_names_no_support_page(kb, tmp_path):
+    """Issue 51: a redirect names the site's own contact; without `redirects.support` in its
+    config, the contact page among its synced pages (by its address, else its title)."""
+    site = unique("contact")
+    for name, url, title in (("help.md", "https://acme.example/help", "Help center"),
+                             ("about.md", "https://acme.example/about", "About us"),
+                             ("reach.md", "https://acme.example/contact-us/", "Reach us")):
+        (tmp_path / name).write_text(f"---\ntitle: {title}\nurl: {url}\n---\n# {title}\n\nAcme Sync answers within a day.\n")
+        assert await kb.ingest(site, documents.read(site, tmp_path / name, name)) == "added"
+    assert kb.contact_page(site) == "https://acme.example/contact-us/"  # "contact" before "help"
+    node = retrieval.make_node(Retriever(kb=kb, base=RetrievalSettings(), rerankers={}))
+    (done,) = (await decide(node, turn(site, "c1", 1, "How fast do you answer?"))).events
+    assert done.contact_page == "https://acme.example/contact-us/"
+    named = SiteConfig(redirects=Redirects(support="https://help.acme.example"))
+    (configured,) = (await decide(node, turn(site, "c2", 1, "How fast do you answer?"), config=named)).events
+    assert configured.contact_page == ""  # the site's own setting wins; nothing to look for
+    assert kb.contact_page(SITE) == ""  # files without an address: none

@@ -309,6 +309,9 @@ class RecordingKnowledgeBase:
     def vocabulary(self, site):
         return None  # its words unknown: no name is reported as never mentioned
 
+    def contact_page(self, site):
+        return ""
+
     async def query(self, site, text, **kw):
         self.asked.append({"text": text, **kw})
         return {"chunk": [], "entity": [], "relationship": []}

@@ -205,6 +205,10 @@ def make_node(llm: LLMClient, settings: AnswerSettings = AnswerSettings(),
     async def handle(event: ev.RouteDecided, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
         state, config, late = inputs.state, inputs.config, list(inputs.late)
         record = state.turns.get(event.turn)
+        if record and record.contact_page and not config.redirects.support:
+            # A site that names no support page: its own contact page, found among its pages.
+            config = msgspec.structs.replace(config, redirects=msgspec.structs.replace(
+                config.redirects, support=record.contact_page))
         documents = (record.sources or [])[:settings.max_sources] if record else []
         # The router's SkillsApplied, stored before its route (awaited all the same); late, no skills.
         skills, question = (record.skills or [], record.qualification_question) if record else ([], None)

@@ -57,6 +57,10 @@ from shared.llm import LLMClient
 
 SEP = "<SEP>"  # LightRAG's separator between the sources of a merged graph field
 MAX_DESCRIPTION_CHARS = 600
+# A contact page's address ends in one of these (best first): see `contact_page`.
+CONTACT_PAGES = (frozenset({"contact", "contact-us", "contactus", "contacts", "get-in-touch", "kontakt", "contacto",
+                            "nous-contacter", "contatti"}),
+                 frozenset({"support", "help", "help-center", "helpdesk", "customer-support", "hilfe", "aide"}))
 LLM_CHUNK_WORDS = 160  # ≈ 210 MiniLM tokens: under the 256 the embedding model reads
 LLM_CHUNK_OVERLAP_WORDS = 20
 
@@ -197,6 +201,24 @@ class KnowledgeBase:
             self._registries[site] = json.loads(path.read_text()) if path.exists() else {}
             self._saves[site] = self._saves.get(site, 0) + 1  # another registry: its vocabulary is made again
         return self._registries[site]
+
+    def contact_page(self, site: str) -> str:
+        """The address of the site's contact page among its synced pages (its path's last
+        part "contact", "contact-us", "kontakt"…, else "support" or "help"; or a title
+        opening with "Contact"), '' when it has none: where a reply points a visitor the
+        knowledge cannot help when the site's config names no support page."""
+        found: list[tuple[int, str]] = []
+        for record in self.registry(site).values():
+            source = record.get("source", "")
+            if not source.startswith(("http://", "https://")):
+                continue
+            last = source.split("?")[0].split("#")[0].rstrip("/").rsplit("/", 1)[-1].lower()
+            rank = next((i for i, names in enumerate(CONTACT_PAGES) if last in names), None)
+            if rank is None and record.get("title", "").lower().startswith(("contact", "kontakt")):
+                rank = 0
+            if rank is not None:
+                found.append((rank, source))
+        return min(found)[1] if found else ""
 
     def vocabulary(self, site: str) -> frozenset[str] | None:
         """Every word of the site's knowledge (its chunks, titles and entity names),

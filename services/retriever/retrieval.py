@@ -53,6 +53,7 @@ def make_node(retriever: Retriever) -> Node:
         result = work.result()
         return [done(query=query, documents=result.documents, keywords=result.keywords, found=result.found,
                      selection=result.selection, fallback=result.fallback, unknown_names=result.unknown_names,
+                     contact_page=result.contact_page,
                      error="; ".join(result.errors) or None)]
 
     return Node(name=NAME, consumes=("turn_requested",), handle=retrieve, needs=Needs(config=True, route=True))

@@ -66,6 +66,7 @@ class Retrieved:
     fallback: str | None = None
     errors: list[str] = field(default_factory=list)
     unknown_names: list[str] = field(default_factory=list)
+    contact_page: str = ""
 
 
 def search_text(previous: str, message: str) -> str:
@@ -237,6 +238,7 @@ class Retriever:
         by_type = candidates(self.kb, site, found)
         kept, selection, fallback = await select(settings, self.rerankers, query, by_type)
         return Retrieved(documents=numbered(kept), unknown_names=self.unknown_names(site, message, lang, config),
+                         contact_page="" if config.redirects.support else self.kb.contact_page(site),
                          keywords={"high_level": words.high_level, "low_level": words.low_level,
                                    "extractor": [extractor]},
                          found={t: len(v) for t, v in by_type.items()}, selection=selection, fallback=fallback,
