@@ -29,6 +29,8 @@ def main(argv: list[str]) -> int:
                         help="sites: a directory holding each git-kept site's pages as <site id>/ "
                              "(default: REALSITES_DIR)")
     parser.add_argument("--limit", type=int, help="sites: at most this many questions per site")
+    parser.add_argument("--under", help="sites: only each site's pages under this directory (\"cloud/\") and the "
+                                         "questions they answer")
     parser.add_argument("--save", type=Path,
                         help="sites: write every turn (answer, route, cited pages, the documents it was given) as JSONL")
     parser.add_argument("--concurrency", type=int, default=1,
@@ -68,7 +70,7 @@ def main(argv: list[str]) -> int:
         if args.which == "sites":
             from cli.measure.evals import site_eval
             return site_eval.eval_sites(args.site, args.split, args.docs, args.base_url, max(args.concurrency, 1),
-                                        args.limit, args.save)
+                                        args.limit, args.save, args.under)
     except ValueError as exc:  # a malformed dataset: say where, no traceback
         import sys
         print(f"concierge eval: {exc}", file=sys.stderr)

@@ -255,8 +255,10 @@ async def ask(client: httpx.AsyncClient, base_url: str, site: str, website: site
 
 
 async def run_site(base_url: str, token: str, source: site_corpus.SiteSource, root: Path,
-                   questions: list[Question], concurrency: int, out, save: bool = False) -> tuple[list[Asked], dict]:
-    website = site_corpus.Website(source.name, site_corpus.pages(root, source.exclude)).start()
+                   questions: list[Question], concurrency: int, out, save: bool = False,
+                   under: str | None = None) -> tuple[list[Asked], dict]:
+    pages = [p for p in site_corpus.pages(root, source.exclude) if not under or p.file.startswith(under)]
+    website = site_corpus.Website(source.name, pages).start()
     try:
         async with httpx.AsyncClient(timeout=180) as client:
             started = time.monotonic()
@@ -290,9 +292,11 @@ def _system(data: Path, extra: dict[str, str]):
 
 def eval_sites(only: list[str] | None = None, split: str = "test", docs: Path | None = None,
                base_url: str | None = None, concurrency: int = 2, limit: int | None = None,
-               save: Path | None = None, out=sys.stdout) -> int:
+               save: Path | None = None, under: str | None = None, out=sys.stdout) -> int:
     """`save`: a JSONL file of every turn (the question, the answer, its route and cited pages,
-    the documents retrieval gave it, as the log holds them)."""
+    the documents retrieval gave it, as the log holds them). `under`: a part of each site
+    (its pages under that directory, "cloud/"), asked only the questions those pages answer
+    (a quick slice; what the docs do not answer is the whole site's to say)."""
     chosen = [s for s in site_corpus.sources() if not only or s.id in only]
     if only and (unknown := set(only) - {s.id for s in chosen}):
         print(f"concierge eval sites: no site {sorted(unknown)[0]} (known: "
@@ -306,6 +310,8 @@ def eval_sites(only: list[str] | None = None, split: str = "test", docs: Path | 
             skipped[source.id] = f"not at hand: {source.how_to_get()}"
             continue
         questions = [q for q in read_questions(source.questions) if split == "all" or q.split == split]
+        if under:
+            questions = [q for q in questions if q.answerable and all(p.startswith(under) for p in q.pages)]
         at_hand.append((source, root, questions[:limit] if limit else questions))
     for site_id, why in skipped.items():
         print(f"site eval: {site_id} skipped, {why}", file=out)
@@ -319,7 +325,7 @@ def eval_sites(only: list[str] | None = None, split: str = "test", docs: Path | 
     async def all_sites(url: str, token: str) -> None:
         for source, root, questions in at_hand:
             results[source.id], runs[source.id] = await run_site(url, token, source, root, questions, concurrency, out,
-                                                                 save is not None)
+                                                                 save is not None, under)
 
     if base_url:
         token = answer_eval._operator_token()
