@@ -136,7 +136,9 @@ class IntentClassifier:
         if not context:  # the n-gram stage reads the message alone: not for a message read with a turn
             scores = self.model.fast_probabilities(ngrams)
             note = "n-gram fast path"
-        if not scores or max(scores.values()) < self.fast_path:
+        # A HACK is never decided by the n-grams alone: its strike can block the visitor, so
+        # the full model (what the message means, not only how it is spelt) reads it.
+        if not scores or max(scores.values()) < self.fast_path or max(scores, key=scores.get) == "HACK":
             vector = await self.model.embedder.aembed(text)
             reply_vector = await self.model.embedder.aembed(context) if context else None
             scores = self.model.probabilities(text, vector, ngrams, reply_vector)
