@@ -158,6 +158,11 @@ def figures(asked: list[Asked]) -> dict:
         "forbidden": sum(len(a.forbidden) for a in asked),
         "ttft_ms_p50": round(percentile(ttfts, 50), 1) if ttfts else None,
         "ttft_ms_p90": round(percentile(ttfts, 90), 1) if ttfts else None,
+        # Every fact, by the question's language and by its kind (two-part, pricing...): where it holds.
+        "all_facts_by_language": {lang: rate([a for a in answerable if a.question.lang == lang], lambda a: not a.missing)
+                                  for lang in sorted({a.question.lang for a in answerable})},
+        "all_facts_by_kind": {kind: rate([a for a in answerable if a.question.kind == kind], lambda a: not a.missing)
+                              for kind in sorted({a.question.kind for a in answerable})},
     }
 
 
