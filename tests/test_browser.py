@@ -46,6 +46,13 @@ async def test_browser_asks_sees_streamed_answer_sources_and_follow_up(system, l
             page = await browser.new_page(viewport={"width": 1200, "height": 800})
             await page.goto(system.gateway_url + "/")
             await page.click("[data-testid=cw-launch]")
+            # The demo site greets in its own words, with its starter questions (issue 53).
+            greeting = page.locator("[data-testid=cw-greeting]")
+            await greeting.wait_for(timeout=10000)
+            assert (await greeting.text_content()).startswith("Hi! I'm Tidewise's assistant.")
+            assert await page.locator("[data-testid=cw-starters] button").all_text_contents() == [
+                "How much does Tidewise cost?", "Does the mobile app work offline?",
+                "Which accounting tools do you integrate with?"]
             await page.fill("[data-testid=cw-input]", "What integrations do you offer?")
             bot = page.locator("[data-testid=cw-bot]").first
             # Every text the answer bubble showed, as it changed.

@@ -292,6 +292,12 @@ async def test_the_widget_gets_its_settings_and_nothing_private(api, bus):
     assert body["widget"]["position"] == "left" and body["widget"]["avatar_url"] == "https://acme.example/logo.png"
     for private in (SECRET, "ACME_SECRET", hashlib.sha256(b"k").hexdigest(), "operator_key", "instructions"):
         assert private not in answer.text
+    # A site that sets no greeting still greets (issue 53: never an empty panel), in its first language.
+    quiet = unique("quiet")
+    await SiteStore(bus).put(quiet, {"name": "Gridline", "languages": ["fr-CA", "en"], "allowed_origins": [ORIGIN]},
+                             "admin")
+    greeted = (await client.get(f"/v1/sites/{quiet}/widget", headers={"Origin": ORIGIN})).json()["widget"]
+    assert greeted["greeting"] == "Bonjour ! Posez-moi vos questions sur Gridline."
     assert (await client.get(f"/v1/sites/{unique('nosuch')}/widget")).status_code == 404
     assert (await client.get("/v1/sites/%0A%C3%B6%3D/widget")).status_code == 422  # not a site id: never a key
     assert (await client.get(f"/v1/sites/{site}/widget", headers={"Origin": "https://evil.example"})).status_code == 403

@@ -40,11 +40,32 @@ async def served_site(request: Request, site: SiteId) -> SiteConfig:
     return await configured_site(request, site)
 
 
+# A site that sets no greeting still greets, in its first language (its name filled in).
+DEFAULT_GREETINGS = {
+    "en": "Hi! Ask me anything about {name}.",
+    "fr": "Bonjour ! Posez-moi vos questions sur {name}.",
+    "de": "Hallo! Fragen Sie mich alles zu {name}.",
+    "es": "¡Hola! Pregúnteme lo que quiera sobre {name}.",
+    "it": "Ciao! Chiedimi qualsiasi cosa su {name}.",
+    "pt": "Olá! Pergunte-me o que quiser sobre {name}.",
+    "nl": "Hallo! Vraag me alles over {name}.",
+}
+
+
+def default_greeting(config: SiteConfig, site: str) -> str:
+    lang = next((tag.split("-")[0].lower() for tag in config.languages
+                 if tag.split("-")[0].lower() in DEFAULT_GREETINGS), "en")
+    return DEFAULT_GREETINGS[lang].format(name=config.name or site)
+
+
 @router.get("/v1/sites/{site}/widget", responses=WIDGET_RESPONSES)
 async def widget_settings(site: SiteId, config: Annotated[SiteConfig, Depends(served_site)]):
     """The site's widget settings: colours, texts, position, logo, starter questions, whether
     sources are shown, and the site's languages."""
-    body = {"site": site, "languages": config.languages, "widget": config.widget}
+    widget = config.widget
+    if not widget.greeting.strip():  # a new conversation never opens on an empty panel
+        widget = msgspec.structs.replace(widget, greeting=default_greeting(config, site))
+    body = {"site": site, "languages": config.languages, "widget": widget}
     # Public, the same for every visitor of the site: shared caches may keep it (per Origin:
     # the CORS header differs) for a few seconds.
     return Response(msgspec.json.encode(body), media_type="application/json",
