@@ -217,3 +217,13 @@ async def test_the_sites_contact_page_comes_with_the_documents_when_its_config_n
     (configured,) = (await decide(node, turn(site, "c2", 1, "How fast do you answer?"), config=named)).events
     assert configured.contact_page == ""  # the site's own setting wins; nothing to look for
     assert kb.contact_page(SITE) == ""  # files without an address: none
+
+
+def test_the_vocabularies_kept_are_bounded_whatever_the_number_of_sites(kb, monkeypatch):
+    from services.retriever import knowledge
+
+    monkeypatch.setattr(knowledge, "VOCABULARIES", 2)
+    for site in (unique("v"), unique("v"), SITE):
+        kb.vocabulary(site)
+    assert len(kb._vocabularies) == 2 and SITE in kb._vocabularies
+    assert "frankfurt" in kb.vocabulary(SITE)

@@ -38,7 +38,7 @@ import json
 import re
 import shutil
 import time
-from collections import Counter, defaultdict
+from collections import Counter, OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,9 @@ from shared.llm import LLMClient
 
 SEP = "<SEP>"  # LightRAG's separator between the sources of a merged graph field
 MAX_DESCRIPTION_CHARS = 600
+# Sites whose vocabulary (`vocabulary`) is kept made (about 1 MB for a site of 180 pages, 7,000
+# words); another is made again when asked.
+VOCABULARIES = 64
 # A contact page's address ends in one of these (best first): see `contact_page`.
 CONTACT_PAGES = (frozenset({"contact", "contact-us", "contactus", "contacts", "get-in-touch", "kontakt", "contacto",
                             "nous-contacter", "contatti"}),
@@ -115,7 +118,8 @@ class KnowledgeBase:
         self._places: dict[str, Path] = {}  # sites served from a directory other than root/<site>
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._registries: dict[str, dict] = {}
-        self._vocabularies: dict[str, tuple[int, int, frozenset[str] | None]] = {}  # site → (registry, saves, words)
+        # site → (registry, saves, words): the most recently asked VOCABULARIES sites' only
+        self._vocabularies: OrderedDict[str, tuple[int, int, frozenset[str] | None]] = OrderedDict()
         self._saves: dict[str, int] = {}
         self._client = client
         self._own_client = client is None
@@ -229,6 +233,7 @@ class KnowledgeBase:
         key = (id(registry), self._saves.get(site, 0))
         cached = self._vocabularies.get(site)
         if cached is not None and cached[:2] == key:
+            self._vocabularies.move_to_end(site)
             return cached[2]
         words: set[str] | None = set()
         for record in registry.values():
@@ -239,6 +244,9 @@ class KnowledgeBase:
             words.update(language.words(" ".join(texts)))
         vocabulary = None if words is None else frozenset(words)
         self._vocabularies[site] = (*key, vocabulary)
+        self._vocabularies.move_to_end(site)
+        while len(self._vocabularies) > VOCABULARIES:  # bounded whatever the number of sites
+            self._vocabularies.popitem(last=False)
         return vocabulary
 
     def _save_registry(self, site: str) -> None:
