@@ -225,5 +225,5 @@ def test_the_vocabularies_kept_are_bounded_whatever_the_number_of_sites(kb, monk
     monkeypatch.setattr(knowledge, "VOCABULARIES", 2)
     for site in (unique("v"), unique("v"), SITE):
         kb.vocabulary(site)
-    assert len(kb._vocabularies) == 2 and SITE in kb._vocabularies
+    assert len(kb._derived) == 2 and SITE in kb._derived
     assert "frankfurt" in kb.vocabulary(SITE)

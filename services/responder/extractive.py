@@ -284,7 +284,7 @@ def choose(question_vec: np.ndarray, vectors: np.ndarray, title_vectors: np.ndar
            part_lexical: list[np.ndarray] = (), max_sentences: int = 5, threshold: float = 0.35,
            evidence_threshold: float = 0.45, margin: float = 0.2, duplicate: float = 0.9, diversity: float = 0.3,
            title_weight: float = 0.3, lexical_weight: float = 0.5, prior_weight: float = 0.1,
-           decline_below: float = 0.0, other_source_margin: float = 0.12) -> list[Picked]:
+           other_source_margin: float = 0.12) -> list[Picked]:
     """The sentences that answer the question, in reading order; [] when nothing answers it.
 
     A sentence can answer when its similarity reaches `threshold`, or when it shares words
@@ -294,9 +294,8 @@ def choose(question_vec: np.ndarray, vectors: np.ndarray, title_vectors: np.ndar
     `title_vectors` their sources' titles' (one row per candidate): a sentence is relevant
     as itself and by what its section is about. Unit rows: a dot product is the cosine.
 
-    The answer is built around the best sentence (the anchor; below `decline_below` the
-    question is declined: the best the sources hold does not answer it): for a question
-    of several parts (`part_vecs`, `part_lexical`), the best sentence for each part too;
+    The answer is built around the best sentence (the anchor): for a question of several
+    parts (`part_vecs`, `part_lexical`), the best sentence for each part too;
     then sentences of the anchor's source within `margin` of it, and of other sources only
     within `other_source_margin` (near-equal evidence, not padding), at most
     `max_sentences` by maximal marginal relevance, near-duplicates (similarity ≥
@@ -324,8 +323,7 @@ def choose(question_vec: np.ndarray, vectors: np.ndarray, title_vectors: np.ndar
         return []
     anchor = max(np.flatnonzero(answers), key=lambda i: relevance[i])
     best = float(relevance[anchor])
-    if best < decline_below:
-        return []
+    at = {(c.n, c.position): i for i, c in enumerate(pool)}  # a source's neighbouring sentences
     chosen: list[int] = []
     said = [0]  # characters
 
@@ -337,10 +335,10 @@ def choose(question_vec: np.ndarray, vectors: np.ndarray, title_vectors: np.ndar
         if i in chosen or duplicated(i) or said[0] + len(pool[i].text) > MAX_ANSWER_CHARS:
             return
         if pool[i].role == "item":
-            intro = _intro_of(i, pool)
+            intro = _intro_of(i, pool, at)
             if intro is not None and intro not in chosen:
                 return add(intro)
-        items = _items_of(i, pool) if pool[i].role == "intro" else []
+        items = _items_of(i, pool, at) if pool[i].role == "intro" else []
         if pool[i].role == "intro" and not items:
             return  # its list is in a part of the page not retrieved: said alone, it says nothing
         chosen.append(i)
@@ -375,9 +373,9 @@ def choose(question_vec: np.ndarray, vectors: np.ndarray, title_vectors: np.ndar
             for i in chosen]
 
 
-def _items_of(intro: int, pool: list[Candidate]) -> list[int]:
-    """The candidates of the list `intro` introduces, in order."""
-    at = {(c.n, c.position): i for i, c in enumerate(pool)}
+def _items_of(intro: int, pool: list[Candidate], at: dict[tuple[int, int], int]) -> list[int]:
+    """The candidates of the list `intro` introduces, in order (`at`: each candidate's index
+    by its source and place)."""
     out, position = [], pool[intro].position + 1
     while (found := at.get((pool[intro].n, position))) is not None and pool[found].role == "item":
         out.append(found)
@@ -385,9 +383,8 @@ def _items_of(intro: int, pool: list[Candidate]) -> list[int]:
     return out
 
 
-def _intro_of(item: int, pool: list[Candidate]) -> int | None:
+def _intro_of(item: int, pool: list[Candidate], at: dict[tuple[int, int], int]) -> int | None:
     """The candidate introducing the list `item` belongs to, if the list has one."""
-    at = {(c.n, c.position): i for i, c in enumerate(pool)}
     position = pool[item].position - 1
     while (found := at.get((pool[item].n, position))) is not None:
         if pool[found].role == "intro":

@@ -57,6 +57,40 @@ from shared.llm import LLMClient
 
 SEP = "<SEP>"  # LightRAG's separator between the sources of a merged graph field
 MAX_DESCRIPTION_CHARS = 600
+
+
+@dataclass(frozen=True)
+class _Derived:
+    saves: int  # the registry's change it was made from
+    vocabulary: frozenset[str] | None
+    contact_page: str
+
+
+def _vocabulary(registry: dict[str, dict]) -> frozenset[str] | None:
+    words: set[str] = set()
+    for record in registry.values():
+        if record.get("extraction") == "llm":
+            return None
+        texts = [record.get("title", ""), *record.get("chunks", {}).values(), *record.get("entities", {})]
+        words.update(language.words(" ".join(texts)))
+    return frozenset(words)
+
+
+def _contact_page(registry: dict[str, dict]) -> str:
+    found: list[tuple[int, str]] = []
+    for record in registry.values():
+        source = record.get("source", "")
+        if not source.startswith(("http://", "https://")):
+            continue
+        last = source.split("?")[0].split("#")[0].rstrip("/").rsplit("/", 1)[-1].lower()
+        rank = next((i for i, names in enumerate(CONTACT_PAGES) if last in names), None)
+        if rank is None and record.get("title", "").lower().startswith(("contact", "kontakt")):
+            rank = 0
+        if rank is not None:
+            found.append((rank, source))
+    return min(found)[1] if found else ""
+
+
 # Sites whose vocabulary (`vocabulary`) is kept made (about 1 MB for a site of 180 pages, 7,000
 # words); another is made again when asked.
 VOCABULARIES = 64
@@ -118,9 +152,9 @@ class KnowledgeBase:
         self._places: dict[str, Path] = {}  # sites served from a directory other than root/<site>
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._registries: dict[str, dict] = {}
-        # site → (registry, saves, words): the most recently asked VOCABULARIES sites' only
-        self._vocabularies: OrderedDict[str, tuple[int, int, frozenset[str] | None]] = OrderedDict()
-        self._saves: dict[str, int] = {}
+        # site → what its registry gives (`_derived`), for the VOCABULARIES sites asked last only
+        self._derived: OrderedDict[str, _Derived] = OrderedDict()
+        self._saves: dict[str, int] = {}  # site → its registry's changes: a change makes `_derived` again
         self._client = client
         self._own_client = client is None
         self._server = bool(qdrant_url) or client is not None
@@ -211,43 +245,27 @@ class KnowledgeBase:
         part "contact", "contact-us", "kontakt"…, else "support" or "help"; or a title
         opening with "Contact"), '' when it has none: where a reply points a visitor the
         knowledge cannot help when the site's config names no support page."""
-        found: list[tuple[int, str]] = []
-        for record in self.registry(site).values():
-            source = record.get("source", "")
-            if not source.startswith(("http://", "https://")):
-                continue
-            last = source.split("?")[0].split("#")[0].rstrip("/").rsplit("/", 1)[-1].lower()
-            rank = next((i for i, names in enumerate(CONTACT_PAGES) if last in names), None)
-            if rank is None and record.get("title", "").lower().startswith(("contact", "kontakt")):
-                rank = 0
-            if rank is not None:
-                found.append((rank, source))
-        return min(found)[1] if found else ""
+        return self._derived_of(site).contact_page
 
     def vocabulary(self, site: str) -> frozenset[str] | None:
         """Every word of the site's knowledge (its chunks, titles and entity names),
         lowercased; None when some document's text is not in the registry (chunked by
-        LightRAG, LLM extraction) and the words cannot all be known. Made once per change
-        of the registry."""
+        LightRAG, LLM extraction) and the words cannot all be known."""
+        return self._derived_of(site).vocabulary
+
+    def _derived_of(self, site: str) -> "_Derived":
+        """What the site's registry gives every turn its retrieval answers, made once per
+        change of the registry (not on each turn), kept for the VOCABULARIES sites asked last."""
         registry = self.registry(site)
-        key = (id(registry), self._saves.get(site, 0))
-        cached = self._vocabularies.get(site)
-        if cached is not None and cached[:2] == key:
-            self._vocabularies.move_to_end(site)
-            return cached[2]
-        words: set[str] | None = set()
-        for record in registry.values():
-            if record.get("extraction") == "llm":
-                words = None
-                break
-            texts = [record.get("title", ""), *record.get("chunks", {}).values(), *record.get("entities", {})]
-            words.update(language.words(" ".join(texts)))
-        vocabulary = None if words is None else frozenset(words)
-        self._vocabularies[site] = (*key, vocabulary)
-        self._vocabularies.move_to_end(site)
-        while len(self._vocabularies) > VOCABULARIES:  # bounded whatever the number of sites
-            self._vocabularies.popitem(last=False)
-        return vocabulary
+        saves = self._saves.get(site, 0)
+        cached = self._derived.get(site)
+        if cached is None or cached.saves != saves:
+            cached = _Derived(saves=saves, vocabulary=_vocabulary(registry), contact_page=_contact_page(registry))
+            self._derived[site] = cached
+        self._derived.move_to_end(site)
+        while len(self._derived) > VOCABULARIES:  # bounded whatever the number of sites
+            self._derived.popitem(last=False)
+        return cached
 
     def _save_registry(self, site: str) -> None:
         self._saves[site] = self._saves.get(site, 0) + 1

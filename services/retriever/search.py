@@ -208,9 +208,13 @@ class Retriever:
         if not vocabulary:
             return []
         own = set(language.words(config.name))
-        return [name for name in language.names(message)
-                if language.words(name) and not (set(language.words(name)) & own)
-                and not all(any(form in vocabulary for form in _forms(word)) for word in language.words(name))]
+        unknown = []
+        for name in language.names(message):
+            words = language.words(name)
+            if words and not own.intersection(words) and not all(
+                    any(form in vocabulary for form in _forms(word)) for word in words):
+                unknown.append(name)
+        return unknown
 
     async def retrieve(self, site: str, query: str, config: SiteConfig, record, lang: str | None = None,
                        message: str = "") -> Retrieved:

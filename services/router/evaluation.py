@@ -64,6 +64,14 @@ def _classifier(backend: str) -> IntentClassifier:
     return IntentClassifier.configured(model, llm if llm.configured("classifier") else None, settings, backend)
 
 
+def _routed(classifier: IntentClassifier, row: dict, result) -> routing.Decision:
+    """Where routing sends a classified message with no booking flow under way (its
+    `hack_increment`: whether it strikes)."""
+    return routing.decide(intent=result.intent, message=row["message"], score=0.0, threshold=1.0, skills=[],
+                          booking=BookingState(), confidence=result.confidence, runner_up=result.runner_up,
+                          markers=tuple(result.markers), strike_confidence=classifier.strike_confidence)
+
+
 async def _classify_all(classifier: IntentClassifier, rows: list[dict]) -> tuple[list[str], list[float], int, int]:
     """Each row's predicted intent, the latencies, the LLM calls, and how many rows of
     another intent than HACK would strike (routing rule 0: what blocks a visitor at two)."""
@@ -77,10 +85,7 @@ async def _classify_all(classifier: IntentClassifier, rows: list[dict]) -> tuple
         predicted.append(result.intent)
         llm_calls += result.llm_calls
         if row.get("intent") != "HACK":
-            strikes += routing.decide(intent=result.intent, message=row["message"], score=0.0, threshold=1.0,
-                                      skills=[], booking=BookingState(), confidence=result.confidence,
-                                      runner_up=result.runner_up, markers=tuple(result.markers),
-                                      strike_confidence=classifier.strike_confidence).hack_increment
+            strikes += _routed(classifier, row, result).hack_increment
     return predicted, latencies, llm_calls, strikes
 
 
@@ -252,11 +257,7 @@ def eval_hack(dataset: Path = HACK_EVAL, backend: str = "local", out=sys.stdout)
         for row in rows:
             result = await classifier.classify("eval", config, row["message"], row.get("history") or [],
                                                reply=last_reply(row.get("history")))
-            decision = routing.decide(intent=result.intent, message=row["message"], score=0.0, threshold=1.0,
-                                      skills=[], booking=BookingState(), confidence=result.confidence,
-                                      runner_up=result.runner_up, markers=tuple(result.markers),
-                                      strike_confidence=classifier.strike_confidence)
-            decided.append((result, decision))
+            decided.append((result, _routed(classifier, row, result)))
         return decided
 
     decided = asyncio.run(run())

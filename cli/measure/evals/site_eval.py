@@ -56,15 +56,12 @@ LANGUAGES = ["en", "fr", "de"]
 
 
 @dataclass(frozen=True)
-class Question:
-    id: str
-    lang: str
-    messages: list[str]
-    facts: list[list[str]]
+class Question(answer_eval.Question):
+    """The answers eval's question, with the pages that answer it, whether the docs do, and
+    its kind (short, two-part, pricing...)."""
     pages: list[str]
     answerable: bool
     kind: str
-    forbidden: list[str]
 
     @property
     def split(self) -> str:
