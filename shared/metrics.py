@@ -55,6 +55,14 @@ kb_vectors = Counter("concierge_kb_vectors",
                      "Knowledge-base text vectors extractive answers needed, by where they came from: memory, the "
                      "kb_vectors bucket, or embedded on the turn's path (services/responder/kb_vectors.py)", ["source"])
 
+kb_opens = Counter("concierge_kb_opens", "Sites' knowledge bases opened by this retriever (a site's first query "
+                   "since it started or since the pool closed it: services/retriever/pool.py)")
+kb_evictions = Counter("concierge_kb_evictions",
+                       "Open knowledge bases closed to keep the pool within KB_MEMORY_BUDGET_MB / KB_OPEN_SITES")
+kb_open_sites = Gauge("concierge_kb_open_sites", "Sites whose knowledge base this retriever holds open")
+kb_open_bytes = Gauge("concierge_kb_open_bytes",
+                      "What the open knowledge bases are estimated to take in memory (services/retriever/pool.py)")
+
 llm_calls = Counter("concierge_llm_calls", "LLM calls (a call = one request, retries included)", ["role", "model"])
 llm_errors = Counter("concierge_llm_errors", "LLM calls that ended in an error", ["role", "model"])
 llm_fallbacks = Counter("concierge_llm_fallbacks", "LLM calls answered (or failed) by the fallback endpoint",

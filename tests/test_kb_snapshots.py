@@ -130,12 +130,13 @@ async def test_a_query_in_flight_finishes_on_the_old_version(tmp_path, qdrant, s
     follower = snapshots.Follower(store, kb, poll_s=0.1)
     try:
         await follower.sync()
-        old = kb._open[site]
+        await answer(kb, site)  # a loaded snapshot is opened by its first query
+        old = kb.pool.peek(site)
         with old.use():  # a query holding the old version
             source.write_text("# Plans\n\n## Price\nThe Orbit plan costs $12 per seat (indigo edition).\n")
             await ingest_job(tmp_path / "job2", qdrant, store, site, source)
             swap = asyncio.ensure_future(follower.sync())
-            await wait_for(lambda: kb._open[site] is not old)
+            await wait_for(lambda: kb.pool.peek(site) is not old)
             assert old.directory.exists() and not swap.done()  # new queries go to the new one meanwhile
             assert "indigo" in " ".join(c for _, c in await answer(kb, site))
         await swap
@@ -144,7 +145,7 @@ async def test_a_query_in_flight_finishes_on_the_old_version(tmp_path, qdrant, s
         from lightrag.kg import shared_storage
 
         assert not [k for k in shared_storage._shared_dicts if k.startswith(f"{old.directory.name}:")]
-        assert [k for k in shared_storage._shared_dicts if k.startswith(f"{kb._open[site].directory.name}:")]
+        assert [k for k in shared_storage._shared_dicts if k.startswith(f"{kb.pool.peek(site).directory.name}:")]
     finally:
         await kb.close()
 

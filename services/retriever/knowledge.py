@@ -38,16 +38,18 @@ import json
 import re
 import shutil
 import time
+import weakref
 from collections import Counter, OrderedDict, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.retriever import extraction
+from services.retriever import extraction, local_qdrant
 from services.retriever.documents import SourceDocument
 from services.retriever.lightrag_functions import (UNBOUNDED_TOKENS, cosine_once_per_vector, embedding_function,
                                                     llm_function, no_llm, querying, quiet_lightrag, share_query_config,
-                                                    tokenize_inline, untruncated_when_unbounded)
+                                                    tokenize_inline, unqueued_embedding, untruncated_when_unbounded)
+from services.retriever.pool import Opened, Pool, estimate, resident_bytes
 from services.retriever.settings import KnowledgeBaseSettings
 from services.retriever.stage_clock import StageClock
 from services.retriever.word_tokenizer import WordTokenizer
@@ -94,6 +96,10 @@ def _contact_page(registry: dict[str, dict]) -> str:
 # Sites whose vocabulary (`vocabulary`) is kept made (about 1 MB for a site of 180 pages, 7,000
 # words); another is made again when asked.
 VOCABULARIES = 64
+# Registries (documents.json) kept in memory besides the open sites' own.
+REGISTRIES = 64
+# The least the open sites get, whatever the process took before them (KB_MEMORY_BUDGET_MB).
+MIN_POOL_MB = 64
 # A contact page's address ends in one of these (best first): see `contact_page`.
 CONTACT_PAGES = (frozenset({"contact", "contact-us", "contactus", "contacts", "get-in-touch", "kontakt", "contacto",
                             "nous-contacter", "contatti"}),
@@ -110,35 +116,15 @@ class KnowledgeBaseLocked(Exception):
     """The embedded Qdrant store is open in another process."""
 
 
-@dataclass
-class _Open:
-    """A site's open LightRAG, the directory it reads, and the queries using it."""
-    rag: Any
-    directory: Path
-    mtime: float
-    users: int = 0
-    idle: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def __post_init__(self):
-        self.idle.set()
-
-    @contextlib.contextmanager
-    def use(self):
-        self.users += 1
-        self.idle.clear()
-        try:
-            yield self.rag
-        finally:
-            self.users -= 1
-            if self.users == 0:
-                self.idle.set()
-
-
 class KnowledgeBase:
     def __init__(self, root: Path, embedder: Embedder, qdrant_url: str = "", qdrant_api_key: str = "",
-                 extraction_llm: LLMClient | None = None, client=None, cosine_threshold: float = 0.2):
+                 extraction_llm: LLMClient | None = None, client=None, cosine_threshold: float = 0.2,
+                 memory_budget_mb: int = 1024, open_sites: int = 0):
         """`client`: an open Qdrant client to use (and leave open) instead of making one,
-        as if it were a server: shared collections, every point tagged with its site."""
+        as if it were a server: shared collections, every point tagged with its site.
+        `memory_budget_mb`: what this process may take in memory; the sites it holds open
+        get what it does not take when the knowledge base opens (pool.py), and `open_sites`,
+        when above 0, bounds their number too."""
         self.root = root
         # With an LLM for the `extraction` role, documents go through LightRAG's own
         # pipeline (its chunking, its LLM entity and relationship extraction); otherwise
@@ -148,10 +134,13 @@ class KnowledgeBase:
         self.qdrant_url = qdrant_url
         self.qdrant_api_key = qdrant_api_key
         self.cosine_threshold = cosine_threshold
-        self._open: dict[str, _Open] = {}
+        self.memory_budget_mb = memory_budget_mb
+        self._pool = Pool(self._close_site, self._writing, memory_budget_mb << 20, open_sites)
         self._places: dict[str, Path] = {}  # sites served from a directory other than root/<site>
-        self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
-        self._registries: dict[str, dict] = {}
+        # a site's writers' lock, while anyone holds or waits for it
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        # site → its documents.json: the open sites', and REGISTRIES more asked last
+        self._registries: OrderedDict[str, dict] = OrderedDict()
         # site → what its registry gives (`_derived`), for the VOCABULARIES sites asked last only
         self._derived: OrderedDict[str, _Derived] = OrderedDict()
         self._saves: dict[str, int] = {}  # site → its registry's changes: a change makes `_derived` again
@@ -168,7 +157,8 @@ class KnowledgeBase:
     def configured(cls, settings: KnowledgeBaseSettings, embedder: Embedder) -> "KnowledgeBase":
         return cls(Path(settings.kb_dir).resolve(), embedder, settings.qdrant_url, settings.qdrant_api_key,
                    LLMClient(settings.llm) if settings.extraction == "llm" else None,
-                   cosine_threshold=settings.cosine_threshold)
+                   cosine_threshold=settings.cosine_threshold, memory_budget_mb=settings.memory_budget_mb,
+                   open_sites=settings.open_sites)
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -189,7 +179,7 @@ class KnowledgeBase:
             self._client = QdrantClient(url=self.qdrant_url, api_key=self.qdrant_api_key or None)
         else:
             try:
-                self._client = QdrantClient(path=str(self.root / "qdrant"))
+                self._client = local_qdrant.open_local(str(self.root / "qdrant"))
             except RuntimeError as exc:  # qdrant-client: "Storage folder ... is already accessed by another instance"
                 raise KnowledgeBaseLocked(
                     f"the knowledge base {self.root / 'qdrant'} is open in another process (a running retriever?): "
@@ -202,13 +192,18 @@ class KnowledgeBase:
         self._model_tokenizer.no_truncation()
         self._model_tokenizer.no_padding()
         self._tokenizer = WordTokenizer()
+        # The sites get what the process does not take already (the models, the libraries).
+        self._pool.limit_bytes = max((self.memory_budget_mb << 20) - resident_bytes(), MIN_POOL_MB << 20)
         return self
+
+    @property
+    def pool(self) -> Pool:
+        return self._pool
 
     async def close(self) -> None:
         from services.retriever import lightrag_storage
 
-        for site in list(self._open):
-            await _finalize(self._open.pop(site))
+        await self._pool.close_all()
         if self._client is not None:
             lightrag_storage.CLIENTS.pop(self._key, None)
             if self._own_client:
@@ -234,11 +229,26 @@ class KnowledgeBase:
         return self._site_dir(site) / "documents.json"
 
     def registry(self, site: str) -> dict[str, dict]:
-        if site not in self._registries:
+        """The site's documents.json ({} for a site with none, which is not kept: a read
+        never makes a site)."""
+        registry = self._registries.get(site)
+        if registry is None:
             path = self._registry_path(site)
-            self._registries[site] = json.loads(path.read_text()) if path.exists() else {}
+            if not path.exists():
+                return {}
+            registry = self._registries[site] = json.loads(path.read_text())
             self._saves[site] = self._saves.get(site, 0) + 1  # another registry: its vocabulary is made again
-        return self._registries[site]
+            closed = [s for s in self._registries if s not in self._pool and not self._writing(s)]
+            for old in closed[:max(0, len(closed) - REGISTRIES)]:  # bounded whatever the number of sites
+                self._forget(old)
+        self._registries.move_to_end(site)
+        return registry
+
+    def _forget(self, site: str) -> None:
+        """Drop what is kept in memory of a site's registry (read again when asked)."""
+        self._registries.pop(site, None)
+        self._derived.pop(site, None)
+        self._saves.pop(site, None)
 
     def contact_page(self, site: str) -> str:
         """The address of the site's contact page among its synced pages (its path's last
@@ -259,6 +269,8 @@ class KnowledgeBase:
         registry = self.registry(site)
         saves = self._saves.get(site, 0)
         cached = self._derived.get(site)
+        if not registry:
+            return _Derived(saves=saves, vocabulary=frozenset(), contact_page="")
         if cached is None or cached.saves != saves:
             cached = _Derived(saves=saves, vocabulary=_vocabulary(registry), contact_page=_contact_page(registry))
             self._derived[site] = cached
@@ -267,23 +279,46 @@ class KnowledgeBase:
             self._derived.popitem(last=False)
         return cached
 
-    def _save_registry(self, site: str) -> None:
+    def _save_registry(self, site: str, registry: dict) -> None:
+        self._registries[site] = registry
         self._saves[site] = self._saves.get(site, 0) + 1
         path = self._registry_path(site)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self._registries[site], ensure_ascii=False))
+        tmp.write_text(json.dumps(registry, ensure_ascii=False))
         tmp.replace(path)
-        if site in self._open:
-            self._open[site].mtime = path.stat().st_mtime
+        if (opened := self._pool.peek(site)) is not None:
+            opened.mtime = path.stat().st_mtime
+            opened.cost = self._cost(site, opened.directory)
+
+    def _lock(self, site: str) -> asyncio.Lock:
+        """The site's writers' lock (ingest, delete, a snapshot's load)."""
+        lock = self._locks.get(site)
+        if lock is None:
+            lock = self._locks[site] = asyncio.Lock()
+        return lock
+
+    def _writing(self, site: str) -> bool:
+        lock = self._locks.get(site)
+        return lock is not None and lock.locked()
+
+    def _cost(self, site: str, directory: Path) -> int:
+        vectors = 0
+        if not self._server:  # local mode: its vectors are indexed in this process (lightrag_storage.LocalIndex)
+            registry = self.registry(site)
+            vectors = sum(len(r["chunks"]) + r.get("chunk_count", 0) for r in registry.values())
+            vectors += len({n for r in registry.values() for n in r["entities"]})
+            vectors += len({k for r in registry.values() for k in r["relations"]})
+        return estimate(directory, vectors, self.embedder.dim)
 
     async def _rag(self, site: str, create: bool = False):
         """The site's LightRAG, or None when the site has no knowledge base."""
         opened = await self._opened(site, create)
         return opened.rag if opened else None
 
-    async def _opened(self, site: str, create: bool = False) -> _Open | None:
-        """The site's open LightRAG, or None when the site has no knowledge base. Reopened when
-        another process (an ingest against a Qdrant server) changed the site's documents."""
+    async def _opened(self, site: str, create: bool = False) -> Opened | None:
+        """The site's open LightRAG (opened in the pool when it is not), or None when the
+        site has no knowledge base and `create` is not asked. Reopened when another process
+        (an ingest against a Qdrant server) changed the site's documents."""
         path = self._registry_path(site)
         try:
             mtime = path.stat().st_mtime
@@ -291,50 +326,81 @@ class KnowledgeBase:
             if not create:
                 return None
             mtime = 0.0
-        opened = self._open.get(site)
+        opened = self._pool.peek(site)
         if opened is not None and mtime > opened.mtime and not create:
-            self._registries.pop(site, None)
-            await self._retire(self._open.pop(site))
-            opened = None
-        if opened is None:
-            directory = self._site_dir(site)
-            rag = self._new_rag(site, directory)
-            await rag.initialize_storages()
-            opened = self._open[site] = _Open(rag, directory, mtime)
-        return opened
+            self._pool.pop(site)
+            self._forget(site)
+            await self._retire(site, opened)
+        return await self._pool.get(site, lambda: self._open_site(site, self._site_dir(site), mtime))
 
-    async def load(self, site: str, directory: Path) -> None:
-        """Serve `site` from `directory` (a snapshot's files) from now on. Its LightRAG is
-        opened beside the one in use, then swapped in; queries already running finish on
-        the old one, which is closed once they are done, and its directory removed when it
-        was a loaded snapshot too."""
-        registry_path = directory / "documents.json"
-        registry = json.loads(registry_path.read_text()) if registry_path.exists() else {}
+    async def _open_site(self, site: str, directory: Path, mtime: float) -> Opened:
         rag = self._new_rag(site, directory)
         await rag.initialize_storages()
-        async with self._locks[site]:
-            old = self._open.get(site)
+        return Opened(rag, directory, mtime, cost=self._cost(site, directory))
+
+    async def _close_site(self, site: str, opened: Opened) -> None:
+        """The pool lets the site go: its LightRAG closed, its registry and vectors out of memory."""
+        self._forget(site)
+        await self._finalize(opened)
+
+    async def load(self, site: str, directory: Path) -> None:
+        """Serve `site` from `directory` (a snapshot's files) from now on. A site held open
+        has its new LightRAG opened beside the one in use, then swapped in; queries already
+        running finish on the old one, which is closed once they are done. One not open is
+        opened from `directory` when next asked. The directory it was served from before is
+        removed when it was a loaded snapshot too."""
+        registry_path = directory / "documents.json"
+        registry = json.loads(registry_path.read_text()) if registry_path.exists() else {}
+        old = None
+        async with self._lock(site):
+            await self._pool.settled(site)
+            previous = self._places.get(site)
             self._places[site] = directory
-            self._registries[site] = registry
-            self._saves[site] = self._saves.get(site, 0) + 1
-            self._open[site] = _Open(rag, directory, registry_path.stat().st_mtime if registry else 0.0)
+            self._forget(site)
+            if registry:
+                self._registries[site] = registry
+                self._saves[site] = 1
+            if site in self._pool:
+                new = await self._open_site(site, directory, registry_path.stat().st_mtime if registry else 0.0)
+                old = self._pool.put(site, new)
         if old is not None:
-            await self._retire(old)
+            await self._retire(site, old)
+        elif previous is not None:
+            self._remove_snapshot(site, previous)
 
     async def unload(self, site: str) -> None:
         """Stop serving `site` (its snapshot was withdrawn): it has no knowledge base from now on."""
-        async with self._locks[site]:
-            old = self._open.pop(site, None)
-            self._places.pop(site, None)
-            self._registries.pop(site, None)
+        async with self._lock(site):
+            await self._pool.settled(site)
+            old = self._pool.pop(site)
+            previous = self._places.pop(site, None)
+            self._forget(site)
         if old is not None:
-            await self._retire(old)
+            await self._retire(site, old)
+        elif previous is not None:
+            self._remove_snapshot(site, previous)
 
-    async def _retire(self, old: _Open) -> None:
+    async def _retire(self, site: str, old: Opened) -> None:
         await old.idle.wait()
-        await _finalize(old)
-        if old.directory.parent != self.root:  # a loaded snapshot's directory, not a site's own
-            shutil.rmtree(old.directory, ignore_errors=True)
+        await self._finalize(old)
+        self._remove_snapshot(site, old.directory)
+
+    def _remove_snapshot(self, site: str, directory: Path) -> None:
+        """Remove a loaded snapshot's directory the site is no longer served from (never a
+        site's own under KB_DIR)."""
+        if directory.parent != self.root and directory != self._places.get(site):
+            shutil.rmtree(directory, ignore_errors=True)
+
+    async def _finalize(self, opened: Opened) -> None:
+        """Close a LightRAG: its stores flushed, LightRAG's in-memory tables of its workspace
+        dropped, its Qdrant collections out of memory (local mode: read again when used)."""
+        from services.retriever import lightrag_storage
+
+        rag = opened.rag
+        await rag.finalize_storages()
+        lightrag_storage.forget(opened.directory.name)
+        if (local := local_qdrant.lazy(self._client)) is not None:
+            local.release(v.final_namespace for v in (rag.chunks_vdb, rag.entities_vdb, rag.relationships_vdb))
 
     def _new_rag(self, site: str, directory: Path):
         from lightrag import LightRAG
@@ -343,11 +409,11 @@ class KnowledgeBase:
         from services.retriever import lightrag_storage
 
         directory.mkdir(parents=True, exist_ok=True)
+        embed = embedding_function(self.embedder, self.clock, self._prepared)
         rag = LightRAG(
             working_dir=str(directory.parent),
             workspace=directory.name,
-            embedding_func=EmbeddingFunc(embedding_dim=self.embedder.dim,
-                                         func=embedding_function(self.embedder, self.clock, self._prepared),
+            embedding_func=EmbeddingFunc(embedding_dim=self.embedder.dim, func=embed,
                                          model_name=re.sub(r"[^a-z0-9]+", "_", self.embedder.name.lower())),
             llm_model_func=llm_function(self.extraction_llm) if self.extraction_llm else no_llm,
             chunk_token_size=LLM_CHUNK_WORDS,  # LightRAG's chunking (LLM mode) counts words here
@@ -362,6 +428,7 @@ class KnowledgeBase:
             enable_llm_cache=False,
         )
         share_query_config(rag)  # one copy of its configuration for all its queries (`querying`)
+        unqueued_embedding(rag, embed)  # no worker tasks per instance left behind when it closes
         return rag
 
     # --- reading ----------------------------------------------------------------------
@@ -456,7 +523,7 @@ class KnowledgeBase:
         If it fails, the registry is read again from documents.json, which still names the
         earlier versions, so ingesting the same documents again redoes them; a failure
         before the stores are written (the extraction, the embedding) leaves them untouched."""
-        async with self._locks[site]:
+        async with self._lock(site):
             registry = self.registry(site)
             method = "llm" if self.extraction_llm else extraction.VERSION
             outcomes: dict[str, str] = {}
@@ -487,14 +554,14 @@ class KnowledgeBase:
                     relations.update(record["relations"])
                 await self._write(rag, registry, olds, names, relations, list(records), first)
             except BaseException:
-                self._registries.pop(site, None)
+                self._forget(site)
                 raise
             with self.clock("registry"):
-                self._save_registry(site)
+                self._save_registry(site, registry)
             return outcomes
 
     async def delete(self, site: str, doc_id: str) -> bool:
-        async with self._locks[site]:
+        async with self._lock(site):
             registry = self.registry(site)
             if doc_id not in registry:
                 return False
@@ -503,9 +570,9 @@ class KnowledgeBase:
                 olds = [registry.pop(doc_id)]
                 await self._write(rag, registry, olds, *_still_named(registry, olds))
             except BaseException:
-                self._registries.pop(site, None)
+                self._forget(site)
                 raise
-            self._save_registry(site)
+            self._save_registry(site, registry)
             return True
 
     def _records(self, docs: list[SourceDocument]) -> dict[str, dict]:
@@ -549,7 +616,7 @@ class KnowledgeBase:
                                 "content_hash": doc.content_hash, "extraction": "llm", "ingested_at": time.time(),
                                 "chunk_count": int(status.get("chunks_count") or 0),
                                 "chunks": {}, "entities": {}, "relations": {}, **({"meta": doc.meta} if doc.meta else {})}
-        self._save_registry(site)
+        self._save_registry(site, registry)
 
     async def _write(self, rag, registry: dict, olds: list[dict], names: set[str], relations: set[str],
                      docs: list[str] | None = None, first: dict[tuple[str, str], str] | None = None) -> None:
@@ -710,13 +777,6 @@ async def _flush(rag) -> None:
     """Persist what the stores hold buffered (LightRAG's inserts do it themselves)."""
     await asyncio.gather(*(storage.index_done_callback() for storage in (
         rag.chunks_vdb, rag.text_chunks, rag.entities_vdb, rag.relationships_vdb, rag.chunk_entity_relation_graph)))
-
-
-async def _finalize(opened: _Open) -> None:
-    from services.retriever import lightrag_storage
-
-    await opened.rag.finalize_storages()
-    lightrag_storage.forget(opened.directory.name)
 
 
 def _merged(descriptions) -> str:

@@ -179,6 +179,23 @@ def _norm(x: np.ndarray):
 _QUERYING = contextvars.ContextVar("lightrag_querying", default=False)
 
 
+def unqueued_embedding(rag, func) -> None:
+    """Give the instance and its stores `func` itself as their embedding function. LightRAG
+    puts it behind a priority queue of its own per instance, whose worker tasks, once a
+    query has started them, wake every second for as long as the process lives (LightRAG's
+    `finalize_storages` leaves them running): a task set per site ever opened. The
+    embedder (shared/embeddings.py) already batches and bounds what it runs, so the queue
+    adds nothing but those tasks."""
+    from dataclasses import replace
+
+    queued = rag.embedding_func
+    direct = replace(queued, func=func)
+    rag.embedding_func = direct
+    for value in vars(rag).values():
+        if getattr(value, "embedding_func", None) is queued:
+            value.embedding_func = direct
+
+
 def share_query_config(rag) -> None:
     """Each `aquery_data` starts with `LightRAG._build_global_config()`: `dataclasses.asdict`
     of the whole instance, a deep copy of every field, for every query. A query

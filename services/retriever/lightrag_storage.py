@@ -17,6 +17,8 @@ from lightrag.kg.json_kv_impl import JsonKVStorage
 from lightrag.kg.networkx_impl import NetworkXStorage
 from lightrag.kg.qdrant_impl import ID_FIELD, QdrantVectorDBStorage
 
+from services.retriever import local_qdrant
+
 # The Qdrant client of each open knowledge base, by the key in its LightRAG config (LightRAG
 # deep-copies its config, so the client itself cannot travel in it).
 CLIENTS: dict[str, Any] = {}
@@ -53,9 +55,7 @@ class ConciergeQdrantStorage(QdrantVectorDBStorage):
                                                limit=top_k, with_payload=True,
                                                score_threshold=self.cosine_better_than_threshold).points
             return [{**p.payload, "distance": p.score, "created_at": p.payload.get("created_at")} for p in points]
-        if self._index is None:
-            self._index = LocalIndex.read(self._client, self.final_namespace)
-        return self._index.search(np.asarray(query_embedding, dtype=np.float32), top_k,
+        return self._local_index().search(np.asarray(query_embedding, dtype=np.float32), top_k,
                                   self.cosine_better_than_threshold)
 
     def _buffered(self) -> bool:
@@ -93,9 +93,16 @@ class ConciergeQdrantStorage(QdrantVectorDBStorage):
         # Nothing buffered (the query path): the vectors from the search index's read of the
         # collection. qdrant-client's local mode answers `retrieve` through a pydantic model
         # per point, and LightRAG reads a few dozen chunks' vectors per mix query.
+        return self._local_index().vectors_by_id(ids)
+
+    def _local_index(self) -> "LocalIndex":
+        """The collection's search index, read at the first query after a write; the
+        collection itself then leaves memory (local_qdrant.py: read again for the next write)."""
         if self._index is None:
             self._index = LocalIndex.read(self._client, self.final_namespace)
-        return self._index.vectors_by_id(ids)
+            if (local := local_qdrant.lazy(self._client)) is not None:
+                local.release([self.final_namespace])
+        return self._index
 
     async def initialize(self):
         if self._client is None:

@@ -64,20 +64,32 @@ class KnowledgeBaseSettings(Settings):
     qdrant_api_key: str = ""
     extraction: str = "offline"  # `llm`: ingestion through LightRAG's pipeline and the `extraction` role
     cosine_threshold: float = 0.2  # vector matches below this similarity are dropped
+    # What the retriever process may take in memory; the sites it holds open get what it
+    # does not take when it starts, least recently used closed first (pool.py).
+    memory_budget_mb: int = 1024
+    open_sites: int = 0  # also at most this many sites open; 0: the memory budget alone
     llm: dict[str, LLMRoleConfig] = {}  # the `extraction` role, read when extraction is `llm`
 
     @classmethod
     def from_env(cls) -> "KnowledgeBaseSettings":
         d = cls()
         extraction = env_choice("RETRIEVAL_EXTRACTION", d.extraction, ("offline", "llm"))
-        return cls(
+        settings = cls(
             kb_dir=env_str("KB_DIR", d.kb_dir),
             qdrant_url=env_str("QDRANT_URL", d.qdrant_url),
             qdrant_api_key=env_str("QDRANT_API_KEY", d.qdrant_api_key),
             extraction=extraction,
             cosine_threshold=env_float("RETRIEVAL_COSINE_THRESHOLD", d.cosine_threshold),
+            memory_budget_mb=env_int("KB_MEMORY_BUDGET_MB", d.memory_budget_mb),
+            open_sites=env_int("KB_OPEN_SITES", d.open_sites),
             llm={"extraction": LLMRoleConfig.from_env("extraction")} if extraction == "llm" else {},
         )
+        if settings.memory_budget_mb < 256:
+            settings = invalid(f"KB_MEMORY_BUDGET_MB={settings.memory_budget_mb}: at least 256 (the retriever's "
+                               "models and libraries take about 400 MiB before any site is open)", d)
+        if settings.open_sites < 0:
+            settings = invalid(f"KB_OPEN_SITES={settings.open_sites}: 0 (the memory budget alone) or more", d)
+        return settings
 
 
 class SnapshotSettings(Settings):

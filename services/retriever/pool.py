@@ -1,0 +1,197 @@
+"""The sites a retriever keeps open: a bounded pool of LightRAG instances (knowledge.py).
+
+A site's knowledge base is opened on its first query (its graph, key-value tables and,
+in Qdrant's local mode, its vectors read into memory) and kept for the next ones; a
+retriever serving thousands of sites cannot keep them all. The pool holds open sites
+within a memory budget (KB_MEMORY_BUDGET_MB, what the retriever process may take, less
+what it took before any site was open) and, when set, a count (KB_OPEN_SITES); past
+either, the least recently used sites that are idle are closed. A site in use (a query
+reading it, an ingest or a snapshot swap holding its lock) is never closed; one being
+opened or closed is waited for, so several requests racing for a site open it once.
+
+What an open site takes is estimated from its files when it is opened (`estimate`): the
+constants below were measured with tracemalloc (tests/test_kb_pool.py measures it again for
+two sizes of site and checks the estimate against it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+from shared import metrics
+
+log = logging.getLogger(__name__)
+
+# An open site's cost (bytes), fitted to tracemalloc's count of what opening a site and its
+# first query left allocated, for sites of 4, 40, 400 and 1,000 chunks in Qdrant's local mode
+# (within 5 % of each): its LightRAG instance and storages' fixed part; so much per byte of
+# its files (JSON tables, the GraphML graph, documents.json, read into Python objects); and
+# per dimension of each vector it indexes in this process (two float32 rows and its
+# payload's objects).
+SITE_FIXED_BYTES = 150 * 1024
+BYTES_PER_FILE_BYTE = 3.0
+BYTES_PER_VECTOR_DIM = 9.6
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (Linux; 0 where /proc is not there)."""
+    try:
+        pages = int(open("/proc/self/statm").read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def estimate(directory: Path, vectors: int, dim: int) -> int:
+    """What opening the site in `directory` takes in memory, by the measured constants:
+    `vectors` is how many of its vectors this process indexes (0 with a Qdrant server)."""
+    files = 0
+    with contextlib.suppress(OSError):
+        files = sum(p.stat().st_size for p in directory.iterdir() if p.is_file())
+    return int(SITE_FIXED_BYTES + BYTES_PER_FILE_BYTE * files + BYTES_PER_VECTOR_DIM * vectors * dim)
+
+
+@dataclass
+class Opened:
+    """A site's open LightRAG, the directory it reads, what it is estimated to take, and
+    the queries using it."""
+    rag: Any
+    directory: Path
+    mtime: float
+    cost: int = 0
+    users: int = 0
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self):
+        self.idle.set()
+
+    @contextlib.contextmanager
+    def use(self):
+        self.users += 1
+        self.idle.clear()
+        try:
+            yield self.rag
+        finally:
+            self.users -= 1
+            if self.users == 0:
+                self.idle.set()
+
+
+class Pool:
+    """Open sites, least recently used first. `close(site, opened)` closes one the pool
+    lets go; `busy(site)` says whether its writers hold it (kept open whatever its age)."""
+
+    def __init__(self, close: Callable[[str, Opened], Awaitable[None]], busy: Callable[[str], bool],
+                 limit_bytes: int, max_sites: int = 0):
+        self._close = close
+        self._busy = busy
+        self.limit_bytes = limit_bytes
+        self.max_sites = max_sites
+        self._open: OrderedDict[str, Opened] = OrderedDict()
+        self._moving: dict[str, asyncio.Future] = {}  # sites being opened or closed
+        self.opens = 0
+        self.evictions = 0
+
+    def __contains__(self, site: str) -> bool:
+        return site in self._open
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def sites(self) -> list[str]:
+        return list(self._open)
+
+    def peek(self, site: str) -> Opened | None:
+        return self._open.get(site)
+
+    @property
+    def used_bytes(self) -> int:
+        return sum(o.cost for o in self._open.values())
+
+    async def get(self, site: str, opener: Callable[[], Awaitable[Opened]]) -> Opened:
+        """The site open, opened by `opener` when it is not (once, however many ask at the
+        same time); sites past the budget closed after."""
+        while True:
+            opened = self._open.get(site)
+            if opened is not None:
+                self._open.move_to_end(site)
+                return opened
+            moving = self._moving.get(site)
+            if moving is None:
+                break
+            with contextlib.suppress(Exception):  # an open that failed: this request tries on its own
+                await asyncio.shield(moving)
+        done: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._moving[site] = done
+        try:
+            opened = await opener()
+            self.opens += 1
+            metrics.kb_opens.inc()
+            self._open[site] = opened
+        except Exception as exc:
+            done.set_exception(exc)
+            done.exception()  # retrieved: waiters try again
+            raise
+        finally:
+            if self._moving.get(site) is done:
+                del self._moving[site]
+            if not done.done():
+                done.set_result(None)
+        await self.trim(keep=site)
+        return opened
+
+    async def settled(self, site: str) -> None:
+        """Wait until the site is neither being opened nor closed."""
+        while (moving := self._moving.get(site)) is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(moving)
+
+    def put(self, site: str, opened: Opened) -> Opened | None:
+        """Serve `site` with `opened` from now on (a snapshot swapped in): the one it
+        replaces, for the caller to close, or None."""
+        old = self._open.pop(site, None)
+        self._open[site] = opened
+        return old
+
+    def pop(self, site: str) -> Opened | None:
+        return self._open.pop(site, None)
+
+    def _over(self) -> bool:
+        return (self.used_bytes > self.limit_bytes and len(self._open) > 1) or (
+            0 < self.max_sites < len(self._open))
+
+    async def trim(self, keep: str = "") -> None:
+        """Close the least recently used idle sites until the pool is within its budget
+        (`keep`, just asked for, stays)."""
+        while self._over():
+            victim = next((s for s, o in self._open.items()
+                           if s != keep and o.users == 0 and s not in self._moving and not self._busy(s)), None)
+            if victim is None:
+                log.warning("knowledge bases over their memory budget: every open site is in use",
+                            extra={"open_sites": len(self._open), "used_mb": self.used_bytes >> 20,
+                                   "budget_mb": self.limit_bytes >> 20})
+                break
+            opened = self._open.pop(victim)
+            done: asyncio.Future = asyncio.get_running_loop().create_future()
+            self._moving[victim] = done
+            try:
+                await self._close(victim, opened)
+            finally:
+                del self._moving[victim]
+                done.set_result(None)
+            self.evictions += 1
+            metrics.kb_evictions.inc()
+        metrics.kb_open_sites.set(len(self._open))
+        metrics.kb_open_bytes.set(self.used_bytes)
+
+    async def close_all(self) -> None:
+        while self._open:
+            site, opened = self._open.popitem(last=False)
+            await self._close(site, opened)

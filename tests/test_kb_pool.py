@@ -1,0 +1,146 @@
+"""The bounded pool of open knowledge bases (services/retriever/pool.py, knowledge.py): past
+its budget the least recently used idle sites are closed and answer again when asked; a
+site in use is never closed; racing requests open a site once; a read never makes a site;
+Qdrant's local collections are read when used, not when the knowledge base opens; and an
+open site's estimated cost is what tracemalloc measures it takes."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from cli.measure.loadtest.retriever import make_corpus
+from services.retriever import documents, local_qdrant, pool
+from services.retriever.knowledge import KnowledgeBase
+from shared.embeddings import shared_embedder
+
+SITES = {f"site{n}": f"# Plans\n\n## Price\nThe Orbit plan of site {n} costs ${10 + n} per seat (word{n}).\n"
+         for n in range(4)}
+
+
+async def ask(kb: KnowledgeBase, site: str) -> str:
+    found = await kb.query(site, "How much does the Orbit plan cost?", mode="mix", high_level=["price"],
+                           low_level=["Orbit"], graph_top_k=10, chunk_top_k=5)
+    return " ".join(c["content"] for c in found["chunk"])
+
+
+@pytest.fixture
+async def kb(tmp_path: Path):
+    base = KnowledgeBase(tmp_path / "kb", shared_embedder(), open_sites=2).open()
+    for site, text in SITES.items():
+        (tmp_path / f"{site}.md").write_text(text)
+        await base.ingest(site, documents.read(site, tmp_path / f"{site}.md", "plans.md"))
+    await base.pool.close_all()
+    try:
+        yield base
+    finally:
+        await base.close()
+
+
+async def test_past_its_budget_the_least_recently_used_site_is_closed_and_answers_again(kb):
+    evictions = kb.pool.evictions
+    for n in range(3):
+        assert f"word{n}" in await ask(kb, f"site{n}")
+    assert kb.pool.sites() == ["site1", "site2"] and kb.pool.evictions == evictions + 1
+    local = local_qdrant.lazy(kb._client)
+    assert not [name for name in local.collections.in_memory() if name.endswith("_site0")]
+    assert "site0" not in kb._registries  # its registry left memory with it
+    opens = kb.pool.opens
+    assert "word0" in await ask(kb, "site0")  # closed, not lost
+    assert kb.pool.opens == opens + 1 and kb.pool.sites() == ["site2", "site0"]
+
+
+async def test_a_site_in_use_is_never_closed(kb):
+    await ask(kb, "site0")
+    with kb.pool.peek("site0").use():  # a query reading it
+        await ask(kb, "site1")
+        await ask(kb, "site2")
+        await ask(kb, "site3")
+        assert "site0" in kb.pool.sites()
+    async with kb._lock("site1"):  # an ingest writing it
+        await ask(kb, "site1")
+        await ask(kb, "site0")
+        await ask(kb, "site2")
+        assert "site1" in kb.pool.sites()
+    assert len(kb.pool) <= 3
+
+
+async def test_requests_racing_for_a_closed_site_open_it_once(kb):
+    opens = kb.pool.opens
+    answers = await asyncio.gather(*(ask(kb, "site3") for _ in range(8)))
+    assert all("word3" in a for a in answers)
+    assert kb.pool.opens == opens + 1 and kb.pool.sites() == ["site3"]
+
+
+async def test_a_read_never_makes_a_site(kb, tmp_path: Path):
+    for _ in range(3):
+        assert await ask(kb, "nosuch") == ""
+        assert kb.registry("nosuch") == {} and kb.vocabulary("nosuch") == frozenset()
+    assert "nosuch" not in kb.pool and "nosuch" not in kb._registries and "nosuch" not in kb._saves
+    assert not (tmp_path / "kb" / "nosuch").exists()
+
+
+async def test_local_collections_are_read_when_used_not_when_the_knowledge_base_opens(kb, tmp_path: Path):
+    await kb.close()
+    reopened = KnowledgeBase(tmp_path / "kb", shared_embedder()).open()
+    try:
+        local = local_qdrant.lazy(reopened._client)
+        assert len(local.collections) == 3 * len(SITES) and local.collections.in_memory() == []
+        assert "word1" in await ask(reopened, "site1")
+        # read to open the site, then left once its search index was made
+        assert local.collections.in_memory() == []
+        await reopened.ingest("site1", documents.read("site1", _write(tmp_path / "new.md"), "new.md"))
+        assert "word9" in await ask(reopened, "site1")
+        assert not [n for n in local.collections.in_memory() if not n.endswith("_site1")]
+    finally:
+        await reopened.close()
+
+
+def _write(path: Path) -> Path:
+    path.write_text("# Discounts\n\n## Nonprofits\nNonprofits get 40 percent off the Orbit plan (word9).\n")
+    return path
+
+
+async def test_an_open_sites_estimated_cost_is_what_it_takes(tmp_path: Path):
+    """tracemalloc counts what opening a site and its first query leave allocated; the
+    estimate (pool.estimate, from the site's files and vectors) is within 20 % of it, and
+    closing the site gives it back."""
+    for name, docs, sections in (("small", 1, 4), ("large", 5, 20)):
+        make_corpus(tmp_path / "corpus" / name, 1, docs, sections)
+    kb = KnowledgeBase(tmp_path / "kb", shared_embedder()).open()
+    try:
+        for name in ("small", "large"):
+            folder = tmp_path / "corpus" / name / "load00"
+            await kb.ingest_many(name, [documents.read(name, p, p.name) for p in documents.collect([folder])])
+        await ask(kb, "small")  # LightRAG's first query in the process makes what every later one shares
+        await kb.pool.close_all()
+        for name in ("small", "large"):
+            gc.collect()
+            tracemalloc.start()
+            try:
+                await ask(kb, name)
+                kb.vocabulary(name)
+                gc.collect()
+                taken = tracemalloc.get_traced_memory()[0]
+                estimated = kb.pool.peek(name).cost
+                await kb.pool.close_all()
+                gc.collect()
+                left = tracemalloc.get_traced_memory()[0]
+            finally:
+                tracemalloc.stop()
+            assert 0.8 < taken / estimated < 1.2, (name, taken, estimated)
+            assert left < 0.15 * taken, (name, left, taken)
+    finally:
+        await kb.close()
+
+
+def test_the_estimate_grows_with_the_files_and_the_vectors(tmp_path: Path):
+    (tmp_path / "kv.json").write_bytes(b"x" * 100_000)
+    base = pool.estimate(tmp_path, 0, 384)
+    assert base == pool.SITE_FIXED_BYTES + 300_000
+    assert pool.estimate(tmp_path, 1000, 384) == base + int(pool.BYTES_PER_VECTOR_DIM * 384_000)
+    assert pool.estimate(tmp_path / "missing", 0, 384) == pool.SITE_FIXED_BYTES
