@@ -11,6 +11,8 @@ measured again without the others).
 
 `concierge loadtest ingest` is no service and no rate sweep: how many chunks a second the
 offline ingest stores (cli/measure/loadtest/ingest.py); `all` leaves it out.
+`concierge loadtest tenants --sites N` is the whole system with N sites: memory, cold and
+hot first answers (cli/measure/loadtest/tenants.py); `all` leaves it out too.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ SERVICES = {
     "responder": "cli.measure.loadtest.responder",
 }
 INGEST = "cli.measure.loadtest.ingest"
-USAGE = (f"usage: concierge loadtest {{{','.join(SERVICES)},all,ingest}} [ARGS]  "
+TENANTS = "cli.measure.loadtest.tenants"
+USAGE = (f"usage: concierge loadtest {{{','.join(SERVICES)},all,ingest,tenants}} [ARGS]  "
          "(concierge loadtest SERVICE --help, concierge loadtest all --help)")
 
 
@@ -104,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_all(argv[1:])
     if argv[:1] == ["ingest"]:
         return importlib.import_module(INGEST).main(argv[1:])
+    if argv[:1] == ["tenants"]:
+        return importlib.import_module(TENANTS).main(argv[1:])
     if not argv or argv[0] not in SERVICES:
         print(USAGE, file=sys.stdout if argv[:1] in (["-h"], ["--help"]) else sys.stderr)
         return 0 if argv[:1] in (["-h"], ["--help"]) else 2

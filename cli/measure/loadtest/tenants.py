@@ -1,0 +1,233 @@
+"""`concierge loadtest tenants --sites N`: many sites on one deployment.
+
+Starts the whole system (or uses `--base-url` with ADMIN_TOKEN), creates `--sites` sites
+through the operator API (`PUT /v1/admin/sites/{site}`), each with one text source of
+generated knowledge (`POST …/sources`: sections of a fictional product's modules, each
+with its own price; sizes mixed, median `--median-chunks` chunks, a few ten times larger)
+and waits for every first sync. Then the retriever is restarted, so that no site is open,
+and questions are asked as a visitor asks them (`POST /v1/sites/{site}/turns`, the answer
+streamed), each about one module of one site, whose price the answer must hold:
+
+1. cold: every site asked once, in a random order: each first answer opens its site;
+2. mix: `--questions` questions over the sites by a Zipf law (a few sites asked most, as
+   traffic is), with `--concurrency` visitors at a time.
+
+The last line is one JSON object: sites, chunks, the retriever's resident memory (after
+the syncs, after the cold pass, after the mix; its budget), cold and mix first-answer
+latency (time to the first token, p50/p99, ms), right (answers holding their price) per
+pass, and the pool's opens and evictions (the retriever's /metrics). Exit 1 when an
+answer is wrong or missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from cli.measure import machine
+from cli.measure.loadtest.retriever import FEATURES, PRODUCTS, REGIONS, TOOLS
+
+SYNC_TIMEOUT_S = 3600
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="concierge loadtest tenants", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sites", type=int, default=100)
+    parser.add_argument("--median-chunks", type=int, default=20, help="the median site's size, in chunks")
+    parser.add_argument("--questions", type=int, default=1000, help="questions of the mixed pass")
+    parser.add_argument("--zipf", type=float, default=1.1, help="the mixed pass's Zipf exponent over the sites")
+    parser.add_argument("--concurrency", type=int, default=4, help="visitors asking at once")
+    parser.add_argument("--budget-mb", type=int, default=1024, help="the retriever's KB_MEMORY_BUDGET_MB")
+    parser.add_argument("--seed", type=int, default=5)
+    return parser
+
+
+# --- the sites ------------------------------------------------------------------------------
+
+def sizes(count: int, median: int, rng: random.Random) -> list[int]:
+    """Chunks per site: log-normal around `median` (a few ten times larger), 2 to 40 × median."""
+    return [max(2, min(40 * median, round(rng.lognormvariate(0, 1.0) * median))) for _ in range(count)]
+
+
+SYLLABLES = ["ka", "lo", "mi", "ra", "te", "vu", "so", "ne", "di", "po", "ze", "an", "or", "il", "us", "em"]
+
+
+def module_name(i: int, rng: random.Random) -> str:
+    """A module's name: a made-up word (its own in the site) and a feature, as products
+    name theirs ("Karolo scheduling")."""
+    word = "".join(rng.choice(SYLLABLES) for _ in range(3)).capitalize()
+    return f"{word} {FEATURES[i % len(FEATURES)]}"
+
+
+def knowledge(site: int, chunks: int, rng: random.Random) -> tuple[str, list[tuple[str, str]]]:
+    """A site's text (one section a chunk) and its questions with the price each answer must hold."""
+    product = f"{rng.choice(PRODUCTS)}{site}"
+    lines, asked = [], []
+    names: set[str] = set()
+    for i in range(chunks):
+        module = module_name(i, rng)
+        while module in names:
+            module = module_name(i, rng)
+        names.add(module)
+        price = rng.randint(5, 900)
+        lines += [f"## The {module} module", f"The {module} module of {product} costs ${price} per user per month. "
+                  f"It syncs with {rng.choice(TOOLS)} every {rng.randint(1, 60)} minutes and keeps its data in "
+                  f"{rng.choice(REGIONS)}.", ""]
+        asked.append((f"How much does the {module} module cost?", f"${price}"))
+    return "\n".join(lines), asked
+
+
+# --- asking -----------------------------------------------------------------------------------
+
+async def ask(client: httpx.AsyncClient, base_url: str, site: str, question: str) -> tuple[str, float | None]:
+    """The answer's text and its time to the first token (s), as a visitor's widget gets them."""
+    from cli.harness.sse import Conversation
+    from cli.measure.evals import answer_eval
+
+    result = await answer_eval._say(Conversation(client, base_url, site), question)
+    final = result.final or {}
+    if result.status != 200 or final.get("type") != "complete":
+        return f"<{result.status} {final.get('type')}: {final.get('message', '')}>", None
+    return result.text, result.first_token_s
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 1)
+
+
+def _metric(text: str, name: str) -> float:
+    found = re.search(rf"^{name}(?:_total)? ([0-9.e+]+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
+async def _pass(client, base_url, plan: list[tuple[str, str, str]], concurrency: int) -> dict:
+    gate = asyncio.Semaphore(concurrency)
+    ttfts: list[float] = []
+    wrong: list[str] = []
+
+    async def one(site: str, question: str, fact: str) -> None:
+        async with gate:
+            text, ttft = await ask(client, base_url, site, question)
+        if ttft is not None:
+            ttfts.append(ttft)
+        if fact not in text:
+            wrong.append(f"{site}: {question} → {text[:160]!r} (expected {fact})")
+
+    started = time.monotonic()
+    await asyncio.gather(*(one(*p) for p in plan))
+    return {"asked": len(plan), "right": len(plan) - len(wrong), "ttft_p50_ms": _pct(ttfts, 0.5),
+            "ttft_p99_ms": _pct(ttfts, 0.99), "seconds": round(time.monotonic() - started, 1), "wrong": wrong[:5]}
+
+
+async def _create(client, base_url: str, token: str, sites: dict[str, str], concurrency: int) -> None:
+    headers = {"Authorization": f"Bearer {token}"}
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(site: str, text: str) -> str:
+        async with gate:
+            api = f"{base_url}/v1/admin/sites/{site}"
+            made = await client.put(api, headers=headers, json={"name": f"Tenant {site}", "languages": ["en"],
+                                                                  "allowed_origins": [f"https://{site}.example"]})
+            if made.status_code not in (200, 201):
+                raise RuntimeError(f"PUT {api}: {made.status_code} {made.text[:200]}")
+            added = await client.post(f"{api}/sources", headers=headers, json={"title": "Modules", "text": text})
+            if added.status_code != 202:
+                raise RuntimeError(f"POST {api}/sources: {added.status_code} {added.text[:200]}")
+            return added.json()["source"]
+
+    ids = dict(zip(sites, await asyncio.gather(*(one(s, t) for s, t in sites.items()))))
+    deadline = time.monotonic() + SYNC_TIMEOUT_S
+    pending = dict(ids)
+    while pending and time.monotonic() < deadline:
+        await asyncio.sleep(2.0)
+        for site, source in list(pending.items()):
+            shown = await client.get(f"{base_url}/v1/admin/sites/{site}/sources/{source}", headers=headers)
+            state = shown.json()["source"]["state"] if shown.status_code == 200 else "unknown"
+            if state == "failed":
+                raise RuntimeError(f"{site}: its sync failed: {shown.text[:300]}")
+            if state == "completed":
+                del pending[site]
+        print(f"  synced {len(ids) - len(pending)} / {len(ids)} sites", flush=True)
+    if pending:
+        raise TimeoutError(f"{len(pending)} sites not synced within {SYNC_TIMEOUT_S} s")
+
+
+def run(args: argparse.Namespace) -> dict:
+    from cli.harness.supervisor import free_port, make_system
+
+    rng = random.Random(args.seed)
+    names = [f"t{n:05d}" for n in range(args.sites)]
+    chunk_counts = sizes(args.sites, args.median_chunks, rng)
+    texts, questions = {}, {}
+    for n, (site, chunks) in enumerate(zip(names, chunk_counts)):
+        texts[site], questions[site] = knowledge(n, chunks, rng)
+    cold_plan = [(s, *rng.choice(questions[s])) for s in rng.sample(names, len(names))]
+    weights = [1 / (rank + 1) ** args.zipf for rank in range(len(names))]
+    popular = rng.sample(names, len(names))  # which site is the most asked: a random one
+    mix_plan = [(s, *rng.choice(questions[s])) for s in rng.choices(popular, weights, k=args.questions)]
+    result: dict = {"sites": args.sites, "chunks": sum(chunk_counts),
+                    "median_chunks": sorted(chunk_counts)[len(chunk_counts) // 2], "largest_chunks": max(chunk_counts),
+                    "budget_mb": args.budget_mb, "machine_gauge_ms": machine.gauge_ms()}
+    with tempfile.TemporaryDirectory(prefix="concierge-load-tenants-") as data:
+        system = make_system(Path(data), free_port(), free_port(), {
+            "RATE_LIMIT_PER_IP_PER_MIN": "0", "KB_MEMORY_BUDGET_MB": str(args.budget_mb)})
+        try:
+            system.start_all()
+            token = system.env["ADMIN_TOKEN"]
+
+            async def main() -> None:
+                async with httpx.AsyncClient(timeout=120) as client:
+                    started = time.monotonic()
+                    await _create(client, system.gateway_url, token, texts, args.concurrency)
+                    result["sync_s"] = round(time.monotonic() - started, 1)
+                    result["retriever_rss_mb_synced"] = _rss_mb(system.procs["retriever"].pid)
+                    system.stop_service("retriever")
+                    system.start_service("retriever")
+                    system.wait_ready("retriever", 180)
+                    result["retriever_rss_mb_started"] = _rss_mb(system.procs["retriever"].pid)
+                    print(f"  retriever restarted: {result['retriever_rss_mb_started']} MiB; asking each site once",
+                          flush=True)
+                    result["cold"] = await _pass(client, system.gateway_url, cold_plan, args.concurrency)
+                    result["retriever_rss_mb_cold"] = _rss_mb(system.procs["retriever"].pid)
+                    print(f"  cold pass: {json.dumps(result['cold'])}", flush=True)
+                    result["mix"] = await _pass(client, system.gateway_url, mix_plan, args.concurrency)
+                    result["retriever_rss_mb_mix"] = _rss_mb(system.procs["retriever"].pid)
+                    metrics = (await client.get(f"http://127.0.0.1:{system.ops_ports['retriever']}/metrics")).text
+                    result["pool"] = {name: _metric(metrics, f"concierge_kb_{name}")
+                                      for name in ("opens", "evictions", "open_sites", "open_bytes")}
+
+            asyncio.run(main())
+        finally:
+            system.stop()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    result = run(parser().parse_args(argv))
+    print(json.dumps(result), flush=True)
+    ok = all(result[p]["right"] == result[p]["asked"] for p in ("cold", "mix"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
