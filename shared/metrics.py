@@ -108,6 +108,30 @@ brief_seconds = Histogram("concierge_brief_seconds", "Time to write one brief, g
 reports = Counter("concierge_account_reports", "Account reports by outcome and backend (llm | data)",
                   ["outcome", "backend"])
 
+class SiteLabels:
+    """The `site` label of per-site series: a site's id for the first SITE_LABELS sites a
+    process counts, `_other` for every later one, so that a process's series stay bounded
+    whatever the number of sites (each site's own figures are its insight: shared/insight.py,
+    the console's Insight view)."""
+
+    OTHER = "_other"
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._named: set[str] = set()
+
+    def __call__(self, site: str) -> str:
+        if site in self._named:
+            return site
+        if len(self._named) < self.limit:
+            self._named.add(site)
+            return site
+        return self.OTHER
+
+
+SITE_LABELS = 200
+site_label = SiteLabels(SITE_LABELS)
+
 # Insight (services/enricher/insight_projector.py), per site, counted as the projector first
 # sees a turn end or a vote change (a rebuild counts nothing): a site's rates in PromQL, e.g.
 # answered / turns, or converted / conversations ended.

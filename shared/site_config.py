@@ -19,11 +19,14 @@ import logging
 import re
 import time
 import tomllib
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import msgspec
+import nats.errors
+from nats.js import api as js_api
 from nats.js.errors import KeyNotFoundError, NotFoundError
 
 from shared import business_hours, subjects
@@ -583,7 +586,8 @@ async def stored_versions(bus: Bus, site: str) -> dict[str, SiteConfig]:
         seq = msg.seq + 1
 
 
-MAX_CACHED_SITES = 4096
+MAX_CACHED_SITES = 4096  # configs kept, least recently used dropped first
+MAX_CACHED_ABSENT = 1024  # names found not to be sites, kept apart: made-up names push out no config
 
 
 # How much older than its TTL a cached config may be and still be used once more while it is
@@ -602,7 +606,8 @@ class SiteConfigs:
     def __init__(self, bus: Bus, ttl_s: float = 2.0):
         self.bus = bus
         self.ttl_s = ttl_s
-        self._cache: dict[str, tuple[float, SiteConfig | None]] = {}
+        self._cache: OrderedDict[str, tuple[float, SiteConfig]] = OrderedDict()
+        self._absent: OrderedDict[str, float] = OrderedDict()  # name → when it was found not to be a site
         self._sites: tuple[float, list[str]] | None = None
         self._kv = None
         self._refreshing: dict[str, asyncio.Task] = {}
@@ -613,6 +618,7 @@ class SiteConfigs:
         process wrote is read at its next use, not a TTL later (a key just made, a pull URL
         just set); other processes' copies expire as usual."""
         self._cache.pop(site, None)
+        self._absent.pop(site, None)
         self._sites = None
 
     async def get(self, site: str) -> SiteConfig:
@@ -621,7 +627,7 @@ class SiteConfigs:
 
     async def find(self, site: str) -> SiteConfig | None:
         """The site's config, or None when the site is not configured."""
-        hit = self._cache.get(site)
+        hit = self._hit(site)
         now = time.monotonic()
         if hit is not None and now - hit[0] < self.ttl_s:
             return hit[1]
@@ -633,8 +639,16 @@ class SiteConfigs:
             return hit[1]
         return await self._read(site, hit, now)
 
-    async def _refresh(self, site: str) -> None:
+    def _hit(self, site: str) -> tuple[float, SiteConfig | None] | None:
         hit = self._cache.get(site)
+        if hit is not None:
+            self._cache.move_to_end(site)
+            return hit
+        at = self._absent.get(site)
+        return None if at is None else (at, None)
+
+    async def _refresh(self, site: str) -> None:
+        hit = self._hit(site)
         try:
             await self._read(site, hit, time.monotonic())
         except Exception:  # noqa: BLE001 - the bucket unreachable: the copy stays, read again next use
@@ -649,10 +663,19 @@ class SiteConfigs:
             raise
         if config is None and not self._loaded:
             return None  # not there yet, or not a site: asked again until the registry says which
-        self._cache[site] = (now, config)
-        if len(self._cache) > MAX_CACHED_SITES:  # made-up names must not grow it for ever
-            for stale in [k for k, (at, _) in self._cache.items() if now - at >= self.ttl_s] or list(self._cache)[:1]:
-                del self._cache[stale]
+        # Both bounded whatever the number of sites and of names asked for.
+        if config is None:
+            self._cache.pop(site, None)
+            self._absent[site] = now
+            self._absent.move_to_end(site)
+            while len(self._absent) > MAX_CACHED_ABSENT:
+                self._absent.popitem(last=False)
+        else:
+            self._absent.pop(site, None)
+            self._cache[site] = (now, config)
+            self._cache.move_to_end(site)
+            while len(self._cache) > MAX_CACHED_SITES:
+                self._cache.popitem(last=False)
         return config
 
     async def configured(self) -> list[str]:
@@ -670,6 +693,31 @@ class SiteConfigs:
         # A site id has no '.': the registry's record and the sync's file records have one.
         self._sites = (now, sorted(name for name in names if "." not in name))
         return self._sites[1]
+
+    async def every(self) -> dict[str, SiteConfig]:
+        """Every configured site's config, in one pass over the bucket's stream (an ordered
+        consumer delivering each key's last value), for what needs all of them at once (the
+        CORS origins' union): thousands of sites are one read, and the per-site cache, which
+        keeps the sites used last, is left as it is."""
+        if not await self.configured():
+            return {}
+        await self._bucket()
+        prefix = f"$KV.{subjects.SITE_CONFIG_BUCKET}."
+        sub = await self.bus.js.subscribe(prefix + "*", ordered_consumer=True,
+                                          deliver_policy=js_api.DeliverPolicy.LAST_PER_SUBJECT)
+        found: dict[str, SiteConfig] = {}
+        try:
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=5)
+                except nats.errors.TimeoutError:  # no key left to deliver (every one purged meanwhile)
+                    return found
+                if msg.data:  # not a deletion's marker
+                    found[msg.subject[len(prefix):]] = _decoder.decode(msg.data)
+                if msg.metadata.num_pending == 0:
+                    return found
+        finally:
+            await sub.unsubscribe()
 
     async def loaded(self) -> bool:
         """Whether the registry is loaded: its record written and every site it lists readable

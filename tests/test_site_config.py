@@ -231,3 +231,27 @@ async def test_a_config_past_its_ttl_is_used_once_more_while_it_is_read_again(bu
     await configure_site(nats_url, site, name="Third")
     await _sleep(0.25)  # past the TTL and the stale allowance: read before answering
     assert (await configs.get(site)).name == "Third"
+
+
+async def test_the_config_cache_is_bounded_and_made_up_names_push_out_no_config(bus, nats_url, monkeypatch):
+    """A process keeps the configs of the sites used last (MAX_CACHED_SITES) and, apart, the
+    names found not to be sites (MAX_CACHED_ABSENT): thousands of sites, or a flood of
+    made-up names, leave it the same size, and the names do not evict a site's config."""
+    from shared import site_config
+    from tests.servers import configure_site
+
+    monkeypatch.setattr(site_config, "MAX_CACHED_SITES", 3)
+    monkeypatch.setattr(site_config, "MAX_CACHED_ABSENT", 2)
+    stamp = int(time.time() * 1000) % 10**8
+    sites = [f"cap{stamp}x{n}" for n in range(4)]
+    for n, site in enumerate(sites):
+        await configure_site(nats_url, site, name=f"Site {n}")
+    configs = SiteConfigs(bus, ttl_s=60)
+    configs._loaded = True  # as once the registry is read (`loaded`): a name it lacks is not a site
+    for n, site in enumerate(sites):
+        assert (await configs.get(site)).name == f"Site {n}"
+    assert list(configs._cache) == sites[1:]  # the least recently used went first
+    await configs.get(sites[1])  # used again: now the most recent
+    for n in range(50):
+        assert await configs.find(f"madeup{stamp}x{n}") is None
+    assert list(configs._cache) == [sites[2], sites[3], sites[1]] and len(configs._absent) == 2

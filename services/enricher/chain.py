@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -31,6 +32,8 @@ log = logging.getLogger(__name__)
 # A site that names no order: the providers that need nothing of the visitor's person. The
 # person API receives a hash of the visitor's e-mail, personal data a site's privacy notice
 # must cover: only a site that lists it asks it.
+# Guarded adapters a provider keeps (one per key and account: the deployment's, each site's own).
+GUARDED = 512
 DEFAULT_ORDER = tuple(name for name in ENRICHMENT_SOURCES if name != "person_api")
 
 
@@ -57,7 +60,9 @@ class Provider:
     # A vendor's API takes no request without a key; a `concierge`-format service (a stand-in,
     # the site's own) may be open inside the deployment, so it is called without one.
     keyed: bool = True
-    _guarded: dict[tuple[str, str], Guarded] = field(default_factory=dict)
+    # (key, account) → its guarded adapter (with its circuit breaker), the GUARDED used last:
+    # sites with keys of their own must not grow it without end.
+    _guarded: OrderedDict[tuple[str, str], Guarded] = field(default_factory=OrderedDict)
 
     def for_site(self, site: str, config: Enrichment, site_keys: dict[str, str]) -> Guarded | Skipped:
         """The guarded adapter with the site's key, or why it is not called.
@@ -80,9 +85,13 @@ class Provider:
             return Skipped(self.name, "skipped: no key")
         if self.needs_account and not account:
             return Skipped(self.name, "skipped: no account")
-        if (key, account) not in self._guarded:
-            self._guarded[key, account] = self.guard(self.make(key, account))
-        return self._guarded[key, account]
+        guarded = self._guarded.get((key, account))
+        if guarded is None:
+            guarded = self._guarded[key, account] = self.guard(self.make(key, account))
+            while len(self._guarded) > GUARDED:
+                self._guarded.popitem(last=False)
+        self._guarded.move_to_end((key, account))
+        return guarded
 
 
 @dataclass

@@ -37,11 +37,11 @@ def count(record: insight.ConversationFacts, replaced: insight.ConversationFacts
     for turn in record.turns:
         old = before.get(turn.turn)
         if turn.outcome != "pending" and (old is None or old.outcome == "pending"):
-            metrics.insight_turns.labels(record.site, turn.outcome).inc()
+            metrics.insight_turns.labels(metrics.site_label(record.site), turn.outcome).inc()
         if turn.rating and (old is None or old.rating != turn.rating):
-            metrics.insight_feedback.labels(record.site, turn.rating).inc()
+            metrics.insight_feedback.labels(metrics.site_label(record.site), turn.rating).inc()
     if replaced is None or replaced.outcome != record.outcome:
-        metrics.insight_conversations.labels(record.site, record.outcome).inc()
+        metrics.insight_conversations.labels(metrics.site_label(record.site), record.outcome).inc()
 
 
 def projection_failed(event: ev.Envelope, node: str, attempts: int, reason: str) -> ev.Envelope:

@@ -493,7 +493,7 @@ class Guarded:
                 if outcome in FINAL:
                     break
             finally:
-                metrics.enrichment_calls.labels(self.name, q.site, outcome).inc()
+                metrics.enrichment_calls.labels(self.name, metrics.site_label(q.site), outcome).inc()
             if attempt < self.retries:
                 await asyncio.sleep(self.backoff_s * (2 ** attempt))
         self.breaker.failure()
