@@ -144,3 +144,20 @@ def test_the_machine_gauge_times_the_same_work_each_time(monkeypatch):
     clock = iter([0.0, 0.050, 1.0, 1.040, 2.0, 2.045])  # three tries: 50, 40 and 45 ms
     monkeypatch.setattr(machine.time, "perf_counter", lambda: next(clock))
     assert machine.gauge_ms(tries=3) == 45.0  # the median: neither one slow moment nor the best one
+
+
+@pytest.mark.timeout(240)
+def test_the_tenants_load_test_answers_every_site_right_through_the_pools_evictions():
+    """The whole system with six sites and a retriever holding two open at a time: every
+    site is asked cold after a restart, then a mix; each answer holds its site's own price,
+    and the pool opened and closed sites on the way."""
+    out = subprocess.run([sys.executable, "-m", "cli", "loadtest", "tenants", "--sites", "6", "--median-chunks", "4",
+                          "--questions", "12", "--open-sites", "2", "--concurrency", "2"], cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=230)
+    report = f"{out.stdout[-3000:]}\n{out.stderr[-2000:]}"
+    assert out.returncode == 0, report
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["cold"]["right"] == result["cold"]["asked"] == 6, report
+    assert result["mix"]["right"] == result["mix"]["asked"] == 12, report
+    assert result["pool"]["open_sites"] <= 2 and result["pool"]["evictions"] >= 4, report
+    assert result["pool"]["opens"] >= 6 and result["retriever_rss_mb_mix"] > 0, report

@@ -396,9 +396,13 @@ class KnowledgeBase:
         dropped, its Qdrant collections out of memory (local mode: read again when used)."""
         from services.retriever import lightrag_storage
 
-        rag = opened.rag
-        await rag.finalize_storages()
+        await opened.rag.finalize_storages()
         lightrag_storage.forget(opened.directory.name)
+        self._release_vectors(opened.rag)
+
+    def _release_vectors(self, rag) -> None:
+        """Local mode: the site's Qdrant collections out of memory (read again when next
+        used: a query reads them once to make its search index)."""
         if (local := local_qdrant.lazy(self._client)) is not None:
             local.release(v.final_namespace for v in (rag.chunks_vdb, rag.entities_vdb, rag.relationships_vdb))
 
@@ -696,6 +700,7 @@ class KnowledgeBase:
                                                  "relationships": edges})
                 else:
                     await _flush(rag)
+            self._release_vectors(rag)  # written: a site synced and not yet asked holds none in memory
         finally:
             for text in texts:
                 self._prepared.pop(text, None)
