@@ -16,6 +16,7 @@ from lightrag.kg import STORAGE_IMPLEMENTATIONS, STORAGES
 from lightrag.kg.json_kv_impl import JsonKVStorage
 from lightrag.kg.networkx_impl import NetworkXStorage
 from lightrag.kg.qdrant_impl import ID_FIELD, QdrantVectorDBStorage
+from qdrant_client.local.local_collection import DEFAULT_VECTOR_NAME
 
 from services.retriever import local_qdrant
 
@@ -107,6 +108,17 @@ class ConciergeQdrantStorage(QdrantVectorDBStorage):
     async def initialize(self):
         if self._client is None:
             self._client = CLIENTS[self.global_config["vector_db_storage_cls_kwargs"]["client_key"]]
+        if self._per_site and local_qdrant.lazy(self._client) is not None \
+                and self._client.collection_exists(self.final_namespace):
+            # The site's own collection, made by an earlier open: nothing to create, migrate or
+            # count (LightRAG's set-up reads every point and filters them in Python), and
+            # nothing read until a query makes its index (a cold site's first answer waits
+            # for that alone). What LightRAG's `initialize` sets besides:
+            from lightrag.kg.shared_storage import get_namespace_lock
+
+            self._initialized = True
+            self._flush_lock = get_namespace_lock(namespace=self.final_namespace, workspace=self.effective_workspace)
+            return
         await super().initialize()
         commit_without_sync(self._client, self.final_namespace)
 
@@ -154,6 +166,8 @@ class LocalIndex:
 
     @classmethod
     def read(cls, client, collection: str) -> "LocalIndex":
+        if (local := local_qdrant.lazy(client)) is not None:
+            return cls.of_collection(local.collections[collection])
         payloads, vectors, offset = [], [], None
         while True:
             points, offset = client.scroll(collection_name=collection, limit=1024, offset=offset,
@@ -167,6 +181,19 @@ class LocalIndex:
             return cls([], np.zeros((0, 0), dtype=np.float32))
         matrix = np.asarray(vectors, dtype=np.float32)
         return cls(payloads, matrix / np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12), matrix)
+
+    @classmethod
+    def of_collection(cls, collection) -> "LocalIndex":
+        """From a local collection's own arrays (what `scroll` would copy point by point into
+        pydantic records): its live points in the order it holds them. The collection is
+        released after (local_qdrant.py), so its payloads are the index's alone."""
+        live = ~collection.deleted[:len(collection.payload)]
+        rows = np.flatnonzero(live)
+        if not len(rows):
+            return cls([], np.zeros((0, 0), dtype=np.float32))
+        stored = np.asarray(collection.vectors[DEFAULT_VECTOR_NAME][rows], dtype=np.float32)
+        payloads = [collection.payload[i] or {} for i in rows]
+        return cls(payloads, stored / np.maximum(np.linalg.norm(stored, axis=1, keepdims=True), 1e-12), stored)
 
     def vectors_by_id(self, ids: list[str]) -> dict[str, list[float]]:
         """The stored vectors of the points whose payload `id` is in `ids` (LightRAG's ids;
