@@ -49,6 +49,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--concurrency", type=int, default=4, help="visitors asking at once")
     parser.add_argument("--budget-mb", type=int, default=1024, help="the retriever's KB_MEMORY_BUDGET_MB")
     parser.add_argument("--open-sites", type=int, default=0, help="the retriever's KB_OPEN_SITES (0: the budget alone)")
+    parser.add_argument("--large-sites", type=int, default=0,
+                        help="sites of --large-chunks chunks besides, whose cold first answers are reported apart")
+    parser.add_argument("--large-chunks", type=int, default=500)
     parser.add_argument("--seed", type=int, default=5)
     return parser
 
@@ -121,23 +124,27 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-async def _pass(client, base_url, plan: list[tuple[str, str, str]], concurrency: int) -> dict:
+async def _pass(client, base_url, plan: list[tuple[str, str, str]], concurrency: int,
+                large: frozenset[str] = frozenset()) -> dict:
     gate = asyncio.Semaphore(concurrency)
     ttfts: list[float] = []
+    large_ttfts: list[float] = []
     wrong: list[str] = []
 
     async def one(site: str, question: str, fact: str) -> None:
         async with gate:
             text, ttft = await ask(client, base_url, site, question)
         if ttft is not None:
-            ttfts.append(ttft)
+            (large_ttfts if site in large else ttfts).append(ttft)
         if fact not in text:
             wrong.append(f"{site}: {question} → {text[:160]!r} (expected {fact})")
 
     started = time.monotonic()
     await asyncio.gather(*(one(*p) for p in plan))
     return {"asked": len(plan), "right": len(plan) - len(wrong), "ttft_p50_ms": _pct(ttfts, 0.5),
-            "ttft_p99_ms": _pct(ttfts, 0.99), "seconds": round(time.monotonic() - started, 1), "wrong": wrong[:5]}
+            "ttft_p99_ms": _pct(ttfts, 0.99), "seconds": round(time.monotonic() - started, 1), "wrong": wrong[:5],
+            **({"large_ttft_p50_ms": _pct(large_ttfts, 0.5), "large_ttft_p99_ms": _pct(large_ttfts, 0.99)}
+               if large else {})}
 
 
 async def _create(client, base_url: str, token: str, sites: dict[str, str], concurrency: int) -> None:
@@ -181,6 +188,9 @@ def run(args: argparse.Namespace) -> dict:
     rng = random.Random(args.seed)
     names = [f"t{n:05d}" for n in range(args.sites)]
     chunk_counts = sizes(args.sites, args.median_chunks, rng)
+    names += [f"big{n:03d}" for n in range(args.large_sites)]
+    chunk_counts += [args.large_chunks] * args.large_sites
+    large = frozenset(names[args.sites:])
     texts, questions = {}, {}
     for n, (site, chunks) in enumerate(zip(names, chunk_counts)):
         texts[site], questions[site] = knowledge(n, chunks, rng)
@@ -188,7 +198,7 @@ def run(args: argparse.Namespace) -> dict:
     weights = [1 / (rank + 1) ** args.zipf for rank in range(len(names))]
     popular = rng.sample(names, len(names))  # which site is the most asked: a random one
     mix_plan = [(s, *rng.choice(questions[s])) for s in rng.choices(popular, weights, k=args.questions)]
-    result: dict = {"sites": args.sites, "chunks": sum(chunk_counts),
+    result: dict = {"sites": args.sites, "large_sites": args.large_sites, "chunks": sum(chunk_counts),
                     "median_chunks": sorted(chunk_counts)[len(chunk_counts) // 2], "largest_chunks": max(chunk_counts),
                     "budget_mb": args.budget_mb, "open_sites": args.open_sites, "machine_gauge_ms": machine.gauge_ms()}
     with tempfile.TemporaryDirectory(prefix="concierge-load-tenants-") as data:
@@ -211,7 +221,7 @@ def run(args: argparse.Namespace) -> dict:
                     result["retriever_rss_mb_started"] = _rss_mb(system.procs["retriever"].pid)
                     print(f"  retriever restarted: {result['retriever_rss_mb_started']} MiB; asking each site once",
                           flush=True)
-                    result["cold"] = await _pass(client, system.gateway_url, cold_plan, args.concurrency)
+                    result["cold"] = await _pass(client, system.gateway_url, cold_plan, args.concurrency, large)
                     result["retriever_rss_mb_cold"] = _rss_mb(system.procs["retriever"].pid)
                     print(f"  cold pass: {json.dumps(result['cold'])}", flush=True)
                     result["mix"] = await _pass(client, system.gateway_url, mix_plan, args.concurrency)
