@@ -144,3 +144,26 @@ def test_the_estimate_grows_with_the_files_and_the_vectors(tmp_path: Path):
     assert base == pool.SITE_FIXED_BYTES + 300_000
     assert pool.estimate(tmp_path, 1000, 384) == base + int(pool.BYTES_PER_VECTOR_DIM * 384_000)
     assert pool.estimate(tmp_path / "missing", 0, 384) == pool.SITE_FIXED_BYTES
+
+
+async def test_a_deferred_snapshot_is_fetched_once_when_first_asked_and_again_after_a_failure(kb, tmp_path: Path):
+    """A replica defers a site's newer snapshot (snapshots.Follower) until the site is used:
+    racing requests fetch it once; a fetch that fails leaves it deferred and says why."""
+    calls = []
+
+    async def failing() -> Path | None:
+        calls.append("failing")
+        raise OSError("object store unreachable")
+
+    async def nothing_newer() -> Path | None:
+        calls.append("ok")
+        await asyncio.sleep(0.05)
+        return None
+
+    kb.defer("site1", failing)
+    with pytest.raises(OSError, match="unreachable"):
+        await ask(kb, "site1")
+    assert "site1" in kb._deferred  # still to fetch
+    kb.defer("site1", nothing_newer)
+    answers = await asyncio.gather(*(ask(kb, "site1") for _ in range(5)))
+    assert all("word1" in a for a in answers) and calls == ["failing", "ok"]

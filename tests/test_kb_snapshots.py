@@ -87,10 +87,12 @@ async def test_replicas_load_the_published_snapshot_and_hot_swap_a_new_version(t
     replicas = [kb_at(tmp_path / name, qdrant) for name in ("replica_a", "replica_b")]
     followers = [snapshots.Follower(store, kb, poll_s=0.1) for kb in replicas]
     try:
-        for follower in followers:
+        for follower, kb in zip(followers, replicas):
             await follower.sync()
-            assert follower.versions[site] == first
+            # Nothing fetched at start: the site's snapshot is fetched when it is first asked.
+            assert site not in follower.versions and not (kb.root / "snapshots").exists()
         answers = [await answer(kb, site) for kb in replicas]
+        assert [f.versions[site] for f in followers] == [first, first]
         assert answers[0] and answers[0] == answers[1]
         assert any("saffron" in content for _, content in answers[0])
         # Each replica reads its own copy, not the Job's directory.

@@ -117,6 +117,9 @@ async def test_the_sites_config_chooses_the_mode(node):
 class FailingKnowledgeBase:
     embedder = SimpleNamespace(version="test-embeddings")
 
+    async def ready(self, site):
+        pass
+
     def entity_names(self, site):
         return []
 

@@ -308,6 +308,9 @@ class RecordingKnowledgeBase:
     def __init__(self):
         self.asked: list[dict] = []
 
+    async def ready(self, site):
+        pass
+
     def entity_names(self, site):
         return []
 

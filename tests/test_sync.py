@@ -102,8 +102,8 @@ async def pages_of(bus, site, source, run) -> list[ev.PageFetched]:
     return [r.event for r in records if r.event.turn == run]
 
 
-def kept_urls(kb, site, source) -> set[str]:
-    return set(planner.known_pages(kb, site, source))
+async def kept_urls(kb, site, source) -> set[str]:
+    return set(await planner.known_pages(kb, site, source))
 
 
 async def test_a_website_is_synced_and_kept_current(syncing, kb, website, site):
@@ -119,7 +119,7 @@ async def test_a_website_is_synced_and_kept_current(syncing, kb, website, site):
     assert f"{base}/private/secret" not in outcomes  # robots.txt: never planned
     assert outcomes[f"{base}/missing"] == "gone" and outcomes[f"{base}/download"] == "skipped"
     assert f"{base}/brochure.png" not in outcomes  # an image's address: never planned
-    assert kept_urls(kb, site, spec.id) == website.allowed()
+    assert await kept_urls(kb, site, spec.id) == website.allowed()
     assert len(website.allowed()) >= 50 and done.added == len(website.allowed()) and done.chunks > 0
     assert website.hits["/private/secret"] == 0
 
@@ -134,7 +134,7 @@ async def test_a_website_is_synced_and_kept_current(syncing, kb, website, site):
     outcomes = {p.url: p.outcome for p in await pages_of(bus, site, spec.id, 2)}
     assert [u for u, o in outcomes.items() if o == "changed"] == [f"{base}/changing"]
     assert done.replaced == 1 and done.added == 0 and done.removed == 1
-    assert f"{base}/vanishing" not in kept_urls(kb, site, spec.id)
+    assert f"{base}/vanishing" not in await kept_urls(kb, site, spec.id)
     refetched = {p for p in website.hits if website.hits[p] > before[p]}
     assert refetched == {"/changing", "/"}, refetched  # the rest answered 304
     registry = kb.registry(site)
@@ -232,7 +232,7 @@ async def test_text_and_file_sources_are_synced(syncing, kb, site, tmp_path):
 
 
 async def _gone(kb, site, source):
-    return not planner.known_pages(kb, site, source)
+    return not await planner.known_pages(kb, site, source)
 
 
 async def test_a_scheduled_source_is_synced_again_when_due(bus, site):

@@ -42,7 +42,7 @@ import weakref
 from collections import Counter, OrderedDict, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from services.retriever import extraction, local_qdrant
 from services.retriever.documents import SourceDocument
@@ -137,6 +137,7 @@ class KnowledgeBase:
         self.memory_budget_mb = memory_budget_mb
         self._pool = Pool(self._close_site, self._writing, memory_budget_mb << 20, open_sites)
         self._places: dict[str, Path] = {}  # sites served from a directory other than root/<site>
+        self._deferred: dict[str, Callable[[], Awaitable[Path | None]]] = {}  # newer snapshots not fetched yet
         # a site's writers' lock, while anyone holds or waits for it
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         # site → its documents.json: the open sites', and REGISTRIES more asked last
@@ -319,6 +320,8 @@ class KnowledgeBase:
         """The site's open LightRAG (opened in the pool when it is not), or None when the
         site has no knowledge base and `create` is not asked. Reopened when another process
         (an ingest against a Qdrant server) changed the site's documents."""
+        if not create:  # a writer (create) fetched it before taking the site's lock
+            await self.ready(site)
         path = self._registry_path(site)
         try:
             mtime = path.stat().st_mtime
@@ -349,28 +352,66 @@ class KnowledgeBase:
         running finish on the old one, which is closed once they are done. One not open is
         opened from `directory` when next asked. The directory it was served from before is
         removed when it was a loaded snapshot too."""
+        async with self._lock(site):
+            self._deferred.pop(site, None)
+            old, previous = await self._swap(site, directory)
+        await self._let_go(site, old, previous)
+
+    async def _swap(self, site: str, directory: Path) -> tuple[Opened | None, Path | None]:
+        """`load`'s part under the site's lock: (the LightRAG replaced, the directory served before)."""
         registry_path = directory / "documents.json"
         registry = json.loads(registry_path.read_text()) if registry_path.exists() else {}
-        old = None
-        async with self._lock(site):
-            await self._pool.settled(site)
-            previous = self._places.get(site)
-            self._places[site] = directory
-            self._forget(site)
-            if registry:
-                self._registries[site] = registry
-                self._saves[site] = 1
-            if site in self._pool:
-                new = await self._open_site(site, directory, registry_path.stat().st_mtime if registry else 0.0)
-                old = self._pool.put(site, new)
+        await self._pool.settled(site)
+        previous = self._places.get(site)
+        self._places[site] = directory
+        self._forget(site)
+        if registry:
+            self._registries[site] = registry
+            self._saves[site] = 1
+        if site in self._pool:
+            new = await self._open_site(site, directory, registry_path.stat().st_mtime if registry else 0.0)
+            return self._pool.put(site, new), previous
+        return None, previous
+
+    async def _let_go(self, site: str, old: Opened | None, previous: Path | None) -> None:
         if old is not None:
             await self._retire(site, old)
         elif previous is not None:
             self._remove_snapshot(site, previous)
 
+    def defer(self, site: str, fetch: Callable[[], Awaitable[Path | None]]) -> None:
+        """The site has a newer snapshot than the one this replica serves it from: `fetch`
+        gets it (its unpacked directory, or None when there is nothing newer after all) when
+        the site is next used (`ready`), not now: a replica starting beside thousands of
+        sites downloads none of them before it answers."""
+        self._deferred[site] = fetch
+
+    def is_open(self, site: str) -> bool:
+        return site in self._pool
+
+    async def ready(self, site: str) -> None:
+        """Fetch and load the site's deferred snapshot, if it has one (once, however many ask;
+        when the fetch fails it stays deferred and the error is raised)."""
+        if site not in self._deferred:
+            return
+        async with self._lock(site):
+            fetch = self._deferred.pop(site, None)
+            if fetch is None:  # fetched by whoever held the lock before
+                return
+            try:
+                directory = await fetch()
+            except BaseException:
+                self._deferred.setdefault(site, fetch)
+                raise
+            if directory is None:
+                return
+            old, previous = await self._swap(site, directory)
+        await self._let_go(site, old, previous)
+
     async def unload(self, site: str) -> None:
         """Stop serving `site` (its snapshot was withdrawn): it has no knowledge base from now on."""
         async with self._lock(site):
+            self._deferred.pop(site, None)
             await self._pool.settled(site)
             old = self._pool.pop(site)
             previous = self._places.pop(site, None)
@@ -527,6 +568,7 @@ class KnowledgeBase:
         If it fails, the registry is read again from documents.json, which still names the
         earlier versions, so ingesting the same documents again redoes them; a failure
         before the stores are written (the extraction, the embedding) leaves them untouched."""
+        await self.ready(site)
         async with self._lock(site):
             registry = self.registry(site)
             method = "llm" if self.extraction_llm else extraction.VERSION
@@ -565,6 +607,7 @@ class KnowledgeBase:
             return outcomes
 
     async def delete(self, site: str, doc_id: str) -> bool:
+        await self.ready(site)
         async with self._lock(site):
             registry = self.registry(site)
             if doc_id not in registry:

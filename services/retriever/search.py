@@ -224,6 +224,7 @@ class Retriever:
         words, whose names are checked against the site's (`unknown_names`; default: the
         query)."""
         message = message or query
+        await self.kb.ready(site)  # its published snapshot fetched, when this replica had not yet
         settings = self.base.for_site(config)
         query = without_site_name(glossary.expand(query, lang or language.guess(query)), config.name)
         words, extractor, keyword_error = await self.keywords(site, query, config, record)

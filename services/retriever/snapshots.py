@@ -225,9 +225,11 @@ class SnapshotStore:
 class Follower:
     """Keeps a retriever's knowledge base on the published snapshots: `sync` at start, then
     every KB_SNAPSHOT_POLL_S. A poll lists the bucket's manifests (a fresh read each time,
-    so a reconnect or a missed update costs at most one interval) and loads every site
-    whose manifest changed into a directory of its own under KB_DIR/snapshots/. A site
-    whose snapshot cannot be loaded keeps the version it had and is tried again next poll."""
+    so a reconnect or a missed update costs at most one interval); a site whose manifest
+    changed is unpacked into a directory of its own under KB_DIR/snapshots/ and swapped in
+    at once when the retriever holds it open, and otherwise when it is next asked (the
+    knowledge base's `defer`/`ready`: a start downloads nothing). A site whose snapshot
+    cannot be loaded keeps the version it had and is tried again next poll (or next ask)."""
 
     def __init__(self, store: SnapshotStore, kb, poll_s: float = 5.0):
         self.store = store
@@ -243,6 +245,12 @@ class Follower:
         for site, digest in digests.items():
             if self._digests.get(site) == digest or not subjects.TOKEN_RE.match(site):
                 continue
+            if not self.kb.is_open(site):
+                # Fetched when the site is next asked (KnowledgeBase.ready): a replica keeps on
+                # disk and in memory only the sites it serves.
+                self.kb.defer(site, lambda site=site: self._fetch_deferred(site))
+                self._digests[site] = digest
+                continue
             try:
                 await self._follow(site)
             except (SnapshotError, OSError) as exc:
@@ -256,9 +264,36 @@ class Follower:
             self.versions.pop(site, None)
 
     async def _follow(self, site: str) -> None:
+        fetched = await self._fetch(site)
+        if fetched is None:
+            return
+        directory, version = fetched
+        try:
+            await self.kb.load(site, directory)
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+        self._loaded(site, version)
+
+    async def _fetch_deferred(self, site: str) -> Path | None:
+        """What the knowledge base calls when a deferred site is next used: its directory
+        (loaded by the caller), None when there is nothing newer."""
+        fetched = await self._fetch(site)
+        if fetched is None:
+            return None
+        self._loaded(site, fetched[1])
+        return fetched[0]
+
+    def _loaded(self, site: str, version: str) -> None:
+        self.versions[site] = version
+        log.info("knowledge-base snapshot loaded", extra={"site": site, "version": version})
+
+    async def _fetch(self, site: str) -> tuple[Path, str] | None:
+        """The site's current snapshot unpacked into a directory of its own, with its
+        version, or None when this replica has that version already (or the site has none)."""
         manifest = await self.store.current(site)
         if manifest is None or manifest.version == self.versions.get(site):
-            return
+            return None
         data = await self.store.fetch(manifest)
         self._dir.mkdir(parents=True, exist_ok=True)
         # A directory per load: its name is also the LightRAG workspace, which LightRAG's
@@ -266,12 +301,10 @@ class Follower:
         directory = Path(tempfile.mkdtemp(prefix=f"{site}@{manifest.version}-", dir=self._dir))
         try:
             await asyncio.get_running_loop().run_in_executor(None, unpack, data, directory)
-            await self.kb.load(site, directory)
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)
             raise
-        self.versions[site] = manifest.version
-        log.info("knowledge-base snapshot loaded", extra={"site": site, "version": manifest.version})
+        return directory, manifest.version
 
     async def publish(self, site: str) -> None:
         """This replica changed `site` (a knowledge source's sync run): the files it serves

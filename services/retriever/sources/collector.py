@@ -66,7 +66,7 @@ def make_node(kb, staging: sources.Staging, published=None) -> Node:
         if outcomes and len(failures) == len(outcomes):
             return [ctx.follow(ev.SyncFailed, cause_id=run_id, node=NAME,
                                reason=f"every page failed ({len(outcomes)}); the knowledge base is unchanged")]
-        known = known_pages(kb, site, source)
+        known = await known_pages(kb, site, source)
         counts = {"added": 0, "replaced": 0, "unchanged": 0}
         chunks = 0
         staged_keys = []
@@ -127,7 +127,7 @@ def make_node(kb, staging: sources.Staging, published=None) -> Node:
     async def forget(event: ev.SourceRemoved) -> None:
         """A removed source's pages leave the knowledge base (and its upload the store)."""
         source = sources.source_of(event.session_id)
-        known = known_pages(kb, event.site, source)
+        known = await known_pages(kb, event.site, source)
         removed = [info["doc_id"] for info in known.values() if await kb.delete(event.site, info["doc_id"])]
         if removed and published is not None:
             await published(event.site)

@@ -29,9 +29,10 @@ NAME = "sync_planner"
 
 
 
-def known_pages(kb, site: str, source: str) -> dict[str, dict]:
+async def known_pages(kb, site: str, source: str) -> dict[str, dict]:
     """What the knowledge base holds of the source's pages: url → {etag, last_modified,
-    content_hash, doc_id}."""
+    content_hash, doc_id} (the site's published snapshot fetched first, when it was not)."""
+    await kb.ready(site)
     found = {}
     for doc_id, record in kb.registry(site).items():
         meta = record.get("meta") or {}
@@ -75,7 +76,7 @@ def make_node(web: WebClient, kb, converter: Converter | None = None) -> Node:
             return [ctx.follow(ev.SyncFailed, reason="the source was removed" if added else "no such source",
                                node=NAME)]
         spec = added.source
-        known = known_pages(kb, event.site, spec.id)
+        known = await known_pages(kb, event.site, spec.id)
         robots_text, discover = "", False
         if spec.kind == "website":
             try:
