@@ -167,3 +167,9 @@ async def test_a_deferred_snapshot_is_fetched_once_when_first_asked_and_again_af
     kb.defer("site1", nothing_newer)
     answers = await asyncio.gather(*(ask(kb, "site1") for _ in range(5)))
     assert all("word1" in a for a in answers) and calls == ["failing", "ok"]
+
+
+def test_the_sites_get_a_share_of_what_the_process_does_not_take():
+    share = pool.Pool(close=None, busy=None, budget_bytes=1024 << 20).share
+    assert share(400 << 20) == int(pool.POOL_SHARE * (624 << 20))
+    assert share(2048 << 20) == pool.MIN_POOL_BYTES  # a process past its budget still serves a site

@@ -49,7 +49,7 @@ from services.retriever.documents import SourceDocument
 from services.retriever.lightrag_functions import (UNBOUNDED_TOKENS, cosine_once_per_vector, embedding_function,
                                                     llm_function, no_llm, querying, quiet_lightrag, share_query_config,
                                                     tokenize_inline, unqueued_embedding, untruncated_when_unbounded)
-from services.retriever.pool import Opened, Pool, estimate, resident_bytes
+from services.retriever.pool import Opened, Pool, estimate
 from services.retriever.settings import KnowledgeBaseSettings
 from services.retriever.stage_clock import StageClock
 from services.retriever.word_tokenizer import WordTokenizer
@@ -98,8 +98,6 @@ def _contact_page(registry: dict[str, dict]) -> str:
 VOCABULARIES = 64
 # Registries (documents.json) kept in memory besides the open sites' own.
 REGISTRIES = 64
-# The least the open sites get, whatever the process took before them (KB_MEMORY_BUDGET_MB).
-MIN_POOL_MB = 64
 # A contact page's address ends in one of these (best first): see `contact_page`.
 CONTACT_PAGES = (frozenset({"contact", "contact-us", "contactus", "contacts", "get-in-touch", "kontakt", "contacto",
                             "nous-contacter", "contatti"}),
@@ -123,8 +121,8 @@ class KnowledgeBase:
         """`client`: an open Qdrant client to use (and leave open) instead of making one,
         as if it were a server: shared collections, every point tagged with its site.
         `memory_budget_mb`: what this process may take in memory; the sites it holds open
-        get what it does not take when the knowledge base opens (pool.py), and `open_sites`,
-        when above 0, bounds their number too."""
+        get a share of what it does not take when the first one opens (pool.py), and
+        `open_sites`, when above 0, bounds their number too."""
         self.root = root
         # With an LLM for the `extraction` role, documents go through LightRAG's own
         # pipeline (its chunking, its LLM entity and relationship extraction); otherwise
@@ -193,8 +191,6 @@ class KnowledgeBase:
         self._model_tokenizer.no_truncation()
         self._model_tokenizer.no_padding()
         self._tokenizer = WordTokenizer()
-        # The sites get what the process does not take already (the models, the libraries).
-        self._pool.limit_bytes = max((self.memory_budget_mb << 20) - resident_bytes(), MIN_POOL_MB << 20)
         return self
 
     @property

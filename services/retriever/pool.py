@@ -37,6 +37,10 @@ log = logging.getLogger(__name__)
 # per dimension of each vector it indexes in this process (two float32 rows and its
 # payload's objects).
 SITE_FIXED_BYTES = 150 * 1024
+# The open sites' share of the budget the process does not take without them: the rest is
+# room for the estimate's error, the allocator's fragmentation and a turn's own memory.
+POOL_SHARE = 0.85
+MIN_POOL_BYTES = 64 << 20
 BYTES_PER_FILE_BYTE = 3.0
 BYTES_PER_VECTOR_DIM = 9.6
 
@@ -108,10 +112,13 @@ class Pool:
     lets go; `busy(site)` says whether its writers hold it (kept open whatever its age)."""
 
     def __init__(self, close: Callable[[str, Opened], Awaitable[None]], busy: Callable[[str], bool],
-                 limit_bytes: int, max_sites: int = 0):
+                 budget_bytes: int, max_sites: int = 0):
+        """`budget_bytes`: what the whole process may take; the sites get a share of what it
+        does not take when the first one opens (`limit_bytes`)."""
         self._close = close
         self._busy = busy
-        self.limit_bytes = limit_bytes
+        self.budget_bytes = budget_bytes
+        self.limit_bytes: int | None = None
         self.max_sites = max_sites
         self._open: OrderedDict[str, Opened] = OrderedDict()
         self._moving: dict[str, asyncio.Future] = {}  # sites being opened or closed
@@ -147,6 +154,8 @@ class Pool:
                 break
             with contextlib.suppress(Exception):  # an open that failed: this request tries on its own
                 await asyncio.shield(moving)
+        if self.limit_bytes is None:
+            self.limit_bytes = self.share(resident_bytes())
         done: asyncio.Future = asyncio.get_running_loop().create_future()
         self._moving[site] = done
         try:
@@ -182,8 +191,15 @@ class Pool:
     def pop(self, site: str) -> Opened | None:
         return self._open.pop(site, None)
 
+    def share(self, resident: int) -> int:
+        """What the open sites may take: POOL_SHARE of the budget the process does not take
+        already (`resident`: its models, libraries and buffers, read when the first site
+        opens, once the process has started), at least MIN_POOL_BYTES."""
+        return max(int(POOL_SHARE * (self.budget_bytes - resident)), MIN_POOL_BYTES)
+
     def _over(self) -> bool:
-        return (self.used_bytes > self.limit_bytes and len(self._open) > 1) or (
+        limit = self.limit_bytes if self.limit_bytes is not None else self.share(resident_bytes())
+        return (self.used_bytes > limit and len(self._open) > 1) or (
             0 < self.max_sites < len(self._open))
 
     async def trim(self, keep: str = "") -> None:
@@ -196,7 +212,7 @@ class Pool:
             if victim is None:
                 log.warning("knowledge bases over their memory budget: every open site is in use",
                             extra={"open_sites": len(self._open), "used_mb": self.used_bytes >> 20,
-                                   "budget_mb": self.limit_bytes >> 20})
+                                   "limit_mb": (self.limit_bytes or 0) >> 20})
                 break
             opened = self._open.pop(victim)
             done: asyncio.Future = asyncio.get_running_loop().create_future()
