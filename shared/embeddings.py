@@ -194,6 +194,7 @@ class Embedder:
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._cache_size = cache_size
         self._inflight: dict[str, asyncio.Future] = {}
+        self._filling: set[asyncio.Task] = set()  # `aembed_all`'s model calls under way
         self._queue: list[str] = []
         self._drainer: asyncio.Task | None = None
         self._executor = ThreadPoolExecutor(max_workers=max(1, settings.workers), thread_name_prefix="embed")
@@ -309,25 +310,39 @@ class Embedder:
         each, 16 to a batch, behind one another."""
         missing = [t for t in dict.fromkeys(texts) if t not in self._cache and t not in self._inflight]
         if missing:
-            loop = asyncio.get_running_loop()
-            futures = {t: loop.create_future() for t in missing}
+            futures = {t: asyncio.get_running_loop().create_future() for t in missing}
             self._inflight.update(futures)
-            try:
-                vectors = await loop.run_in_executor(self._executor, self.embed_many, missing)
-            except Exception as exc:  # noqa: BLE001 - every waiter hears of it
-                for text, future in futures.items():
-                    self._inflight.pop(text, None)
-                    if not future.done():
-                        future.set_exception(exc)
-                        future.exception()  # retrieved: the caller gets it raised below
-                raise
-            for text, vector in zip(missing, vectors):
-                self._cache[text] = vector
-                self._inflight.pop(text, None)
-                futures[text].set_result(vector)
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
+            # A task of its own, shielded: a caller cancelled meanwhile (a retrieval its turn's
+            # route cancelled) leaves the texts embedded for whoever else awaits them, rather
+            # than their futures pending for ever.
+            filling = asyncio.ensure_future(self._fill(missing, futures))
+            self._filling.add(filling)
+            filling.add_done_callback(self._filled)
+            await asyncio.shield(filling)
         return np.stack([await self.aembed(t) for t in texts])
+
+    async def _fill(self, missing: list[str], futures: dict[str, asyncio.Future]) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            vectors = await loop.run_in_executor(self._executor, self.embed_many, missing)
+        except BaseException as exc:  # every waiter hears of it
+            for text, future in futures.items():
+                self._inflight.pop(text, None)
+                if not future.done():
+                    future.set_exception(exc if isinstance(exc, Exception) else RuntimeError("embedding cancelled"))
+                    future.exception()  # retrieved: the caller gets it raised
+            raise
+        for text, vector in zip(missing, vectors):
+            self._cache[text] = vector
+            self._inflight.pop(text, None)
+            futures[text].set_result(vector)
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+
+    def _filled(self, task: asyncio.Task) -> None:
+        self._filling.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: raised to the caller that awaited it, if it still did
 
     async def _drain(self) -> None:
         loop = asyncio.get_running_loop()

@@ -5,6 +5,8 @@ first embedded; no server, no wait."""
 
 from __future__ import annotations
 
+import asyncio
+
 import shutil
 import time
 from pathlib import Path
@@ -185,3 +187,30 @@ async def test_a_changed_time_to_live_reaches_the_existing_bucket(bus):
     await _ensure_bucket(bus.js, name, 120.0, 1)
     assert (await bus.js.stream_info(f"KV_{name}")).config.max_age == 120.0
     await bus.js.delete_stream(f"KV_{name}")
+
+
+async def test_a_caller_cancelled_mid_embedding_leaves_the_texts_embedded_for_the_others():
+    """Two retrievals ask for the same question's vector; the first is cancelled (its turn's
+    route went elsewhere) while the model runs: the second still gets the vector, at once,
+    rather than waiting for a future nobody will ever resolve."""
+    import threading
+
+    from shared.embeddings import Embedder
+
+    release = threading.Event()
+
+    class Slow(Embedder):
+        def embed_many(self, texts):
+            release.wait(5)
+            return np.ones((len(texts), 4), dtype=np.float32)
+
+    embedder = Slow()
+    first = asyncio.ensure_future(embedder.aembed_all(["What does it cost?"]))
+    await asyncio.sleep(0.05)  # the model call is under way
+    second = asyncio.ensure_future(embedder.aembed_all(["What does it cost?"]))
+    await asyncio.sleep(0.05)
+    first.cancel()
+    release.set()
+    vectors = await asyncio.wait_for(second, 5)
+    assert vectors.shape == (1, 4) and first.cancelled()
+    assert (await asyncio.wait_for(embedder.aembed_all(["What does it cost?"]), 1)).shape == (1, 4)  # cached
