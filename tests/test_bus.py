@@ -533,6 +533,9 @@ async def test_sources_under_the_production_permissions(secured_nats, site):
         assert await staging.uploaded(spec.upload) == data
 
         class NoKnowledge:
+            async def ready(self, site):
+                pass
+
             def registry(self, site):
                 return {}
 
