@@ -173,3 +173,27 @@ def test_the_sites_get_a_share_of_what_the_process_does_not_take():
     share = pool.Pool(close=None, busy=None, budget_bytes=1024 << 20).share
     assert share(400 << 20) == int(pool.POOL_SHARE * (624 << 20))
     assert share(2048 << 20) == pool.MIN_POOL_BYTES  # a process past its budget still serves a site
+
+
+def test_the_lazy_local_store_writes_the_meta_file_qdrant_writes(tmp_path: Path):
+    """local_qdrant's `_save` (each collection's configuration serialised once) writes what
+    qdrant-client's own does, and qdrant-client reads it back."""
+    import json
+
+    from qdrant_client import QdrantClient, models
+    from qdrant_client.local.qdrant_local import QdrantLocal
+
+    client = local_qdrant.open_local(str(tmp_path / "q"))
+    for n in range(3):
+        client.create_collection(f"c{n}", vectors_config=models.VectorParams(size=4, distance=models.Distance.COSINE))
+        client.create_payload_index(f"c{n}", field_name="workspace_id", field_schema=models.KeywordIndexParams(
+            type=models.KeywordIndexType.KEYWORD, is_tenant=True))
+    client.delete_collection("c1")
+    ours = json.loads((tmp_path / "q" / "meta.json").read_text())
+    QdrantLocal._save(local_qdrant.lazy(client))  # qdrant-client's own, over the same collections
+    theirs = json.loads((tmp_path / "q" / "meta.json").read_text())
+    assert ours == theirs and sorted(ours["collections"]) == ["c0", "c2"]
+    client.close()
+    again = QdrantClient(path=str(tmp_path / "q"))
+    assert sorted(c.name for c in again.get_collections().collections) == ["c0", "c2"]
+    again.close()

@@ -80,6 +80,7 @@ class LazyQdrantLocal(QdrantLocal):
         import portalocker
 
         self.collections = _Collections(self)
+        self._configs: dict[str, tuple[Any, str]] = {}  # name → (its config, that config's JSON)
         if not self.persistent:
             return
         meta_path = os.path.join(self.location, META_INFO_FILENAME)
@@ -108,6 +109,38 @@ class LazyQdrantLocal(QdrantLocal):
         except portalocker.exceptions.LockException:
             raise RuntimeError(f"Storage folder {self.location} is already accessed by another instance of "
                                "Qdrant client. If you require concurrent access, use Qdrant server instead.")
+
+    def _save(self, aliases: dict[str, str] | None = None) -> None:
+        """QdrantLocal's `_save` (meta.json: every collection's configuration, the aliases,
+        the text indexes) with each configuration's JSON made once, not on every save:
+        qdrant-client writes the whole file after each collection made and each payload index
+        (six times for a new site), and making every configuration's dict again each time
+        was what a new site cost past a thousand sites. The file is the same."""
+        if not self.persistent:
+            return
+        if self.closed:
+            raise RuntimeError("QdrantLocal instance is closed. Please create a new instance.")
+        from qdrant_client._pydantic_compat import to_dict
+
+        parts, indexes = [], {}
+        for name, collection in dict.items(self.collections):
+            cached = self._configs.get(name)
+            if cached is None or cached[0] is not collection.config:
+                cached = self._configs[name] = (collection.config, json.dumps(to_dict(collection.config)))
+            parts.append(f"{json.dumps(name)}: {cached[1]}")
+            if collection.text_indexes:
+                indexes[name] = {field: to_dict(params, exclude_none=True)
+                                 for field, params in collection.text_indexes.items()}
+        for gone in set(self._configs) - set(self.collections):
+            del self._configs[gone]
+        meta = (f'{{"collections": {{{", ".join(parts)}}}, '
+                f'"aliases": {json.dumps(self.aliases if aliases is None else aliases)}, '
+                f'"text_indexes": {json.dumps(indexes)}}}')
+        meta_path = os.path.join(self.location, META_INFO_FILENAME)
+        tmp_path = f"{meta_path}.tmp"  # replaced whole, as QdrantLocal does
+        with open(tmp_path, "w") as f:
+            f.write(meta)
+        os.replace(tmp_path, meta_path)
 
     def release(self, names) -> int:
         """Close these collections if they are in memory; how many were."""
