@@ -29,7 +29,7 @@ async def nodes(bus, settings: RetrieverSettings):
     if settings.snapshots.enabled:
         store = await snapshots.open_store(bus, settings.snapshots.history)
         follower = snapshots.Follower(store, kb, settings.snapshots.poll_s)
-        await follower.sync()  # every published site loaded before the first turn is taken
+        await follower.sync()  # every published site known (fetched when first asked) before the first turn
         follower.start()
         published = follower.publish
     language.load()  # a message's language decides its cross-language expansion (search.py)
