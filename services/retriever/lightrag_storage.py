@@ -143,11 +143,7 @@ def commit_without_sync(client, collection: str) -> None:
     local = getattr(client, "_client", None)
     if not isinstance(local, QdrantLocal):
         return
-    persistence = local.collections[collection].storage
-    if persistence is None:  # in memory: nothing to sync
-        return
-    persistence.storage.execute("PRAGMA journal_mode=WAL")
-    persistence.storage.execute("PRAGMA synchronous=NORMAL")
+    local_qdrant.commit_without_sync(local.collections[collection])
 
 
 class LocalIndex:

@@ -28,8 +28,6 @@ from qdrant_client.local.qdrant_local import META_INFO_FILENAME, QdrantLocal
 class _Closed:
     """A collection not in memory: what meta.json needs of it, and where it is read from."""
 
-    ids: dict = {}
-
     def __init__(self, config: rest_models.CreateCollection, text_indexes: dict | None = None):
         self.config = config
         self.text_indexes = text_indexes or {}
@@ -52,7 +50,7 @@ class _Collections(dict):
             opened = LocalCollection(collection.config, self._local._collection_path(name),
                                      force_disable_check_same_thread=self._local.force_disable_check_same_thread)
             opened.text_indexes = collection.text_indexes
-            _commit_without_sync(opened)
+            commit_without_sync(opened)
             super().__setitem__(name, opened)
             collection = opened
         return collection
@@ -147,9 +145,10 @@ class LazyQdrantLocal(QdrantLocal):
         return sum(self.collections.release(name) for name in names)
 
 
-def _commit_without_sync(collection: LocalCollection) -> None:
-    """SQLite in write-ahead-log mode with `synchronous=NORMAL`, on every connection a
-    collection is read with (lightrag_storage.commit_without_sync says why)."""
+def commit_without_sync(collection: LocalCollection) -> None:
+    """SQLite in write-ahead-log mode with `synchronous=NORMAL` on the collection's
+    connection (lightrag_storage.commit_without_sync says why): every collection this
+    module reads, and each one qdrant-client's local mode makes or reads."""
     if collection.storage is not None:
         collection.storage.storage.execute("PRAGMA journal_mode=WAL")
         collection.storage.storage.execute("PRAGMA synchronous=NORMAL")
