@@ -133,7 +133,8 @@ async def test_an_open_sites_estimated_cost_is_what_it_takes(tmp_path: Path):
             finally:
                 tracemalloc.stop()
             assert 0.8 < taken / estimated < 1.2, (name, taken, estimated)
-            assert left < 0.15 * taken, (name, left, taken)
+            # what other tasks of the test process allocate meanwhile is noise of tens of KiB
+            assert left < max(0.15 * taken, 128 * 1024), (name, left, taken)
     finally:
         await kb.close()
 
