@@ -567,6 +567,11 @@ async def _ensure_bucket(js: JetStreamContext, bucket: str, ttl: float | None, r
     return await js.key_value(bucket)
 
 
+async def ensure_bucket(bus: Bus, bucket: str, ttl: float | None) -> KeyValue:
+    """A bucket made or brought to `ttl` and the bus's replicas (one a service owns alone)."""
+    return await _ensure_bucket(bus.js, bucket, ttl, bus.config.replicas)
+
+
 async def opened_bucket(bus: Bus, bucket: str, ttl: float | None) -> KeyValue:
     """A bucket as it is, or made when missing, and nothing else of the bus changed."""
     try:

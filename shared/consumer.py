@@ -31,7 +31,7 @@ from nats.js import api
 from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
 
 from shared import events as ev
-from shared import logs, metrics, privacy, subjects, telemetry
+from shared import logs, metrics, partitions, privacy, subjects, telemetry
 from shared.bus import BUS_UNAVAILABLE, Bus, Position, delivery
 from shared.config import ConsumerConfig
 from shared.node import Context, Later, Node, PermanentError, gather
@@ -78,23 +78,34 @@ class ConsumerRunner:
     _advisory_sub: object | None = None
     _stopping: bool = False
     bound: bool = False  # the durable answered at start or at the last `check` (/readyz)
+    # One partition of a partitioned node's events (shared/partitions.py: its own durable on
+    # the node's partition stream), or None: the node's one durable on its stream.
+    partition: int | None = None
+    pending: tuple[int, int] = (0, 0)  # the durable's pending and ack-pending at the last `check`
 
     def __post_init__(self):
         if self.store is None:
             self.store = JetStreamStore(self.bus)
 
     @property
-    def durable(self) -> str:
+    def name(self) -> str:
+        """The node's name: what its metrics, dead letters, failures and derived ids say,
+        whichever partition this runner consumes."""
         return self.node.name
 
     @property
+    def durable(self) -> str:
+        return self.node.name if self.partition is None else partitions.durable(self.node.name, self.partition)
+
+    @property
     def stream(self) -> str:
-        return self.node.stream
+        return self.node.stream if self.partition is None else partitions.stream_name(self.node.name)
 
     def consumer_config(self) -> api.ConsumerConfig:
         cfg = api.ConsumerConfig(
             durable_name=self.durable,
-            filter_subjects=[subjects.of_type(self.stream, t) for t in self.node.consumes],
+            filter_subjects=([subjects.of_type(self.stream, t) for t in self.node.consumes] if self.partition is None
+                             else [partitions.filter_subject(self.partition)]),
             ack_policy=api.AckPolicy.EXPLICIT,
             # A node added to a running system picks up recent turns, not all of history.
             deliver_policy=api.DeliverPolicy.BY_START_TIME,
@@ -117,7 +128,7 @@ class ConsumerRunner:
                 if attempt == START_ATTEMPTS:
                     raise
                 log.warning("durable consumer not answering at start; asking again",
-                            extra={"node": self.durable, "attempt": attempt, "error": repr(exc)})
+                            extra={"node": self.name, "attempt": attempt, "error": repr(exc)})
                 await asyncio.sleep(attempt)
         self._psub = await self.bus.js.pull_subscribe_bind(durable=self.durable, stream=self.stream)
         if not all(hasattr(self._psub, name) for name in ("_sub", "_nms", "_deliver")) or not hasattr(
@@ -127,7 +138,7 @@ class ConsumerRunner:
         self._advisory_sub = await self.bus.nc.subscribe(advisory, queue=f"advisory-{self.durable}", cb=self._on_max_deliveries)
         self._loop_task = asyncio.create_task(self._fetch_loop(), name=f"consumer-{self.durable}")
         self._set_bound(True)
-        log.info("consumer started", extra={"node": self.durable, "consumes": list(self.node.consumes)})
+        log.info("consumer started", extra={"node": self.name, "consumes": list(self.node.consumes)})
 
     async def _ensure_consumer(self) -> None:
         """Create the durable, or bring an existing one's delivery settings up to date while
@@ -145,7 +156,7 @@ class ConsumerRunner:
         except APIError as exc:
             # Another replica created it between our look and our create: that one is ours too.
             await self.bus.js.consumer_info(self.stream, self.durable)
-            log.info("consumer created by a peer", extra={"node": self.durable, "detail": exc.description})
+            log.info("consumer created by a peer", extra={"node": self.name, "detail": exc.description})
 
     async def check(self) -> bool:
         """Ask the server about this node's durable: refreshes the pending gauges and says
@@ -155,28 +166,31 @@ class ConsumerRunner:
         try:
             info = await self.bus.js.consumer_info(self.stream, self.durable)
         except NotFoundError:
-            log.warning("durable consumer missing; creating it again", extra={"node": self.durable})
+            log.warning("durable consumer missing; creating it again", extra={"node": self.name})
             try:
                 await self._ensure_consumer()
             except (nats.errors.Error, asyncio.TimeoutError) as exc:
-                log.warning("could not create the durable consumer", extra={"node": self.durable, "error": repr(exc)})
+                log.warning("could not create the durable consumer", extra={"node": self.name, "error": repr(exc)})
             self._set_bound(False)
             return False
         except (nats.errors.Error, asyncio.TimeoutError) as exc:
             if self.bound:
-                log.warning("durable consumer unreachable", extra={"node": self.durable, "error": repr(exc)})
+                log.warning("durable consumer unreachable", extra={"node": self.name, "error": repr(exc)})
             self._set_bound(False)
             return False
-        metrics.node_pending.labels(self.durable).set(info.num_pending or 0)
-        metrics.node_ack_pending.labels(self.durable).set(info.num_ack_pending or 0)
+        self.pending = (info.num_pending or 0, info.num_ack_pending or 0)
+        if self.partition is None:  # a partitioned node's runner sums its partitions'
+            metrics.node_pending.labels(self.name).set(self.pending[0])
+            metrics.node_ack_pending.labels(self.name).set(self.pending[1])
         if not self.bound:
-            log.info("durable consumer reachable again", extra={"node": self.durable})
+            log.info("durable consumer reachable again", extra={"node": self.name})
         self._set_bound(True)
         return True
 
     def _set_bound(self, bound: bool) -> None:
         self.bound = bound
-        metrics.node_ready.labels(self.durable).set(1 if bound else 0)
+        if self.partition is None:
+            metrics.node_ready.labels(self.name).set(1 if bound else 0)
 
     async def stop(self) -> None:
         """Stop fetching, let in-flight handlers finish (bounded), leave the rest to redelivery."""
@@ -201,7 +215,7 @@ class ConsumerRunner:
             done, pending = await asyncio.wait(self._tasks, timeout=self.config.drain_timeout_s)
             for task in pending:
                 task.cancel()
-        log.info("consumer stopped", extra={"node": self.durable, "stats": self.stats.__dict__})
+        log.info("consumer stopped", extra={"node": self.name, "stats": self.stats.__dict__})
 
     async def _fetch_loop(self) -> None:
         """Pull continuously: one pull request at a time asks for as many messages as the node
@@ -230,7 +244,7 @@ class ConsumerRunner:
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.exception("fetch failed", extra={"node": self.durable})
+                log.exception("fetch failed", extra={"node": self.name})
                 asked = 0
                 await asyncio.sleep(0.5)
                 continue
@@ -240,7 +254,7 @@ class ConsumerRunner:
                     continue
                 if status not in (api.StatusCode.REQUEST_TIMEOUT, api.StatusCode.NO_MESSAGES, api.StatusCode.CONFLICT):
                     log.warning("pull request ended by the server", extra={
-                        "node": self.durable, "status": status,
+                        "node": self.name, "status": status,
                         "description": msg.headers.get(api.Header.DESCRIPTION, "")})
                 asked = 0  # that request is over
                 if status != api.StatusCode.REQUEST_TIMEOUT:
@@ -273,8 +287,8 @@ class ConsumerRunner:
     def _metrics(self):
         """This node's metric children, looked up once rather than with `labels` at every
         message: in flight, handler seconds, and events by outcome."""
-        return (metrics.node_in_flight.labels(self.durable), metrics.node_handler_seconds.labels(self.durable),
-                {outcome: metrics.node_events.labels(self.durable, outcome) for outcome in OUTCOMES})
+        return (metrics.node_in_flight.labels(self.name), metrics.node_handler_seconds.labels(self.name),
+                {outcome: metrics.node_events.labels(self.name, outcome) for outcome in OUTCOMES})
 
     async def _run(self, msg: Msg) -> None:
         self.stats.in_flight += 1
@@ -286,7 +300,7 @@ class ConsumerRunner:
         except Exception:
             # Only bus trouble gets here (publishing the failure itself failed): the message
             # stays unacked and comes back after ack_wait.
-            log.exception("message left for redelivery", extra={"node": self.durable, "subject": msg.subject})
+            log.exception("message left for redelivery", extra={"node": self.name, "subject": msg.subject})
         finally:
             self.stats.in_flight -= 1
             in_flight.dec()
@@ -297,7 +311,7 @@ class ConsumerRunner:
 
     async def process(self, msg: Msg) -> None:
         if msg.headers and (privacy.ERASED_COPY in msg.headers
-                            or self.durable in msg.headers.get(privacy.SETTLED_COPY, "").split(",")):
+                            or self.name in msg.headers.get(privacy.SETTLED_COPY, "").split(",")):
             # A copy `concierge erase-visitor` stored: an erased visitor's (what it caused is
             # in the log already, and nothing more is done for them: no answer again, no model
             # call, no webhook, no analytics), or one of another conversation's rewritten log
@@ -310,19 +324,22 @@ class ConsumerRunner:
             event = ev.decode(msg.data)
         except ev.BadEvent as exc:
             self.stats.bad_events += 1
-            log.error("bad event dead-lettered", extra={"node": self.durable, "subject": msg.subject, "error": str(exc)})
-            await self.bus.dead_letter(self.durable, msg, str(exc))
+            log.error("bad event dead-lettered", extra={"node": self.name, "subject": msg.subject, "error": str(exc)})
+            await self.bus.dead_letter(self.name, msg, str(exc))
             await msg.term()
             self._count("dead_lettered")
             return
-        if mismatch := ev.subject_mismatch(event, msg.subject):
+        subject, seq = msg.subject, at.stream_seq
+        if self.partition is not None:  # where the event sits in the conversation log
+            subject, seq = partitions.logged_at(msg)
+        if mismatch := ev.subject_mismatch(event, subject):
             # Handlers act on the envelope's site and session: one believed over its subject
             # would let a publish on one conversation's subject write into another's.
             self.stats.bad_events += 1
             self.stats.mismatched += 1
             log.error("event on the wrong subject dead-lettered",
-                      extra={"node": self.durable, "subject": msg.subject, "error": mismatch})
-            await self.bus.dead_letter(self.durable, msg, mismatch)
+                      extra={"node": self.name, "subject": msg.subject, "error": mismatch})
+            await self.bus.dead_letter(self.name, msg, mismatch)
             await msg.term()
             self._count("mismatched")
             return
@@ -335,10 +352,10 @@ class ConsumerRunner:
 
         # What the handler's inputs hold of the log includes this event (and so what caused
         # it), even read from a replica that had not stored it yet when asked.
-        conv = self.stream == subjects.CONV_STREAM
-        position = Position(msg.subject, at.stream_seq) if conv else None
+        conv = self.node.stream == subjects.CONV_STREAM
+        position = Position(subject, seq) if conv and seq else None
         with logs.conversation(event.site, event.session_id, event.turn):
-            span_name = f"{self.durable} {ev.event_type(event)}"
+            span_name = f"{self.name} {ev.event_type(event)}"
             with telemetry.handling(TRACER, span_name, msg.headers) as span:
                 span.set_attribute("concierge.attempt", attempt)
                 # Only a turn's steps feed the gateway's stall clock; a work item has no visitor waiting.
@@ -347,13 +364,13 @@ class ConsumerRunner:
                 try:
                     inputs = await gather(self.node.needs, event, self.store, self.configs, position)
                     if inputs is not None:  # None: not the delivery that completes the node's join
-                        ctx = Context(out=self.bus, node=self.durable, cause=event, attempt=attempt,
+                        ctx = Context(out=self.bus, node=self.name, cause=event, attempt=attempt,
                                       input_seq=inputs.state.last_seq, config_version=inputs.config.version)
                         await self._store(await self.node.handle(event, inputs, ctx))
                 except asyncio.CancelledError:
                     raise
                 except PermanentError as exc:
-                    log.error("handler gave up", extra={"node": self.durable, "error": str(exc)})
+                    log.error("handler gave up", extra={"node": self.name, "error": str(exc)})
                     await self._give_up(msg, event, attempt, f"{type(exc).__name__}: {exc}")
                     return
                 except Later as later:
@@ -365,7 +382,7 @@ class ConsumerRunner:
                     return
                 except Exception as exc:
                     if attempt >= self.config.max_deliver:
-                        log.exception("last attempt failed", extra={"node": self.durable, "attempt": attempt})
+                        log.exception("last attempt failed", extra={"node": self.name, "attempt": attempt})
                         await self._give_up(msg, event, attempt, f"{type(exc).__name__}: {exc}")
                     else:
                         delay = self.config.backoff_s[min(attempt - 1, len(self.config.backoff_s) - 1)]
@@ -373,7 +390,7 @@ class ConsumerRunner:
                             delay = max(delay, BUS_RETRY_S)
                         log.warning(
                             "handler failed, will retry",
-                            extra={"node": self.durable, "attempt": attempt, "retry_in_s": delay, "error": repr(exc)},
+                            extra={"node": self.name, "attempt": attempt, "retry_in_s": delay, "error": repr(exc)},
                         )
                         self.stats.retried += 1
                         await msg.nak(delay=delay)
@@ -425,20 +442,20 @@ class ConsumerRunner:
 
     async def _say_progress(self, subject: str) -> None:
         try:
-            await self.bus.nc.publish(subject, self.durable.encode())
+            await self.bus.nc.publish(subject, self.name.encode())
         except nats.errors.Error as exc:
             # Only the gateway's stall clock misses it; the heartbeat itself must go on.
-            log.warning("progress marker not sent", extra={"node": self.durable, "error": repr(exc)})
+            log.warning("progress marker not sent", extra={"node": self.name, "error": repr(exc)})
 
     async def _give_up(self, msg: Msg, event: ev.Envelope, attempts: int, reason: str) -> None:
         await self._record_failure(event, attempts, reason)
-        await self.bus.dead_letter(self.durable, msg, reason)
+        await self.bus.dead_letter(self.name, msg, reason)
         await msg.term()
         self.stats.failed += 1
         self._count("failed")
 
     async def _record_failure(self, event: ev.Envelope, attempts: int, reason: str) -> None:
-        await self.bus.publish(self.node.failure(event, self.durable, attempts, reason))
+        await self.bus.publish(self.node.failure(event, self.name, attempts, reason))
 
     async def _on_max_deliveries(self, advisory: Msg) -> None:
         """The server gave up on a message whose handler never answered (the process died on
@@ -448,17 +465,19 @@ class ConsumerRunner:
             stored = await self.bus.js.get_msg(self.stream, seq=info["stream_seq"])
             event = ev.decode(stored.data)
         except Exception:
-            log.exception("could not handle max-deliveries advisory", extra={"node": self.durable})
+            log.exception("could not handle max-deliveries advisory", extra={"node": self.name})
             return
-        if mismatch := ev.subject_mismatch(event, stored.subject):
+        subject = stored.subject if self.partition is None else partitions.original_subject(stored.subject)
+        if mismatch := ev.subject_mismatch(event, subject):
             log.error("max-deliveries advisory for an event on the wrong subject",
-                      extra={"node": self.durable, "stream_seq": info["stream_seq"], "error": mismatch})
+                      extra={"node": self.name, "stream_seq": info["stream_seq"], "error": mismatch})
             return
-        reason = f"no answer from {self.durable} after {info.get('deliveries')} deliveries"
-        log.error("max deliveries reached", extra={"node": self.durable, "stream_seq": info["stream_seq"]})
+        reason = f"no answer from {self.name} after {info.get('deliveries')} deliveries"
+        log.error("max deliveries reached", extra={"node": self.name, "stream_seq": info["stream_seq"]})
         await self._record_failure(event, int(info.get("deliveries", 0)), reason)
         if self.stream != subjects.CONV_STREAM:
-            # A work item nobody will ack again would stay on the work queue for good.
+            # A work item (or a partition's copy of an event) nobody will ack again would stay
+            # on its work queue for good.
             await self.bus.js.delete_msg(self.stream, info["stream_seq"])
         self.stats.failed += 1
         self._count("failed")

@@ -41,6 +41,11 @@ node_pending = Gauge("concierge_node_pending",
 node_ack_pending = Gauge("concierge_node_ack_pending",
                          "Messages delivered to the node's consumer and not yet acknowledged", ["node"])
 node_ready = Gauge("concierge_node_ready", "1 when the node's durable consumer answered its last check", ["node"])
+partitions_owned = Gauge("concierge_partitions_owned",
+                         "Partitions of a partitioned node's events this replica consumes (shared/partitions.py)",
+                         ["node"])
+partition_moves = Counter("concierge_partition_moves",
+                          "Partitions this replica took or gave up as its node's members came and went", ["node"])
 
 log_reads = Counter("concierge_log_reads",
                     "Direct-get requests for stored events (one per batch of up to 256), by stream: the "

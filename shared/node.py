@@ -203,6 +203,11 @@ class Node:
     # whole deployment. None: the runner's default (several times its own concurrency).
     max_in_flight: int | None = None
     failure: Failure = turn_failed  # the event that records its last attempt failing
+    # > 0: the node's events split by site into this many partitions, each consumed by one of
+    # its replicas at a time (shared/partitions.py); 0: one durable shared by all replicas.
+    partitions: int = 0
+    # Told the partitions this replica consumes (and their count) whenever they change.
+    on_partitions: Callable[[frozenset[int], int], Awaitable[None]] | None = None
 
     def concerns(self, event: ev.Envelope) -> bool:
         return self.needs.when is None or self.needs.when(event)

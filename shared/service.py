@@ -25,10 +25,11 @@ from typing import Awaitable, Callable, Sequence, TypeVar
 import msgspec
 import uvloop
 
-from shared import llm, logs, telemetry
+from shared import llm, logs, partitions, telemetry
 from shared.bus import Bus, connect
 from shared.config import BusConfig, ConfigError, ConsumerConfig, Settings, env_float, env_int, env_str
 from shared.consumer import ConsumerRunner
+from shared.partitions import PartitionedRunner
 from shared.node import Node
 from shared.ops import OpsServer
 from shared.site_config import SiteConfigs
@@ -52,6 +53,10 @@ class ProcessSettings(Settings):
     ops_check_s: float = 5.0
     start_lookback_s: float = 300.0  # where a node's new durable starts
     site_config_ttl_s: float = 2.0
+    # A partitioned node's replica (shared/partitions.py): its name among its node's members
+    # (empty: host name and process id), and how long its key outlives its last renewal.
+    partition_member: str = ""
+    partition_ttl_s: float = 6.0
 
     @classmethod
     def from_env(cls) -> "ProcessSettings":
@@ -64,6 +69,8 @@ class ProcessSettings(Settings):
             ops_check_s=env_float("OPS_CHECK_S", d.ops_check_s),
             start_lookback_s=env_float("CONSUMER_START_LOOKBACK_S", d.start_lookback_s),
             site_config_ttl_s=env_float("SITE_CONFIG_TTL_S", d.site_config_ttl_s),
+            partition_member=env_str("PARTITION_MEMBER", d.partition_member),
+            partition_ttl_s=env_float("PARTITION_MEMBER_TTL_S", d.partition_ttl_s),
         )
 
 
@@ -88,7 +95,7 @@ class Process:
 
     def __init__(self) -> None:
         self.bus: Bus | None = None
-        self.runners: list[ConsumerRunner] = []
+        self.runners: list[ConsumerRunner | PartitionedRunner] = []
         self.configs: SiteConfigs | None = None
         self.sites_loaded = False
         self.started = False
@@ -110,6 +117,22 @@ class Process:
                     checked = time.monotonic()
                     await asyncio.gather(*(runner.check() for runner in self.runners))
             await asyncio.sleep(min(every_s, 1.0) if not self.sites_loaded else every_s)
+
+
+def make_runner(bus: Bus, node: Node, settings: ProcessSettings, configs: SiteConfigs,
+           store: CachedStore) -> ConsumerRunner | PartitionedRunner:
+    """What consumes a node's events here: its durable's runner, or for a partitioned node
+    the runners of the partitions this replica is given."""
+    def of(partition: int | None) -> ConsumerRunner:
+        return ConsumerRunner(bus, node, ConsumerConfig.from_env(node.name), configs=configs, store=store,
+                              start_lookback_s=settings.start_lookback_s, partition=partition)
+
+    if node.partitions <= 0:
+        return of(None)
+    if settings.partition_ttl_s < 1:
+        raise ConfigError(f"PARTITION_MEMBER_TTL_S={settings.partition_ttl_s}: at least 1 second")
+    return PartitionedRunner(bus, node, of, settings.partition_member or partitions.member_name(),
+                             settings.partition_ttl_s, settings.start_lookback_s)
 
 
 async def start_ops(ready: Callable[[], bool], port: int, host: str) -> OpsServer | None:
@@ -142,8 +165,7 @@ async def serve(service: str, make_nodes: NodeFactory, settings: ProcessSettings
         nodes = select_nodes(service, await make_nodes(bus), settings.nodes)
         configs = process.configs = SiteConfigs(bus, settings.site_config_ttl_s)  # one cache for every node
         store = CachedStore(bus)  # where every node's inputs are read: one fold cache for all of them
-        process.runners = [ConsumerRunner(bus, node, ConsumerConfig.from_env(node.name), configs=configs,
-                                          store=store, start_lookback_s=settings.start_lookback_s) for node in nodes]
+        process.runners = [make_runner(bus, node, settings, configs, store) for node in nodes]
         if follow_log and any(node.needs.folds for node in nodes):
             await store.follow()
         for runner in process.runners:

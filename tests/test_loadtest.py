@@ -17,6 +17,7 @@ from cli.harness.supervisor import ROOT
 from cli.measure import loadtest, machine
 from cli.measure.loadtest import driver, sweep
 from cli.measure.loadtest import report as loadtest_report
+from shared import partitions
 
 POINT_KEYS = {"rate", "achieved", "sent", "answered", "p50_ms", "p95_ms", "p99_ms", "cpu_ms_per_event", "rss_mb",
               "sustainable", "generator_cpu_ms_per_event", "load_1m"}
@@ -147,17 +148,30 @@ def test_the_machine_gauge_times_the_same_work_each_time(monkeypatch):
 
 
 @pytest.mark.timeout(240)
-def test_the_tenants_load_test_answers_every_site_right_through_the_pools_evictions():
-    """The whole system with six sites and a retriever holding two open at a time: every
-    site is asked cold after a restart, then a mix; each answer holds its site's own price,
-    and the pool opened and closed sites on the way."""
-    out = subprocess.run([sys.executable, "-m", "cli", "loadtest", "tenants", "--sites", "6", "--median-chunks", "4",
-                          "--questions", "12", "--open-sites", "2", "--concurrency", "2"], cwd=ROOT,
+def test_the_tenants_load_test_answers_every_site_right_through_evictions_partitions_and_a_killed_replica():
+    """The whole system with eight sites and two retriever replicas, the questions split by
+    site into four partitions, each replica holding two sites open at a time: every site is
+    asked cold after a restart (each replica opens only its partitions' sites), then a mix
+    during which one replica is SIGKILLed: its partitions move to the other and every
+    question is still answered; answers hold their site's own price but for those asked
+    while the partitions moved."""
+    out = subprocess.run([sys.executable, "-m", "cli", "loadtest", "tenants", "--sites", "8", "--median-chunks", "4",
+                          "--questions", "24", "--open-sites", "2", "--concurrency", "2", "--retrievers", "2",
+                          "--partitions", "4", "--kill-after", "8", "--member-ttl-s", "2"], cwd=ROOT,
                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=230)
     report = f"{out.stdout[-3000:]}\n{out.stderr[-2000:]}"
     assert out.returncode == 0, report
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["cold"]["right"] == result["cold"]["asked"] == 6, report
-    assert result["mix"]["right"] == result["mix"]["asked"] == 12, report
-    assert result["pool"]["open_sites"] <= 2 and result["pool"]["evictions"] >= 4, report
-    assert result["pool"]["opens"] >= 6 and result["retriever_rss_mb_mix"] > 0, report
+    assert result["cold"]["right"] == result["cold"]["asked"] == 8, report
+    cold = result["replicas_cold"]
+    assert [r["partitions"] for r in cold.values()] == [2, 2], report
+    sites = [f"t{n:05d}" for n in range(8)]
+    for name, member in zip(cold, ("retriever", "retriever-b")):
+        mine = [s for s in sites if partitions.assignment(["retriever", "retriever-b"], member, 4)
+                >= {partitions.partition_of(s, 4)}]
+        assert cold[name]["opens"] == len(mine), report  # its own sites, each opened once
+        assert cold[name]["open_sites"] <= 2, report
+    assert result["killed"] == "retriever-b" and result["mix"]["unanswered"] == 0, report
+    assert result["mix"]["right"] + result["mix"]["failover_wrong"] == result["mix"]["asked"] == 24, report
+    survivor = result["replicas_mix"]["retriever"]
+    assert survivor["partitions"] == 4 and survivor["moves"] >= 4 and survivor["evictions"] >= 1, report

@@ -6,6 +6,8 @@ sources' sync runs that change those knowledge bases (sources/: `sync_planner`,
 
 from __future__ import annotations
 
+import logging
+
 from services.retriever import retrieval, search, snapshots
 from services.retriever.knowledge import KnowledgeBase
 from services.retriever.search import Retriever
@@ -14,11 +16,12 @@ from services.retriever.sources import collector, fetcher, planner
 from services.retriever.sources.converter import Converter
 from services.retriever.sources.scheduler import Scheduler
 from shared.web import WebClient
-from shared import language, service
+from shared import language, partitions, service
 from shared.embeddings import shared_embedder
 from shared.node import Node
 from shared.sources import Staging
 
+log = logging.getLogger(__name__)
 _scheduler: Scheduler | None = None
 
 
@@ -39,7 +42,16 @@ async def nodes(bus, settings: RetrieverSettings):
         _scheduler = Scheduler(bus, crawl.schedule_poll_s)
         _scheduler.start()
     converter = Converter(settings.convert)
-    return [*retriever_nodes(search.configured(kb, settings)),
+
+    async def serve_partitions(owned: frozenset[int], count: int) -> None:
+        """Sites of partitions this replica no longer answers are closed now, not when the
+        budget would push them out: their new owner opens them."""
+        closed = await kb.pool.close_where(lambda site: partitions.partition_of(site, count) not in owned)
+        if closed:
+            log.info("sites of partitions given up closed", extra={"sites": closed})
+
+    retrieval_node = retrieval.make_node(search.configured(kb, settings), settings.partitions, serve_partitions)
+    return [retrieval_node,
             *sync_nodes(kb, web, Staging(bus), published, crawl.concurrency, converter)]
 
 

@@ -207,25 +207,44 @@ class Pool:
         (`keep`, just asked for, stays)."""
         evicted = False
         while self._over():
-            victim = next((s for s, o in self._open.items()
-                           if s != keep and o.users == 0 and s not in self._moving and not self._busy(s)), None)
+            victim = next((s for s in self._open if s != keep and self._idle(s)), None)
             if victim is None:
                 log.warning("knowledge bases over their memory budget: every open site is in use",
                             extra={"open_sites": len(self._open), "used_mb": self.used_bytes >> 20,
                                    "limit_mb": (self.limit_bytes or 0) >> 20})
                 break
-            opened = self._open.pop(victim)
-            done: asyncio.Future = asyncio.get_running_loop().create_future()
-            self._moving[victim] = done
-            try:
-                await self._close(victim, opened)
-            finally:
-                del self._moving[victim]
-                done.set_result(None)
-            self.evictions += 1
+            await self._evict(victim)
             evicted = True
-            metrics.kb_evictions.inc()
-        if evicted:
+        self._closed(evicted)
+
+    async def close_where(self, drop: Callable[[str], bool]) -> int:
+        """Close the idle open sites `drop` names (ones this replica no longer serves); those
+        in use stay until the budget closes them. How many were closed."""
+        victims = [site for site in self._open if drop(site) and self._idle(site)]
+        for site in victims:
+            if self._idle(site):  # still, after the ones before it closed
+                await self._evict(site)
+        self._closed(bool(victims))
+        return len(victims)
+
+    def _idle(self, site: str) -> bool:
+        opened = self._open.get(site)
+        return opened is not None and opened.users == 0 and site not in self._moving and not self._busy(site)
+
+    async def _evict(self, site: str) -> None:
+        opened = self._open.pop(site)
+        done: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._moving[site] = done
+        try:
+            await self._close(site, opened)
+        finally:
+            del self._moving[site]
+            done.set_result(None)
+        self.evictions += 1
+        metrics.kb_evictions.inc()
+
+    def _closed(self, any_closed: bool) -> None:
+        if any_closed:
             _malloc_trim()
         metrics.kb_open_sites.set(len(self._open))
         metrics.kb_open_bytes.set(self.used_bytes)

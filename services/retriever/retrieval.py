@@ -28,7 +28,9 @@ log = logging.getLogger(__name__)
 NAME = "retrieval"
 
 
-def make_node(retriever: Retriever) -> Node:
+def make_node(retriever: Retriever, partitions: int = 0, on_partitions=None) -> Node:
+    """`partitions` > 0: the turns split by site across the replicas (shared/partitions.py),
+    `on_partitions(owned, count)` told which this replica answers."""
     async def retrieve(event: ev.TurnRequested, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
         started = time.perf_counter()
         mode = retriever.base.for_site(inputs.config).mode
@@ -56,4 +58,5 @@ def make_node(retriever: Retriever) -> Node:
                      contact_page=result.contact_page,
                      error="; ".join(result.errors) or None)]
 
-    return Node(name=NAME, consumes=("turn_requested",), handle=retrieve, needs=Needs(config=True, route=True))
+    return Node(name=NAME, consumes=("turn_requested",), handle=retrieve, needs=Needs(config=True, route=True),
+                partitions=partitions, on_partitions=on_partitions)

@@ -199,12 +199,20 @@ class RetrieverSettings(Settings):
     embeddings: EmbeddingSettings = msgspec.field(default_factory=EmbeddingSettings)
     crawl: CrawlSettings = msgspec.field(default_factory=CrawlSettings)
     convert: ConvertLimits = msgspec.field(default_factory=ConvertLimits)
+    # > 0: the retrieval node's questions split by site into this many partitions, each
+    # replica answering (and holding open) only its partitions' sites (shared/partitions.py);
+    # 0: every replica answers any site.
+    partitions: int = 0
 
     @classmethod
     def from_env(cls) -> "RetrieverSettings":
         knowledge_base = KnowledgeBaseSettings.from_env()
         keywords = env_choice("RETRIEVAL_KEYWORDS", "offline", ("offline", "llm"))
+        partitions = env_int("RETRIEVER_PARTITIONS", 0)
+        if not 0 <= partitions <= 1024:
+            partitions = invalid(f"RETRIEVER_PARTITIONS={partitions}: 0 (not partitioned) to 1024", 0)
         return cls(
+            partitions=partitions,
             retrieval=RetrievalSettings.from_env(),
             knowledge_base=knowledge_base,
             snapshots=SnapshotSettings.from_env(server=bool(knowledge_base.qdrant_url)),

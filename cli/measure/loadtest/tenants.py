@@ -17,6 +17,15 @@ the syncs, after the cold pass, after the mix; its budget), cold and mix first-a
 latency (time to the first token, p50/p99, ms), right (answers holding their price) per
 pass, and the pool's opens and evictions (the retriever's /metrics). Exit 1 when an
 answer is wrong or missing.
+
+`--retrievers 2` asks with two retriever replicas, the questions partitioned by site
+(`--partitions`, RETRIEVER_PARTITIONS; each replica answers from a copy of the synced
+knowledge: the embedded vector store opens in one process only, a Qdrant server shares one)
+and reports per replica: sites opened, resident memory, partitions owned and moved.
+`--kill-after K` SIGKILLs the second replica once K of the mix's questions were asked: its
+partitions move to the first when its membership expires (PARTITION_MEMBER_TTL_S); every
+question must still be answered, and right but for those asked while the partitions moved
+(`failover_wrong`: the answer's 2 s retrieval wait passes before a live replica takes them).
 """
 
 from __future__ import annotations
@@ -28,8 +37,10 @@ import random
 import re
 import sys
 import tempfile
+import shutil
 import time
 from pathlib import Path
+from typing import Callable
 
 import httpx
 
@@ -52,6 +63,11 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--large-sites", type=int, default=0,
                         help="sites of --large-chunks chunks besides, whose cold first answers are reported apart")
     parser.add_argument("--large-chunks", type=int, default=500)
+    parser.add_argument("--retrievers", type=int, default=1, help="retriever replicas answering (partitioned)")
+    parser.add_argument("--partitions", type=int, default=16, help="RETRIEVER_PARTITIONS with --retrievers above 1")
+    parser.add_argument("--kill-after", type=int, default=0,
+                        help="SIGKILL the last retriever replica once this many of the mix's questions were asked")
+    parser.add_argument("--member-ttl-s", type=float, default=4.0, help="PARTITION_MEMBER_TTL_S")
     parser.add_argument("--seed", type=int, default=5)
     return parser
 
@@ -115,8 +131,9 @@ def _pct(values: list[float], q: float) -> float | None:
     return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 1)
 
 
-def _metric(text: str, name: str) -> float:
-    found = re.search(rf"^{name}(?:_total)? ([0-9.e+]+)$", text, re.M)
+def _metric(text: str, name: str, labels: str = "") -> float:
+    labelled = re.escape("{" + labels + "}") if labels else ""
+    found = re.search(rf"^{name}(?:_total)?{labelled} ([0-9.e+]+)$", text, re.M)
     return float(found.group(1)) if found else 0.0
 
 
@@ -128,26 +145,45 @@ def _rss_mb(pid: int) -> float:
 
 
 async def _pass(client, base_url, plan: list[tuple[str, str, str]], concurrency: int,
-                large: frozenset[str] = frozenset()) -> dict:
+                large: frozenset[str] = frozenset(), kill: tuple[int, Callable[[], None], float] | None = None) -> dict:
+    """Ask `plan` with `concurrency` visitors; `kill`: (after how many questions asked, what
+    kills a replica, the seconds after it in which answers may lack their fact)."""
     gate = asyncio.Semaphore(concurrency)
     ttfts: list[float] = []
     large_ttfts: list[float] = []
     wrong: list[str] = []
+    failover_wrong: list[str] = []
+    unanswered: list[str] = []
+    asked = 0
+    killed_at: float | None = None
 
     async def one(site: str, question: str, fact: str) -> None:
+        nonlocal asked, killed_at
         async with gate:
+            asked += 1
+            if kill is not None and asked == kill[0]:
+                await asyncio.to_thread(kill[1])
+                killed_at = time.monotonic()
+            started = time.monotonic()
             text, ttft = await ask(client, base_url, site, question)
         if ttft is not None:
             (large_ttfts if site in large else ttfts).append(ttft)
+        else:
+            unanswered.append(f"{site}: {question} → {text[:160]!r}")
         if fact not in text:
-            wrong.append(f"{site}: {question} → {text[:160]!r} (expected {fact})")
+            failing = f"{site}: {question} → {text[:160]!r} (expected {fact})"
+            # In flight when the replica died, or asked before its partitions moved.
+            in_failover = killed_at is not None and started <= killed_at + kill[2]
+            (failover_wrong if in_failover and ttft is not None else wrong).append(failing)
 
     started = time.monotonic()
     await asyncio.gather(*(one(*p) for p in plan))
-    return {"asked": len(plan), "right": len(plan) - len(wrong), "ttft_p50_ms": _pct(ttfts, 0.5),
-            "ttft_p99_ms": _pct(ttfts, 0.99), "seconds": round(time.monotonic() - started, 1), "wrong": wrong[:5],
+    return {"asked": len(plan), "right": len(plan) - len(wrong) - len(failover_wrong),
+            "ttft_p50_ms": _pct(ttfts, 0.5), "ttft_p99_ms": _pct(ttfts, 0.99),
+            "seconds": round(time.monotonic() - started, 1), "wrong": wrong[:5],
             **({"large_ttft_p50_ms": _pct(large_ttfts, 0.5), "large_ttft_p99_ms": _pct(large_ttfts, 0.99)}
-               if large else {})}
+               if large else {}),
+            **({"unanswered": len(unanswered), "failover_wrong": len(failover_wrong)} if kill else {})}
 
 
 async def _create(client, base_url: str, token: str, sites: dict[str, str], concurrency: int) -> None:
@@ -204,10 +240,49 @@ def run(args: argparse.Namespace) -> dict:
     result: dict = {"sites": args.sites, "large_sites": args.large_sites, "chunks": sum(chunk_counts),
                     "median_chunks": sorted(chunk_counts)[len(chunk_counts) // 2], "largest_chunks": max(chunk_counts),
                     "budget_mb": args.budget_mb, "open_sites": args.open_sites, "machine_gauge_ms": machine.gauge_ms()}
+    partitioned = args.retrievers > 1
+    env = {"RATE_LIMIT_PER_IP_PER_MIN": "0", "KB_MEMORY_BUDGET_MB": str(args.budget_mb),
+           "KB_OPEN_SITES": str(args.open_sites)}
+    if partitioned:
+        env.update(RETRIEVER_PARTITIONS=str(args.partitions), PARTITION_MEMBER_TTL_S=str(args.member_ttl_s))
+        result.update(retrievers=args.retrievers, partitions=args.partitions)
+    replicas = ["retriever"] + [f"retriever-{chr(ord('a') + i)}" for i in range(1, args.retrievers)]
     with tempfile.TemporaryDirectory(prefix="concierge-load-tenants-") as data:
-        system = make_system(Path(data), free_port(), free_port(), {
-            "RATE_LIMIT_PER_IP_PER_MIN": "0", "KB_MEMORY_BUDGET_MB": str(args.budget_mb),
-            "KB_OPEN_SITES": str(args.open_sites)})
+        system = make_system(Path(data), free_port(), free_port(), env)
+
+        def start_retrievers() -> None:
+            """Every replica started again with no site open; the others each on a copy of what
+            the first synced (the embedded vector store opens in one process only)."""
+            system.stop_service("retriever")
+            for i, name in enumerate(replicas):
+                extra = {"PARTITION_MEMBER": name} if partitioned else {}
+                if i:
+                    copy = Path(data) / f"kb-{name}"
+                    shutil.copytree(system.env["KB_DIR"], copy)
+                    extra["KB_DIR"] = str(copy)
+                system.start_service("retriever", extra, name=name)
+            for name in replicas:
+                system.wait_ready(name, 180)
+
+        async def replica_figures(client: httpx.AsyncClient, name: str) -> dict:
+            text = (await client.get(f"http://127.0.0.1:{system.ops_ports[name]}/metrics")).text
+            figures = {"rss_mb": _rss_mb(system.procs[name].pid),
+                       **{key: _metric(text, f"concierge_kb_{key}") for key in ("opens", "evictions", "open_sites")}}
+            if partitioned:
+                figures.update(partitions=_metric(text, "concierge_partitions_owned", 'node="retrieval"'),
+                               moves=_metric(text, "concierge_partition_moves", 'node="retrieval"'))
+            return figures
+
+        async def settled(client: httpx.AsyncClient, timeout: float = 60) -> None:
+            """Until the replicas agree who owns which partition (each has heard the others)."""
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                owned = [(await replica_figures(client, n))["partitions"] for n in replicas]
+                if sum(owned) == args.partitions and all(owned[:args.partitions]):
+                    return
+                await asyncio.sleep(0.5)
+            raise TimeoutError(f"the retrievers did not share out the partitions within {timeout} s")
+
         try:
             system.start_all()
             token = system.env["ADMIN_TOKEN"]
@@ -218,20 +293,38 @@ def run(args: argparse.Namespace) -> dict:
                     await _create(client, system.gateway_url, token, texts, args.concurrency)
                     result["sync_s"] = round(time.monotonic() - started, 1)
                     result["retriever_rss_mb_synced"] = _rss_mb(system.procs["retriever"].pid)
-                    system.stop_service("retriever")
-                    system.start_service("retriever")
-                    system.wait_ready("retriever", 180)
+                    start_retrievers()
+                    if partitioned:
+                        await settled(client)
                     result["retriever_rss_mb_started"] = _rss_mb(system.procs["retriever"].pid)
                     print(f"  retriever restarted: {result['retriever_rss_mb_started']} MiB; asking each site once",
                           flush=True)
                     result["cold"] = await _pass(client, system.gateway_url, cold_plan, args.concurrency, large)
                     result["retriever_rss_mb_cold"] = _rss_mb(system.procs["retriever"].pid)
                     print(f"  cold pass: {json.dumps(result['cold'])}", flush=True)
-                    result["mix"] = await _pass(client, system.gateway_url, mix_plan, args.concurrency)
+                    if partitioned:
+                        result["replicas_cold"] = {n: await replica_figures(client, n) for n in replicas}
+                        print(f"  replicas after the cold pass: {json.dumps(result['replicas_cold'])}", flush=True)
+                    kill = None
+                    if partitioned and args.kill_after:
+                        victim = replicas[-1]
+
+                        def killed() -> None:
+                            system.kill(victim)
+                            result["killed"] = victim
+                            print(f"  {victim} killed", flush=True)
+
+                        # Its key expires after the TTL, the survivor's next beat (a third of it)
+                        # takes the partitions; the answer's retrieval wait (2 s) on top.
+                        kill = (args.kill_after, killed, args.member_ttl_s * 4 / 3 + 2.0)
+                    result["mix"] = await _pass(client, system.gateway_url, mix_plan, args.concurrency, kill=kill)
                     result["retriever_rss_mb_mix"] = _rss_mb(system.procs["retriever"].pid)
                     metrics = (await client.get(f"http://127.0.0.1:{system.ops_ports['retriever']}/metrics")).text
                     result["pool"] = {name: _metric(metrics, f"concierge_kb_{name}")
                                       for name in ("opens", "evictions", "open_sites", "open_bytes")}
+                    if partitioned:
+                        result["replicas_mix"] = {n: await replica_figures(client, n) for n in replicas
+                                                  if n != result.get("killed")}
 
             asyncio.run(main())
         finally:
@@ -242,7 +335,11 @@ def run(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     result = run(parser().parse_args(argv))
     print(json.dumps(result), flush=True)
-    ok = all(result[p]["right"] == result[p]["asked"] for p in ("cold", "mix"))
+    # Killing a replica may leave the questions asked while its partitions moved without
+    # their fact (failover_wrong), never without an answer.
+    ok = (result["cold"]["right"] == result["cold"]["asked"]
+          and result["mix"]["right"] + result["mix"].get("failover_wrong", 0) == result["mix"]["asked"]
+          and not result["mix"].get("unanswered"))
     return 0 if ok else 1
 
 
