@@ -163,10 +163,11 @@ class Bus:
         subject = subjects.tokens(chunk.site, chunk.session_id, chunk.turn)
         await self.nc.publish(subject, ev.encode(chunk), headers={"Nats-Msg-Id": chunk.event_id})
 
-    async def dead_letter(self, node: str, msg: Msg, reason: str) -> None:
+    async def dead_letter(self, node: str, msg: Msg, reason: str, subject: str | None = None) -> None:
+        """`subject`: where the event was stored when `msg` is a copy of it (a partition's)."""
         headers = {
             "Concierge-Reason": reason[:1024],
-            "Concierge-Subject": msg.subject,
+            "Concierge-Subject": subject or msg.subject,
             "Concierge-Node": node,
         }
         if msg.headers and "Nats-Msg-Id" in msg.headers:

@@ -320,18 +320,18 @@ class ConsumerRunner:
             return
         at = delivery(msg.reply)
         attempt = at.delivered
+        subject, seq = msg.subject, at.stream_seq
+        if self.partition is not None:  # a copy: where the event sits in the conversation log
+            subject, seq = partitions.logged_at(msg)
         try:
             event = ev.decode(msg.data)
         except ev.BadEvent as exc:
             self.stats.bad_events += 1
             log.error("bad event dead-lettered", extra={"node": self.name, "subject": msg.subject, "error": str(exc)})
-            await self.bus.dead_letter(self.name, msg, str(exc))
+            await self.bus.dead_letter(self.name, msg, str(exc), subject)
             await msg.term()
             self._count("dead_lettered")
             return
-        subject, seq = msg.subject, at.stream_seq
-        if self.partition is not None:  # where the event sits in the conversation log
-            subject, seq = partitions.logged_at(msg)
         if mismatch := ev.subject_mismatch(event, subject):
             # Handlers act on the envelope's site and session: one believed over its subject
             # would let a publish on one conversation's subject write into another's.
@@ -339,7 +339,7 @@ class ConsumerRunner:
             self.stats.mismatched += 1
             log.error("event on the wrong subject dead-lettered",
                       extra={"node": self.name, "subject": msg.subject, "error": mismatch})
-            await self.bus.dead_letter(self.name, msg, mismatch)
+            await self.bus.dead_letter(self.name, msg, mismatch, subject)
             await msg.term()
             self._count("mismatched")
             return
@@ -449,7 +449,8 @@ class ConsumerRunner:
 
     async def _give_up(self, msg: Msg, event: ev.Envelope, attempts: int, reason: str) -> None:
         await self._record_failure(event, attempts, reason)
-        await self.bus.dead_letter(self.name, msg, reason)
+        copied = partitions.original_subject(msg.subject) if self.partition is not None else None
+        await self.bus.dead_letter(self.name, msg, reason, copied)
         await msg.term()
         self.stats.failed += 1
         self._count("failed")

@@ -564,3 +564,35 @@ async def test_sources_under_the_production_permissions(secured_nats, site):
     finally:
         for bus in (gateway, retriever):
             await bus.close()
+
+
+async def test_partitioned_retrieval_under_the_production_permissions(secured_nats, site):
+    """RETRIEVER_PARTITIONS under deploy/nats-server.conf: the retriever makes the partition
+    stream the server sources from CONV, joins the members bucket, takes its partitions,
+    answers a visitor's turn from one and leaves the bucket when it stops."""
+    from shared import partitions
+    from shared.consumer import ConsumerRunner
+    from shared.partitions import PartitionedRunner
+
+    gateway, retriever = [await as_service(secured_nats, n) for n in ("gateway", "retriever")]
+    try:
+        async def retrieve(event, inputs, ctx):
+            return [ctx.follow(ev.RetrievalCompleted, query=event.message)] if event.site == site else []
+
+        node = Node("retrieval", ("turn_requested",), retrieve, partitions=4)
+        replica = PartitionedRunner(retriever, node, lambda p: ConsumerRunner(
+            retriever, node, fast(), start_lookback_s=5, partition=p), "r1", ttl_s=3.0, lookback_s=5)
+        await replica.start()
+        try:
+            assert replica.owned == {0, 1, 2, 3} and replica.bound
+            await gateway.publish(ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="s1", turn=1,
+                                                   ts=ev.now(), producer="test", message="pricing?"))
+            done = await wait_for(lambda: gateway.last(subjects.conv(site, "s1", "retrieval_completed")), 10,
+                                  "the turn's retrieval from its partition")
+            assert done.query == "pricing?"
+        finally:
+            await replica.stop()
+        assert await replica.membership.live() == []  # left: its partitions free at once
+    finally:
+        for bus in (gateway, retriever):
+            await bus.close()

@@ -260,7 +260,14 @@ def test_keda_triggers_name_real_streams_and_durable_consumers(overlay):
     for obj in scaled:
         target = one(overlay, "Deployment", obj["spec"]["scaleTargetRef"]["name"])
         assert obj["spec"]["scaleTargetRef"]["kind"] == "Deployment"
-        triggers = obj["spec"]["triggers"]
+        (container,) = target["spec"]["template"]["spec"]["containers"]
+        # A partitioned node (RETRIEVER_PARTITIONS: one replica at a time per partition's
+        # durable) scales on CPU: its lag is not shared out by more replicas.
+        partitioned = {"retrieval"} if int(env_of(container).get("RETRIEVER_PARTITIONS") or 0) > 0 else set()
+        by_cpu = [t for t in obj["spec"]["triggers"] if t["type"] == "cpu"]
+        assert {t["name"] for t in by_cpu} == partitioned, obj["metadata"]["name"]
+        assert all(t["metricType"] == "Utilization" and container["resources"]["requests"]["cpu"] for t in by_cpu)
+        triggers = [t for t in obj["spec"]["triggers"] if t["type"] != "cpu"]
         assert {t["type"] for t in triggers} == {"nats-jetstream"}
         # The knowledge sources' pages wait on the BRIEFS work queue: its fetcher scales the
         # retriever on that queue's lag, beside the turn's node on CONV.
@@ -272,7 +279,8 @@ def test_keda_triggers_name_real_streams_and_durable_consumers(overlay):
             assert t["metadata"]["stream"] == expected
             assert t["metadata"]["account"] == "$G"  # users in the global account (deploy/nats-server.conf)
             assert t["metadata"]["natsServerMonitoringEndpoint"] == f"nats-headless.{namespace}.svc.cluster.local:8222"
-        assert {t["metadata"]["consumer"] for t in triggers} - work_queue == hosted_nodes(target), obj["metadata"]["name"]
+        assert ({t["metadata"]["consumer"] for t in triggers} - work_queue | partitioned
+                == hosted_nodes(target)), obj["metadata"]["name"]
     hpa = one(overlay, "HorizontalPodAutoscaler", "gateway")
     assert hpa["spec"]["metrics"][0]["resource"]["name"] == "cpu"
     assert hpa["spec"]["scaleTargetRef"]["name"] not in targets

@@ -12,7 +12,7 @@ from collections import defaultdict
 from shared import events as ev
 from shared import partitions, subjects
 from shared.consumer import ConsumerRunner
-from shared.node import Needs, Node
+from shared.node import Needs, Node, PermanentError
 from shared.partitions import PartitionedRunner
 from tests.helpers import fast, requested, unique, wait_for
 
@@ -149,6 +149,8 @@ async def test_an_event_from_a_partition_is_read_where_it_sits_in_the_log(bus, s
     name, seen = unique("where"), []
 
     async def handle(event, inputs, ctx):
+        if event.site == site and event.session_id == "bad":
+            raise PermanentError("no knowledge base")
         if event.site == site:
             seen.append(inputs.state.last_seq)
             return [ctx.follow(ev.RouteDecided, route="ANSWER", reason="found")]
@@ -164,6 +166,13 @@ async def test_an_event_from_a_partition_is_read_where_it_sits_in_the_log(bus, s
         assert seen == [ack.seq] and runner.stats.bad_events == 0
         stored = [r.event for r in await bus.read(subjects.conversation(site, "s1"))]
         assert any(isinstance(e, ev.RouteDecided) for e in stored)
+        # A failure ends in the turn's TurnFailed and a dead letter naming the CONV subject
+        # (what `concierge erase-visitor` and an operator read), not the partition's copy.
+        await bus.publish(requested(site, session="bad"))
+        failed = await wait_for(lambda: bus.last(subjects.conv(site, "bad", "turn_failed")), 10, "the failure")
+        assert failed.node == name
+        letter = await bus.js.get_last_msg(subjects.DLQ_STREAM, subjects.dlq(name))
+        assert letter.headers["Concierge-Subject"] == subjects.conv(site, "bad", "turn_requested")
     finally:
         await runner.stop()
         await bus.js.delete_stream(partitions.stream_name(name))

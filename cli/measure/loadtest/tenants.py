@@ -67,7 +67,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--partitions", type=int, default=16, help="RETRIEVER_PARTITIONS with --retrievers above 1")
     parser.add_argument("--kill-after", type=int, default=0,
                         help="SIGKILL the last retriever replica once this many of the mix's questions were asked")
-    parser.add_argument("--member-ttl-s", type=float, default=4.0, help="PARTITION_MEMBER_TTL_S")
+    parser.add_argument("--member-ttl-s", type=float, default=6.0, help="PARTITION_MEMBER_TTL_S")
     parser.add_argument("--seed", type=int, default=5)
     return parser
 
