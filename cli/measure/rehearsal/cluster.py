@@ -161,6 +161,10 @@ def started(args, name: str, replicas: int, log, nats_servers: int = 1) -> Itera
                 # Every simulated visitor comes from 127.0.0.1.
                 "RATE_LIMIT_PER_IP_PER_MIN": "0",
                 "RATE_LIMIT_PER_SITE_PER_MIN": "100000",
+                # The retrievers' turns partitioned by site as deploy/k8s has them: a retriever
+                # killed has its partitions moved to the other within this TTL.
+                "RETRIEVER_PARTITIONS": "4",
+                "PARTITION_MEMBER_TTL_S": "3",
             })
             began = time.monotonic()
             try:
