@@ -152,13 +152,23 @@ async def ask_in_a_fresh_widget(page, gateway_url: str, message: str) -> None:
     await page.press("[data-testid=cw-input]", "Enter")
 
 
-async def open_admin(browser, system, site: str, view: str):
-    """/admin in a new page, the operator's token and `site` typed in, the view whose header
-    button is `#view` opened."""
+async def signed_in_admin(page, base_url: str, key: str) -> None:
+    """/admin on `page`, signed in with `key` on its sign-in page (the console's session
+    cookie from then on)."""
+    await page.goto(base_url + "/admin")
+    await page.wait_for_selector("#signIn", state="visible")
+    await page.fill("#signInKey", key)
+    await page.click("#signInButton")
+    await page.wait_for_selector("#signIn", state="hidden")
+
+
+async def open_admin(browser, system, site: str, view: str, key: str | None = None):
+    """/admin in a new page, signed in on its sign-in page (ADMIN_TOKEN, or `key`), `site`
+    typed in, the view whose header button is `#view` opened."""
     admin = await browser.new_page(viewport={"width": 1400, "height": 900})
-    await admin.goto(system.gateway_url + "/admin")
-    await admin.fill("#token", system.env["ADMIN_TOKEN"])
-    await admin.fill("#site", site)
+    await signed_in_admin(admin, system.gateway_url, key or system.env["ADMIN_TOKEN"])
+    if not await admin.eval_on_selector("#site", "e => e.readOnly"):
+        await admin.fill("#site", site)
     await admin.click(f"#{view}")
     return admin
 

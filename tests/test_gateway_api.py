@@ -31,11 +31,13 @@ def test_one_operator_prefix_one_visitor_api_and_every_operation_tagged():
         if tag == "operator":  # the site itself (the prefix's own path), or under it
             assert path == OPERATOR_PREFIX.rstrip("/") or path.startswith(OPERATOR_PREFIX), \
                 f"{method} {path}: operator, outside {OPERATOR_PREFIX}"
+        elif tag == "console":
+            assert path == "/v1/admin/session", f"{method} {path}: the console's sign-in"
         elif tag == "visitor":
             assert path == "/v1/chat" or path.startswith("/v1/sites/{site}/"), f"{method} {path}: visitor"
         else:
             assert tag == "health" and path in ("/healthz", "/readyz"), f"{method} {path}: tagged {tag}"
-    assert seen == {"visitor", "operator", "health"}
+    assert seen == {"visitor", "operator", "console", "health"}
     assert {path.split("{site}")[0] for _, path, _ in operations("operator")} == {"/v1/admin/sites/"}
 
 

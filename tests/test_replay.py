@@ -25,7 +25,7 @@ from shared.site_config import SiteConfigs
 from tests import lead_briefs
 from tests.helpers import graph_under, record_conversations
 from tests.servers import ROOT
-from tests.e2e import launch_chromium, needs_chromium, ops
+from tests.e2e import launch_chromium, needs_chromium, ops, signed_in_admin
 
 SITE = "demo"
 SCRIPTS = (
@@ -194,10 +194,9 @@ async def test_state_at_an_event_and_a_fork_with_a_new_message(system, recorded,
 
 
 async def admin_page(browser, system, width: int):
-    """/admin opened by an operator: the token and the site filled in."""
+    """/admin opened by an operator: signed in, the site filled in."""
     page = await browser.new_page(viewport={"width": width, "height": 900})
-    await page.goto(system.gateway_url + "/admin")
-    await page.fill("#token", system.env["ADMIN_TOKEN"])
+    await signed_in_admin(page, system.gateway_url, system.env["ADMIN_TOKEN"])
     await page.fill("#site", SITE)
     return page
 

@@ -25,7 +25,7 @@ from shared.site_config import SiteConfig, SiteConfigError, SiteConfigs, parse, 
 from shared.site_store import SiteConfigSync, SiteNotFound, SiteStore, as_data, exported, merged
 from shared.toml_text import dumps
 from tests import test_briefs_api
-from tests.e2e import launch_chromium, needs_chromium
+from tests.e2e import launch_chromium, needs_chromium, signed_in_admin
 from tests.helpers import unique, wait_for
 from tests.servers import ROOT
 from tests.test_briefs_api import ADMIN, ORIGIN, bearer, key_of
@@ -359,8 +359,7 @@ async def test_the_site_view_makes_a_site_whose_widget_takes_its_look(api):
         browser = await launch_chromium(pw)
         try:
             page = await browser.new_page(viewport={"width": 1400, "height": 900})
-            await page.goto(f"{base}/admin")
-            await page.fill("#token", ADMIN)
+            await signed_in_admin(page, base, ADMIN)
             await page.fill("#site", site)
             await page.click("#siteSettings")
             await page.wait_for_selector("#siteState:has-text('No site')")
@@ -439,3 +438,48 @@ def test_a_sites_log_is_no_turn_a_replay_compares():
     change = ev.SiteChanged(event_id=ev.new_id(), site="s", session_id=ev.SITE_SESSION, turn=0, ts=1.0,
                             change="created", version="v1", actor="admin")
     assert diff([change], []) == []
+
+
+@needs_chromium
+async def test_the_console_signs_in_with_a_key_once_and_keeps_no_secret_in_the_page(api):
+    """/admin opens on its sign-in page; a wrong key is refused there; a site key signs in
+    once (the operator's name shown, the site fixed to theirs, another site's view 404) and
+    nothing the page can read holds the key or the session; sign-out comes back to the
+    sign-in page, and a reload stays there."""
+    from playwright.async_api import async_playwright
+
+    client, other = api
+    base = str(client.base_url)
+    site = unique("signin")
+    assert (await client.put(f"/v1/admin/sites/{site}", headers=bearer(ADMIN), json={
+        "name": "Signin Co", "allowed_origins": [ORIGIN]})).status_code in (200, 201)
+    key = (await client.post(f"/v1/admin/sites/{site}/keys", headers=bearer(ADMIN))).json()["key"]
+    async with async_playwright() as pw:
+        browser = await launch_chromium(pw)
+        try:
+            page = await browser.new_page(viewport={"width": 1400, "height": 900})
+            await page.goto(f"{base}/admin")
+            await page.wait_for_selector("#signIn", state="visible")
+            await page.fill("#signInKey", "ck_nobody_notakey")
+            await page.click("#signInButton")
+            await page.wait_for_selector("#signInError:has-text('not one of this deployment')")
+            await page.fill("#signInKey", key)
+            await page.press("#signInKey", "Enter")
+            await page.wait_for_selector("#signIn", state="hidden")
+            assert await page.text_content("#who") == f"{site} key ({site})"
+            assert await page.input_value("#site") == site and await page.eval_on_selector("#site", "e => e.readOnly")
+            await page.click("#siteSettings")
+            await page.wait_for_selector(f"#siteWhich:has-text('{site}')")
+            kept = await page.evaluate("() => JSON.stringify({...sessionStorage}) + JSON.stringify({...localStorage})"
+                                       " + document.cookie")
+            assert key not in kept and "concierge_console" not in kept, kept  # HttpOnly: not for scripts
+            # Another site, typed past the read-only box by a script: its API answers 404.
+            answer = await page.evaluate(f"""async () => (await adminFetch("/v1/admin/sites/{other}")).status""")
+            assert answer == 404
+            await page.click("#signOut")
+            await page.wait_for_selector("#signIn", state="visible")
+            await page.reload()
+            await page.wait_for_selector("#signIn", state="visible")
+            assert await page.text_content("#who") == ""
+        finally:
+            await browser.close()

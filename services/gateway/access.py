@@ -4,8 +4,9 @@
   origin the site allows (403), and for a conversation the visitor names, its session token
   (sessions.py; 403): `configured_site`, `require_token`, and both for a path that names the
   conversation, `own_conversation`;
-- an operator: a bearer token (operators.py; 401) that sees the site the path names (404
-  otherwise, as if the site had nothing): `operator_of_site`, the operator API's one check;
+- an operator: a bearer token (operators.py; 401), or the console's session cookie
+  (console_sessions.py), that sees the site the path names (404 otherwise, as if the site
+  had nothing): `operator_of_site`, the operator API's one check;
 
 and the visitor's address, which the rate limits count per (`client_ip`).
 """
@@ -19,10 +20,11 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials
 
+from services.gateway.console_sessions import COOKIE, HEADER
 from services.gateway.cors import origin_allowed
 from services.gateway.errors import NotFound, NotReady
 from services.gateway.openapi import SessionId, SiteId, TokenHeader, bearer
-from services.gateway.operators import Operator
+from services.gateway.operators import Operator, Unauthorized
 from services.gateway.schemas import RequestError
 from shared.site_config import SiteConfig
 
@@ -59,7 +61,22 @@ async def own_conversation(request: Request, site: SiteId, session_id: SessionId
 async def operator(request: Request,
                    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Operator:
     """The caller as an operator (401 without a valid token); `bearer` documents the scheme."""
-    return await request.app.state.operators.authenticate(request.headers.get("authorization"))
+    return await caller(request)
+
+
+async def caller(request: Request) -> Operator:
+    """The operator a bearer token is, or without one, the console's session
+    (console_sessions.py: its cookie, with the console's header); 401 otherwise."""
+    auth = request.app.state.operators
+    cookie = request.cookies.get(COOKIE)
+    if request.headers.get("authorization") is not None or cookie is None:
+        return await auth.authenticate(request.headers.get("authorization"))
+    if request.headers.get(HEADER) != "1":
+        raise Unauthorized(f"a console session needs the {HEADER}: 1 header")
+    claims = request.app.state.console.read(cookie)
+    if claims is None:
+        raise Unauthorized("the console session has expired or is not one of this deployment's: sign in again")
+    return await auth.from_session(claims)
 
 
 async def operator_of_site(site: SiteId, who: Annotated[Operator, Depends(operator)]) -> Operator:

@@ -24,6 +24,7 @@ from shared.site_config import SiteConfigs
 from shared.store import CachedStore
 from shared.web import WebClient
 from services.gateway import errors
+from services.gateway.console_sessions import ConsoleSessions
 from services.gateway.cors import KnownOrigins, SiteCORS
 from services.gateway.handoffs import Claims
 from services.gateway.openapi import TAGS, VISITOR_PREFIXES
@@ -47,6 +48,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                               "(bearer token). See docs/security.md.")
     app.state.settings = settings
     app.state.tokens = tokens
+    app.state.console = ConsoleSessions(settings.session_token_secret, list(settings.session_token_previous.values()),
+                                        settings.console_session_s)
     app.add_middleware(SiteCORS, known_origins=KnownOrigins(lambda: app.state.sites), path_prefixes=VISITOR_PREFIXES)
     for router in ROUTERS:
         app.include_router(router)
@@ -68,6 +71,7 @@ async def lifespan(app: FastAPI):
     app.state.redis = redis_client.connect(settings.redis_url)
     app.state.limiter = RateLimiter(app.state.redis, settings.rate_per_ip_per_min, settings.rate_per_site_per_min)
     app.state.vote_limiter = RateLimiter(app.state.redis, settings.rate_per_ip_per_min, 0, name="rl-feedback")
+    app.state.sign_in_limiter = RateLimiter(app.state.redis, settings.rate_per_ip_per_min, 0, name="rl-sign-in")
     app.state.handoff_claims = Claims(app.state.bus)
     app.state.guard = SessionGuard(app.state.bus, ttl_s=settings.turn_deadline_s + 10)
     app.state.sites = SiteConfigs(app.state.bus, settings.site_config_ttl_s)

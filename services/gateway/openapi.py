@@ -16,7 +16,7 @@ import msgspec
 from fastapi import Header, Path
 from fastapi.security import HTTPBearer
 
-from services.gateway.schemas import ChatRequest, ErrorBody, FeedbackRequest, FeedbackStored
+from services.gateway.schemas import ChatRequest, ErrorBody, FeedbackRequest, FeedbackStored, SignedIn, SignIn
 from shared.accounts import Portfolio
 from shared.site_config import SiteConfig, Widget
 
@@ -44,6 +44,9 @@ TAGS = [
                                         "states, replay, lead briefs and triage, handoffs to a person, accounts and deals. A bearer token "
                                         "(ADMIN_TOKEN, or the "
                                         "site's API key); no CORS."},
+    {"name": "console", "description": "The operator console's sign-in, `/v1/admin/session`: a key once, then an "
+                                       "HttpOnly, SameSite=Strict session cookie that the operator API takes with the "
+                                       "`X-Concierge-Console: 1` header instead of a bearer token; sign-out."},
     {"name": "health", "description": "Liveness and readiness (also on the ops port, with /metrics)."},
 ]
 
@@ -73,6 +76,13 @@ def _errors(**codes: str) -> dict:
     return {int(code[1:]): {"description": text, "content": ERROR} for code, text in codes.items()}
 
 
+SIGN_IN_OPENAPI = {"requestBody": {"required": True, "content": {"application/json": {"schema": schema_of(SignIn)}}}}
+CONSOLE_RESPONSES = {
+    200: {"description": "who is signed in (the sign-in also sets the `concierge_console` cookie)",
+          "content": {"application/json": {"schema": schema_of(SignedIn)}}},
+    **_errors(s401="not a key of this deployment, or no valid session", s422="a body without `key`",
+              s429="too many sign-ins from this address: wait Retry-After seconds"),
+}
 CHAT_OPENAPI = {"requestBody": {"required": True, "content": {"application/json": {"schema": schema_of(ChatRequest)}}}}
 CHAT_RESPONSES = {
     200: {"description": "server-sent events: start, sources, token..., then complete (with session_token) or error",

@@ -9,6 +9,9 @@
   the site's `operators`) sees only its site too, and names its holder: what they do in a
   handoff is recorded under their name, whatever a request says (`Operator.name`).
 
+The console signs in once with any of these and then sends its session cookie instead
+(console_sessions.py): `from_session` checks the session's claims against today's config.
+
 Comparisons are constant-time. No token or a wrong one: 401.
 """
 
@@ -18,6 +21,7 @@ import hmac
 
 import msgspec
 
+from services.gateway.console_sessions import Claims, admin_digest, same
 from shared.config import invalid
 from shared.site_config import SiteConfigs
 from shared.site_store import KEY_PREFIX, key_sha256
@@ -76,16 +80,41 @@ class OperatorAuth:
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
             raise Unauthorized("operator endpoints need 'Authorization: Bearer <ADMIN_TOKEN or the site's API key>'")
+        return await self.of_key(token)
+
+    async def of_key(self, token: str) -> Operator:
+        """The operator `token` is (ADMIN_TOKEN, a site's key, a named operator's key), or 401."""
         if self.admin_token and hmac.compare_digest(token.encode(), self.admin_token.encode()):
             return Operator(site=None)
         site = site_of_key(token)
-        if site is not None:
-            config = await self.configs.find(site)
-            digest = key_sha256(token)
-            if config is not None:
-                if any(hmac.compare_digest(digest, known) for known in config.operator_key_sha256):
-                    return Operator(site=site, key_hash=digest)
-                for account in config.operators:
-                    if hmac.compare_digest(digest, account.key_sha256):
-                        return Operator(site=site, key_hash=digest, name=account.name)
+        if site is not None and (found := await self._holder(site, key_sha256(token))) is not None:
+            return found
         raise Unauthorized("the bearer token is not an operator token or a site API key")
+
+    async def _holder(self, site: str, digest: str) -> Operator | None:
+        """Who holds the site key whose SHA-256 is `digest`, by today's config of the site."""
+        config = await self.configs.find(site)
+        if config is None:
+            return None
+        if any(hmac.compare_digest(digest, known) for known in config.operator_key_sha256):
+            return Operator(site=site, key_hash=digest)
+        for account in config.operators:
+            if hmac.compare_digest(digest, account.key_sha256):
+                return Operator(site=site, key_hash=digest, name=account.name)
+        return None
+
+    def claims(self, who: Operator) -> Claims:
+        """What a console session records of `who` (console_sessions.py)."""
+        if who.site is None:
+            return Claims(site=None, admin=admin_digest(self.admin_token))
+        return Claims(site=who.site, key_hash=who.key_hash, name=who.name)
+
+    async def from_session(self, claims: Claims) -> Operator:
+        """The operator a console session is for, if what it signed in with still holds: the
+        same ADMIN_TOKEN, or a site key still in the site's config. 401 otherwise."""
+        if claims.site is None:
+            if self.admin_token and same(claims.admin, admin_digest(self.admin_token)):
+                return Operator(site=None)
+        elif (found := await self._holder(claims.site, claims.key_hash)) is not None and found.name == claims.name:
+            return found
+        raise Unauthorized("the console session is no longer valid (its key was revoked or replaced): sign in again")

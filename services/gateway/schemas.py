@@ -127,6 +127,31 @@ def decode_chat(body: bytes) -> ChatRequest:
 _feedback_decoder = msgspec.json.Decoder(FeedbackRequest)
 
 
+class SignIn(msgspec.Struct, forbid_unknown_fields=True):
+    """The console's sign-in (routes/console.py)."""
+
+    key: Annotated[str, msgspec.Meta(min_length=1, max_length=512,
+                                     description="ADMIN_TOKEN, the site's API key or a named operator's key")]
+
+
+class SignedIn(msgspec.Struct):
+    """Who the console is signed in as: `kind` admin (every site; `sites` lists them), site_key
+    (the site's shared key) or operator (a named operator's key; `name`)."""
+
+    kind: str
+    site: str | None
+    name: str
+    sites: list[str] | None = None
+    expires_in_s: int | None = None
+
+
+_sign_in_decoder = msgspec.json.Decoder(SignIn)
+
+
+def decode_sign_in(body: bytes) -> SignIn:
+    return decode(body, _sign_in_decoder)
+
+
 def decode_feedback(body: bytes) -> FeedbackRequest:
     """The vote, its reason trimmed."""
     request = decode(body, _feedback_decoder)

@@ -40,6 +40,7 @@ class GatewaySettings(Settings):
     session_token_key_id: str = "1"
     session_token_previous: dict[str, str] = {}
     admin_token: str = ""  # the deployment operator's; empty: site API keys only (operators.py)
+    console_session_s: int = 8 * 3600  # how long a console sign-in lasts (console_sessions.py)
     # The ops port, as every process's (shared/ops.py): /metrics there only, off the port the
     # ingress publishes; /healthz and /readyz there too. 0: none.
     ops_port: int = 9000
@@ -74,6 +75,7 @@ class GatewaySettings(Settings):
             session_token_key_id=env_str("SESSION_TOKEN_KEY_ID", d.session_token_key_id),
             session_token_previous=_previous_keys(env_str("SESSION_TOKEN_PREVIOUS", "")),
             admin_token=env_str("ADMIN_TOKEN", d.admin_token),
+            console_session_s=env_int("CONSOLE_SESSION_S", d.console_session_s),
             ops_port=env_int("OPS_PORT", d.ops_port),
             ops_host=env_str("OPS_HOST", d.ops_host),
             ops_check_s=env_float("OPS_CHECK_S", d.ops_check_s),
