@@ -325,14 +325,26 @@ async def test_browser_votes_down_on_an_answer_and_says_why(system, llm, suggest
             row = admin.locator(f"#insightConversations .row[data-session='{session}']")
             for _ in range(20):  # the projector stores the vote as it is delivered: reload until it is in
                 await admin.click("#insight")
-                await down_figure.click()
-                try:
+                try:  # the figure is a disabled button while it counts none
+                    await admin.wait_for_selector("#insightFigures [data-figure=feedback_down]:not([disabled])",
+                                                  timeout=1500)
+                    await down_figure.click()
                     await row.wait_for(timeout=1500)
                     break
                 except Exception:  # noqa: BLE001 - not projected yet
                     continue
             assert int(await down_figure.locator(".value").text_content()) >= 1
             assert "What integrations do you offer?" in await row.text_content()
+            assert admin.url.endswith("#/sites/demo/insight")
+            assert await admin.get_attribute("#insight", "aria-current") == "page"
+
+            # A deep link to the conversation survives a reload (the session cookie signed in).
+            await admin.goto(f"{system.gateway_url}/admin#/sites/demo/conversations/{session}")
+            await admin.reload()
+            await admin.wait_for_selector("#timeline .event", timeout=30000)
+            assert await admin.text_content("#which") == session
+            assert not await admin.locator("#conversationsView").is_hidden()
+            assert await admin.get_attribute("#load", "aria-current") == "page"
         finally:
             await browser.close()
     votes = [e["event"] for e in await events_of(http, system, "demo", session) if e["type"] == "feedback_given"]
@@ -726,6 +738,9 @@ async def test_an_operator_answers_a_handoff_from_the_inbox(system, llm, http):
             admin = await open_admin(browser, system, site, "inbox")
             row = admin.locator(f"#inboxList .row[data-session='{session}']")
             await row.wait_for(timeout=15000)
+            # The sidebar's Inbox says how many wait for an operator.
+            await admin.wait_for_selector("#inboxBadge:text-is('1')", timeout=10000)
+            assert await admin.get_attribute("#inbox", "aria-label") == "Inbox, 1 waiting"
             assert await row.locator(".tag").first.text_content() == "waiting"
             await row.click()
             await admin.wait_for_selector("#handoffTranscript .msg.user:has-text('Can I talk to a person?')")

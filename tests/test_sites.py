@@ -470,6 +470,12 @@ async def test_the_console_signs_in_with_a_key_once_and_keeps_no_secret_in_the_p
             assert await page.input_value("#site") == site and await page.eval_on_selector("#site", "e => e.readOnly")
             await page.click("#siteSettings")
             await page.wait_for_selector(f"#siteWhich:has-text('{site}')")
+            # The sidebar marks the view and the address names it: a reload comes back to it.
+            assert page.url.endswith(f"#/sites/{site}/settings")
+            assert await page.get_attribute("#siteSettings", "aria-current") == "page"
+            await page.reload()
+            await page.wait_for_selector(f"#siteWhich:has-text('{site}')")
+            assert await page.is_hidden("#signIn") and await page.is_hidden("#conversationsView")
             kept = await page.evaluate("() => JSON.stringify({...sessionStorage}) + JSON.stringify({...localStorage})"
                                        " + document.cookie")
             assert key not in kept and "concierge_console" not in kept, kept  # HttpOnly: not for scripts
