@@ -1021,3 +1021,37 @@ async def test_an_account_manager_ranks_accounts_writes_reports_and_edits_one_fr
                                headers=ops(system))).json()["versions"]
     assert [(v["how"], v["sections"]) for v in versions[1:]] == [("hand", ["Risks"]), ("asked", ["Executive Summary"])]
     assert versions[2]["hand_edited"] == ["Risks"]
+
+
+@needs_chromium
+async def test_every_console_view_has_no_serious_accessibility_violation(system):
+    """axe-core (tests/axe.py; WCAG 2.1 A and AA) on the sign-in page and on every view the
+    sidebar opens, for the demo site: no serious or critical violation. The views' screenshots
+    go to artifacts/ (docs/operations.md shows them)."""
+    from playwright.async_api import async_playwright
+
+    from tests import axe
+
+    found: dict[str, list[str]] = {}
+    (ROOT / "artifacts").mkdir(exist_ok=True)
+    async with async_playwright() as pw:
+        browser = await launch_chromium(pw)
+        try:
+            # The check sees what it should: a button without a name is critical to axe.
+            control = await browser.new_page()
+            await control.set_content("<!doctype html><html lang='en'><title>t</title><main><button></button></main>")
+            assert any(v.startswith("button-name (critical)") for v in await axe.violations(control))
+            page = await browser.new_page(viewport={"width": 1400, "height": 900})
+            await page.goto(system.gateway_url + "/admin")
+            await page.wait_for_selector("#signIn", state="visible")
+            found["sign-in"] = await axe.violations(page)
+            await page.screenshot(path=str(ROOT / "artifacts" / "console-sign-in.png"))
+            admin = await open_admin(browser, system, "demo", "inbox")
+            for view in ("inbox", "load", "insight", "knowledge", "accounts", "leads", "siteSettings"):
+                await admin.click(f"#{view}")
+                await admin.wait_for_timeout(1500)  # the view loads what it shows (its live feeds never idle)
+                found[view] = await axe.violations(admin)
+                await admin.screenshot(path=str(ROOT / "artifacts" / f"console-{view}.png"))
+        finally:
+            await browser.close()
+    assert not any(found.values()), found
