@@ -329,7 +329,7 @@ def test_ingress_reaches_only_the_gateway_and_is_set_for_sse(overlay):
 
 # What the ingress may publish: what visitors and operators use. /healthz, /readyz, /metrics,
 # /docs and /openapi.json stay inside the cluster.
-PUBLISHED = {("/v1/", "Prefix"), ("/widget.js", "Exact"), ("/", "Exact"), ("/admin", "Exact")}
+PUBLISHED = {("/v1/", "Prefix"), ("/widget.js", "Exact"), ("/", "Exact"), ("/admin", "Exact"), ("/admin/", "Prefix")}
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
