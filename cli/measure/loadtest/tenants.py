@@ -68,6 +68,8 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--kill-after", type=int, default=0,
                         help="SIGKILL the last retriever replica once this many of the mix's questions were asked")
     parser.add_argument("--member-ttl-s", type=float, default=6.0, help="PARTITION_MEMBER_TTL_S")
+    parser.add_argument("--sync-timeout-s", type=float, default=SYNC_TIMEOUT_S,
+                        help="how long every first sync may take together (5,000 sites: more than an hour here)")
     parser.add_argument("--seed", type=int, default=5)
     return parser
 
@@ -186,7 +188,8 @@ async def _pass(client, base_url, plan: list[tuple[str, str, str]], concurrency:
             **({"unanswered": len(unanswered), "failover_wrong": len(failover_wrong)} if kill else {})}
 
 
-async def _create(client, base_url: str, token: str, sites: dict[str, str], concurrency: int) -> None:
+async def _create(client, base_url: str, token: str, sites: dict[str, str], concurrency: int,
+                  timeout_s: float = SYNC_TIMEOUT_S) -> None:
     headers = {"Authorization": f"Bearer {token}"}
     gate = asyncio.Semaphore(concurrency)
 
@@ -203,7 +206,7 @@ async def _create(client, base_url: str, token: str, sites: dict[str, str], conc
             return added.json()["source"]
 
     ids = dict(zip(sites, await asyncio.gather(*(one(s, t) for s, t in sites.items()))))
-    deadline = time.monotonic() + SYNC_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     pending = dict(ids)
     while pending and time.monotonic() < deadline:
         await asyncio.sleep(2.0)
@@ -218,7 +221,7 @@ async def _create(client, base_url: str, token: str, sites: dict[str, str], conc
                 del pending[site]
         print(f"  synced {len(ids) - len(pending)} / {len(ids)} sites", flush=True)
     if pending:
-        raise TimeoutError(f"{len(pending)} sites not synced within {SYNC_TIMEOUT_S} s")
+        raise TimeoutError(f"{len(pending)} sites not synced within {timeout_s} s")
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -290,7 +293,7 @@ def run(args: argparse.Namespace) -> dict:
             async def main() -> None:
                 async with httpx.AsyncClient(timeout=120) as client:
                     started = time.monotonic()
-                    await _create(client, system.gateway_url, token, texts, args.concurrency)
+                    await _create(client, system.gateway_url, token, texts, args.concurrency, args.sync_timeout_s)
                     result["sync_s"] = round(time.monotonic() - started, 1)
                     result["retriever_rss_mb_synced"] = _rss_mb(system.procs["retriever"].pid)
                     start_retrievers()
