@@ -332,3 +332,25 @@ async def test_streams_lost_with_a_restarted_server_come_back_by_themselves():
         finally:
             await bus.close()
             nats.kill()
+
+
+async def test_sigusr1s_task_dump_follows_every_awaited_coroutine():
+    """What `_dump_tasks` logs for a stuck handler: each coroutine down to what it waits on
+    (Task.get_stack shows only the outermost frame, which told nothing of a hung sync)."""
+    import asyncio
+
+    from shared.service import awaiting
+
+    async def innermost():
+        await asyncio.Event().wait()
+
+    async def handler():
+        await innermost()
+
+    task = asyncio.create_task(handler())
+    await asyncio.sleep(0.01)
+    try:
+        names = [line.split()[-1] for line in awaiting(task.get_coro())]
+        assert names[:3] == ["handler", "innermost", "wait"] and names[-1] == "FutureIter"
+    finally:
+        task.cancel()
