@@ -101,6 +101,11 @@ class ConsumerRunner:
     def stream(self) -> str:
         return self.node.stream if self.partition is None else partitions.stream_name(self.node.name)
 
+    def _in_log(self, subject: str) -> str:
+        """Where a delivered message's event is stored in the conversation log: its subject,
+        or for a partition's copy, the CONV subject it was copied from."""
+        return subject if self.partition is None else partitions.original_subject(subject)
+
     def consumer_config(self) -> api.ConsumerConfig:
         cfg = api.ConsumerConfig(
             durable_name=self.durable,
@@ -320,9 +325,8 @@ class ConsumerRunner:
             return
         at = delivery(msg.reply)
         attempt = at.delivered
-        subject, seq = msg.subject, at.stream_seq
-        if self.partition is not None:  # a copy: where the event sits in the conversation log
-            subject, seq = partitions.logged_at(msg)
+        subject = self._in_log(msg.subject)
+        seq = at.stream_seq if self.partition is None else partitions.source_seq(msg)
         try:
             event = ev.decode(msg.data)
         except ev.BadEvent as exc:
@@ -449,8 +453,7 @@ class ConsumerRunner:
 
     async def _give_up(self, msg: Msg, event: ev.Envelope, attempts: int, reason: str) -> None:
         await self._record_failure(event, attempts, reason)
-        copied = partitions.original_subject(msg.subject) if self.partition is not None else None
-        await self.bus.dead_letter(self.name, msg, reason, copied)
+        await self.bus.dead_letter(self.name, msg, reason, self._in_log(msg.subject))
         await msg.term()
         self.stats.failed += 1
         self._count("failed")
@@ -468,7 +471,7 @@ class ConsumerRunner:
         except Exception:
             log.exception("could not handle max-deliveries advisory", extra={"node": self.name})
             return
-        subject = stored.subject if self.partition is None else partitions.original_subject(stored.subject)
+        subject = self._in_log(stored.subject)
         if mismatch := ev.subject_mismatch(event, subject):
             log.error("max-deliveries advisory for an event on the wrong subject",
                       extra={"node": self.name, "stream_seq": info["stream_seq"], "error": mismatch})

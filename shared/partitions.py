@@ -73,14 +73,11 @@ def original_subject(subject: str) -> str:
     return subject.split(".", 2)[2]
 
 
-def logged_at(msg: Msg) -> tuple[str, int]:
-    """A partition's copy of an event: its CONV subject and sequence (from the header the
-    server puts on what it sources: `<stream> <seq> <filter> <transform> <subject> ...`;
-    0 when absent)."""
-    subject = original_subject(msg.subject)
+def source_seq(msg: Msg) -> int:
+    """A partition's copy of an event: its sequence in CONV (from the header the server puts
+    on what it sources: `<stream> <seq> <filter> <transform> <subject> ...`; 0 when absent)."""
     source = (msg.headers or {}).get(SOURCE_HEADER, "").split()
-    seq = int(source[1]) if len(source) > 1 and source[0] == subjects.CONV_STREAM and source[1].isdigit() else 0
-    return subject, seq
+    return int(source[1]) if len(source) > 1 and source[0] == subjects.CONV_STREAM and source[1].isdigit() else 0
 
 
 def stream_config(node: str, consumes: tuple[str, ...], count: int, replicas: int,
@@ -224,8 +221,6 @@ class PartitionedRunner:
     @property
     def name(self) -> str:
         return self.node.name
-
-    durable = name
 
     @property
     def owned(self) -> frozenset[int]:

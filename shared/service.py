@@ -120,7 +120,7 @@ class Process:
 
 
 def make_runner(bus: Bus, node: Node, settings: ProcessSettings, configs: SiteConfigs,
-           store: CachedStore) -> ConsumerRunner | PartitionedRunner:
+                store: CachedStore) -> ConsumerRunner | PartitionedRunner:
     """What consumes a node's events here: its durable's runner, or for a partitioned node
     the runners of the partitions this replica is given."""
     def of(partition: int | None) -> ConsumerRunner:

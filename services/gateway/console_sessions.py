@@ -17,7 +17,6 @@ cross-site form, link or image can send: a second guard behind SameSite.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import logging
 import secrets
 
@@ -46,10 +45,6 @@ class Claims(msgspec.Struct, frozen=True):
 def admin_digest(token: str) -> str:
     """What a session keeps of ADMIN_TOKEN: enough to notice it changed, nothing to use."""
     return hashlib.sha256(b"console:" + token.encode()).hexdigest()[:32]
-
-
-def same(a: str, b: str) -> bool:
-    return hmac.compare_digest(a.encode(), b.encode())
 
 
 class ConsoleSessions:

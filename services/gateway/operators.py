@@ -21,7 +21,7 @@ import hmac
 
 import msgspec
 
-from services.gateway.console_sessions import Claims, admin_digest, same
+from services.gateway.console_sessions import Claims, admin_digest
 from shared.config import invalid
 from shared.site_config import SiteConfigs
 from shared.site_store import KEY_PREFIX, key_sha256
@@ -113,7 +113,7 @@ class OperatorAuth:
         """The operator a console session is for, if what it signed in with still holds: the
         same ADMIN_TOKEN, or a site key still in the site's config. 401 otherwise."""
         if claims.site is None:
-            if self.admin_token and same(claims.admin, admin_digest(self.admin_token)):
+            if self.admin_token and hmac.compare_digest(claims.admin.encode(), admin_digest(self.admin_token).encode()):
                 return Operator(site=None)
         elif (found := await self._holder(claims.site, claims.key_hash)) is not None and found.name == claims.name:
             return found

@@ -220,12 +220,13 @@ class Pool:
     async def close_where(self, drop: Callable[[str], bool]) -> int:
         """Close the idle open sites `drop` names (ones this replica no longer serves); those
         in use stay until the budget closes them. How many were closed."""
-        victims = [site for site in self._open if drop(site) and self._idle(site)]
-        for site in victims:
-            if self._idle(site):  # still, after the ones before it closed
+        closed = 0
+        for site in [site for site in self._open if drop(site)]:
+            if self._idle(site):  # asked now: closing the ones before it took time
                 await self._evict(site)
-        self._closed(bool(victims))
-        return len(victims)
+                closed += 1
+        self._closed(closed > 0)
+        return closed
 
     def _idle(self, site: str) -> bool:
         opened = self._open.get(site)
