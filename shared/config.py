@@ -222,6 +222,11 @@ class ConsumerConfig(msgspec.Struct, kw_only=True):
     backoff_s: tuple[float, ...] = (0.5, 2.0, 5.0)
     concurrency: int = 32
     drain_timeout_s: float = 30.0
+    # A handler still running after this long is cancelled, what it awaited logged, and the
+    # attempt counted as failed (retried, then the node's failure event): a handler waiting
+    # for ever would otherwise hold its message, heartbeat and all, with nothing to show.
+    # Far above any handler's own timeouts (a model call's, a fetch's, a large upload's).
+    handler_deadline_s: float = 600.0
 
     @classmethod
     def from_env(cls, node: str) -> "ConsumerConfig":
@@ -251,9 +256,12 @@ class ConsumerConfig(msgspec.Struct, kw_only=True):
             backoff_s=backoff,
             concurrency=pick("CONCURRENCY", d.concurrency, env_int),
             drain_timeout_s=pick("DRAIN_TIMEOUT_S", d.drain_timeout_s, env_float),
+            handler_deadline_s=pick("HANDLER_DEADLINE_S", d.handler_deadline_s, env_float),
         )
         if config.max_deliver < 1 or config.concurrency < 1:
             invalid(f"consumer {node}: max_deliver and concurrency must be >= 1", None)
+        if config.handler_deadline_s <= 0:
+            invalid(f"consumer {node}: HANDLER_DEADLINE_S must be > 0", None)
         return config
 
 

@@ -52,6 +52,10 @@ START_ATTEMPTS = 6
 BUS_RETRY_S = 5.0
 
 
+class Overdue(Exception):
+    """A handler ran past its node's `handler_deadline_s`."""
+
+
 @dataclass
 class Stats:
     handled: int = 0
@@ -365,14 +369,24 @@ class ConsumerRunner:
                 # Only a turn's steps feed the gateway's stall clock; a work item has no visitor waiting.
                 progress = subjects.progress(event.site, event.session_id, event.turn) if conv else None
                 heartbeat = _Heartbeat(self, msg, progress)
+                overdue = None
                 try:
-                    inputs = await gather(self.node.needs, event, self.store, self.configs, position)
-                    if inputs is not None:  # None: not the delivery that completes the node's join
-                        ctx = Context(out=self.bus, node=self.name, cause=event, attempt=attempt,
-                                      input_seq=inputs.state.last_seq, config_version=inputs.config.version)
-                        await self._store(await self.node.handle(event, inputs, ctx))
+                    async with asyncio.timeout(None) as deadline:
+                        overdue = asyncio.get_running_loop().call_later(
+                            self.config.handler_deadline_s, self._overdue, asyncio.current_task(), deadline)
+                        inputs = await gather(self.node.needs, event, self.store, self.configs, position)
+                        if inputs is not None:  # None: not the delivery that completes the node's join
+                            ctx = Context(out=self.bus, node=self.name, cause=event, attempt=attempt,
+                                          input_seq=inputs.state.last_seq, config_version=inputs.config.version)
+                            await self._store(await self.node.handle(event, inputs, ctx))
                 except asyncio.CancelledError:
                     raise
+                except TimeoutError as exc:
+                    # The deadline's, or the handler's own timeout (an ordinary failure).
+                    if deadline.expired():
+                        exc = Overdue(f"handler still running after {self.config.handler_deadline_s:g} s: cancelled")
+                    await self._failed(msg, event, attempt, exc)
+                    return
                 except PermanentError as exc:
                     log.error("handler gave up", extra={"node": self.name, "error": str(exc)})
                     await self._give_up(msg, event, attempt, f"{type(exc).__name__}: {exc}")
@@ -385,24 +399,35 @@ class ConsumerRunner:
                         self._count("deferred")
                     return
                 except Exception as exc:
-                    if attempt >= self.config.max_deliver:
-                        log.exception("last attempt failed", extra={"node": self.name, "attempt": attempt})
-                        await self._give_up(msg, event, attempt, f"{type(exc).__name__}: {exc}")
-                    else:
-                        delay = self.config.backoff_s[min(attempt - 1, len(self.config.backoff_s) - 1)]
-                        if isinstance(exc, BUS_UNAVAILABLE):
-                            delay = max(delay, BUS_RETRY_S)
-                        log.warning(
-                            "handler failed, will retry",
-                            extra={"node": self.name, "attempt": attempt, "retry_in_s": delay, "error": repr(exc)},
-                        )
-                        self.stats.retried += 1
-                        await msg.nak(delay=delay)
-                        self._count("retried")
+                    await self._failed(msg, event, attempt, exc)
                     return
                 finally:
                     heartbeat.cancel()
+                    if overdue is not None:
+                        overdue.cancel()
                 await self._handled(msg)
+
+    async def _failed(self, msg: Msg, event: ev.Envelope, attempt: int, exc: Exception) -> None:
+        """A failed attempt: retried after the backoff, or after the last one given up."""
+        if attempt >= self.config.max_deliver:
+            log.error("last attempt failed", exc_info=exc, extra={"node": self.name, "attempt": attempt})
+            await self._give_up(msg, event, attempt, f"{type(exc).__name__}: {exc}")
+            return
+        delay = self.config.backoff_s[min(attempt - 1, len(self.config.backoff_s) - 1)]
+        if isinstance(exc, BUS_UNAVAILABLE):
+            delay = max(delay, BUS_RETRY_S)
+        log.warning("handler failed, will retry",
+                    extra={"node": self.name, "attempt": attempt, "retry_in_s": delay, "error": repr(exc)})
+        self.stats.retried += 1
+        await msg.nak(delay=delay)
+        self._count("retried")
+
+    def _overdue(self, task: asyncio.Task, deadline: asyncio.Timeout) -> None:
+        """The handler's deadline passed: say what it waits on, then end its wait."""
+        log.error("handler overdue, cancelled", extra={
+            "node": self.name, "deadline_s": self.config.handler_deadline_s,
+            "stack": "".join(logs.awaiting(task.get_coro()))})
+        deadline.reschedule(asyncio.get_running_loop().time())
 
     async def _store(self, outputs) -> None:
         """Store a handler's outputs (a work item on its queue, not in the log). Several go out

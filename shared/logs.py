@@ -60,3 +60,16 @@ def conversation(site: str, session_id: str, turn: int) -> Iterator[None]:
         yield
     finally:
         _conversation.reset(token)
+
+
+def awaiting(coro, limit: int = 24) -> list[str]:
+    """The chain of coroutines (and async generators) `coro` awaits, one line each."""
+    lines = []
+    while coro is not None and len(lines) < limit:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "ag_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is None:
+            lines.append(f"{type(coro).__name__}\n")  # a future or a C awaitable: where the chain ends
+            break
+        lines.append(f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}\n")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return lines

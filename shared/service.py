@@ -212,20 +212,7 @@ def _dump_tasks() -> None:
     """SIGUSR1: log where every task is waiting (what is this node doing right now?): each
     coroutine it awaits, outermost first (`Task.get_stack` shows only the task's own frame)."""
     for task in asyncio.all_tasks():
-        log.warning("task", extra={"task": task.get_name(), "stack": "".join(awaiting(task.get_coro()))})
-
-
-def awaiting(coro, limit: int = 24) -> list[str]:
-    """The chain of coroutines (and async generators) `coro` awaits, one line each."""
-    lines = []
-    while coro is not None and len(lines) < limit:
-        frame = getattr(coro, "cr_frame", None) or getattr(coro, "ag_frame", None) or getattr(coro, "gi_frame", None)
-        if frame is None:
-            lines.append(f"{type(coro).__name__}\n")  # a future or a C awaitable: where the chain ends
-            break
-        lines.append(f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}\n")
-        coro = getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None) or getattr(coro, "gi_yieldfrom", None)
-    return lines
+        log.warning("task", extra={"task": task.get_name(), "stack": "".join(logs.awaiting(task.get_coro()))})
 
 
 def one_blas_thread() -> None:

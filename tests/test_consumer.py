@@ -371,6 +371,39 @@ async def test_handler_that_never_answers_ends_in_failure_event(bus, site):
         await runner.stop()
 
 
+async def test_a_handler_waiting_for_ever_while_its_heartbeat_goes_on_is_cancelled_at_its_deadline(bus, site, caplog):
+    """Heartbeats keep a live process's message from being redelivered, so a handler stuck on
+    an await that never returns would hold its message for ever. At the node's deadline it is
+    cancelled, what it waited on is logged, and the attempt fails like any other: retried,
+    then the turn's TurnFailed. The handler's own TimeoutError stays an ordinary failure."""
+    calls = []
+
+    async def stuck_forever():
+        await asyncio.Event().wait()
+
+    async def handle(event, inputs, ctx):
+        calls.append(ctx.attempt)
+        if ctx.attempt == 1:
+            raise TimeoutError("the fetch's own timeout")
+        await stuck_forever()
+
+    node = Node(unique("stuck"), ("turn_requested",), own(site, handle))
+    runner = ConsumerRunner(bus, node, fast(max_deliver=3, ack_wait_s=0.6, handler_deadline_s=1.0),
+                            start_lookback_s=5)
+    await runner.start()
+    try:
+        await bus.publish(requested(site))
+        failed = await wait_for(lambda: _find(bus, site, ev.TurnFailed), timeout=15)
+        assert calls == [1, 2, 3] and failed.attempts == 3  # heartbeats kept each from redelivery
+        assert failed.reason == "Overdue: handler still running after 1 s: cancelled"
+        overdue = [r for r in caplog.records if r.getMessage() == "handler overdue, cancelled"]
+        assert len(overdue) == 2 and "stuck_forever" in overdue[0].stack
+        retried = [r for r in caplog.records if r.getMessage() == "handler failed, will retry"]
+        assert "the fetch's own timeout" in retried[0].error
+    finally:
+        await runner.stop()
+
+
 async def test_an_llm_call_record_is_cut_to_the_servers_max_payload(site):
     """The limit comes from the server's own `max_payload`, not from a constant."""
     from shared.bus import connect

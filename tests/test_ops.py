@@ -339,7 +339,7 @@ async def test_sigusr1s_task_dump_follows_every_awaited_coroutine():
     (Task.get_stack shows only the outermost frame, which told nothing of a hung sync)."""
     import asyncio
 
-    from shared.service import awaiting
+    from shared.logs import awaiting
 
     async def innermost():
         await asyncio.Event().wait()
