@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import http.server
 import threading
+import time
 from collections import Counter
 
 
 class WebhookReceiver:
     """Answers the first `fail_first` requests with 500, then 200; keeps every request
-    (headers, body)."""
+    (headers, body, when it arrived, the sender's port)."""
 
     def __init__(self):
         self.requests: list[dict] = []
@@ -19,7 +20,8 @@ class WebhookReceiver:
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802 - http.server's naming
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                receiver.requests.append({"headers": {k.lower(): v for k, v in self.headers.items()}, "body": body})
+                receiver.requests.append({"headers": {k.lower(): v for k, v in self.headers.items()}, "body": body,
+                                          "at": time.monotonic(), "peer": self.client_address[1]})
                 failing = len(receiver.requests) <= receiver.fail_first
                 self.send_response(500 if failing else 200)
                 self.end_headers()
@@ -40,6 +42,14 @@ class WebhookReceiver:
         """Accepted deliveries per `webhook-id` (one id per lead, the same on every attempt)."""
         accepted = self.requests[self.fail_first:]
         return Counter(r["headers"].get("webhook-id", "") for r in accepted)
+
+    def repeated(self) -> dict[str, list[float]]:
+        """The accepted ids delivered more than once, each with its deliveries' arrival times
+        (time.monotonic()): what to set beside the faults to see which one sent it again."""
+        times: dict[str, list[float]] = {}
+        for r in self.requests[self.fail_first:]:
+            times.setdefault(r["headers"].get("webhook-id", ""), []).append(r["at"])
+        return {key: at for key, at in times.items() if len(at) > 1}
 
     def reset(self, fail_first: int = 0) -> None:
         self.requests.clear()

@@ -412,7 +412,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{args.sessions} sessions and {args.handoffs} handoff conversations, "
             f"scenarios {', '.join(args.scenarios)}")
         visitors, talks, scenarios, result, records, rewritten, wall = asyncio.run(run(args, cluster, log))
-    return report(args, visitors, talks, scenarios, result, records, rewritten, receiver.deliveries(), wall)
+    return report(args, visitors, talks, scenarios, result, records, rewritten, receiver.deliveries(), wall,
+                  receiver.repeated())
 
 
 # --- the report ------------------------------------------------------------------------------
@@ -498,7 +499,8 @@ def killed(name: str) -> bool:
 
 
 def report(args, visitors: list[Visitor], talks: list[handoffs.Talk], scenarios: list[Scenario], result: Audit,
-           records: list[Record], rewritten: dict, deliveries: Counter, wall: float) -> int:
+           records: list[Record], rewritten: dict, deliveries: Counter, wall: float,
+           repeated: dict[str, list[float]]) -> int:
     visitors = [*visitors, *(t.visitor for t in talks)]
     turns = [t for v in visitors for t in v.turns]
     outcomes = Counter(t.outcome for t in turns)
@@ -531,6 +533,10 @@ def report(args, visitors: list[Visitor], talks: list[handoffs.Talk], scenarios:
         "leads": result.leads,
         "webhooks_recorded": result.webhooks_recorded,
         "webhook_deliveries": sum(deliveries.values()),
+        # Each id delivered more than once: its deliveries' times (s after the first fault) and
+        # the fault each came after, to tell which fault sent it again.
+        "repeated_webhooks": [{"webhook_id": key, "at_s": [round(t - scenarios[0].fault_at, 2) for t in at],
+                               "after": [owner(scenarios, t) for t in at]} for key, at in repeated.items()],
         "answers_rewritten": len(rewritten),
         "visitor_messages": sum(t.turn is not None for t in turns),
         "visitor_messages_lost": len(messages_lost),
@@ -557,6 +563,8 @@ def report(args, visitors: list[Visitor], talks: list[handoffs.Talk], scenarios:
         print(f"    {session}: {'; '.join(problems[:3])}")
     print(f"{'leads / webhooks recorded':<34}{figures['leads']} / {figures['webhooks_recorded']}")
     print(f"{'webhook deliveries (duplicates)':<34}{figures['webhook_deliveries']} ({figures['duplicate_side_effects']})")
+    for line in figures["repeated_webhooks"][:10]:
+        print(f"    {line['webhook_id']}: at {line['at_s']} s, after {line['after']}")
     if "duplicates" in per_scenario:
         d = per_scenario["duplicates"]
         print(f"{'republished events (stored again)':<34}{d['republished']} ({d['stored_again']})")
