@@ -276,6 +276,9 @@ class WebhookRecorded(Envelope, tag="webhook_recorded"):
     skipped: bool = False  # nothing sent: no webhook configured, or a duplicate
     duplicate_of: str | None = None  # the LeadCaptured that owns this conversation's lead
     hook: str = "lead"  # lead | handoff; events stored before handoff webhooks have none: lead
+    # Attempts whose fate is unknown (no answer read, or a sender that died before recording
+    # its outcome): how many copies beyond one the receiver may have got, same webhook-id.
+    uncertain: int = 0
 
 
 class AnalyticsRecorded(Envelope, tag="analytics_recorded"):

@@ -58,6 +58,11 @@ class FetchError(Exception):
     """The URL could not be fetched (connection, timeout, too many redirects)."""
 
 
+class CannotConnect(FetchError):
+    """No connection was made: nothing was sent (a request that failed later may have been
+    received)."""
+
+
 def refused(address: str) -> str | None:
     """Why `address` (an IP literal) may not be fetched from (None: it may)."""
     ip = ipaddress.ip_address(address.split("%", 1)[0])
@@ -260,7 +265,7 @@ class WebClient:
             except aiohttp.ClientConnectorError as exc:
                 if isinstance(exc.os_error, RefusedAddress):
                     raise RefusedAddress(f"{url[:200]}: {exc.os_error}") from None
-                raise FetchError(f"{url[:200]}: cannot connect") from None
+                raise CannotConnect(f"{url[:200]}: cannot connect") from None
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, UnicodeError) as exc:
                 # The kind only: an exception's text may quote what the other side sent (a
                 # service's banner in a "bad status line").

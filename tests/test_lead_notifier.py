@@ -15,6 +15,7 @@ import msgspec
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
+from cli.measure.rehearsal.cluster import duplicate_deliveries
 from services.responder import lead_notifier, webhook_claims, webhooks
 from services.responder.webhook_claims import Outcome, lead_id
 from services.responder.settings import LeadSettings
@@ -228,6 +229,7 @@ async def test_a_duplicate_lead_with_a_new_event_id_is_posted_once(bus, site, re
     (sent,) = [o for o in outcomes if not o.skipped]
     (skipped,) = [o for o in outcomes if o.skipped]
     assert sent.ok and sent.attempts == 2 and len(receiver.requests) == 2  # one failure retried, one success
+    assert sent.uncertain == 0  # a 500 is an answer: the receiver holds no copy of that attempt
     assert skipped.duplicate_of == sent.causation_id  # the skip names the lead's owner
     assert {sent.causation_id, skipped.causation_id} == {first.event_id, copy.event_id}
     ids = {r["headers"]["webhook-id"] for r in receiver.requests}
@@ -252,6 +254,7 @@ async def test_a_lead_claimed_but_not_sent_is_sent_once_on_redelivery(bus, site,
     finally:
         await runner.stop()
     assert outcome.ok and len(receiver.requests) == 1
+    assert outcome.uncertain == 1  # the attempt it took over may have sent it before dying
 
     node = lead_notifier.make_node(claims, to(receiver))
     inputs = await gather(node.needs, captured, JetStreamStore(bus), SiteConfigs(bus, ttl_s=0))
@@ -302,6 +305,29 @@ async def test_an_outcome_is_stored_when_the_claims_bucket_answers_again(bus, si
     finally:
         await returning
         await bus.js.delete_stream(f"KV_{bucket}")
+
+
+async def test_an_attempt_never_answered_is_counted_uncertain_and_a_connection_never_made_is_not(receiver):
+    """The receiver got the first POST but answered after the sender's timeout: the retry
+    is a second copy with the same webhook-id, which the outcome owns up to (`uncertain`), so
+    an audit tells it from a copy sent twice by mistake. A receiver that could not be reached
+    holds nothing: no uncertainty."""
+    receiver.slow_first, receiver.slow_s = 1, 1.0
+    request = turn("s", "u1", 1, "I'm ada@example.com")
+    captured = ev.follow(request, ev.LeadCaptured, "booking_handler", email="ada@example.com")
+    settings = msgspec.structs.replace(to(receiver), timeout_s=0.3)
+    recorded, _ = (await decide(lead_notifier.make_node(ClaimsInMemory(), settings), captured, request)).events
+    assert recorded.ok and recorded.attempts == 2 and recorded.uncertain == 1, recorded
+    deliveries = receiver.deliveries()
+    assert deliveries == {lead_id("s", "u1"): 2}
+    assert duplicate_deliveries(deliveries, {lead_id("s", "u1"): recorded.uncertain}) == (0, 1)
+    assert duplicate_deliveries(deliveries, {}) == (1, 0)  # the same copies with no such attempt on record
+
+    port = urlsplit(receiver.url).port
+    receiver.close()  # nothing listens there now
+    recorded, _ = (await decide(lead_notifier.make_node(ClaimsInMemory(), settings), captured, request)).events
+    assert not recorded.ok and recorded.attempts == settings.attempts and recorded.uncertain == 0, recorded
+    assert "cannot connect" in recorded.error and str(port) in recorded.error
 
 
 async def test_a_sites_webhook_to_a_loopback_or_private_address_is_refused_and_nothing_reaches_it(receiver):

@@ -9,12 +9,14 @@ from collections import Counter
 
 
 class WebhookReceiver:
-    """Answers the first `fail_first` requests with 500, then 200; keeps every request
-    (headers, body, when it arrived, the sender's port)."""
+    """Answers the first `fail_first` requests with 500, then 200, the first `slow_first` of
+    those 200s only after `slow_s` (a receiver that got the request and answers too late);
+    keeps every request (headers, body, when it arrived, the sender's port)."""
 
     def __init__(self):
         self.requests: list[dict] = []
         self.fail_first = 0
+        self.slow_first, self.slow_s = 0, 0.0
         receiver = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -23,6 +25,8 @@ class WebhookReceiver:
                 receiver.requests.append({"headers": {k.lower(): v for k, v in self.headers.items()}, "body": body,
                                           "at": time.monotonic(), "peer": self.client_address[1]})
                 failing = len(receiver.requests) <= receiver.fail_first
+                if not failing and len(receiver.requests) - receiver.fail_first <= receiver.slow_first:
+                    time.sleep(receiver.slow_s)
                 self.send_response(500 if failing else 200)
                 self.end_headers()
                 self.wfile.write(b"{}")
@@ -57,3 +61,4 @@ class WebhookReceiver:
 
     def close(self) -> None:
         self.server.shutdown()
+        self.server.server_close()  # nothing listens on its port any more

@@ -17,9 +17,10 @@ instead of sending again.
 A claim also says when its owner's attempt began (`since`): a second attempt of the same
 event (the first one's process frozen past its ack wait, or its ack lost) waits for the
 first's outcome for up to LEASE_S rather than send beside it, and takes the delivery over
-only once the first is presumed dead. The one window left is between the receiver's 2xx and
-storing the outcome in a process that dies there: its redelivery sends again, with the same
-`webhook-id` (`lead_id`, `handoff_id`) for the receiver to drop.
+only once the first is presumed dead. The one window left is between the receiver getting the
+request and storing the outcome, in a process that dies there: its redelivery sends again,
+with the same `webhook-id` (`lead_id`, `handoff_id`) for the receiver to drop, and the
+outcome counts that attempt as `uncertain`.
 """
 
 from __future__ import annotations
@@ -51,12 +52,18 @@ class Outcome(msgspec.Struct, kw_only=True, omit_defaults=True):
     attempts: int = 0
     error: str | None = None
     skipped: bool = False
+    # Attempts whose fate is unknown, so the receiver may hold a copy more than the one that
+    # succeeded: a request sent and never answered (timed out, cut), or the attempt of an
+    # earlier delivery of this event that died (or froze past its lease) before storing its
+    # outcome. Only these can reach a receiver twice, with the same `webhook-id`.
+    uncertain: int = 0
 
 
 class Claim(msgspec.Struct, kw_only=True, omit_defaults=True):
     owner: str  # the event_id that delivers this lead or handoff request
     outcome: Outcome | None = None  # None: claimed, not (yet) delivered
     since: float = 0.0  # when the owner's latest attempt claimed it (wall clock)
+    taken_over: bool = False  # returned by `claim` only: an earlier attempt's claim, taken over
 
 
 def lead_id(site: str, session_id: str) -> str:
@@ -109,7 +116,7 @@ class WebhookClaims:
                 try:  # compare-and-set: of two late attempts, one takes it over
                     await self.kv.update(key, msgspec.json.encode(Claim(owner=event_id, since=time.time())),
                                          last=entry.revision)
-                    return Claim(owner=event_id)
+                    return Claim(owner=event_id, taken_over=True)
                 except KeyWrongLastSequenceError:
                     continue
             await asyncio.sleep(min(SETTLE_RETRY_S, wait))
@@ -148,5 +155,7 @@ async def deliver_once(claims: WebhookClaims, site: str, session_id: str, event_
     if claim.owner != event_id or claim.outcome is not None:
         return claim
     outcome = await send()
+    if claim.taken_over:  # the attempt before may have sent it, and died before saying so
+        outcome = msgspec.structs.replace(outcome, uncertain=outcome.uncertain + 1)
     await claims.settle(site, session_id, event_id, outcome)
     return Claim(owner=event_id, outcome=outcome)

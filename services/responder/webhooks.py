@@ -33,7 +33,7 @@ from services.responder.webhook_claims import Outcome
 from shared import webhook_secret
 from shared.site_config import Lead
 from shared.state import ConversationState
-from shared.web import FetchError, Outbound, RefusedAddress, WebClient
+from shared.web import CannotConnect, FetchError, Outbound, RefusedAddress, WebClient
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +78,8 @@ class Senders:
 
 
 async def post_webhook(client: WebClient, url: str, body: bytes, signer: Webhook, msg_id: str,
-                       attempts: int, backoff_s: float) -> tuple[bool, int | None, int, str | None]:
-    status, error = None, None
+                       attempts: int, backoff_s: float) -> Outcome:
+    status, error, uncertain = None, None, 0
     for attempt in range(1, attempts + 1):
         try:
             # Signed per attempt: a retry carries a fresh timestamp, so it passes a receiver's
@@ -88,17 +88,21 @@ async def post_webhook(client: WebClient, url: str, body: bytes, signer: Webhook
                                             body=body, follow=False)
             status = response.status
             if 200 <= status < 300:
-                return True, status, attempt, None
+                return Outcome(target=url, ok=True, status=status, attempts=attempt, uncertain=uncertain)
             error = f"HTTP {status}"
-            if status < 500 and status != 429:
-                return False, status, attempt, error  # the receiver refused it: retrying cannot help
-        except RefusedAddress as exc:
-            return False, None, attempt, f"refused: {exc}"[:300]  # the same address again: refused again
+            if status < 500 and status != 429:  # the receiver refused it: retrying cannot help
+                return Outcome(target=url, ok=False, status=status, attempts=attempt, error=error,
+                               uncertain=uncertain)
+        except RefusedAddress as exc:  # the same address again: refused again
+            return Outcome(target=url, ok=False, attempts=attempt, error=f"refused: {exc}"[:300], uncertain=uncertain)
+        except CannotConnect as exc:
+            error = str(exc)[:300]
         except FetchError as exc:
             error = str(exc)[:300]
+            uncertain += 1  # sent, perhaps received, never answered
         if attempt < attempts:
             await asyncio.sleep(backoff_s * 2 ** (attempt - 1) * (0.8 + 0.4 * random.random()))
-    return False, status, attempts, error
+    return Outcome(target=url, ok=False, status=status, attempts=attempts, error=error, uncertain=uncertain)
 
 
 async def send(senders: Senders, settings: LeadSettings, hook: str, url: str, site: str, lead: Lead,
@@ -113,8 +117,9 @@ async def send(senders: Senders, settings: LeadSettings, hook: str, url: str, si
         log.error("webhook not sent: no secret", extra={"hook": hook, "target": url, "error": str(exc)})
         return Outcome(target=url, ok=False, error=str(exc))
     body = json.dumps(payload, separators=(",", ":")).encode()
-    ok, status, attempts, error = await post_webhook(senders.to(url, settings), url, body, signer, msg_id,
-                                                     max(1, settings.attempts), settings.backoff_s)
-    if not ok:
-        log.error("webhook failed", extra={"hook": hook, "target": url, "status": status, "error": error})
-    return Outcome(target=url, ok=ok, status=status, attempts=attempts, error=error)
+    outcome = await post_webhook(senders.to(url, settings), url, body, signer, msg_id,
+                                 max(1, settings.attempts), settings.backoff_s)
+    if not outcome.ok:
+        log.error("webhook failed",
+                  extra={"hook": hook, "target": url, "status": outcome.status, "error": outcome.error})
+    return outcome

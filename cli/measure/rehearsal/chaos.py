@@ -48,7 +48,10 @@ requests:
   `TurnCompleted` or requested twice, a turn started (requested or blocked) before the one
   before it ended (`TurnCompleted`, `TurnFailed`, `TurnBlocked`), or a folded history out of
   turn order (an answer after the next turn's message, an answer without its message);
-- duplicate_side_effects: webhook deliveries beyond the first per `webhook-id`;
+- duplicate_side_effects: webhook deliveries beyond the first per `webhook-id` that its
+  recorded outcome does not account for; resent_uncertain: those it does (its `uncertain`
+  attempts: a sender killed or frozen between the receiver getting the request and the
+  outcome stored, or a request never answered, sends again with the same id, by design);
 - hung: a visitor's turn with no `complete` or `error` within the turn deadline + 15 s;
 - enrichments_cut_short: `EnrichmentCompleted` stored with `trouble` (Redis unreachable,
   a source failed: the next turn enriches again), what an outage costs besides errors;
@@ -101,6 +104,7 @@ from cli.measure.rehearsal.cluster import (
     Cluster,
     add_arguments,
     audit,
+    duplicate_deliveries,
     rehearse,
     started,
 )
@@ -525,7 +529,7 @@ def report(args, visitors: list[Visitor], talks: list[handoffs.Talk], scenarios:
         "hung": outcomes["hung"],
         "lost_events": len(result.lost),
         "corrupted_logs": len(corrupted),
-        "duplicate_side_effects": sum(n - 1 for n in deliveries.values() if n > 1),
+        "duplicate_side_effects": duplicate_deliveries(deliveries, result.uncertain)[0],
         "recovery_s": max(recoveries) if recoveries else None,
         "scenarios": per_scenario,
         "turns_in_log": result.requested,
@@ -533,6 +537,7 @@ def report(args, visitors: list[Visitor], talks: list[handoffs.Talk], scenarios:
         "leads": result.leads,
         "webhooks_recorded": result.webhooks_recorded,
         "webhook_deliveries": sum(deliveries.values()),
+        "resent_uncertain": duplicate_deliveries(deliveries, result.uncertain)[1],
         # Each id delivered more than once: its deliveries' times (s after the first fault) and
         # the fault each came after, to tell which fault sent it again.
         "repeated_webhooks": [{"webhook_id": key, "at_s": [round(t - scenarios[0].fault_at, 2) for t in at],
@@ -562,7 +567,8 @@ def report(args, visitors: list[Visitor], talks: list[handoffs.Talk], scenarios:
     for session, problems in list(corrupted.items())[:10]:
         print(f"    {session}: {'; '.join(problems[:3])}")
     print(f"{'leads / webhooks recorded':<34}{figures['leads']} / {figures['webhooks_recorded']}")
-    print(f"{'webhook deliveries (duplicates)':<34}{figures['webhook_deliveries']} ({figures['duplicate_side_effects']})")
+    print(f"{'webhook deliveries (duplicates)':<34}{figures['webhook_deliveries']} ({figures['duplicate_side_effects']}; "
+          f"{figures['resent_uncertain']} sent again after an attempt of unknown fate)")
     for line in figures["repeated_webhooks"][:10]:
         print(f"    {line['webhook_id']}: at {line['at_s']} s, after {line['after']}")
     if "duplicates" in per_scenario:

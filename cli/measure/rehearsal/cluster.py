@@ -42,6 +42,7 @@ from cli.harness.supervisor import (
 from cli.harness.visitor import Turn, Visitor, ask
 from cli.harness.webhook_receiver import WebhookReceiver
 from cli.measure.bench import BOOKING, QUESTIONS
+from services.responder import webhook_claims
 from shared import events as ev
 from shared import subjects
 from shared.bus import Bus, connect
@@ -288,6 +289,20 @@ class Audit:
     duplicate_completions: int = 0
     leads: int = 0
     webhooks_recorded: int = 0
+    handoffs_requested: int = 0  # turns with a HandoffRequested
+    handoff_webhooks_recorded: int = 0  # of those, turns whose request's webhook outcome is stored
+    # Per `webhook-id`, the attempts whose fate its outcome calls unknown (`uncertain`): the
+    # copies beyond one a receiver may have got by design.
+    uncertain: dict[str, int] = field(default_factory=dict)
+
+
+def duplicate_deliveries(deliveries: Counter, uncertain: dict[str, int]) -> tuple[int, int]:
+    """Deliveries beyond the first per `webhook-id`: (those no outcome accounts for, the side
+    effects counted twice; those its `uncertain` attempts account for, a sender that died or
+    heard no answer mid-request, for the receiver to drop by id)."""
+    beyond = {key: n - 1 for key, n in deliveries.items() if n > 1}
+    explained = {key: min(n, uncertain.get(key, 0)) for key, n in beyond.items()}
+    return sum(beyond.values()) - sum(explained.values()), sum(explained.values())
 
 
 async def audit(bus: Bus, visitors: list[Visitor]) -> Audit:
@@ -299,8 +314,13 @@ async def audit(bus: Bus, visitors: list[Visitor]) -> Audit:
     for record in await bus.read(subjects.conversation(SITE, "*")):
         key = record.event.session_id, record.event.turn
         kind = ev.event_type(record.event)
-        if kind == "webhook_recorded" and record.event.hook != "lead":
-            kind = "webhook_recorded:" + record.event.hook  # a handoff's webhook: not a lead's
+        if kind == "webhook_recorded":
+            hook = record.event
+            webhook_id = (webhook_claims.lead_id(SITE, hook.session_id) if hook.hook == "lead"
+                          else webhook_claims.handoff_id(SITE, hook.session_id, hook.causation_id or ""))
+            result.uncertain[webhook_id] = max(result.uncertain.get(webhook_id, 0), hook.uncertain)
+            if hook.hook != "lead":
+                kind = "webhook_recorded:" + hook.hook  # a handoff's webhook: not a lead's
         kinds[key][kind] += 1
         if isinstance(record.event, ev.TurnRequested):
             requested_at[key] = record.seq
@@ -318,6 +338,8 @@ async def audit(bus: Bus, visitors: list[Visitor]) -> Audit:
         result.duplicate_completions += max(0, counts["turn_completed"] - 1)
         result.leads += counts["lead_captured"] > 0
         result.webhooks_recorded += counts["webhook_recorded"] > 0
+        result.handoffs_requested += counts["handoff_requested"] > 0
+        result.handoff_webhooks_recorded += counts["handoff_requested"] > 0 and counts["webhook_recorded:handoff"] > 0
     for visitor in visitors:
         for turn in visitor.turns:
             if turn.outcome == "complete" and not kinds[visitor.session_id, turn.turn]["turn_completed"]:
@@ -326,12 +348,14 @@ async def audit(bus: Bus, visitors: list[Visitor]) -> Audit:
 
 
 async def quiesce(bus: Bus, visitors: list[Visitor], timeout: float) -> Audit:
-    """Audit until every requested turn ended and every lead's webhook is recorded, or
+    """Audit until every requested turn ended and every lead's and handoff request's webhook
+    is recorded (after its outcome no copy is sent: the receiver's count is final), or
     `timeout`: what is still open then is lost."""
     deadline = time.monotonic() + timeout
     while True:
         result = await audit(bus, visitors)
-        settled = not result.lost and result.webhooks_recorded >= result.leads
+        settled = (not result.lost and result.webhooks_recorded >= result.leads
+                   and result.handoff_webhooks_recorded >= result.handoffs_requested)
         if settled or time.monotonic() > deadline:
             return result
         await asyncio.sleep(1.0)

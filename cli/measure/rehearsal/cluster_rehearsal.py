@@ -28,7 +28,9 @@ the bus and the webhook's requests:
   turns = completed + errors_shown + hung;
 - lost_events: a `TurnRequested` with neither `TurnCompleted` nor `TurnFailed` after
   quiescence, or a turn shown complete that has no `TurnCompleted` in the log;
-- duplicate_side_effects: webhook deliveries beyond the first, per lead (`webhook-id`);
+- duplicate_side_effects: webhook deliveries beyond the first, per lead (`webhook-id`), that
+  its recorded outcome's `uncertain` attempts do not account for (resent_uncertain: those
+  they do: a sender that died mid-request sends again with the same id, by design);
 - recovery_s: the longest SIGKILL → replacement ready, over the processes killed.
 
 The last line printed is one JSON object with every figure. Exit status 0 when the
@@ -50,6 +52,7 @@ from cli.measure.rehearsal.cluster import (
     Audit,
     Cluster,
     add_arguments,
+    duplicate_deliveries,
     rehearse,
     started,
 )
@@ -161,7 +164,8 @@ def report(args, visitors: list[Visitor], recovery: dict[str, float], result: Au
         "errors_shown": outcomes["error"] + outcomes["cut"] + outcomes["refused"],
         "hung": outcomes["hung"],
         "lost_events": len(result.lost),
-        "duplicate_side_effects": sum(n - 1 for n in deliveries.values() if n > 1),
+        "duplicate_side_effects": duplicate_deliveries(deliveries, result.uncertain)[0],
+        "resent_uncertain": duplicate_deliveries(deliveries, result.uncertain)[1],
         "recovery_s": max(recovery.values()) if recovery else None,
         "error_events": outcomes["error"],
         "streams_cut": outcomes["cut"],
