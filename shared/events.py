@@ -625,13 +625,14 @@ class PageTarget(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 class SyncStarted(Envelope, tag="sync_started", kw_only=True):
     """The run's plan: the source as it was, the pages known at the start (a sitemap's, or
-    the start page), whether links found on pages are followed, and robots.txt's text."""
+    the start page and, for a home page, its site's sitemap's), whether links found on pages are followed, and robots.txt's text."""
 
     source: SourceSpec
     pages: list[PageTarget] = []
     discover: bool = False
     robots: str = ""
     user_agent: str = ""
+    sitemap: str = ""  # a home page's source: the site's sitemap whose pages were added
 
 
 class PageFetchRequested(Envelope, tag="page_fetch_requested", kw_only=True):

@@ -306,6 +306,9 @@ async def status(bus: Bus, site: str, spec: ev.SourceSpec, progress=None) -> dic
             "run": run, "state": state, "requested_at": requested.ts if requested else None,
             "last_completed": msgspec.to_builtins(completed) if completed else None,
             "last_failure": {"run": failed.turn, "reason": failed.reason, "at": failed.ts} if failed else None}
+    started = last["sync_started"]
+    # The site's sitemap a home page's run found (its pages joined the start page's links).
+    view["sitemap"] = started.sitemap if started is not None and started.turn == run else ""
     if progress is not None and progress.run == run and run:
         done = sum(1 for outcome in progress.pages.values() if outcome)
         view["progress"] = {"pages": len(progress.pages), "done": done,

@@ -193,6 +193,7 @@ async def test_a_fetcher_killed_mid_run_loses_and_duplicates_nothing(work_bus, k
 
 async def test_a_start_page_is_crawled_by_its_links_up_to_the_limit(syncing, website, site):
     bus = syncing
+    website.sitemap_listed = False  # no sitemap to find: the links alone
     spec = await added(bus, site, url=f"{website.url}/", max_pages=10, exclude=["/slow"])
     done = await synced(bus, site, spec.id, 1)
     assert isinstance(done, ev.SyncCompleted), done
@@ -200,6 +201,25 @@ async def test_a_start_page_is_crawled_by_its_links_up_to_the_limit(syncing, web
     assert len(urls) == 10 and len(set(urls)) == 10
     assert f"{website.url}/private/secret" not in urls and f"{website.url}/slow" not in urls
     assert f"{website.url}{doc_path(1)}" in urls
+    started = await bus.last(subjects.conv(site, sources.session_of(spec.id), "sync_started"))
+    assert started.sitemap == "" and [p.url for p in started.pages] == [f"{website.url}/"]
+
+
+async def test_a_home_page_brings_its_sites_sitemap_named_by_robots_txt(syncing, website, site):
+    """What a new site owner gives is their home page: the run starts from the sitemap
+    robots.txt names as well, so every listed page is known at once (not 53 links deep), and
+    the operator sees which sitemap it was."""
+    bus = syncing
+    spec = await added(bus, site, url=f"{website.url}/")
+    started = await wait_for(lambda: bus.last(subjects.conv(site, sources.session_of(spec.id), "sync_started")))
+    assert started.sitemap == f"{website.url}/sitemap.xml" and started.discover
+    planned = {p.url for p in started.pages}
+    assert f"{website.url}{doc_path(52)}" in planned and f"{website.url}/missing" in planned
+    assert f"{website.url}/private/secret" not in planned  # robots.txt still rules
+    done = await synced(bus, site, spec.id, 1)
+    assert isinstance(done, ev.SyncCompleted) and done.added == len(website.allowed()), done
+    view = await sources.status(bus, site, spec)
+    assert view["sitemap"] == f"{website.url}/sitemap.xml" and view["state"] == "completed"
 
 
 async def test_a_site_that_cannot_be_reached_ends_its_run_in_sync_failed(syncing, site):

@@ -31,6 +31,7 @@ class Website:
         self.changing = "The Orbit plan includes 5 dispatchers."
         self.vanishing = True
         self.hits: Counter[str] = Counter()
+        self.sitemap_listed = True  # robots.txt names /sitemap.xml, which is served; False: neither
         self.embed = ""  # /embed.html: a page of the site embedding the widget's snippet (not in the sitemap)
         self.port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -72,8 +73,9 @@ class Website:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         path = request.path
         if path == "/robots.txt":
-            return web.Response(text=f"User-agent: *\nDisallow: /private/\nSitemap: {self.url}/sitemap.xml\n")
-        if path == "/sitemap.xml":
+            listed = f"Sitemap: {self.url}/sitemap.xml\n" if self.sitemap_listed else ""
+            return web.Response(text=f"User-agent: *\nDisallow: /private/\n{listed}")
+        if path == "/sitemap.xml" and self.sitemap_listed:
             return web.Response(text=self.sitemap(), content_type="application/xml")
         if path == "/embed.html":
             return web.Response(text=f"<!doctype html><html><body><h1>Gridline</h1>{self.embed}</body></html>",

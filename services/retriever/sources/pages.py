@@ -79,6 +79,17 @@ def robots_url(url: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, "/robots.txt", "", ""))
 
 
+def origin(url: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme.lower(), parts.netloc.lower(), "", "", ""))
+
+
+def is_home(url: str) -> bool:
+    """A site's home page: no path beyond "/", no query."""
+    parts = urlsplit(url)
+    return parts.path in ("", "/") and not parts.query
+
+
 def is_sitemap(url: str, content_type: str = "") -> bool:
     path = urlsplit(url).path.lower()
     return path.endswith((".xml", ".xml.gz")) or content_type in ("application/xml", "text/xml")

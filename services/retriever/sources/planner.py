@@ -2,7 +2,10 @@
 
 A website: its robots.txt (none, or unreadable: everything allowed), then the pages of its
 sitemap (the source's URL is a sitemap: the pages it and its nested sitemaps list) or its
-start page, with links followed (`discover`); only pages in the source's scope and allowed
+start page, with links followed (`discover`). A start page that is the site's home page (what
+a new site owner gives) also brings the site's own sitemap's pages: the first on its origin
+that robots.txt names (`Sitemap:`), else `/sitemap.xml`; none, or one that cannot be read,
+and the links alone find the pages. Only pages in the source's scope and allowed
 by robots.txt, at most the source's page limit. A file or a text snippet: one page. Each
 page carries what the knowledge base holds of it (ETag, Last-Modified, text hash) so an
 unchanged page costs a conditional request. → `SyncStarted` and one `PageFetchRequested`
@@ -15,6 +18,8 @@ site unreachable or refused), ends here: `SyncFailed`, the knowledge base untouc
 from __future__ import annotations
 
 import logging
+
+from protego import Protego
 
 from services.retriever.sources import pages as pg
 from services.retriever.sources.converter import ConversionFailed, Converter
@@ -67,6 +72,21 @@ async def sitemap_pages(web: WebClient, url: str, convert: Converter) -> list[st
     return list(dict.fromkeys(found))
 
 
+async def site_sitemap(web: WebClient, home: str, robots_text: str, convert: Converter) -> tuple[str, list[str]]:
+    """The home page's site's sitemap and its pages: the first robots.txt names on the home
+    page's origin (one elsewhere is another site's), else `/sitemap.xml`; ("", []) when
+    none lists a page (missing, unreadable, not a sitemap: the links are followed anyway)."""
+    origin = pg.origin(home)
+    named = [url for url in Protego.parse(robots_text).sitemaps if pg.origin(url) == origin] if robots_text else []
+    for url in named or [f"{origin}/sitemap.xml"]:
+        try:
+            if listed := await sitemap_pages(web, url, convert):
+                return url, listed
+        except (FetchError, ConversionFailed) as exc:
+            log.info("no sitemap read", extra={"url": url, "error": str(exc)[:200]})
+    return "", []
+
+
 def make_node(web: WebClient, kb, converter: Converter | None = None) -> Node:
     convert = converter or Converter()
 
@@ -77,7 +97,7 @@ def make_node(web: WebClient, kb, converter: Converter | None = None) -> Node:
                                node=NAME)]
         spec = added.source
         known = await known_pages(kb, event.site, spec.id)
-        robots_text, discover = "", False
+        robots_text, discover, sitemap = "", False, ""
         if spec.kind == "website":
             try:
                 robots_text = await _robots(web, spec.url)
@@ -85,6 +105,9 @@ def make_node(web: WebClient, kb, converter: Converter | None = None) -> Node:
                     urls = await sitemap_pages(web, spec.url, convert)
                 else:
                     urls, discover = [pg.normalized(spec.url)], True
+                    if pg.is_home(spec.url):
+                        sitemap, listed = await site_sitemap(web, spec.url, robots_text, convert)
+                        urls = list(dict.fromkeys(urls + listed))
                 urls = await convert.allowed(spec, robots_text, web.user_agent, urls, spec.max_pages)
             except (FetchError, RefusedAddress, ConversionFailed) as exc:
                 return [ctx.follow(ev.SyncFailed, reason=str(exc), node=NAME)]
@@ -93,7 +116,7 @@ def make_node(web: WebClient, kb, converter: Converter | None = None) -> Node:
         targets = [ev.PageTarget(url=u, **{k: v for k, v in known.get(u, {}).items() if k != "doc_id"})
                    for u in urls]
         started = ctx.follow(ev.SyncStarted, source=spec, pages=targets, discover=discover, robots=robots_text[:20000],
-                             user_agent=web.user_agent)
+                             user_agent=web.user_agent, sitemap=sitemap)
         work = [fetch_item(ctx, event, target) for target in targets]
         log.info("sync planned", extra={"site_id": event.site, "source": spec.id, "run": event.turn,
                                         "pages": len(targets), "discover": discover})
