@@ -27,7 +27,7 @@ from shared.toml_text import dumps
 from tests import test_briefs_api
 from tests.e2e import launch_chromium, needs_chromium, signed_in_admin
 from tests.helpers import unique, wait_for
-from tests.servers import ROOT
+from tests.servers import ROOT, configure_site
 from tests.test_briefs_api import ADMIN, ORIGIN, bearer, key_of
 
 api = test_briefs_api.api  # the fixture: the gateway in process, a site and another one, each with its key
@@ -308,6 +308,51 @@ async def test_the_widget_gets_its_settings_and_nothing_private(api, bus):
 def sites_cli(nats_url, *args):
     return subprocess.run([sys.executable, "-m", "cli", "sites", *args], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT), "NATS_URL": nats_url}, timeout=60)
+
+
+async def test_the_install_check_finds_the_snippet_on_the_sites_page_and_names_each_problem(
+        nats_url, redis_url, site, monkeypatch):
+    """"Check installation": the page is fetched through the outbound guard (its address let
+    through here, as a deployment would with OUTBOUND_ALLOWED), and the answer says whether it
+    embeds this site's widget on an origin the site allows, each problem in words."""
+    import httpx
+
+    from shared.web import Outbound
+    from tests.test_turn_end import running_gateway
+    from tests.website import Website
+
+    with Website() as website:
+        await configure_site(nats_url, site, allowed_origins=[website.url])
+        other = unique("other")
+        await configure_site(nats_url, other, allowed_origins=["https://elsewhere.example"])
+        outbound = Outbound(allowed=(f"127.0.0.1:{website.port}",))
+        async with running_gateway(nats_url, redis_url, monkeypatch, admin_token=ADMIN, outbound=outbound) as url:
+            async with httpx.AsyncClient(base_url=url, timeout=10, headers=bearer(ADMIN)) as client:
+                async def check(for_site, page=f"{website.url}/embed.html"):
+                    return await client.post(f"/v1/admin/sites/{for_site}/install-check", json={"url": page})
+
+                snippet = (await client.get(f"/v1/admin/sites/{site}")).json()["snippet"]
+                answer = (await check(site)).json()
+                assert not answer["ok"] and not answer["installed"], answer
+                assert answer["problems"] == ["the page has no widget script: paste the snippet before </body>"]
+                website.embed = snippet
+                answer = (await check(site)).json()
+                assert answer["ok"] and answer["installed"] and answer["origin_allowed"], answer
+                assert answer["status"] == 200 and answer["origin"] == website.url and answer["problems"] == []
+                answer = (await check(other)).json()  # the page embeds another site's widget
+                assert not answer["ok"] and answer["widget_site"] == site, answer
+                assert answer["problems"][0] == f"the widget on the page is for site {site!r}, not {other!r}"
+                assert "is not among the site's allowed origins" in answer["problems"][1]
+                answer = (await check(site, f"{website.url}/missing")).json()
+                assert answer["problems"] == ["the page answered HTTP 404"], answer
+                port = website.port
+                refused = (await check(site, f"http://127.0.0.1:{port + 1}/")).json()  # not let through
+                assert refused["problems"][0].startswith("refused: "), refused
+                bad = await check(site, "javascript:alert(1)")
+                assert bad.status_code == 422 and bad.json()["detail"][0]["field"] == "url", bad.text
+                assert (await check(unique("nosite"))).status_code == 404
+                assert (await client.post(f"/v1/admin/sites/{site}/install-check", content=b"{",
+                                          headers={"Content-Type": "application/json"})).status_code == 422
 
 
 async def test_the_cli_adds_sets_shows_exports_and_deletes(nats_url, bus, tmp_path):

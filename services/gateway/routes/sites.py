@@ -9,6 +9,8 @@ changed and deleted through shared/site_store.py (checked as a file is, versione
   puts a key back to its default);
 - `DELETE /v1/admin/sites/{site}`: ADMIN_TOKEN only (403 for a site key);
 - `GET    versions`: the configs the bucket keeps, newest first, with who made each;
+- `POST   install-check` (`{"url": PAGE}`): whether that page of the site embeds its widget,
+  from an origin the site allows (install_check.py);
 - `POST   keys`: a new operator key for the site, in the answer only; its SHA-256 joins
   `operator_key_sha256`, or, with `{"operator": NAME}`, is that named operator's account
   (`operators`).
@@ -21,11 +23,13 @@ from __future__ import annotations
 
 import html
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 import msgspec
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
+from services.gateway import install_check
 from services.gateway.access import operator_of_site
 from services.gateway.errors import Conflict, NotFound
 from services.gateway.openapi import SITE_OPENAPI, SITE_PATCH_OPENAPI, SiteId
@@ -170,3 +174,25 @@ async def make_key(request: Request, site: SiteId, who: Who):
     digest = key_sha256(key)
     return JSONResponse({"site": site, "key": key, "sha256": digest, "operator": body.operator,
                          "version": change.config.version}, status_code=201, headers=NO_STORE)
+
+
+class InstallCheck(msgspec.Struct, forbid_unknown_fields=True):
+    url: Annotated[str, msgspec.Meta(min_length=1, max_length=2000)]
+
+
+_install_check = msgspec.json.Decoder(InstallCheck)
+
+
+@router.post("/install-check")
+async def check_install(request: Request, site: SiteId):
+    """Fetch a page of the site (`{"url": ...}`) and say whether it embeds this site's widget
+    and whether its origin is one the site allows: `ok`, and each problem in words."""
+    config = await _store(request).read(site)
+    if config is None:
+        raise NotFound(f"no site {site}")
+    body = decode(await read_body(request, 4096), _install_check)
+    parts = urlsplit(body.url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise RequestError("url", "an http or https URL of a page of the site")
+    result = await install_check.check(request.app.state.web, body.url, site, config, request.headers.get("host"))
+    return JSONResponse({"site": site, **result}, headers=NO_STORE)

@@ -28,6 +28,7 @@ function signedIn(who) {
   choices.replaceChildren(...(who.sites || [who.site]).map((name) => { const o = document.createElement("option"); o.value = name; return o; }));
   if (who.site) { $("site").value = who.site; $("site").readOnly = true; }
   else $("site").readOnly = false;
+  $("addSite").hidden = who.kind !== "admin";  // making a site takes the ADMIN_TOKEN
   // Every view's script has run by then (the page parsed): a deep link can open any of them.
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", route, { once: true });
   else route();
@@ -44,7 +45,7 @@ $("signInForm").addEventListener("submit", async (e) => {
 });
 $("signOut").addEventListener("click", async () => {
   await fetch("/v1/admin/session", { method: "DELETE" });
-  $("who").textContent = ""; $("signOut").hidden = true; $("site").readOnly = false;
+  $("who").textContent = ""; $("signOut").hidden = true; $("site").readOnly = false; $("addSite").hidden = true;
   showSignIn("Signed out.");
 });
 (async () => {
@@ -109,7 +110,7 @@ function headerView(viewId, buttonId, label, open) {
 // One navigation: the sidebar's current view marked, and deep links that survive a reload:
 // #/sites/<site>/<view>[/<conversation>] (`route` opens what one names once signed in).
 const VIEW_BUTTONS = { inbox: "inbox", conversations: "load", insight: "insight", knowledge: "knowledge",
-                       accounts: "accounts", leads: "leads", settings: "siteSettings" };
+                       accounts: "accounts", leads: "leads", settings: "siteSettings", new: "addSite" };
 const LINK_RE = /^#\/sites\/([A-Za-z0-9_-]{1,64})\/([a-z]+)(?:\/([A-Za-z0-9_-]{1,64}))?$/;
 function linkTo(view, id) {
   const site = $("site").value.trim();

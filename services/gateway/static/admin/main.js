@@ -8,3 +8,4 @@ import "./knowledge.js";
 import "./insight.js";
 import "./inbox.js";
 import "./accounts.js";
+import "./onboarding.js";
