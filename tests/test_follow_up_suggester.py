@@ -48,14 +48,14 @@ async def test_without_a_model_the_sections_not_yet_covered_are_offered():
     routed, given = answered("u1", "Do you integrate with QuickBooks?", "Yes, QuickBooks syncs every 10 minutes [3].")
     (generated,) = (await decide(WITHOUT_MODEL, routed, *given)).events
     assert isinstance(generated, ev.SuggestionsGenerated) and generated.kind == "follow_up"
-    assert generated.suggestions == ["Is there a free trial?", "What about Growth plan?"]  # not the cited section
+    assert generated.suggestions == ["Is there a free trial?", "Can you tell me about the Growth plan?"]  # not the cited section
     assert generated.skipped == suggestions.NO_MODEL and generated.error is None
 
 
 async def test_without_a_model_the_questions_are_in_the_language_the_widget_reports():
     routed, given = answered("u2", "QuickBooks?", "Oui, QuickBooks est synchronisé [3].", visitor={"language": "fr"})
     (generated,) = (await decide(WITHOUT_MODEL, routed, *given)).events
-    assert generated.suggestions == ["Is there a free trial?", "Et concernant Growth plan ?"]
+    assert generated.suggestions == ["Is there a free trial?", "Pouvez-vous m'en dire plus sur Growth plan ?"]
 
 
 async def test_answer_options_are_not_its_to_suggest():

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from services.responder.local_suggestions import answer_options, follow_ups, is_yes_no, last_question
+import pytest
+
+from services.responder.local_suggestions import answer_options, as_topic, follow_ups, is_yes_no, last_question
 from services.retriever import documents
 from shared import events as ev
 from shared.site_config import Booking, FormField, SiteConfig
@@ -61,9 +63,28 @@ def test_sections_not_yet_discussed_become_localized_questions():
     conversation = said("Which integrations do you offer?",
                         "Accounting with QuickBooks and Xero, and CRM with Salesforce and HubSpot [1][2].")
     assert follow_ups(kb("integrations"), conversation, "en") == [
-        "What about Payments?", "What about Calendars and communication?", "What about Zapier and the API?"]
-    assert follow_ups(kb("integrations"), conversation, "de")[0] == "Was gibt es zu Payments?"
-    assert follow_ups(kb("integrations"), conversation, "fr")[0] == "Et concernant Payments ?"
+        "Can you tell me about payments?", "Can you tell me about calendars and communication?",
+        "Can you tell me about Zapier and the API?"]
+    assert follow_ups(kb("integrations"), conversation, "de")[0] == "Können Sie mir mehr über payments sagen?"
+    assert follow_ups(kb("integrations"), conversation, "fr")[0] == "Pouvez-vous m'en dire plus sur payments ?"
+
+
+@pytest.mark.parametrize("heading, content, lang, asked", [
+    # Written as the section's text writes it mid-sentence, with the "the" it takes there.
+    ("Route optimisation", "Tidewise plans each day. Its route optimisation saves an hour.", "en", "route optimisation"),
+    ("Growth plan", "Most teams pick the Growth plan for its reports.", "en", "the Growth plan"),
+    # Not in the text: the first word lower case, but an acronym, a name the text
+    # capitalizes mid-sentence, or any German noun stays as it is.
+    ("Discounts", "Nonprofits get 20% off. Annual billing saves two months.", "en", "discounts"),
+    ("CRM", "Contacts sync both ways.", "en", "CRM"),
+    ("Zapier and the API", "Connect through Zapier or the REST API.", "en", "Zapier and the API"),
+    ("Rabatte", "Gemeinnützige Organisationen erhalten 20 %.", "de", "Rabatte"),
+    # The site's voice turned to the visitor's; a singular thing named bare takes "the".
+    ("How we hire", "Two interviews and a paid trial day.", "en", "how you hire"),
+    ("Status page", "Status page. Incidents are posted within minutes.", "en", "the status page"),
+])
+def test_a_sections_heading_is_asked_about_as_a_visitor_would_name_it(heading, content, lang, asked):
+    assert as_topic(heading, content, lang) == asked
 
 
 def test_the_sections_the_answer_cited_are_not_offered_again():
@@ -71,8 +92,9 @@ def test_the_sections_the_answer_cited_are_not_offered_again():
     accounting = next(d.n for d in docs if d.title.endswith("— Accounting"))
     conversation = said("Do you integrate with QuickBooks?",
                         f"QuickBooks Online and Xero sync every 10 minutes in both directions [{accounting}].")
-    assert "What about Accounting?" in follow_ups(docs, conversation, "en", limit=8)
-    assert "What about Accounting?" not in follow_ups(docs, conversation, "en", limit=8, cited=frozenset({accounting}))
+    assert "Can you tell me about accounting?" in follow_ups(docs, conversation, "en", limit=8)
+    assert "Can you tell me about accounting?" not in follow_ups(docs, conversation, "en", limit=8,
+                                                                 cited=frozenset({accounting}))
 
 
 def test_question_headings_come_before_sections_and_at_most_three_distinct():
@@ -81,7 +103,8 @@ def test_question_headings_come_before_sections_and_at_most_three_distinct():
     got = follow_ups(docs, conversation, "en")
     assert len(got) == 3 and len({q.lower() for q in got}) == 3 and all(q in faq_headings() for q in got)
     more = follow_ups(docs, conversation, "en", limit=8)
-    assert set(more[:6]) == faq_headings() and more[6:] == ["What about Starter plan?", "What about Growth plan?"]
+    assert set(more[:6]) == faq_headings() and more[6:] == ["Can you tell me about the Starter plan?",
+                                                               "Can you tell me about the Growth plan?"]
 
 
 def test_nothing_good_gives_nothing_never_a_placeholder():

@@ -4,8 +4,10 @@ Follow-up questions come from the knowledge base as this turn's retrieval saw it
 is titled "<document> — <section heading>", so
 - a heading that is a question ("Frequently asked questions — Is there a free trial?")
   is offered as it stands;
-- another heading ("Integrations — CRM") becomes a question from a localized template
-  ("What about CRM?").
+- another heading becomes a question a visitor would ask, from a localized template, the
+  heading written as the section's own text writes it mid-sentence ("Pricing — Discounts":
+  "Can you tell me about discounts?"; "Pricing — Growth plan": "Can you tell me about the
+  Growth plan?"), see `as_topic`.
 A question the visitor already asked (most of its words in one of their messages), an FAQ
 whose answer the assistant already gave, and a section whose topic words the conversation
 already used are left out. Nothing good means no suggestions, never a placeholder.
@@ -57,6 +59,46 @@ def _first_sentence(text: str) -> str:
     return SENTENCE_END.split(body, 1)[0] if body else ""
 
 
+def as_topic(heading: str, content: str, lang: str) -> str:
+    """The heading as a topic inside a sentence. Headings capitalize their first word, a
+    sentence does not unless it is a name: the section's text decides. Where the text uses
+    the heading mid-sentence, its spelling there ("route optimisation", "Growth plan"), with
+    the English "the" it takes there; else its first word in lower case unless that word is
+    an acronym or the text capitalizes it mid-sentence ("Zapier"), or German (its nouns are
+    capitalized)."""
+    text = " ".join(content.split())
+    return _as_visitor(_as_in_text(heading, text, lang), lang)
+
+
+def _as_in_text(heading: str, text: str, lang: str) -> str:
+    for found in re.finditer(r"(?<![.!?:]\s)(?<=\s)(?:(the) )?(" + re.escape(heading) + r")\b", text, re.IGNORECASE):
+        article = "the " if found.group(1) and lang == "en" else ""
+        return article + found.group(2)
+    first, _, rest = heading.partition(" ")
+    if lang != "de" and first[:1].isupper() and not first.isupper() and not re.search(
+            r"(?<![.!?:]\s)(?<=\s)" + re.escape(first) + r"\b", text):
+        first = first[0].lower() + first[1:]
+    return f"{first} {rest}".strip()
+
+
+# English heading nouns a visitor names with "the" ("the Growth plan", "the status page").
+THE_NOUNS = frozenset(DATA["follow_up_the"]["nouns"].split())
+SITE_VOICE = {"we": "you", "our": "your", "us": "you", "ours": "yours"}
+
+
+def _as_visitor(topic: str, lang: str) -> str:
+    """In English, the site's voice turned to the visitor's ("how we hire": "how you hire"),
+    and "the" before a singular thing a heading names bare ("Starter plan")."""
+    if lang != "en":
+        return topic
+    found = topic.split()
+    found = [SITE_VOICE.get(w.lower(), w) for w in found]
+    listing = any(w.lower() in ("and", "or", "&") for w in found)  # "Zapier and the API": a list, no "the"
+    if not listing and found[0].lower() not in ("the", "a", "an", "your") and found[-1].lower() in THE_NOUNS:
+        found.insert(0, "the")
+    return " ".join(found)
+
+
 def follow_ups(documents: list[ev.RetrievedDocument], messages: list[Message], lang: str,
                limit: int = MAX_FOLLOW_UPS, cited: frozenset[int] = frozenset()) -> list[str]:
     """Up to `limit` questions from the retrieved chunks' headings that the conversation has
@@ -82,7 +124,7 @@ def follow_ups(documents: list[ev.RetrievedDocument], messages: list[Message], l
                 continue
             questions.append(heading)
         elif not topic <= said:
-            topics.append(template.format(topic=heading.rstrip(".:")))
+            topics.append(template.format(topic=as_topic(heading.rstrip(".:"), doc.content, lang)))
     out: list[str] = []
     for text in questions + topics:
         if text.lower() not in {o.lower() for o in out}:
