@@ -162,6 +162,23 @@ async def signed_in_admin(page, base_url: str, key: str) -> None:
     await page.wait_for_selector("#signIn", state="hidden")
 
 
+async def tab_to(page, selector: str, back: bool = False, limit: int = 60) -> None:
+    """Press Tab (Shift+Tab with `back`) until the focus is on `selector`: what a keyboard
+    user reaches, or an AssertionError naming what could not be reached."""
+    for _ in range(limit):
+        if await page.evaluate("s => !!document.activeElement && document.activeElement.matches(s)", selector):
+            return
+        await page.keyboard.press("Shift+Tab" if back else "Tab")
+    raise AssertionError(f"{selector} not reached in {limit} presses of {'Shift+' if back else ''}Tab")
+
+
+async def type_into(page, selector: str, text: str, back: bool = False) -> None:
+    """Tab to a field, select what it holds and type `text` over it."""
+    await tab_to(page, selector, back)
+    await page.keyboard.press("Control+A")
+    await page.keyboard.type(text)
+
+
 async def open_admin(browser, system, site: str, view: str, key: str | None = None):
     """/admin in a new page, signed in on its sign-in page (ADMIN_TOKEN, or `key`), `site`
     typed in, the view whose header button is `#view` opened."""

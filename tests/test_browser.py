@@ -18,7 +18,7 @@ import uuid
 
 from tests import e2e
 from tests.e2e import (SLOW_ANSWER, ask_in_a_fresh_widget, events_of, launch_chromium, needs_chromium, open_admin,
-                       operator_url, ops, signed_in_admin)
+                       operator_url, ops, signed_in_admin, tab_to, type_into)
 from tests.helpers import wait_for
 from tests.servers import ROOT
 
@@ -740,12 +740,14 @@ async def test_browser_handoff_nobody_joins_so_the_widget_offers_the_email_follo
 
 
 async def test_an_operator_answers_a_handoff_from_the_inbox(system, llm, http):
-    """Issue 42's inbox in /admin: a visitor asks for a person on a site that takes handoffs;
-    the Inbox lists the conversation as waiting with its transcript; a claim without a name is
-    refused beside the name field; claimed as Grace, the visitor's next message shows at once
-    (the site's feed); another operator's claim is a 409 naming her (through the API and in the
-    view); her reply is stored as hers; handed back to the AI, the visitor's next question is
-    answered by the AI; the timeline opens from the view."""
+    """Issue 42's inbox in /admin, used with the keyboard only up to the hand-back (issue 53):
+    signed in, the site typed and the Inbox opened with Tab and Enter; a visitor asks for a
+    person on a site that takes handoffs; the Inbox lists the conversation as waiting with
+    its transcript; a claim without a name is refused beside the name field; claimed as Grace,
+    the visitor's next message shows at once (the site's feed); another operator's claim is a
+    409 naming her (through the API and in the view); her reply is stored as hers; handed back
+    to the AI, the visitor's next question is answered by the AI; the timeline opens from the
+    view."""
     from playwright.async_api import async_playwright
 
     from cli.harness.sse import Conversation
@@ -764,20 +766,32 @@ async def test_an_operator_answers_a_handoff_from_the_inbox(system, llm, http):
     async with async_playwright() as pw:
         browser = await launch_chromium(pw)
         try:
-            admin = await open_admin(browser, system, site, "inbox")
+            admin = await browser.new_page(viewport={"width": 1400, "height": 900})
+            await admin.goto(system.gateway_url + "/admin")
+            await admin.wait_for_selector("#signIn", state="visible")
+            await admin.keyboard.type(system.env["ADMIN_TOKEN"])  # the sign-in's key field has the focus
+            await admin.keyboard.press("Enter")
+            await admin.wait_for_selector("#signIn", state="hidden")
+            await type_into(admin, "#site", site)
+            await tab_to(admin, "#inbox", back=True)
+            await admin.keyboard.press("Enter")
             row = admin.locator(f"#inboxList .row[data-session='{session}']")
             await row.wait_for(timeout=15000)
             # The sidebar's Inbox says how many wait for an operator.
             await admin.wait_for_selector("#inboxBadge:text-is('1')", timeout=10000)
             assert await admin.get_attribute("#inbox", "aria-label") == "Inbox, 1 waiting"
             assert await row.locator(".tag").first.text_content() == "waiting"
-            await row.click()
+            await tab_to(admin, f"#inboxList .row[data-session='{session}']")
+            await admin.keyboard.press("Enter")
             await admin.wait_for_selector("#handoffTranscript .msg.user:has-text('Can I talk to a person?')")
+            assert await row.get_attribute("aria-pressed") == "true"
 
-            await admin.click("#handoffClaim")  # no name yet
+            await tab_to(admin, "#handoffClaim")  # no name yet
+            await admin.keyboard.press("Enter")
             await admin.wait_for_selector("#inboxOperatorError:not(:empty)")
-            await admin.fill("#inboxOperator", "Grace")
-            await admin.click("#handoffClaim")
+            await type_into(admin, "#inboxOperator", "Grace", back=True)
+            await tab_to(admin, "#handoffClaim")
+            await admin.keyboard.press("Enter")
             await row.locator(".tag:text-is('held')").wait_for()
             assert "Grace" in await row.text_content()
             # The visitor writes while held: the feed brings it, well before the 30 s fallback poll.
@@ -785,21 +799,25 @@ async def test_an_operator_answers_a_handoff_from_the_inbox(system, llm, http):
             await admin.wait_for_selector("#handoffTranscript .msg.user:has-text('Are you there?')", timeout=5000)
             taken = await http.post(f"{handoff}/claim", json={"operator": "Linus"}, headers=ops(system))
             assert taken.status_code == 409 and taken.json()["holder"] == "Grace", taken.text
-            await admin.fill("#inboxOperator", "Linus")
-            await admin.click("#handoffClaim")
+            await type_into(admin, "#inboxOperator", "Linus")
+            await tab_to(admin, "#handoffClaim")
+            await admin.keyboard.press("Enter")
             await admin.wait_for_selector("#handoffErrors:has-text('Grace holds this conversation')")
 
-            await admin.fill("#inboxOperator", "Grace")
-            await admin.click("#handoffSend")  # an empty reply: refused beside its field
+            await type_into(admin, "#inboxOperator", "Grace", back=True)
+            await tab_to(admin, "#handoffSend")  # an empty reply: refused beside its field
+            await admin.keyboard.press("Enter")
             await admin.wait_for_selector("#handoffTextError:not(:empty)")
-            await admin.fill("#handoffText", reply)
-            await admin.click("#handoffSend")
+            await type_into(admin, "#handoffText", reply, back=True)
+            await tab_to(admin, "#handoffSend")
+            await admin.keyboard.press("Enter")
             await admin.wait_for_selector(f"#handoffTranscript .msg.operator:has-text('{reply}')")
             assert "Grace (operator)" in await admin.text_content("#handoffTranscript .msg.operator")
             written = [e["event"] for e in await events_of(http, system, site, session) if e["type"] == "operator_message"]
             assert [(m["operator"], m["text"]) for m in written] == [("Grace", reply)]
 
-            await admin.click("#handoffRelease")
+            await tab_to(admin, "#handoffRelease", back=True)
+            await admin.keyboard.press("Enter")
             await row.wait_for(state="detached")
             await admin.wait_for_selector("#inboxList .muted:has-text('Nobody is waiting')")
             back = await visitor.say("What does the Pro plan include?")

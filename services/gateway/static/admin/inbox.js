@@ -128,18 +128,28 @@ import { currentConversation, loadList, openConversation } from "./conversations
     return line;
   }
 
+  // Each row is a button to the keyboard too (Tab reaches it, Enter or Space opens it); a
+  // refresh that draws the list again gives the focus back to the row that had it.
   function showList(handoffs) {
     for (const h of handoffs) watched.add(h.session_id);
     selectedRow = handoffs.find((h) => h.session_id === selected) || null;
+    const focused = document.activeElement && document.activeElement.closest("#inboxList .row");
     const rows = handoffs.map((h) => {
       const row = el("div", null, "row"); row.dataset.session = h.session_id;
+      row.tabIndex = 0; row.setAttribute("role", "button");
       row.classList.toggle("selected", h.session_id === selected);
+      row.setAttribute("aria-pressed", String(h.session_id === selected));
       const asked = h.messages.filter((m) => m.role === "user").pop();
       row.append(el("div", asked ? asked.content : h.session_id), summary(h));
       row.addEventListener("click", () => select(h.session_id, h));
+      row.addEventListener("keydown", (e) => {
+        if (e.key === "Enter" || e.key === " ") { e.preventDefault(); select(h.session_id, h); }
+      });
       return row;
     });
     $("inboxList").replaceChildren(...rows);
+    const again = focused && rows.find((r) => r.dataset.session === focused.dataset.session);
+    if (again) again.focus();
     if (!rows.length) $("inboxList").append(el("div", "Nobody is waiting for a person.", "muted"));
     if (selected) showConversation();
   }
@@ -151,7 +161,10 @@ import { currentConversation, loadList, openConversation } from "./conversations
   function select(session, row) {
     if (session !== selected) { showFieldErrors(view, [], $("handoffErrors")); shown = ""; }
     selected = session; selectedRow = row;
-    for (const item of $("inboxList").querySelectorAll(".row")) item.classList.toggle("selected", item.dataset.session === session);
+    for (const item of $("inboxList").querySelectorAll(".row")) {
+      item.classList.toggle("selected", item.dataset.session === session);
+      item.setAttribute("aria-pressed", String(item.dataset.session === session));
+    }
     showConversation();
   }
 
