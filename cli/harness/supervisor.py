@@ -261,6 +261,23 @@ class System:
         return subprocess.run([sys.executable, "-m", "cli", "ingest", "--site", site, "--quiet", str(source)],
                               env=self.env, cwd=ROOT, check=check)
 
+    def prune_ingested(self, site: str) -> subprocess.CompletedProcess:
+        """`concierge docs prune`: the documents no source owns (`concierge ingest`'s) out of
+        the knowledge base, before the retriever opens it."""
+        return subprocess.run([sys.executable, "-m", "cli", "docs", "prune", "--site", site],
+                              env=self.env, cwd=ROOT, check=False, capture_output=True, text=True)
+
+    def upload_sources(self, site: str, source: Path = DEMO_KB, timeout_s: float = 180.0) -> subprocess.CompletedProcess:
+        """`concierge sources upload --wait`: each file under `source` one of the site's
+        knowledge sources (the same file again: an unchanged run), synced by the running
+        retriever as a site owner's upload is."""
+        from services.retriever import documents
+
+        files = [str(p) for p in documents.collect([source])]
+        return subprocess.run([sys.executable, "-m", "cli", "sources", "upload", "--site", site, "--wait",
+                               "--timeout", str(timeout_s), *files], env=self.env, cwd=ROOT, check=False,
+                              capture_output=True, text=True)
+
     def import_accounts(self, site: str, source: Path = DEMO_ACCOUNTS, check: bool = True
                         ) -> subprocess.CompletedProcess:
         """`concierge accounts import` into this system's bus (started here when no server is):

@@ -81,13 +81,22 @@ def read(site: str, path: Path, name: str | None = None) -> SourceDocument:
 def from_markdown(site: str, name: str, title: str, source: str, text: str, content_hash: str,
                   meta: dict[str, str] | None = None) -> SourceDocument:
     """A document from Markdown text (a synced page's or file's): known as `name`, cited as
-    `source` (its URL, or its file name)."""
-    found_title, _, sections = _markdown(text)
+    `source` (its URL; for a file, the URL its front matter declares, as `concierge ingest`
+    cites it, else its title)."""
+    found_title, declared, sections = _markdown(text)
+    if declared.startswith(("http://", "https://")) and not source.startswith(("http://", "https://")):
+        source = declared
     sections = [(h, t.strip()) for h, t in sections if t.strip()]
     if not sections:
         raise UnreadableDocument(f"{name}: no text in it")
     return SourceDocument(doc_id=doc_id_for(site, name), title=title or found_title or name, source=source, path=name,
                           content_hash=content_hash, sections=sections, meta=dict(meta or {}))
+
+
+def markdown_title(text: str) -> str:
+    """The title a Markdown file gives itself: its front matter's `title:`, else its first
+    `# heading`; "" when neither."""
+    return _markdown(text)[0]
 
 
 def _markdown(text: str) -> tuple[str, str, list[tuple[str, str]]]:

@@ -184,6 +184,11 @@ def file_text(name: str, data: bytes) -> tuple[str, str]:
         title = (reader.metadata.title if reader.metadata else None) or stem
         return title, "\n\n".join(f"## page {i}\n\n{t}" for i, t in enumerate(pages, 1) if t.strip())
     try:
-        return stem, data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise UnreadableFile(f"{name}: not UTF-8 text") from None
+    if suffix in (".md", ".markdown"):  # the title it gives itself, as `concierge ingest` reads it
+        from services.retriever.documents import markdown_title
+
+        return markdown_title(text) or stem, text
+    return stem, text
