@@ -15,6 +15,8 @@ goes on until no session is new. For each of those sessions:
   fields, e-mails in the transcript, the brief, the call script); and where other
   conversations speak of it, the site's triages (its reason) and other leads' briefs (its
   summary among their similar leads), that is redacted too;
+- the site's test cases made from its turns (shared/eval_cases.py) are rewritten with the
+  visitor's e-mail addresses and identifiers scrubbed from them, every version;
 - Redis: the raw IP, the enrichment cache (by IP hash and by session), the
   returning-visitor profile and the identity fingerprint (`seen`) are deleted.
 The rewritten events are marked so that no node acts on what it acted on before
@@ -173,11 +175,15 @@ async def _ack_floors(bus: Bus) -> list[tuple[str, list[str], int]]:
     return floors
 
 
-async def erase_session(bus: Bus, redis, site: str, session_id: str, report: dict) -> Traits:
-    """Erase one session; returns the traits it had (IP hashes, person ids, e-mail hashes)."""
+async def erase_session(bus: Bus, redis, site: str, session_id: str, report: dict,
+                        known: set[str] | None = None) -> Traits:
+    """Erase one session; returns the traits it had (IP hashes, person ids, e-mail hashes),
+    and adds what named the visitor in it to `known` (`privacy.identifiers`)."""
     async with _held(bus, site, session_id):
         events, fields = await _rewrite(bus, site, session_id, privacy.redact_log, erased=True)
         traits = Traits.of(events)
+        if known is not None:
+            known |= privacy.identifiers(events)
         # What the enricher stored of the session, and of its IP hashes now (not after the
         # other sessions): the rewritten log no longer names them, so a run that dies later
         # would not find them again.
@@ -214,6 +220,18 @@ async def forget_mentions(bus: Bus, site: str, erased: set[str], report: dict) -
         report["mentions"][session_id] = {"events_rewritten": len(events), "fields_redacted": fields}
 
 
+async def forget_in_cases(bus: Bus, site: str, erased: set[str], known: set[str], report: dict) -> None:
+    """The site's test cases made from an erased visitor's turns (shared/eval_cases.py):
+    each case's log rewritten with what named the visitor scrubbed from its message and the
+    conversation it holds, every version."""
+    cases = sorted({r.event.session_id for r in await bus.read(subjects.conv(site, "*", "eval_case_saved"))
+                    if r.event.case.from_session in erased})
+    for session_id in cases:
+        events, fields = await _rewrite(bus, site, session_id,
+                                        lambda log: [privacy.redact(e, known) for e in log], erased=False)
+        report["cases"][session_id] = {"events_rewritten": len(events), "fields_redacted": fields}
+
+
 async def _purge_snapshot(bus: Bus, site: str, session_id: str, report: dict) -> None:
     try:
         await bus.bucket(subjects.SNAPSHOT_BUCKET).purge(subjects.kv_key(site, session_id))
@@ -246,18 +264,20 @@ async def erase(config: BusConfig, redis_url: str, site: str, sessions: list[str
     knows them by (the widget's `person_id`, the address or its `email_hash`)."""
     bus = await connect(config, name="erase")
     redis = redis_client.connect(redis_url)
-    report: dict = {"site": site, "sessions": {}, "mentions": {}, "ip_hashes": [], "notes": []}
+    report: dict = {"site": site, "sessions": {}, "mentions": {}, "cases": {}, "ip_hashes": [], "notes": []}
     try:
         traits = Traits(ip_hashes={secrets.ip_hash(ip)} if ip else set(), person_ids=set(person_ids),
                         email_hashes={h.lower() for h in email_hashes} | {privacy.email_hash(e) for e in emails})
         done: set[str] = set()
+        known: set[str] = set()
         todo = set(sessions) | (await sessions_of(bus, site, traits) if traits else set())
         while todo:  # each erased session may reveal another trait, hence more sessions
             for session_id in sorted(todo):
-                traits |= await erase_session(bus, redis, site, session_id, report)
+                traits |= await erase_session(bus, redis, site, session_id, report, known)
                 done.add(session_id)
             todo = (await sessions_of(bus, site, traits)) - done
         await forget_mentions(bus, site, done, report)
+        await forget_in_cases(bus, site, done, known, report)
         report["person_ids"], report["email_hashes"] = len(traits.person_ids), len(traits.email_hashes)
         for digest in sorted(traits.ip_hashes):
             n = await redis.delete(privacy.cache_key(site, digest), privacy.returning_key(site, digest))

@@ -716,6 +716,53 @@ class SiteChanged(Envelope, tag="site_changed", kw_only=True):
     actor: str
 
 
+# --- a site's own test cases (shared/eval_cases.py) ----------------------------------------
+# Each case has a log of its own: session `<EVAL_CASE_PREFIX><case id>`, turn N its version N.
+EVAL_CASE_PREFIX = "_case-"
+
+
+class HistoryMessage(msgspec.Struct, forbid_unknown_fields=True):
+    role: str  # user | assistant
+    content: str
+
+
+class Expect(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """What should have happened (shared/eval_cases.py says what each means)."""
+
+    intent: str = ""
+    route: str = ""
+    facts: list[list[str]] = []  # each fact, in any of its spellings
+    forbidden: list[str] = []
+    pages: list[str] = []
+    decline: bool = False
+
+
+class EvalCase(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A visitor's message, the conversation before it, and what should have happened."""
+
+    id: str
+    message: str
+    history: list[HistoryMessage] = []
+    lang: str = ""
+    expect: Expect = msgspec.field(default_factory=Expect)
+    note: str = ""
+    from_session: str = ""  # the conversation it was made from (erase-visitor finds it by this)
+    from_turn: int = 0
+
+
+class EvalCaseSaved(Envelope, tag="eval_case_saved", kw_only=True):
+    """A version of one of the site's test cases (turn N: version N), by whom."""
+
+    case: EvalCase
+    actor: str = ""
+
+
+class EvalCaseRetired(Envelope, tag="eval_case_retired", kw_only=True):
+    """The case is withdrawn from the site's runs (a later version brings it back)."""
+
+    actor: str = ""
+
+
 # --- account data (shared/accounts.py) ------------------------------------------------------
 
 
@@ -1130,6 +1177,8 @@ Event = Union[
     OperatorMessage,
     OperatorLeft,
     HandoffEnded,
+    EvalCaseSaved,
+    EvalCaseRetired,
 ]
 
 EVENT_TYPES: dict[str, type[Envelope]] = {cls.__struct_config__.tag: cls for cls in Event.__args__}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import pytest
 from nats.js.errors import KeyNotFoundError, NotFoundError
 
@@ -474,3 +475,37 @@ def test_an_identifier_equal_to_a_fields_value_leaves_that_field_and_the_erase_g
     routed = ev.follow(asked, ev.RouteDecided, "intent_router", route="ANSWER", reason="t")
     (message, _), (route, _) = privacy.redact_log([asked, routed])
     assert route.route == "ANSWER" and "ANSWER" not in message.message and message.visitor is None
+
+
+async def test_erase_scrubs_the_test_cases_made_from_the_visitors_turns_every_version(bus, nats_url, redis_url, site):
+    """A test case saved from the visitor's turn (shared/eval_cases.py) holds their message
+    and the conversation before it: erasing the visitor scrubs what named them from each of
+    the case's versions; a case made from another visitor's turn stays as it was."""
+    from shared import eval_cases
+
+    await conversation(bus, site, "ada1", "192.0.2.41", email="ada@example.com")
+    await conversation(bus, site, "bob1", "192.0.2.42", email="bob@example.org")
+    follow_up = ev.TurnRequested(event_id=ev.new_id(), site=site, session_id="ada1", turn=2, ts=ev.now(),
+                                 producer="gateway", message="And the price for ada@example.com's team?")
+    await bus.publish(follow_up)
+    history = [ev.HistoryMessage(role="user", content="I'm ada@example.com, call me"),
+               ev.HistoryMessage(role="assistant", content="Sure, ada@example.com")]
+    ada = ev.EvalCase(id=eval_cases.case_id(site, "", "ada1", 2), message=follow_up.message, history=history,
+                      expect=ev.Expect(intent="LEARN"), from_session="ada1", from_turn=2)
+    await eval_cases.save(bus, site, ada, "admin")
+    await eval_cases.save(bus, site, msgspec.structs.replace(ada, expect=ev.Expect(route="ANSWER")), "admin")
+    bob = ev.EvalCase(id=eval_cases.case_id(site, "", "bob1", 1), message="I'm bob@example.org, call me",
+                      expect=ev.Expect(intent="LEARN"), from_session="bob1", from_turn=1)
+    await eval_cases.save(bus, site, bob, "admin")
+
+    report = await erase.erase(BusConfig(url=nats_url), redis_url, site, ["ada1"], None)
+    assert list(report["cases"]) == [eval_cases.session_of(ada.id)]
+    versions = await eval_cases.versions(bus, site, ada.id)
+    assert [v.turn for v in versions] == [1, 2]  # every version kept, in order
+    text = msgspec.json.encode(versions)
+    assert b"ada@example.com" not in text and text.count(privacy.REDACTED.encode()) >= 6
+    assert versions[1].case.message == f"And the price for {privacy.REDACTED}'s team?"
+    (kept,) = await eval_cases.versions(bus, site, bob.id)
+    assert kept.case.message == "I'm bob@example.org, call me"
+    current = await eval_cases.current(bus, site)
+    assert current[ada.id][0].case.expect.route == "ANSWER" and not current[ada.id][1]

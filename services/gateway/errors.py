@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 
 from services.gateway.operators import Unauthorized
 from shared.accounts import AccountsError
+from shared.eval_cases import CaseError
 from shared.sources import SourceError
 from services.gateway.schemas import RequestError
 from shared.site_config import SiteConfigError
@@ -68,7 +69,8 @@ async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResp
     return _answer("invalid_request", detail, 422)
 
 
-async def _invalid_definition(_: Request, exc: SiteConfigError | SourceError | AccountsError) -> JSONResponse:
+async def _invalid_definition(_: Request, exc: SiteConfigError | SourceError | AccountsError | CaseError
+                              ) -> JSONResponse:
     # Every field's problem at once (a form shows each beside its field), in `detail` as every
     # 422 has them, and as `errors` too, the name the operator UI and the CLI read.
     errors = [e if isinstance(e, dict) else {"field": e.field, "message": e.message} for e in exc.errors]
@@ -119,6 +121,7 @@ HANDLERS = {
     SiteConfigError: _invalid_definition,
     SourceError: _invalid_definition,
     AccountsError: _invalid_definition,
+    CaseError: _invalid_definition,
     Unauthorized: _unauthorized,
     NotReady: _not_ready,
     NotFound: _not_found,
