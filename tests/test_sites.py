@@ -353,6 +353,11 @@ async def test_the_install_check_finds_the_snippet_on_the_sites_page_and_names_e
                 assert (await check(unique("nosite"))).status_code == 404
                 assert (await client.post(f"/v1/admin/sites/{site}/install-check", content=b"{",
                                           headers={"Content-Type": "application/json"})).status_code == 422
+                # A few a minute per site: the deployment is no fetcher of other people's pages.
+                # (21 more: however a minute's boundary splits them, one window has too many.)
+                answers = [(await check(site)).status_code for _ in range(21)]
+                assert answers.count(429) >= 1 and answers[0] == 200, answers
+                assert (await check(other)).status_code == 200  # another site counts apart
 
 
 async def test_the_cli_adds_sets_shows_exports_and_deletes(nats_url, bus, tmp_path):

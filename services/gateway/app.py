@@ -27,6 +27,7 @@ from services.gateway import errors
 from services.gateway.console_sessions import ConsoleSessions
 from services.gateway.cors import KnownOrigins, SiteCORS
 from services.gateway.handoffs import Claims
+from services.gateway.install_check import CHECKS_PER_MIN as INSTALL_CHECKS_PER_MIN
 from services.gateway.openapi import TAGS, VISITOR_PREFIXES
 from services.gateway.operators import OperatorAuth, check_admin_token
 from services.gateway.rate_limit import RateLimiter
@@ -72,6 +73,9 @@ async def lifespan(app: FastAPI):
     app.state.limiter = RateLimiter(app.state.redis, settings.rate_per_ip_per_min, settings.rate_per_site_per_min)
     app.state.vote_limiter = RateLimiter(app.state.redis, settings.rate_per_ip_per_min, 0, name="rl-feedback")
     app.state.sign_in_limiter = RateLimiter(app.state.redis, settings.rate_per_ip_per_min, 0, name="rl-sign-in")
+    # Installation checks fetch a page an operator names: a few a minute per site, so a
+    # site's key cannot make the deployment a fetcher of other people's pages.
+    app.state.install_check_limiter = RateLimiter(app.state.redis, 0, INSTALL_CHECKS_PER_MIN, name="rl-install")
     app.state.handoff_claims = Claims(app.state.bus)
     app.state.guard = SessionGuard(app.state.bus, ttl_s=settings.turn_deadline_s + 10)
     app.state.sites = SiteConfigs(app.state.bus, settings.site_config_ttl_s)

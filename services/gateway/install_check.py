@@ -14,6 +14,7 @@ from services.gateway.cors import origin_allowed
 from shared.site_config import SiteConfig
 from shared.web import FetchError, RefusedAddress, WebClient
 
+CHECKS_PER_MIN = 10  # a site's installation checks a minute (gateway app: its limiter)
 PAGE_BYTES = 2 * 1024 * 1024  # a page's HTML read this far: the snippet sits before </body>, usually far less
 
 

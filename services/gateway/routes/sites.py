@@ -31,7 +31,7 @@ from fastapi.responses import JSONResponse
 
 from services.gateway import install_check
 from services.gateway.access import operator_of_site
-from services.gateway.errors import Conflict, NotFound
+from services.gateway.errors import Conflict, NotFound, RateLimited
 from services.gateway.openapi import SITE_OPENAPI, SITE_PATCH_OPENAPI, SiteId
 from services.gateway.operators import Operator
 from services.gateway.schemas import RequestError, decode, read_body
@@ -190,6 +190,9 @@ async def check_install(request: Request, site: SiteId):
     config = await _store(request).read(site)
     if config is None:
         raise NotFound(f"no site {site}")
+    wait = await request.app.state.install_check_limiter.retry_after(site, None)
+    if wait is not None:
+        raise RateLimited(wait)
     body = decode(await read_body(request, 4096), _install_check)
     parts = urlsplit(body.url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
