@@ -32,12 +32,15 @@ from typing import Callable
 import nats.errors
 from nats.aio.msg import Msg
 from nats.js import api
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 
 from shared import metrics, subjects
 from shared.bus import ALREADY_EXISTS, Bus, ensure_bucket
 
 log = logging.getLogger(__name__)
+# A cluster electing the leaders of what every replica has just created answers late at
+# start: the partition stream is asked for this many times (as consumer.START_ATTEMPTS).
+START_ATTEMPTS = 6
 
 MEMBERS_BUCKET = "partition_members"
 PREFIX = "part"
@@ -96,11 +99,32 @@ def stream_config(node: str, consumes: tuple[str, ...], count: int, replicas: in
                             max_age=MAX_AGE_S, num_replicas=replicas)
 
 
+def _transforms(config: api.StreamConfig) -> list[tuple[str, str]]:
+    source = (config.sources or [None])[0]
+    return [(t.src, t.dest) for t in (source.subject_transforms or [])] if source is not None else []
+
+
 async def ensure_stream(bus: Bus, node: str, consumes: tuple[str, ...], count: int, lookback_s: float) -> None:
     """Create the node's partition stream (sourcing the last `lookback_s` of the log, as a
     new durable on CONV starts), or bring its partition count and types up to date, keeping
-    where its source started. Partitions past a lowered count lose their durables; whatever
-    those still held is logged (its turns ended by the gateway's stall clock)."""
+    where its source started: only when they changed (every replica starting asks, and an
+    update on a cluster still electing the stream's leader can take past a request's
+    timeout). A cluster that answers late at start is asked again (START_ATTEMPTS), as a
+    durable is. Partitions past a lowered count lose their durables; whatever those still
+    held is logged (its turns ended by the gateway's stall clock)."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            await _ensure_stream(bus, node, consumes, count, lookback_s)
+            return
+        except (asyncio.TimeoutError, nats.errors.TimeoutError, ServiceUnavailableError) as exc:
+            if attempt == START_ATTEMPTS:
+                raise
+            log.warning("partition stream not answering at start; asking again",
+                        extra={"node": node, "attempt": attempt, "error": repr(exc)})
+            await asyncio.sleep(attempt)
+
+
+async def _ensure_stream(bus: Bus, node: str, consumes: tuple[str, ...], count: int, lookback_s: float) -> None:
     config = stream_config(node, consumes, count, bus.config.replicas, time.time() - lookback_s)
     try:
         await bus.js.add_stream(config)
@@ -109,11 +133,12 @@ async def ensure_stream(bus: Bus, node: str, consumes: tuple[str, ...], count: i
         if exc.err_code != ALREADY_EXISTS:
             raise
     current = await bus.js.stream_info(config.name)
-    old = (current.config.sources or [None])[0]
-    if old is not None:
-        config.sources[0].opt_start_time = old.opt_start_time
-        config.sources[0].opt_start_seq = old.opt_start_seq
-    await bus.js.update_stream(config)
+    if _transforms(current.config) != _transforms(config):
+        old = (current.config.sources or [None])[0]
+        if old is not None:
+            config.sources[0].opt_start_time = old.opt_start_time
+            config.sources[0].opt_start_seq = old.opt_start_seq
+        await bus.js.update_stream(config)
     for info in await bus.js.consumers_info(config.name):
         name = info.name or ""
         tail = name.rpartition("-p")[2]

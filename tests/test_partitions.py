@@ -46,6 +46,42 @@ async def test_the_server_puts_each_sites_events_in_the_partition_partition_of_c
     await bus.js.delete_stream(stream)
 
 
+async def test_a_replica_starting_changes_the_partition_stream_only_when_its_partitions_or_types_did(bus, monkeypatch):
+    """Every replica asks for the stream at start: one already as it should be is left alone
+    (an update on a cluster still electing the stream's leader outlasted the request's
+    timeout and stopped both retrievers of the cluster rehearsal); a new count or type
+    updates it, keeping where its source started, and the durables past a lowered count go."""
+    from nats.js import api
+
+    node = unique("probe")
+    updates = []
+    update = bus.js.update_stream
+
+    async def counted(config):
+        updates.append([t.dest for t in config.sources[0].subject_transforms])
+        return await update(config)
+
+    monkeypatch.setattr(bus.js, "update_stream", counted)
+    stream = partitions.stream_name(node)
+    try:
+        await partitions.ensure_stream(bus, node, ("turn_requested",), 4, lookback_s=1)
+        started = (await bus.js.stream_info(stream)).config.sources[0].opt_start_time
+        await partitions.ensure_stream(bus, node, ("turn_requested",), 4, lookback_s=1)
+        assert updates == []  # as it should be: not touched
+        for p in range(4):
+            await bus.js.add_consumer(stream, api.ConsumerConfig(
+                durable_name=partitions.durable(node, p), filter_subject=partitions.filter_subject(p),
+                ack_policy=api.AckPolicy.EXPLICIT))
+        await partitions.ensure_stream(bus, node, ("turn_requested",), 2, lookback_s=1)
+        assert len(updates) == 1 and "partition(2,1)" in updates[0][0]
+        info = await bus.js.stream_info(stream)
+        assert info.config.sources[0].opt_start_time == started
+        assert sorted(c.name for c in await bus.js.consumers_info(stream)) == [
+            partitions.durable(node, 0), partitions.durable(node, 1)]
+    finally:
+        await bus.js.delete_stream(stream)
+
+
 def _node(name: str, handled: dict, gate: dict, site: str, changes: list) -> Node:
     async def handle(event, inputs, ctx):
         if not event.site.startswith(site):

@@ -143,7 +143,10 @@ def test_uploaded_office_files_and_documents_become_markdown():
     deck.save(data)
     title, text = pages.file_text("sales-deck.pptx", data.getvalue())
     assert title == "Sales Deck" and "# Onboarding" in text and "30-day onboarding plan" in text
-    assert pages.file_text("faq.md", b"# FAQ\n\nYes.") == ("Faq", "# FAQ\n\nYes.")
+    # Markdown: the title it gives itself (front matter, else its first heading), else the name's.
+    assert pages.file_text("faq.md", b"# FAQ\n\nYes.") == ("FAQ", "# FAQ\n\nYes.")
+    assert pages.file_text("faq.md", b"---\ntitle: Questions\n---\nYes.")[0] == "Questions"
+    assert pages.file_text("faq.md", b"Yes, plain.") == ("Faq", "Yes, plain.")
     with pytest.raises(pages.UnreadableFile):
         pages.file_text("notes.txt", b"\xff\xfe\x00bad")
     with pytest.raises(pages.UnreadableFile):
