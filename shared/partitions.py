@@ -32,14 +32,15 @@ from typing import Callable
 import nats.errors
 from nats.aio.msg import Msg
 from nats.js import api
-from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
+from nats.js.errors import BadRequestError, NotFoundError
 
 from shared import metrics, subjects
-from shared.bus import ALREADY_EXISTS, Bus, ensure_bucket
+from shared.bus import ALREADY_EXISTS, BUS_UNAVAILABLE, Bus, ensure_bucket
 
 log = logging.getLogger(__name__)
 # A cluster electing the leaders of what every replica has just created answers late at
-# start: the partition stream is asked for this many times (as consumer.START_ATTEMPTS).
+# start: the partition stream and the members bucket are asked for this many times (as
+# consumer.START_ATTEMPTS).
 START_ATTEMPTS = 6
 
 MEMBERS_BUCKET = "partition_members"
@@ -109,22 +110,8 @@ async def ensure_stream(bus: Bus, node: str, consumes: tuple[str, ...], count: i
     new durable on CONV starts), or bring its partition count and types up to date, keeping
     where its source started: only when they changed (every replica starting asks, and an
     update on a cluster still electing the stream's leader can take past a request's
-    timeout). A cluster that answers late at start is asked again (START_ATTEMPTS), as a
-    durable is. Partitions past a lowered count lose their durables; whatever those still
+    timeout). Partitions past a lowered count lose their durables; whatever those still
     held is logged (its turns ended by the gateway's stall clock)."""
-    for attempt in range(1, START_ATTEMPTS + 1):
-        try:
-            await _ensure_stream(bus, node, consumes, count, lookback_s)
-            return
-        except (asyncio.TimeoutError, nats.errors.TimeoutError, ServiceUnavailableError) as exc:
-            if attempt == START_ATTEMPTS:
-                raise
-            log.warning("partition stream not answering at start; asking again",
-                        extra={"node": node, "attempt": attempt, "error": repr(exc)})
-            await asyncio.sleep(attempt)
-
-
-async def _ensure_stream(bus: Bus, node: str, consumes: tuple[str, ...], count: int, lookback_s: float) -> None:
     config = stream_config(node, consumes, count, bus.config.replicas, time.time() - lookback_s)
     try:
         await bus.js.add_stream(config)
@@ -258,8 +245,21 @@ class PartitionedRunner:
         return bool(self.membership.members) and all(r.bound for r in self.runners.values())
 
     async def start(self) -> None:
-        await ensure_stream(self.bus, self.node.name, self.node.consumes, self.count, self._lookback_s)
-        await self.membership.join()
+        """The partition stream made (or checked) and this replica a member. A cluster that
+        has just made the stream or the members bucket answers nothing until it has elected
+        their leaders (no responders, no response from the stream, a timeout): asked again,
+        START_ATTEMPTS times, as a durable is."""
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                await ensure_stream(self.bus, self.node.name, self.node.consumes, self.count, self._lookback_s)
+                await self.membership.join()
+                break
+            except (asyncio.TimeoutError, *BUS_UNAVAILABLE) as exc:
+                if attempt == START_ATTEMPTS:
+                    raise
+                log.warning("partition stream or members bucket not answering at start; asking again",
+                            extra={"node": self.name, "attempt": attempt, "error": repr(exc)})
+                await asyncio.sleep(attempt)
         log.info("partitioned consumer started", extra={
             "node": self.name, "member": self.membership.me, "members": self.membership.members,
             "partitions": sorted(self.owned), "of": self.count})
