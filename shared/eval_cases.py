@@ -19,7 +19,8 @@ The shipped evaluation sets (services/*/data/*_eval.jsonl) hold the same fields.
 from __future__ import annotations
 
 import hashlib
-from typing import Annotated
+from itertools import groupby
+from typing import Annotated, get_args
 
 import msgspec
 
@@ -28,12 +29,11 @@ from shared import subjects
 from shared.bus import Bus
 
 INTENTS = ("LEARN", "CONTEXT", "SUPPORT", "OFFTOPIC", "OTHER", "BOOKING", "STOP_BOOKING", "HACK")  # the router's
-ROUTES = ("ANSWER", "REDIRECT", "BOOKING", "HANDOFF")
+ROUTES = get_args(ev.Route)
 MAX_MESSAGE = 2000
 MAX_HISTORY = 20  # the conversation before the message, its last messages
 MAX_CASES = 500  # a site's cases (retired ones not counted)
 
-Text = Annotated[str, msgspec.Meta(max_length=4000)]
 HistoryMessage, Expect, EvalCase = ev.HistoryMessage, ev.Expect, ev.EvalCase
 
 
@@ -141,18 +141,25 @@ async def versions(bus: Bus, site: str, case: str) -> list[ev.Envelope]:
     return [r.event for r in await bus.read(subjects.conversation(site, session_of(case)))]
 
 
+def latest(log: list[ev.Envelope]) -> tuple[ev.EvalCaseSaved, bool] | None:
+    """A case's newest version in its log (oldest first), and whether it is retired (a
+    version saved after the retirement brings it back); None: no version."""
+    found = None
+    for event in log:
+        if isinstance(event, ev.EvalCaseSaved):
+            found = (event, False)
+        elif isinstance(event, ev.EvalCaseRetired) and found is not None:
+            found = (found[0], True)
+    return found
+
+
 async def current(bus: Bus, site: str) -> dict[str, tuple[ev.EvalCaseSaved, bool]]:
-    """Every case of the site: its newest version, and whether it is retired (a version
-    saved after the retirement brings it back)."""
-    found: dict[str, tuple[ev.EvalCaseSaved, bool]] = {}
+    """Every case of the site: its newest version, and whether it is retired."""
     records = [*await bus.read(subjects.conv(site, "*", "eval_case_saved")),
                *await bus.read(subjects.conv(site, "*", "eval_case_retired"))]
-    for record in sorted(records, key=lambda r: r.seq):
-        event = record.event
-        if isinstance(event, ev.EvalCaseSaved):
-            found[event.case.id] = (event, False)
-        elif isinstance(event, ev.EvalCaseRetired):
-            case = event.session_id[len(ev.EVAL_CASE_PREFIX):]
-            if case in found:
-                found[case] = (found[case][0], True)
+    records.sort(key=lambda r: (r.event.session_id, r.seq))
+    found = {}
+    for session, log in groupby(records, key=lambda r: r.event.session_id):
+        if (case := latest([r.event for r in log])) is not None:
+            found[case[0].case.id] = case
     return found

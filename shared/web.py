@@ -27,7 +27,7 @@ import ipaddress
 import os
 import socket
 from dataclasses import dataclass, field
-from urllib.parse import urljoin
+from urllib.parse import urljoin, urlsplit, urlunsplit
 
 import aiohttp
 import yarl
@@ -47,6 +47,12 @@ NOT_PUBLIC = {"shared (CGNAT)": ipaddress.ip_network("100.64.0.0/10"),
               "site-local": ipaddress.ip_network("fec0::/10"),
               "documentation": ipaddress.ip_network("3fff::/20")}
 NAT64 = ipaddress.ip_network("64:ff9b::/96")  # an IPv4 address in its last 32 bits
+
+
+def origin(url: str) -> str:
+    """`scheme://host[:port]` of a URL, in lower case: what a page's origin is compared by."""
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme.lower(), parts.netloc.lower(), "", "", ""))
 
 
 class RefusedAddress(OSError):

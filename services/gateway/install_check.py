@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 from services.gateway.cors import origin_allowed
 from shared.site_config import SiteConfig
-from shared.web import FetchError, RefusedAddress, WebClient
+from shared.web import FetchError, RefusedAddress, WebClient, origin
 
 CHECKS_PER_MIN = 10  # a site's installation checks a minute (gateway app: its limiter)
 PAGE_BYTES = 2 * 1024 * 1024  # a page's HTML read this far: the snippet sits before </body>, usually far less
@@ -38,13 +38,8 @@ def widget_scripts(html: str) -> list[dict[str, str]]:
     return [a for a in parser.found if urlsplit(a.get("src", "")).path.endswith("/widget.js")]
 
 
-def origin_of(url: str) -> str:
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}".lower()
-
-
 async def check(web: WebClient, url: str, site: str, config: SiteConfig, gateway_host: str | None) -> dict:
-    result = {"url": url, "status": None, "installed": False, "widget_site": None, "origin": origin_of(url),
+    result = {"url": url, "status": None, "installed": False, "widget_site": None, "origin": origin(url),
               "origin_allowed": False, "ok": False, "problems": []}
     problems = result["problems"]
     try:
@@ -55,7 +50,7 @@ async def check(web: WebClient, url: str, site: str, config: SiteConfig, gateway
     except FetchError as exc:
         problems.append(f"could not fetch the page: {exc}")
         return result
-    result.update(url=page.url, status=page.status, origin=origin_of(page.url))
+    result.update(url=page.url, status=page.status, origin=origin(page.url))
     if page.status != 200:
         problems.append(f"the page answered HTTP {page.status}")
         return result

@@ -84,18 +84,19 @@ async def add_case(request: Request, site: SiteId, who: Who):
     return JSONResponse({"site": site, "case": _shown(saved)}, status_code=201 if saved.turn == 1 else 200)
 
 
-async def _found(request: Request, site: str, case_id: str) -> tuple[ev.EvalCaseSaved, bool]:
-    found = (await eval_cases.current(request.app.state.bus, site)).get(case_id)
+async def _log(request: Request, site: str, case_id: str) -> tuple[list[ev.Envelope], ev.EvalCaseSaved, bool]:
+    """The case's log, its newest version and whether it is retired; 404 when there is none."""
+    log = await eval_cases.versions(request.app.state.bus, site, case_id)
+    found = eval_cases.latest(log)
     if found is None:
         raise NotFound(f"no case {case_id} in site {site}")
-    return found
+    return log, *found
 
 
 @router.get("/evals/cases/{case_id}")
 async def show_case(request: Request, site: SiteId, case_id: CaseId):
     """The case, and each of its versions with who saved it."""
-    saved, retired = await _found(request, site, case_id)
-    log = await eval_cases.versions(request.app.state.bus, site, case_id)
+    log, saved, retired = await _log(request, site, case_id)
     return JSONResponse({"site": site, "case": _shown(saved, retired),
                          "versions": [_shown(e) if isinstance(e, ev.EvalCaseSaved)
                                       else {"retired_at": e.ts, "retired_by": e.actor, "version": e.turn}
@@ -105,7 +106,7 @@ async def show_case(request: Request, site: SiteId, case_id: CaseId):
 @router.put("/evals/cases/{case_id}")
 async def edit_case(request: Request, site: SiteId, case_id: CaseId, who: Who):
     """The case's next version."""
-    await _found(request, site, case_id)
+    await _log(request, site, case_id)
     given = decode(await read_body(request, MAX_BODY), _input)
     saved = await eval_cases.save(request.app.state.bus, site, await _case_of(request, site, given, case_id), who.actor)
     return {"site": site, "case": _shown(saved)}
@@ -114,6 +115,6 @@ async def edit_case(request: Request, site: SiteId, case_id: CaseId, who: Who):
 @router.delete("/evals/cases/{case_id}")
 async def retire_case(request: Request, site: SiteId, case_id: CaseId, who: Who):
     """Withdraw the case from the site's runs; its versions stay."""
-    await _found(request, site, case_id)
+    await _log(request, site, case_id)
     await eval_cases.retire(request.app.state.bus, site, case_id, who.actor)
     return {"site": site, "case": case_id, "retired": True}

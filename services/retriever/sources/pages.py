@@ -79,11 +79,6 @@ def robots_url(url: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, "/robots.txt", "", ""))
 
 
-def origin(url: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme.lower(), parts.netloc.lower(), "", "", ""))
-
-
 def is_home(url: str) -> bool:
     """A site's home page: no path beyond "/", no query."""
     parts = urlsplit(url)

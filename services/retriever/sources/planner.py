@@ -23,7 +23,7 @@ from protego import Protego
 
 from services.retriever.sources import pages as pg
 from services.retriever.sources.converter import ConversionFailed, Converter
-from shared.web import FetchError, RefusedAddress, WebClient
+from shared.web import FetchError, RefusedAddress, WebClient, origin
 from shared import events as ev
 from shared import sources
 from shared.node import Context, Inputs, Needs, Node
@@ -76,9 +76,9 @@ async def site_sitemap(web: WebClient, home: str, robots_text: str, convert: Con
     """The home page's site's sitemap and its pages: the first robots.txt names on the home
     page's origin (one elsewhere is another site's), else `/sitemap.xml`; ("", []) when
     none lists a page (missing, unreadable, not a sitemap: the links are followed anyway)."""
-    origin = pg.origin(home)
-    named = [url for url in Protego.parse(robots_text).sitemaps if pg.origin(url) == origin] if robots_text else []
-    for url in named or [f"{origin}/sitemap.xml"]:
+    home_origin = origin(home)
+    named = [url for url in Protego.parse(robots_text).sitemaps if origin(url) == home_origin] if robots_text else []
+    for url in named or [f"{home_origin}/sitemap.xml"]:
         try:
             if listed := await sitemap_pages(web, url, convert):
                 return url, listed
