@@ -7,6 +7,9 @@ turn metrics only in the gateway.
 
 from __future__ import annotations
 
+import gc
+import time
+
 from prometheus_client import (CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, disable_created_metrics,
                                generate_latest)
 
@@ -83,6 +86,26 @@ turns = Counter("concierge_gateway_turns",
 ttft_seconds = Histogram("concierge_gateway_ttft_seconds",
                          "Time from a chat request to the first answer token sent to the visitor",
                          buckets=TTFT_BUCKETS)
+
+
+GC_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
+gc_pause_seconds = Histogram("concierge_gc_pause_seconds",
+                             "The cyclic garbage collector's pauses, by generation: every coroutine of the "
+                             "process waits them out", ["generation"], buckets=GC_BUCKETS)
+_gc_started: list[float] = []
+
+
+def _on_gc(phase: str, info: dict) -> None:
+    if phase == "start":
+        _gc_started[:] = [time.perf_counter()]
+    elif _gc_started:
+        gc_pause_seconds.labels(str(info.get("generation", ""))).observe(time.perf_counter() - _gc_started.pop())
+
+
+def observe_gc() -> None:
+    """Time each collection of the cyclic GC (`gc.callbacks`), once per process."""
+    if _on_gc not in gc.callbacks:
+        gc.callbacks.append(_on_gc)
 
 
 def observe_llm_call(call: LLMCall) -> None:

@@ -25,7 +25,7 @@ from typing import Awaitable, Callable, Sequence, TypeVar
 import msgspec
 import uvloop
 
-from shared import llm, logs, partitions, telemetry
+from shared import llm, logs, metrics, partitions, telemetry
 from shared.bus import Bus, connect
 from shared.config import BusConfig, ConfigError, ConsumerConfig, Settings, env_float, env_int, env_str
 from shared.consumer import ConsumerRunner
@@ -182,6 +182,7 @@ async def serve(service: str, make_nodes: NodeFactory, settings: ProcessSettings
         # Start-up objects (modules, clients, configs) never die: keep them out of the cyclic
         # GC's generations so its pauses stay short on the hot path.
         gc.freeze()
+        metrics.observe_gc()
         log.info("service ready", extra={"nodes": [n.name for n in nodes]})
         if ready is not None:
             ready.set()

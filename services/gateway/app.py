@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from shared import redis_client
+from shared import metrics, redis_client
 from shared.accounts import MAX_IMPORT_BYTES, USER_AGENT
 from shared.bus import connect
 from shared.service import start_ops
@@ -85,6 +85,7 @@ async def lifespan(app: FastAPI):
     ops = await start_ops(lambda: app.state.ready, settings.ops_port, settings.ops_host)
     watcher = asyncio.create_task(watch_ready(app, settings.ops_check_s), name="ops-watch")
     gc.freeze()  # as in shared/service.py: start-up objects out of the GC's way
+    metrics.observe_gc()
     try:
         yield
     finally:

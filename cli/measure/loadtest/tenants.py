@@ -116,14 +116,63 @@ def knowledge(site: int, chunks: int, rng: random.Random) -> tuple[str, list[tup
 
 async def ask(client: httpx.AsyncClient, base_url: str, site: str, question: str) -> tuple[str, float | None]:
     """The answer's text and its time to the first token (s), as a visitor's widget gets them."""
+    text, ttft, _ = await _asked(client, base_url, site, question)
+    return text, ttft
+
+
+async def _asked(client: httpx.AsyncClient, base_url: str, site: str, question: str) -> tuple[str, float | None, dict]:
+    """`ask`, and where its turn is (session, the wall clock when it was sent) for `_segments`."""
     from cli.harness.sse import Conversation
     from cli.measure.evals import answer_eval
 
+    sent_at = time.time()
     result = await answer_eval._say(Conversation(client, base_url, site), question)
     final = result.final or {}
+    where = {"site": site, "session": result.session_id, "sent_at": sent_at}
     if result.status != 200 or final.get("type") != "complete":
-        return f"<{result.status} {final.get('type')}: {final.get('message', '')}>", None
-    return result.text, result.first_token_s
+        return f"<{result.status} {final.get('type')}: {final.get('message', '')}>", None, where
+    return result.text, result.first_token_s, where
+
+
+SEGMENT_TURNS = 25  # the slowest first answers of a pass (and as many others) whose time is broken down
+
+
+async def _segments(client: httpx.AsyncClient, base_url: str, token: str, turn: dict, ttft: float) -> dict[str, float]:
+    """Where one answer's time to first token went, from its stored events' timestamps and
+    the client's clock (one machine): `gateway_in` (request → TurnRequested), `route`
+    (→ RouteDecided), `retrieval` (→ RetrievalCompleted), `reply` (the later of the two →
+    the first token read). ms; {} when its log cannot be read."""
+    if not turn.get("session"):
+        return {}
+    shown = await client.get(f"{base_url}/v1/admin/sites/{turn['site']}/conversations/{turn['session']}/events",
+                             headers={"Authorization": f"Bearer {token}"})
+    if shown.status_code != 200:
+        return {}
+    at: dict[str, float] = {}
+    for e in shown.json()["events"]:
+        at.setdefault(e["type"], e["event"]["ts"])
+    if not {"turn_requested", "route_decided", "retrieval_completed"} <= at.keys():
+        return {}
+    start, ready = at["turn_requested"], max(at["route_decided"], at["retrieval_completed"])
+    return {"gateway_in": (start - turn["sent_at"]) * 1000, "route": (at["route_decided"] - start) * 1000,
+            "retrieval": (at["retrieval_completed"] - start) * 1000,
+            "reply": (turn["sent_at"] + ttft - ready) * 1000}
+
+
+async def _breakdown(client: httpx.AsyncClient, base_url: str, token: str, timed: list[tuple[float, dict]],
+                     rng: random.Random) -> dict:
+    """Each segment's p50 (ms) over a pass's `SEGMENT_TURNS` slowest answers and as many
+    others drawn at random: which part of the path the slow ones spent their time in."""
+    ordered = sorted(timed, key=lambda t: t[0], reverse=True)
+    slowest, others = ordered[:SEGMENT_TURNS], ordered[SEGMENT_TURNS:]
+    out = {}
+    for name, group in (("slowest", slowest), ("others", rng.sample(others, min(len(others), SEGMENT_TURNS)))):
+        found = [await _segments(client, base_url, token, turn, ttft) for ttft, turn in group]
+        found = [f for f in found if f]
+        out[name] = {segment: round(sorted(f[segment] for f in found)[len(found) // 2], 1)
+                     for segment in ("gateway_in", "route", "retrieval", "reply")} if found else {}
+        out[name]["turns"] = len(found)
+    return out
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -137,6 +186,14 @@ def _metric(text: str, name: str, labels: str = "") -> float:
     labelled = re.escape("{" + labels + "}") if labels else ""
     found = re.search(rf"^{name}(?:_total)?{labelled} ([0-9.e+]+)$", text, re.M)
     return float(found.group(1)) if found else 0.0
+
+
+def _gc_during(before: dict, after: dict) -> dict:
+    """What each process's generation-2 collections took between two `gc_figures`."""
+    return {name: {"collections": int(c - before.get(name, (0, 0, 0))[0]),
+                   "seconds": round(t - before.get(name, (0, 0, 0))[1], 2),
+                   "over_100ms": int(o - before.get(name, (0, 0, 0))[2])}
+            for name, (c, t, o) in after.items()}
 
 
 def _rss_mb(pid: int) -> float:
@@ -153,6 +210,7 @@ async def _pass(client, base_url, plan: list[tuple[str, str, str]], concurrency:
     gate = asyncio.Semaphore(concurrency)
     ttfts: list[float] = []
     large_ttfts: list[float] = []
+    timed: list[tuple[float, dict]] = []  # (time to first token, where the turn is) for `_breakdown`
     wrong: list[str] = []
     failover_wrong: list[str] = []
     unanswered: list[str] = []
@@ -167,9 +225,10 @@ async def _pass(client, base_url, plan: list[tuple[str, str, str]], concurrency:
                 await asyncio.to_thread(kill[1])
                 killed_at = time.monotonic()
             started = time.monotonic()
-            text, ttft = await ask(client, base_url, site, question)
+            text, ttft, where = await _asked(client, base_url, site, question)
         if ttft is not None:
             (large_ttfts if site in large else ttfts).append(ttft)
+            timed.append((ttft, where))
         else:
             unanswered.append(f"{site}: {question} → {text[:160]!r}")
         if fact not in text:
@@ -185,7 +244,8 @@ async def _pass(client, base_url, plan: list[tuple[str, str, str]], concurrency:
             "seconds": round(time.monotonic() - started, 1), "wrong": wrong[:5],
             **({"large_ttft_p50_ms": _pct(large_ttfts, 0.5), "large_ttft_p99_ms": _pct(large_ttfts, 0.99)}
                if large else {}),
-            **({"unanswered": len(unanswered), "failover_wrong": len(failover_wrong)} if kill else {})}
+            **({"unanswered": len(unanswered), "failover_wrong": len(failover_wrong)} if kill else {}),
+            "timed": timed}
 
 
 async def _create(client, base_url: str, token: str, sites: dict[str, str], concurrency: int,
@@ -276,6 +336,18 @@ def run(args: argparse.Namespace) -> dict:
                                moves=_metric(text, "concierge_partition_moves", 'node="retrieval"'))
             return figures
 
+        async def gc_figures(client: httpx.AsyncClient) -> dict[str, tuple[float, float, float]]:
+            """Per process of the turn's path: the GC's generation-2 (count, seconds, pauses over 0.1 s)."""
+            out = {}
+            for name in [*replicas, "responder", "router", "gateway"]:
+                if name not in system.ops_ports or name == result.get("killed"):
+                    continue
+                text = (await client.get(f"http://127.0.0.1:{system.ops_ports[name]}/metrics")).text
+                count = _metric(text, "concierge_gc_pause_seconds_count", 'generation="2"')
+                under = _metric(text, "concierge_gc_pause_seconds_bucket", 'generation="2",le="0.1"')
+                out[name] = (count, _metric(text, "concierge_gc_pause_seconds_sum", 'generation="2"'), count - under)
+            return out
+
         async def settled(client: httpx.AsyncClient, timeout: float = 60) -> None:
             """Until the replicas agree who owns which partition (each has heard the others)."""
             deadline = time.monotonic() + timeout
@@ -302,7 +374,11 @@ def run(args: argparse.Namespace) -> dict:
                     result["retriever_rss_mb_started"] = _rss_mb(system.procs["retriever"].pid)
                     print(f"  retriever restarted: {result['retriever_rss_mb_started']} MiB; asking each site once",
                           flush=True)
+                    gc_before = await gc_figures(client)
                     result["cold"] = await _pass(client, system.gateway_url, cold_plan, args.concurrency, large)
+                    result["cold"]["segments"] = await _breakdown(client, system.gateway_url, token,
+                                                                  result["cold"].pop("timed"), rng)
+                    result["cold"]["gc"] = _gc_during(gc_before, await gc_figures(client))
                     result["retriever_rss_mb_cold"] = _rss_mb(system.procs["retriever"].pid)
                     print(f"  cold pass: {json.dumps(result['cold'])}", flush=True)
                     if partitioned:
@@ -320,7 +396,11 @@ def run(args: argparse.Namespace) -> dict:
                         # Its key expires after the TTL, the survivor's next beat (a third of it)
                         # takes the partitions; the answer's retrieval wait (2 s) on top.
                         kill = (args.kill_after, killed, args.member_ttl_s * 4 / 3 + 2.0)
+                    gc_before = await gc_figures(client)
                     result["mix"] = await _pass(client, system.gateway_url, mix_plan, args.concurrency, kill=kill)
+                    result["mix"]["segments"] = await _breakdown(client, system.gateway_url, token,
+                                                                 result["mix"].pop("timed"), rng)
+                    result["mix"]["gc"] = _gc_during(gc_before, await gc_figures(client))
                     result["retriever_rss_mb_mix"] = _rss_mb(system.procs["retriever"].pid)
                     metrics = (await client.get(f"http://127.0.0.1:{system.ops_ports['retriever']}/metrics")).text
                     result["pool"] = {name: _metric(metrics, f"concierge_kb_{name}")
