@@ -14,7 +14,7 @@ are published as the site's new snapshot, which every retriever replica loads
 
 Then, when a NATS server answers (NATS_URL), the vectors of every sentence and title the
 site's knowledge base can hand an extractive answer are embedded and stored in the
-`kb_vectors` bucket (services/responder/kb_vectors.py); those already there are not
+`kb_vectors` bucket (shared/kb_vectors.py); those already there are not
 embedded again, only written again (their time to live starts over). The first visitors'
 answers then embed only their question. With no server it says so and
 goes on (answers embed what they need on first use and store it).
@@ -138,7 +138,7 @@ async def _prepare_vectors(kb, site: str) -> dict[str, int] | str:
     streams and buckets; anything that goes wrong here leaves the ingest as it was."""
     import os
 
-    from services.responder import kb_vectors
+    from shared import kb_vectors
     from services.retriever import search
     from shared import subjects
     from shared.bus import connect, opened_bucket
@@ -164,10 +164,8 @@ async def _prepare_vectors(kb, site: str) -> dict[str, int] | str:
             except SiteConfigError:
                 found = None
         name = (found.name if found else "") or site  # as answer_writer masks it
-        by_type = search.candidates(kb, site, await kb.everything(site))
-        documents = search.numbered([c for kind in by_type.values() for c in kind])
         kv = await opened_bucket(bus, subjects.KB_VECTORS_BUCKET, config.kb_vectors_ttl_s or None)
-        return await kb_vectors.warm(kv, kb.embedder, site, kb_vectors.texts(documents, name))
+        return await kb_vectors.warm(kv, kb.embedder, site, await search.answerable_texts(kb, site, name))
     except Exception as exc:  # noqa: BLE001 - a cache: the answers embed what is missing on first use
         return f"not prepared: {type(exc).__name__}: {exc}"
     finally:

@@ -131,7 +131,7 @@ class BusConfig(msgspec.Struct, kw_only=True):
     tokens_max_bytes: int = 256 * 1024 * 1024
     dlq_max_age_s: float = 14 * 24 * 3600.0
     snapshot_ttl_s: float = 0.0
-    kb_vectors_ttl_s: float = 30 * 86400.0  # knowledge-base text vectors (services/responder/kb_vectors.py)
+    kb_vectors_ttl_s: float = 30 * 86400.0  # knowledge-base text vectors (shared/kb_vectors.py)
     snapshot_every: int = 64  # the gateway writes a snapshot when this many events are past the last one
     # Credentials, at most one kind: a .creds file (JWT + nkey seed), an nkey seed file, a
     # user and password, or a token. None: the embedded default, an open server on loopback.

@@ -61,7 +61,7 @@ log_feed_breaks = Counter("concierge_log_feed_breaks",
 
 kb_vectors = Counter("concierge_kb_vectors",
                      "Knowledge-base text vectors extractive answers needed, by where they came from: memory, the "
-                     "kb_vectors bucket, or embedded on the turn's path (services/responder/kb_vectors.py)", ["source"])
+                     "kb_vectors bucket, or embedded on the turn's path (shared/kb_vectors.py)", ["source"])
 
 kb_opens = Counter("concierge_kb_opens", "Sites' knowledge bases opened by this retriever (a site's first query "
                    "since it started or since the pool closed it: services/retriever/pool.py)")

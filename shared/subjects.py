@@ -33,7 +33,7 @@ HANDOFF_CLAIM_BUCKET = "handoff_claims"  # who holds a conversation's handoff (s
 # Who delivers each handoff request's webhook (services/responder/webhook_claims.py).
 HANDOFF_DELIVERY_BUCKET = "handoff_deliveries"
 KB_SNAPSHOT_BUCKET = "kb_snapshots"  # object store: each site's knowledge-base snapshot
-KB_VECTORS_BUCKET = "kb_vectors"  # vectors of knowledge-base sentences (services/responder/kb_vectors.py)
+KB_VECTORS_BUCKET = "kb_vectors"  # vectors of knowledge-base sentences (shared/kb_vectors.py)
 INSIGHT_BUCKET = "insight"  # each conversation's insight record (shared/insight.py)
 ACCOUNTS_BUCKET = "accounts"  # each site's accounts and historical deals (shared/accounts.py)
 

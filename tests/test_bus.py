@@ -169,7 +169,7 @@ async def test_each_service_works_within_its_subjects_and_is_refused_outside(sec
         claim = await asyncio.wait_for(handoffs.claim(site, "s1", "handoff-event-1"), 5)
         assert claim.owner == "handoff-event-1" and claim.outcome is None
         # It stores the knowledge vectors it embedded (kb_vectors.py), and reads them back.
-        from services.responder import kb_vectors
+        from shared import kb_vectors
 
         vectors = kb_vectors.KnowledgeVectors(_FixedEmbedder())
         kv = responder.kv[subjects.KB_VECTORS_BUCKET]
@@ -514,7 +514,8 @@ async def test_a_deliverys_place_is_read_from_its_reply_as_nats_py_reads_it(bus,
 async def test_sources_under_the_production_permissions(secured_nats, site):
     """Knowledge sources under deploy/nats-server.conf: the gateway defines a source, stores
     an upload and asks for a run; the retriever plans it, queues and takes its page, stages
-    the text and ends the run; neither may write the other's events."""
+    the text, ends the run and stores the vectors of its sentences; neither may write the
+    other's events."""
     import msgspec
 
     from services.retriever.sources import fetcher, planner
@@ -557,6 +558,9 @@ async def test_sources_under_the_production_permissions(secured_nats, site):
             await web.close()
         await retriever.publish(ev.SyncCompleted(event_id=ev.new_id(), site=site, session_id=requested_run.session_id,
                                                  turn=1, ts=ev.now()))
+        # A run that changed the knowledge base stores its sentences' vectors (shared/kb_vectors.py).
+        kv = await retriever.js.key_value(subjects.KB_VECTORS_BUCKET)
+        await kv.put(f"{site}.{'0' * 48}", bytes(16))
         with pytest.raises(nats.errors.TimeoutError):
             await gateway.js.publish(subjects.conv(site, requested_run.session_id, "sync_completed"), b"{}", timeout=0.5)
         with pytest.raises(nats.errors.TimeoutError):

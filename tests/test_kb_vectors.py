@@ -16,12 +16,12 @@ import pytest
 
 from cli import ingest
 from cli.harness.supervisor import free_port
-from services.responder import extractive, kb_vectors
+from services.responder import extractive
 from services.retriever import documents, retrieval
 from services.retriever.knowledge import KnowledgeBase
 from services.retriever.search import Retriever
 from services.retriever.settings import RetrievalSettings
-from shared import subjects
+from shared import kb_vectors, subjects
 from shared.embeddings import shared_embedder
 from shared.metrics import kb_vectors as looked_up
 from shared.site_config import parse

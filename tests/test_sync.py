@@ -13,12 +13,13 @@ import dataclasses
 import msgspec
 import pytest
 
+from services.retriever import search
 from services.retriever.knowledge import KnowledgeBase
 from services.retriever.sources import collector, fetcher, planner
 from services.retriever.sources.converter import Converter
 from shared.web import Outbound, WebClient
 from shared import events as ev
-from shared import sources, subjects
+from shared import kb_vectors, sources, subjects
 from shared.embeddings import shared_embedder
 from tests.helpers import fast, start, wait_for
 from tests.website import Website, doc_fact, doc_path
@@ -140,6 +141,14 @@ async def test_a_website_is_synced_and_kept_current(syncing, kb, website, site):
     registry = kb.registry(site)
     changing = next(r for r in registry.values() if r.get("meta", {}).get("url") == f"{base}/changing")
     assert "12 dispatchers" in " ".join(changing["chunks"].values())
+
+    # The sentences extractive answers quote have their vectors in the bucket, the changed
+    # page's new one too: a first answer embeds only its question.
+    kv, version = bus.kv[subjects.KB_VECTORS_BUCKET], kb.embedder.version
+    texts = await search.answerable_texts(kb, site, site)  # no site config: the answer masks the site's id
+    assert any("12 dispatchers" in t for t in texts)
+    missing = [t for t in texts if await kb_vectors._get(kv, kb_vectors.key(site, version, t), kb.embedder.dim) is None]
+    assert len(texts) > 100 and missing == []
 
     # What the knowledge base finds is cited by the page's URL.
     found = await kb.query(site, "How much does the Model 17 sensor cost?", mode="mix", high_level=[],

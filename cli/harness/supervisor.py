@@ -255,7 +255,7 @@ class System:
     def ingest(self, site: str, source: Path = DEMO_KB, check: bool = True) -> subprocess.CompletedProcess:
         """`concierge ingest` into this system's knowledge base (before the retriever opens it),
         its nats-server up (started here when no server is), so the ingest stores the
-        knowledge vectors extractive answers read (services/responder/kb_vectors.py)."""
+        knowledge vectors extractive answers read (shared/kb_vectors.py)."""
         if not self.cluster_ports:
             self.start_nats()
         return subprocess.run([sys.executable, "-m", "cli", "ingest", "--site", site, "--quiet", str(source)],

@@ -25,9 +25,9 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from services.responder import answer_audit, extractive, kb_vectors, replies
+from services.responder import answer_audit, extractive, replies
 from services.responder.streaming import TOKEN_BATCH_S, publish_sources, stream_llm, stream_text
-from shared import citations, history, language, persona, prompts, segments
+from shared import citations, history, kb_vectors, language, persona, prompts, segments
 from shared import events as ev
 from services.responder.settings import ANSWER_BACKENDS, ROLES, AnswerSettings
 from shared.config import ConfigError

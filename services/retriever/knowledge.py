@@ -501,7 +501,7 @@ class KnowledgeBase:
     async def everything(self, site: str) -> dict[str, list[dict]]:
         """Every chunk, entity and relationship of the site, in the shape `query` returns
         them: what a query could ever hand an answer (`concierge ingest` prepares their
-        sentences' vectors from it, services/responder/kb_vectors.py)."""
+        sentences' vectors from it, shared/kb_vectors.py)."""
         found: dict[str, list[dict]] = {"chunk": [], "entity": [], "relationship": []}
         opened = await self._opened(site)
         if opened is None:

@@ -25,7 +25,7 @@ from services.retriever import extraction, limiter, rerank
 from services.retriever.knowledge import KnowledgeBase
 from services.retriever.rerank import Reranker, RerankError
 from services.retriever.settings import RetrievalSettings, RetrieverSettings
-from shared import follow_up, glossary, language, prompts
+from shared import follow_up, glossary, kb_vectors, language, prompts
 from shared import events as ev
 from shared.llm import LLMClient, LLMError
 from shared.site_config import SiteConfig
@@ -167,6 +167,14 @@ def numbered(kept: list[Candidate]) -> list[ev.RetrievedDocument]:
                                  snippet=_snippet(c.content), content=c.content, doc_id=c.doc_id,
                                  rerank_score=None if c.score is None else round(c.score, 4))
             for i, c in enumerate(kept, start=1)]
+
+
+async def answerable_texts(kb: KnowledgeBase, site: str, name: str) -> list[str]:
+    """Every sentence and title of the site's knowledge base an extractive answer may embed,
+    the site's `name` masked as the answer masks it (shared/kb_vectors.py `texts`): what
+    `concierge ingest` and a source's sync prepare the vectors of."""
+    by_type = candidates(kb, site, await kb.everything(site))
+    return kb_vectors.texts(numbered([c for kind in by_type.values() for c in kind]), name)
 
 
 def _snippet(text: str) -> str:

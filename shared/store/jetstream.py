@@ -253,5 +253,5 @@ class JetStreamStore:
         return WatchedRoute(self._route_watch, self.bus, event, at)
 
     def kb_vectors(self):
-        """The site knowledge base's vectors bucket (responder/kb_vectors.py), or None."""
+        """The site knowledge base's vectors bucket (shared/kb_vectors.py), or None."""
         return self.bus.kv.get(subjects.KB_VECTORS_BUCKET)

@@ -16,6 +16,12 @@ base changes, once, under the site's lock:
 
 → `SyncCompleted` with the counts (stored before the staged texts are deleted: an end
 redelivered after a crash finds them again and does the same).
+
+Then, when the run changed the knowledge base, the vectors of the sentences and titles
+extractive answers quote (shared/kb_vectors.py) are embedded and stored in the `kb_vectors`
+bucket, those already there left alone, as `concierge ingest` does: a site's first answers
+would otherwise embed its sources' sentences on the turn's path, before their first token.
+A cache: if it fails, the answers embed what they miss.
 """
 
 from __future__ import annotations
@@ -23,10 +29,10 @@ from __future__ import annotations
 import logging
 import time
 
-from services.retriever import documents
+from services.retriever import documents, search
 from services.retriever.sources.planner import fetch_item, known_pages, sync_failed
 from shared import events as ev
-from shared import sources
+from shared import kb_vectors, sources
 from shared.node import Context, Inputs, Needs, Node
 
 log = logging.getLogger(__name__)
@@ -55,9 +61,10 @@ def make_node(kb, staging: sources.Staging, published=None) -> Node:
                    if progress.pages.get(url) == ""]
         if progress.run != event.turn or not progress.complete:
             return out
-        return await finish(event, progress, ctx)  # complete: no page pending, no link left to queue
+        return await finish(event, progress, ctx, inputs.config, inputs.kb_vectors)
 
-    async def finish(event: ev.Envelope, progress, ctx: Context) -> list[ev.Envelope]:
+    async def finish(event: ev.Envelope, progress, ctx: Context, config, kv) -> list[ev.Envelope]:
+        """The run is complete: no page pending, no link left to queue."""
         started = time.monotonic()
         site, source = event.site, sources.source_of(event.session_id)
         run_id = ev.derived_id(f"{site}/{event.session_id}/{progress.run}", "run", "end")
@@ -98,7 +105,8 @@ def make_node(kb, staging: sources.Staging, published=None) -> Node:
         for url, info in known.items():
             if url not in keep and await kb.delete(site, info["doc_id"]):
                 removed += 1
-        if published is not None and (counts["added"] or counts["replaced"] or removed):
+        changed = bool(counts["added"] or counts["replaced"] or removed)
+        if published is not None and changed:
             await published(site)
         completed = ctx.follow(
             ev.SyncCompleted, cause_id=run_id, pages=len(outcomes), added=counts["added"], replaced=counts["replaced"],
@@ -111,7 +119,21 @@ def make_node(kb, staging: sources.Staging, published=None) -> Node:
             await staging.unstage(key)
         log.info("sync completed", extra={"site_id": site, "source": source, "run": progress.run,
                                           "pages": len(outcomes), "removed": removed})
+        if changed and kv is not None:
+            await prepare_vectors(site, config.name or site, kv)
         return []  # stored already, before the staged texts went
+
+    async def prepare_vectors(site: str, name: str, kv) -> None:
+        """The site's answerable texts' vectors in the `kb_vectors` bucket (those missing)."""
+        started = time.monotonic()
+        try:
+            done = await kb_vectors.warm(kv, kb.embedder, site, await search.answerable_texts(kb, site, name),
+                                         refresh=False)
+        except Exception as exc:  # noqa: BLE001 - a cache: the answers embed what they miss
+            log.warning("knowledge vectors not prepared", extra={"site_id": site, "error": repr(exc)})
+            return
+        log.info("knowledge vectors prepared", extra={"site_id": site, **done,
+                                                       "seconds": round(time.monotonic() - started, 3)})
 
     async def ingest(site: str, batch: list, counts: dict[str, int]) -> int:
         """One batch of pages into the knowledge base; the chunks it added."""
@@ -137,5 +159,5 @@ def make_node(kb, staging: sources.Staging, published=None) -> Node:
         log.info("source removed", extra={"site_id": event.site, "source": source, "documents": len(removed)})
 
     return Node(NAME, consumes=("sync_started", "page_fetched", "source_removed"), handle=collect,
-                needs=Needs(state=True),
+                needs=Needs(state=True, config=True, kb_vectors=True),
                 failure=sync_failed)

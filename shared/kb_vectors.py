@@ -6,8 +6,10 @@ sources; embedding those it has not seen before means dozens of sentences for ne
 sources, embedded on the turn's path before its first token. They are the knowledge base's
 texts, the same for every visitor, so they are prepared once, ahead:
 
-- `concierge ingest` embeds every sentence and title the site's knowledge base can hand an
-  answer (`warm`) and stores them in the JetStream key-value bucket `kb_vectors`;
+- `concierge ingest`, and the retriever when a source's sync changed the site's knowledge
+  base (services/retriever/sources/collector.py), embed every sentence and title the site's
+  knowledge base can hand an answer (`warm`) and store them in the JetStream key-value
+  bucket `kb_vectors`;
 - a responder reads what it misses in memory from the bucket, and stores in it, in the
   background, what it had to embed itself (a text the ingest did not foresee, a site
   ingested without a bus), so every replica, and the next process after a restart, finds
@@ -34,9 +36,9 @@ import numpy as np
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from services.responder import extractive
 from shared import events as ev
 from shared import metrics
+from shared.kb_sentences import candidates, masked
 from shared.embeddings import Embedder
 
 log = logging.getLogger(__name__)
@@ -51,15 +53,15 @@ def key(site: str, version: str, text: str) -> str:
 
 def texts(documents: list[ev.RetrievedDocument], name: str) -> list[str]:
     """Every knowledge-base text an extractive answer over any of `documents` may embed
-    (extractive.py `texts_to_embed` without the question): each document's title and
-    sentences, the site's name masked, each text once. Per document: an answer's pool
-    keeps a sentence several documents hold once, under whichever of them it was given,
-    so every document's own are prepared."""
-    asked = extractive.Question(text="", name=name)
+    (services/responder/extractive.py `texts_to_embed` without the question): each
+    document's title and sentences, the site's name masked, each text once. Per document: an
+    answer's pool keeps a sentence several documents hold once, under whichever of them it
+    was given, so every document's own are prepared."""
     out: dict[str, None] = {}
     for document in documents:
-        embedded, _, _ = extractive.texts_to_embed(asked, extractive.candidates([document]))
-        out.update(dict.fromkeys(embedded[extractive.asked_rows(asked):]))
+        pool = candidates([document])
+        titles = dict.fromkeys(c.title for c in pool)
+        out.update(dict.fromkeys(masked(t, name) or t for t in [*titles, *(c.text for c in pool)]))
     return list(out)
 
 
@@ -139,10 +141,11 @@ async def _put_all(kv: KeyValue, items: list[tuple[str, np.ndarray]]) -> None:
         log.warning("knowledge vectors not stored", extra={"error": repr(exc)})
 
 
-async def warm(kv: KeyValue, embedder: Embedder, site: str, texts: list[str]) -> dict[str, int]:
-    """Store the texts' vectors: those the bucket lacks embedded, those it holds written
-    again (their time to live starts over, so a site ingested now and then never finds
-    them expired). `WARM_BATCH` texts at a time. {"texts", "stored": newly embedded}."""
+async def warm(kv: KeyValue, embedder: Embedder, site: str, texts: list[str], refresh: bool = True) -> dict[str, int]:
+    """Store the texts' vectors: those the bucket lacks embedded; with `refresh`, those it
+    holds written again (their time to live starts over, so a site ingested now and then
+    never finds them expired). `WARM_BATCH` texts at a time. {"texts", "stored": newly
+    embedded}."""
     distinct = list(dict.fromkeys(texts))
     loop = asyncio.get_running_loop()
     stored = 0
@@ -156,5 +159,6 @@ async def warm(kv: KeyValue, embedder: Embedder, site: str, texts: list[str]) ->
             for i, vector in zip(missing, made):
                 present[i] = vector
             stored += len(missing)
-        await asyncio.gather(*(kv.put(k, np.asarray(v, np.float32).tobytes()) for k, v in zip(keys, present)))
+        written = range(len(batch)) if refresh else missing
+        await asyncio.gather(*(kv.put(keys[i], np.asarray(present[i], np.float32).tobytes()) for i in written))
     return {"texts": len(distinct), "stored": stored}
