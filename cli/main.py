@@ -72,6 +72,7 @@ COMMANDS = (
         ("eval intent|followups|skills|hack|retrieval|all", "the router's and retriever's evals on labeled JSONL (make eval)"),
         ("eval answers [--base-url URL]", "ask the dataset's questions through a running system (or one it starts)"),
         ("eval sites [--site ID] [--split dev|test|all]", "real products' docs served locally, taken in by the crawler, asked"),
+        ("eval site --site ID", "run a site's own test cases against the running system (the console's Tests)"),
         ("eval briefs [--mock]", "lead briefs and a triage on the contract cases (--mock: recorded model replies)"),
         ("eval accounts [--mock]", "account reports, sales scripts, opportunities and edits on the contract cases (--mock: recorded model replies)"))),
     Command("cluster-rehearsal", "cli.measure.rehearsal.cluster_rehearsal", (

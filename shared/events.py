@@ -763,6 +763,49 @@ class EvalCaseRetired(Envelope, tag="eval_case_retired", kw_only=True):
     actor: str = ""
 
 
+# A run of a site's cases (shared/eval_runs.py): its own log, session `<EVAL_RUN_PREFIX><run
+# id>`, holds the request, a result per case and the end. Each case is asked in a session of
+# its own (`<EVAL_TRY_PREFIX><run>-<case>`) through the real nodes: never a visitor's
+# conversation, so no listing, insight figure or webhook counts it (`is_conversation`).
+EVAL_RUN_PREFIX = "_run-"
+EVAL_TRY_PREFIX = "_try-"
+
+
+class EvalRunRequested(Envelope, tag="eval_run_requested", kw_only=True):
+    """Run the site's current cases against the system as it is now."""
+
+    reason: str  # operator | sync | config
+    actor: str = ""
+    cause: str = ""  # what brought it: the sync's source and run, the config's version
+
+
+class EvalCaseResult(Envelope, tag="eval_case_result", kw_only=True):
+    """One case asked in a run: what happened, and each expectation it missed."""
+
+    case_id: str
+    version: int
+    passed: bool
+    failures: list[str] = []  # e.g. "intent SUPPORT, expected LEARN", "missing fact: 14 days"
+    message: str = ""
+    intent: str = ""
+    route: str = ""
+    answer: str = ""
+    cited: list[str] = []  # the addresses of the sources the answer cites
+    seconds: float = 0.0
+
+
+class EvalRunCompleted(Envelope, tag="eval_run_completed", kw_only=True):
+    """A run's end: how many cases passed, which failed, which failed first this time."""
+
+    cases: int
+    passed: int
+    failed: list[str] = []
+    newly_failing: list[str] = []  # failed now and passed in the site's previous completed run
+    previous_run: str = ""
+    seconds: float = 0.0
+    error: str = ""  # the run could not finish: its cases left unjudged
+
+
 # --- account data (shared/accounts.py) ------------------------------------------------------
 
 
@@ -1179,6 +1222,9 @@ Event = Union[
     HandoffEnded,
     EvalCaseSaved,
     EvalCaseRetired,
+    EvalRunRequested,
+    EvalCaseResult,
+    EvalRunCompleted,
 ]
 
 EVENT_TYPES: dict[str, type[Envelope]] = {cls.__struct_config__.tag: cls for cls in Event.__args__}

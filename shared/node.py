@@ -180,6 +180,13 @@ class Context:
 Handler = Callable[[ev.Envelope, Inputs, Context], Awaitable[Sequence[ev.Envelope]]]
 
 
+def conversation_only(event: ev.Envelope) -> bool:
+    """A `Needs.when` for nodes whose work reaches outside (webhooks, e-mail, a lead's brief):
+    a visitor's conversation only, never a site's own log (a test case's run asks its
+    questions in sessions of its own: shared/eval_runs.py)."""
+    return ev.is_conversation(event.session_id)
+
+
 def turn_failed(event: ev.Envelope, node: str, attempts: int, reason: str) -> ev.Envelope:
     """The default failure event: the turn failed (the gateway ends its stream)."""
     return ev.follow(event, ev.TurnFailed, node, key="failed", node=node, reason=reason[:2000],

@@ -214,6 +214,17 @@ async def test_each_service_works_within_its_subjects_and_is_refused_outside(sec
         assert (await read_snapshot(responder, site, "s1"))[0] == state and state.turn == 2
         with pytest.raises(nats.errors.TimeoutError):
             await responder.bucket(subjects.SNAPSHOT_BUCKET).put(subjects.kv_key(site, "s1"), b"{}")
+        # The gateway asks for a run of the site's test cases and its eval_runner stores each
+        # case's result and the run's end (shared/eval_runs.py); a node's service may not.
+        from shared import eval_runs
+
+        asked = await eval_runs.request(gateway, site, "operator", "admin")
+        for kind, fields in ((ev.EvalCaseResult, {"case_id": "case-1", "version": 1, "passed": True}),
+                             (ev.EvalRunCompleted, {"cases": 1, "passed": 1})):
+            assert (await gateway.publish(ev.follow(asked, kind, "eval_runner", **fields))).seq > 0
+        with pytest.raises(nats.errors.TimeoutError):
+            await responder.js.publish(subjects.conv(site, asked.session_id, "eval_run_completed"), b"{}",
+                                       stream=subjects.CONV_STREAM, timeout=0.5)
     finally:
         for bus in (gateway, router, responder):
             await bus.close()

@@ -46,5 +46,6 @@ async def request(event: ev.LeadCaptured | ev.BookingProgressed, inputs: Inputs,
 def make_node() -> Node:
     return Node(name=NAME, consumes=("lead_captured", "booking_progressed"), handle=request,
                 needs=Needs(state=True, log=briefs.STEPS,
-                            when=lambda event: isinstance(event, ev.LeadCaptured) or event.done),
+                            when=lambda event: ev.is_conversation(event.session_id)
+                            and (isinstance(event, ev.LeadCaptured) or event.done)),
                 failure=brief_failed)

@@ -94,7 +94,7 @@ class RequestError(Exception):
         self.message = message
         self.status = status
 
-    CODES = {403: "forbidden", 404: "not_found", 413: "too_large"}
+    CODES = {403: "forbidden", 404: "not_found", 409: "conflict", 413: "too_large"}
 
     def body(self) -> dict:
         code = self.CODES.get(self.status, "invalid_request")

@@ -52,6 +52,8 @@ class GatewaySettings(Settings):
     # shared/web.py: OUTBOUND_ALLOW_PRIVATE_NETWORKS, OUTBOUND_ALLOWED).
     account_keys: dict[str, str] = {}
     outbound: Outbound = msgspec.field(default_factory=Outbound)
+    # A run of a site's test cases (eval_runner.py): cases asked at once; 0: this replica runs none.
+    eval_run_concurrency: int = 2
 
     @classmethod
     def from_env(cls) -> "GatewaySettings":
@@ -61,6 +63,7 @@ class GatewaySettings(Settings):
             host=env_str("GATEWAY_HOST", d.host),
             port=env_int("GATEWAY_PORT", d.port),
             turn_deadline_s=env_float("TURN_DEADLINE_S", d.turn_deadline_s),
+            eval_run_concurrency=env_int("EVAL_RUN_CONCURRENCY", d.eval_run_concurrency),
             turn_stall_s=env_float("TURN_STALL_S", d.turn_stall_s),
             rate_per_ip_per_min=env_int("RATE_LIMIT_PER_IP_PER_MIN", d.rate_per_ip_per_min),
             rate_per_site_per_min=env_int("RATE_LIMIT_PER_SITE_PER_MIN", d.rate_per_site_per_min),

@@ -21,7 +21,7 @@ from services.responder import webhooks
 from services.responder.settings import LeadSettings
 from services.responder.webhook_claims import Outcome, WebhookClaims, deliver_once, handoff_id
 from shared import events as ev
-from shared.node import Context, Inputs, Needs, Node
+from shared.node import Context, Inputs, Needs, Node, conversation_only
 
 NAME = "handoff_notifier"
 
@@ -57,4 +57,4 @@ def make_node(claims: WebhookClaims, settings: LeadSettings = LeadSettings(),
         return [ctx.follow(ev.WebhookRecorded, hook="handoff", **msgspec.structs.asdict(claim.outcome))]
 
     return Node(name=NAME, consumes=("handoff_requested",), handle=handle,
-                needs=Needs(state=True, config=True, log=("lead_captured",)))
+                needs=Needs(state=True, config=True, log=("lead_captured",), when=conversation_only))

@@ -18,7 +18,7 @@ import time
 from services.responder import replies
 from shared import events as ev
 from shared import metrics
-from shared.node import Context, Inputs, Later, Needs, Node
+from shared.node import Context, Inputs, Later, Needs, Node, conversation_only
 
 NAME = "handoff_timer"
 CLOCK_SLACK_S = 1.0
@@ -56,5 +56,5 @@ def given_up(event: ev.HandoffRequested, node: str, attempts: int, reason: str) 
 
 
 def make_node() -> Node:
-    return Node(name=NAME, consumes=("handoff_requested",), handle=check, needs=Needs(state=True, config=True),
+    return Node(name=NAME, consumes=("handoff_requested",), handle=check, needs=Needs(state=True, config=True, when=conversation_only),
                 max_in_flight=WAITING_AT_ONCE, failure=given_up)

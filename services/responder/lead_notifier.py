@@ -24,7 +24,7 @@ from services.responder import webhooks
 from services.responder.settings import LeadSettings
 from services.responder.webhook_claims import Outcome, WebhookClaims, deliver_once, lead_id
 from shared import events as ev
-from shared.node import Context, Inputs, Needs, Node
+from shared.node import Context, Inputs, Needs, Node, conversation_only
 from shared.privacy import REDACTED
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,8 @@ def make_node(claims: WebhookClaims, settings: LeadSettings = LeadSettings(),
                                   sent=sent, ok=ok, error=error))
         return outputs
 
-    return Node(name=NAME, consumes=("lead_captured",), handle=handle, needs=Needs(state=True, config=True))
+    return Node(name=NAME, consumes=("lead_captured",), handle=handle,
+                needs=Needs(state=True, config=True, when=conversation_only))
 
 
 def _known(value: str) -> str | None:

@@ -1,9 +1,10 @@
-"""`concierge eval intent|followups|skills|hack|retrieval|answers|sites|briefs|accounts|all`: the router's evals
+"""`concierge eval intent|followups|skills|hack|retrieval|answers|sites|site|briefs|accounts|all`: the router's evals
 (services/router/evaluation.py), the retriever's (services/retriever/evaluation.py), the answers' (cli/measure/evals/
 answer_eval.py: through a running system, the one `--base-url` names or one it starts), the answers on real
 websites' (cli/measure/evals/site_eval.py: real products' docs taken in through the crawler), the lead briefs'
 (cli/measure/evals/brief_eval.py) and the account reports' (cli/measure/evals/account_eval.py): `--mock` for the
-recorded model replies."""
+recorded model replies. `eval site --site S`: a site's own test cases run against the running system
+(cli/measure/evals/site_cases.py)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ import argparse
 import logging
 from pathlib import Path
 
+from cli import options
+
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="concierge eval")
     parser.add_argument("which", choices=("intent", "followups", "skills", "hack", "retrieval", "answers", "sites",
-                                          "briefs", "accounts", "all"))
+                                          "site", "briefs", "accounts", "all"))
     parser.add_argument("--dataset", type=Path, help="JSONL file (default: the shipped evaluation set)")
     parser.add_argument("--backend", choices=("local", "llm", "cascade"), default="local",
                         help="intent classifier backend (default: local, the embedded default)")
@@ -36,6 +39,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--concurrency", type=int, default=1,
                         help="answers: conversations at once; briefs: reports at once; accounts: cases at once "
                              "(default: 1)")
+    parser.add_argument("--timeout", type=float, default=900.0, help="site: how long to wait for the run (s)")
+    options.add_bus(parser)
     parser.add_argument("--mock", action="store_true",
                         help="briefs, accounts: the recorded model replies (deterministic) instead of LLM_BASE_URL")
     args = parser.parse_args(argv)
@@ -67,6 +72,13 @@ def main(argv: list[str]) -> int:
             from cli.measure.evals import answer_eval
             return answer_eval.eval_answers(args.dataset or answer_eval.DATASET, args.base_url, _one_site(args),
                                             args.concurrency)
+        if args.which == "site":
+            import asyncio
+
+            from cli.measure.evals import site_cases
+            if not args.site:
+                parser.error("eval site: --site SITE, the site whose cases are run")
+            return asyncio.run(site_cases.run(options.bus_config(args), _one_site(args), args.timeout))
         if args.which == "sites":
             from cli.measure.evals import site_eval
             return site_eval.eval_sites(args.site, args.split, args.docs, args.base_url, max(args.concurrency, 1),

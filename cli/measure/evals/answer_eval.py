@@ -42,11 +42,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
-import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +54,7 @@ from cli.harness.sse import ChatResult, Conversation
 from cli.harness.supervisor import ROOT
 from cli.measure.stats import percentile
 from shared import citations
+from shared.facts import forbidden_found, has_fact, missing_facts, normalize  # noqa: F401 - the scoring
 
 DATASET = ROOT / "services" / "responder" / "data" / "answers_eval.jsonl"
 MIN_ALL_FACTS_RATE = 0.85
@@ -98,31 +97,6 @@ def read_dataset(path: Path) -> list[Question]:
 
 
 # --- scoring (pure) ---------------------------------------------------------------------
-
-def normalize(text: str) -> str:
-    """Casefolded, NFKC (no-break spaces become spaces), curly quotes straightened, bold
-    markers dropped, whitespace collapsed."""
-    text = unicodedata.normalize("NFKC", text).replace("’", "'").replace("**", "").replace("__", "")
-    return " ".join(text.casefold().split())
-
-
-def _spelling_pattern(spelling: str) -> re.Pattern:
-    s = normalize(spelling)
-    return re.compile(("(?<!\\d)" if s[:1].isdigit() else "") + re.escape(s) + ("(?!\\d)" if s[-1:].isdigit() else ""))
-
-
-def has_fact(text: str, spellings: list[str]) -> bool:
-    flat = normalize(text)
-    return any(_spelling_pattern(s).search(flat) for s in spellings)
-
-
-def missing_facts(text: str, facts: list[list[str]]) -> list[list[str]]:
-    return [spellings for spellings in facts if not has_fact(text, spellings)]
-
-
-def forbidden_found(text: str, forbidden: list[str]) -> list[str]:
-    return [statement for statement in forbidden if has_fact(text, [statement])]
-
 
 def site_words(metadata: dict) -> list[str]:
     """The site's words a reply repeats, as the `complete` metadata shows them: the CTA's

@@ -8,7 +8,12 @@ logs and checks: shared/eval_cases.py).
   (its next version, 200). Every wrong field is a 422 naming it;
 - `GET    evals/cases/{case_id}`: the case and every version, with who saved it;
 - `PUT    evals/cases/{case_id}`: its next version (what a POST takes; the id stays);
-- `DELETE evals/cases/{case_id}`: retired (its versions stay; a PUT brings it back).
+- `DELETE evals/cases/{case_id}`: retired (its versions stay; a PUT brings it back);
+- `POST   evals/runs`: run the site's current cases against the system as it is now, 202
+  with the run's id (the gateway's eval_runner carries it out: shared/eval_runs.py); 409
+  when the site has no case;
+- `GET    evals/runs`: the site's runs, newest first, with their pass rates;
+- `GET    evals/runs/{run}`: one run, each case's result (what it answered, what it missed).
 """
 
 from __future__ import annotations
@@ -25,12 +30,13 @@ from services.gateway.errors import NotFound
 from services.gateway.openapi import ID_PATTERN, SiteId
 from services.gateway.operators import Operator
 from services.gateway.schemas import RequestError, decode, read_body
-from shared import eval_cases, history
+from shared import eval_cases, eval_runs, history
 from shared import events as ev
 
 router = APIRouter()
 Who = Annotated[Operator, Depends(operator_of_site)]
 CaseId = Annotated[str, Path(pattern=r"^case-[0-9a-f]{12}$", description="a test case's id")]
+RunId = Annotated[str, Path(pattern=r"^run-[0-9a-f]{12}$", description="a run's id")]
 _input = msgspec.json.Decoder(eval_cases.CaseInput)
 MAX_BODY = 64 * 1024
 
@@ -118,3 +124,30 @@ async def retire_case(request: Request, site: SiteId, case_id: CaseId, who: Who)
     await _log(request, site, case_id)
     await eval_cases.retire(request.app.state.bus, site, case_id, who.actor)
     return {"site": site, "case": case_id, "retired": True}
+
+
+@router.post("/evals/runs", status_code=202)
+async def start_run(request: Request, site: SiteId, who: Who):
+    """Run the site's current cases; the run's results come as its log grows."""
+    bus = request.app.state.bus
+    found = await eval_cases.current(bus, site)
+    if not any(not retired for _, retired in found.values()):
+        raise RequestError("cases", f"site {site} has no test case to run: save one first", status=409)
+    requested = await eval_runs.request(bus, site, "operator", who.actor)
+    return JSONResponse({"site": site, "run": eval_runs.summary(requested, None)}, status_code=202)
+
+
+@router.get("/evals/runs")
+async def list_runs(request: Request, site: SiteId):
+    """The site's runs, newest first."""
+    return JSONResponse({"site": site, "runs": await eval_runs.runs(request.app.state.bus, site)},
+                        headers={"Cache-Control": "no-store"})
+
+
+@router.get("/evals/runs/{run}")
+async def show_run(request: Request, site: SiteId, run: RunId):
+    """A run and each case's result."""
+    found = await eval_runs.run_detail(request.app.state.bus, site, run)
+    if found is None:
+        raise NotFound(f"no run {run} in site {site}")
+    return JSONResponse({"site": site, "run": found}, headers={"Cache-Control": "no-store"})
