@@ -36,8 +36,9 @@ MAX_ANSWER = 4000  # characters of an answer kept in its result
 
 
 def new_run_id(site: str, reason: str, cause: str = "") -> str:
-    """A run's id: derived from its cause when it has one (one run per sync or change)."""
-    key = f"{site}|{reason}|{cause}" if cause else f"{site}|{ev.new_id()}"
+    """A run's id: derived from its cause when it has one (one run per cause, whatever the
+    reason: a sync and a config change settled together ask for one run)."""
+    key = f"{site}|{cause}" if cause else f"{site}|{ev.new_id()}"
     return "run-" + hashlib.blake2b(key.encode(), digest_size=6).hexdigest()
 
 
@@ -59,6 +60,8 @@ async def request(bus: Bus, site: str, reason: str, actor: str = "", cause: str 
     if reason not in REASONS:
         raise ValueError(f"reason {reason!r}: one of {', '.join(REASONS)}")
     run = new_run_id(site, reason, cause)
+    if cause and (asked := await bus.last(subjects.conv(site, session_of(run), "eval_run_requested"))) is not None:
+        return asked  # asked for already (a trigger redelivered after JetStream's dedupe window)
     requested = ev.EvalRunRequested(event_id=ev.derived_id(f"{site}/{run}", "eval_runs", "requested"), site=site,
                                     session_id=session_of(run), turn=1, ts=ev.now(), producer="eval_runs",
                                     reason=reason, actor=actor, cause=cause)

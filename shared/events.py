@@ -606,6 +606,13 @@ class SourceRemoved(Envelope, tag="source_removed", kw_only=True):
     actor: str = ""
 
 
+class SourceForgotten(Envelope, tag="source_forgotten", kw_only=True):
+    """A removed source's pages have left the knowledge base (the sync collector's answer to
+    `SourceRemoved`): what answers know changed."""
+
+    documents: int = 0
+
+
 class SyncRequested(Envelope, tag="sync_requested", kw_only=True):
     """Run N of the source (turn N): on demand, on its schedule, or when it was added."""
 
@@ -1193,6 +1200,7 @@ Event = Union[
     TriageCompleted,
     SourceAdded,
     SourceRemoved,
+    SourceForgotten,
     SyncRequested,
     SyncStarted,
     PageFetchRequested,

@@ -41,7 +41,7 @@ from tests.servers import WebhookReceiver, nats_server, redis_server, scripted_l
 HEAVY = ("test_chaos", "test_cluster_rehearsal", "test_bench")
 SHARED_SYSTEM = ("test_e2e_http", "test_e2e_briefs", "test_eval_runs")
 LONGEST_FIRST = (*HEAVY, "test_hostile", "test_replay", "test_turn_config", "test_loadtest", "test_state",
-                 "test_resilience", "test_browser", *SHARED_SYSTEM, "test_k8s", "test_answer_eval")
+                 "test_resilience", "test_browser", *SHARED_SYSTEM, "test_k8s", "test_answer_eval", "test_eval_console")
 
 
 def _module(nodeid: str) -> str:

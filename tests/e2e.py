@@ -75,6 +75,7 @@ def running_system(llm, fallback_llm, suggestions_llm, webhook, providers=None) 
             "LEAD_WEBHOOK_SECRET": WEBHOOK_SECRET,
             "LEAD_WEBHOOK_BACKOFF_S": "0.05",
             "OUTBOUND_ALLOW_PRIVATE_NETWORKS": "1",  # the knowledge sources' test website is on 127.0.0.1
+            "EVAL_RUN_DEBOUNCE_S": "2",  # a site's cases run again 2 s after its config changed
         })
         try:
             # The demo site's knowledge base, as `make run` ingests it (the retriever opens it at start).

@@ -1098,7 +1098,7 @@ async def test_every_console_view_has_no_serious_accessibility_violation(system)
             admin.on("pageerror", lambda error: errors.append(str(error)))
             await signed_in_admin(admin, system.gateway_url, system.env["ADMIN_TOKEN"])
             await admin.fill("#site", "demo")
-            for view in ("inbox", "load", "insight", "knowledge", "accounts", "leads", "siteSettings", "addSite"):
+            for view in ("inbox", "load", "insight", "knowledge", "accounts", "leads", "tests", "siteSettings", "addSite"):
                 await admin.click(f"#{view}")
                 await admin.wait_for_timeout(1500)  # the view loads what it shows (its live feeds never idle)
                 found[view] = await axe.violations(admin)

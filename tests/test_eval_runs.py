@@ -102,19 +102,8 @@ async def test_a_sites_cases_are_run_judged_and_a_change_shows_what_broke(system
     assert sorted(first["failed"]) == sorted([tokyo, cited]) and first["pass_rate"] == round(4 / 6, 3)
     assert first["newly_failing"] == [] and first["previous_run"] == ""
 
-    # The case's expectation changes (as a knowledge change would change the answer): the
-    # next run names it as newly failing, against the run before.
-    edited = await http.put(f"{cases_url}/{growth}", headers=ops(system), json={
-        "message": "How much is the Growth plan?", "expect": {"facts": [["$59"]]}})
-    assert edited.status_code == 200, edited.text
-    second_run = (await http.post(runs_url, headers=ops(system))).json()["run"]["run"]
-    second = await finished(http, system, site, second_run)
-    assert second["newly_failing"] == [growth] and second["previous_run"] == run, second
-    listed = (await http.get(runs_url, headers=ops(system))).json()["runs"]
-    assert [r["run"] for r in listed] == [second_run, run] and listed[1]["passed"] == 4
-
-    # Nothing a visitor's figures count: one conversation listed (the visitor's), the insight
-    # figures of one conversation, no lead webhook for this site although a run captured one.
+    # Nothing a visitor's figures count: one conversation listed (the visitor's), no lead
+    # webhook although a run captured a lead (the case that books a demo).
     conversations = (await http.get(operator_url(system, site, "conversations"), headers=ops(system))).json()
     assert [c["session_id"] for c in conversations["conversations"]] == [visitor.session_id]
     try_session = eval_runs.try_session(run, booked)
@@ -122,7 +111,41 @@ async def test_a_sites_cases_are_run_judged_and_a_change_shows_what_broke(system
                              headers=ops(system))).json()["events"]
     assert any(e["type"] == "lead_captured" for e in events), [e["type"] for e in events]
     await asyncio.sleep(1.0)  # a webhook would have gone out by now (the lead's is sent at once)
-    assert [r for r in webhook.requests if site.encode() in r["body"]] == []
+    assert sent(webhook, site) == []
+
+    # The case's expectation changes (as a knowledge change would change the answer): the
+    # next run names it as newly failing, against the run before, and the site's webhook
+    # says so (eval.regressed, signed as the lead webhook is).
+    edited = await http.put(f"{cases_url}/{growth}", headers=ops(system), json={
+        "message": "How much is the Growth plan?", "expect": {"facts": [["$59"]]}})
+    assert edited.status_code == 200, edited.text
+    second_run = (await http.post(runs_url, headers=ops(system))).json()["run"]["run"]
+    second = await finished(http, system, site, second_run)
+    assert second["newly_failing"] == [growth] and second["previous_run"] == run, second
+    await wait_for(lambda: sent(webhook, site), timeout=20, what="the eval.regressed webhook")
+    (regressed,) = sent(webhook, site)
+    body = json.loads(regressed["body"])
+    assert body["event"] == "eval.regressed" and body["run"] == second_run and body["reason"] == "operator"
+    assert body["pass_rate"] == 0.5 and body["previous_pass_rate"] == round(4 / 6, 3)
+    assert [(c["case_id"], c["failures"]) for c in body["newly_failing"]] == [(growth, ["missing fact: $59"])]
+    assert regressed["headers"]["webhook-id"].startswith("eval_") and regressed["headers"]["webhook-signature"]
+
+    # A change of the site's config runs the cases again by itself, once it has settled.
+    changed = await http.patch(operator_url(system, site, "").rstrip("/"), headers=ops(system),
+                               json={"widget": {"title": "Ask Tidewise"}})
+    assert changed.status_code == 200, changed.text
+
+    async def automatic():
+        runs = (await http.get(runs_url, headers=ops(system))).json()["runs"]
+        return next((r for r in runs if r["reason"] == "config" and r["state"] != "running"), None)
+
+    auto = await wait_for(automatic, timeout=RUN_DEADLINE_S, what="the run after the config change")
+    assert auto["cases"] == 6 and auto["previous_run"] == second_run and auto["newly_failing"] == []
+    listed = (await http.get(runs_url, headers=ops(system))).json()["runs"]
+    assert [r["run"] for r in listed] == [auto["run"], second_run, run] and listed[2]["passed"] == 4
+    assert len(sent(webhook, site)) == 1  # nothing newly failing: no second webhook
+
+    # No insight figure counts the runs' turns: the visitor's one conversation, its one turn.
     async def projected():
         figures = (await http.get(operator_url(system, site, "insight"), headers=ops(system))).json()
         return figures if figures["conversations"] else None
@@ -130,7 +153,6 @@ async def test_a_sites_cases_are_run_judged_and_a_change_shows_what_broke(system
     await wait_for(projected, timeout=20, what="the visitor's conversation projected")
     figures = await projected()
     assert figures["conversations"] == 1 and figures["turns"] == 1, figures
-
 
     # The same from the command line, as an operator's CI would run it: each case as it is
     # judged, the run as JSON last, exit 1 as a case failed.
@@ -143,6 +165,11 @@ async def test_a_sites_cases_are_run_judged_and_a_change_shows_what_broke(system
     figures = json.loads(lines[-1])
     assert figures["cases"] == 6 and sorted(figures["failed"]) == sorted([growth, tokyo, cited])
     assert figures["newly_failing"] == [] and figures["cases_per_s"] > 0
+
+
+def sent(webhook, site: str) -> list[dict]:
+    """What the webhook receiver got about `site`."""
+    return [r for r in webhook.requests if f'"site":"{site}"'.encode() in r["body"]]
 
 
 def test_a_turn_is_judged_on_each_expectation():

@@ -25,7 +25,7 @@ from shared.session_guard import SessionGuard
 from shared.site_config import SiteConfigs
 from shared.store import CachedStore
 from shared.web import WebClient
-from services.gateway import errors, eval_runner
+from services.gateway import errors, eval_runner, eval_trigger
 from services.gateway.console_sessions import ConsoleSessions
 from services.gateway.cors import KnownOrigins, SiteCORS
 from services.gateway.handoffs import Claims
@@ -86,19 +86,20 @@ async def lifespan(app: FastAPI):
     app.state.ready = False  # kept by `watch_ready`
     ops = await start_ops(lambda: app.state.ready, settings.ops_port, settings.ops_host)
     watcher = asyncio.create_task(watch_ready(app, settings.ops_check_s), name="ops-watch")
-    runner = None
-    if settings.eval_run_concurrency > 0:  # runs of the sites' test cases (eval_runner.py)
-        node = eval_runner.make_node(app.state.bus, settings.turn_deadline_s, settings.eval_run_concurrency)
-        runner = ConsumerRunner(app.state.bus, node, ConsumerConfig.from_env(node.name), configs=app.state.sites,
-                                store=app.state.store)
-        await runner.start()
+    runners = []
+    if settings.eval_run_concurrency > 0:  # runs of the sites' test cases (eval_runner.py, eval_trigger.py)
+        for node in (eval_runner.make_node(app.state.bus, settings.turn_deadline_s, settings.eval_run_concurrency),
+                     eval_trigger.make_node(app.state.bus, settings.eval_run_debounce_s)):
+            runners.append(ConsumerRunner(app.state.bus, node, ConsumerConfig.from_env(node.name),
+                                          configs=app.state.sites, store=app.state.store))
+            await runners[-1].start()
     gc.freeze()  # as in shared/service.py: start-up objects out of the GC's way
     metrics.observe_gc()
     try:
         yield
     finally:
         watcher.cancel()
-        if runner is not None:
+        for runner in runners:
             await runner.stop()
         if ops is not None:
             await ops.stop()

@@ -54,6 +54,8 @@ class GatewaySettings(Settings):
     outbound: Outbound = msgspec.field(default_factory=Outbound)
     # A run of a site's test cases (eval_runner.py): cases asked at once; 0: this replica runs none.
     eval_run_concurrency: int = 2
+    # Knowledge syncs and config changes this close together ask for one run (eval_trigger.py).
+    eval_run_debounce_s: float = 30.0
 
     @classmethod
     def from_env(cls) -> "GatewaySettings":
@@ -64,6 +66,7 @@ class GatewaySettings(Settings):
             port=env_int("GATEWAY_PORT", d.port),
             turn_deadline_s=env_float("TURN_DEADLINE_S", d.turn_deadline_s),
             eval_run_concurrency=env_int("EVAL_RUN_CONCURRENCY", d.eval_run_concurrency),
+            eval_run_debounce_s=env_float("EVAL_RUN_DEBOUNCE_S", d.eval_run_debounce_s),
             turn_stall_s=env_float("TURN_STALL_S", d.turn_stall_s),
             rate_per_ip_per_min=env_int("RATE_LIMIT_PER_IP_PER_MIN", d.rate_per_ip_per_min),
             rate_per_site_per_min=env_int("RATE_LIMIT_PER_SITE_PER_MIN", d.rate_per_site_per_min),

@@ -17,6 +17,7 @@ wakes them:
                            answer_suggester (answers)          → SuggestionsGenerated
     lead_captured          lead_notifier                       → WebhookRecorded, AnalyticsRecorded
     handoff_requested      handoff_notifier                    → WebhookRecorded
+    eval_run_completed     eval_notifier (cases newly failing) → WebhookRecorded (eval.regressed)
     suggestions_generated  finalize                            → TurnCompleted
 """
 
@@ -24,9 +25,10 @@ from shared import service
 from shared.bus import Bus
 from shared.llm import LLMClient
 from shared.node import Node
-from services.responder import (answer_suggester, answer_writer, booking_handler, dialog_state_extractor, finalize,
-                                follow_up_suggester, form_field_extractor, handoff_handler, handoff_notifier,
-                                handoff_timer, lead_notifier, redirect_handler, suggestion_router, webhook_claims)
+from services.responder import (answer_suggester, answer_writer, booking_handler, dialog_state_extractor,
+                                eval_notifier, finalize, follow_up_suggester, form_field_extractor, handoff_handler,
+                                handoff_notifier, handoff_timer, lead_notifier, redirect_handler, suggestion_router,
+                                webhook_claims)
 from services.responder.settings import ResponderSettings
 
 
@@ -52,6 +54,7 @@ def responder_nodes(llm: LLMClient, bus: Bus | None, settings: ResponderSettings
         answer_suggester.make_node(llm),
         lead_notifier.make_node(leads, settings.lead),
         handoff_notifier.make_node(handoffs, settings.lead),
+        *([eval_notifier.make_node(handoffs, bus, settings.lead)] if bus is not None else []),
         finalize.make_node(settings.finalize_wait_s),
     ]
 

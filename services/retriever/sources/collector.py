@@ -14,6 +14,8 @@ base changes, once, under the site's lock:
   only the `gone` and `skipped`: a page behind a failed one was not reached, not removed);
 - a run in which every page failed changes nothing: `SyncFailed`.
 
+A removed source (`SourceRemoved`) has its pages removed, then `SourceForgotten`.
+
 → `SyncCompleted` with the counts (stored before the staged texts are deleted: an end
 redelivered after a crash finds them again and does the same).
 
@@ -52,8 +54,7 @@ def make_node(kb, staging: sources.Staging, published=None) -> Node:
 
     async def collect(event: ev.Envelope, inputs: Inputs, ctx: Context) -> list[ev.Envelope]:
         if isinstance(event, ev.SourceRemoved):
-            await forget(event)
-            return []
+            return [ctx.follow(ev.SourceForgotten, documents=await forget(event))]
         progress = inputs.state.sync
         out: list[ev.Envelope] = []
         if isinstance(event, ev.PageFetched) and progress.discover and progress.run == event.turn:
@@ -146,8 +147,9 @@ def make_node(kb, staging: sources.Staging, published=None) -> Node:
                 chunks += record.get("chunk_count", len(record.get("chunks", {})))
         return chunks
 
-    async def forget(event: ev.SourceRemoved) -> None:
-        """A removed source's pages leave the knowledge base (and its upload the store)."""
+    async def forget(event: ev.SourceRemoved) -> int:
+        """A removed source's pages leave the knowledge base (and its upload the store); how
+        many documents left."""
         source = sources.source_of(event.session_id)
         known = await known_pages(kb, event.site, source)
         removed = [info["doc_id"] for info in known.values() if await kb.delete(event.site, info["doc_id"])]
@@ -157,6 +159,7 @@ def make_node(kb, staging: sources.Staging, published=None) -> Node:
             if url.startswith("upload://"):
                 await staging.remove_upload(sources.upload_key(event.site, source, url.rsplit("/", 1)[-1]))
         log.info("source removed", extra={"site_id": event.site, "source": source, "documents": len(removed)})
+        return len(removed)
 
     return Node(NAME, consumes=("sync_started", "page_fetched", "source_removed"), handle=collect,
                 needs=Needs(state=True, config=True, kb_vectors=True),

@@ -1,6 +1,7 @@
 // Conversations: the site's list (the view's filters), a conversation's timeline, its state
 // at an event, and rerun, diff, fork and verify by the replay worker.
 import { $, api, el, linkTo, show, status } from "./core.js";
+import { caseForm } from "./tests.js";
 
 let current = null;   // {site, session}
 let selectedSeq = null;
@@ -52,6 +53,8 @@ async function openConversation(site, session, item) {
   try {
     const body = await api(site, `conversations/${encodeURIComponent(session)}/events`);
     timeline.replaceChildren();
+    const routed = {};  // turn → what the router decided: a new test case's first guess
+    for (const event of body.events) if (event.type === "route_decided") routed[event.event.turn] = event.event;
     for (const event of body.events) {
       const box = el("details", null, "event"); box.dataset.seq = event.seq;
       const head = el("summary");
@@ -60,8 +63,18 @@ async function openConversation(site, session, item) {
       box.append(head, el("pre", JSON.stringify(event.event, null, 2)));
       const at = el("button", "state here"); at.addEventListener("click", () => stateAt(event.seq));
       box.append(at);
+      let label = null;  // a visitor's turn: saved as a test case from here (tests.js)
+      if (event.type === "turn_requested") {
+        const turn = event.event.turn, decided = routed[turn] || {};
+        const save = label = el("button", `Save turn ${turn} as a test case`, "save-case"); save.type = "button";
+        save.addEventListener("click", () => {
+          $("rightTitle").textContent = "New test case";
+          caseForm($("right"), session, turn, event.event.message, { intent: decided.intent, route: decided.route });
+        });
+      }
       box.addEventListener("toggle", () => { if (box.open) selectedSeq = event.seq; });
       timeline.append(box);
+      if (label) timeline.append(label);
     }
   } catch (error) { timeline.replaceChildren(el("div", error.message, "error")); }
 }

@@ -110,7 +110,7 @@ function headerView(viewId, buttonId, label, open) {
 // One navigation: the sidebar's current view marked, and deep links that survive a reload:
 // #/sites/<site>/<view>[/<conversation>] (`route` opens what one names once signed in).
 const VIEW_BUTTONS = { inbox: "inbox", conversations: "load", insight: "insight", knowledge: "knowledge",
-                       accounts: "accounts", leads: "leads", settings: "siteSettings", new: "addSite" };
+                       accounts: "accounts", leads: "leads", tests: "tests", settings: "siteSettings", new: "addSite" };
 const LINK_RE = /^#\/sites\/([A-Za-z0-9_-]{1,64})\/([a-z]+)(?:\/([A-Za-z0-9_-]{1,64}))?$/;
 function linkTo(view, id) {
   const site = $("site").value.trim();

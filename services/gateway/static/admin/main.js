@@ -9,3 +9,4 @@ import "./insight.js";
 import "./inbox.js";
 import "./accounts.js";
 import "./onboarding.js";
+import "./tests.js";
