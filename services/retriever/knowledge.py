@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from services.retriever import extraction, local_qdrant
+from services.retriever import extraction, lightrag_functions, local_qdrant
 from services.retriever.documents import SourceDocument
 from services.retriever.lightrag_functions import (UNBOUNDED_TOKENS, cosine_once_per_vector, embedding_function,
                                                     llm_function, no_llm, querying, quiet_lightrag, share_query_config,
@@ -335,6 +335,7 @@ class KnowledgeBase:
     async def _open_site(self, site: str, directory: Path, mtime: float) -> Opened:
         rag = self._new_rag(site, directory)
         await rag.initialize_storages()
+        lightrag_functions.steady_flags(rag)
         return Opened(rag, directory, mtime, cost=self._cost(site, directory))
 
     async def _close_site(self, site: str, opened: Opened) -> None:
@@ -436,6 +437,7 @@ class KnowledgeBase:
         await opened.rag.finalize_storages()
         lightrag_storage.forget(opened.directory.name)
         self._release_vectors(opened.rag)
+        lightrag_functions.dismantle(opened.rag)
 
     def _release_vectors(self, rag) -> None:
         """Local mode: the site's Qdrant collections out of memory (read again when next

@@ -227,3 +227,77 @@ def querying():
         yield
     finally:
         _QUERYING.reset(token)
+
+
+# --- letting a closed instance go without the cyclic garbage collector ---------------------------
+# A LightRAG instance is a web of cycles: its rate-limiting wrappers are families of closures
+# that reach each other through their cells, its update flags are instances of a class made
+# per flag, its stores and bound methods point back at it. Closed after it has been open a
+# while, none of that is freed when the last reference goes: it waits, long-lived, for a
+# collection of the oldest generation, whose pause grows with every open site (and holds up
+# every query of the process). `steady_flags` and `dismantle` take those cycles apart, so a
+# closed site is freed on the spot and the open ones can be kept out of the collector's way
+# (pool.py freezes them).
+
+WRAPPER = "priority_limit_async_func_call."  # LightRAG's queueing wrappers: their closures' qualnames
+
+
+class UpdateFlag:
+    """One class for every update flag (LightRAG's `get_update_flag` makes a class per flag)."""
+
+    def __init__(self, initial_value: bool = False):
+        self.value = initial_value
+
+
+def steady_flags(rag) -> None:
+    """The instance's update flags made `UpdateFlag`s (the same objects, shared with
+    LightRAG's tables: only their class changes), so no class dies with each site."""
+    for store in _stores(rag):
+        for value in list(vars(store).values()):
+            if type(value).__qualname__ == "get_update_flag.<locals>.MutableBoolean":
+                value.__class__ = UpdateFlag
+
+
+def _stores(rag) -> list:
+    from lightrag.base import StorageNameSpace
+
+    return [value for value in vars(rag).values() if isinstance(value, StorageNameSpace)]
+
+
+def _cut_closures(start) -> None:
+    """Empty the cells of LightRAG's wrapper closures reachable from `start` (and of those
+    they reach): the family's cycle broken, each function freed when its last holder goes."""
+    seen: set[int] = set()
+    pending = [start]
+    while pending:
+        func = pending.pop()
+        if id(func) in seen or not getattr(func, "__qualname__", "").startswith(WRAPPER):
+            continue
+        seen.add(id(func))
+        for cell in func.__closure__ or ():
+            try:
+                inner = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if callable(inner):
+                pending.append(inner)
+            cell.cell_contents = None
+
+
+def dismantle(rag) -> None:
+    """After `finalize_storages`: the instance's cycles taken apart (its wrappers' closures,
+    its graph's views, its stores' and its own attributes), so that it is freed by reference
+    counting. The instance is unusable afterwards."""
+    for owner in [rag, *_stores(rag)]:
+        for value in list(vars(owner).values()):
+            for func in (value, getattr(value, "func", None)):  # an EmbeddingFunc holds its wrapper
+                if callable(func):
+                    _cut_closures(func)
+    import networkx
+
+    for store in _stores(rag):
+        for value in vars(store).values():
+            if isinstance(value, networkx.Graph):  # its cached views point back at it
+                vars(value).clear()
+        vars(store).clear()
+    vars(rag).clear()

@@ -12,6 +12,16 @@ opened or closed is waited for, so several requests racing for a site open it on
 What an open site takes is estimated from its files when it is opened (`estimate`): the
 constants below were measured with tracemalloc (tests/test_kb_pool.py measures it again for
 two sizes of site and checks the estimate against it).
+
+Open sites are most of the process's objects, and Python's cyclic garbage collector, each
+time it collects its oldest generation, goes through every one of them while every query
+of the process waits (hundreds of milliseconds with a few hundred sites open: the slowest
+first answers of a retriever whose sites come and go). So a site just opened is moved out
+of the collector's generations (`keep_out_of_collector`: the young garbage of its opening
+collected, then everything alive frozen, `gc.freeze`), and a site closed is taken apart
+(lightrag_functions.dismantle) so that reference counting frees it, frozen or not. What
+would escape both (cyclic garbage frozen while it was young, a few objects an open) is
+collected by a full collection every `FULL_COLLECTION_OPENS` opens.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import gc
 import logging
 import os
 from collections import OrderedDict
@@ -43,6 +54,23 @@ POOL_SHARE = 0.85
 MIN_POOL_BYTES = 64 << 20
 BYTES_PER_FILE_BYTE = 3.0
 BYTES_PER_VECTOR_DIM = 9.6
+
+
+FULL_COLLECTION_OPENS = 10_000
+
+
+def keep_out_of_collector(opens: int) -> None:
+    """After a site opened: the young cyclic garbage collected (its opening's: LightRAG's
+    discarded wrappers and flag classes), then everything alive frozen; every
+    FULL_COLLECTION_OPENS opens, a full collection first (what was frozen and died in a
+    cycle since)."""
+    if opens % FULL_COLLECTION_OPENS == 0:
+        gc.unfreeze()
+        found = gc.collect()
+        log.info("full garbage collection", extra={"opens": opens, "collected": found})
+    else:
+        gc.collect(1)
+    gc.freeze()
 
 
 def resident_bytes() -> int:
@@ -163,6 +191,7 @@ class Pool:
             self.opens += 1
             metrics.kb_opens.inc()
             self._open[site] = opened
+            keep_out_of_collector(self.opens)
         except Exception as exc:
             done.set_exception(exc)
             done.exception()  # retrieved: waiters try again
