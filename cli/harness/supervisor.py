@@ -25,6 +25,7 @@ SERVICES = ("router", "retriever", "enricher", "responder", "gateway")
 ROOT = Path(__file__).resolve().parents[2]  # the project: sites/, knowledge/, and what `-m services.X` imports
 DEMO_KB = ROOT / "knowledge" / "demo"
 DEMO_ACCOUNTS = ROOT / "sites" / "demo.accounts.json"  # the demo site's sample portfolio
+DEMO_CASES = ROOT / "sites" / "demo.cases.jsonl"  # the demo site's own test cases (shared/eval_cases.py)
 # A system's start wait, from what it waits for: the services on a prepared cache (seconds
 # each on a quiet machine; this allows three test workers starting systems at once), and for
 # each artifact the cache lacks, the time a process takes to build it under that load
@@ -286,6 +287,12 @@ class System:
             self.start_nats()
         return subprocess.run([sys.executable, "-m", "cli", "accounts", "import", "--site", site, str(source)],
                               env=self.env, cwd=ROOT, check=check)
+
+    def import_cases(self, site: str, source: Path = DEMO_CASES) -> subprocess.CompletedProcess:
+        """`concierge eval site --import`: the file's rows the site's test cases (the same
+        rows again: no new version)."""
+        return subprocess.run([sys.executable, "-m", "cli", "eval", "site", "--site", site, "--import", str(source)],
+                              env=self.env, cwd=ROOT, check=False, capture_output=True, text=True)
 
     def start_all(self, ready_timeout: float | None = None) -> None:
         """Every service, waited for `ready_timeout` or else what the start has to do (the

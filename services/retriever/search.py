@@ -169,12 +169,15 @@ def numbered(kept: list[Candidate]) -> list[ev.RetrievedDocument]:
             for i, c in enumerate(kept, start=1)]
 
 
-async def answerable_texts(kb: KnowledgeBase, site: str, name: str) -> list[str]:
-    """Every sentence and title of the site's knowledge base an extractive answer may embed,
-    the site's `name` masked as the answer masks it (shared/kb_vectors.py `texts`): what
-    `concierge ingest` and a source's sync prepare the vectors of."""
+async def answerable_texts(kb: KnowledgeBase, site: str, name: str,
+                           kinds: tuple[str, ...] = limiter.TYPES) -> list[str]:
+    """Every sentence and title of the site's knowledge base an extractive answer may embed
+    (of the documents of `kinds`: chunk, entity, relationship), the site's `name` masked as
+    the answer masks it (shared/kb_vectors.py `texts`): what `concierge ingest` (every
+    kind) and a source's sync (its chunks: the sentences answers quote) prepare the vectors
+    of."""
     by_type = candidates(kb, site, await kb.everything(site))
-    return kb_vectors.texts(numbered([c for kind in by_type.values() for c in kind]), name)
+    return kb_vectors.texts(numbered([c for kind in kinds for c in by_type.get(kind, [])]), name)
 
 
 def _snippet(text: str) -> str:

@@ -40,6 +40,8 @@ def main(argv: list[str]) -> int:
                         help="answers: conversations at once; briefs: reports at once; accounts: cases at once "
                              "(default: 1)")
     parser.add_argument("--timeout", type=float, default=900.0, help="site: how long to wait for the run (s)")
+    parser.add_argument("--import", dest="import_file", type=Path,
+                        help="site: save this JSONL's rows (the answers eval's format) as the site's cases, not run them")
     options.add_bus(parser)
     parser.add_argument("--mock", action="store_true",
                         help="briefs, accounts: the recorded model replies (deterministic) instead of LLM_BASE_URL")
@@ -78,6 +80,8 @@ def main(argv: list[str]) -> int:
             from cli.measure.evals import site_cases
             if not args.site:
                 parser.error("eval site: --site SITE, the site whose cases are run")
+            if args.import_file is not None:
+                return asyncio.run(site_cases.import_file(options.bus_config(args), _one_site(args), args.import_file))
             return asyncio.run(site_cases.run(options.bus_config(args), _one_site(args), args.timeout))
         if args.which == "sites":
             from cli.measure.evals import site_eval

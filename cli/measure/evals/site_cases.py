@@ -6,6 +6,11 @@ real nodes). Needs the system's bus (NATS_URL, or --nats-url) and a gateway runn
 The last line is the run as JSON (cases, passed, failed, newly_failing, pass_rate, seconds,
 `cases_per_s`). Exit 0 when every case passed, 1 when one failed, 2 when the site has no
 case, 3 when the run did not end within `--timeout`.
+
+`--import FILE`: the file's rows (JSONL in the shipped answers eval's format: `id`, `lang`,
+`messages`, `facts`, `forbidden`, and `intent`, `route`, `pages`, `decline`) saved as the
+site's cases, a row whose case says the same already left alone; nothing is run. Exit 2
+for a wrong row (named).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import asyncio
 import json
 import sys
 import time
+from pathlib import Path
 
 from shared import eval_cases, eval_runs
 from shared.bus import Bus, connect
@@ -59,3 +65,21 @@ async def _run(bus: Bus, site: str, timeout: float, out) -> int:
     if detail["state"] == "failed":
         return 1
     return 0 if not detail["failed"] else 1
+
+
+async def import_file(config: BusConfig, site: str, path: Path, out=sys.stdout) -> int:
+    try:
+        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, ValueError) as exc:
+        print(f"{path}: {exc}", file=sys.stderr)
+        return 2
+    bus = await connect(config, name="eval-site-cli")
+    try:
+        counts = await eval_cases.import_rows(bus, site, rows, "cli")
+    except eval_cases.CaseError as exc:
+        print(f"{path}: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        await bus.close()
+    print(f"site {site}: {counts['saved']} cases saved, {counts['unchanged']} unchanged ({path})", file=out)
+    return 0

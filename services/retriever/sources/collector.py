@@ -19,11 +19,14 @@ A removed source (`SourceRemoved`) has its pages removed, then `SourceForgotten`
 → `SyncCompleted` with the counts (stored before the staged texts are deleted: an end
 redelivered after a crash finds them again and does the same).
 
-Then, when the run changed the knowledge base, the vectors of the sentences and titles
-extractive answers quote (shared/kb_vectors.py) are embedded and stored in the `kb_vectors`
-bucket, those already there left alone, as `concierge ingest` does: a site's first answers
-would otherwise embed its sources' sentences on the turn's path, before their first token.
-A cache: if it fails, the answers embed what they miss.
+Then, when the run changed the knowledge base, the vectors of its chunks' sentences and
+titles, what extractive answers quote (shared/kb_vectors.py), are embedded and stored in the
+`kb_vectors` bucket, those already there left alone: a site's first answers would otherwise
+embed them on the turn's path, before their first token. Only the chunks' (`concierge
+ingest` prepares the graph's entity and relationship descriptions too): those repeat the
+chunks' sentences under names of their own, and preparing them would more than double what
+a sync embeds; an answer embeds the few names it is given. A cache: if it fails, the answers
+embed what they miss.
 """
 
 from __future__ import annotations
@@ -128,8 +131,8 @@ def make_node(kb, staging: sources.Staging, published=None) -> Node:
         """The site's answerable texts' vectors in the `kb_vectors` bucket (those missing)."""
         started = time.monotonic()
         try:
-            done = await kb_vectors.warm(kv, kb.embedder, site, await search.answerable_texts(kb, site, name),
-                                         refresh=False)
+            texts = await search.answerable_texts(kb, site, name, kinds=("chunk",))
+            done = await kb_vectors.warm(kv, kb.embedder, site, texts, refresh=False)
         except Exception as exc:  # noqa: BLE001 - a cache: the answers embed what they miss
             log.warning("knowledge vectors not prepared", extra={"site_id": site, "error": repr(exc)})
             return
