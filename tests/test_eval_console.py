@@ -40,6 +40,7 @@ def keyless(webhook):
             "EVAL_RUN_DEBOUNCE_S": "2", "LEAD_WEBHOOK_URL": webhook.url, "LEAD_WEBHOOK_SECRET": WEBHOOK_SECRET,
             "LEAD_WEBHOOK_BACKOFF_S": "0.05"})
         try:
+            system.ingest("demo")  # the demo's knowledge base, as `make run` has it (its own test cases run on it)
             system.start_all()
             yield system
         finally:
@@ -171,3 +172,23 @@ async def test_an_operator_labels_turns_runs_them_and_sees_what_a_knowledge_chan
         # The runs are no visitor's: the site lists its one conversation.
         listed = (await http.get(operator_url(system, site, "conversations"), headers=ops(system))).json()
         assert [c["session_id"] for c in listed["conversations"]] == [visitor.session_id]
+
+
+def test_the_demos_shipped_cases_are_imported_once_and_pass_on_the_demo(keyless):
+    """sites/demo.cases.jsonl (the shipped answers eval's format), as `make run` imports it:
+    20 cases of site demo, none saved again by a second import; run from the command line
+    against the system with no model, every one passes."""
+    import subprocess
+    import sys
+
+    from cli.harness.supervisor import DEMO_CASES
+
+    first, again = keyless.import_cases("demo"), keyless.import_cases("demo")
+    assert first.returncode == 0 and "20 cases saved, 0 unchanged" in first.stdout, first.stderr
+    assert again.returncode == 0 and "0 cases saved, 20 unchanged" in again.stdout, again.stderr
+    assert len(DEMO_CASES.read_text().splitlines()) == 20
+    done = subprocess.run([sys.executable, "-m", "cli", "eval", "site", "--site", "demo", "--timeout", "300"],
+                          env=keyless.env, cwd=ROOT, capture_output=True, text=True, timeout=360)
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    failing = [line for line in done.stdout.splitlines() if line.startswith("FAIL")]
+    assert done.returncode == 0 and figures["cases"] == 20 and figures["passed"] == 20, failing or done.stderr
