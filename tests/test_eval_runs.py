@@ -156,15 +156,17 @@ async def test_a_sites_cases_are_run_judged_and_a_change_shows_what_broke(system
 
     # The same from the command line, as an operator's CI would run it: each case as it is
     # judged, the run as JSON last, exit 1 as a case failed.
+    metrics = [arg for port in system.ops_ports.values() for arg in ("--metrics", f"http://127.0.0.1:{port}/metrics")]
     done = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "cli", "eval", "site", "--site", site,
-                                                    "--nats-url", system.nats_url, "--timeout", str(RUN_DEADLINE_S)],
+                                                    "--nats-url", system.nats_url, "--timeout", str(RUN_DEADLINE_S),
+                                                    *metrics],
                                    cwd=ROOT, capture_output=True, text=True, timeout=RUN_DEADLINE_S + 30)
     lines = done.stdout.strip().splitlines()
     assert done.returncode == 1, done.stderr
     assert sum(1 for line in lines if line.startswith(("pass ", "FAIL "))) == 6, lines
     figures = json.loads(lines[-1])
     assert figures["cases"] == 6 and sorted(figures["failed"]) == sorted([growth, tokyo, cited])
-    assert figures["newly_failing"] == [] and figures["cases_per_s"] > 0
+    assert figures["newly_failing"] == [] and figures["cases_per_s"] > 0 and figures["cpu_s_per_case"] > 0
 
 
 def sent(webhook, site: str) -> list[dict]:

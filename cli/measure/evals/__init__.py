@@ -40,6 +40,8 @@ def main(argv: list[str]) -> int:
                         help="answers: conversations at once; briefs: reports at once; accounts: cases at once "
                              "(default: 1)")
     parser.add_argument("--timeout", type=float, default=900.0, help="site: how long to wait for the run (s)")
+    parser.add_argument("--metrics", action="append",
+                        help="site: a process's /metrics URL (repeatable): the CPU a case took, every process named")
     parser.add_argument("--import", dest="import_file", type=Path,
                         help="site: save this JSONL's rows (the answers eval's format) as the site's cases, not run them")
     options.add_bus(parser)
@@ -82,7 +84,8 @@ def main(argv: list[str]) -> int:
                 parser.error("eval site: --site SITE, the site whose cases are run")
             if args.import_file is not None:
                 return asyncio.run(site_cases.import_file(options.bus_config(args), _one_site(args), args.import_file))
-            return asyncio.run(site_cases.run(options.bus_config(args), _one_site(args), args.timeout))
+            return asyncio.run(site_cases.run(options.bus_config(args), _one_site(args), args.timeout,
+                                              metrics=args.metrics or []))
         if args.which == "sites":
             from cli.measure.evals import site_eval
             return site_eval.eval_sites(args.site, args.split, args.docs, args.base_url, max(args.concurrency, 1),

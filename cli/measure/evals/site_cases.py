@@ -7,6 +7,9 @@ The last line is the run as JSON (cases, passed, failed, newly_failing, pass_rat
 `cases_per_s`). Exit 0 when every case passed, 1 when one failed, 2 when the site has no
 case, 3 when the run did not end within `--timeout`.
 
+`--metrics URL` (repeatable, each process's /metrics, as `make run` prints them): the
+processes' CPU seconds a case took (`cpu_s_per_case`, their `process_cpu_seconds_total`).
+
 `--import FILE`: the file's rows (JSONL in the shipped answers eval's format: `id`, `lang`,
 `messages`, `facts`, `forbidden`, and `intent`, `route`, `pages`, `decline`) saved as the
 site's cases, a row whose case says the same already left alone; nothing is run. Exit 2
@@ -26,19 +29,33 @@ from shared.bus import Bus, connect
 from shared.config import BusConfig
 
 
-async def run(config: BusConfig, site: str, timeout: float, out=sys.stdout) -> int:
+async def run(config: BusConfig, site: str, timeout: float, out=sys.stdout, metrics: list[str] = ()) -> int:
     bus = await connect(config, name="eval-site-cli")
     try:
-        return await _run(bus, site, timeout, out)
+        return await _run(bus, site, timeout, out, list(metrics))
     finally:
         await bus.close()
 
 
-async def _run(bus: Bus, site: str, timeout: float, out) -> int:
+async def cpu_seconds(urls: list[str]) -> float:
+    """The processes' CPU seconds so far (`process_cpu_seconds_total` of each /metrics)."""
+    import httpx
+
+    total = 0.0
+    async with httpx.AsyncClient(timeout=10) as client:
+        for url in urls:
+            text = (await client.get(url)).text
+            total += sum(float(line.split()[-1]) for line in text.splitlines()
+                         if line.startswith("process_cpu_seconds_total"))
+    return total
+
+
+async def _run(bus: Bus, site: str, timeout: float, out, metrics: list[str]) -> int:
     cases = [c for c, retired in (await eval_cases.current(bus, site)).values() if not retired]
     if not cases:
         print(f"site {site} has no test case: save one from the console or POST …/evals/cases", file=sys.stderr)
         return 2
+    cpu_before = await cpu_seconds(metrics) if metrics else None
     started = time.monotonic()
     requested = await eval_runs.request(bus, site, "operator", "cli")
     run_id = eval_runs.run_of(requested.session_id)
@@ -61,6 +78,8 @@ async def _run(bus: Bus, site: str, timeout: float, out) -> int:
     figures = {k: detail.get(k) for k in ("run", "state", "cases", "passed", "failed", "newly_failing", "pass_rate",
                                           "seconds", "error")}
     figures["cases_per_s"] = round(detail["cases"] / detail["seconds"], 2) if detail.get("seconds") else None
+    if cpu_before is not None and detail.get("cases"):  # every process the URLs name, the run's cost
+        figures["cpu_s_per_case"] = round((await cpu_seconds(metrics) - cpu_before) / detail["cases"], 3)
     print(json.dumps(figures), file=out, flush=True)
     if detail["state"] == "failed":
         return 1
