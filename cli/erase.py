@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from shared import events as ev
-from shared import insight, privacy, redis_client, subjects
+from shared import eval_runs, insight, privacy, redis_client, subjects
 from shared.bus import Bus, connect
 from shared.config import BusConfig
 from shared.session_guard import SessionGuard
@@ -223,10 +223,18 @@ async def forget_mentions(bus: Bus, site: str, erased: set[str], report: dict) -
 async def forget_in_cases(bus: Bus, site: str, erased: set[str], known: set[str], report: dict) -> None:
     """The site's test cases made from an erased visitor's turns (shared/eval_cases.py):
     each case's log rewritten with what named the visitor scrubbed from its message and the
-    conversation it holds, every version."""
-    cases = sorted({r.event.session_id for r in await bus.read(subjects.conv(site, "*", "eval_case_saved"))
-                    if r.event.case.from_session in erased})
-    for session_id in cases:
+    conversation it holds, every version; and so are the logs of the runs that asked such a
+    case (its result) and of the turns it was asked in."""
+    saved = [r.event for r in await bus.read(subjects.conv(site, "*", "eval_case_saved"))
+             if r.event.case.from_session in erased]
+    cases = sorted({event.session_id for event in saved})
+    # What the cases' runs copied: each run's result (its message and answer) and the turns
+    # the case was asked in (shared/eval_runs.py).
+    ids = {event.case.id for event in saved}
+    results = [r.event for r in await bus.read(subjects.conv(site, "*", "eval_case_result")) if r.event.case_id in ids]
+    runs = sorted({event.session_id for event in results})
+    tries = sorted({eval_runs.try_session(eval_runs.run_of(event.session_id), event.case_id) for event in results})
+    for session_id in [*cases, *runs, *tries]:
         events, fields = await _rewrite(bus, site, session_id,
                                         lambda log: [privacy.redact(e, known) for e in log], erased=False)
         report["cases"][session_id] = {"events_rewritten": len(events), "fields_redacted": fields}

@@ -480,7 +480,8 @@ def test_an_identifier_equal_to_a_fields_value_leaves_that_field_and_the_erase_g
 async def test_erase_scrubs_the_test_cases_made_from_the_visitors_turns_every_version(bus, nats_url, redis_url, site):
     """A test case saved from the visitor's turn (shared/eval_cases.py) holds their message
     and the conversation before it: erasing the visitor scrubs what named them from each of
-    the case's versions; a case made from another visitor's turn stays as it was."""
+    the case's versions, and from the runs' copies (a result, the turn it was asked in); a
+    case made from another visitor's turn stays as it was."""
     from shared import eval_cases
 
     await conversation(bus, site, "ada1", "192.0.2.41", email="ada@example.com")
@@ -497,9 +498,22 @@ async def test_erase_scrubs_the_test_cases_made_from_the_visitors_turns_every_ve
     bob = ev.EvalCase(id=eval_cases.case_id(site, "", "bob1", 1), message="I'm bob@example.org, call me",
                       expect=ev.Expect(intent="LEARN"), from_session="bob1", from_turn=1)
     await eval_cases.save(bus, site, bob, "admin")
+    # A run asked Ada's case: its result and the turn it was asked in copy her words (shared/eval_runs.py).
+    from shared import eval_runs
+
+    run = await eval_runs.request(bus, site, "operator", "admin")
+    run_id = eval_runs.run_of(run.session_id)
+    await bus.publish(ev.follow(run, ev.EvalCaseResult, "eval_runner", key="result-ada", case_id=ada.id, version=2,
+                                passed=True, message=ada.message, answer="Yes, ada@example.com."))
+    tried = ev.TurnRequested(event_id=ev.new_id(), site=site, session_id=eval_runs.try_session(run_id, ada.id), turn=1,
+                             ts=ev.now(), producer="eval_runner", message=ada.message)
+    await bus.publish(tried)
 
     report = await erase.erase(BusConfig(url=nats_url), redis_url, site, ["ada1"], None)
-    assert list(report["cases"]) == [eval_cases.session_of(ada.id)]
+    assert list(report["cases"]) == [eval_cases.session_of(ada.id), run.session_id, tried.session_id]
+    for session in (run.session_id, tried.session_id):
+        logged = msgspec.json.encode([r.event for r in await bus.read(subjects.conversation(site, session))])
+        assert b"ada@example.com" not in logged and privacy.REDACTED.encode() in logged, session
     versions = await eval_cases.versions(bus, site, ada.id)
     assert [v.turn for v in versions] == [1, 2]  # every version kept, in order
     text = msgspec.json.encode(versions)
