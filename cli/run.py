@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -105,18 +106,12 @@ def main(argv: list[str] | None = None) -> int:
         system.start_all()
         system.start_replay()  # the operator UI's reruns; ready a few seconds later (models load)
         print(f"uploading the demo's knowledge ({DEMO_KB}) as site demo's sources and syncing it", flush=True)
-        synced = system.upload_sources("demo")
-        if synced.returncode != 0:
-            print(f"start-up failed: the demo's knowledge did not sync:\n{(synced.stdout + synced.stderr).strip()[-3000:]}",
-                  file=sys.stderr)
+        if _failed(system.upload_sources("demo"), "the demo's knowledge did not sync"):
             return 1
         seeded.touch()
         # After the sync: cases saved before a change are run again when it settles (eval_trigger).
         print(f"importing the demo site's test cases ({DEMO_CASES})", flush=True)
-        cases = system.import_cases("demo")
-        if cases.returncode != 0:
-            print(f"start-up failed: the demo's test cases could not be imported:\n{cases.stderr.strip()[-2000:]}",
-                  file=sys.stderr)
+        if _failed(system.import_cases("demo"), "the demo's test cases could not be imported"):
             return 1
         print(f"services up in {time.monotonic() - started:.1f}s: router, retriever, enricher, responder, gateway")
         print(f"  LLM endpoint: {llm_url} (embedded, log: llm.log)" if model is not None
@@ -154,3 +149,11 @@ def main(argv: list[str] | None = None) -> int:
         print("stopping...", flush=True)
         system.stop()
         print("stopped.")
+
+
+def _failed(done: subprocess.CompletedProcess, what: str) -> bool:
+    """Whether a start-up step's command failed (said, with the end of what it printed)."""
+    if done.returncode == 0:
+        return False
+    print(f"start-up failed: {what}:\n{(done.stdout + done.stderr).strip()[-3000:]}", file=sys.stderr)
+    return True
