@@ -3,9 +3,10 @@
 The gateway's one node: it is where turns come from, so it alone may publish a turn's
 request (deploy/nats-server.conf), and a run asks each case as turns of a session of its own
 for the router, the retriever and the responder to answer. A durable consumer of
-`eval_run_requested` on the conversation stream: any gateway replica takes a run, one at a
-time each (`max_in_flight`), its cases `EVAL_RUN_CONCURRENCY` at a time so that a run never
-takes more than a visitor or two's share of the system. Each case's result is stored as it
+`eval_run_requested` on the conversation stream: any gateway replica takes a run, at most
+`RUNS_IN_FLIGHT` runs at once deployment-wide (the durable's `max_ack_pending`; others
+wait their turn), each asking its cases `EVAL_RUN_CONCURRENCY` at a time, so that runs
+never take more than a few visitors' share of the system. Each case's result is stored as it
 is judged (`EvalCaseResult`), then `EvalRunCompleted`; a run whose last attempt fails ends
 in an `EvalRunCompleted` with its error, never in silence.
 """
@@ -21,6 +22,7 @@ from shared.node import Context, Inputs, Node
 log = logging.getLogger(__name__)
 
 NAME = "eval_runner"
+RUNS_IN_FLIGHT = 2
 
 
 def run_failed(event: ev.Envelope, node: str, attempts: int, reason: str) -> ev.Envelope:
@@ -38,4 +40,4 @@ def make_node(bus, turn_deadline_s: float, concurrency: int = eval_runs.CONCURRE
                                               "cases": figures["cases"], "passed": figures["passed"]})
         return [ctx.follow(ev.EvalRunCompleted, key="completed", **figures)]
 
-    return Node(NAME, consumes=("eval_run_requested",), handle=run, failure=run_failed, max_in_flight=1)
+    return Node(NAME, consumes=("eval_run_requested",), handle=run, failure=run_failed, max_in_flight=RUNS_IN_FLIGHT)
