@@ -15,8 +15,12 @@ streamed), each about one module of one site, whose price the answer must hold:
 The last line is one JSON object: sites, chunks, the retriever's resident memory (after
 the syncs, after the cold pass, after the mix; its budget), cold and mix first-answer
 latency (time to the first token, p50/p99, ms), right (answers holding their price) per
-pass, and the pool's opens and evictions (the retriever's /metrics). Exit 1 when an
-answer is wrong or missing.
+pass, and the pool's opens and evictions (the retriever's /metrics). Per pass, `segments`:
+where the time to first token of its 25 slowest answers went, beside 25 others drawn at
+random (p50 of each: request → TurnRequested, → RouteDecided, → RetrievalCompleted, the later
+of those two → first token; from the stored events), and `gc`: each process's collections
+of its oldest generation during the pass (count, seconds, those over 0.1 s:
+`concierge_gc_pause_seconds`). Exit 1 when an answer is wrong or missing.
 
 `--retrievers 2` asks with two retriever replicas, the questions partitioned by site
 (`--partitions`, RETRIEVER_PARTITIONS; each replica answers from a copy of the synced
