@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 SITE_FIXED_BYTES = 150 * 1024
 # The open sites' share of the budget the process does not take without them: the rest is
 # room for the estimate's error, the allocator's fragmentation and a turn's own memory.
-POOL_SHARE = 0.85
+POOL_SHARE = 0.8
 MIN_POOL_BYTES = 64 << 20
 BYTES_PER_FILE_BYTE = 3.0
 BYTES_PER_VECTOR_DIM = 9.6
