@@ -49,7 +49,7 @@ async def test_every_operator_path_needs_its_sites_token_and_gets_no_cors(site, 
     refused = 0
     for method, path, _ in operations("operator"):
         url = path.format(site=site, session_id="ada", op="rerun", source_id="web-000000000000", account_id="acme", request_id="r1", edit_id="e1",
-                          case_id="case-000000000000")
+                          case_id="case-000000000000", run="run-000000000000")
         assert (await client.request(method, url)).status_code == 401, url
         wrong_site = await client.request(method, url, headers={**bearer(key_of(other)), "Origin": ORIGIN})
         assert wrong_site.status_code == 404 and "access-control-allow-origin" not in wrong_site.headers, url
