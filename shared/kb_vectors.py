@@ -6,10 +6,10 @@ sources; embedding those it has not seen before means dozens of sentences for ne
 sources, embedded on the turn's path before its first token. They are the knowledge base's
 texts, the same for every visitor, so they are prepared once, ahead:
 
-- `concierge ingest`, and the retriever when a source's sync changed the site's knowledge
-  base (services/retriever/sources/collector.py), embed every sentence and title the site's
-  knowledge base can hand an answer (`warm`) and store them in the JetStream key-value
-  bucket `kb_vectors`;
+- `concierge ingest` embeds every sentence and title the site's knowledge base can hand an
+  answer, and the retriever, when a source's sync changed the site's knowledge base
+  (services/retriever/sources/collector.py), those of its chunks (`warm`); both store them
+  in the JetStream key-value bucket `kb_vectors`;
 - a responder reads what it misses in memory from the bucket, and stores in it, in the
   background, what it had to embed itself (a text the ingest did not foresee, a site
   ingested without a bus), so every replica, and the next process after a restart, finds
