@@ -61,24 +61,32 @@ def sentences(document: ev.RetrievedDocument) -> list[str]:
     short sentence joined to the next, and one that opens with a pronoun ("It adds…")
     kept with the sentence before it in a chunk (dropped elsewhere), so no sentence is
     quoted without what it refers to."""
-    return [text for text, _ in _sentences(document.content, document.document_type)]
+    return [text for text, _, _ in _sentences(document.content, document.document_type)]
 
 
 def units(document: ev.RetrievedDocument) -> list[tuple[str, str]]:
     """`sentences`, each with its role: "intro" for one that introduces a list (it ends with
     a colon), "item" for a list's item, "" otherwise: an intro is never said without its
     items."""
-    return list(_sentences(document.content, document.document_type))
+    return [(text, role) for text, role, _ in _sentences(document.content, document.document_type)]
 
 
 @lru_cache(maxsize=CACHED_TEXTS // 4)
-def _sentences(text: str, document_type: str) -> tuple[tuple[str, str], ...]:
+def _sentences(text: str, document_type: str) -> tuple[tuple[str, str, str], ...]:
+    """(sentence, role, the section title over it: a heading naming a page's section in
+    full, "Pricing — Office users", as the retriever writes the rest of a page it read
+    whole; "" under no such heading)."""
     if document_type == "entity":
         text = ENTITY_PREFIX.sub("", text)
     out: list[str] = []
     roles: list[str] = []
+    sections: list[str] = []
+    section = ""
     for line in text.splitlines():
         if HEADING.match(line) or BOLD_LINE.match(line):
+            heading = HEADING.sub("", line).strip()
+            if " — " in heading:
+                section = heading
             continue
         item = bool(LIST_MARKER.match(line)) or line.lstrip().startswith("|")
         line = _clean_line(line)
@@ -100,11 +108,13 @@ def _sentences(text: str, document_type: str) -> tuple[tuple[str, str], ...]:
             else:
                 out.append(piece)
                 roles.append("item" if item else "")
+                sections.append(section)
         if pending and len(WORD.findall(pending)) >= 2:
             out.append(pending)
             roles.append("item" if item else "")
+            sections.append(section)
     roles = ["intro" if role == "" and text.rstrip().endswith(":") else role for text, role in zip(out, roles)]
-    return tuple((s, role) for s, role in zip(out, roles) if len(s) <= MAX_CHARS)
+    return tuple((s, role, title) for s, role, title in zip(out, roles, sections) if len(s) <= MAX_CHARS)
 
 
 def _key(text: str) -> str:
@@ -113,16 +123,18 @@ def _key(text: str) -> str:
 
 def candidates(documents: list[ev.RetrievedDocument]) -> list[Candidate]:
     """Every sentence of the documents once; a sentence several documents hold is cited to
-    the first chunk holding it (else the first document)."""
+    the first chunk holding it (else the first document). A sentence's title is its
+    document's, or the section's a heading in the document names in full."""
     ordered = sorted(documents, key=lambda d: (d.document_type != "chunk", d.n))
     seen: set[str] = set()
     out: list[Candidate] = []
     for document in ordered:
-        for position, (text, role) in enumerate(units(document)):
+        for position, (text, role, section) in enumerate(_sentences(document.content, document.document_type)):
             key = _key(text)
             if key and key not in seen:
                 seen.add(key)
-                out.append(Candidate(text=text, n=document.n, position=position, title=document.title, role=role))
+                out.append(Candidate(text=text, n=document.n, position=position, title=section or document.title,
+                                     role=role))
     return out
 
 

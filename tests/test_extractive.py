@@ -13,6 +13,7 @@ from services.retriever import documents as kb_documents
 from services.retriever import extraction
 from shared import citations, glossary, language
 from shared import events as ev
+from shared import kb_vectors
 from shared.embeddings import shared_embedder
 from shared.site_config import CTA, Redirects, SiteConfig
 from shared.state import ConversationState, Message, TurnRecord
@@ -117,6 +118,21 @@ def test_sentences_lose_markdown_and_keep_what_they_refer_to():
     ]
     assert extractive.cite("Insights: reports and dashboards on revenue", 3) == (
         "Insights: reports and dashboards on revenue [3].")
+
+
+def test_a_page_read_whole_titles_each_sentence_with_its_own_section():
+    """The retriever appends the rest of a page under headings naming each section in full:
+    a sentence is about its own section, not the one the page was found by; a heading of
+    the page's own text ("## Plans") leaves the document's title."""
+    doc = ev.RetrievedDocument(n=1, document_type="chunk", title="Pricing — Free trial", source="s", snippet="",
+                               content=("Every plan can be tried free for 14 days.\n## Plans\nThe Growth plan costs $59."
+                                        "\n## Pricing — Office users\nOffice users are free on every plan."))
+    assert [(c.text, c.title) for c in extractive.candidates([doc])] == [
+        ("Every plan can be tried free for 14 days.", "Pricing — Free trial"),
+        ("The Growth plan costs $59.", "Pricing — Free trial"),
+        ("Office users are free on every plan.", "Pricing — Office users")]
+    # kb_vectors prepares what the answer embeds: the section's title among them.
+    assert "Pricing — Office users" in kb_vectors.texts([doc], "Tidewise")
 
 
 def test_an_elliptical_follow_up_is_read_with_the_previous_message():

@@ -230,3 +230,38 @@ def test_the_vocabularies_kept_are_bounded_whatever_the_number_of_sites(kb, monk
         kb.vocabulary(site)
     assert len(kb._derived) == 2 and SITE in kb._derived
     assert "frankfurt" in kb.vocabulary(SITE)
+
+
+def test_the_first_pages_found_are_read_whole():
+    """A page found by one section answers in another (the price under the plan, the
+    exception after the rule): the first two pages' other chunks come with their first
+    chunk, named by section, none twice, within the limit; a third page and an entity as
+    they are."""
+    from services.retriever.search import Candidate, with_page_rest
+
+    records = {
+        "plans": {"chunks": {"p#0": "Plans — Standard\nStandard runs on nodes.", "p#1": "Plans — Prices\nA node costs $25/month.",
+                             "p#2": "Plans — Billing\nInvoices come monthly."}},
+        "sso": {"chunks": {"s#0": "SSO — Setup\nSSO needs SAML.", "s#1": "SSO — Enforcing\nOwners can force SSO."}},
+        "api": {"chunks": {"a#0": "API — Limits\n600 requests an hour.", "a#1": "API — Keys\nKeys are per team."}},
+    }
+
+    class Registry:
+        def document(self, site, doc_id):
+            return records.get(doc_id)
+
+    def chunk(doc_id, content):
+        return Candidate("chunk", doc_id.title(), f"https://x.example/{doc_id}", content, doc_id)
+
+    kept = [chunk("plans", "Standard runs on nodes."), Candidate("entity", "Node", "", "A unit of compute.", "plans"),
+            chunk("sso", "SSO needs SAML."), chunk("plans", "Invoices come monthly."), chunk("api", "600 requests an hour."),
+            chunk("unregistered", "Chunked by LightRAG.")]
+    out = with_page_rest(Registry(), "site", kept, pages=2, limit=1000)
+    assert [c.content for c in out] == [
+        "Standard runs on nodes.\n## Plans — Prices\nA node costs $25/month.",  # Billing is kept already: not twice
+        "A unit of compute.", "SSO needs SAML.\n## SSO — Enforcing\nOwners can force SSO.", "Invoices come monthly.",
+        "600 requests an hour.", "Chunked by LightRAG."]
+    assert [c.doc_id for c in out] == [c.doc_id for c in kept] and kept[0].content == "Standard runs on nodes."
+    # Within the limit: what does not fit is left out; no page read whole when turned off.
+    assert with_page_rest(Registry(), "site", kept, pages=2, limit=20)[0].content == "Standard runs on nodes."
+    assert with_page_rest(Registry(), "site", kept, pages=0, limit=1000) == kept

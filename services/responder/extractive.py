@@ -169,7 +169,7 @@ def choose(question_vec: np.ndarray, vectors: np.ndarray, title_vectors: np.ndar
            part_lexical: list[np.ndarray] = (), max_sentences: int = 5, threshold: float = 0.35,
            evidence_threshold: float = 0.45, margin: float = 0.2, duplicate: float = 0.9, diversity: float = 0.3,
            title_weight: float = 0.3, lexical_weight: float = 0.5, prior_weight: float = 0.1,
-           other_source_margin: float = 0.12) -> list[Picked]:
+           other_source_margin: float = 0.25) -> list[Picked]:
     """The sentences that answer the question, in reading order; [] when nothing answers it.
 
     A sentence can answer when its similarity reaches `threshold`, or when it shares words

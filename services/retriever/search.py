@@ -131,6 +131,41 @@ def with_section_rest(record: dict, chunk: str, body: str) -> str:
     return body
 
 
+def with_page_rest(kb: KnowledgeBase, site: str, kept: list[Candidate], pages: int, limit: int) -> list[Candidate]:
+    """`kept` with the first `pages` pages among its chunks read whole: each page's chunks
+    that no kept document holds appended, in the page's order, each under a heading naming
+    its section as its own document's title would ("Pricing — Office users": the answer's
+    sentences are about it), to the page's first chunk (at most `limit` characters). A page is found by the
+    section nearest the question's words, but what answers it is often further on: a
+    price below the plan it belongs to, the exception after the rule."""
+    if pages <= 0 or limit <= 0:
+        return kept
+    out = list(kept)
+    held = "\n".join(c.content for c in kept)
+    seen: list[str] = []
+    for at, c in enumerate(kept):
+        if c.document_type != "chunk" or not c.doc_id or c.doc_id in seen:
+            continue
+        seen.append(c.doc_id)
+        if len(seen) > pages:
+            break
+        record = kb.document(site, c.doc_id)
+        rest, size = [], 0
+        for chunk in (record or {}).get("chunks", {}).values():  # in the page's order
+            head, _, body = chunk.partition("\n")
+            body = body.strip()
+            if not body or body in held:
+                continue
+            text = f"## {head}\n{body}" if " — " in head else body  # its section, named as its document would be
+            if size + len(text) > limit:
+                break
+            rest.append(text)
+            size += len(text)
+        if rest:
+            out[at] = Candidate(c.document_type, c.title, c.source, "\n".join([c.content, *rest]), c.doc_id, c.score)
+    return out
+
+
 async def select(settings: RetrievalSettings, rerankers: dict[str, Reranker], query: str,
                  by_type: dict[str, list[Candidate]]) -> tuple[list[Candidate], str, str | None]:
     """(documents kept, how they were chosen, why the reranker was not used if it was
@@ -253,6 +288,7 @@ class Retriever:
                 await asyncio.sleep(RETRY_BACKOFF_S * attempt)
         by_type = candidates(self.kb, site, found)
         kept, selection, fallback = await select(settings, self.rerankers, query, by_type)
+        kept = with_page_rest(self.kb, site, kept, settings.page_rest_pages, settings.page_rest_chars)
         return Retrieved(documents=numbered(kept), unknown_names=self.unknown_names(site, message, lang, config),
                          contact_page="" if config.redirects.support else self.kb.contact_page(site),
                          keywords={"high_level": words.high_level, "low_level": words.low_level,

@@ -27,6 +27,10 @@ class RetrievalSettings(Settings):
     graph_top_k: int = 20
     chunk_top_k: int = 20  # text chunks LightRAG retrieves by vector search
     rerank_timeout_s: float = 3.0
+    # The pages whose best chunk comes first are read whole (their other chunks appended to
+    # it, up to page_rest_chars): a page found by one section often answers in another.
+    page_rest_pages: int = 2
+    page_rest_chars: int = 6000
 
     @classmethod
     def from_env(cls) -> "RetrievalSettings":
@@ -41,6 +45,8 @@ class RetrievalSettings(Settings):
             graph_top_k=env_int("RETRIEVAL_GRAPH_TOP_K", 20),
             chunk_top_k=env_int("RETRIEVAL_CHUNK_TOP_K", 20),
             rerank_timeout_s=env_float("RETRIEVAL_RERANK_TIMEOUT_S", 3.0),
+            page_rest_pages=env_int("RETRIEVAL_PAGE_REST_PAGES", 2),
+            page_rest_chars=env_int("RETRIEVAL_PAGE_REST_CHARS", 6000),
         )
         if settings.mode not in RETRIEVAL_MODES:
             invalid(f"RETRIEVAL_MODE={settings.mode!r}: use one of {', '.join(RETRIEVAL_MODES)}", None)
