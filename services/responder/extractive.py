@@ -169,7 +169,7 @@ def choose(question_vec: np.ndarray, vectors: np.ndarray, title_vectors: np.ndar
            part_lexical: list[np.ndarray] = (), max_sentences: int = 5, threshold: float = 0.35,
            evidence_threshold: float = 0.45, margin: float = 0.2, duplicate: float = 0.9, diversity: float = 0.3,
            title_weight: float = 0.3, lexical_weight: float = 0.5, prior_weight: float = 0.1,
-           other_source_margin: float = 0.25) -> list[Picked]:
+           other_source_margin: float = 0.25, neighbour_margin: float = 0.45) -> list[Picked]:
     """The sentences that answer the question, in reading order; [] when nothing answers it.
 
     A sentence can answer when its similarity reaches `threshold`, or when it shares words
@@ -185,7 +185,10 @@ def choose(question_vec: np.ndarray, vectors: np.ndarray, title_vectors: np.ndar
     within `other_source_margin` (near-equal evidence, not padding), at most
     `max_sentences` by maximal marginal relevance, near-duplicates (similarity ≥
     `duplicate`) never both. A sentence introducing a list brings the list's first
-    items, a list's item the sentence introducing it."""
+    items, a list's item the sentence introducing it. Last, each chosen sentence brings the
+    sentences just before and after it in its source, when within `neighbour_margin` of
+    the best: what a fact leans on or goes on with ("Recipient Authentication allows…",
+    then "Recipient Authentication is an Enterprise feature.")."""
     if not pool:
         return []
     lexical_scores = np.zeros(len(pool)) if lexical_scores is None else lexical_scores
@@ -250,6 +253,10 @@ def choose(question_vec: np.ndarray, vectors: np.ndarray, title_vectors: np.ndar
         pick = max(eligible, key=mmr)
         eligible.remove(pick)
         add(pick)
+    for i in [i for i in chosen if pool[i].role != "item"]:
+        for j in (at.get((pool[i].n, pool[i].position - 1)), at.get((pool[i].n, pool[i].position + 1))):
+            if j is not None and j not in chosen and relevance[j] >= best - neighbour_margin:
+                add(j)
     source_rank: dict[int, int] = {}
     for i in chosen:
         source_rank.setdefault(pool[i].n, len(source_rank))
