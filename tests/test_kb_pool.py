@@ -176,6 +176,38 @@ def test_the_sites_get_a_share_of_what_the_process_does_not_take():
     assert share(2048 << 20) == pool.MIN_POOL_BYTES  # a process past its budget still serves a site
 
 
+async def test_past_the_high_water_mark_the_sites_share_is_lowered_and_the_oldest_close(monkeypatch):
+    """The share rests on an estimate; when the process's resident memory passes 98 % of
+    the budget anyway (the allocator's fragmentation after thousands of opens), the share
+    is lowered by the excess and the least recently used idle sites close to fit it."""
+    mb = 1 << 20
+    resident = [400 * mb]
+    monkeypatch.setattr(pool, "resident_bytes", lambda: resident[0])
+    closed: list[str] = []
+
+    async def close(site, opened):
+        closed.append(site)
+
+    sites = pool.Pool(close=close, busy=lambda site: False, budget_bytes=1000 * mb)
+
+    async def open_site(site: str):
+        async def opener():
+            return pool.Opened(rag=None, directory=Path("."), mtime=0.0, cost=90 * mb)
+        return await sites.get(site, opener)
+
+    for n in range(5):
+        await open_site(f"s{n}")
+    assert sites.limit_bytes == int(pool.POOL_SHARE * 600 * mb) and closed == []  # 450 of 480 MB estimated
+    resident[0] = 1000 * mb  # 20 MB past the high-water mark, the estimate notwithstanding
+    with sites.peek("s0").use():  # a query reading the oldest: it stays
+        await open_site("s5")
+    assert sites.limit_bytes == 480 * mb - 20 * mb and closed == ["s1"]
+    assert sites.sites() == ["s0", "s2", "s3", "s4", "s5"]
+    resident[0] = 900 * mb  # below the mark: the share stays as it was lowered
+    await open_site("s6")
+    assert sites.limit_bytes == 460 * mb and closed == ["s1", "s0"]
+
+
 def test_the_lazy_local_store_writes_the_meta_file_qdrant_writes(tmp_path: Path):
     """local_qdrant's `_save` (each collection's configuration serialised once) writes what
     qdrant-client's own does, and qdrant-client reads it back."""

@@ -52,6 +52,11 @@ SITE_FIXED_BYTES = 150 * 1024
 # room for the estimate's error, the allocator's fragmentation and a turn's own memory.
 POOL_SHARE = 0.8
 MIN_POOL_BYTES = 64 << 20
+# The share rests on an estimate; the process's own resident memory is the truth the budget
+# is about. Past this part of the budget, the open sites' share is lowered by the excess (for
+# good: what the estimate misses here, the allocator's fragmentation after thousands of opens
+# and closes, does not go away), and the least recently used sites close to fit it.
+HIGH_WATER = 0.98
 BYTES_PER_FILE_BYTE = 3.0
 BYTES_PER_VECTOR_DIM = 9.6
 
@@ -231,10 +236,25 @@ class Pool:
         return (self.used_bytes > limit and len(self._open) > 1) or (
             0 < self.max_sites < len(self._open))
 
+    def lower_to_fit(self, resident: int) -> bool:
+        """When `resident` (the process's memory now) is past HIGH_WATER of the budget, the
+        open sites' share lowered by the excess (at least MIN_POOL_BYTES): whether it was."""
+        excess = resident - int(HIGH_WATER * self.budget_bytes)
+        if excess <= 0 or self.limit_bytes is None or self.limit_bytes <= MIN_POOL_BYTES:
+            return False
+        lowered = max(min(self.limit_bytes, self.used_bytes) - excess, MIN_POOL_BYTES)
+        log.warning("resident memory past the budget's high-water mark: the open sites' share lowered",
+                    extra={"resident_mb": resident >> 20, "budget_mb": self.budget_bytes >> 20,
+                           "limit_mb_before": self.limit_bytes >> 20, "limit_mb": lowered >> 20})
+        self.limit_bytes = lowered
+        return True
+
     async def trim(self, keep: str = "") -> None:
         """Close the least recently used idle sites until the pool is within its budget
-        (`keep`, just asked for, stays)."""
+        (`keep`, just asked for, stays): the estimated share, lowered first when the
+        process's resident memory is past the high-water mark."""
         evicted = False
+        self.lower_to_fit(resident_bytes())
         while self._over():
             victim = next((s for s in self._open if s != keep and self._idle(s)), None)
             if victim is None:
