@@ -236,18 +236,17 @@ class Pool:
         return (self.used_bytes > limit and len(self._open) > 1) or (
             0 < self.max_sites < len(self._open))
 
-    def lower_to_fit(self, resident: int) -> bool:
+    def lower_to_fit(self, resident: int) -> None:
         """When `resident` (the process's memory now) is past HIGH_WATER of the budget, the
-        open sites' share lowered by the excess (at least MIN_POOL_BYTES): whether it was."""
+        open sites' share lowered by the excess (at least MIN_POOL_BYTES)."""
         excess = resident - int(HIGH_WATER * self.budget_bytes)
         if excess <= 0 or self.limit_bytes is None or self.limit_bytes <= MIN_POOL_BYTES:
-            return False
+            return
         lowered = max(min(self.limit_bytes, self.used_bytes) - excess, MIN_POOL_BYTES)
         log.warning("resident memory past the budget's high-water mark: the open sites' share lowered",
                     extra={"resident_mb": resident >> 20, "budget_mb": self.budget_bytes >> 20,
                            "limit_mb_before": self.limit_bytes >> 20, "limit_mb": lowered >> 20})
         self.limit_bytes = lowered
-        return True
 
     async def trim(self, keep: str = "") -> None:
         """Close the least recently used idle sites until the pool is within its budget

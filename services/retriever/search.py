@@ -133,11 +133,11 @@ def with_section_rest(record: dict, chunk: str, body: str) -> str:
 
 def with_page_rest(kb: KnowledgeBase, site: str, kept: list[Candidate], pages: int, limit: int) -> list[Candidate]:
     """`kept` with the first `pages` pages among its chunks read whole: each page's chunks
-    that no kept document holds appended, in the page's order, each under a heading naming
-    its section as its own document's title would ("Pricing — Office users": the answer's
-    sentences are about it), to the page's first chunk (at most `limit` characters). A page is found by the
-    section nearest the question's words, but what answers it is often further on: a
-    price below the plan it belongs to, the exception after the rule."""
+    that no kept document holds appended to the page's first chunk (at most `limit`
+    characters), in the page's order, each under a heading naming its section as its own
+    document's title would ("Pricing — Office users": what its sentences are about). A page
+    is found by the section nearest the question's words, but what answers it is often
+    further on: a price below the plan it belongs to, the exception after the rule."""
     if pages <= 0 or limit <= 0:
         return kept
     out = list(kept)
