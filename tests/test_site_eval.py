@@ -67,6 +67,29 @@ def test_the_figures_count_facts_pages_declines_and_refusals():
     assert not site_eval.passed(figures)
 
 
+def test_saved_turns_are_answered_again_without_a_system(tmp_path):
+    """`--again FILE`: the extractive answerer re-run on a `--save` file's turns, scored as
+    the eval scores; a turn routed away keeps its answer; a file that is not one is refused
+    naming its line."""
+    chunk = {"n": 1, "document_type": "chunk", "title": "Register an account", "source": "http://127.0.0.1:9/register-account",
+             "snippet": "", "content": "All plans include a 30-day free trial, no credit card required. "
+                                       "You can invite your team once the site is added.", "doc_id": "d1"}
+    saved = tmp_path / "turns.jsonl"
+    saved.write_text("\n".join(json.dumps(row) for row in [
+        {"site": "plausible", "id": "plausible-001", "route": "ANSWER", "answer": "", "cited_pages": [],
+         "documents": [chunk], "unknown_names": []},
+        {"site": "plausible", "id": "plausible-038", "route": "REDIRECT", "answer": "Ask our team.", "cited_pages": [],
+         "documents": [chunk], "unknown_names": []}]) + "\n")
+    out = io.StringIO()
+    assert site_eval.answer_again(saved, out) == 0
+    result = json.loads(out.getvalue().splitlines()[-1])
+    assert result["all_facts"] == 1.0 and result["right_page"] == 1.0 and result["in_documents"] == 1.0
+    assert result["declined"] == 1.0 and result["questions"] == 2  # the redirect kept its uncited answer
+    saved.write_text('{"site": "plausible", "id": "nobody-001"}\n')
+    with pytest.raises(ValueError, match="turns.jsonl:1"):
+        site_eval.answer_again(saved, io.StringIO())
+
+
 def test_a_docs_page_renders_as_a_website_page():
     text = ("---\ntitle: Billing FAQ\n---\nimport { Tabs } from 'x';\n\n<head><script>{`{}`}</script></head>\n"
             ":::note Good to know\nInvoices come by e-mail.\n:::\n\n<Callout type=\"info\">See [plans](../plans.md#tiers)."

@@ -34,6 +34,7 @@ import tomllib
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from markdown_it import MarkdownIt
 
@@ -155,6 +156,13 @@ class Page:
     file: str  # relative to the site's directory
     title: str
     body: str  # HTML of the article
+
+
+def url_path_of(url: str) -> str:
+    """The page path of a URL the local website served ("http://127.0.0.1:8123/cloud/teams#x"
+    → "/cloud/teams"), as `LocalWebsite.page_of` says it."""
+    path = urlsplit(url).path.rstrip("/")
+    return path or "/"
 
 
 def url_path(relative: str) -> str:

@@ -360,6 +360,58 @@ def eval_sites(only: list[str] | None = None, split: str = "test", docs: Path | 
     return report(results, runs, split, backend, skipped, out)
 
 
+def answer_again(saved: Path, out=sys.stdout) -> int:
+    """`concierge eval sites --again FILE`: the extractive answerer run again, in this
+    process, on the turns a `--save` file holds (each turn's documents, route and unknown
+    names as the log had them), scored as the eval scores: what a change to the answerer
+    does, without crawling and asking again. Also `in_documents`: the answerable questions
+    with every fact among the documents the answer reads (the ceiling of any choice of
+    sentences). A turn not answered (another route, a name the site never mentions) keeps
+    its saved answer."""
+    import msgspec
+
+    from services.responder import extractive
+    from services.responder.settings import AnswerSettings
+    from shared import events as ev
+    from shared.embeddings import shared_embedder
+
+    questions = {q.id: (source, q) for source in site_corpus.sources() for q in read_questions(source.questions)}
+    embedder, read = shared_embedder(), AnswerSettings().extractive_documents
+    results: dict[str, list[Asked]] = {}
+    holding = []
+    for number, line in enumerate(saved.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            source, question = questions[row["id"]]
+            documents = [msgspec.convert(d, ev.RetrievedDocument) for d in row["documents"] or []][:read]
+        except (ValueError, KeyError, TypeError, msgspec.ValidationError):
+            raise ValueError(f"{saved}:{number}: not a turn `concierge eval sites --save` writes") from None
+        answer, cited = row["answer"], row["cited_pages"]
+        if row["route"] == "ANSWER" and not row.get("unknown_names"):
+            messages = question.messages
+            picked = extractive.compose(messages[-1], documents, embedder.embed, name=source.name, lang=question.lang,
+                                        previous=messages[-2] if len(messages) > 1 else "")
+            urls = {d.n: d.source for d in documents}
+            answer = " ".join(extractive.cite(p.text, p.n) for p in picked)
+            cited = list(dict.fromkeys(site_corpus.url_path_of(urls[p.n]) for p in picked))
+        results.setdefault(row["site"], []).append(
+            Asked(question=question, answer=answer, route=row["route"], cited_pages=cited, ttft_ms=None))
+        if question.answerable:
+            holding.append(not answer_eval.missing_facts("\n".join(d.content for d in documents), question.facts))
+    if not results:
+        raise ValueError(f"{saved}: no turns")
+    overall = figures([a for asked in results.values() for a in asked])
+    result = {"saved": str(saved), "sites": {site: figures(asked) for site, asked in results.items()},
+              **overall, "in_documents": round(sum(holding) / len(holding), 4) if holding else None}
+    print(f"site eval again: every fact {overall['all_facts']}  any fact {overall['any_fact']}  right page "
+          f"{overall['right_page']}  declined {overall['declined']}  every fact among the documents read "
+          f"{result['in_documents']}", file=out)
+    print(json.dumps(result, ensure_ascii=False), file=out)
+    return 0
+
+
 def report(results: dict[str, list[Asked]], runs: dict[str, dict], split: str, backend: str,
            skipped: dict[str, str], out=sys.stdout) -> int:
     for site_id, asked in results.items():
