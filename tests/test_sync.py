@@ -200,6 +200,44 @@ async def test_a_fetcher_killed_mid_run_loses_and_duplicates_nothing(work_bus, k
         await stop(first)
 
 
+async def test_a_run_whose_end_is_retried_counts_what_the_run_did(work_bus, kb, website, site):
+    """The run's end fails after its first batch of pages is stored (the store gone for a
+    moment; a redelivery after a lost heartbeat is the same): the retry finds those pages
+    stored already, and the run still says it added every page. A later run whose end is
+    retried after its one changed page was stored says that page was replaced."""
+    bus = work_bus
+    calls, fail_at = [], {2}
+
+    class FailingOnce:  # the knowledge base, the listed writes failing once each
+        def __getattr__(self, name):
+            return getattr(kb, name)
+
+        async def ingest_many(self, site_id, docs):
+            calls.append(len(docs))
+            result = await kb.ingest_many(site_id, docs)
+            if len(calls) in fail_at:
+                raise ConnectionError("the store went away after the write")
+            return result
+
+    runners = await run_nodes(bus, FailingOnce())
+    try:
+        spec = await added(bus, site, url=f"{website.url}/sitemap.xml")
+        done = await synced(bus, site, spec.id, 1)
+        assert isinstance(done, ev.SyncCompleted), done
+        assert len(calls) > 2 and calls[0] == collector.INGEST_BATCH  # the second write failed, then all again
+        assert (done.added, done.replaced, done.unchanged) == (len(website.allowed()), 0, 0), done
+
+        website.changing = "The Orbit plan includes 12 dispatchers."
+        fail_at.add(len(calls) + 1)  # the next run's first write
+        again, _ = await sources.request_sync(bus, site, spec.id, "manual")
+        done = await synced(bus, site, spec.id, again.turn)
+        assert isinstance(done, ev.SyncCompleted), done
+        assert calls[-2:] == [1, 1]  # the changed page written, the end retried
+        assert (done.added, done.replaced) == (0, 1) and done.unchanged == len(website.allowed()) - 1, done
+    finally:
+        await stop(runners)
+
+
 async def test_a_start_page_is_crawled_by_its_links_up_to_the_limit(syncing, website, site):
     bus = syncing
     website.sitemap_listed = False  # no sitemap to find: the links alone

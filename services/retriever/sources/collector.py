@@ -81,6 +81,7 @@ def make_node(kb, staging: sources.Staging, published=None) -> Node:
         counts = {"added": 0, "replaced": 0, "unchanged": 0}
         chunks = 0
         staged_keys = []
+        run = str(progress.run)  # each page's `run` and `since` in its meta: see `ingest`
         batch: list[documents.SourceDocument] = []
         for url, outcome in progress.pages.items():
             if outcome != "changed":
@@ -91,17 +92,19 @@ def make_node(kb, staging: sources.Staging, published=None) -> Node:
                 continue
             staged_keys.append(key)
             cited = url if url.startswith(("http://", "https://")) else page.title
+            since = known[url].get("since", "") if url in known else run
             try:
                 batch.append(documents.from_markdown(
                     site, f"{source}:{url}", page.title, cited, page.text, page.content_hash,
-                    {"source": source, "url": url, "etag": page.etag, "last_modified": page.last_modified}))
+                    {"source": source, "url": url, "etag": page.etag, "last_modified": page.last_modified,
+                     "run": run, "since": since}))
             except documents.UnreadableDocument:
                 continue
             if len(batch) >= INGEST_BATCH:
-                chunks += await ingest(site, batch, counts)
+                chunks += await ingest(site, batch, counts, run)
                 batch = []
         if batch:
-            chunks += await ingest(site, batch, counts)
+            chunks += await ingest(site, batch, counts, run)
         keep = {url for url, o in progress.pages.items() if o in KEPT}
         if progress.discover and failures:
             keep |= {url for url in known if url not in progress.pages}
@@ -139,14 +142,21 @@ def make_node(kb, staging: sources.Staging, published=None) -> Node:
         log.info("knowledge vectors prepared", extra={"site_id": site, **done,
                                                        "seconds": round(time.monotonic() - started, 3)})
 
-    async def ingest(site: str, batch: list, counts: dict[str, int]) -> int:
-        """One batch of pages into the knowledge base; the chunks it added."""
+    async def ingest(site: str, batch: list, counts: dict[str, int], run: str) -> int:
+        """One batch of pages into the knowledge base; the chunks it added. A page this run
+        already wrote (an earlier attempt of its end, redelivered after a crash or a lost
+        heartbeat, or one running beside it) is found unchanged but counts as what that
+        attempt did: added when the run is the first to hold it (`since`), else replaced, so
+        the run's counts do not depend on how many attempts it took."""
         outcomes = await kb.ingest_many(site, batch)
         chunks = 0
         for doc_id, result in outcomes.items():
+            record = kb.registry(site)[doc_id]
+            meta = record.get("meta") or {}
+            if result == "unchanged" and meta.get("run") == run:
+                result = "added" if meta.get("since") == run else "replaced"
             counts[result] += 1
             if result != "unchanged":
-                record = kb.registry(site)[doc_id]
                 chunks += record.get("chunk_count", len(record.get("chunks", {})))
         return chunks
 

@@ -31,12 +31,13 @@ from shared.node import Context, Inputs, Needs, Node
 log = logging.getLogger(__name__)
 
 NAME = "sync_planner"
-
+TARGET_FIELDS = ("etag", "last_modified", "content_hash")  # what a conditional fetch of a known page carries
 
 
 async def known_pages(kb, site: str, source: str) -> dict[str, dict]:
     """What the knowledge base holds of the source's pages: url → {etag, last_modified,
-    content_hash, doc_id} (the site's published snapshot fetched first, when it was not)."""
+    content_hash, doc_id, since} (the site's published snapshot fetched first, when it was
+    not); `since`: the run that first stored the page ("" if stored before runs said so)."""
     await kb.ready(site)
     found = {}
     for doc_id, record in kb.registry(site).items():
@@ -44,7 +45,7 @@ async def known_pages(kb, site: str, source: str) -> dict[str, dict]:
         if meta.get("source") == source:
             found[meta.get("url", record.get("source", ""))] = {
                 "doc_id": doc_id, "etag": meta.get("etag", ""), "last_modified": meta.get("last_modified", ""),
-                "content_hash": record.get("content_hash", "")}
+                "content_hash": record.get("content_hash", ""), "since": meta.get("since", "")}
     return found
 
 
@@ -113,7 +114,7 @@ def make_node(web: WebClient, kb, converter: Converter | None = None) -> Node:
                 return [ctx.follow(ev.SyncFailed, reason=str(exc), node=NAME)]
         else:
             urls = [sources.page_url(spec)]
-        targets = [ev.PageTarget(url=u, **{k: v for k, v in known.get(u, {}).items() if k != "doc_id"})
+        targets = [ev.PageTarget(url=u, **{k: v for k, v in known.get(u, {}).items() if k in TARGET_FIELDS})
                    for u in urls]
         started = ctx.follow(ev.SyncStarted, source=spec, pages=targets, discover=discover, robots=robots_text[:20000],
                              user_agent=web.user_agent, sitemap=sitemap)
