@@ -163,6 +163,30 @@ async def signed_in_admin(page, base_url: str, key: str) -> None:
     await page.wait_for_selector("#signIn", state="hidden")
 
 
+async def timeline_shown(page, timeout_ms: int = 60000) -> None:
+    """Wait for the console's conversation timeline to show its events; if it shows an error
+    instead, or nothing in time, an AssertionError saying what the page showed (the URL, which
+    views are open, the sign-in, the timeline's text): a loaded machine's slow answer and a
+    broken view fail differently."""
+    try:
+        await page.wait_for_selector("#timeline .event, #timeline .error", timeout=timeout_ms)
+    except Exception as exc:  # noqa: BLE001 - said below with what the page shows
+        raise AssertionError(f"no timeline after {timeout_ms} ms: {await _console_state(page)}") from exc
+    if await page.locator("#timeline .error").count():
+        raise AssertionError(f"the timeline shows an error: {await _console_state(page)}")
+
+
+async def _console_state(page) -> dict:
+    return await page.evaluate("""() => ({
+        url: location.href,
+        views: [...document.querySelectorAll("main")].filter((m) => !m.hidden).map((m) => m.id),
+        signIn: !document.getElementById("signIn").hidden,
+        which: document.getElementById("which").textContent,
+        timeline: document.getElementById("timeline").textContent.slice(0, 300),
+        status: (document.getElementById("status") || {}).textContent,
+    })""")
+
+
 async def tab_to(page, selector: str, back: bool = False, limit: int = 60) -> None:
     """Press Tab (Shift+Tab with `back`) until the focus is on `selector`: what a keyboard
     user reaches, or an AssertionError naming what could not be reached."""

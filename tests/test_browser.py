@@ -18,7 +18,7 @@ import uuid
 
 from tests import e2e
 from tests.e2e import (SLOW_ANSWER, ask_in_a_fresh_widget, events_of, launch_chromium, needs_chromium, open_admin,
-                       operator_url, ops, signed_in_admin, tab_to, type_into)
+                       operator_url, ops, signed_in_admin, tab_to, timeline_shown, type_into)
 from tests.helpers import wait_for
 from tests.servers import ROOT
 
@@ -341,7 +341,7 @@ async def test_browser_votes_down_on_an_answer_and_says_why(system, llm, suggest
             # A deep link to the conversation survives a reload (the session cookie signed in).
             await admin.goto(f"{system.gateway_url}/admin#/sites/demo/conversations/{session}")
             await admin.reload()
-            await admin.wait_for_selector("#timeline .event", timeout=30000)
+            await timeline_shown(admin)
             assert await admin.text_content("#which") == session
             assert not await admin.locator("#conversationsView").is_hidden()
             assert await admin.get_attribute("#load", "aria-current") == "page"
@@ -660,7 +660,7 @@ async def test_an_operator_reads_insight_and_answers_a_gap(system, llm, suggesti
             assert await admin.locator(f"#insightConversations .row[data-session='{answered_id}']").count() == 0
             await row.locator("button", has_text="Open conversation").click()
             await admin.wait_for_selector(f"#which:has-text('{missing_id}')")
-            await admin.wait_for_selector("#timeline .event")
+            await timeline_shown(admin)
             assert await admin.is_hidden("#insightView")
 
             # Back to Insight: the export, fetched with the token, saved from a Blob.
@@ -825,7 +825,7 @@ async def test_an_operator_answers_a_handoff_from_the_inbox(system, llm, http):
 
             await admin.click("#handoffTimeline")
             await admin.wait_for_selector(f"#which:has-text('{session}')")
-            await admin.wait_for_selector("#timeline .event")
+            await timeline_shown(admin)
             assert await admin.is_hidden("#inboxView")
             # From the timeline Grace steps in again, unasked: the conversation is hers.
             await admin.click("#join")
