@@ -160,7 +160,7 @@ class Page:
 
 def url_path_of(url: str) -> str:
     """The page path of a URL the local website served ("http://127.0.0.1:8123/cloud/teams#x"
-    → "/cloud/teams"), as `LocalWebsite.page_of` says it."""
+    → "/cloud/teams")."""
     path = urlsplit(url).path.rstrip("/")
     return path or "/"
 
@@ -263,10 +263,7 @@ class Website:
 
     def page_of(self, url: str) -> str:
         """The page path of a URL of this site ('' when it is not one)."""
-        if not url.startswith(self.url):
-            return ""
-        path = url[len(self.url):].split("#")[0].split("?")[0].rstrip("/") or "/"
-        return path
+        return url_path_of(url) if url.startswith(self.url) else ""
 
     def _sitemap(self) -> bytes:
         urls = "".join(f"<url><loc>{self.url}{html.escape(path)}</loc></url>" for path in self.pages)

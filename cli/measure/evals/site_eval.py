@@ -72,11 +72,16 @@ def split_of(question_id: str) -> str:
     return "test" if hashlib.sha256(question_id.encode()).digest()[0] % 2 else "dev"
 
 
+def _lines(path: Path):
+    """(line number, line) of a JSONL file's lines that hold something."""
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if line.strip():
+            yield number, line
+
+
 def read_questions(path: Path) -> list[Question]:
     out = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
+    for number, line in _lines(path):
         try:
             row = json.loads(line)
             answerable = row["answerable"]
@@ -379,9 +384,7 @@ def answer_again(saved: Path, out=sys.stdout) -> int:
     embedder, read = shared_embedder(), AnswerSettings().extractive_documents
     results: dict[str, list[Asked]] = {}
     holding = []
-    for number, line in enumerate(saved.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
+    for number, line in _lines(saved):
         try:
             row = json.loads(line)
             source, question = questions[row["id"]]
