@@ -24,6 +24,8 @@ LINK = re.compile(r"!?\[([^\]]*)\]\([^)]*\)")
 EMPHASIS = re.compile(r"(\*\*|__|\*|`)(?=\S)(.+?)(?<=\S)\1")
 ENTITY_PREFIX = re.compile(r"^[^:\n]{1,80} \([^)\n]{1,80}\): ", re.MULTILINE)
 WORD = re.compile(r"\w+", re.UNICODE)
+FENCE = re.compile(r"^\s*(```|~~~)")
+WRAPPED = 60  # a line this long that stops mid-sentence was wrapped: the next goes on with it
 MIN_WORDS = 4  # shorter sentences ("Yes.") are joined to the next one
 MAX_CHARS = 500  # longer "sentences" are tables or run-on lists, not answers
 # Sentences that lean on the one before them (en, fr, de, es).
@@ -82,7 +84,7 @@ def _sentences(text: str, document_type: str) -> tuple[tuple[str, str, str], ...
     roles: list[str] = []
     sections: list[str] = []
     section = ""
-    for line in text.splitlines():
+    for line in _lines(text):
         if HEADING.match(line) or BOLD_LINE.match(line):
             heading = HEADING.sub("", line).strip()
             if " — " in heading:
@@ -115,6 +117,36 @@ def _sentences(text: str, document_type: str) -> tuple[tuple[str, str, str], ...
             sections.append(section)
     roles = ["intro" if role == "" and text.rstrip().endswith(":") else role for text, role in zip(out, roles)]
     return tuple((s, role, title) for s, role, title in zip(out, roles, sections) if len(s) <= MAX_CHARS)
+
+
+def _lines(text: str) -> list[str]:
+    """The text's lines with a hard-wrapped paragraph's (or list item's) lines joined: docs
+    written in Markdown often wrap at 80 or 120 columns, and a sentence cut at the wrap would
+    be quoted in halves ("These updates keep", "your Project on the latest version…"). A line
+    goes on the one before when that one stops mid-sentence and is either long enough to have
+    been wrapped (`WRAPPED`) or the line opens in lower case; headings, table rows, list
+    markers and code are never joined."""
+    out: list[str] = []
+    joinable = code = False
+    for line in text.splitlines():
+        if FENCE.match(line):
+            code = not code
+            out.append(line)
+            joinable = False
+            continue
+        stripped = line.strip()
+        plain = bool(stripped) and not code and not (
+            HEADING.match(line) or BOLD_LINE.match(line) or LIST_MARKER.match(line) or stripped.startswith("|")
+            or TABLE_RULE.match(line))
+        if plain and joinable and out and (len(out[-1]) >= WRAPPED or stripped[0].islower()):
+            out[-1] = f"{out[-1].rstrip()} {stripped}"
+        else:
+            out.append(line)
+        joinable = bool(stripped) and not code and not (HEADING.match(line) or BOLD_LINE.match(line)
+                                                       or stripped.startswith("|") or TABLE_RULE.match(line))
+        if joinable and out[-1].rstrip()[-1:] in ".!?:;":
+            joinable = False
+    return out
 
 
 def _key(text: str) -> str:

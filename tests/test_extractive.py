@@ -120,6 +120,35 @@ def test_sentences_lose_markdown_and_keep_what_they_refer_to():
         "Insights: reports and dashboards on revenue [3].")
 
 
+def test_a_hard_wrapped_paragraph_is_quoted_in_whole_sentences():
+    """Docs wrapped at a fixed width (as real products' Markdown often is): a sentence cut by
+    the wrap is one sentence, a list item's wrapped line stays with its item, while a short
+    label line, a heading, a table row and code stay lines of their own."""
+    doc = ev.RetrievedDocument(n=1, document_type="chunk", title="t", source="s", snippet="", content=(
+        "Software updates on any app can be a chore, taking developer energy away from core business\n"
+        "logic. Cloud Projects are updated every two weeks in rolling releases, done with no downtime. Updates keep\n"
+        "your Project on the latest version and fully up to date with its\n"
+        "security patches.\n"
+        "Pricing\n"
+        "The Growth plan costs $59 per month.\n"
+        "- Exports: every report can be downloaded as a CSV file or as a spreadsheet for Excel\n"
+        "  and shared with your whole team.\n"
+        "| Plan | Seats |\n| Growth | 5 seats included |\n"
+        "```\nnpm install the-widget-package\nthen-run-the-widget-build\n```"))
+    assert extractive.sentences(doc) == [
+        "Software updates on any app can be a chore, taking developer energy away from core business logic.",
+        "Cloud Projects are updated every two weeks in rolling releases, done with no downtime.",
+        "Updates keep your Project on the latest version and fully up to date with its security patches.",
+        "The Growth plan costs $59 per month.",  # "Pricing" a label of its own (too short to quote)
+        "Exports: every report can be downloaded as a CSV file or as a spreadsheet for Excel and shared with "
+        "your whole team.",
+        "Plan: Seats",
+        "Growth: 5 seats included",
+        "npm install the-widget-package",
+        "then-run-the-widget-build",
+    ]
+
+
 def test_a_page_read_whole_titles_each_sentence_with_its_own_section():
     """The retriever appends the rest of a page under headings naming each section in full:
     a sentence is about its own section, not the one the page was found by; a heading of
