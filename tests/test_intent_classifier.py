@@ -181,6 +181,23 @@ def test_the_follow_up_set_meets_its_targets_on_the_local_classifier():
     assert figures["passed"] and code == 0
 
 
+def test_the_fresh_set_is_unseen_multilingual_and_strikes_no_legitimate_visitor():
+    """Issue 51's fresh set (services/router/data/intents_fresh.jsonl): none of its messages in
+    the training data, every intent and several languages in it, and run through the local
+    classifier it meets the eval's floors with no legitimate message struck as HACK (two
+    strikes block a visitor). Its macro-F1 target (0.93) is a figure in docs/benchmarks.md,
+    not asserted here."""
+    rows = read_jsonl(evaluation.FRESH)
+    trained = {r["message"].strip().lower() for r in read_jsonl(TRAIN)}
+    assert not [r["message"] for r in rows if r["message"].strip().lower() in trained]
+    assert {r["intent"] for r in rows} == set(INTENTS)
+    assert len({r["lang"] for r in rows}) >= 5 and sum(r["lang"] != "en" for r in rows) >= len(rows) / 3
+    out = io.StringIO()
+    code = evaluation.eval_intent(evaluation.FRESH, out=out)
+    figures = json.loads(out.getvalue().strip().splitlines()[-1])
+    assert figures["legitimate_struck_as_hack"] == 0 and code == 0, out.getvalue()
+
+
 def test_the_follow_up_eval_fails_when_the_messages_are_read_alone(tmp_path):
     """The same rows without the turn before them: short replies mean too little alone, and
     the eval must say so (its exit status is what `make eval` reports)."""

@@ -46,9 +46,14 @@ SKILLS_EVAL = Path(__file__).parent / "data" / "skills_eval.jsonl"
 HACK_EVAL = Path(__file__).parent / "data" / "hack_eval.jsonl"
 FOLLOWUPS_EVAL = Path(__file__).parent / "data" / "followups_eval.jsonl"
 # Written fresh for issue 51 on other B2B products' sites (web analytics, e-signature, HR...),
-# by someone who had not read the training set's rows since; never tuned on: the classifier's
-# figure on messages it was not shaped for.
+# by someone who had not read the training set's rows since; never tuned on, but its misses
+# were read on 2026-11-30, so it may be tuned on from now: FRESH is the unseen one.
 HELDOUT = Path(__file__).parent / "data" / "intents_heldout.jsonl"
+# Written fresh on 2026-11-30 on yet other kinds of B2B sites (fleet telematics, dental
+# practices, security training, e-invoicing, contracts, construction), 96 messages, 45 not in
+# English; only its figures read, never its misses: the classifier's figure on messages it was
+# not shaped for.
+FRESH = Path(__file__).parent / "data" / "intents_fresh.jsonl"
 MIN_MACRO_F1 = 0.80
 MIN_CLASS_F1 = 0.60
 MIN_FOLLOWUP_CONTEXT_F1 = 0.85  # issue 38: short context follow-ups had regressed to 0.51
