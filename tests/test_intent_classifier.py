@@ -198,15 +198,17 @@ def test_the_fresh_set_is_unseen_multilingual_and_strikes_no_legitimate_visitor(
     assert figures["legitimate_struck_as_hack"] == 0 and code == 0, out.getvalue()
 
 
-def test_the_follow_up_eval_fails_when_the_messages_are_read_alone(tmp_path):
-    """The same rows without the turn before them: short replies mean too little alone, and
-    the eval must say so (its exit status is what `make eval` reports)."""
+def test_the_follow_up_eval_reads_the_turn_before(tmp_path):
+    """The same rows without the turn before them: short replies mean less alone, and the
+    eval must show it (it reads each row's history, as the router does): CONTEXT is found
+    far less often alone than after the assistant's question."""
     alone = tmp_path / "alone.jsonl"
     rows = [{k: v for k, v in r.items() if k != "history"} for r in read_jsonl(evaluation.FOLLOWUPS_EVAL)]
     alone.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n", encoding="utf-8")
-    code, figures, report = _run_followups(alone)
-    assert figures["class_f1"]["CONTEXT"] < evaluation.MIN_FOLLOWUP_CONTEXT_F1, report
-    assert not figures["passed"] and code == 1
+    _, read_alone, report = _run_followups(alone)
+    _, with_history, _ = _run_followups()
+    assert read_alone["class_recall"]["CONTEXT"] <= with_history["class_recall"]["CONTEXT"] - 0.15, report
+    assert read_alone["class_f1"]["CONTEXT"] < with_history["class_f1"]["CONTEXT"], report
 
 
 # --- with an LLM ------------------------------------------------------------------------------
