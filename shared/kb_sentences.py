@@ -135,17 +135,14 @@ def _lines(text: str) -> list[str]:
             joinable = False
             continue
         stripped = line.strip()
-        plain = bool(stripped) and not code and not (
-            HEADING.match(line) or BOLD_LINE.match(line) or LIST_MARKER.match(line) or stripped.startswith("|")
-            or TABLE_RULE.match(line))
-        if plain and joinable and out and (len(out[-1]) >= WRAPPED or stripped[0].islower()):
+        # Text a wrapped line may go on (a list item's too): not a heading, a table or code.
+        text = bool(stripped) and not code and not (
+            HEADING.match(line) or BOLD_LINE.match(line) or stripped.startswith("|") or TABLE_RULE.match(line))
+        if text and joinable and not LIST_MARKER.match(line) and (len(out[-1]) >= WRAPPED or stripped[0].islower()):
             out[-1] = f"{out[-1].rstrip()} {stripped}"
         else:
             out.append(line)
-        joinable = bool(stripped) and not code and not (HEADING.match(line) or BOLD_LINE.match(line)
-                                                       or stripped.startswith("|") or TABLE_RULE.match(line))
-        if joinable and out[-1].rstrip()[-1:] in ".!?:;":
-            joinable = False
+        joinable = text and out[-1].rstrip()[-1:] not in ".!?:;"
     return out
 
 
