@@ -339,7 +339,15 @@ async def test_browser_votes_down_on_an_answer_and_says_why(system, llm, suggest
             assert await admin.get_attribute("#insight", "aria-current") == "page"
 
             # A deep link to the conversation survives a reload (the session cookie signed in).
+            # Opening it never rewrites the address to the view's without the conversation, not
+            # even for a moment: a reload in that moment would lose it (seen in CI).
+            await admin.evaluate("""() => { window.addresses = [];
+                const replace = history.replaceState.bind(history);
+                history.replaceState = (state, title, url) => { window.addresses.push(String(url)); replace(state, title, url); };
+            }""")
             await admin.goto(f"{system.gateway_url}/admin#/sites/demo/conversations/{session}")
+            await admin.wait_for_function("document.querySelector('#which').textContent.length > 0")
+            assert all(a.endswith(f"/conversations/{session}") for a in await admin.evaluate("window.addresses"))
             await admin.reload()
             await timeline_shown(admin)
             assert await admin.text_content("#which") == session

@@ -118,12 +118,13 @@ function linkTo(view, id) {
   const hash = `#/sites/${encodeURIComponent(site)}/${view}` + (id ? `/${encodeURIComponent(id)}` : "");
   if (location.hash !== hash) history.replaceState(null, "", hash);
 }
+let routing = false;  // a deep link being opened: its address is already the one to show
 $("sidebar").addEventListener("click", (e) => {
   const clicked = e.target.closest("button[data-view]");
   if (!clicked) return;
   for (const b of $("sidebar").querySelectorAll("button")) b.removeAttribute("aria-current");
   clicked.setAttribute("aria-current", "page");
-  linkTo(clicked.dataset.view);
+  if (!routing) linkTo(clicked.dataset.view);
   countWaiting();
 });
 function route() {
@@ -133,7 +134,11 @@ function route() {
   if (!$("site").readOnly) $("site").value = site;
   const button = $(VIEW_BUTTONS[view] || "");
   if (!button) return false;
-  button.click();
+  // The view's button opens it without rewriting the address to the view's own: never the
+  // link without its conversation, not even for a moment (a reload then would lose it).
+  routing = true;
+  try { button.click(); } finally { routing = false; }
+  linkTo(view, id);  // the site shown (a site's own key signs in to its site only)
   if (view === "conversations" && id) {  // conversations.js opens it
     window.dispatchEvent(new CustomEvent("concierge:open-conversation", { detail: { site: $("site").value.trim(), id } }));
   }
