@@ -385,3 +385,23 @@ def test_a_chosen_sentence_comes_with_the_sentences_around_it_in_its_section():
     assert not any("colour" in t for t in texts)
     alone = [p.text for p in extractive.compose(question, [doc], embed, neighbour_margin=-1.0)]
     assert "Recipient authentication is an Enterprise feature." not in alone  # the test can fail
+
+
+def test_the_best_sentences_section_says_what_it_adds_near_the_question():
+    """A short FAQ answer's condition comes a few sentences after the sentence closest to the
+    question: the anchor's section's sentences within the margin that share a word with the
+    question come too, while the answer has room; the section's others do not."""
+    doc = ev.RetrievedDocument(n=1, document_type="chunk", title="Billing FAQ — Nonprofits", source="s", snippet="",
+                               content=(
+        "We offer a 15% introductory discount to nonprofits, educational institutions and open-source projects. "
+        "Our team reviews every request by hand. "
+        "Reviews take about two working days, longer in August. "
+        "The discount applies to Business plans on annual billing only."))
+    other = ev.RetrievedDocument(n=2, document_type="chunk", title="Plans — Starter", source="t", snippet="",
+                                 content="The Starter plan includes one site and three team members.")
+    question = "Any discount for nonprofits? We're a small registered charity."
+    texts = [p.text for p in extractive.compose(question, [doc, other], embed)]
+    assert texts == ["We offer a 15% introductory discount to nonprofits, educational institutions and open-source "
+                     "projects.", "The discount applies to Business plans on annual billing only."]
+    alone = [p.text for p in extractive.compose(question, [doc, other], embed, section_margin=-1.0)]
+    assert "The discount applies to Business plans on annual billing only." not in alone  # the test can fail

@@ -169,7 +169,8 @@ def choose(question_vec: np.ndarray, vectors: np.ndarray, title_vectors: np.ndar
            part_lexical: list[np.ndarray] = (), max_sentences: int = 5, threshold: float = 0.35,
            evidence_threshold: float = 0.45, margin: float = 0.2, duplicate: float = 0.9, diversity: float = 0.3,
            title_weight: float = 0.3, lexical_weight: float = 0.5, prior_weight: float = 0.1,
-           other_source_margin: float = 0.25, neighbour_margin: float = 0.45) -> list[Picked]:
+           other_source_margin: float = 0.25, neighbour_margin: float = 0.45,
+           section_margin: float = 0.45) -> list[Picked]:
     """The sentences that answer the question, in reading order; [] when nothing answers it.
 
     A sentence can answer when its similarity reaches `threshold`, or when it shares words
@@ -188,7 +189,10 @@ def choose(question_vec: np.ndarray, vectors: np.ndarray, title_vectors: np.ndar
     items, a list's item the sentence introducing it. Last, each chosen sentence brings the
     sentences just before and after it in its source, when within `neighbour_margin` of
     the best: what a fact leans on or goes on with ("Recipient Authentication allows…",
-    then "Recipient Authentication is an Enterprise feature.")."""
+    then "Recipient Authentication is an Enterprise feature."); and, while the answer has
+    room, the anchor's section's other sentences within `section_margin` of the best that
+    share a word with the question: a short FAQ answer's condition two sentences on ("The discount applies to Business plans
+    on annual billing only.")."""
     if not pool:
         return []
     lexical_scores = np.zeros(len(pool)) if lexical_scores is None else lexical_scores
@@ -257,6 +261,10 @@ def choose(question_vec: np.ndarray, vectors: np.ndarray, title_vectors: np.ndar
         for j in (at.get((pool[i].n, pool[i].position - 1)), at.get((pool[i].n, pool[i].position + 1))):
             if j is not None and j not in chosen and relevance[j] >= best - neighbour_margin:
                 add(j)
+    section = (pool[anchor].n, pool[anchor].title)
+    for i in sorted((i for i, c in enumerate(pool) if (c.n, c.title) == section), key=lambda i: pool[i].position):
+        if relevance[i] >= best - section_margin and lexical_scores[i] > 0:  # it says something asked
+            add(i)
     source_rank: dict[int, int] = {}
     for i in chosen:
         source_rank.setdefault(pool[i].n, len(source_rank))
