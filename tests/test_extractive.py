@@ -256,6 +256,14 @@ def test_shared_words_and_rank_alone_do_not_make_an_answer_to_an_unrelated_quest
 def test_a_short_question_pointing_back_is_read_with_the_previous_message():
     assert extractive.follows_up("How much does it cost per month?")
     assert not extractive.follows_up("How much does the Starter plan cost per technician per month?")
+    # Longer, opening pointing back or asking "also": read with the previous message too.
+    assert extractive.follows_up("does that also work for the surveys we show inside our React Native app?")
+    assert extractive.follows_up("it won't let me. we still have two projects in it, is that why?")
+    assert extractive.follows_up("Gibt es für die Mitarbeiter in der Zentrale auch eine Anmeldung per SSO?")
+    assert not extractive.follows_up("Est-ce que les boutons et les messages d'erreur sont traduits automatiquement ?")
+    assert not extractive.follows_up("Ist das Dashboard für unsere Kunden ohne Anmeldung sichtbar, wenn wir es teilen?")
+    assert not extractive.follows_up("We need a tool for our field technicians; what does the Growth plan include and "
+                                     "how does it compare with Starter when the team has more than ten people?")
     documents = retrieved("How much do the plans cost per month?")
     growth = "The Growth plan costs $59"
     followed = extractive.compose("How much does it cost per month?", documents, embed, name="Tidewise",
