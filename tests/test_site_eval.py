@@ -5,6 +5,7 @@ check, the scoring, the rendering and the local website), then a slice of one re
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import urllib.request
@@ -65,6 +66,28 @@ def test_the_figures_count_facts_pages_declines_and_refusals():
         "answerable": 3, "unanswerable": 2, "all_facts": 0.3333, "any_fact": 0.6667, "right_page": 0.3333,
         "declined": 0.5, "refused": 1, "answerable_declined": 1}
     assert not site_eval.passed(figures)
+
+
+def test_a_test_questions_miss_is_said_only_when_asked_for():
+    """Reporting the test split says its figures, not its missed questions and answers (they
+    would be read while tuning on the dev split); `--misses` says them; a dev question's
+    miss is always said."""
+    dev_id = next(f"plausible-{k:03d}" for k in range(1, 99) if site_eval.split_of(f"plausible-{k:03d}") == "dev")
+    test_id = next(f"plausible-{k:03d}" for k in range(1, 99) if site_eval.split_of(f"plausible-{k:03d}") == "test")
+
+    def missed(question_id: str) -> site_eval.Asked:
+        asked = _asked(answer="Something else [1].", cited=["/other"])
+        asked.question = dataclasses.replace(asked.question, id=question_id, messages=[f"asked in {question_id}"])
+        return asked
+
+    results = {"plausible": [missed(dev_id), missed(test_id)]}
+    runs = {"plausible": {}}
+    for misses, said in ((False, {dev_id}), (True, {dev_id, test_id})):
+        out = io.StringIO()
+        site_eval.report(results, runs, "all", "none", {}, out, misses)
+        text = out.getvalue()
+        assert {q for q in (dev_id, test_id) if f"asked in {q}" in text} == said, text
+        assert ("1 missed questions of the test split not shown" in text) == (not misses)
 
 
 def test_saved_turns_are_answered_again_without_a_system(tmp_path):

@@ -36,6 +36,9 @@ def main(argv: list[str]) -> int:
                                          "questions they answer")
     parser.add_argument("--save", type=Path,
                         help="sites: write every turn (answer, route, cited pages, the documents it was given) as JSONL")
+    parser.add_argument("--misses", action="store_true",
+                        help="sites: say each missed question of the test split too, with its answer (the dev "
+                             "split's always; never read the test split's while tuning)")
     parser.add_argument("--again", type=Path,
                         help="sites: score the extractive answerer again on a --save file's turns (no system started)")
     parser.add_argument("--concurrency", type=int, default=1,
@@ -91,9 +94,9 @@ def main(argv: list[str]) -> int:
         if args.which == "sites":
             from cli.measure.evals import site_eval
             if args.again is not None:
-                return site_eval.answer_again(args.again)
+                return site_eval.answer_again(args.again, misses=args.misses)
             return site_eval.eval_sites(args.site, args.split, args.docs, args.base_url, max(args.concurrency, 1),
-                                        args.limit, args.save, args.under)
+                                        args.limit, args.save, args.under, args.misses)
     except ValueError as exc:  # a malformed dataset: say where, no traceback
         import sys
         print(f"concierge eval: {exc}", file=sys.stderr)

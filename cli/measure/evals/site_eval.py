@@ -299,11 +299,12 @@ def _system(data: Path, extra: dict[str, str]):
 
 def eval_sites(only: list[str] | None = None, split: str = "test", docs: Path | None = None,
                base_url: str | None = None, concurrency: int = 2, limit: int | None = None,
-               save: Path | None = None, under: str | None = None, out=sys.stdout) -> int:
+               save: Path | None = None, under: str | None = None, misses: bool = False, out=sys.stdout) -> int:
     """`save`: a JSONL file of every turn (the question, the answer, its route and cited pages,
     the documents retrieval gave it, as the log holds them). `under`: a part of each site
     (its pages under that directory, "cloud/"), asked only the questions those pages answer
-    (a quick slice; what the docs do not answer is the whole site's to say)."""
+    (a quick slice; what the docs do not answer is the whole site's to say). `misses`: say
+    each missed question of the test split too (`shows_misses`)."""
     chosen = [s for s in site_corpus.sources() if not only or s.id in only]
     if only and (unknown := set(only) - {s.id for s in chosen}):
         print(f"concierge eval sites: no site {sorted(unknown)[0]} (known: "
@@ -362,17 +363,18 @@ def eval_sites(only: list[str] | None = None, split: str = "test", docs: Path | 
                                            "cited_pages": a.cited_pages, "documents": a.documents,
                                            "unknown_names": a.unknown_names},
                                           ensure_ascii=False) + "\n")
-    return report(results, runs, split, backend, skipped, out)
+    return report(results, runs, split, backend, skipped, out, misses)
 
 
-def answer_again(saved: Path, out=sys.stdout) -> int:
+def answer_again(saved: Path, out=sys.stdout, misses: bool = False) -> int:
     """`concierge eval sites --again FILE`: the extractive answerer run again, in this
     process, on the turns a `--save` file holds (each turn's documents, route and unknown
     names as the log had them), scored as the eval scores: what a change to the answerer
     does, without crawling and asking again. Also `in_documents`: the answerable questions
     with every fact among the documents the answer reads (the ceiling of any choice of
     sentences). A turn not answered (another route, a name the site never mentions) keeps
-    its saved answer."""
+    its saved answer. The missed questions are said as `report` says them (a test
+    question's only with `misses`)."""
     import msgspec
 
     from services.responder import extractive
@@ -405,6 +407,8 @@ def answer_again(saved: Path, out=sys.stdout) -> int:
             holding.append(not answer_eval.missing_facts("\n".join(d.content for d in documents), question.facts))
     if not results:
         raise ValueError(f"{saved}: no turns")
+    for site_id, asked in results.items():
+        print_misses(asked, misses, out)
     overall = figures([a for asked in results.values() for a in asked])
     result = {"saved": str(saved), "sites": {site: figures(asked) for site, asked in results.items()},
               **overall, "in_documents": round(sum(holding) / len(holding), 4) if holding else None}
@@ -415,13 +419,28 @@ def answer_again(saved: Path, out=sys.stdout) -> int:
     return 0
 
 
+def shows_misses(question: Question, misses: bool) -> bool:
+    """Whether a missed question is said with its answer: a dev question always; a test
+    question only when asked for (`--misses`), so that reporting the test split does not
+    show it to whoever tunes the answers on the dev split."""
+    return misses or question.split != "test"
+
+
+def print_misses(asked: list[Asked], misses: bool, out) -> None:
+    shown = [line for a in asked if shows_misses(a.question, misses) for line in miss_lines(a)]
+    hidden = sum(1 for a in asked if not shows_misses(a.question, misses) and miss_lines(a))
+    if shown:
+        print("\n".join(shown), file=out)
+    if hidden:
+        print(f"  ({hidden} missed questions of the test split not shown: --misses shows them; never while "
+              f"tuning)", file=out)
+
+
 def report(results: dict[str, list[Asked]], runs: dict[str, dict], split: str, backend: str,
-           skipped: dict[str, str], out=sys.stdout) -> int:
+           skipped: dict[str, str], out=sys.stdout, misses: bool = False) -> int:
     for site_id, asked in results.items():
-        misses = [line for a in asked for line in miss_lines(a)]
         print(f"site eval: {site_id} ({len(asked)} questions, split {split})", file=out)
-        if misses:
-            print("\n".join(misses), file=out)
+        print_misses(asked, misses, out)
     per_site = {site_id: {**runs[site_id], **figures(asked)} for site_id, asked in results.items()}
     overall = figures([a for asked in results.values() for a in asked])
     for site_id, f in per_site.items():
