@@ -1,4 +1,4 @@
-import { $, el, status, fieldErrors, problem, showFieldErrors, headerView, adminFetch, show, sleep, until, markdown, when } from "./core.js";
+import { $, el, status, fieldErrors, problem, showFieldErrors, headerView, siteCall, show, sleep, until, markdown, when } from "./core.js";
 
 (() => {
   // `$`, `el`, `status`, `when`, `sleep`, `markdown`, `headerView`, `problem`, `fieldErrors` and
@@ -8,15 +8,7 @@ import { $, el, status, fieldErrors, problem, showFieldErrors, headerView, admin
   // A request to site `on` (default: the one typed in). `at`: when the server answered, from its
   // Date header (to the second, so at most a second early; the browser's clock may be far off
   // the server's), what an outcome's `ts` is compared with to tell whether it is newer.
-  async function call(method, path, body, type = "application/json", on = site()) {
-    sessionStorage.setItem("concierge-admin-site", site());
-    const response = await adminFetch(`/v1/admin/sites/${encodeURIComponent(on)}/${path}`, {
-      method, body: body === undefined || typeof body === "string" ? body : JSON.stringify(body),
-      headers: { "Content-Type": type } });
-    const date = Date.parse(response.headers.get("Date") || "");
-    return { status: response.status, body: await response.json().catch(() => ({})),
-             at: (Number.isNaN(date) ? Date.now() : date) / 1000 };
-  }
+  const call = (method, path, body, type, on) => siteCall(method, path, body, { type, on });
   const account = (id) => `accounts/${encodeURIComponent(id)}`;
   // What the API refused, or the network failing, or a wait running out: said in `box`.
   async function run(action, box) {

@@ -176,6 +176,23 @@ async function api(site, path, options = {}) {
 }
 
 
+// A view's call of the operator API that says its own errors: {status, ok, body, at} (an HTTP
+// error is an answer, not a throw; `at`: the server's clock). `path` is under the site ("" the
+// site itself; "keys" and "/keys" alike); `body`: an object sent as JSON, or a string or a file
+// sent as it is, as `type`; `on`: another site than the one chosen (an administrator's).
+async function siteCall(method, path = "", body, { type = "application/json", on } = {}) {
+  const chosen = $("site").value.trim();
+  sessionStorage.setItem("concierge-admin-site", chosen);
+  const under = path && !path.startsWith("/") ? `/${path}` : path;
+  const raw = body === undefined || typeof body === "string" || body instanceof Blob;
+  const response = await adminFetch(`/v1/admin/sites/${encodeURIComponent(on || chosen)}${under}`, {
+    method, body: raw ? body : JSON.stringify(body), headers: { "Content-Type": type } });
+  const date = Date.parse(response.headers.get("Date") || "");
+  return { status: response.status, ok: response.ok, body: await response.json().catch(() => ({})),
+           at: (Number.isNaN(date) ? Date.now() : date) / 1000 };
+}
+
+
 // --- what the views share: which main view shows, waiting on a work queue, markdown, times ---
 
 function show(view) {
@@ -251,5 +268,5 @@ function markdown(text) {
 const when = (ts) => ts ? new Date(ts * 1000).toLocaleString() : "";
 
 
-export { $, el, status, fieldErrors, problem, showFieldErrors, headerView, adminFetch, api, linkTo, show, sleep,
+export { $, el, status, fieldErrors, problem, showFieldErrors, headerView, adminFetch, api, siteCall, linkTo, show, sleep,
          until, markdown, when };

@@ -1,4 +1,4 @@
-import { $, el, status, fieldErrors, problem, showFieldErrors, headerView, adminFetch, sleep, until, when } from "./core.js";
+import { $, el, status, fieldErrors, problem, showFieldErrors, headerView, adminFetch, siteCall, sleep, until, when } from "./core.js";
 import { currentConversation, loadList, openConversation } from "./conversations.js";
 
 (() => {
@@ -10,13 +10,7 @@ import { currentConversation, loadList, openConversation } from "./conversations
   const operator = () => $("inboxOperator").value.trim();
   $("inboxOperator").value = sessionStorage.getItem(NAME_KEY) || "";
 
-  async function call(method, path, body) {
-    sessionStorage.setItem("concierge-admin-site", site());
-    const response = await adminFetch(`/v1/admin/sites/${encodeURIComponent(site())}/${path}`, {
-      method, body: body === undefined ? undefined : JSON.stringify(body),
-      headers: { "Content-Type": "application/json" } });
-    return { status: response.status, body: await response.json().catch(() => ({})) };
-  }
+  const call = siteCall;
   // A 422's fields, whichever name the error handler gave them (errors.py: `errors`, `detail`).
 
   // --- the list: read when the view opens, after each action, and soon after each frame of the

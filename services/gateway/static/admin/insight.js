@@ -1,4 +1,4 @@
-import { $, el, status, fieldErrors, problem, showFieldErrors, headerView, adminFetch, until, when } from "./core.js";
+import { $, el, status, fieldErrors, problem, showFieldErrors, headerView, adminFetch, siteCall, until, when } from "./core.js";
 import { loadList, openConversation } from "./conversations.js";
 
 (() => {
@@ -8,11 +8,7 @@ import { loadList, openConversation } from "./conversations.js";
   const site = () => $("site").value.trim();
   const headers = () => ({ "Content-Type": "application/json" });
   const url = (path) => `/v1/admin/sites/${encodeURIComponent(site())}/${path}`;
-  async function call(method, path, body) {
-    sessionStorage.setItem("concierge-admin-site", site());
-    const response = await adminFetch(url(path), { method, body: body === undefined ? undefined : JSON.stringify(body), headers: headers() });
-    return { status: response.status, body: await response.json().catch(() => ({})) };
-  }
+  const call = siteCall;
   // A 422's fields, whichever name the error handler gave them (errors.py: `errors`, `detail`).
 
   // --- the filters: the range (a preset, or two dates made into durations ago, which is what

@@ -1,15 +1,10 @@
-import { $, el, status, problem, headerView, adminFetch } from "./core.js";
+import { $, el, status, problem, headerView, siteCall } from "./core.js";
 
 (() => {
   // `$`, `el`, `headerView` and `problem` are the page's own (the first script).
   const view = headerView("knowledgeView", "knowledge", "Knowledge", () => loadSources());
   const site = () => $("site").value.trim();
-  async function call(method, path, body, contentType = "application/json") {
-    sessionStorage.setItem("concierge-admin-site", site());
-    const response = await adminFetch(`/v1/admin/sites/${encodeURIComponent(site())}/${path}`, {
-      method, body, headers: { "Content-Type": contentType } });
-    return { status: response.status, body: await response.json().catch(() => ({})) };
-  }
+  const call = (method, path, body, type) => siteCall(method, path, body, { type });
   const list = (text) => text.split(",").map((s) => s.trim()).filter(Boolean);
   let timer = null, opened = null;
 

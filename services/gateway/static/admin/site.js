@@ -1,4 +1,4 @@
-import { $, el, status, problem, headerView, adminFetch } from "./core.js";
+import { $, el, status, problem, headerView, siteCall } from "./core.js";
 
 (() => {
   // `$`, `el` and `headerView` are the page's own (the first script).
@@ -6,14 +6,7 @@ import { $, el, status, problem, headerView, adminFetch } from "./core.js";
   const node = el;
   let exists = false, current = null;
 
-  async function call(method, path = "", body) {
-    const site = $("site").value.trim();
-    sessionStorage.setItem("concierge-admin-site", site);
-    const response = await adminFetch(`/v1/admin/sites/${encodeURIComponent(site)}${path}`, {
-      method, body: body === undefined ? undefined : JSON.stringify(body),
-      headers: { "Content-Type": "application/json" } });
-    return { status: response.status, body: await response.json().catch(() => ({})) };
-  }
+  const call = siteCall;
   const problem = (answer) => typeof answer.body.detail === "string" ? answer.body.detail
     : (answer.body.detail || []).map((d) => d.message).join("; ") || `HTTP ${answer.status}`;
 

@@ -1,19 +1,14 @@
 // Tests: the site's own test cases and their runs (services/gateway/routes/evals.py): each run
 // with its pass rate, the cases it found newly failing beside what they answered before, and a
 // case saved from a conversation's turn ("Save turn N as a test case" in the timeline: caseForm).
-import { $, el, status, problem, fieldErrors, showFieldErrors, headerView, adminFetch, linkTo, sleep, when } from "./core.js";
+import { $, el, status, problem, fieldErrors, showFieldErrors, headerView, siteCall, linkTo, sleep, when } from "./core.js";
 
 const INTENTS = ["LEARN", "CONTEXT", "SUPPORT", "OFFTOPIC", "OTHER", "BOOKING", "STOP_BOOKING", "HACK"];
 const ROUTES = ["ANSWER", "REDIRECT", "BOOKING", "HANDOFF"];
 const REASONS = { operator: "run by hand", sync: "after a knowledge change", config: "after a settings change" };
 const site = () => $("site").value.trim();
 
-async function call(method, path, body) {
-  sessionStorage.setItem("concierge-admin-site", $("site").value);
-  const response = await adminFetch(`/v1/admin/sites/${encodeURIComponent(site())}/${path}`, {
-    method, body: body === undefined ? undefined : JSON.stringify(body), headers: { "Content-Type": "application/json" } });
-  return { status: response.status, ok: response.ok, body: await response.json().catch(() => ({})) };
-}
+const call = siteCall;
 
 let openRun = null;
 headerView("testsView", "tests", "Tests", () => {
