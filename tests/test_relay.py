@@ -281,3 +281,35 @@ async def test_the_turns_other_log_events_are_progress_read_by_their_turn_only()
     step.cancel()
     assert sum(batches, []) == [STALLED]
     assert 1.4 <= time.monotonic() - started < 2.5
+
+
+class _Finished:
+    """A relay whose turn completed: a token, then `complete` (what `TurnRelay.batches`
+    hands out for a turn the log ended)."""
+    site, session_id, turn, requested, bus = SITE, SESSION, 1, REQUEST, None
+
+    async def batches(self):
+        yield [{"type": "token", "content": "Hello"}]
+        yield [{"type": "complete", "session_id": SESSION, "turn": 1, "metadata": {"route": "ANSWER"}}]
+
+    def gave_up(self):
+        return None
+
+    async def close(self):
+        pass
+
+
+async def test_a_completed_turn_frees_its_session_before_its_complete_goes_out():
+    """The session's guard is released (`done`) before the visitor reads `complete`: a next
+    message sent the moment it arrives is never refused as overlapping the turn it follows
+    (seen in CI: 429 for the message after a completed one)."""
+    from services.gateway import frames, streams
+
+    happened: list[str] = []
+
+    async def done():
+        happened.append("released")
+
+    async for chunk in streams.relayed(_Finished(), frames.Numbering(1), "tok", done=done):
+        happened.append("complete" if b'"complete"' in chunk else "frame")
+    assert happened == ["frame", "frame", "released", "complete"]  # start, the token, then the end

@@ -43,7 +43,10 @@ async def relayed(relay: TurnRelay, numbering: frames.Numbering, session_token: 
     """The turn's frames from `start`, as the relay hands them out (`seen` sees each batch).
     However the stream ends (the visitor gone included), a turn the relay gave up on is ended
     in the log (by `requested`, or the TurnRequested the relay saw), the relay closed and
-    `done` awaited, none of it cut by the cancellation."""
+    `done` awaited, none of it cut by the cancellation. A turn that completed has `done`
+    awaited before its `complete` goes out: the log has ended the turn, and a client that
+    sends its next message the moment it reads `complete` (a suggestion clicked) finds the
+    session free, not still held by the turn it has just read the end of."""
     with logs.conversation(relay.site, relay.session_id, relay.turn):
         try:
             if first := numbering.encode([frames.start(relay.session_id, relay.turn, session_token)]):
@@ -51,6 +54,10 @@ async def relayed(relay: TurnRelay, numbering: frames.Numbering, session_token: 
             async for batch in relay.batches():
                 if seen is not None:
                     seen(batch)
+                if done is not None and batch and batch[-1].get("type") == "complete":
+                    with anyio.CancelScope(shield=True):
+                        await done()
+                    done = None
                 if chunk := numbering.encode(for_visitor(payload, session_token) for payload in batch):
                     yield chunk
         finally:
