@@ -191,8 +191,8 @@ def choose(question_vec: np.ndarray, vectors: np.ndarray, title_vectors: np.ndar
     the best: what a fact leans on or goes on with ("Recipient Authentication allows…",
     then "Recipient Authentication is an Enterprise feature."); and, while the answer has
     room, the anchor's section's other sentences within `section_margin` of the best that
-    share a word with the question: a short FAQ answer's condition two sentences on ("The discount applies to Business plans
-    on annual billing only.")."""
+    share a word with the question: a short FAQ answer's condition a few sentences on ("The
+    discount applies to Business plans on annual billing only.")."""
     if not pool:
         return []
     lexical_scores = np.zeros(len(pool)) if lexical_scores is None else lexical_scores

@@ -407,7 +407,7 @@ def answer_again(saved: Path, out=sys.stdout, misses: bool = False) -> int:
             holding.append(not answer_eval.missing_facts("\n".join(d.content for d in documents), question.facts))
     if not results:
         raise ValueError(f"{saved}: no turns")
-    for site_id, asked in results.items():
+    for asked in results.values():
         print_misses(asked, misses, out)
     overall = figures([a for asked in results.values() for a in asked])
     result = {"saved": str(saved), "sites": {site: figures(asked) for site, asked in results.items()},
