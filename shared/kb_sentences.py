@@ -136,13 +136,13 @@ def _lines(text: str) -> list[str]:
             continue
         stripped = line.strip()
         # Text a wrapped line may go on (a list item's too): not a heading, a table or code.
-        text = bool(stripped) and not code and not (
+        prose = bool(stripped) and not code and not (
             HEADING.match(line) or BOLD_LINE.match(line) or stripped.startswith("|") or TABLE_RULE.match(line))
-        if text and joinable and not LIST_MARKER.match(line) and (len(out[-1]) >= WRAPPED or stripped[0].islower()):
+        if prose and joinable and not LIST_MARKER.match(line) and (len(out[-1]) >= WRAPPED or stripped[0].islower()):
             out[-1] = f"{out[-1].rstrip()} {stripped}"
         else:
             out.append(line)
-        joinable = text and out[-1].rstrip()[-1:] not in ".!?:;"
+        joinable = prose and out[-1].rstrip()[-1:] not in ".!?:;"
     return out
 
 
